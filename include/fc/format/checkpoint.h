@@ -1,0 +1,100 @@
+// CheckpointIndex: what a checkpoint holds, independent of its on-disk format.
+//
+// Every reader (torch DCP, safetensors, fc distcp, ...) produces this; inspect, export and
+// convert consume it. It is metadata only: tensor bytes stay in the files and are located by
+// (file, byte_offset, byte_length, strides) per chunk.
+//
+//   tensor  = key, dtype, global shape, chunks
+//   chunk   = a Box of the tensor (+ optional flattened range over the box's row-major
+//             flattening), a replica id, and where its bytes live
+//   object  = a non-tensor value (iteration counter, RNG state, ...) carried as opaque bytes
+//
+// Byte layout of a chunk's data, starting at `byte_offset` of `files[file]`:
+//   - flat_range set:  flat_range.size() elements, packed, little-endian;
+//   - strides empty:   box.num_elements() elements, row-major, packed, little-endian;
+//   - strides set:     element at local index (i0..ik) is at
+//                      byte_offset + (sum_j i_j * strides[j]) * DTypeSize(dtype).
+//
+// Thread-safety: plain values.
+#ifndef FC_FORMAT_CHECKPOINT_H_
+#define FC_FORMAT_CHECKPOINT_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fc/core/box.h"
+#include "fc/core/dtype.h"
+#include "fc/core/flat_range.h"
+
+namespace fc {
+
+enum class CheckpointFormat {
+  kTorchDcp,     // PyTorch DCP FileSystemWriter directory (.metadata + __R_N.distcp)
+  kSafetensors,  // one .safetensors file, or a directory with an HF index / *.safetensors
+  kFcDistcp,     // fc's native format (fc.metadata.json + R_N.distcp)
+};
+
+std::string_view CheckpointFormatName(CheckpointFormat format);  // "torch-dcp", ...
+Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name);
+
+struct FileInfo {
+  std::string path;   // relative to CheckpointIndex::root
+  uint64_t size = 0;  // bytes, as seen when the checkpoint was opened
+};
+
+struct Chunk {
+  Box box;
+  std::optional<FlatRange> flat_range;
+  int64_t replica_id = 0;
+  uint32_t file = 0;           // index into CheckpointIndex::files
+  uint64_t byte_offset = 0;    // absolute offset in the file of the chunk's first element
+  uint64_t byte_length = 0;    // bytes of the chunk's data region (see the layout above)
+  Shape strides;               // element strides; empty means packed row-major
+  std::optional<uint64_t> xxh3_64;  // checksum of [byte_offset, byte_offset + byte_length)
+
+  // Elements actually stored: flat_range size, or box.num_elements().
+  int64_t stored_elements() const {
+    return flat_range ? flat_range->size() : box.num_elements();
+  }
+};
+
+struct TensorEntry {
+  std::string key;
+  DType dtype = DType::kFloat32;
+  Shape global_shape;
+  std::vector<Chunk> chunks;
+};
+
+enum class ObjectEncoding {
+  kTorchSave,  // a torch.save zip (torch DCP BYTE_IO items)
+  kRaw,        // opaque bytes
+};
+
+struct ObjectEntry {
+  std::string key;
+  ObjectEncoding encoding = ObjectEncoding::kRaw;
+  uint32_t file = 0;
+  uint64_t byte_offset = 0;
+  uint64_t byte_length = 0;
+  std::optional<uint64_t> xxh3_64;
+};
+
+struct CheckpointIndex {
+  CheckpointFormat format = CheckpointFormat::kFcDistcp;
+  std::string root;  // directory holding the files (for a single file: its directory)
+  std::vector<FileInfo> files;
+  std::vector<TensorEntry> tensors;  // unique keys, in the order the format lists them
+  std::vector<ObjectEntry> objects;
+  // Format-specific facts worth showing (e.g. "torch_generation" -> "1.13" or "2").
+  std::map<std::string, std::string> attributes;
+
+  const TensorEntry* FindTensor(std::string_view key) const;
+  uint64_t total_file_bytes() const;
+};
+
+}  // namespace fc
+
+#endif  // FC_FORMAT_CHECKPOINT_H_

@@ -1,0 +1,93 @@
+// POSIX file access for readers and writers: positional reads, sequential writes, directory
+// listing, and the atomic-commit helpers writers use so that a failed run never leaves an
+// output that looks complete.
+//
+// Thread-safety: RandomAccessFile::ReadAt is safe to call concurrently (pread). WritableFile
+// is not thread-safe.
+#ifndef FC_IO_FILE_H_
+#define FC_IO_FILE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "fc/core/status.h"
+
+namespace fc {
+
+class RandomAccessFile {
+ public:
+  // Errors: kNotFound when the file does not exist, kIoError otherwise (message names path).
+  static Result<std::unique_ptr<RandomAccessFile>> Open(const std::string& path);
+  ~RandomAccessFile();
+  RandomAccessFile(const RandomAccessFile&) = delete;
+  RandomAccessFile& operator=(const RandomAccessFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return size_; }
+
+  // Reads exactly dst.size() bytes at `offset`. Errors: kDataLoss when the range passes the
+  // end of the file ("<path>: wanted bytes [a, b), file has N"), kIoError on read errors.
+  Status ReadAt(uint64_t offset, std::span<std::byte> dst) const;
+  Result<std::vector<std::byte>> ReadAt(uint64_t offset, uint64_t length) const;
+
+ private:
+  RandomAccessFile(std::string path, int fd, uint64_t size)
+      : path_(std::move(path)), fd_(fd), size_(size) {}
+  std::string path_;
+  int fd_;
+  uint64_t size_;
+};
+
+// Reads a whole file, refusing files larger than `max_bytes` (kDataLoss).
+Result<std::vector<std::byte>> ReadWholeFile(const std::string& path, uint64_t max_bytes);
+
+// Sequential writer. Create() truncates. Every error names the path.
+class WritableFile {
+ public:
+  static Result<std::unique_ptr<WritableFile>> Create(const std::string& path);
+  ~WritableFile();  // closes without sync if Close() was not called
+  WritableFile(const WritableFile&) = delete;
+  WritableFile& operator=(const WritableFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint64_t bytes_written() const { return written_; }
+  Status Append(std::span<const std::byte> data);
+  Status Append(std::string_view data);
+  // Writes at an absolute position (for headers patched after the data); does not move the
+  // append position.
+  Status WriteAt(uint64_t offset, std::span<const std::byte> data);
+  Status Sync();
+  Status Close();
+
+ private:
+  WritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  std::string path_;
+  int fd_;
+  uint64_t written_ = 0;
+};
+
+bool PathExists(const std::string& path);
+bool IsDirectory(const std::string& path);
+// Sorted names of the entries of `dir` (no "." or ".."). Errors: kNotFound / kIoError.
+Result<std::vector<std::string>> ListDirectory(const std::string& dir);
+// "a/b" joined the usual way ("a" + "/" + "b"; keeps absolute b as is).
+std::string JoinPath(const std::string& a, const std::string& b);
+std::string Basename(const std::string& path);
+std::string Dirname(const std::string& path);
+
+// Creates `dir` and missing parents. Errors: kIoError.
+Status CreateDirectories(const std::string& dir);
+// Removes a file or a directory tree; missing paths are fine.
+Status RemoveAll(const std::string& path);
+// rename(2), then fsync of the destination's directory.
+Status RenameDurably(const std::string& from, const std::string& to);
+// fsync of a directory (after creating or renaming entries in it).
+Status SyncDirectory(const std::string& dir);
+
+}  // namespace fc
+
+#endif  // FC_IO_FILE_H_
