@@ -1,0 +1,58 @@
+// Reading tensor bytes out of a checkpoint: the elements of a region of a chunk, placed into
+// a caller's row-major buffer. Understands the three chunk layouts of checkpoint.h (packed
+// row-major, strided, flattened range).
+//
+// Thread-safety: ChunkReader is safe to use from several threads at once (files are opened
+// under a mutex and read with pread).
+#ifndef FC_FORMAT_CHUNK_READER_H_
+#define FC_FORMAT_CHUNK_READER_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "fc/core/box.h"
+#include "fc/core/status.h"
+#include "fc/format/checkpoint.h"
+#include "fc/io/file.h"
+
+namespace fc {
+
+class ChunkReader {
+ public:
+  // `index` must outlive the reader.
+  explicit ChunkReader(const CheckpointIndex& index);
+
+  // The open file `files[file]` of the index (opened on first use).
+  Result<const RandomAccessFile*> File(uint32_t file);
+
+  // Copies every element that lies both in `region` (global coordinates) and in what `chunk`
+  // stores into `dst`, a row-major buffer holding `dst_box` of the same tensor. Elements of
+  // `region` that the chunk does not store are left untouched. Precondition:
+  // Contains(dst_box, region). Reads only the rows of the chunk that the region needs; when
+  // the overlap is contiguous in both the file and `dst`, reads straight into `dst`.
+  // Errors: as RandomAccessFile::ReadAt, with the tensor key and chunk box as context.
+  Status CopyChunkRegion(const TensorEntry& tensor, const Chunk& chunk, const Box& region,
+                         void* dst, const Box& dst_box);
+
+  // The raw bytes [chunk.byte_offset, + byte_length) (for checksums and copies).
+  Status ReadChunkBytes(const Chunk& chunk, std::span<std::byte> dst);
+
+  // Bytes read from files so far (for progress and benchmarks).
+  uint64_t bytes_read() const;
+
+ private:
+  Status CopyBoxPiece(const TensorEntry& tensor, const Chunk& chunk, const Box& stored_box,
+                      uint64_t stored_byte_offset, const Box& piece, void* dst,
+                      const Box& dst_box);
+
+  const CheckpointIndex& index_;
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<RandomAccessFile>> files_;
+  uint64_t bytes_read_ = 0;
+};
+
+}  // namespace fc
+
+#endif  // FC_FORMAT_CHUNK_READER_H_

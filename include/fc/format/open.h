@@ -1,0 +1,30 @@
+// Opening a checkpoint of any supported format: detection from the directory contents, or
+// a forced format. The single entry point tools use to get a CheckpointIndex.
+#ifndef FC_FORMAT_OPEN_H_
+#define FC_FORMAT_OPEN_H_
+
+#include <optional>
+#include <string>
+
+#include "fc/core/status.h"
+#include "fc/format/checkpoint.h"
+
+namespace fc {
+
+// Detection rules, first match wins:
+//   a file named *.safetensors                         -> safetensors
+//   a directory with fc.metadata.json                  -> fc distcp
+//   a directory with .metadata (torch DCP, Megatron torch_dist) -> torch DCP
+//   a directory with *.safetensors.index.json or *.safetensors  -> safetensors
+// Errors: kNotFound (path missing), kUnimplemented for recognised but unsupported layouts
+// (PaddlePaddle "<id>.metadata" + "<rank>_<id>.distcp", DeepSpeed "*.pt"), kInvalidArgument
+// when nothing is recognised (the message lists what was looked for).
+Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path);
+
+// Detects (or uses `forced`) and reads the metadata of the checkpoint at `path`.
+Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
+                                       std::optional<CheckpointFormat> forced = std::nullopt);
+
+}  // namespace fc
+
+#endif  // FC_FORMAT_OPEN_H_

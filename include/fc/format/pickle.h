@@ -1,0 +1,128 @@
+// A Python pickle reader that never executes anything: a small stack machine that turns a
+// pickle byte stream into a generic value tree, for torch DCP `.metadata`, torch.save
+// `data.pkl` and similar files.
+//
+// Byte layout (Python's pickle protocols 0-5; see shared/reference/formats.md section 1):
+//   1. optional PROTO  0x80 u8               protocol number, 0..5
+//   2. opcodes, each one byte, followed by its operand:
+//        FRAME 0x95 u64                       protocol 4+ framing; skipped (data continues inline)
+//        ints      K u8 | M u16 | J i32 | LONG1 0x8a u8 n + n bytes | LONG4 0x8b i32 n + n bytes
+//                  (LONG*: two's-complement little-endian; n == 0 means 0)
+//        float     G 8 bytes BIG-endian IEEE double | F decimal text line
+//        strings   X u32 | 0x8c u8 | 0x8d u64 length, then UTF-8
+//        bytes     C u8 | B u32 | 0x8e u64 | 0x96 u64 (bytearray) length, then raw bytes
+//        globals   c "module\nname\n" | 0x93 STACK_GLOBAL (pops name, then module)
+//        building  ( MARK, ) } ] empties, t 0x85-0x87 tuples, a e APPEND(S), s u SETITEM(S),
+//                  0x8f 0x90 0x91 sets, R REDUCE, 0x81 NEWOBJ, 0x92 NEWOBJ_EX, b BUILD,
+//                  i INST, o OBJ, Q BINPERSID, P PERSID
+//        memo      q u8 | r u32 | p text PUT; 0x94 MEMOIZE; h u8 | j u32 | g text GET
+//        misc      N None, 0x88/0x89 True/False, 0 POP, 1 POP_MARK, 2 DUP, I/L text ints
+//   3. STOP '.'   the value on top of the stack is the result; trailing bytes are ignored.
+// Little-endian everywhere except BINFLOAT. Unsupported (kUnimplemented): EXT1/2/4 (the
+// copyreg extension registry), NEXT_BUFFER / READONLY_BUFFER (out-of-band buffers),
+// integer text literals beyond int64, protocol > 5.
+//
+// The value tree. Nothing is called: REDUCE becomes a kCall node (callable + args tuple),
+// NEWOBJ a kObject node (class + args), BUILD stores its argument as the node's `state`,
+// and SETITEM(S)/APPEND(S) applied to a kCall/kObject node (e.g. an OrderedDict built by
+// REDUCE) land in its `entries`/`items`. Interpreting the tree (which globals are allowed,
+// what a kCall of `torch.Size` means) is the caller's job.
+//
+// Sharing: values reached through the memo are shared (the tree is a DAG), exactly as in
+// Python; walk it by reference and do not assume a node has one parent. Reference cycles
+// (a list containing itself) are rejected with kUnimplemented, so every walk terminates.
+//
+// Limits (distrust every size): operand lengths are checked against the remaining input,
+// nesting depth of the result is bounded (PickleLimits::max_depth), and the number of
+// values created is bounded by the input size. Errors are kDataLoss for malformed input
+// ("pickle: BINGET at byte 17: memo key 9 not defined"), kUnimplemented for valid pickles
+// outside the subset above.
+//
+// Thread-safety: ParsePickle is a pure function; a parsed tree is immutable and may be read
+// from several threads.
+#ifndef FC_FORMAT_PICKLE_H_
+#define FC_FORMAT_PICKLE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fc/core/status.h"
+
+namespace fc {
+
+struct PickleValue {
+  enum class Kind {
+    kNone,
+    kBool,
+    kInt,     // fits int64: int_value
+    kBigInt,  // outside int64: str holds the two's-complement little-endian bytes
+    kFloat,
+    kStr,     // str holds UTF-8 (not re-validated)
+    kBytes,   // str holds the raw bytes (bytes or bytearray)
+    kTuple,   // items
+    kList,    // items
+    kDict,    // entries, in insertion order; keys may be any value; duplicates are kept
+    kSet,     // items; bool_value is true for a frozenset
+    kGlobal,  // str = module, name = qualified name, e.g. ("torch", "float32")
+    kCall,    // REDUCE: callee(*args); may also carry state/items/entries (see above)
+    kObject,  // NEWOBJ / NEWOBJ_EX / INST / OBJ: callee = class, args, kwargs, state
+    kPersId,  // persistent id: callee = the pid value (torch.save: a 5-tuple)
+  };
+  using Ptr = std::shared_ptr<const PickleValue>;
+
+  Kind kind = Kind::kNone;
+  bool bool_value = false;
+  int64_t int_value = 0;
+  double float_value = 0.0;
+  std::string str;
+  std::string name;
+  std::vector<Ptr> items;
+  std::vector<std::pair<Ptr, Ptr>> entries;
+  Ptr callee;
+  Ptr args;
+  Ptr kwargs;
+  Ptr state;
+
+  bool is_none() const { return kind == Kind::kNone; }
+  bool is_int() const { return kind == Kind::kInt; }
+  bool is_str() const { return kind == Kind::kStr; }
+  bool is_tuple() const { return kind == Kind::kTuple; }
+  bool is_list() const { return kind == Kind::kList; }
+  bool is_dict() const { return kind == Kind::kDict; }
+  // True for a kGlobal with exactly this module and name.
+  bool IsGlobal(std::string_view module, std::string_view global_name) const {
+    return kind == Kind::kGlobal && str == module && name == global_name;
+  }
+  // For a kCall / kObject whose callee is a kGlobal: that global; otherwise nullptr.
+  const PickleValue* CalleeGlobal() const;
+
+  // Dict lookup by string key (the last entry with that key wins, as in Python).
+  // Works on kDict and on the `entries` of kCall/kObject nodes. nullptr when absent.
+  const PickleValue* Find(std::string_view key) const;
+
+  // A short human-readable rendering for error messages, cut at about `max_chars`,
+  // e.g. "torch.Size((8, 6))" or "{'fqn': 'w', ...}". Bounded in time by max_chars.
+  std::string DebugString(size_t max_chars = 120) const;
+};
+
+std::string_view PickleKindName(PickleValue::Kind kind);
+
+struct PickleLimits {
+  size_t max_depth = 512;  // nesting of containers/objects in the result
+};
+
+// Runs the pickle in `data` and returns the value left by STOP.
+// Errors: kDataLoss for malformed or truncated input (message names the opcode and its
+// byte position), kUnimplemented for the unsupported features listed above, a reference
+// cycle, or nesting deeper than limits.max_depth.
+Result<PickleValue> ParsePickle(std::span<const std::byte> data, const PickleLimits& limits = {});
+
+}  // namespace fc
+
+#endif  // FC_FORMAT_PICKLE_H_

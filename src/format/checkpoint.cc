@@ -1,0 +1,35 @@
+#include "fc/format/checkpoint.h"
+
+namespace fc {
+
+std::string_view CheckpointFormatName(CheckpointFormat format) {
+  switch (format) {
+    case CheckpointFormat::kTorchDcp: return "torch-dcp";
+    case CheckpointFormat::kSafetensors: return "safetensors";
+    case CheckpointFormat::kFcDistcp: return "fc";
+  }
+  return "unknown";
+}
+
+Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
+  if (name == "torch-dcp" || name == "dcp" || name == "torch") return CheckpointFormat::kTorchDcp;
+  if (name == "safetensors" || name == "hf") return CheckpointFormat::kSafetensors;
+  if (name == "fc" || name == "fc-distcp") return CheckpointFormat::kFcDistcp;
+  return InvalidArgumentError("unknown checkpoint format '" + std::string(name) +
+                              "' (expected torch-dcp, safetensors or fc)");
+}
+
+const TensorEntry* CheckpointIndex::FindTensor(std::string_view key) const {
+  for (const TensorEntry& t : tensors) {
+    if (t.key == key) return &t;
+  }
+  return nullptr;
+}
+
+uint64_t CheckpointIndex::total_file_bytes() const {
+  uint64_t total = 0;
+  for (const FileInfo& f : files) total += f.size;
+  return total;
+}
+
+}  // namespace fc

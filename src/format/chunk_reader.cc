@@ -1,0 +1,139 @@
+#include "fc/format/chunk_reader.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "fc/core/flat_range.h"
+
+namespace fc {
+namespace {
+
+// True when `box` covers the whole of `outer` on every axis after the first, so its elements
+// are one contiguous run in a row-major buffer holding `outer`.
+bool ContiguousIn(const Box& outer, const Box& box) {
+  for (size_t i = 1; i < box.rank(); ++i) {
+    if (box.global_offset[i] != outer.global_offset[i] ||
+        box.local_shape[i] != outer.local_shape[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Row-major element offset of box's first element inside `outer`.
+int64_t FirstElementOffset(const Box& outer, const Box& box) {
+  int64_t offset = 0;
+  for (size_t i = 0; i < box.rank(); ++i) {
+    offset = offset * outer.local_shape[i] + (box.global_offset[i] - outer.global_offset[i]);
+  }
+  return offset;
+}
+
+std::string ChunkContext(const TensorEntry& tensor, const Chunk& chunk) {
+  std::string s = "tensor '" + tensor.key + "' chunk " + chunk.box.ToString();
+  if (chunk.flat_range) s += " flat " + chunk.flat_range->ToString();
+  return s;
+}
+
+}  // namespace
+
+ChunkReader::ChunkReader(const CheckpointIndex& index)
+    : index_(index), files_(index.files.size()) {}
+
+Result<const RandomAccessFile*> ChunkReader::File(uint32_t file) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file >= files_.size()) {
+    return InternalError("file index " + std::to_string(file) + " out of range");
+  }
+  if (!files_[file]) {
+    FC_ASSIGN_OR_RETURN(files_[file],
+                        RandomAccessFile::Open(JoinPath(index_.root, index_.files[file].path)));
+  }
+  return files_[file].get();
+}
+
+uint64_t ChunkReader::bytes_read() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_read_;
+}
+
+Status ChunkReader::ReadChunkBytes(const Chunk& chunk, std::span<std::byte> dst) {
+  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, File(chunk.file));
+  FC_RETURN_IF_ERROR(f->ReadAt(chunk.byte_offset, dst));
+  std::lock_guard<std::mutex> lock(mu_);
+  bytes_read_ += dst.size();
+  return Status::Ok();
+}
+
+// Copies `piece` (global coordinates, inside `stored_box`) from a packed row-major run that
+// holds `stored_box` starting at `stored_byte_offset` of the chunk's file.
+Status ChunkReader::CopyBoxPiece(const TensorEntry& tensor, const Chunk& chunk,
+                                 const Box& stored_box, uint64_t stored_byte_offset,
+                                 const Box& piece, void* dst, const Box& dst_box) {
+  const size_t esize = DTypeSize(tensor.dtype);
+  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, File(chunk.file));
+  if (piece.rank() == 0) {
+    std::span<std::byte> out(static_cast<std::byte*>(dst), esize);
+    FC_RETURN_IF_ERROR(f->ReadAt(stored_byte_offset, out));
+    std::lock_guard<std::mutex> lock(mu_);
+    bytes_read_ += esize;
+    return Status::Ok();
+  }
+  // Read the rows (axis 0) of the stored box that the piece touches.
+  Box rows = stored_box;
+  rows.global_offset[0] = piece.global_offset[0];
+  rows.local_shape[0] = piece.local_shape[0];
+  const uint64_t rows_offset =
+      stored_byte_offset + static_cast<uint64_t>(FirstElementOffset(stored_box, rows)) * esize;
+  const uint64_t rows_bytes = static_cast<uint64_t>(rows.num_elements()) * esize;
+  if (ContiguousIn(stored_box, piece) && ContiguousIn(dst_box, piece)) {
+    // The piece is whole rows in the file and one run in dst: read straight into place.
+    auto* out = static_cast<std::byte*>(dst) + FirstElementOffset(dst_box, piece) * esize;
+    FC_RETURN_IF_ERROR(f->ReadAt(rows_offset, std::span<std::byte>(out, rows_bytes)));
+  } else {
+    std::vector<std::byte> buffer(rows_bytes);
+    FC_RETURN_IF_ERROR(f->ReadAt(rows_offset, std::span<std::byte>(buffer)));
+    CopyRegion(buffer.data(), rows, {}, dst, dst_box, piece, esize);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  bytes_read_ += rows_bytes;
+  return Status::Ok();
+}
+
+Status ChunkReader::CopyChunkRegion(const TensorEntry& tensor, const Chunk& chunk,
+                                    const Box& region, void* dst, const Box& dst_box) {
+  const size_t esize = DTypeSize(tensor.dtype);
+  if (chunk.flat_range) {
+    // The chunk stores a flat range of its box: each decomposed piece is a packed
+    // row-major box at a known element offset in the chunk's data.
+    int64_t element_offset = 0;
+    for (Box piece : DecomposeFlatRange(chunk.box.local_shape, *chunk.flat_range)) {
+      for (size_t i = 0; i < piece.rank(); ++i) piece.global_offset[i] += chunk.box.global_offset[i];
+      const int64_t piece_elements = piece.num_elements();
+      if (auto overlap = Intersect(piece, region)) {
+        FC_RETURN_IF_ERROR_WITH(
+            CopyBoxPiece(tensor, chunk, piece,
+                         chunk.byte_offset + static_cast<uint64_t>(element_offset) * esize,
+                         *overlap, dst, dst_box),
+            ChunkContext(tensor, chunk));
+      }
+      element_offset += piece_elements;
+    }
+    return Status::Ok();
+  }
+  std::optional<Box> overlap = Intersect(chunk.box, region);
+  if (!overlap || overlap->empty()) return Status::Ok();
+  if (chunk.strides.empty()) {
+    return CopyBoxPiece(tensor, chunk, chunk.box, chunk.byte_offset, *overlap, dst, dst_box)
+        .With(ChunkContext(tensor, chunk));
+  }
+  // Strided (e.g. a transposed torch tensor saved without a copy): read the chunk's whole
+  // byte span once and gather with strides. Such chunks are rare and small in practice.
+  std::vector<std::byte> buffer(chunk.byte_length);
+  FC_RETURN_IF_ERROR_WITH(ReadChunkBytes(chunk, std::span<std::byte>(buffer)),
+                          ChunkContext(tensor, chunk));
+  CopyRegion(buffer.data(), chunk.box, chunk.strides, dst, dst_box, *overlap, esize);
+  return Status::Ok();
+}
+
+}  // namespace fc

@@ -1,0 +1,65 @@
+#include "fc/format/open.h"
+
+#include <regex>
+
+#include "fc/format/fc_distcp.h"
+#include "fc/format/safetensors.h"
+#include "fc/format/torch_dcp.h"
+#include "fc/io/file.h"
+
+namespace fc {
+namespace {
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
+  if (!PathExists(path)) return NotFoundError(path + ": no such file or directory");
+  if (!IsDirectory(path)) {
+    if (EndsWith(path, ".safetensors")) return CheckpointFormat::kSafetensors;
+    return InvalidArgumentError(path + ": not a checkpoint directory or .safetensors file");
+  }
+  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(path));
+  bool has_st = false, has_st_index = false, has_paddle_meta = false, has_pt = false;
+  static const std::regex kPaddleMeta(R"(\d+\.metadata)");
+  for (const std::string& n : names) {
+    if (n == "fc.metadata.json") return CheckpointFormat::kFcDistcp;
+    if (n == ".metadata") return CheckpointFormat::kTorchDcp;
+    if (EndsWith(n, ".safetensors.index.json")) has_st_index = true;
+    if (EndsWith(n, ".safetensors")) has_st = true;
+    if (std::regex_match(n, kPaddleMeta)) has_paddle_meta = true;
+    if (EndsWith(n, ".pt")) has_pt = true;
+  }
+  if (has_st_index || has_st) return CheckpointFormat::kSafetensors;
+  if (has_paddle_meta) {
+    return UnimplementedError(path + ": looks like a PaddlePaddle FlexCheckpoint "
+                              "(<id>.metadata); fc does not read that format yet");
+  }
+  if (has_pt) {
+    return UnimplementedError(path + ": holds torch.save .pt files (DeepSpeed / legacy "
+                              "Megatron); fc does not read those yet");
+  }
+  return InvalidArgumentError(path + ": no checkpoint found (looked for fc.metadata.json, "
+                              ".metadata, *.safetensors.index.json, *.safetensors)");
+}
+
+Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
+                                       std::optional<CheckpointFormat> forced) {
+  CheckpointFormat format;
+  if (forced) {
+    format = *forced;
+  } else {
+    FC_ASSIGN_OR_RETURN(format, DetectCheckpointFormat(path));
+  }
+  switch (format) {
+    case CheckpointFormat::kTorchDcp: return ReadTorchDcp(path);
+    case CheckpointFormat::kSafetensors: return ReadSafetensorsCheckpoint(path);
+    case CheckpointFormat::kFcDistcp: return ReadFcDistcp(path);
+  }
+  return InternalError("unhandled checkpoint format");
+}
+
+}  // namespace fc

@@ -1,0 +1,283 @@
+#include "fc/ops/inspect.h"
+
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "fc/format/json_writer.h"
+#include "fc/format/open.h"
+#include "fc/ops/report_format.h"
+#include "fc/ops/verify.h"
+
+namespace fc {
+namespace {
+
+bool SameExtents(const std::vector<int64_t>& sizes) {
+  for (int64_t s : sizes) {
+    if (s != sizes.front()) return false;
+  }
+  return true;
+}
+
+std::string JoinInts(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+void Ints(JsonWriter& j, const std::vector<int64_t>& values) {
+  j.BeginArray(true);
+  for (int64_t v : values) j.Int(v);
+  j.EndArray();
+}
+
+std::string ShapeText(const Shape& shape) { return "[" + JoinInts(shape) + "]"; }
+
+void PrintSummary(const CheckpointIndex& index, const InspectOptions& options,
+                  const std::vector<const TensorEntry*>& tensors, std::ostream& out) {
+  uint64_t elements = 0, bytes = 0;
+  std::map<std::string, int> dtypes;
+  for (const TensorEntry* t : tensors) {
+    int64_t n = 1;
+    for (int64_t d : t->global_shape) n *= d;
+    elements += static_cast<uint64_t>(n);
+    bytes += static_cast<uint64_t>(n) * DTypeSize(t->dtype);
+    ++dtypes[std::string(DTypeName(t->dtype))];
+  }
+  out << "format:   " << CheckpointFormatName(index.format);
+  for (const auto& [k, v] : index.attributes) out << " (" << k << " " << v << ")";
+  out << "\npath:     " << options.path << "\n";
+  out << "files:    " << index.files.size() << " (" << HumanBytes(index.total_file_bytes()) << ")\n";
+  out << "tensors:  " << tensors.size();
+  if (tensors.size() != index.tensors.size()) out << " of " << index.tensors.size() << " (filtered)";
+  out << ", " << elements << " elements, " << HumanBytes(bytes) << " of tensor data\n";
+  out << "objects:  " << index.objects.size() << "\n";
+  out << "dtypes:  ";
+  for (const auto& [name, count] : dtypes) out << " " << name << " x" << count;
+  out << "\n";
+}
+
+void PrintTensorTable(const std::vector<const TensorEntry*>& tensors, std::ostream& out) {
+  TextTable table({"KEY", "DTYPE", "SHAPE", "CHUNKS", "SPLIT"});
+  for (const TensorEntry* t : tensors) {
+    table.AddRow({t->key, std::string(DTypeName(t->dtype)), ShapeText(t->global_shape),
+                  std::to_string(t->chunks.size()), DescribeSplit(*t)});
+  }
+  out << "\n";
+  table.Print(out);
+}
+
+void PrintObjects(const CheckpointIndex& index, std::ostream& out) {
+  if (index.objects.empty()) return;
+  out << "\nobjects (non-tensor values, carried as bytes):\n";
+  for (const ObjectEntry& o : index.objects) {
+    out << "  " << o.key << "  "
+        << (o.encoding == ObjectEncoding::kTorchSave ? "torch.save" : "raw") << ", "
+        << o.byte_length << " bytes in " << index.files[o.file].path << "\n";
+  }
+}
+
+void WriteJson(const CheckpointIndex& index, const std::vector<const TensorEntry*>& tensors,
+               const VerifyReport* verify, std::ostream& out) {
+  JsonWriter j(JsonWriter::Style::kCompact);
+  j.BeginObject();
+  j.Key("format").String(CheckpointFormatName(index.format));
+  j.Key("root").String(index.root);
+  j.Key("attributes").BeginObject();
+  for (const auto& [k, v] : index.attributes) j.Key(k).String(v);
+  j.EndObject();
+  j.Key("files").BeginArray();
+  for (const FileInfo& f : index.files) {
+    j.BeginObject().Key("path").String(f.path).Key("size").Uint(f.size).EndObject();
+  }
+  j.EndArray();
+  j.Key("tensors").BeginArray();
+  for (const TensorEntry* t : tensors) {
+    j.BeginObject();
+    j.Key("key").String(t->key);
+    j.Key("dtype").String(DTypeName(t->dtype));
+    Ints(j.Key("global_shape"), t->global_shape);
+    j.Key("split").String(DescribeSplit(*t));
+    j.Key("chunks").BeginArray();
+    for (const Chunk& c : t->chunks) {
+      j.BeginObject();
+      Ints(j.Key("global_offset"), c.box.global_offset);
+      Ints(j.Key("local_shape"), c.box.local_shape);
+      j.Key("flattened_range");
+      if (c.flat_range) {
+        Ints(j, {c.flat_range->inclusive_min, c.flat_range->exclusive_max});
+      } else {
+        j.Null();
+      }
+      j.Key("replica_id").Int(c.replica_id);
+      j.Key("file").String(index.files[c.file].path);
+      j.Key("byte_offset").Uint(c.byte_offset);
+      j.Key("byte_length").Uint(c.byte_length);
+      if (!c.strides.empty()) Ints(j.Key("strides"), c.strides);
+      if (c.xxh3_64) j.Key("xxh3_64").String(HexU64(*c.xxh3_64));
+      j.EndObject();
+    }
+    j.EndArray();
+    j.EndObject();
+  }
+  j.EndArray();
+  j.Key("objects").BeginArray();
+  for (const ObjectEntry& o : index.objects) {
+    j.BeginObject();
+    j.Key("key").String(o.key);
+    j.Key("encoding").String(o.encoding == ObjectEncoding::kTorchSave ? "torch-save" : "raw");
+    j.Key("file").String(index.files[o.file].path);
+    j.Key("byte_offset").Uint(o.byte_offset);
+    j.Key("byte_length").Uint(o.byte_length);
+    j.EndObject();
+  }
+  j.EndArray();
+  if (verify) {
+    j.Key("verify").BeginObject();
+    j.Key("ok").Bool(verify->problems.empty());
+    j.Key("tensors_checked").Uint(verify->tensors_checked);
+    j.Key("chunks_checked").Uint(verify->chunks_checked);
+    j.Key("checksums_checked").Uint(verify->checksums_checked);
+    j.Key("problems").BeginArray();
+    for (const VerifyProblem& p : verify->problems) {
+      j.BeginObject().Key("file").String(p.file).Key("key").String(p.key);
+      j.Key("what").String(p.what).EndObject();
+    }
+    j.EndArray();
+    j.EndObject();
+  }
+  j.EndObject();
+  out << j.str() << "\n";
+}
+
+std::string ProblemLine(const VerifyProblem& p) {
+  std::string s;
+  if (!p.file.empty()) s += p.file + ": ";
+  if (!p.key.empty()) s += "'" + p.key + "': ";
+  return s + p.what;
+}
+
+}  // namespace
+
+std::string DescribeSplit(const TensorEntry& tensor) {
+  // Replicas: chunks with replica_id != 0 are copies of replica-0 data.
+  std::vector<const Chunk*> primary;
+  size_t flattened = 0;
+  for (const Chunk& c : tensor.chunks) {
+    if (c.replica_id == 0) primary.push_back(&c);
+    if (c.flat_range) ++flattened;
+  }
+  if (tensor.chunks.empty()) return "no chunks";
+  std::string replicas;
+  if (primary.size() < tensor.chunks.size() && !primary.empty() &&
+      tensor.chunks.size() % primary.size() == 0) {
+    replicas = ", replicated x" + std::to_string(tensor.chunks.size() / primary.size());
+  } else if (primary.size() < tensor.chunks.size()) {
+    replicas = ", +" + std::to_string(tensor.chunks.size() - primary.size()) + " replica chunks";
+  }
+  if (flattened > 0) {
+    std::set<Shape> blocks;
+    for (const Chunk* c : primary) blocks.insert(c->box.global_offset);
+    std::string s = "flattened " + std::to_string(primary.size()) + "-way";
+    if (blocks.size() > 1) s += " over " + std::to_string(blocks.size()) + " blocks";
+    return s + replicas;
+  }
+  // Duplicate boxes with replica_id 0 are replicas too (formats that do not number them).
+  std::map<Box, int, bool (*)(const Box&, const Box&)> boxes(
+      [](const Box& a, const Box& b) {
+        return std::tie(a.global_offset, a.local_shape) < std::tie(b.global_offset, b.local_shape);
+      });
+  for (const Chunk* c : primary) ++boxes[c->box];
+  if (replicas.empty() && boxes.size() < primary.size() && primary.size() % boxes.size() == 0) {
+    replicas = ", replicated x" + std::to_string(primary.size() / boxes.size());
+  }
+  if (boxes.size() == 1) {
+    const Box& b = boxes.begin()->first;
+    if (b == Box::Whole(tensor.global_shape)) return "whole" + replicas;
+    return "one chunk " + b.ToString() + replicas;
+  }
+  std::vector<size_t> split_axes;
+  std::vector<std::vector<int64_t>> axis_sizes;
+  for (size_t a = 0; a < tensor.global_shape.size(); ++a) {
+    std::map<int64_t, int64_t> extents;  // offset -> extent
+    for (const auto& [b, n] : boxes) extents[b.global_offset[a]] = b.local_shape[a];
+    if (extents.size() > 1) {
+      split_axes.push_back(a);
+      std::vector<int64_t> sizes;
+      for (const auto& [off, ext] : extents) sizes.push_back(ext);
+      axis_sizes.push_back(sizes);
+    }
+  }
+  if (split_axes.size() == 1) {
+    const auto& sizes = axis_sizes[0];
+    std::string s = "axis " + std::to_string(split_axes[0]) + " in " +
+                    std::to_string(sizes.size()) + (SameExtents(sizes) ? " even" : " uneven") +
+                    " chunks";
+    if (!SameExtents(sizes)) s += " (" + JoinInts(sizes) + ")";
+    if (boxes.size() != sizes.size()) s += ", irregular";
+    return s + replicas;
+  }
+  std::string grid = "grid ";
+  std::string axes;
+  for (size_t i = 0; i < split_axes.size(); ++i) {
+    grid += (i ? "x" : "") + std::to_string(axis_sizes[i].size());
+    axes += (i ? "," : "") + std::to_string(split_axes[i]);
+  }
+  return grid + " over axes " + axes + replicas;
+}
+
+Status RunInspect(const InspectOptions& options, std::ostream& out) {
+  FC_ASSIGN_OR_RETURN(CheckpointIndex index, OpenCheckpoint(options.path, options.format));
+  std::vector<const TensorEntry*> tensors;
+  std::optional<std::regex> filter;
+  if (!options.tensor_regex.empty()) {
+    try {
+      filter.emplace(options.tensor_regex);
+    } catch (const std::regex_error& e) {
+      return InvalidArgumentError("--tensors '" + options.tensor_regex + "': " + e.what());
+    }
+  }
+  for (const TensorEntry& t : index.tensors) {
+    if (!filter || std::regex_search(t.key, *filter)) tensors.push_back(&t);
+  }
+  std::optional<VerifyReport> report;
+  if (options.verify) {
+    FC_ASSIGN_OR_RETURN(report, VerifyCheckpoint(index));
+  }
+  if (options.json) {
+    WriteJson(index, tensors, report ? &*report : nullptr, out);
+  } else {
+    PrintSummary(index, options, tensors, out);
+    PrintTensorTable(tensors, out);
+    PrintObjects(index, out);
+    if (report) {
+      out << "\nverify: ";
+      if (report->problems.empty()) {
+        out << "OK: " << report->tensors_checked << " tensors, " << report->chunks_checked
+            << " chunks, every element stored exactly once; " << report->checksums_checked
+            << " checksums (" << HumanBytes(report->bytes_hashed) << ") match\n";
+      } else {
+        out << report->problems.size() << " problem(s)\n";
+        int shown = 0;
+        for (const VerifyProblem& p : report->problems) {
+          if (shown++ == options.max_problems) {
+            out << "  ... and " << report->problems.size() - options.max_problems << " more\n";
+            break;
+          }
+          out << "  " << ProblemLine(p) << "\n";
+        }
+      }
+    }
+  }
+  if (report && !report->problems.empty()) {
+    std::string first = ProblemLine(report->problems.front());
+    if (report->problems.size() > 1) {
+      first += " (and " + std::to_string(report->problems.size() - 1) + " more)";
+    }
+    return VerifyFailedError(options.path + ": " + first);
+  }
+  return Status::Ok();
+}
+
+}  // namespace fc

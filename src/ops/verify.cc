@@ -1,0 +1,266 @@
+#include "fc/ops/verify.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <set>
+
+#include "fc/core/checked_math.h"
+#include "fc/core/flat_range.h"
+#include "fc/format/chunk_reader.h"
+#include "fc/ops/report_format.h"
+
+namespace fc {
+namespace {
+
+constexpr uint64_t kHashSlabBytes = 64ull << 20;
+// Above this many grid cells, missing regions are reported as a count only.
+constexpr uint64_t kMaxGridCells = 1u << 20;
+
+std::string ChunkName(const Chunk& chunk) {
+  std::string s = "chunk " + chunk.box.ToString();
+  if (chunk.flat_range) s += " flat " + chunk.flat_range->ToString();
+  if (chunk.replica_id != 0) s += " replica " + std::to_string(chunk.replica_id);
+  return s;
+}
+
+// The boxes (global coordinates) whose elements a chunk stores.
+std::vector<Box> StoredBoxes(const Chunk& chunk) {
+  if (!chunk.flat_range) return {chunk.box};
+  std::vector<Box> pieces = DecomposeFlatRange(chunk.box.local_shape, *chunk.flat_range);
+  for (Box& p : pieces) {
+    for (size_t i = 0; i < p.rank(); ++i) p.global_offset[i] += chunk.box.global_offset[i];
+  }
+  return pieces;
+}
+
+// Lists up to `limit` boxes of `shape` that no piece covers, using the grid formed by all
+// piece boundaries (every grid cell is either wholly covered or wholly uncovered).
+std::vector<Box> UncoveredCells(const Shape& shape, const std::vector<Box>& pieces, size_t limit) {
+  const size_t rank = shape.size();
+  std::vector<std::vector<int64_t>> cuts(rank);
+  uint64_t cells = 1;
+  for (size_t a = 0; a < rank; ++a) {
+    std::set<int64_t> s = {0, shape[a]};
+    for (const Box& p : pieces) {
+      s.insert(p.inclusive_min(a));
+      s.insert(p.exclusive_max(a));
+    }
+    cuts[a].assign(s.begin(), s.end());
+    cells *= cuts[a].size() - 1;
+    if (cells > kMaxGridCells) return {};
+  }
+  std::vector<Box> out;
+  std::vector<size_t> idx(rank, 0);
+  for (uint64_t c = 0; c < cells && out.size() < limit; ++c) {
+    Box cell;
+    for (size_t a = 0; a < rank; ++a) {
+      cell.global_offset.push_back(cuts[a][idx[a]]);
+      cell.local_shape.push_back(cuts[a][idx[a] + 1] - cuts[a][idx[a]]);
+    }
+    if (!cell.empty()) {
+      bool covered = false;
+      for (const Box& p : pieces) {
+        if (Contains(p, cell)) { covered = true; break; }
+      }
+      if (!covered) out.push_back(cell);
+    }
+    for (size_t a = rank; a-- > 0;) {
+      if (++idx[a] < cuts[a].size() - 1) break;
+      idx[a] = 0;
+    }
+  }
+  return out;
+}
+
+void CheckCoverage(const CheckpointIndex& index, const TensorEntry& t, VerifyReport& report) {
+  auto problem = [&](const std::string& file, std::string what) {
+    report.problems.push_back({file, t.key, std::move(what)});
+  };
+  Result<int64_t> numel = CheckedNumElements(t.global_shape);
+  if (!numel.ok()) {
+    problem("", "global shape: " + numel.status().message());
+    return;
+  }
+  std::vector<Box> pieces;
+  for (const Chunk& c : t.chunks) {
+    const std::string& file = c.file < index.files.size() ? index.files[c.file].path : "";
+    Status box_ok = ValidateBox(c.box, t.global_shape);
+    if (!box_ok.ok()) {
+      problem(file, ChunkName(c) + ": " + box_ok.message());
+      continue;
+    }
+    if (c.flat_range && (!c.flat_range->SatisfiesInvariants() ||
+                         c.flat_range->exclusive_max > c.box.num_elements())) {
+      problem(file, ChunkName(c) + ": flattened range outside its box of " +
+                        std::to_string(c.box.num_elements()) + " elements");
+      continue;
+    }
+    if (c.replica_id != 0) continue;
+    for (Box& p : StoredBoxes(c)) {
+      if (!p.empty()) pieces.push_back(std::move(p));
+    }
+  }
+  // Overlaps: sweep along axis 0 (rank-0 tensors: any two pieces overlap).
+  std::sort(pieces.begin(), pieces.end(), [](const Box& a, const Box& b) {
+    return a.global_offset < b.global_offset;
+  });
+  int64_t covered = 0;
+  size_t overlaps = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    covered += pieces[i].num_elements();
+    for (size_t j = i + 1; j < pieces.size(); ++j) {
+      if (pieces[i].rank() > 0 && pieces[j].inclusive_min(0) >= pieces[i].exclusive_max(0)) break;
+      if (auto o = Intersect(pieces[i], pieces[j])) {
+        if (++overlaps <= 3) {
+          problem("", "elements " + o->ToString() + " stored twice (" + pieces[i].ToString() +
+                          " and " + pieces[j].ToString() + ")");
+        }
+      }
+    }
+  }
+  if (overlaps > 3) problem("", std::to_string(overlaps - 3) + " more overlapping pairs");
+  if (overlaps == 0 && covered < *numel) {
+    std::string what = "only " + std::to_string(covered) + " of " + std::to_string(*numel) +
+                       " elements stored";
+    std::vector<Box> missing = UncoveredCells(t.global_shape, pieces, 4);
+    if (!missing.empty()) {
+      what += "; missing";
+      for (const Box& m : missing) what += " " + m.ToString();
+      if (missing.size() == 4) what += " ...";
+    }
+    problem("", what);
+  }
+}
+
+// Bytes the chunk's data region must span.
+Result<uint64_t> ExpectedByteLength(const TensorEntry& t, const Chunk& c) {
+  const uint64_t esize = DTypeSize(t.dtype);
+  if (c.strides.empty()) {
+    auto n = CheckedMulU(static_cast<uint64_t>(c.stored_elements()), esize);
+    if (!n) return OutOfRangeError("byte size overflows");
+    return *n;
+  }
+  if (c.strides.size() != c.box.rank()) {
+    return DataLossError("strides rank " + std::to_string(c.strides.size()) + " != box rank " +
+                         std::to_string(c.box.rank()));
+  }
+  if (c.box.empty()) return uint64_t{0};
+  int64_t last = 0;
+  for (size_t i = 0; i < c.box.rank(); ++i) {
+    if (c.strides[i] < 0) return DataLossError("negative stride");
+    auto step = CheckedMul(c.box.local_shape[i] - 1, c.strides[i]);
+    if (!step || !(step = CheckedAdd(last, *step))) return OutOfRangeError("stride extent overflows");
+    last = *step;
+  }
+  auto n = CheckedMulU(static_cast<uint64_t>(last) + 1, esize);
+  if (!n) return OutOfRangeError("byte size overflows");
+  return *n;
+}
+
+void CheckByteRange(const CheckpointIndex& index, const std::string& key, const std::string& what,
+                    uint32_t file, uint64_t offset, uint64_t length, VerifyReport& report) {
+  if (file >= index.files.size()) {
+    report.problems.push_back({"", key, what + ": file index " + std::to_string(file) +
+                                            " out of range"});
+    return;
+  }
+  const FileInfo& f = index.files[file];
+  auto end = CheckedAddU(offset, length);
+  if (!end || *end > f.size) {
+    report.problems.push_back(
+        {f.path, key, what + ": bytes [" + std::to_string(offset) + ", " +
+                          (end ? std::to_string(*end) : std::string("overflow")) +
+                          ") pass the end of the file (" + std::to_string(f.size) + " bytes)"});
+  }
+}
+
+// Hashes [offset, offset + length) of the file in bounded slabs.
+Result<uint64_t> HashRange(ChunkReader& reader, uint32_t file, uint64_t offset, uint64_t length,
+                           VerifyReport& report) {
+  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(file));
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  std::vector<std::byte> buffer(std::min(length, kHashSlabBytes));
+  Status status;
+  for (uint64_t done = 0; done < length && status.ok();) {
+    const uint64_t n = std::min<uint64_t>(buffer.size(), length - done);
+    status = f->ReadAt(offset + done, std::span<std::byte>(buffer.data(), n));
+    if (status.ok()) XXH3_64bits_update(state, buffer.data(), n);
+    done += n;
+  }
+  const uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  FC_RETURN_IF_ERROR(status);
+  report.bytes_hashed += length;
+  ++report.checksums_checked;
+  return digest;
+}
+
+std::string Hex(uint64_t v) { return HexU64(v); }
+void CheckChecksum(ChunkReader& reader, const CheckpointIndex& index, const std::string& key,
+                   const std::string& what, uint32_t file, uint64_t offset, uint64_t length,
+                   uint64_t expected, VerifyReport& report) {
+  const std::string& path = file < index.files.size() ? index.files[file].path : "";
+  Result<uint64_t> got = HashRange(reader, file, offset, length, report);
+  if (!got.ok()) {
+    report.problems.push_back({path, key, what + ": " + got.status().message()});
+  } else if (*got != expected) {
+    report.problems.push_back({path, key, what + ": xxh3-64 of the bytes is " + Hex(*got) +
+                                              ", the metadata says " + Hex(expected)});
+  }
+}
+
+}  // namespace
+
+Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index) {
+  VerifyReport report;
+  ChunkReader reader(index);
+  for (uint32_t i = 0; i < index.files.size(); ++i) {
+    Result<const RandomAccessFile*> f = reader.File(i);
+    if (!f.ok()) {
+      report.problems.push_back({index.files[i].path, "", f.status().message()});
+    } else if ((*f)->size() != index.files[i].size) {
+      report.problems.push_back({index.files[i].path, "", "file is " +
+                                 std::to_string((*f)->size()) + " bytes, was " +
+                                 std::to_string(index.files[i].size) + " when opened"});
+    }
+  }
+  for (const TensorEntry& t : index.tensors) {
+    ++report.tensors_checked;
+    CheckCoverage(index, t, report);
+    for (const Chunk& c : t.chunks) {
+      ++report.chunks_checked;
+      const std::string what = ChunkName(c);
+      Result<uint64_t> expected = ExpectedByteLength(t, c);
+      if (!expected.ok()) {
+        report.problems.push_back({"", t.key, what + ": " + expected.status().message()});
+        continue;
+      }
+      if (*expected > c.byte_length) {
+        report.problems.push_back(
+            {c.file < index.files.size() ? index.files[c.file].path : "", t.key,
+             what + ": needs " + std::to_string(*expected) + " bytes of " +
+                 std::string(DTypeName(t.dtype)) + ", the metadata gives " +
+                 std::to_string(c.byte_length)});
+      }
+      const size_t before = report.problems.size();
+      CheckByteRange(index, t.key, what, c.file, c.byte_offset, c.byte_length, report);
+      if (c.xxh3_64 && report.problems.size() == before) {
+        CheckChecksum(reader, index, t.key, what, c.file, c.byte_offset, c.byte_length,
+                      *c.xxh3_64, report);
+      }
+    }
+  }
+  for (const ObjectEntry& o : index.objects) {
+    const size_t before = report.problems.size();
+    CheckByteRange(index, o.key, "object", o.file, o.byte_offset, o.byte_length, report);
+    if (o.xxh3_64 && report.problems.size() == before) {
+      CheckChecksum(reader, index, o.key, "object", o.file, o.byte_offset, o.byte_length,
+                    *o.xxh3_64, report);
+    }
+  }
+  return report;
+}
+
+}  // namespace fc

@@ -1,0 +1,28 @@
+// What the three fc tools share: logging setup, mapping a final Status to the exit-code
+// table, and the `--version` string. Tools stay thin: parse flags into an Options struct,
+// call one library entry point, report.
+#ifndef FC_TOOLS_CLI_COMMON_H_
+#define FC_TOOLS_CLI_COMMON_H_
+
+#include <string>
+
+#include "fc/core/status.h"
+
+namespace fc::cli {
+
+// Exit code for a command-line usage error (CLI11 parse failures).
+inline constexpr int kUsageExitCode = 2;
+
+// The EXIT STATUS table, as printed in --help footers and the man pages.
+const char* ExitCodeHelp();
+
+// Sets spdlog to print "fc-export: message" lines on stderr; quiet drops info lines,
+// verbose enables debug.
+void SetUpLogging(const std::string& tool, bool quiet, bool verbose);
+
+// Prints "<tool>: error: <message>" to stderr (when not OK) and returns the exit code.
+int Finish(const std::string& tool, const Status& status);
+
+}  // namespace fc::cli
+
+#endif  // FC_TOOLS_CLI_COMMON_H_

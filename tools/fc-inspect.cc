@@ -1,0 +1,47 @@
+// fc-inspect: show what a checkpoint holds, verify it, or preview an AOA program on it.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "cli_common.h"
+#include "fc/ops/inspect.h"
+#include "fc_config.h"
+
+int main(int argc, char** argv) {
+  fc::InspectOptions options;
+  std::string format;
+  CLI::App app{
+      "fc-inspect: print the tensors, dtypes, shapes, chunk layout and files of a "
+      "distributed checkpoint (PyTorch DCP incl. Megatron torch_dist, safetensors or HF "
+      "sharded safetensors, fc distcp); verify it; preview an AOA program on it."};
+  app.add_option("CKPT", options.path, "checkpoint directory (or .safetensors file)")
+      ->required();
+  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc");
+  app.add_option("--tensors", options.tensor_regex,
+                 "only tensors whose key matches this regular expression (ECMAScript, search)");
+  app.add_flag("--json", options.json, "machine-readable JSON on stdout");
+  app.add_flag("--verify", options.verify,
+               "check every element is stored exactly once (replicas aside), chunks lie "
+               "inside their tensors, byte ranges inside their files, checksums match");
+#if FC_HAVE_AOA
+  app.add_option("--aoa", options.aoa_file,
+                 "AOA program (line form or {\"aoa_statements\": [...]} JSON): print the "
+                 "expanded statements and the resulting tensors, reading no tensor bytes");
+#endif
+  app.set_version_flag("--version", std::string("fc-inspect ") + FC_VERSION);
+  app.footer(fc::cli::ExitCodeHelp());
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : fc::cli::kUsageExitCode;
+  }
+  fc::cli::SetUpLogging("fc-inspect", false, false);
+  if (!format.empty()) {
+    auto parsed = fc::ParseCheckpointFormat(format);
+    if (!parsed.ok()) return fc::cli::Finish("fc-inspect", parsed.status());
+    options.format = *parsed;
+  }
+  fc::Status status = fc::RunInspect(options, std::cout);
+  std::cout.flush();
+  return fc::cli::Finish("fc-inspect", status);
+}
