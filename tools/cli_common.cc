@@ -3,7 +3,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <cstdio>
+#include <cstdlib>
 
 namespace fc::cli {
 
@@ -19,6 +21,32 @@ void SetUpLogging(const std::string& tool, bool quiet, bool verbose) {
   logger->set_level(quiet ? spdlog::level::warn
                           : verbose ? spdlog::level::debug : spdlog::level::info);
   spdlog::set_default_logger(logger);
+}
+
+Result<uint64_t> ParseSize(const std::string& flag, const std::string& text) {
+  size_t pos = 0;
+  while (pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.')) ++pos;
+  std::string number = text.substr(0, pos), unit;
+  for (char c : text.substr(pos)) {
+    if (c != ' ') unit += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  double multiplier = 0;
+  if (unit.empty() || unit == "b") multiplier = 1;
+  else if (unit == "k" || unit == "kb") multiplier = 1e3;
+  else if (unit == "m" || unit == "mb") multiplier = 1e6;
+  else if (unit == "g" || unit == "gb") multiplier = 1e9;
+  else if (unit == "t" || unit == "tb") multiplier = 1e12;
+  else if (unit == "kib") multiplier = 1024.0;
+  else if (unit == "mib") multiplier = 1024.0 * 1024;
+  else if (unit == "gib") multiplier = 1024.0 * 1024 * 1024;
+  else if (unit == "tib") multiplier = 1024.0 * 1024 * 1024 * 1024;
+  char* end = nullptr;
+  const double value = number.empty() ? -1 : std::strtod(number.c_str(), &end);
+  if (multiplier == 0 || value < 0 || end != number.c_str() + number.size() ||
+      value * multiplier >= 1.8e19) {
+    return InvalidArgumentError(flag + " '" + text + "': expected a size such as 5GB, 512MiB or 1000000");
+  }
+  return static_cast<uint64_t>(value * multiplier);
 }
 
 int Finish(const std::string& tool, const Status& status) {

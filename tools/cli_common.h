@@ -20,6 +20,11 @@ const char* ExitCodeHelp();
 // verbose enables debug.
 void SetUpLogging(const std::string& tool, bool quiet, bool verbose);
 
+// Parses "5GB" (10^9), "512MiB" (2^20), "64k", "1000" (bytes); case-insensitive units
+// B, K/KB, M/MB, G/GB, T/TB (powers of 1000) and KiB, MiB, GiB, TiB (powers of 1024).
+// Errors: kInvalidArgument naming `flag` and the text.
+Result<uint64_t> ParseSize(const std::string& flag, const std::string& text);
+
 // Prints "<tool>: error: <message>" to stderr (when not OK) and returns the exit code.
 int Finish(const std::string& tool, const Status& status);
 

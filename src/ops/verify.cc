@@ -3,8 +3,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <set>
 
+#include "fc/core/box_cover.h"
 #include "fc/core/checked_math.h"
 #include "fc/core/flat_range.h"
 #include "fc/format/chunk_reader.h"
@@ -14,8 +14,6 @@ namespace fc {
 namespace {
 
 constexpr uint64_t kHashSlabBytes = 64ull << 20;
-// Above this many grid cells, missing regions are reported as a count only.
-constexpr uint64_t kMaxGridCells = 1u << 20;
 
 std::string ChunkName(const Chunk& chunk) {
   std::string s = "chunk " + chunk.box.ToString();
@@ -32,45 +30,6 @@ std::vector<Box> StoredBoxes(const Chunk& chunk) {
     for (size_t i = 0; i < p.rank(); ++i) p.global_offset[i] += chunk.box.global_offset[i];
   }
   return pieces;
-}
-
-// Lists up to `limit` boxes of `shape` that no piece covers, using the grid formed by all
-// piece boundaries (every grid cell is either wholly covered or wholly uncovered).
-std::vector<Box> UncoveredCells(const Shape& shape, const std::vector<Box>& pieces, size_t limit) {
-  const size_t rank = shape.size();
-  std::vector<std::vector<int64_t>> cuts(rank);
-  uint64_t cells = 1;
-  for (size_t a = 0; a < rank; ++a) {
-    std::set<int64_t> s = {0, shape[a]};
-    for (const Box& p : pieces) {
-      s.insert(p.inclusive_min(a));
-      s.insert(p.exclusive_max(a));
-    }
-    cuts[a].assign(s.begin(), s.end());
-    cells *= cuts[a].size() - 1;
-    if (cells > kMaxGridCells) return {};
-  }
-  std::vector<Box> out;
-  std::vector<size_t> idx(rank, 0);
-  for (uint64_t c = 0; c < cells && out.size() < limit; ++c) {
-    Box cell;
-    for (size_t a = 0; a < rank; ++a) {
-      cell.global_offset.push_back(cuts[a][idx[a]]);
-      cell.local_shape.push_back(cuts[a][idx[a] + 1] - cuts[a][idx[a]]);
-    }
-    if (!cell.empty()) {
-      bool covered = false;
-      for (const Box& p : pieces) {
-        if (Contains(p, cell)) { covered = true; break; }
-      }
-      if (!covered) out.push_back(cell);
-    }
-    for (size_t a = rank; a-- > 0;) {
-      if (++idx[a] < cuts[a].size() - 1) break;
-      idx[a] = 0;
-    }
-  }
-  return out;
 }
 
 void CheckCoverage(const CheckpointIndex& index, const TensorEntry& t, VerifyReport& report) {
@@ -101,33 +60,23 @@ void CheckCoverage(const CheckpointIndex& index, const TensorEntry& t, VerifyRep
       if (!p.empty()) pieces.push_back(std::move(p));
     }
   }
-  // Overlaps: sweep along axis 0 (rank-0 tensors: any two pieces overlap).
-  std::sort(pieces.begin(), pieces.end(), [](const Box& a, const Box& b) {
-    return a.global_offset < b.global_offset;
-  });
-  int64_t covered = 0;
-  size_t overlaps = 0;
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    covered += pieces[i].num_elements();
-    for (size_t j = i + 1; j < pieces.size(); ++j) {
-      if (pieces[i].rank() > 0 && pieces[j].inclusive_min(0) >= pieces[i].exclusive_max(0)) break;
-      if (auto o = Intersect(pieces[i], pieces[j])) {
-        if (++overlaps <= 3) {
-          problem("", "elements " + o->ToString() + " stored twice (" + pieces[i].ToString() +
-                          " and " + pieces[j].ToString() + ")");
-        }
-      }
+  const CoverReport cover = CheckCover(Box::Whole(t.global_shape), std::move(pieces));
+  for (const auto& [a, b] : cover.overlaps) {
+    if (auto o = Intersect(a, b)) {
+      problem("", "elements " + o->ToString() + " stored twice (" + a.ToString() + " and " +
+                      b.ToString() + ")");
     }
   }
-  if (overlaps > 3) problem("", std::to_string(overlaps - 3) + " more overlapping pairs");
-  if (overlaps == 0 && covered < *numel) {
-    std::string what = "only " + std::to_string(covered) + " of " + std::to_string(*numel) +
-                       " elements stored";
-    std::vector<Box> missing = UncoveredCells(t.global_shape, pieces, 4);
-    if (!missing.empty()) {
+  if (cover.overlap_count > cover.overlaps.size()) {
+    problem("", std::to_string(cover.overlap_count - cover.overlaps.size()) +
+                    " more overlapping pairs");
+  }
+  if (cover.overlap_count == 0 && cover.covered_elements < cover.whole_elements) {
+    std::string what = "only " + std::to_string(cover.covered_elements) + " of " +
+                       std::to_string(cover.whole_elements) + " elements stored";
+    if (!cover.missing.empty()) {
       what += "; missing";
-      for (const Box& m : missing) what += " " + m.ToString();
-      if (missing.size() == 4) what += " ...";
+      for (const Box& m : cover.missing) what += " " + m.ToString();
     }
     problem("", what);
   }

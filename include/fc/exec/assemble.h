@@ -1,0 +1,65 @@
+// Assembling target data from source chunks: the data path shared by export and convert.
+//
+// A target tensor is described by SourcePieces: "block `src_box` of source tensor `source`,
+// after `ops` (in order), lands at `dst_box` of the target". Pieces come from the AOA engine
+// (or are identities when there is no program). AssembleRegion fills any box of the target
+// (a slab of a large tensor, or a target chunk) from the pieces that overlap it, reading only
+// the source rows it needs, and converting to the target dtype with round-to-nearest-even.
+//
+// Thread-safety: AssembleRegion may run concurrently on distinct destination buffers with
+// one shared ChunkReader.
+#ifndef FC_EXEC_ASSEMBLE_H_
+#define FC_EXEC_ASSEMBLE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fc/core/box.h"
+#include "fc/core/dtype.h"
+#include "fc/core/status.h"
+#include "fc/format/checkpoint.h"
+#include "fc/format/chunk_reader.h"
+
+namespace fc {
+
+struct PieceOp {
+  enum class Kind { kPermute, kCast };
+  Kind kind = Kind::kPermute;
+  // kPermute: output axis i is input axis permutation[i]; empty reverses all axes.
+  std::vector<int> permutation;
+  DType dtype = DType::kFloat32;  // kCast: the element type after the cast
+};
+
+struct SourcePiece {
+  const TensorEntry* source = nullptr;  // nullptr: no source, the region is zero-filled
+  Box src_box;                          // in the source tensor's coordinates
+  Box dst_box;                          // in the target tensor's coordinates
+  std::vector<PieceOp> ops;             // applied to the source block, in order
+};
+
+// The dtype a piece's data has after its ops (the source dtype, or that of the last cast).
+DType PieceDType(const SourcePiece& piece);
+
+// Fills `region` of the target (a row-major buffer of `region`'s shape, elements of
+// `dst_dtype`) from every piece that overlaps it. Elements no piece covers are left as they
+// were: callers check coverage first (PiecesCover). The source chunks must cover each
+// piece's src_box (CheckSourceCoverage). Errors: read errors with context, conversion errors
+// (e.g. NaN to an integer type) naming the target and source keys.
+Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
+                      const std::vector<SourcePiece>& pieces, const Box& region,
+                      DType dst_dtype, void* dst);
+
+// Whether pieces' dst boxes cover `target` exactly once. Returns kNotFound naming the first
+// uncovered box, or kInvalidArgument naming two overlapping pieces.
+Status PiecesCover(const std::string& target_key, const std::vector<SourcePiece>& pieces,
+                   const Box& target);
+
+// Whether the replica-0 chunks of `tensor` store every element exactly once. kNotFound names
+// a missing box ("source tensor 'w' is missing [4, 8) x [0, 6): a chunk is absent"),
+// kDataLoss two overlapping chunks.
+Status CheckSourceCoverage(const TensorEntry& tensor);
+
+}  // namespace fc
+
+#endif  // FC_EXEC_ASSEMBLE_H_

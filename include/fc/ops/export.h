@@ -1,0 +1,64 @@
+// fc-export's library entry point: full (unsharded) tensors of any checkpoint fc reads,
+// written as HuggingFace safetensors (model.safetensors, or model-0000i-of-0000N.safetensors
+// + model.safetensors.index.json), streamed under a memory budget.
+#ifndef FC_OPS_EXPORT_H_
+#define FC_OPS_EXPORT_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fc/core/dtype.h"
+#include "fc/core/status.h"
+#include "fc/exec/progress.h"
+#include "fc/format/checkpoint.h"
+
+namespace fc {
+
+struct ExportOptions {
+  std::string input;                       // checkpoint directory or file
+  std::optional<CheckpointFormat> format;  // forced input format
+  std::string output_dir;                  // created if missing; must not hold model files
+  std::string aoa_file;                    // AOA program (outputs = leaves of the program)
+  std::optional<DType> dtype;              // cast floating-point tensors to this type
+  uint64_t max_shard_bytes = 5'000'000'000;  // HF "5GB"
+  std::string include_regex;               // keep only output names matching (search)
+  std::string exclude_regex;               // drop output names matching (search)
+  bool include_optimizer = false;          // optimizer states are left out by default
+  std::vector<std::string> optimizer_markers;  // empty: kDefaultOptimizerMarkers
+  uint64_t memory_budget = 0;              // bytes; 0: a quarter of physical memory
+  int threads = 0;                         // 0: hardware concurrency (at most 8)
+  std::string objects_dir;                 // dump non-tensor objects here (else skipped)
+  Progress::Mode progress = Progress::Mode::kAuto;
+  // Multi-process runs: this process writes the files i with i % world == rank; rank 0
+  // writes the index after `barrier` returns (every rank's files are in place).
+  int rank = 0;
+  int world = 1;
+  std::function<Status(const Status& local)> barrier;  // all-reduce of "ok" across ranks
+};
+
+// Substrings that mark a key as optimizer state: "optim.", "optimizer.", ".exp_avg",
+// ".exp_avg_sq", ".fp32_param", ".moment1_0", ".moment2_0", ".w_0", ".beta1_pow_acc_0",
+// ".beta2_pow_acc_0", ".master_weight".
+extern const std::vector<std::string> kDefaultOptimizerMarkers;
+
+struct ExportSummary {
+  std::vector<std::string> files;  // written, in order (index last when present)
+  uint64_t tensors = 0;
+  uint64_t tensor_bytes = 0;
+  uint64_t skipped_objects = 0;
+  uint64_t skipped_optimizer = 0;
+};
+
+// Runs the export. Nothing under output_dir looks complete unless this returns OK: files
+// are staged in output_dir/.fc-export-<pid>/ and renamed into place at the end (index last).
+// Errors: those of opening the input; kNotFound for a missing source chunk or an AOA name
+// that does not exist; kInvalidArgument for bad options; kFailedPrecondition when the output
+// already holds model files; kIoError for write failures (disk full, not writable).
+Result<ExportSummary> RunExport(const ExportOptions& options);
+
+}  // namespace fc
+
+#endif  // FC_OPS_EXPORT_H_

@@ -1,0 +1,35 @@
+// The tensors a tool produces from a checkpoint, each described by the source pieces that
+// fill it: identities when there is no AOA program, the AOA engine's mapping otherwise.
+#ifndef FC_OPS_TARGETS_H_
+#define FC_OPS_TARGETS_H_
+
+#include <string>
+#include <vector>
+
+#include "fc/core/status.h"
+#include "fc/exec/assemble.h"
+#include "fc/format/checkpoint.h"
+
+namespace fc {
+
+struct OutputTensor {
+  std::string name;
+  DType dtype = DType::kFloat32;  // after the program's casts (before any --dtype)
+  Shape shape;
+  std::vector<SourcePiece> pieces;  // dst boxes tile the whole tensor
+};
+
+// One output per tensor of `index`, same name, dtype and shape, one identity piece each.
+std::vector<OutputTensor> IdentityOutputs(const CheckpointIndex& index);
+
+// The leaves of the AOA program in `aoa_text` (line form or JSON) applied to `index`, with
+// pieces from the engine. `origin` names the program in messages (e.g. the file path).
+// Errors: kInvalidArgument for program errors (with statement, line and macro chain),
+// kNotFound for names that do not exist.
+Result<std::vector<OutputTensor>> AoaOutputs(const CheckpointIndex& index,
+                                             const std::string& aoa_text,
+                                             const std::string& origin);
+
+}  // namespace fc
+
+#endif  // FC_OPS_TARGETS_H_

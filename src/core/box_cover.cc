@@ -1,0 +1,77 @@
+#include "fc/core/box_cover.h"
+
+#include <algorithm>
+#include <set>
+
+namespace fc {
+namespace {
+
+constexpr uint64_t kMaxGridCells = 1u << 20;
+
+// Uncovered cells of the grid formed by every piece boundary: each grid cell is either
+// wholly inside some piece or outside all of them, so testing one cell per piece suffices.
+std::vector<Box> UncoveredCells(const Box& whole, const std::vector<Box>& pieces,
+                                size_t limit) {
+  const size_t rank = whole.rank();
+  std::vector<std::vector<int64_t>> cuts(rank);
+  uint64_t cells = 1;
+  for (size_t a = 0; a < rank; ++a) {
+    std::set<int64_t> s = {whole.inclusive_min(a), whole.exclusive_max(a)};
+    for (const Box& p : pieces) {
+      s.insert(p.inclusive_min(a));
+      s.insert(p.exclusive_max(a));
+    }
+    cuts[a].assign(s.begin(), s.end());
+    cells *= cuts[a].size() - 1;
+    if (cells > kMaxGridCells) return {};
+  }
+  std::vector<Box> out;
+  std::vector<size_t> idx(rank, 0);
+  for (uint64_t c = 0; c < cells && out.size() < limit; ++c) {
+    Box cell;
+    for (size_t a = 0; a < rank; ++a) {
+      cell.global_offset.push_back(cuts[a][idx[a]]);
+      cell.local_shape.push_back(cuts[a][idx[a] + 1] - cuts[a][idx[a]]);
+    }
+    if (!cell.empty()) {
+      bool covered = std::any_of(pieces.begin(), pieces.end(),
+                                 [&](const Box& p) { return Contains(p, cell); });
+      if (!covered) out.push_back(cell);
+    }
+    for (size_t a = rank; a-- > 0;) {
+      if (++idx[a] < cuts[a].size() - 1) break;
+      idx[a] = 0;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+CoverReport CheckCover(const Box& whole, std::vector<Box> pieces, size_t max_listed) {
+  CoverReport report;
+  report.whole_elements = whole.num_elements();
+  std::vector<Box> inside;
+  for (const Box& p : pieces) {
+    if (auto o = Intersect(p, whole); o && !o->empty()) inside.push_back(*o);
+  }
+  std::sort(inside.begin(), inside.end(), [](const Box& a, const Box& b) {
+    return a.global_offset < b.global_offset;
+  });
+  for (size_t i = 0; i < inside.size(); ++i) {
+    report.covered_elements += inside[i].num_elements();
+    for (size_t j = i + 1; j < inside.size(); ++j) {
+      if (inside[i].rank() > 0 && inside[j].inclusive_min(0) >= inside[i].exclusive_max(0)) break;
+      if (Intersect(inside[i], inside[j])) {
+        if (report.overlaps.size() < max_listed) report.overlaps.emplace_back(inside[i], inside[j]);
+        ++report.overlap_count;
+      }
+    }
+  }
+  if (report.overlap_count == 0 && report.covered_elements < report.whole_elements) {
+    report.missing = UncoveredCells(whole, inside, max_listed);
+  }
+  return report;
+}
+
+}  // namespace fc

@@ -1,0 +1,187 @@
+#include "fc/exec/assemble.h"
+
+#include <cstring>
+#include <numeric>
+
+#include "fc/core/box_cover.h"
+#include "fc/core/dtype_convert.h"
+#include "fc/core/flat_range.h"
+
+namespace fc {
+namespace {
+
+std::vector<int> ResolvePermutation(const PieceOp& op, size_t rank) {
+  if (!op.permutation.empty()) return op.permutation;
+  std::vector<int> reversed(rank);
+  for (size_t i = 0; i < rank; ++i) reversed[i] = static_cast<int>(rank - 1 - i);
+  return reversed;
+}
+
+// view[i] = the source axis that ends up at target axis i after every permute of `ops`.
+std::vector<int> ViewAxes(const std::vector<PieceOp>& ops, size_t rank) {
+  std::vector<int> view(rank);
+  std::iota(view.begin(), view.end(), 0);
+  for (const PieceOp& op : ops) {
+    if (op.kind != PieceOp::Kind::kPermute) continue;
+    std::vector<int> p = ResolvePermutation(op, rank);
+    std::vector<int> next(rank);
+    for (size_t i = 0; i < rank; ++i) next[i] = view[static_cast<size_t>(p[i])];
+    view = std::move(next);
+  }
+  return view;
+}
+
+Box ZeroOrigin(const Shape& shape) { return Box{Shape(shape.size(), 0), shape}; }
+
+// Reads `src_sub` of `tensor` (row-major, source dtype) into `out`.
+Status ReadSourceBlock(ChunkReader& reader, const TensorEntry& tensor, const Box& src_sub,
+                       void* out, const Box& out_box) {
+  for (const Chunk& chunk : tensor.chunks) {
+    if (chunk.replica_id != 0) continue;
+    FC_RETURN_IF_ERROR(reader.CopyChunkRegion(tensor, chunk, src_sub, out, out_box));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+DType PieceDType(const SourcePiece& piece) {
+  DType dtype = piece.source ? piece.source->dtype : DType::kFloat32;
+  for (const PieceOp& op : piece.ops) {
+    if (op.kind == PieceOp::Kind::kCast) dtype = op.dtype;
+  }
+  return dtype;
+}
+
+Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
+                      const std::vector<SourcePiece>& pieces, const Box& region,
+                      DType dst_dtype, void* dst) {
+  const size_t dst_esize = DTypeSize(dst_dtype);
+  for (const SourcePiece& piece : pieces) {
+    std::optional<Box> dst_sub = Intersect(piece.dst_box, region);
+    if (!dst_sub || dst_sub->empty()) continue;
+    if (piece.source == nullptr) {
+      std::vector<std::byte> zeros(static_cast<size_t>(dst_sub->num_elements()) * dst_esize);
+      CopyRegion(zeros.data(), *dst_sub, {}, dst, region, *dst_sub, dst_esize);
+      continue;
+    }
+    const TensorEntry& source = *piece.source;
+    const size_t rank = dst_sub->rank();
+    // The source block that lands on dst_sub.
+    const std::vector<int> view = ViewAxes(piece.ops, rank);
+    Box src_sub = piece.src_box;
+    for (size_t i = 0; i < rank; ++i) {
+      const size_t s = static_cast<size_t>(view[i]);
+      src_sub.global_offset[s] =
+          piece.src_box.global_offset[s] + (dst_sub->global_offset[i] - piece.dst_box.global_offset[i]);
+      src_sub.local_shape[s] = dst_sub->local_shape[i];
+    }
+    auto context = [&] {
+      return "target '" + target_key + "' " + dst_sub->ToString() + " from '" + source.key +
+             "' " + src_sub.ToString();
+    };
+    if (piece.ops.empty() && source.dtype == dst_dtype) {
+      // Fast path: chunk bytes go straight into the destination. The destination buffer,
+      // seen in source coordinates, is `region` shifted by the piece's offset.
+      Box shifted = region;
+      for (size_t i = 0; i < rank; ++i) {
+        shifted.global_offset[i] += piece.src_box.global_offset[i] - piece.dst_box.global_offset[i];
+      }
+      FC_RETURN_IF_ERROR_WITH(ReadSourceBlock(reader, source, src_sub, dst, shifted), context());
+      continue;
+    }
+    std::vector<std::byte> block(static_cast<size_t>(src_sub.num_elements()) *
+                                 DTypeSize(source.dtype));
+    FC_RETURN_IF_ERROR_WITH(ReadSourceBlock(reader, source, src_sub, block.data(), src_sub),
+                            context());
+    Shape shape = src_sub.local_shape;
+    DType dtype = source.dtype;
+    std::vector<std::byte> scratch;
+    for (const PieceOp& op : piece.ops) {
+      if (op.kind == PieceOp::Kind::kPermute) {
+        const std::vector<int> p = ResolvePermutation(op, shape.size());
+        const Shape strides = RowMajorStrides(shape);
+        Shape next_shape(shape.size()), view_strides(shape.size());
+        for (size_t i = 0; i < shape.size(); ++i) {
+          next_shape[i] = shape[static_cast<size_t>(p[i])];
+          view_strides[i] = strides[static_cast<size_t>(p[i])];
+        }
+        scratch.resize(block.size());
+        const Box whole = ZeroOrigin(next_shape);
+        CopyRegion(block.data(), whole, view_strides, scratch.data(), whole, whole,
+                   DTypeSize(dtype));
+        block.swap(scratch);
+        shape = std::move(next_shape);
+      } else if (op.dtype != dtype) {
+        scratch.resize(block.size() / DTypeSize(dtype) * DTypeSize(op.dtype));
+        FC_RETURN_IF_ERROR_WITH(
+            ConvertElements(block.data(), dtype, scratch.data(), op.dtype,
+                            block.size() / DTypeSize(dtype)),
+            context());
+        block.swap(scratch);
+        dtype = op.dtype;
+      }
+    }
+    if (dtype != dst_dtype) {
+      scratch.resize(block.size() / DTypeSize(dtype) * dst_esize);
+      FC_RETURN_IF_ERROR_WITH(ConvertElements(block.data(), dtype, scratch.data(), dst_dtype,
+                                              block.size() / DTypeSize(dtype)),
+                              context());
+      block.swap(scratch);
+    }
+    CopyRegion(block.data(), *dst_sub, {}, dst, region, *dst_sub, dst_esize);
+  }
+  return Status::Ok();
+}
+
+Status PiecesCover(const std::string& target_key, const std::vector<SourcePiece>& pieces,
+                   const Box& target) {
+  std::vector<Box> boxes;
+  boxes.reserve(pieces.size());
+  for (const SourcePiece& p : pieces) boxes.push_back(p.dst_box);
+  const CoverReport cover = CheckCover(target, std::move(boxes), 1);
+  if (!cover.overlaps.empty()) {
+    return InvalidArgumentError("target '" + target_key + "': sources overlap at " +
+                                cover.overlaps[0].first.ToString() + " and " +
+                                cover.overlaps[0].second.ToString());
+  }
+  if (!cover.exact()) {
+    std::string what = "target '" + target_key + "': " +
+                       std::to_string(cover.whole_elements - cover.covered_elements) +
+                       " of " + std::to_string(cover.whole_elements) + " elements have no source";
+    if (!cover.missing.empty()) what += ", e.g. " + cover.missing[0].ToString();
+    return NotFoundError(what);
+  }
+  return Status::Ok();
+}
+
+Status CheckSourceCoverage(const TensorEntry& tensor) {
+  std::vector<Box> boxes;
+  for (const Chunk& c : tensor.chunks) {
+    if (c.replica_id != 0) continue;
+    if (!c.flat_range) {
+      boxes.push_back(c.box);
+      continue;
+    }
+    for (Box& p : DecomposeFlatRange(c.box.local_shape, *c.flat_range)) {
+      for (size_t i = 0; i < p.rank(); ++i) p.global_offset[i] += c.box.global_offset[i];
+      boxes.push_back(std::move(p));
+    }
+  }
+  const CoverReport cover = CheckCover(Box::Whole(tensor.global_shape), std::move(boxes), 1);
+  if (!cover.overlaps.empty()) {
+    return DataLossError("source tensor '" + tensor.key + "': chunks " +
+                         cover.overlaps[0].first.ToString() + " and " +
+                         cover.overlaps[0].second.ToString() + " overlap");
+  }
+  if (!cover.exact()) {
+    std::string what = "source tensor '" + tensor.key + "' is missing " +
+                       std::to_string(cover.whole_elements - cover.covered_elements) + " of " +
+                       std::to_string(cover.whole_elements) + " elements";
+    if (!cover.missing.empty()) what += ", e.g. " + cover.missing[0].ToString();
+    return NotFoundError(what + ": a chunk or data file is absent");
+  }
+  return Status::Ok();
+}
+
+}  // namespace fc

@@ -1,0 +1,71 @@
+// fc-export: full-parameter export of a distributed checkpoint to HuggingFace safetensors.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "cli_common.h"
+#include "fc/ops/export.h"
+#include "fc/ops/report_format.h"
+#include "fc_config.h"
+
+int main(int argc, char** argv) {
+  fc::ExportOptions options;
+  std::string format, dtype, max_shard = "5GB", budget, objects;
+  bool quiet = false, verbose = false;
+  CLI::App app{
+      "fc-export: write the full (unsharded) tensors of a distributed checkpoint as "
+      "HuggingFace safetensors: model.safetensors, or model-0000i-of-0000N.safetensors plus "
+      "model.safetensors.index.json. Streams under a memory budget; output files appear only "
+      "when complete."};
+  app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors)")
+      ->required();
+  app.add_option("OUT", options.output_dir, "output directory (created if missing)")->required();
+  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc");
+  app.add_option("--aoa", options.aoa_file,
+                 "AOA program: rename/split/merge/transpose/cast tensors on the way out "
+                 "(see fc-aoa(7)); outputs are the leaves of the program");
+  app.add_option("--dtype", dtype, "cast floating-point tensors: bfloat16, float16, float32")
+      ->check(CLI::IsMember({"bfloat16", "float16", "float32", "float64"}));
+  app.add_option("--max-shard-size", max_shard,
+                 "largest tensor data per output file, e.g. 5GB (default), 500MB, 2GiB");
+  app.add_option("--include", options.include_regex, "export only names matching this regex");
+  app.add_option("--exclude", options.exclude_regex, "leave out names matching this regex");
+  app.add_flag("--include-optimizer", options.include_optimizer,
+               "also export optimizer states (exp_avg, exp_avg_sq, fp32 master weights, ...)");
+  app.add_option("--memory-budget", budget,
+                 "peak memory for tensor data, e.g. 4GB (default: a quarter of RAM)");
+  app.add_option("--threads", options.threads, "worker threads (default: cores, at most 8)");
+  app.add_option("--objects", options.objects_dir,
+                 "write non-tensor objects (iteration, RNG state, ...) as files into this "
+                 "directory (default: skip them with a note)");
+  app.add_flag("-q,--quiet", quiet, "no progress output");
+  app.add_flag("-v,--verbose", verbose, "debug logging");
+  app.set_version_flag("--version", std::string("fc-export ") + FC_VERSION);
+  app.footer(fc::cli::ExitCodeHelp());
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : fc::cli::kUsageExitCode;
+  }
+  const std::string tool = "fc-export";
+  fc::cli::SetUpLogging(tool, quiet, verbose);
+  if (!format.empty()) {
+    auto parsed = fc::ParseCheckpointFormat(format);
+    if (!parsed.ok()) return fc::cli::Finish(tool, parsed.status());
+    options.format = *parsed;
+  }
+  if (!dtype.empty()) options.dtype = *fc::ParseDType(dtype);
+  auto shard = fc::cli::ParseSize("--max-shard-size", max_shard);
+  if (!shard.ok()) return fc::cli::Finish(tool, shard.status());
+  options.max_shard_bytes = *shard;
+  if (!budget.empty()) {
+    auto b = fc::cli::ParseSize("--memory-budget", budget);
+    if (!b.ok()) return fc::cli::Finish(tool, b.status());
+    options.memory_budget = *b;
+  }
+  if (quiet) options.progress = fc::Progress::Mode::kQuiet;
+  auto summary = fc::RunExport(options);
+  if (!summary.ok()) return fc::cli::Finish(tool, summary.status());
+  spdlog::info("wrote {} tensors ({}) in {} file(s) to {}", summary->tensors,
+               fc::HumanBytes(summary->tensor_bytes), summary->files.size(), options.output_dir);
+  return 0;
+}
