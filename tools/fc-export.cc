@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli_common.h"
+#include "fc/comm/communicator.h"
 #include "fc/ops/export.h"
 #include "fc/ops/report_format.h"
 #include "fc_config.h"
@@ -62,9 +63,17 @@ int main(int argc, char** argv) {
     if (!b.ok()) return fc::cli::Finish(tool, b.status());
     options.memory_budget = *b;
   }
-  if (quiet) options.progress = fc::Progress::Mode::kQuiet;
+  auto comm = fc::MakeCommunicatorFromEnvironment(&argc, &argv);
+  if (!comm.ok()) return fc::cli::Finish(tool, comm.status());
+  options.rank = (*comm)->rank();
+  options.world = (*comm)->size();
+  if (options.world > 1) {
+    options.barrier = [&](const fc::Status& local) { return (*comm)->AllOk(local); };
+  }
+  if (quiet || options.rank != 0) options.progress = fc::Progress::Mode::kQuiet;
   auto summary = fc::RunExport(options);
   if (!summary.ok()) return fc::cli::Finish(tool, summary.status());
+  if (options.rank != 0) return 0;
   spdlog::info("wrote {} tensors ({}) in {} file(s) to {}", summary->tensors,
                fc::HumanBytes(summary->tensor_bytes), summary->files.size(), options.output_dir);
   return 0;

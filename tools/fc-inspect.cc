@@ -23,11 +23,9 @@ int main(int argc, char** argv) {
   app.add_flag("--verify", options.verify,
                "check every element is stored exactly once (replicas aside), chunks lie "
                "inside their tensors, byte ranges inside their files, checksums match");
-#if FC_HAVE_AOA
   app.add_option("--aoa", options.aoa_file,
                  "AOA program (line form or {\"aoa_statements\": [...]} JSON): print the "
                  "expanded statements and the resulting tensors, reading no tensor bytes");
-#endif
   app.set_version_flag("--version", std::string("fc-inspect ") + FC_VERSION);
   app.footer(fc::cli::ExitCodeHelp());
   try {

@@ -1,5 +1,6 @@
 #include "fc/exec/assemble.h"
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -22,7 +23,7 @@ std::vector<int> ViewAxes(const std::vector<PieceOp>& ops, size_t rank) {
   std::vector<int> view(rank);
   std::iota(view.begin(), view.end(), 0);
   for (const PieceOp& op : ops) {
-    if (op.kind != PieceOp::Kind::kPermute) continue;
+    if (op.kind != PieceOp::Kind::kPermute) continue;  // reshapes: see AssembleRegion
     std::vector<int> p = ResolvePermutation(op, rank);
     std::vector<int> next(rank);
     for (size_t i = 0; i < rank; ++i) next[i] = view[static_cast<size_t>(p[i])];
@@ -67,10 +68,14 @@ Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
     }
     const TensorEntry& source = *piece.source;
     const size_t rank = dst_sub->rank();
-    // The source block that lands on dst_sub.
-    const std::vector<int> view = ViewAxes(piece.ops, rank);
+    const bool reshapes = std::any_of(piece.ops.begin(), piece.ops.end(), [](const PieceOp& op) {
+      return op.kind == PieceOp::Kind::kReshape;
+    });
+    // The source block that lands on dst_sub (all of src_box when the piece reshapes).
+    const std::vector<int> view =
+        reshapes ? std::vector<int>() : ViewAxes(piece.ops, piece.src_box.rank());
     Box src_sub = piece.src_box;
-    for (size_t i = 0; i < rank; ++i) {
+    for (size_t i = 0; i < rank && !reshapes; ++i) {
       const size_t s = static_cast<size_t>(view[i]);
       src_sub.global_offset[s] =
           piece.src_box.global_offset[s] + (dst_sub->global_offset[i] - piece.dst_box.global_offset[i]);
@@ -112,6 +117,8 @@ Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
                    DTypeSize(dtype));
         block.swap(scratch);
         shape = std::move(next_shape);
+      } else if (op.kind == PieceOp::Kind::kReshape) {
+        shape = op.shape;
       } else if (op.dtype != dtype) {
         scratch.resize(block.size() / DTypeSize(dtype) * DTypeSize(op.dtype));
         FC_RETURN_IF_ERROR_WITH(
@@ -129,7 +136,10 @@ Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
                               context());
       block.swap(scratch);
     }
-    CopyRegion(block.data(), *dst_sub, {}, dst, region, *dst_sub, dst_esize);
+    // The block now holds the target box it came for: dst_sub, or the whole dst_box when
+    // the piece reshapes.
+    CopyRegion(block.data(), reshapes ? piece.dst_box : *dst_sub, {}, dst, region, *dst_sub,
+               dst_esize);
   }
   return Status::Ok();
 }

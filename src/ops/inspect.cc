@@ -7,7 +7,9 @@
 
 #include "fc/format/json_writer.h"
 #include "fc/format/open.h"
+#include "fc/io/file.h"
 #include "fc/ops/report_format.h"
+#include "fc/ops/targets.h"
 #include "fc/ops/verify.h"
 
 namespace fc {
@@ -240,6 +242,12 @@ Status RunInspect(const InspectOptions& options, std::ostream& out) {
   }
   for (const TensorEntry& t : index.tensors) {
     if (!filter || std::regex_search(t.key, *filter)) tensors.push_back(&t);
+  }
+  if (!options.aoa_file.empty()) {
+    FC_ASSIGN_OR_RETURN(std::vector<std::byte> text, ReadWholeFile(options.aoa_file, 64 << 20));
+    return WriteAoaPreview(index,
+                           std::string(reinterpret_cast<const char*>(text.data()), text.size()),
+                           options.aoa_file, options.json, out);
   }
   std::optional<VerifyReport> report;
   if (options.verify) {

@@ -4,7 +4,8 @@
 // after `ops` (in order), lands at `dst_box` of the target". Pieces come from the AOA engine
 // (or are identities when there is no program). AssembleRegion fills any box of the target
 // (a slab of a large tensor, or a target chunk) from the pieces that overlap it, reading only
-// the source rows it needs, and converting to the target dtype with round-to-nearest-even.
+// the source rows it needs (a piece with a reshape is read whole, since a reshape does not
+// map sub-boxes to sub-boxes), and converting to the target dtype with round-to-nearest-even.
 //
 // Thread-safety: AssembleRegion may run concurrently on distinct destination buffers with
 // one shared ChunkReader.
@@ -24,11 +25,12 @@
 namespace fc {
 
 struct PieceOp {
-  enum class Kind { kPermute, kCast };
+  enum class Kind { kPermute, kCast, kReshape };
   Kind kind = Kind::kPermute;
   // kPermute: output axis i is input axis permutation[i]; empty reverses all axes.
   std::vector<int> permutation;
   DType dtype = DType::kFloat32;  // kCast: the element type after the cast
+  Shape shape;                    // kReshape: the block's shape after (row-major order kept)
 };
 
 struct SourcePiece {

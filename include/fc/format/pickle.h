@@ -20,7 +20,7 @@
 //   3. STOP '.'   the value on top of the stack is the result; trailing bytes are ignored.
 // Little-endian everywhere except BINFLOAT. Unsupported (kUnimplemented): EXT1/2/4 (the
 // copyreg extension registry), NEXT_BUFFER / READONLY_BUFFER (out-of-band buffers),
-// integer text literals beyond int64, protocol > 5.
+// integer text literals of more than 4300 digits (as CPython), protocol > 5.
 //
 // The value tree. Nothing is called: REDUCE becomes a kCall node (callable + args tuple),
 // NEWOBJ a kObject node (class + args), BUILD stores its argument as the node's `state`,
@@ -61,7 +61,7 @@ struct PickleValue {
     kNone,
     kBool,
     kInt,     // fits int64: int_value
-    kBigInt,  // outside int64: str holds the two's-complement little-endian bytes
+    kBigInt,  // outside int64: str holds the minimal two's-complement little-endian bytes
     kFloat,
     kStr,     // str holds UTF-8 (not re-validated)
     kBytes,   // str holds the raw bytes (bytes or bytearray)

@@ -124,11 +124,13 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> firs
 Result<SafetensorsHeader> ReadSafetensorsHeader(const RandomAccessFile& file);
 
 // Opens a safetensors checkpoint:
-//   - `path` is a file: that one file;
+//   - `path` is a "*.safetensors.index.json" file: that index (as below);
+//   - `path` is any other file: that one safetensors file;
 //   - `path` is a directory holding "*.safetensors.index.json": the index
-//     ("model.safetensors.index.json" when there are several; more than one other index is
-//     kInvalidArgument). Every file named in weight_map is read; every tensor must be in the
-//     file the index names (kDataLoss otherwise, also for a tensor the index omits);
+//     ("model.safetensors.index.json" when there are several; several others are
+//     kInvalidArgument: pass the index file instead). Every file named in weight_map is
+//     read; every tensor must be in the file the index names (kDataLoss otherwise, also
+//     for a tensor the index omits);
 //     weight_map file names must be relative and free of "..";
 //   - `path` is a directory without an index: every "*.safetensors" file in it, sorted by
 //     name; a tensor name present in two files is kDataLoss.

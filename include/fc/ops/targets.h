@@ -3,6 +3,7 @@
 #ifndef FC_OPS_TARGETS_H_
 #define FC_OPS_TARGETS_H_
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@ std::vector<OutputTensor> IdentityOutputs(const CheckpointIndex& index);
 Result<std::vector<OutputTensor>> AoaOutputs(const CheckpointIndex& index,
                                              const std::string& aoa_text,
                                              const std::string& origin);
+
+// Prints what the AOA program makes of `index` without reading tensor bytes: the statements
+// after macro expansion and the output tensors (name, dtype, shape), as text or JSON.
+Status WriteAoaPreview(const CheckpointIndex& index, const std::string& aoa_text,
+                       const std::string& origin, bool json, std::ostream& out);
 
 }  // namespace fc
 

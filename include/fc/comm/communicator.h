@@ -1,0 +1,36 @@
+// Communicator: what fc's tools need from a multi-process run, behind a narrow interface so
+// that no public header includes mpi.h. One process is a Communicator of size 1.
+//
+// Thread-safety: call from the main thread only.
+#ifndef FC_COMM_COMMUNICATOR_H_
+#define FC_COMM_COMMUNICATOR_H_
+
+#include <memory>
+#include <string>
+
+#include "fc/core/status.h"
+
+namespace fc {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Collective: every rank passes its local status; every rank gets OK when all were OK,
+  // otherwise the error of the lowest failing rank, prefixed "rank R: " (when size > 1).
+  virtual Status AllOk(const Status& local) = 0;
+};
+
+// A communicator of size 1.
+std::unique_ptr<Communicator> MakeSingleProcessCommunicator();
+
+// MPI when this process was started by mpirun/srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
+// PMIX_RANK set) and fc was built with MPI; a single-process communicator otherwise.
+// Initialises MPI; the returned object finalises it when destroyed.
+// Errors: kUnimplemented when started under mpirun but built without MPI.
+Result<std::unique_ptr<Communicator>> MakeCommunicatorFromEnvironment(int* argc, char*** argv);
+
+}  // namespace fc
+
+#endif  // FC_COMM_COMMUNICATOR_H_

@@ -1,0 +1,128 @@
+// PyTorch Distributed Checkpoint (DCP), FileSystemWriter layout, torch 1.13 and 2.x:
+// reading `.metadata` and locating every chunk's bytes, producing a CheckpointIndex.
+//
+// Byte layout (shared/reference/formats.md section 2):
+//   1. <dir>/.metadata: a pickle (protocol 4+, fc/format/pickle.h) of
+//        Metadata  {state_dict_metadata: {fqn: TensorStorageMetadata | BytesStorageMetadata},
+//                   planner_data: Any, storage_data: {MetadataIndex: _StorageInfo},
+//                   [storage_meta: StorageMeta], [version: str], [extra attributes, e.g.
+//                   Megatron's mcore_data]}
+//        TensorStorageMetadata {properties: TensorProperties, size: torch.Size,
+//                               chunks: [ChunkStorageMetadata {offsets: Size, sizes: Size}]}
+//        TensorProperties  state = (dtype, layout, requires_grad, memory_format, pin_memory)
+//                          dtype = GLOBAL torch.<name>; memory_format = an enum member
+//                          pickled by value  REDUCE(EnumCls, (0,))  or by name
+//                          REDUCE(builtins.getattr, (EnumCls, 'TORCH_CONTIGUOUS_FORMAT'))
+//        MetadataIndex     {fqn: str, offset: Size | None (None for bytes), index: int | None}
+//        _StorageInfo      {relative_path: str, offset: int, length: int,
+//                           [transform_descriptors: [str]]}
+//        StorageMeta       {checkpoint_id: str | PosixPath | None, save_id, load_id, [modules]}
+//      Dataclasses are NEWOBJ + BUILD(dict); module paths differ by release:
+//        1.13:  torch.distributed._shard.checkpoint.{metadata,filesystem},
+//               torch.distributed._shard.sharded_tensor.metadata (TensorProperties, enum)
+//        2.x:   torch.distributed.checkpoint.{metadata,filesystem} (TensorProperties moved
+//               there in ~2.3, enum renamed _MEM_FORMAT_ENCODING).
+//      Missing fields take the class default; unknown fields are kept as extra_fields.
+//   2. <dir>/<relative_path> (usually __<rank>_<n>.distcp): items back to back; item bytes
+//      [offset, offset + length) are one complete torch.save archive (fc/format/torch_save.h)
+//      whose zip offsets are relative to the item start. A tensor item holds one tensor of
+//      shape chunk.sizes (possibly strided, possibly with a storage_offset); a bytes item
+//      holds any pickled object.
+//   3. Chunk -> item: the storage_data key with the same fqn and offset == chunk.offsets.
+//
+// Not supported (kUnimplemented): non-empty transform_descriptors (compression streams,
+// ~2.7+), per-rank __<rank>.metadata files (use_collectives=False), the SAFETENSORS
+// serialization format (~2.8+), non-strided layouts, dtypes fc lacks.
+//
+// Thread-safety: pure functions; ReadTorchDcp opens its own files.
+#ifndef FC_FORMAT_TORCH_DCP_H_
+#define FC_FORMAT_TORCH_DCP_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "fc/core/box.h"
+#include "fc/core/dtype.h"
+#include "fc/core/status.h"
+#include "fc/format/checkpoint.h"
+#include "fc/format/pickle.h"
+
+namespace fc {
+
+struct DcpChunkMetadata {
+  Shape offsets;
+  Shape sizes;
+};
+
+struct DcpItemMetadata {
+  std::string fqn;
+  bool is_tensor = false;  // false: BytesStorageMetadata
+  // Tensor items only:
+  DType dtype = DType::kFloat32;
+  Shape size;
+  std::vector<DcpChunkMetadata> chunks;
+  bool requires_grad = false;
+  // "TORCH_CONTIGUOUS_FORMAT" etc., from either enum form; empty if not recognised.
+  std::string memory_format;
+};
+
+struct DcpStorageInfo {
+  // The MetadataIndex key.
+  std::string fqn;
+  std::optional<Shape> chunk_offsets;  // MetadataIndex.offset; nullopt for bytes items
+  std::optional<int64_t> index;        // MetadataIndex.index (a hint)
+  // The _StorageInfo value.
+  std::string relative_path;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  std::vector<std::string> transform_descriptors;
+};
+
+struct DcpMetadata {
+  std::string generation;  // "1.13" or "2", from the module path of the Metadata class
+  std::vector<DcpItemMetadata> items;     // state_dict_metadata, in file order
+  std::vector<DcpStorageInfo> storage;    // storage_data, in file order
+  std::optional<std::string> version;     // Metadata.version ("1.0.0" in ~2.6+)
+  std::optional<std::string> checkpoint_id;  // storage_meta.checkpoint_id (paths joined)
+  std::optional<std::string> save_id;
+  PickleValue::Ptr planner_data;  // null when None or absent
+  PickleValue::Ptr mcore_data;    // Megatron-core extra attribute; null when absent
+  std::vector<std::string> extra_fields;  // Metadata attributes fc does not know
+};
+
+// Interprets a `.metadata` pickle. Accepts the union of the 1.13 and 2.x variants: both
+// module path sets, both enum pickling forms, PosixPath from pathlib or pathlib._local,
+// missing optional fields, unknown extra fields.
+// Errors: kDataLoss for a malformed pickle or structure (the message names the fqn and the
+// offending value), duplicate fqns or storage keys, negative or non-integer sizes;
+// kUnimplemented when the root is not a torch DCP Metadata (e.g. Paddle's), for
+// unsupported dtypes / layouts, and for unsupported pickle features.
+Result<DcpMetadata> ParseDcpMetadata(std::span<const std::byte> bytes);
+
+// Reads a torch DCP checkpoint directory into a CheckpointIndex:
+//   format kTorchDcp; root = dir; files = every data file referenced, sorted by (rank, n)
+//   for __R_N.distcp names, with sizes; tensors in .metadata order, one Chunk per
+//   ChunkStorageMetadata (byte_offset = absolute position of the first element of the view
+//   in the file, byte_length = bytes from there to the view's last element, strides set
+//   when the stored view is not packed row-major); objects = the bytes items (encoding
+//   kTorchSave, byte range = the item's archive); attributes: "torch_generation" ("1.13" /
+//   "2"), and when present "dcp_version", "checkpoint_id", "save_id", "mcore_data"
+//   (entry count), "mcore_data.<key>.nd_reformulated_orig_global_shape",
+//   "metadata_extra_fields", "megatron_metadata_json", "megatron_common_pt".
+// Each item's zip directory and (for tensors) data.pkl are read: a few small reads each.
+// Errors (message: "<file>: tensor '<fqn>' chunk <box>: <what>"):
+//   kNotFound   dir or .metadata missing, a referenced data file missing;
+//   kDataLoss   corrupt .metadata or item, item range outside its file, overlapping items,
+//               storage record smaller than the view, chunk box outside the tensor, item
+//               shape != chunk sizes, item dtype != metadata dtype, chunk without storage,
+//               relative_path escaping dir;
+//   kUnimplemented  see the list above;
+//   kIoError    read failures.
+Result<CheckpointIndex> ReadTorchDcp(const std::string& dir);
+
+}  // namespace fc
+
+#endif  // FC_FORMAT_TORCH_DCP_H_

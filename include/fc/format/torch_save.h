@@ -1,0 +1,122 @@
+// torch.save archives ("new zipfile serialization", torch >= 1.6): locating a saved
+// tensor's bytes without Python. Used for torch DCP items, each of which is one such
+// archive embedded in a .distcp file.
+//
+// Byte layout (shared/reference/formats.md section 3):
+//   1. A ZIP of STORED entries (see fc/format/zip.h), every record named
+//      "<prefix>/<record>"; prefix = the first entry's name up to the first '/'
+//      ("archive" for streams, which is what DCP writes).
+//   2. Records:
+//        data.pkl     protocol-2 pickle of the saved object (fc/format/pickle.h)
+//        data/<key>   raw little-endian bytes of storage <key> ("0", "1", ...), 64-aligned
+//        version      "3\n"; byteorder "little" (2.x); other records are ignored
+//   3. A tensor inside data.pkl is
+//        REDUCE(torch._utils._rebuild_tensor_v2,
+//               (storage, storage_offset, size, stride, requires_grad, backward_hooks
+//                [, metadata]))
+//      or, for the newer dtypes (float8, uint16..64, ...),
+//        REDUCE(torch._utils._rebuild_tensor_v3,
+//               (storage, storage_offset, size, stride, requires_grad, backward_hooks,
+//                dtype [, metadata]))
+//      where storage = BINPERSID(('storage', StorageClass, key, location, numel)).
+//      StorageClass is GLOBAL torch.<X>Storage (numel counts elements of that dtype) or,
+//      with v3, torch.UntypedStorage (numel counts bytes; the dtype is the v3 argument).
+//      storage_offset, size and stride are in elements. Wrappers that are unwrapped:
+//      torch._utils._rebuild_parameter(tensor, requires_grad, hooks) and
+//      _rebuild_parameter_with_state, and torch._tensor._rebuild_from_type_v2(func, type,
+//      args, state) with func a rebuild function above.
+//   4. Element (i0..ik) of the tensor is at byte
+//        data/<key> start + (storage_offset + sum_j i_j * stride_j) * itemsize.
+//
+// Validation: record present and STORED, record size == storage numel * itemsize, the view
+// (storage_offset, sizes, strides; all checked for overflow and sign) inside the storage,
+// known storage classes and dtypes. Errors: kDataLoss for corrupt input, kUnimplemented for
+// valid-but-unsupported tensors (complex, quantized, sparse, meta, subclasses) and for
+// storage classes or dtypes fc does not know (a newer torch may have added them).
+//
+// Thread-safety: pure functions.
+#ifndef FC_FORMAT_TORCH_SAVE_H_
+#define FC_FORMAT_TORCH_SAVE_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "fc/core/box.h"
+#include "fc/core/dtype.h"
+#include "fc/core/status.h"
+#include "fc/format/pickle.h"
+#include "fc/format/zip.h"
+
+namespace fc {
+
+// What data.pkl says about one tensor (archive layout not consulted).
+struct TorchTensorRef {
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  Shape strides;               // in elements, one per axis
+  int64_t storage_offset = 0;  // in elements
+  std::string storage_key;     // record "data/<storage_key>"
+  uint64_t storage_bytes = 0;  // numel of the storage * itemsize (as the pickle claims)
+
+  // True when strides are the row-major strides of shape (axes of extent 1 ignored).
+  bool IsRowMajorContiguous() const;
+  // Bytes from the first element's position to one past the last element:
+  // (sum_j (shape_j - 1) * stride_j + 1) * itemsize, or 0 for an empty tensor.
+  // Precondition: produced by DecodeTorchTensor (which checks that this cannot overflow).
+  uint64_t ViewSpanBytes() const;
+};
+
+// Decodes a pickled tensor (the structure of layout item 3) from a data.pkl value.
+// Errors: kDataLoss for malformed structure (wrong arity, negative sizes, a view that does
+// not fit its storage); kUnimplemented for unknown or unsupported storage classes/dtypes
+// and unsupported rebuild functions, naming them.
+Result<TorchTensorRef> DecodeTorchTensor(const PickleValue& value);
+
+// Maps a torch dtype attribute name ("float32", "bfloat16", ...) to a DType.
+// Errors: kUnimplemented naming the dtype, both for torch dtypes fc does not support
+// (complex64, qint8, uint16, float8_e4m3fnuz, ...) and for names fc does not know (a newer
+// torch may have added them; the message says which case applies).
+Result<DType> TorchDTypeFromName(std::string_view name);
+
+struct TorchSaveArchive {
+  ZipDirectory zip;
+  std::string prefix;  // "archive"
+  ZipEntry data_pkl;   // the "<prefix>/data.pkl" entry
+
+  // The entry "<prefix>/<record>", or nullptr.
+  const ZipEntry* FindRecord(std::string_view record) const;
+};
+
+// Reads the directory of a torch.save archive and finds its data.pkl.
+// Errors: kDataLoss when the archive is not a zip, has no common prefix or no data.pkl,
+// or data.pkl is not STORED (kUnimplemented for a compressed one).
+Result<TorchSaveArchive> ReadTorchSaveArchive(uint64_t archive_size, const ZipReadFn& read);
+
+// Reads data.pkl of an archive (at most max_bytes, else kDataLoss) and parses it.
+Result<PickleValue> ReadTorchSavePickle(const TorchSaveArchive& archive, const ZipReadFn& read,
+                                        uint64_t max_bytes = uint64_t{64} << 20);
+
+// A tensor saved with torch.save, located inside its archive.
+struct TorchSaveTensor {
+  TorchTensorRef ref;
+  // The storage record data/<key>: archive-relative bytes [storage_inclusive_min,
+  // storage_exclusive_max).
+  uint64_t storage_inclusive_min = 0;
+  uint64_t storage_exclusive_max = 0;
+  // Archive-relative position of element (0, ..., 0):
+  // storage_inclusive_min + storage_offset * itemsize.
+  uint64_t first_element_offset = 0;
+};
+
+// Reads a torch.save archive whose object is a single tensor and locates its bytes.
+// Errors: those of ReadTorchSaveArchive, ParsePickle and DecodeTorchTensor, plus kDataLoss
+// when the storage record is missing, not STORED, or its size differs from the storage
+// size in data.pkl.
+Result<TorchSaveTensor> ParseTorchSaveTensor(uint64_t archive_size, const ZipReadFn& read);
+Result<TorchSaveTensor> ParseTorchSaveTensor(std::span<const std::byte> archive);
+
+}  // namespace fc
+
+#endif  // FC_FORMAT_TORCH_SAVE_H_

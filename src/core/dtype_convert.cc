@@ -1,0 +1,381 @@
+#include "fc/core/dtype_convert.h"
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+
+namespace fc {
+
+namespace {
+
+inline uint32_t FBits(float f) { return std::bit_cast<uint32_t>(f); }
+inline float BitsF(uint32_t u) { return std::bit_cast<float>(u); }
+
+// Shifts `v` right by `s` bits, rounding to nearest, ties to even.
+inline uint64_t RoundShiftRNE(uint64_t v, int s) {
+  if (s <= 0) return v;
+  if (s > 64) return 0;
+  if (s == 64) return v > (uint64_t{1} << 63) ? 1 : 0;
+  const uint64_t q = v >> s;
+  const uint64_t rem = v & ((uint64_t{1} << s) - 1);
+  const uint64_t half = uint64_t{1} << (s - 1);
+  return (rem > half || (rem == half && (q & 1))) ? q + 1 : q;
+}
+
+// Rounds the positive value sig * 2^e2 (sig != 0) once, to nearest even, into a binary
+// format with kE exponent bits and kM mantissa bits (IEEE-style bias, subnormals). Returns
+// the magnitude bit pattern, treating the all-ones exponent as an ordinary one; a result
+// beyond the format's largest finite pattern means overflow (the caller maps it to Inf or
+// NaN). Values too large for even the all-ones exponent return 1 << (kE + kM).
+template <int kE, int kM>
+uint32_t RoundMagnitude(uint64_t sig, int e2) {
+  constexpr int kBias = (1 << (kE - 1)) - 1;
+  constexpr int kEmin = 1 - kBias;
+  const int p = 63 - std::countl_zero(sig);
+  const int e = p + e2;  // value in [2^e, 2^(e+1))
+  if (e > (1 << kE) - 1 - kBias) return 1u << (kE + kM);
+  const int eu = e > kEmin ? e : kEmin;
+  const int shift = (eu - kM) - e2;  // ulp exponent minus the input's
+  const uint64_t t = shift >= 0 ? RoundShiftRNE(sig, shift) : (sig << -shift);
+  return static_cast<uint32_t>((static_cast<uint64_t>(eu + kBias - 1) << kM) + t);
+}
+
+// Integer -> narrow float (float16, bfloat16, float8_e5m2: kE/kM, with Inf), rounded once.
+// (int64 values beyond 2^53 are not exact in double or float, so this does not go through
+// either.)
+template <int kE, int kM>
+uint32_t IntToIeee(int64_t v) {
+  if (v == 0) return 0;
+  constexpr uint32_t kInf = ((1u << kE) - 1) << kM;
+  const uint32_t sign = v < 0 ? (1u << (kE + kM)) : 0;
+  const uint64_t mag = v < 0 ? (~static_cast<uint64_t>(v) + 1) : static_cast<uint64_t>(v);
+  const uint32_t m = RoundMagnitude<kE, kM>(mag, 0);
+  return sign | (m >= kInf ? kInf : m);
+}
+
+// Integer -> float8_e4m3fn (bias 7, no Inf; beyond 464 -> NaN = S.1111.111).
+uint32_t IntToE4M3FN(int64_t v) {
+  if (v == 0) return 0;
+  const uint32_t sign = v < 0 ? 0x80u : 0u;
+  const uint64_t mag = v < 0 ? (~static_cast<uint64_t>(v) + 1) : static_cast<uint64_t>(v);
+  const uint32_t m = RoundMagnitude<4, 3>(mag, 0);
+  return sign | (m > 0x7E ? 0x7Fu : m);
+}
+
+constexpr float DecodeE4M3FN(uint8_t b) {
+  const bool neg = (b & 0x80) != 0;
+  const int exp = (b >> 3) & 0xF;
+  const int mant = b & 7;
+  float v;
+  if ((b & 0x7F) == 0x7F) {
+    v = std::numeric_limits<float>::quiet_NaN();
+  } else if (exp == 0) {
+    v = static_cast<float>(mant) / 512.0f;  // mant * 2^-9
+  } else {
+    v = static_cast<float>(8 + mant) / 8.0f;
+    int e = exp - 7;
+    while (e > 0) { v *= 2.0f; --e; }
+    while (e < 0) { v /= 2.0f; ++e; }
+  }
+  return neg ? -v : v;
+}
+
+const std::array<float, 256>& E4M3Table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = DecodeE4M3FN(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Branch-free bit kernels on float32 bit patterns, shared by the scalar helpers and the bulk
+// loops (written so that GCC if-converts and vectorises them; see src/core/meson.build).
+// Each float32 -> narrow kernel rounds once, to nearest even.
+
+namespace {
+
+inline uint32_t HalfToFloatBits(uint32_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t o0 = (h & 0x7FFFu) << 13;
+  const uint32_t exp = o0 & 0x0F800000u;
+  const uint32_t o1 = o0 + ((127u - 15u) << 23);
+  const uint32_t o_infnan = o1 + ((128u - 16u) << 23);
+  // Zero / subnormal: 2^-14 * (1 + m/1024) - 2^-14, computed exactly by the FPU.
+  const uint32_t o_sub = FBits(BitsF(o1 + (1u << 23)) - BitsF(113u << 23));
+  const uint32_t o = exp == 0x0F800000u ? o_infnan : (exp == 0 ? o_sub : o1);
+  return o | sign;
+}
+
+inline uint32_t FloatBitsToHalf(uint32_t bits) {
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const uint32_t x = bits & 0x7FFFFFFFu;
+  // NaN keeps its top payload bits and is made quiet; >= 65520 rounds to Inf.
+  const uint32_t special = x > 0x7F800000u ? (0x7E00u | ((x >> 13) & 0x3FFu)) : 0x7C00u;
+  // Normal result: rebias and round at bit 13 (a carry moves into the exponent).
+  const uint32_t normal = (x + 0xC8000FFFu + ((x >> 13) & 1u)) >> 13;
+  // Subnormal result (x < 2^-14): adding 0.5 makes the FPU round at 2^-24.
+  const uint32_t sub = FBits(BitsF(x) + 0.5f) - 0x3F000000u;
+  const uint32_t r = x >= 0x477FF000u ? special : (x >= 0x38800000u ? normal : sub);
+  return r | sign;
+}
+
+inline uint32_t FloatBitsToBf16(uint32_t b) {
+  const uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+  const uint32_t nan = (b >> 16) | 0x40u;
+  return (b & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded;
+}
+
+// float8_e4m3fn: 480 and above (Inf, NaN included) -> NaN; (464, 480) rounds up into the
+// NaN pattern 0x7F as well.
+inline uint32_t FloatBitsToE4M3(uint32_t bits) {
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  const uint32_t x = bits & 0x7FFFFFFFu;
+  const uint32_t normal = (x + ((uint32_t)(7 - 127) << 23) + 0x7FFFFu + ((x >> 20) & 1u)) >> 20;
+  // x < 2^-6: adding 2^14 makes the FPU round at 2^-9.
+  const uint32_t sub = FBits(BitsF(x) + BitsF(141u << 23)) - (141u << 23);
+  const uint32_t r = x >= 0x43F00000u ? 0x7Fu : (x >= (121u << 23) ? normal : sub);
+  return r | sign;
+}
+
+// float8_e5m2: NaN keeps its top payload bit and is made quiet; >= 61440 rounds to Inf.
+inline uint32_t FloatBitsToE5M2(uint32_t bits) {
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  const uint32_t x = bits & 0x7FFFFFFFu;
+  const uint32_t special = x > 0x7F800000u ? (0x7Eu | ((x >> 21) & 1u)) : 0x7Cu;
+  const uint32_t normal = (x + ((uint32_t)(15 - 127) << 23) + 0xFFFFFu + ((x >> 21) & 1u)) >> 21;
+  // x < 2^-14: adding 2^7 makes the FPU round at 2^-16.
+  const uint32_t sub = FBits(BitsF(x) + BitsF(134u << 23)) - (134u << 23);
+  const uint32_t r = x >= 0x47700000u ? special : (x >= (113u << 23) ? normal : sub);
+  return r | sign;
+}
+
+// Rounds a double to float32 with round-to-odd (truncate, then set the last bit when inexact).
+// Rounding that result once more to nearest even, to a format with at least two fewer
+// significand bits, equals rounding the double directly (Boldo & Melquiond), so double ->
+// float16 / bfloat16 / float8 go through this without double rounding.
+inline uint32_t DoubleToFloatBitsRoundToOdd(double d) {
+  const float f = static_cast<float>(d);
+  const uint32_t fb = FBits(f);
+  const double back = static_cast<double>(f);
+  const bool inexact = back != d;  // also true for NaN, where the last bit does not matter
+  const uint32_t toward_zero = std::fabs(back) > std::fabs(d) ? fb - 1 : fb;
+  return inexact ? (toward_zero | 1u) : fb;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Scalar helpers.
+
+float BFloat16ToFloat(uint16_t bits) { return BitsF(static_cast<uint32_t>(bits) << 16); }
+
+uint16_t FloatToBFloat16(float value) {
+  return static_cast<uint16_t>(FloatBitsToBf16(FBits(value)));
+}
+
+float Float16ToFloat(uint16_t h) { return BitsF(HalfToFloatBits(h)); }
+
+uint16_t FloatToFloat16(float value) {
+  return static_cast<uint16_t>(FloatBitsToHalf(FBits(value)));
+}
+
+uint16_t DoubleToFloat16(double value) {
+  return static_cast<uint16_t>(FloatBitsToHalf(DoubleToFloatBitsRoundToOdd(value)));
+}
+
+uint16_t DoubleToBFloat16(double value) {
+  return static_cast<uint16_t>(FloatBitsToBf16(DoubleToFloatBitsRoundToOdd(value)));
+}
+
+float Float8E4M3FNToFloat(uint8_t bits) { return E4M3Table()[bits]; }
+
+uint8_t FloatToFloat8E4M3FN(float value) {
+  return static_cast<uint8_t>(FloatBitsToE4M3(FBits(value)));
+}
+
+float Float8E5M2ToFloat(uint8_t bits) {
+  return BitsF(HalfToFloatBits(static_cast<uint32_t>(bits) << 8));
+}
+
+uint8_t FloatToFloat8E5M2(float value) {
+  return static_cast<uint8_t>(FloatBitsToE5M2(FBits(value)));
+}
+
+// ---------------------------------------------------------------------------------------
+// Bulk conversion.
+
+namespace {
+
+template <typename T>
+inline T LoadAt(const uint8_t* p, size_t i) {
+  T v;
+  std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+  return v;
+}
+template <typename T>
+inline void StoreAt(uint8_t* p, size_t i, T v) {
+  std::memcpy(p + i * sizeof(T), &v, sizeof(T));
+}
+
+enum class Kind { kBool, kInt, kFloat };
+
+// Source/destination traits. Load returns int64_t (integers), float (float16, bfloat16,
+// float32, float8) or double (float64); every such value is exact.
+template <typename Storage>
+struct IntTraits {
+  using S = Storage;
+  static constexpr Kind kKind = Kind::kInt;
+  static int64_t Load(S v) { return static_cast<int64_t>(v); }
+  static S From(int64_t v) { return static_cast<S>(v); }
+};
+struct BoolT {
+  using S = uint8_t;
+  static constexpr Kind kKind = Kind::kBool;
+  static int64_t Load(S v) { return v != 0; }
+  template <typename V>
+  static S From(V v) { return v != 0 ? 1 : 0; }
+};
+struct U8T : IntTraits<uint8_t> {};
+struct I8T : IntTraits<int8_t> {};
+struct I16T : IntTraits<int16_t> {};
+struct I32T : IntTraits<int32_t> {};
+struct I64T : IntTraits<int64_t> {};
+struct F16T {
+  using S = uint16_t;
+  static constexpr Kind kKind = Kind::kFloat;
+  static float Load(S v) { return BitsF(HalfToFloatBits(v)); }
+  static S From(float v) { return static_cast<S>(FloatBitsToHalf(FBits(v))); }
+  static S From(double v) { return static_cast<S>(FloatBitsToHalf(DoubleToFloatBitsRoundToOdd(v))); }
+  static S From(int64_t v) { return static_cast<S>(IntToIeee<5, 10>(v)); }
+};
+struct BF16T {
+  using S = uint16_t;
+  static constexpr Kind kKind = Kind::kFloat;
+  static float Load(S v) { return BitsF(static_cast<uint32_t>(v) << 16); }
+  static S From(float v) { return static_cast<S>(FloatBitsToBf16(FBits(v))); }
+  static S From(double v) { return static_cast<S>(FloatBitsToBf16(DoubleToFloatBitsRoundToOdd(v))); }
+  static S From(int64_t v) { return static_cast<S>(IntToIeee<8, 7>(v)); }
+};
+struct F32T {
+  using S = float;
+  static constexpr Kind kKind = Kind::kFloat;
+  static float Load(S v) { return v; }
+  static S From(float v) { return v; }
+  static S From(double v) { return static_cast<float>(v); }
+  static S From(int64_t v) { return static_cast<float>(v); }
+};
+struct F64T {
+  using S = double;
+  static constexpr Kind kKind = Kind::kFloat;
+  static double Load(S v) { return v; }
+  static S From(float v) { return v; }
+  static S From(double v) { return v; }
+  static S From(int64_t v) { return static_cast<double>(v); }
+};
+struct E4M3T {
+  using S = uint8_t;
+  static constexpr Kind kKind = Kind::kFloat;
+  static float Load(S v) { return Float8E4M3FNToFloat(v); }
+  static S From(float v) { return static_cast<S>(FloatBitsToE4M3(FBits(v))); }
+  static S From(double v) { return static_cast<S>(FloatBitsToE4M3(DoubleToFloatBitsRoundToOdd(v))); }
+  static S From(int64_t v) { return static_cast<S>(IntToE4M3FN(v)); }
+};
+struct E5M2T {
+  using S = uint8_t;
+  static constexpr Kind kKind = Kind::kFloat;
+  static float Load(S v) { return BitsF(HalfToFloatBits(static_cast<uint32_t>(v) << 8)); }
+  static S From(float v) { return static_cast<S>(FloatBitsToE5M2(FBits(v))); }
+  static S From(double v) { return static_cast<S>(FloatBitsToE5M2(DoubleToFloatBitsRoundToOdd(v))); }
+  static S From(int64_t v) { return static_cast<S>(IntToIeee<5, 2>(v)); }
+};
+
+std::string FormatValue(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+template <typename Src, typename Dst>
+Status Kernel(const uint8_t* src, uint8_t* dst, size_t n, DType sd, DType dd) {
+  using SS = typename Src::S;
+  using DS = typename Dst::S;
+  if constexpr (Dst::kKind == Kind::kInt && Src::kKind == Kind::kFloat) {
+    constexpr double kLo = static_cast<double>(std::numeric_limits<DS>::min());
+    // max + 1 is a power of two, exact in double (2^63 for int64).
+    constexpr double kHiExcl = static_cast<double>(std::numeric_limits<DS>::max()) + 1.0;
+    for (size_t i = 0; i < n; ++i) {
+      const double v = static_cast<double>(Src::Load(LoadAt<SS>(src, i)));
+      const double t = std::trunc(v);
+      if (!(t >= kLo && t < kHiExcl)) {
+        return InvalidArgumentError(
+            "cannot convert element " + std::to_string(i) + " (value " + FormatValue(v) +
+            ") from " + std::string(DTypeName(sd)) + " to " + std::string(DTypeName(dd)) +
+            (std::isnan(v) ? ": NaN" : ": out of range"));
+      }
+      StoreAt<DS>(dst, i, static_cast<DS>(t));
+    }
+    return Status::Ok();
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      StoreAt<DS>(dst, i, Dst::From(Src::Load(LoadAt<SS>(src, i))));
+    }
+    return Status::Ok();
+  }
+}
+
+template <typename Src>
+Status DispatchDst(const uint8_t* s, uint8_t* d, size_t n, DType sd, DType dd) {
+  switch (dd) {
+    case DType::kBool: return Kernel<Src, BoolT>(s, d, n, sd, dd);
+    case DType::kUInt8: return Kernel<Src, U8T>(s, d, n, sd, dd);
+    case DType::kInt8: return Kernel<Src, I8T>(s, d, n, sd, dd);
+    case DType::kInt16: return Kernel<Src, I16T>(s, d, n, sd, dd);
+    case DType::kInt32: return Kernel<Src, I32T>(s, d, n, sd, dd);
+    case DType::kInt64: return Kernel<Src, I64T>(s, d, n, sd, dd);
+    case DType::kFloat16: return Kernel<Src, F16T>(s, d, n, sd, dd);
+    case DType::kBFloat16: return Kernel<Src, BF16T>(s, d, n, sd, dd);
+    case DType::kFloat32: return Kernel<Src, F32T>(s, d, n, sd, dd);
+    case DType::kFloat64: return Kernel<Src, F64T>(s, d, n, sd, dd);
+    case DType::kFloat8E4M3FN: return Kernel<Src, E4M3T>(s, d, n, sd, dd);
+    case DType::kFloat8E5M2: return Kernel<Src, E5M2T>(s, d, n, sd, dd);
+  }
+  return InternalError("unknown destination dtype");
+}
+
+}  // namespace
+
+Status ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+                       size_t count) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  if (count == 0) return Status::Ok();
+  if (src_dtype == dst_dtype) {
+    if (s != d) std::memmove(d, s, count * DTypeSize(src_dtype));
+    return Status::Ok();
+  }
+  switch (src_dtype) {
+    case DType::kBool: return DispatchDst<BoolT>(s, d, count, src_dtype, dst_dtype);
+    case DType::kUInt8: return DispatchDst<U8T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kInt8: return DispatchDst<I8T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kInt16: return DispatchDst<I16T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kInt32: return DispatchDst<I32T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kInt64: return DispatchDst<I64T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kFloat16: return DispatchDst<F16T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kBFloat16: return DispatchDst<BF16T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kFloat32: return DispatchDst<F32T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kFloat64: return DispatchDst<F64T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kFloat8E4M3FN: return DispatchDst<E4M3T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kFloat8E5M2: return DispatchDst<E5M2T>(s, d, count, src_dtype, dst_dtype);
+  }
+  return InternalError("unknown source dtype");
+}
+
+}  // namespace fc

@@ -1,0 +1,356 @@
+// Interpretation of a DCP `.metadata` pickle. Layout and contract:
+// include/fc/format/torch_dcp.h.
+//
+// The pickle is parsed generically first (fc/format/pickle.h); this file walks the value
+// tree. Nested classes are recognised by their class *name* and fields rather than by the
+// full module path, because the paths moved between releases (1.13 `_shard.checkpoint`,
+// 2.x `checkpoint`, TensorProperties moving ~2.3) and Megatron/resiliency writers reuse the
+// same classes; only the root Metadata class decides the generation.
+#include <string>
+#include <unordered_set>
+#include <utility>
+
+#include "fc/format/torch_dcp.h"
+#include "fc/format/torch_save.h"
+
+namespace fc {
+namespace {
+
+using Kind = PickleValue::Kind;
+
+constexpr std::string_view kModule113 = "torch.distributed._shard.checkpoint.metadata";
+constexpr std::string_view kModule2 = "torch.distributed.checkpoint.metadata";
+
+using Fields = std::vector<std::pair<std::string_view, PickleValue::Ptr>>;
+
+// The attributes an object was BUILt with: a dict state, or the (dict | None, slots dict)
+// pair Python uses for classes with __slots__. Objects without BUILD have no fields.
+Result<Fields> ObjectFields(const PickleValue& obj, std::string_view what) {
+  Fields out;
+  if (obj.kind != Kind::kObject && obj.kind != Kind::kCall) {
+    return DataLossError(std::string(what) + " is not an object: " + obj.DebugString());
+  }
+  if (!obj.state) return out;
+  std::vector<const PickleValue*> dicts;
+  if (obj.state->kind == Kind::kDict) {
+    dicts.push_back(obj.state.get());
+  } else if (obj.state->kind == Kind::kTuple && obj.state->items.size() == 2) {
+    for (const auto& part : obj.state->items) {
+      if (part->kind == Kind::kDict) {
+        dicts.push_back(part.get());
+      } else if (part->kind != Kind::kNone) {
+        return DataLossError(std::string(what) + " has an unexpected state: " +
+                             obj.DebugString());
+      }
+    }
+  } else {
+    return DataLossError(std::string(what) + " has an unexpected state: " + obj.DebugString());
+  }
+  for (const PickleValue* d : dicts) {
+    for (const auto& [k, v] : d->entries) {
+      if (k->kind != Kind::kStr) {
+        return DataLossError(std::string(what) + " has a non-string attribute name: " +
+                             k->DebugString());
+      }
+      // Later entries win (a second BUILD, or a repeated key).
+      bool replaced = false;
+      for (auto& f : out) {
+        if (f.first == k->str) {
+          f.second = v;
+          replaced = true;
+        }
+      }
+      if (!replaced) out.emplace_back(k->str, v);
+    }
+  }
+  return out;
+}
+
+PickleValue::Ptr FieldPtr(const Fields& fields, std::string_view name) {
+  for (const auto& [k, v] : fields) {
+    if (k == name) return v;
+  }
+  return nullptr;
+}
+const PickleValue* Field(const Fields& fields, std::string_view name) {
+  return FieldPtr(fields, name).get();
+}
+
+std::string_view ClassName(const PickleValue& obj) {
+  const PickleValue* g = obj.CalleeGlobal();
+  return g ? std::string_view(g->name) : std::string_view();
+}
+
+Result<std::string> Str(const PickleValue* v, std::string_view what) {
+  if (v == nullptr || v->kind != Kind::kStr) {
+    return DataLossError(std::string(what) + " is not a string: " +
+                         (v ? v->DebugString() : std::string("missing")));
+  }
+  return v->str;
+}
+
+Result<uint64_t> NonNegativeInt(const PickleValue* v, std::string_view what) {
+  if (v == nullptr) return DataLossError(std::string(what) + " is missing");
+  if (v->kind == Kind::kBigInt) {
+    return DataLossError(std::string(what) + " is an integer beyond 64 bits");
+  }
+  if (v->kind != Kind::kInt || v->int_value < 0) {
+    return DataLossError(std::string(what) + " is not an integer >= 0: " + v->DebugString());
+  }
+  return static_cast<uint64_t>(v->int_value);
+}
+
+// torch.Size((d0, d1, ...)) (or a plain tuple/list) -> Shape with entries >= 0.
+Result<Shape> SizeValue(const PickleValue* v, std::string_view what) {
+  if (v == nullptr) return DataLossError(std::string(what) + " is missing");
+  const PickleValue* t = v;
+  if (v->kind == Kind::kCall) {
+    const PickleValue* g = v->CalleeGlobal();
+    if (g == nullptr || g->str != "torch" || g->name != "Size" || v->args->items.size() != 1) {
+      return DataLossError(std::string(what) + " is not a torch.Size: " + v->DebugString());
+    }
+    t = v->args->items[0].get();
+  }
+  if (t->kind != Kind::kTuple && t->kind != Kind::kList) {
+    return DataLossError(std::string(what) + " is not a torch.Size: " + v->DebugString());
+  }
+  Shape out;
+  out.reserve(t->items.size());
+  for (const auto& d : t->items) {
+    if (d->kind != Kind::kInt || d->int_value < 0) {
+      return DataLossError(std::string(what) + " has an entry that is not an int >= 0: " +
+                           v->DebugString());
+    }
+    out.push_back(d->int_value);
+  }
+  return out;
+}
+
+// An enum member in either pickling form -> its name ("" when not recognisable).
+std::string EnumMemberName(const PickleValue* v) {
+  static constexpr std::string_view kMemFormats[] = {
+      "TORCH_CONTIGUOUS_FORMAT", "TORCH_CHANNELS_LAST", "TORCH_PRESERVE_FORMAT"};
+  if (v == nullptr || v->kind != Kind::kCall || !v->args) return "";
+  const PickleValue* g = v->CalleeGlobal();
+  if (g == nullptr) return "";
+  const auto& a = v->args->items;
+  if (g->str == "builtins" && g->name == "getattr" && a.size() == 2 &&
+      a[1]->kind == Kind::kStr) {
+    return a[1]->str;  // by name: getattr(EnumCls, 'NAME')
+  }
+  if (a.size() == 1 && a[0]->kind == Kind::kInt && g->name.ends_with("MEM_FORMAT_ENCODING") &&
+      a[0]->int_value >= 0 && a[0]->int_value < 3) {
+    return std::string(kMemFormats[a[0]->int_value]);  // by value: EnumCls(0)
+  }
+  return "";
+}
+
+// A pathlib path (either PosixPath pickling form) or a plain string.
+std::optional<std::string> PathValue(const PickleValue* v) {
+  if (v == nullptr || v->kind == Kind::kNone) return std::nullopt;
+  if (v->kind == Kind::kStr) return v->str;
+  const PickleValue* g = v->CalleeGlobal();
+  if (g == nullptr || (g->str != "pathlib" && g->str != "pathlib._local") || !v->args) {
+    return v->DebugString();
+  }
+  // Python <= 3.12: the parts, ('/', 'ckpt', 'step_100'); 3.13: one full string.
+  std::string out;
+  for (const auto& part : v->args->items) {
+    if (part->kind != Kind::kStr) return v->DebugString();
+    if (!out.empty() && out.back() != '/') out += '/';
+    out += part->str;
+  }
+  return out;
+}
+
+Status ParseTensorProperties(const PickleValue* v, DcpItemMetadata* item) {
+  if (v == nullptr) return DataLossError("properties are missing");
+  if (v->kind != Kind::kObject || ClassName(*v) != "TensorProperties") {
+    return DataLossError("properties are not a TensorProperties: " + v->DebugString());
+  }
+  const PickleValue *dtype = nullptr, *layout = nullptr, *requires_grad = nullptr,
+                    *memory_format = nullptr;
+  if (v->state && v->state->kind == Kind::kTuple) {
+    // __getstate__: (dtype, layout, requires_grad, memory_format, pin_memory).
+    const auto& s = v->state->items;
+    if (s.size() < 1) return DataLossError("TensorProperties state is empty");
+    dtype = s[0].get();
+    if (s.size() > 1) layout = s[1].get();
+    if (s.size() > 2) requires_grad = s[2].get();
+    if (s.size() > 3) memory_format = s[3].get();
+  } else {
+    FC_ASSIGN_OR_RETURN(Fields f, ObjectFields(*v, "TensorProperties"));
+    dtype = Field(f, "dtype");
+    layout = Field(f, "layout");
+    requires_grad = Field(f, "requires_grad");
+    memory_format = Field(f, "memory_format");
+  }
+  if (dtype == nullptr || dtype->kind != Kind::kGlobal || dtype->str != "torch") {
+    return DataLossError("dtype is not a torch dtype: " +
+                         (dtype ? dtype->DebugString() : std::string("missing")));
+  }
+  FC_ASSIGN_OR_RETURN(item->dtype, TorchDTypeFromName(dtype->name));
+  if (layout != nullptr && layout->kind == Kind::kCall && layout->args &&
+      layout->args->items.size() == 1 && layout->args->items[0]->kind == Kind::kStr &&
+      layout->args->items[0]->str != "torch.strided") {
+    return UnimplementedError("layout " + layout->args->items[0]->str + " is not supported");
+  }
+  item->requires_grad = requires_grad != nullptr && requires_grad->kind == Kind::kBool &&
+                        requires_grad->bool_value;
+  item->memory_format = EnumMemberName(memory_format);
+  return Status::Ok();
+}
+
+Status ParseItem(const std::string& fqn, const PickleValue& v, uint64_t* chunk_budget,
+                 DcpItemMetadata* item) {
+  item->fqn = fqn;
+  const std::string_view cls = ClassName(v);
+  if (v.kind != Kind::kObject || (cls != "TensorStorageMetadata" && cls != "BytesStorageMetadata")) {
+    return DataLossError("is neither TensorStorageMetadata nor BytesStorageMetadata: " +
+                         v.DebugString());
+  }
+  if (cls == "BytesStorageMetadata") return Status::Ok();
+  item->is_tensor = true;
+  FC_ASSIGN_OR_RETURN(Fields f, ObjectFields(v, "TensorStorageMetadata"));
+  FC_RETURN_IF_ERROR(ParseTensorProperties(Field(f, "properties"), item));
+  FC_ASSIGN_OR_RETURN(item->size, SizeValue(Field(f, "size"), "size"));
+  const PickleValue* chunks = Field(f, "chunks");
+  if (chunks == nullptr || chunks->kind != Kind::kList) {
+    return DataLossError("chunks is not a list: " +
+                         (chunks ? chunks->DebugString() : std::string("missing")));
+  }
+  // A crafted file can share one chunk list between many tensors through the memo; the
+  // budget keeps the work linear in the input size.
+  if (chunks->items.size() > *chunk_budget) {
+    return DataLossError("more chunks than the .metadata size can describe");
+  }
+  *chunk_budget -= chunks->items.size();
+  item->chunks.reserve(chunks->items.size());
+  for (size_t i = 0; i < chunks->items.size(); ++i) {
+    const PickleValue& c = *chunks->items[i];
+    const std::string what = "chunk " + std::to_string(i);
+    if (c.kind != Kind::kObject || ClassName(c) != "ChunkStorageMetadata") {
+      return DataLossError(what + " is not a ChunkStorageMetadata: " + c.DebugString());
+    }
+    FC_ASSIGN_OR_RETURN(Fields cf, ObjectFields(c, what));
+    DcpChunkMetadata chunk;
+    FC_ASSIGN_OR_RETURN(chunk.offsets, SizeValue(Field(cf, "offsets"), what + " offsets"));
+    FC_ASSIGN_OR_RETURN(chunk.sizes, SizeValue(Field(cf, "sizes"), what + " sizes"));
+    item->chunks.push_back(std::move(chunk));
+  }
+  return Status::Ok();
+}
+
+Status ParseStorageEntry(const PickleValue& key, const PickleValue& value, DcpStorageInfo* s) {
+  if (key.kind != Kind::kObject || ClassName(key) != "MetadataIndex") {
+    return DataLossError("storage_data key is not a MetadataIndex: " + key.DebugString());
+  }
+  FC_ASSIGN_OR_RETURN(Fields kf, ObjectFields(key, "MetadataIndex"));
+  FC_ASSIGN_OR_RETURN(s->fqn, Str(Field(kf, "fqn"), "MetadataIndex fqn"));
+  const std::string ctx = "storage_data['" + s->fqn + "']";
+  if (const PickleValue* off = Field(kf, "offset"); off != nullptr && !off->is_none()) {
+    FC_ASSIGN_OR_RETURN(s->chunk_offsets, SizeValue(off, ctx + " offset"));
+  }
+  if (const PickleValue* idx = Field(kf, "index"); idx != nullptr && idx->is_int()) {
+    s->index = idx->int_value;
+  }
+  if (value.kind != Kind::kObject || ClassName(value) != "_StorageInfo") {
+    return DataLossError(ctx + " is not a _StorageInfo: " + value.DebugString());
+  }
+  FC_ASSIGN_OR_RETURN(Fields vf, ObjectFields(value, "_StorageInfo"));
+  FC_ASSIGN_OR_RETURN(s->relative_path, Str(Field(vf, "relative_path"), ctx + " relative_path"));
+  FC_ASSIGN_OR_RETURN(s->offset, NonNegativeInt(Field(vf, "offset"), ctx + " offset"));
+  FC_ASSIGN_OR_RETURN(s->length, NonNegativeInt(Field(vf, "length"), ctx + " length"));
+  if (const PickleValue* td = Field(vf, "transform_descriptors"); td != nullptr && !td->is_none()) {
+    if (td->kind != Kind::kList && td->kind != Kind::kTuple) {
+      return DataLossError(ctx + " transform_descriptors is not a list: " + td->DebugString());
+    }
+    for (const auto& d : td->items) {
+      s->transform_descriptors.push_back(d->kind == Kind::kStr ? d->str : d->DebugString());
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<DcpMetadata> ParseDcpMetadata(std::span<const std::byte> bytes) {
+  FC_ASSIGN_OR_RETURN(PickleValue root, ParsePickle(bytes));
+  const PickleValue* cls = root.CalleeGlobal();
+  if (root.kind != Kind::kObject || cls == nullptr) {
+    return DataLossError("the pickle does not hold a DCP Metadata object: " +
+                         root.DebugString());
+  }
+  DcpMetadata md;
+  if (cls->name == "Metadata" && cls->str == kModule113) {
+    md.generation = "1.13";
+  } else if (cls->name == "Metadata" && cls->str == kModule2) {
+    md.generation = "2";
+  } else if (cls->str.starts_with("torch.")) {
+    return DataLossError("unknown DCP metadata class " + cls->str + "." + cls->name);
+  } else {
+    return UnimplementedError("not a PyTorch DCP .metadata: the root object is " + cls->str +
+                              "." + cls->name);
+  }
+  FC_ASSIGN_OR_RETURN(Fields fields, ObjectFields(root, "Metadata"));
+
+  uint64_t chunk_budget = 16 * static_cast<uint64_t>(bytes.size()) + 1024;
+  const PickleValue* sdm = Field(fields, "state_dict_metadata");
+  if (sdm == nullptr || sdm->kind != Kind::kDict) {
+    return DataLossError("state_dict_metadata is not a dict: " +
+                         (sdm ? sdm->DebugString() : std::string("missing")));
+  }
+  std::unordered_set<std::string> fqns;
+  md.items.reserve(sdm->entries.size());
+  for (const auto& [k, v] : sdm->entries) {
+    if (k->kind != Kind::kStr) {
+      return DataLossError("state_dict_metadata key is not a string: " + k->DebugString());
+    }
+    if (!fqns.insert(k->str).second) {
+      return DataLossError("state_dict_metadata lists '" + k->str + "' twice");
+    }
+    DcpItemMetadata item;
+    FC_RETURN_IF_ERROR_WITH(ParseItem(k->str, *v, &chunk_budget, &item),
+                            "state_dict_metadata['" + k->str + "']");
+    md.items.push_back(std::move(item));
+  }
+
+  if (const PickleValue* sd = Field(fields, "storage_data"); sd != nullptr && !sd->is_none()) {
+    if (sd->kind != Kind::kDict) {
+      return UnimplementedError("storage_data is not a FileSystemWriter mapping: " +
+                                sd->DebugString());
+    }
+    md.storage.reserve(sd->entries.size());
+    for (const auto& [k, v] : sd->entries) {
+      DcpStorageInfo s;
+      FC_RETURN_IF_ERROR(ParseStorageEntry(*k, *v, &s));
+      md.storage.push_back(std::move(s));
+    }
+  }
+
+  if (PickleValue::Ptr p = FieldPtr(fields, "planner_data"); p != nullptr && !p->is_none()) {
+    md.planner_data = std::move(p);
+  }
+  for (const auto& [name, v] : fields) {
+    if (name == "state_dict_metadata" || name == "storage_data" || name == "planner_data") {
+      continue;
+    }
+    if (name == "version") {
+      if (v->is_str()) md.version = v->str;
+    } else if (name == "storage_meta") {
+      if (v->is_none()) continue;
+      FC_ASSIGN_OR_RETURN(Fields sm, ObjectFields(*v, "storage_meta"));
+      md.checkpoint_id = PathValue(Field(sm, "checkpoint_id"));
+      if (const PickleValue* id = Field(sm, "save_id"); id != nullptr && id->is_str()) {
+        md.save_id = id->str;
+      }
+    } else if (name == "mcore_data") {
+      md.mcore_data = v;
+    } else {
+      md.extra_fields.emplace_back(name);
+    }
+  }
+  return md;
+}
+
+}  // namespace fc

@@ -1,0 +1,1093 @@
+// The pickle stack machine. Layout and contract: include/fc/format/pickle.h.
+//
+// Design notes:
+// - Python's Unpickler keeps a "metastack": MARK saves the current stack and starts a new
+//   one. We keep one vector plus mark positions and refuse to pop below the innermost
+//   mark, which is equivalent and catches the same malformed inputs.
+// - Nodes are shared_ptrs because the memo shares them (and because a dict may be
+//   memoized before SETITEMS fills it, later BINGETs must see the filled dict). A crafted
+//   pickle can build a cycle; shared_ptr cycles leak, so the machine remembers every
+//   container it created and clears their children when parsing fails.
+#include "fc/format/pickle.h"
+
+#include <bit>
+#include <charconv>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+namespace fc {
+namespace {
+
+using Kind = PickleValue::Kind;
+using MutPtr = std::shared_ptr<PickleValue>;
+
+// Opcode bytes (names as in CPython's pickle.py).
+enum Op : uint8_t {
+  kMark = '(',
+  kStop = '.',
+  kPop = '0',
+  kPopMark = '1',
+  kDup = '2',
+  kFloat = 'F',
+  kInt = 'I',
+  kBinInt = 'J',
+  kBinInt1 = 'K',
+  kLong = 'L',
+  kBinInt2 = 'M',
+  kNone = 'N',
+  kPersId = 'P',
+  kBinPersId = 'Q',
+  kReduce = 'R',
+  kString = 'S',
+  kBinString = 'T',
+  kShortBinString = 'U',
+  kUnicode = 'V',
+  kBinUnicode = 'X',
+  kAppend = 'a',
+  kBuild = 'b',
+  kGlobal = 'c',
+  kDict = 'd',
+  kEmptyDict = '}',
+  kAppends = 'e',
+  kGet = 'g',
+  kBinGet = 'h',
+  kInst = 'i',
+  kLongBinGet = 'j',
+  kList = 'l',
+  kEmptyList = ']',
+  kObj = 'o',
+  kPut = 'p',
+  kBinPut = 'q',
+  kLongBinPut = 'r',
+  kSetItem = 's',
+  kTuple = 't',
+  kEmptyTuple = ')',
+  kSetItems = 'u',
+  kBinFloat = 'G',
+  kProto = 0x80,
+  kNewObj = 0x81,
+  kExt1 = 0x82,
+  kExt2 = 0x83,
+  kExt4 = 0x84,
+  kTuple1 = 0x85,
+  kTuple2 = 0x86,
+  kTuple3 = 0x87,
+  kNewTrue = 0x88,
+  kNewFalse = 0x89,
+  kLong1 = 0x8a,
+  kLong4 = 0x8b,
+  kBinBytes = 'B',
+  kShortBinBytes = 'C',
+  kShortBinUnicode = 0x8c,
+  kBinUnicode8 = 0x8d,
+  kBinBytes8 = 0x8e,
+  kEmptySet = 0x8f,
+  kAddItems = 0x90,
+  kFrozenSet = 0x91,
+  kNewObjEx = 0x92,
+  kStackGlobal = 0x93,
+  kMemoize = 0x94,
+  kFrame = 0x95,
+  kByteArray8 = 0x96,
+  kNextBuffer = 0x97,
+  kReadonlyBuffer = 0x98,
+};
+
+std::string OpName(uint8_t op) {
+  switch (op) {
+    case kMark: return "MARK";
+    case kStop: return "STOP";
+    case kPop: return "POP";
+    case kPopMark: return "POP_MARK";
+    case kDup: return "DUP";
+    case kFloat: return "FLOAT";
+    case kInt: return "INT";
+    case kBinInt: return "BININT";
+    case kBinInt1: return "BININT1";
+    case kLong: return "LONG";
+    case kBinInt2: return "BININT2";
+    case kNone: return "NONE";
+    case kPersId: return "PERSID";
+    case kBinPersId: return "BINPERSID";
+    case kReduce: return "REDUCE";
+    case kString: return "STRING";
+    case kBinString: return "BINSTRING";
+    case kShortBinString: return "SHORT_BINSTRING";
+    case kUnicode: return "UNICODE";
+    case kBinUnicode: return "BINUNICODE";
+    case kAppend: return "APPEND";
+    case kBuild: return "BUILD";
+    case kGlobal: return "GLOBAL";
+    case kDict: return "DICT";
+    case kEmptyDict: return "EMPTY_DICT";
+    case kAppends: return "APPENDS";
+    case kGet: return "GET";
+    case kBinGet: return "BINGET";
+    case kInst: return "INST";
+    case kLongBinGet: return "LONG_BINGET";
+    case kList: return "LIST";
+    case kEmptyList: return "EMPTY_LIST";
+    case kObj: return "OBJ";
+    case kPut: return "PUT";
+    case kBinPut: return "BINPUT";
+    case kLongBinPut: return "LONG_BINPUT";
+    case kSetItem: return "SETITEM";
+    case kTuple: return "TUPLE";
+    case kEmptyTuple: return "EMPTY_TUPLE";
+    case kSetItems: return "SETITEMS";
+    case kBinFloat: return "BINFLOAT";
+    case kProto: return "PROTO";
+    case kNewObj: return "NEWOBJ";
+    case kExt1: return "EXT1";
+    case kExt2: return "EXT2";
+    case kExt4: return "EXT4";
+    case kTuple1: return "TUPLE1";
+    case kTuple2: return "TUPLE2";
+    case kTuple3: return "TUPLE3";
+    case kNewTrue: return "NEWTRUE";
+    case kNewFalse: return "NEWFALSE";
+    case kLong1: return "LONG1";
+    case kLong4: return "LONG4";
+    case kBinBytes: return "BINBYTES";
+    case kShortBinBytes: return "SHORT_BINBYTES";
+    case kShortBinUnicode: return "SHORT_BINUNICODE";
+    case kBinUnicode8: return "BINUNICODE8";
+    case kBinBytes8: return "BINBYTES8";
+    case kEmptySet: return "EMPTY_SET";
+    case kAddItems: return "ADDITEMS";
+    case kFrozenSet: return "FROZENSET";
+    case kNewObjEx: return "NEWOBJ_EX";
+    case kStackGlobal: return "STACK_GLOBAL";
+    case kMemoize: return "MEMOIZE";
+    case kFrame: return "FRAME";
+    case kByteArray8: return "BYTEARRAY8";
+    case kNextBuffer: return "NEXT_BUFFER";
+    case kReadonlyBuffer: return "READONLY_BUFFER";
+    default: {
+      static const char kHex[] = "0123456789abcdef";
+      std::string s = "opcode 0x";
+      s += kHex[op >> 4];
+      s += kHex[op & 15];
+      return s;
+    }
+  }
+}
+
+bool IsContainer(Kind k) {
+  return k == Kind::kTuple || k == Kind::kList || k == Kind::kDict || k == Kind::kSet ||
+         k == Kind::kCall || k == Kind::kObject || k == Kind::kPersId;
+}
+
+// Decodes an n-byte two's-complement little-endian integer (LONG1/LONG4 payload).
+void DecodeLong(std::span<const std::byte> bytes, PickleValue* out) {
+  const size_t n = bytes.size();
+  if (n == 0) {
+    out->kind = Kind::kInt;
+    out->int_value = 0;
+    return;
+  }
+  const bool negative = (static_cast<uint8_t>(bytes[n - 1]) & 0x80) != 0;
+  // Fits int64 when every byte beyond the 8th is pure sign extension of bit 63.
+  bool fits = true;
+  if (n > 8) {
+    const uint8_t ext = negative ? 0xff : 0x00;
+    for (size_t i = 8; i < n; ++i) {
+      if (static_cast<uint8_t>(bytes[i]) != ext) fits = false;
+    }
+    if ((static_cast<uint8_t>(bytes[7]) & 0x80) != (negative ? 0x80 : 0)) fits = false;
+  }
+  if (!fits) {
+    out->kind = Kind::kBigInt;
+    out->str.assign(reinterpret_cast<const char*>(bytes.data()), n);
+    // Minimal form, so equal values compare equal whatever encoding the writer chose.
+    while (out->str.size() > 9) {
+      const auto top = static_cast<uint8_t>(out->str.back());
+      const auto next = static_cast<uint8_t>(out->str[out->str.size() - 2]);
+      if ((top == 0x00 && next < 0x80) || (top == 0xff && next >= 0x80)) {
+        out->str.pop_back();
+      } else {
+        break;
+      }
+    }
+    return;
+  }
+  uint64_t u = negative ? ~uint64_t{0} : 0;
+  for (size_t i = 0; i < n && i < 8; ++i) {
+    u &= ~(uint64_t{0xff} << (8 * i));
+    u |= uint64_t{static_cast<uint8_t>(bytes[i])} << (8 * i);
+  }
+  out->kind = Kind::kInt;
+  out->int_value = static_cast<int64_t>(u);
+}
+
+// Parses a decimal integer literal of any length into *out (kInt or kBigInt).
+// Returns false when `text` is not [+-]digits.
+bool DecodeDecimal(std::string_view text, PickleValue* out) {
+  bool negative = false;
+  if (!text.empty() && (text.front() == '-' || text.front() == '+')) {
+    negative = text.front() == '-';
+    text.remove_prefix(1);
+  }
+  if (text.empty()) return false;
+  std::vector<uint8_t> mag;  // little-endian magnitude
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    unsigned carry = static_cast<unsigned>(c - '0');
+    for (uint8_t& b : mag) {
+      const unsigned v = b * 10u + carry;
+      b = static_cast<uint8_t>(v & 0xff);
+      carry = v >> 8;
+    }
+    while (carry != 0) {
+      mag.push_back(static_cast<uint8_t>(carry & 0xff));
+      carry >>= 8;
+    }
+  }
+  mag.push_back(0);  // room for the sign bit
+  if (negative) {
+    unsigned carry = 1;
+    for (uint8_t& b : mag) {
+      const unsigned v = static_cast<uint8_t>(~b) + carry;
+      b = static_cast<uint8_t>(v & 0xff);
+      carry = v >> 8;
+    }
+  }
+  DecodeLong(std::as_bytes(std::span<const uint8_t>(mag)), out);
+  return true;
+}
+
+// Appends the UTF-8 encoding of a code point.
+void AppendUtf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xc0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xe0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  } else {
+    out->push_back(static_cast<char>(0xf0 | (cp >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  }
+}
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+class Machine {
+ public:
+  Machine(std::span<const std::byte> data, const PickleLimits& limits)
+      : data_(data), limits_(limits) {}
+
+  ~Machine() {
+    // On failure the partial graph may contain cycles; break them so nothing leaks.
+    if (!succeeded_) {
+      for (const MutPtr& n : containers_) {
+        n->items.clear();
+        n->entries.clear();
+        n->callee.reset();
+        n->args.reset();
+        n->kwargs.reset();
+        n->state.reset();
+      }
+    }
+  }
+
+  Result<PickleValue> Run();
+
+ private:
+  Status Error(std::string what) const {
+    return DataLossError("pickle: " + OpName(op_) + " at byte " + std::to_string(op_pos_) +
+                         ": " + what);
+  }
+  Status Unsupported(std::string what) const {
+    return UnimplementedError("pickle: " + OpName(op_) + " at byte " +
+                              std::to_string(op_pos_) + ": " + what);
+  }
+  Status Truncated() const { return Error("input ends inside the operand"); }
+
+  size_t remaining() const { return data_.size() - pos_; }
+
+  Result<std::span<const std::byte>> Take(uint64_t n) {
+    if (n > remaining()) {
+      return Error("operand length " + std::to_string(n) + " exceeds the " +
+                   std::to_string(remaining()) + " bytes left");
+    }
+    auto s = data_.subspan(pos_, static_cast<size_t>(n));
+    pos_ += static_cast<size_t>(n);
+    return s;
+  }
+  template <typename T>
+  Result<T> ReadLe() {
+    if (remaining() < sizeof(T)) return Truncated();
+    uint64_t v = 0;
+    for (size_t i = 0; i < sizeof(T); ++i) {
+      v |= uint64_t{static_cast<uint8_t>(data_[pos_ + i])} << (8 * i);
+    }
+    pos_ += sizeof(T);
+    return static_cast<T>(v);
+  }
+  // A text operand up to (not including) '\n'.
+  Result<std::string_view> ReadLine() {
+    for (size_t i = pos_; i < data_.size(); ++i) {
+      if (data_[i] == std::byte{'\n'}) {
+        std::string_view line(reinterpret_cast<const char*>(data_.data()) + pos_, i - pos_);
+        pos_ = i + 1;
+        return line;
+      }
+    }
+    return Error("text operand has no terminating newline");
+  }
+
+  // Immutable values that occur thousands of times (None, booleans, small ints, the empty
+  // tuple of every NEWOBJ) share one node each, which keeps big .metadata files cheap.
+  MutPtr Shared(Kind kind, int64_t value) {
+    MutPtr& slot = kind == Kind::kInt    ? small_ints_[static_cast<size_t>(value + 1)]
+                   : kind == Kind::kBool ? bools_[value != 0]
+                   : kind == Kind::kNone ? none_
+                                         : empty_tuple_;
+    if (!slot) {
+      slot = std::make_shared<PickleValue>();
+      slot->kind = kind;
+      slot->int_value = kind == Kind::kInt ? value : 0;
+      slot->bool_value = kind == Kind::kBool && value != 0;
+    }
+    return slot;
+  }
+  void PushInt(int64_t value) {
+    if (value >= -1 && value < 256) {
+      Push(Shared(Kind::kInt, value));
+    } else {
+      MutPtr v = New(Kind::kInt);
+      v->int_value = value;
+      Push(std::move(v));
+    }
+  }
+
+  MutPtr New(Kind kind) {
+    auto n = std::make_shared<PickleValue>();
+    n->kind = kind;
+    if (IsContainer(kind)) containers_.push_back(n);
+    return n;
+  }
+  void Push(MutPtr n) { stack_.push_back(std::move(n)); }
+  size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
+  Result<MutPtr> Pop() {
+    if (stack_.size() <= floor()) return Error("stack underflow");
+    MutPtr n = std::move(stack_.back());
+    stack_.pop_back();
+    return n;
+  }
+  Result<MutPtr> Top() {
+    if (stack_.size() <= floor()) return Error("stack underflow");
+    return stack_.back();
+  }
+  // Pops everything above the innermost mark, and the mark.
+  Result<std::vector<MutPtr>> PopMark() {
+    if (marks_.empty()) return Error("no MARK on the stack");
+    const size_t m = marks_.back();
+    marks_.pop_back();
+    std::vector<MutPtr> items(std::make_move_iterator(stack_.begin() + m),
+                              std::make_move_iterator(stack_.end()));
+    stack_.resize(m);
+    return items;
+  }
+  static std::vector<PickleValue::Ptr> Freeze(std::vector<MutPtr> v) {
+    return std::vector<PickleValue::Ptr>(std::make_move_iterator(v.begin()),
+                                         std::make_move_iterator(v.end()));
+  }
+
+  Status PushString(Kind kind, uint64_t n) {
+    FC_ASSIGN_OR_RETURN(auto bytes, Take(n));
+    MutPtr v = New(kind);
+    v->str.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    Push(std::move(v));
+    return Status::Ok();
+  }
+  Status PushGlobal(std::string module, std::string name) {
+    MutPtr g = New(Kind::kGlobal);
+    g->str = std::move(module);
+    g->name = std::move(name);
+    Push(std::move(g));
+    return Status::Ok();
+  }
+  Status Memoize(uint64_t key) {
+    FC_ASSIGN_OR_RETURN(MutPtr top, Top());
+    memo_[key] = std::move(top);
+    return Status::Ok();
+  }
+  Status MemoGet(uint64_t key) {
+    auto it = memo_.find(key);
+    if (it == memo_.end()) return Error("memo key " + std::to_string(key) + " not defined");
+    Push(it->second);
+    return Status::Ok();
+  }
+  Status ParseDecimalKey(std::string_view line, uint64_t* key) {
+    auto [p, ec] = std::from_chars(line.data(), line.data() + line.size(), *key);
+    if (ec != std::errc() || p != line.data() + line.size()) {
+      return Error("bad memo key '" + std::string(line.substr(0, 32)) + "'");
+    }
+    return Status::Ok();
+  }
+  Status AddEntries(const MutPtr& target, std::vector<MutPtr> kv) {
+    if (kv.size() % 2 != 0) return Error("odd number of items for key/value pairs");
+    if (target->kind != Kind::kDict && target->kind != Kind::kCall &&
+        target->kind != Kind::kObject) {
+      return Error(std::string("cannot set items on a ") +
+                   std::string(PickleKindName(target->kind)));
+    }
+    for (size_t i = 0; i < kv.size(); i += 2) {
+      target->entries.emplace_back(std::move(kv[i]), std::move(kv[i + 1]));
+    }
+    return Status::Ok();
+  }
+  Status AddItems(const MutPtr& target, std::vector<MutPtr> items) {
+    if (target->kind != Kind::kList && target->kind != Kind::kCall &&
+        target->kind != Kind::kObject) {
+      return Error(std::string("cannot append to a ") +
+                   std::string(PickleKindName(target->kind)));
+    }
+    for (auto& i : items) target->items.push_back(std::move(i));
+    return Status::Ok();
+  }
+  Status Step(uint8_t op);
+  Status DecodeQuotedString(std::string_view line, std::string* out);
+  Status DecodeRawUnicodeEscape(std::string_view line, std::string* out);
+  Status CheckGraph(const PickleValue* v, size_t depth);
+
+  std::span<const std::byte> data_;
+  PickleLimits limits_;
+  size_t pos_ = 0;
+  uint8_t op_ = 0;
+  size_t op_pos_ = 0;
+  bool stopped_ = false;
+  bool succeeded_ = false;
+  std::vector<MutPtr> stack_;
+  std::vector<size_t> marks_;
+  std::unordered_map<uint64_t, MutPtr> memo_;
+  std::vector<MutPtr> containers_;
+  MutPtr small_ints_[257];
+  MutPtr bools_[2];
+  MutPtr none_;
+  MutPtr empty_tuple_;
+  // CheckGraph state: 1 = on the current path, 2 = finished.
+  std::unordered_map<const PickleValue*, uint8_t> visit_;
+};
+
+Status Machine::DecodeQuotedString(std::string_view line, std::string* out) {
+  // Protocol 0 STRING: a Python repr, 'abc' or "abc", with backslash escapes.
+  if (line.size() < 2 || (line.front() != '\'' && line.front() != '"') ||
+      line.back() != line.front()) {
+    return Error("STRING operand is not quoted");
+  }
+  line = line.substr(1, line.size() - 2);
+  for (size_t i = 0; i < line.size(); ++i) {
+    char c = line[i];
+    if (c != '\\') {
+      out->push_back(c);
+      continue;
+    }
+    if (++i >= line.size()) return Error("dangling backslash in STRING");
+    switch (line[i]) {
+      case '\\': out->push_back('\\'); break;
+      case '\'': out->push_back('\''); break;
+      case '"': out->push_back('"'); break;
+      case 'n': out->push_back('\n'); break;
+      case 'r': out->push_back('\r'); break;
+      case 't': out->push_back('\t'); break;
+      case 'x': {
+        if (i + 2 >= line.size()) return Error("short \\x escape in STRING");
+        int hi = HexDigit(line[i + 1]), lo = HexDigit(line[i + 2]);
+        if (hi < 0 || lo < 0) return Error("bad \\x escape in STRING");
+        out->push_back(static_cast<char>(hi * 16 + lo));
+        i += 2;
+        break;
+      }
+      default:
+        return Unsupported(std::string("escape \\") + line[i] + " in STRING");
+    }
+  }
+  return Status::Ok();
+}
+
+Status Machine::DecodeRawUnicodeEscape(std::string_view line, std::string* out) {
+  // Protocol 0 UNICODE: latin-1 bytes, plus \uXXXX and \UXXXXXXXX escapes.
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (c == '\\' && i + 1 < line.size() && (line[i + 1] == 'u' || line[i + 1] == 'U')) {
+      const size_t digits = line[i + 1] == 'u' ? 4 : 8;
+      if (i + 2 + digits > line.size()) return Error("short \\u escape in UNICODE");
+      uint32_t cp = 0;
+      for (size_t k = 0; k < digits; ++k) {
+        int d = HexDigit(line[i + 2 + k]);
+        if (d < 0) return Error("bad \\u escape in UNICODE");
+        cp = cp * 16 + static_cast<uint32_t>(d);
+      }
+      if (cp > 0x10ffff) return Error("code point beyond U+10FFFF in UNICODE");
+      AppendUtf8(cp, out);
+      i += 1 + digits;
+    } else {
+      AppendUtf8(static_cast<uint8_t>(c), out);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Machine::Step(uint8_t op) {
+  switch (op) {
+    case kProto: {
+      FC_ASSIGN_OR_RETURN(uint8_t proto, ReadLe<uint8_t>());
+      if (proto > 5) return Unsupported("protocol " + std::to_string(proto));
+      return Status::Ok();
+    }
+    case kFrame: {
+      FC_ASSIGN_OR_RETURN(uint64_t len, ReadLe<uint64_t>());
+      if (len > remaining()) {
+        return Error("frame of " + std::to_string(len) + " bytes exceeds the " +
+                     std::to_string(remaining()) + " bytes left");
+      }
+      return Status::Ok();
+    }
+    case kStop: {
+      stopped_ = true;
+      return Status::Ok();
+    }
+    case kMark:
+      marks_.push_back(stack_.size());
+      return Status::Ok();
+    case kPop:
+      if (stack_.size() > floor()) {
+        stack_.pop_back();
+        return Status::Ok();
+      }
+      return PopMark().status();
+    case kPopMark:
+      return PopMark().status();
+    case kDup: {
+      FC_ASSIGN_OR_RETURN(MutPtr top, Top());
+      Push(std::move(top));
+      return Status::Ok();
+    }
+    case kNone:
+      Push(Shared(Kind::kNone, 0));
+      return Status::Ok();
+    case kNewTrue:
+    case kNewFalse:
+      Push(Shared(Kind::kBool, op == kNewTrue));
+      return Status::Ok();
+    case kBinInt1: {
+      FC_ASSIGN_OR_RETURN(uint8_t x, ReadLe<uint8_t>());
+      PushInt(x);
+      return Status::Ok();
+    }
+    case kBinInt2: {
+      FC_ASSIGN_OR_RETURN(uint16_t x, ReadLe<uint16_t>());
+      PushInt(x);
+      return Status::Ok();
+    }
+    case kBinInt: {
+      FC_ASSIGN_OR_RETURN(uint32_t x, ReadLe<uint32_t>());
+      PushInt(static_cast<int32_t>(x));
+      return Status::Ok();
+    }
+    case kLong1:
+    case kLong4: {
+      uint64_t n = 0;
+      if (op == kLong1) {
+        FC_ASSIGN_OR_RETURN(uint8_t x, ReadLe<uint8_t>());
+        n = x;
+      } else {
+        FC_ASSIGN_OR_RETURN(uint32_t x, ReadLe<uint32_t>());
+        if (static_cast<int32_t>(x) < 0) return Error("negative LONG4 length");
+        n = x;
+      }
+      FC_ASSIGN_OR_RETURN(auto bytes, Take(n));
+      MutPtr v = New(Kind::kInt);
+      DecodeLong(bytes, v.get());
+      Push(std::move(v));
+      return Status::Ok();
+    }
+    case kInt:
+    case kLong: {
+      FC_ASSIGN_OR_RETURN(std::string_view line, ReadLine());
+      MutPtr v = New(Kind::kInt);
+      if (op == kInt && (line == "00" || line == "01")) {
+        v->kind = Kind::kBool;
+        v->bool_value = line == "01";
+      } else {
+        if (op == kLong && !line.empty() && line.back() == 'L') line.remove_suffix(1);
+        // Decimal conversion is quadratic; CPython refuses more digits than this too.
+        if (line.size() > 4300) return Unsupported("integer literal of more than 4300 digits");
+        if (!DecodeDecimal(line, v.get())) {
+          return Error("bad integer literal '" + std::string(line.substr(0, 32)) + "'");
+        }
+      }
+      Push(std::move(v));
+      return Status::Ok();
+    }
+    case kBinFloat: {
+      if (remaining() < 8) return Truncated();
+      uint64_t bits = 0;
+      for (size_t i = 0; i < 8; ++i) bits = (bits << 8) | static_cast<uint8_t>(data_[pos_ + i]);
+      pos_ += 8;
+      MutPtr v = New(Kind::kFloat);
+      v->float_value = std::bit_cast<double>(bits);
+      Push(std::move(v));
+      return Status::Ok();
+    }
+    case kFloat: {
+      FC_ASSIGN_OR_RETURN(std::string_view line, ReadLine());
+      MutPtr v = New(Kind::kFloat);
+      auto [p, ec] = std::from_chars(line.data(), line.data() + line.size(), v->float_value);
+      if (ec != std::errc() || p != line.data() + line.size()) {
+        return Error("bad float literal '" + std::string(line.substr(0, 32)) + "'");
+      }
+      Push(std::move(v));
+      return Status::Ok();
+    }
+    case kShortBinUnicode:
+    case kShortBinBytes:
+    case kShortBinString: {
+      FC_ASSIGN_OR_RETURN(uint8_t n, ReadLe<uint8_t>());
+      return PushString(op == kShortBinBytes ? Kind::kBytes : Kind::kStr, n);
+    }
+    case kBinUnicode:
+    case kBinBytes:
+    case kBinString: {
+      FC_ASSIGN_OR_RETURN(uint32_t n, ReadLe<uint32_t>());
+      if (op == kBinString && static_cast<int32_t>(n) < 0) return Error("negative length");
+      return PushString(op == kBinBytes ? Kind::kBytes : Kind::kStr, n);
+    }
+    case kBinUnicode8:
+    case kBinBytes8:
+    case kByteArray8: {
+      FC_ASSIGN_OR_RETURN(uint64_t n, ReadLe<uint64_t>());
+      return PushString(op == kBinUnicode8 ? Kind::kStr : Kind::kBytes, n);
+    }
+    case kString: {
+      FC_ASSIGN_OR_RETURN(std::string_view line, ReadLine());
+      MutPtr v = New(Kind::kStr);
+      FC_RETURN_IF_ERROR(DecodeQuotedString(line, &v->str));
+      Push(std::move(v));
+      return Status::Ok();
+    }
+    case kUnicode: {
+      FC_ASSIGN_OR_RETURN(std::string_view line, ReadLine());
+      MutPtr v = New(Kind::kStr);
+      FC_RETURN_IF_ERROR(DecodeRawUnicodeEscape(line, &v->str));
+      Push(std::move(v));
+      return Status::Ok();
+    }
+    case kEmptyTuple:
+      Push(Shared(Kind::kTuple, 0));
+      return Status::Ok();
+    case kEmptyList:
+      Push(New(Kind::kList));
+      return Status::Ok();
+    case kEmptyDict:
+      Push(New(Kind::kDict));
+      return Status::Ok();
+    case kEmptySet:
+      Push(New(Kind::kSet));
+      return Status::Ok();
+    case kTuple1:
+    case kTuple2:
+    case kTuple3: {
+      const size_t n = static_cast<size_t>(op - kTuple1) + 1;
+      if (stack_.size() < floor() + n) return Error("stack underflow");
+      MutPtr t = New(Kind::kTuple);
+      for (size_t i = stack_.size() - n; i < stack_.size(); ++i) t->items.push_back(stack_[i]);
+      stack_.resize(stack_.size() - n);
+      Push(std::move(t));
+      return Status::Ok();
+    }
+    case kTuple:
+    case kList:
+    case kFrozenSet: {
+      FC_ASSIGN_OR_RETURN(auto items, PopMark());
+      MutPtr t = New(op == kTuple ? Kind::kTuple : op == kList ? Kind::kList : Kind::kSet);
+      t->bool_value = op == kFrozenSet;
+      t->items = Freeze(std::move(items));
+      Push(std::move(t));
+      return Status::Ok();
+    }
+    case kDict: {
+      FC_ASSIGN_OR_RETURN(auto items, PopMark());
+      MutPtr d = New(Kind::kDict);
+      FC_RETURN_IF_ERROR(AddEntries(d, std::move(items)));
+      Push(std::move(d));
+      return Status::Ok();
+    }
+    case kAppend: {
+      FC_ASSIGN_OR_RETURN(MutPtr v, Pop());
+      FC_ASSIGN_OR_RETURN(MutPtr target, Top());
+      std::vector<MutPtr> one;
+      one.push_back(std::move(v));
+      return AddItems(target, std::move(one));
+    }
+    case kAppends: {
+      FC_ASSIGN_OR_RETURN(auto items, PopMark());
+      FC_ASSIGN_OR_RETURN(MutPtr target, Top());
+      return AddItems(target, std::move(items));
+    }
+    case kAddItems: {
+      FC_ASSIGN_OR_RETURN(auto items, PopMark());
+      FC_ASSIGN_OR_RETURN(MutPtr target, Top());
+      if (target->kind != Kind::kSet || target->bool_value) {
+        return Error("ADDITEMS target is not a set");
+      }
+      for (auto& i : items) target->items.push_back(std::move(i));
+      return Status::Ok();
+    }
+    case kSetItem: {
+      FC_ASSIGN_OR_RETURN(MutPtr value, Pop());
+      FC_ASSIGN_OR_RETURN(MutPtr key, Pop());
+      FC_ASSIGN_OR_RETURN(MutPtr target, Top());
+      std::vector<MutPtr> kv;
+      kv.push_back(std::move(key));
+      kv.push_back(std::move(value));
+      return AddEntries(target, std::move(kv));
+    }
+    case kSetItems: {
+      FC_ASSIGN_OR_RETURN(auto items, PopMark());
+      FC_ASSIGN_OR_RETURN(MutPtr target, Top());
+      return AddEntries(target, std::move(items));
+    }
+    case kGlobal: {
+      FC_ASSIGN_OR_RETURN(std::string_view module, ReadLine());
+      FC_ASSIGN_OR_RETURN(std::string_view name, ReadLine());
+      return PushGlobal(std::string(module), std::string(name));
+    }
+    case kStackGlobal: {
+      FC_ASSIGN_OR_RETURN(MutPtr name, Pop());
+      FC_ASSIGN_OR_RETURN(MutPtr module, Pop());
+      if (name->kind != Kind::kStr || module->kind != Kind::kStr) {
+        return Error("module and name must be strings");
+      }
+      return PushGlobal(module->str, name->str);
+    }
+    case kReduce: {
+      FC_ASSIGN_OR_RETURN(MutPtr args, Pop());
+      FC_ASSIGN_OR_RETURN(MutPtr callee, Pop());
+      if (args->kind != Kind::kTuple) return Error("REDUCE arguments are not a tuple");
+      MutPtr c = New(Kind::kCall);
+      c->callee = std::move(callee);
+      c->args = std::move(args);
+      Push(std::move(c));
+      return Status::Ok();
+    }
+    case kNewObj:
+    case kNewObjEx: {
+      MutPtr kwargs;
+      if (op == kNewObjEx) {
+        FC_ASSIGN_OR_RETURN(kwargs, Pop());
+        if (kwargs->kind != Kind::kDict) return Error("NEWOBJ_EX kwargs are not a dict");
+      }
+      FC_ASSIGN_OR_RETURN(MutPtr args, Pop());
+      FC_ASSIGN_OR_RETURN(MutPtr cls, Pop());
+      if (args->kind != Kind::kTuple) return Error("NEWOBJ arguments are not a tuple");
+      MutPtr o = New(Kind::kObject);
+      o->callee = std::move(cls);
+      o->args = std::move(args);
+      o->kwargs = std::move(kwargs);
+      Push(std::move(o));
+      return Status::Ok();
+    }
+    case kInst: {
+      FC_ASSIGN_OR_RETURN(std::string_view module, ReadLine());
+      FC_ASSIGN_OR_RETURN(std::string_view name, ReadLine());
+      FC_ASSIGN_OR_RETURN(auto items, PopMark());
+      MutPtr cls = New(Kind::kGlobal);
+      cls->str = std::string(module);
+      cls->name = std::string(name);
+      MutPtr args = New(Kind::kTuple);
+      args->items = Freeze(std::move(items));
+      MutPtr o = New(Kind::kObject);
+      o->callee = std::move(cls);
+      o->args = std::move(args);
+      Push(std::move(o));
+      return Status::Ok();
+    }
+    case kObj: {
+      FC_ASSIGN_OR_RETURN(auto items, PopMark());
+      if (items.empty()) return Error("OBJ without a class");
+      MutPtr o = New(Kind::kObject);
+      o->callee = std::move(items.front());
+      items.erase(items.begin());
+      MutPtr args = New(Kind::kTuple);
+      args->items = Freeze(std::move(items));
+      o->args = std::move(args);
+      Push(std::move(o));
+      return Status::Ok();
+    }
+    case kBuild: {
+      FC_ASSIGN_OR_RETURN(MutPtr state, Pop());
+      FC_ASSIGN_OR_RETURN(MutPtr target, Top());
+      if (target->kind != Kind::kObject && target->kind != Kind::kCall) {
+        return Error(std::string("cannot BUILD a ") + std::string(PickleKindName(target->kind)));
+      }
+      if (target->state && target->state->kind == Kind::kDict && state->kind == Kind::kDict) {
+        // A second BUILD with a dict updates __dict__ further; merge so nothing is lost.
+        auto merged = New(Kind::kDict);
+        merged->entries = target->state->entries;
+        merged->entries.insert(merged->entries.end(), state->entries.begin(),
+                               state->entries.end());
+        target->state = std::move(merged);
+      } else {
+        target->state = std::move(state);
+      }
+      return Status::Ok();
+    }
+    case kPersId: {
+      FC_ASSIGN_OR_RETURN(std::string_view line, ReadLine());
+      MutPtr pid = New(Kind::kStr);
+      pid->str = std::string(line);
+      MutPtr p = New(Kind::kPersId);
+      p->callee = std::move(pid);
+      Push(std::move(p));
+      return Status::Ok();
+    }
+    case kBinPersId: {
+      FC_ASSIGN_OR_RETURN(MutPtr pid, Pop());
+      MutPtr p = New(Kind::kPersId);
+      p->callee = std::move(pid);
+      Push(std::move(p));
+      return Status::Ok();
+    }
+    case kBinPut: {
+      FC_ASSIGN_OR_RETURN(uint8_t key, ReadLe<uint8_t>());
+      return Memoize(key);
+    }
+    case kLongBinPut: {
+      FC_ASSIGN_OR_RETURN(uint32_t key, ReadLe<uint32_t>());
+      return Memoize(key);
+    }
+    case kPut: {
+      FC_ASSIGN_OR_RETURN(std::string_view line, ReadLine());
+      uint64_t key = 0;
+      FC_RETURN_IF_ERROR(ParseDecimalKey(line, &key));
+      return Memoize(key);
+    }
+    case kMemoize:
+      return Memoize(memo_.size());
+    case kBinGet: {
+      FC_ASSIGN_OR_RETURN(uint8_t key, ReadLe<uint8_t>());
+      return MemoGet(key);
+    }
+    case kLongBinGet: {
+      FC_ASSIGN_OR_RETURN(uint32_t key, ReadLe<uint32_t>());
+      return MemoGet(key);
+    }
+    case kGet: {
+      FC_ASSIGN_OR_RETURN(std::string_view line, ReadLine());
+      uint64_t key = 0;
+      FC_RETURN_IF_ERROR(ParseDecimalKey(line, &key));
+      return MemoGet(key);
+    }
+    case kExt1:
+    case kExt2:
+    case kExt4:
+      return Unsupported("the copyreg extension registry is not supported");
+    case kNextBuffer:
+    case kReadonlyBuffer:
+      return Unsupported("out-of-band buffers are not supported");
+    default:
+      return Error("unknown opcode");
+  }
+}
+
+Status Machine::CheckGraph(const PickleValue* v, size_t depth) {
+  if (v == nullptr || !IsContainer(v->kind)) return Status::Ok();
+  if (depth > limits_.max_depth) {
+    return UnimplementedError("pickle: values nested deeper than " +
+                              std::to_string(limits_.max_depth) + " levels");
+  }
+  uint8_t& mark = visit_[v];
+  if (mark == 2) return Status::Ok();
+  if (mark == 1) return UnimplementedError("pickle: the value contains a reference cycle");
+  mark = 1;
+  for (const auto& c : v->items) FC_RETURN_IF_ERROR(CheckGraph(c.get(), depth + 1));
+  for (const auto& [k, val] : v->entries) {
+    FC_RETURN_IF_ERROR(CheckGraph(k.get(), depth + 1));
+    FC_RETURN_IF_ERROR(CheckGraph(val.get(), depth + 1));
+  }
+  for (const PickleValue* c : {v->callee.get(), v->args.get(), v->kwargs.get(), v->state.get()}) {
+    FC_RETURN_IF_ERROR(CheckGraph(c, depth + 1));
+  }
+  visit_[v] = 2;  // re-lookup: the recursive calls may have rehashed the map
+  return Status::Ok();
+}
+
+Result<PickleValue> Machine::Run() {
+  while (!stopped_) {
+    if (pos_ >= data_.size()) {
+      return DataLossError("pickle: input ends after " + std::to_string(data_.size()) +
+                           " bytes without STOP");
+    }
+    op_pos_ = pos_;
+    op_ = static_cast<uint8_t>(data_[pos_++]);
+    FC_RETURN_IF_ERROR(Step(op_));
+  }
+  FC_ASSIGN_OR_RETURN(MutPtr result, Pop());
+  FC_RETURN_IF_ERROR(CheckGraph(result.get(), 0));
+  succeeded_ = true;
+  return PickleValue(*result);
+}
+
+void Render(const PickleValue& v, size_t max_chars, std::string* out);
+
+void RenderSeq(const std::vector<PickleValue::Ptr>& items, size_t max_chars, std::string* out) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (out->size() >= max_chars) return;
+    if (i > 0) *out += ", ";
+    Render(*items[i], max_chars, out);
+  }
+}
+
+void Render(const PickleValue& v, size_t max_chars, std::string* out) {
+  if (out->size() >= max_chars) return;
+  switch (v.kind) {
+    case Kind::kNone: *out += "None"; return;
+    case Kind::kBool: *out += v.bool_value ? "True" : "False"; return;
+    case Kind::kInt: *out += std::to_string(v.int_value); return;
+    case Kind::kBigInt: *out += "<int of " + std::to_string(v.str.size()) + " bytes>"; return;
+    case Kind::kFloat: {
+      char buf[32];
+      auto [p, ec] = std::to_chars(buf, buf + sizeof(buf), v.float_value);
+      out->append(buf, ec == std::errc() ? p : buf);
+      return;
+    }
+    case Kind::kStr:
+    case Kind::kBytes: {
+      if (v.kind == Kind::kBytes) *out += 'b';
+      *out += '\'';
+      for (char c : v.str) {
+        if (out->size() >= max_chars) break;
+        const auto u = static_cast<unsigned char>(c);
+        if (u >= 0x20 && u < 0x7f && c != '\'' && c != '\\') {
+          *out += c;
+        } else if (u >= 0x80 && v.kind == Kind::kStr) {
+          *out += c;  // UTF-8 continuation of a printable string
+        } else {
+          static const char kHex[] = "0123456789abcdef";
+          *out += "\\x";
+          *out += kHex[u >> 4];
+          *out += kHex[u & 15];
+        }
+      }
+      *out += '\'';
+      return;
+    }
+    case Kind::kTuple:
+      *out += '(';
+      RenderSeq(v.items, max_chars, out);
+      if (v.items.size() == 1) *out += ',';
+      *out += ')';
+      return;
+    case Kind::kList:
+      *out += '[';
+      RenderSeq(v.items, max_chars, out);
+      *out += ']';
+      return;
+    case Kind::kSet:
+      *out += v.bool_value ? "frozenset({" : "{";
+      RenderSeq(v.items, max_chars, out);
+      *out += v.bool_value ? "})" : "}";
+      return;
+    case Kind::kDict:
+      *out += '{';
+      for (size_t i = 0; i < v.entries.size(); ++i) {
+        if (out->size() >= max_chars) break;
+        if (i > 0) *out += ", ";
+        Render(*v.entries[i].first, max_chars, out);
+        *out += ": ";
+        Render(*v.entries[i].second, max_chars, out);
+      }
+      *out += '}';
+      return;
+    case Kind::kGlobal:
+      *out += v.str + "." + v.name;
+      return;
+    case Kind::kCall:
+    case Kind::kObject:
+      if (v.callee) Render(*v.callee, max_chars, out);
+      *out += '(';
+      if (v.args) RenderSeq(v.args->items, max_chars, out);
+      *out += ')';
+      if (v.state) {
+        *out += ' ';
+        Render(*v.state, max_chars, out);
+      }
+      return;
+    case Kind::kPersId:
+      *out += "persistent_id(";
+      if (v.callee) Render(*v.callee, max_chars, out);
+      *out += ')';
+      return;
+  }
+}
+
+}  // namespace
+
+std::string_view PickleKindName(PickleValue::Kind kind) {
+  switch (kind) {
+    case Kind::kNone: return "None";
+    case Kind::kBool: return "bool";
+    case Kind::kInt: return "int";
+    case Kind::kBigInt: return "big int";
+    case Kind::kFloat: return "float";
+    case Kind::kStr: return "str";
+    case Kind::kBytes: return "bytes";
+    case Kind::kTuple: return "tuple";
+    case Kind::kList: return "list";
+    case Kind::kDict: return "dict";
+    case Kind::kSet: return "set";
+    case Kind::kGlobal: return "global";
+    case Kind::kCall: return "call";
+    case Kind::kObject: return "object";
+    case Kind::kPersId: return "persistent id";
+  }
+  return "?";
+}
+
+const PickleValue* PickleValue::CalleeGlobal() const {
+  if ((kind == Kind::kCall || kind == Kind::kObject) && callee &&
+      callee->kind == Kind::kGlobal) {
+    return callee.get();
+  }
+  return nullptr;
+}
+
+const PickleValue* PickleValue::Find(std::string_view key) const {
+  const PickleValue* found = nullptr;
+  for (const auto& [k, v] : entries) {
+    if (k->kind == Kind::kStr && k->str == key) found = v.get();
+  }
+  return found;
+}
+
+std::string PickleValue::DebugString(size_t max_chars) const {
+  std::string out;
+  Render(*this, max_chars, &out);
+  if (out.size() > max_chars) {
+    out.resize(max_chars);
+    out += "...";
+  }
+  return out;
+}
+
+Result<PickleValue> ParsePickle(std::span<const std::byte> data, const PickleLimits& limits) {
+  Machine m(data, limits);
+  return m.Run();
+}
+
+}  // namespace fc

@@ -1,0 +1,405 @@
+// ReadTorchDcp: .metadata + per-item zip directories -> CheckpointIndex.
+// Layout and contract: include/fc/format/torch_dcp.h.
+//
+// Each item is a torch.save zip embedded in a .distcp file. Finding a tensor's bytes needs
+// the zip's tail (EOCD + central directory), data.pkl near its start, and the storage
+// record's local header. ItemReader serves those small reads from two cached 4 KiB windows,
+// so a typical item costs two preads however many zip structures are consulted.
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+#include "fc/core/checked_math.h"
+#include "fc/format/torch_dcp.h"
+#include "fc/format/torch_save.h"
+#include "fc/io/file.h"
+
+namespace fc {
+namespace {
+
+constexpr uint64_t kMaxMetadataBytes = uint64_t{4} << 30;
+constexpr uint64_t kWindowBytes = 4096;
+
+std::string Range(uint64_t a, uint64_t b) {
+  return "[" + std::to_string(a) + ", " + std::to_string(b) + ")";
+}
+
+std::string ShapeString(std::span<const int64_t> s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  return out + "]";
+}
+
+// Reads inside one item ([base, base + length) of a file) with archive-relative offsets.
+class ItemReader {
+ public:
+  ItemReader(const RandomAccessFile* file, uint64_t base, uint64_t length)
+      : file_(file), base_(base), length_(length) {}
+
+  Status Read(uint64_t offset, std::span<std::byte> dst) {
+    if (offset > length_ || dst.size() > length_ - offset) {
+      return DataLossError("read of item bytes " + Range(offset, offset + dst.size()) +
+                           " passes the item's end at " + std::to_string(length_));
+    }
+    if (dst.empty()) return Status::Ok();
+    for (Window& w : windows_) {
+      if (w.valid && offset >= w.start && offset + dst.size() <= w.start + w.bytes.size()) {
+        std::memcpy(dst.data(), w.bytes.data() + (offset - w.start), dst.size());
+        return Status::Ok();
+      }
+    }
+    if (dst.size() > kWindowBytes) return file_->ReadAt(base_ + offset, dst);
+    // Load a window starting at the request (or ending at the item's end, whichever keeps
+    // it inside the item); it then also serves the neighbouring small reads.
+    Window& w = windows_[next_];
+    next_ = 1 - next_;
+    const uint64_t span = std::min(length_, kWindowBytes);
+    w.start = std::min(offset, length_ - span);
+    w.bytes.resize(static_cast<size_t>(span));
+    w.valid = false;
+    FC_RETURN_IF_ERROR(file_->ReadAt(base_ + w.start, w.bytes));
+    w.valid = true;
+    std::memcpy(dst.data(), w.bytes.data() + (offset - w.start), dst.size());
+    return Status::Ok();
+  }
+
+  ZipReadFn AsZipReadFn() {
+    return [this](uint64_t offset, std::span<std::byte> dst) { return Read(offset, dst); };
+  }
+
+ private:
+  struct Window {
+    bool valid = false;
+    uint64_t start = 0;
+    std::vector<std::byte> bytes;
+  };
+  const RandomAccessFile* file_;
+  uint64_t base_;
+  uint64_t length_;
+  Window windows_[2];
+  int next_ = 0;
+};
+
+// Sort key for data files: __<rank>_<n>.distcp by (rank, n), others after, by name.
+struct FileOrder {
+  bool parsed = false;
+  uint64_t rank = 0, n = 0;
+  std::string name;
+  friend bool operator<(const FileOrder& a, const FileOrder& b) {
+    if (a.parsed != b.parsed) return a.parsed;
+    if (a.parsed && (a.rank != b.rank || a.n != b.n)) {
+      return a.rank != b.rank ? a.rank < b.rank : a.n < b.n;
+    }
+    return a.name < b.name;
+  }
+};
+
+FileOrder OrderOf(const std::string& name) {
+  FileOrder o;
+  o.name = name;
+  std::string_view s = name;
+  if (!s.starts_with("__") || !s.ends_with(".distcp")) return o;
+  s = s.substr(2, s.size() - 2 - 7);
+  const size_t us = s.find('_');
+  if (us == std::string_view::npos) return o;
+  auto r1 = std::from_chars(s.data(), s.data() + us, o.rank);
+  auto r2 = std::from_chars(s.data() + us + 1, s.data() + s.size(), o.n);
+  o.parsed = r1.ec == std::errc() && r1.ptr == s.data() + us && r2.ec == std::errc() &&
+             r2.ptr == s.data() + s.size();
+  return o;
+}
+
+// A relative_path must name a file inside the checkpoint directory.
+Status CheckRelativePath(const std::string& path) {
+  if (path.empty() || path.front() == '/' || path.find('\0') != std::string::npos) {
+    return DataLossError("relative_path '" + path + "' is not a relative file name");
+  }
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t slash = path.find('/', start);
+    if (slash == std::string::npos) slash = path.size();
+    if (path.compare(start, slash - start, "..") == 0 && slash - start == 2) {
+      return DataLossError("relative_path '" + path + "' escapes the checkpoint directory");
+    }
+    start = slash + 1;
+  }
+  return Status::Ok();
+}
+
+struct StorageKey {
+  std::string fqn;
+  std::optional<Shape> offsets;
+  friend bool operator<(const StorageKey& a, const StorageKey& b) {
+    return std::tie(a.fqn, a.offsets) < std::tie(b.fqn, b.offsets);
+  }
+};
+
+// One item byte range, for the overlap check.
+struct ItemRange {
+  uint64_t inclusive_min, exclusive_max;
+  std::string label;
+};
+
+class DcpReader {
+ public:
+  explicit DcpReader(std::string dir) : dir_(std::move(dir)) {}
+  Result<CheckpointIndex> Read();
+
+ private:
+  Result<uint32_t> FileIndex(const std::string& relative_path) {
+    auto it = file_index_.find(relative_path);
+    if (it == file_index_.end()) {
+      return InternalError("file '" + relative_path + "' was not registered");
+    }
+    return it->second;
+  }
+  // Checks that the item lies inside its file; returns the file.
+  Result<const RandomAccessFile*> ItemFile(const DcpStorageInfo& s, uint32_t file) {
+    const RandomAccessFile* f = files_[file].get();
+    auto end = CheckedAddU(s.offset, s.length);
+    if (!end || *end > f->size()) {
+      return DataLossError("item bytes " + Range(s.offset, s.offset + s.length) +
+                           " pass end of file (" + std::to_string(f->size()) + " bytes)");
+    }
+    return f;
+  }
+  Status ReadTensor(const DcpItemMetadata& item, TensorEntry* out);
+  Status ReadObject(const DcpItemMetadata& item, ObjectEntry* out);
+  Status CheckOverlaps();
+  void AddAttributes(const DcpMetadata& md, CheckpointIndex* index);
+
+  std::string dir_;
+  std::map<StorageKey, const DcpStorageInfo*> storage_;
+  std::unordered_map<std::string, uint32_t> file_index_;
+  std::vector<std::unique_ptr<RandomAccessFile>> files_;
+  std::vector<std::vector<ItemRange>> ranges_;  // per file
+};
+
+Status DcpReader::ReadTensor(const DcpItemMetadata& item, TensorEntry* out) {
+  out->key = item.fqn;
+  out->dtype = item.dtype;
+  out->global_shape = item.size;
+  std::map<Shape, size_t> seen_offsets;
+  for (const DcpChunkMetadata& cm : item.chunks) {
+    Chunk chunk;
+    chunk.box.global_offset = cm.offsets;
+    chunk.box.local_shape = cm.sizes;
+    // Box::ToString needs equal ranks; fall back to the raw lists otherwise.
+    const std::string box_text =
+        cm.offsets.size() == cm.sizes.size()
+            ? chunk.box.ToString()
+            : "offsets " + ShapeString(cm.offsets) + " sizes " + ShapeString(cm.sizes);
+    const std::string label = "tensor '" + item.fqn + "' chunk " + box_text;
+    FC_RETURN_IF_ERROR_WITH(ValidateBox(chunk.box, item.size), ".metadata: " + label);
+    if (!seen_offsets.emplace(cm.offsets, 0).second) {
+      return DataLossError(".metadata: " + label + ": two chunks start at offsets " +
+                           ShapeString(cm.offsets));
+    }
+    auto it = storage_.find(StorageKey{item.fqn, cm.offsets});
+    if (it == storage_.end()) {
+      return DataLossError(".metadata: " + label + ": no storage_data entry for this chunk");
+    }
+    const DcpStorageInfo& s = *it->second;
+    if (!s.transform_descriptors.empty()) {
+      std::string d;
+      for (const auto& t : s.transform_descriptors) d += (d.empty() ? "" : ", ") + t;
+      return UnimplementedError(s.relative_path + ": " + label +
+                                ": stream transforms are not supported (" + d + ")");
+    }
+    FC_ASSIGN_OR_RETURN(chunk.file, FileIndex(s.relative_path));
+    const std::string ctx = s.relative_path + ": " + label;
+    FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, ItemFile(s, chunk.file).With(ctx));
+    ranges_[chunk.file].push_back({s.offset, s.offset + s.length, label});
+
+    ItemReader reader(f, s.offset, s.length);
+    auto parsed = ParseTorchSaveTensor(s.length, reader.AsZipReadFn());
+    if (!parsed.ok()) {
+      return parsed.status().With(ctx + ": item bytes " + Range(s.offset, s.offset + s.length));
+    }
+    const TorchSaveTensor& t = *parsed;
+    if (t.ref.dtype != item.dtype) {
+      return DataLossError(ctx + ": item dtype " + std::string(DTypeName(t.ref.dtype)) +
+                           " != metadata dtype " + std::string(DTypeName(item.dtype)));
+    }
+    if (t.ref.shape != cm.sizes) {
+      return DataLossError(ctx + ": item tensor shape " + ShapeString(t.ref.shape) +
+                           " != chunk sizes " + ShapeString(cm.sizes));
+    }
+    // In range: the view lies inside the storage record, which lies inside the item.
+    chunk.byte_offset = s.offset + t.first_element_offset;
+    chunk.byte_length = t.ref.ViewSpanBytes();
+    if (!t.ref.IsRowMajorContiguous()) chunk.strides = t.ref.strides;
+    out->chunks.push_back(std::move(chunk));
+  }
+  return Status::Ok();
+}
+
+Status DcpReader::ReadObject(const DcpItemMetadata& item, ObjectEntry* out) {
+  out->key = item.fqn;
+  out->encoding = ObjectEncoding::kTorchSave;
+  const std::string label = "object '" + item.fqn + "'";
+  auto it = storage_.find(StorageKey{item.fqn, std::nullopt});
+  if (it == storage_.end()) {
+    return DataLossError(".metadata: " + label + ": no storage_data entry");
+  }
+  const DcpStorageInfo& s = *it->second;
+  if (!s.transform_descriptors.empty()) {
+    return UnimplementedError(s.relative_path + ": " + label +
+                              ": stream transforms are not supported");
+  }
+  FC_ASSIGN_OR_RETURN(out->file, FileIndex(s.relative_path));
+  const std::string ctx = s.relative_path + ": " + label;
+  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, ItemFile(s, out->file).With(ctx));
+  ranges_[out->file].push_back({s.offset, s.offset + s.length, label});
+  // Check the archive's structure now, so a corrupt object fails at open, not at export.
+  ItemReader reader(f, s.offset, s.length);
+  auto archive = ReadTorchSaveArchive(s.length, reader.AsZipReadFn());
+  if (!archive.ok()) {
+    return archive.status().With(ctx + ": item bytes " + Range(s.offset, s.offset + s.length));
+  }
+  out->byte_offset = s.offset;
+  out->byte_length = s.length;
+  return Status::Ok();
+}
+
+Status DcpReader::CheckOverlaps() {
+  for (size_t f = 0; f < ranges_.size(); ++f) {
+    auto& r = ranges_[f];
+    std::sort(r.begin(), r.end(), [](const ItemRange& a, const ItemRange& b) {
+      return a.inclusive_min < b.inclusive_min;
+    });
+    for (size_t i = 1; i < r.size(); ++i) {
+      if (r[i].inclusive_min < r[i - 1].exclusive_max) {
+        return DataLossError(Basename(files_[f]->path()) + ": items " + r[i - 1].label + " " +
+                             Range(r[i - 1].inclusive_min, r[i - 1].exclusive_max) + " and " +
+                             r[i].label + " " + Range(r[i].inclusive_min, r[i].exclusive_max) +
+                             " overlap");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+void DcpReader::AddAttributes(const DcpMetadata& md, CheckpointIndex* index) {
+  auto& a = index->attributes;
+  a["torch_generation"] = md.generation;
+  if (md.version) a["dcp_version"] = *md.version;
+  if (md.checkpoint_id) a["checkpoint_id"] = *md.checkpoint_id;
+  if (md.save_id) a["save_id"] = *md.save_id;
+  if (md.mcore_data) {
+    a["mcore_data"] = md.mcore_data->is_dict()
+                          ? std::to_string(md.mcore_data->entries.size()) + " entries"
+                          : std::string(PickleKindName(md.mcore_data->kind));
+    // Megatron's N-D flattened reformulation is only reversible with the original shape.
+    for (const auto& [k, v] : md.mcore_data->entries) {
+      if (!k->is_str() || !v->is_dict()) continue;
+      const PickleValue* orig = v->Find("nd_reformulated_orig_global_shape");
+      if (orig == nullptr || (!orig->is_tuple() && !orig->is_list())) continue;
+      Shape shape;
+      for (const auto& d : orig->items) shape.push_back(d->is_int() ? d->int_value : -1);
+      a["mcore_data." + k->str + ".nd_reformulated_orig_global_shape"] = ShapeString(shape);
+    }
+  }
+  if (!md.extra_fields.empty()) {
+    std::string s;
+    for (const auto& f : md.extra_fields) s += (s.empty() ? "" : ", ") + f;
+    a["metadata_extra_fields"] = s;
+  }
+  if (PathExists(JoinPath(dir_, "metadata.json"))) a["megatron_metadata_json"] = "present";
+  if (PathExists(JoinPath(dir_, "common.pt"))) a["megatron_common_pt"] = "present";
+}
+
+Result<CheckpointIndex> DcpReader::Read() {
+  if (!IsDirectory(dir_)) return NotFoundError(dir_ + ": not a directory");
+  const std::string md_path = JoinPath(dir_, ".metadata");
+  if (!PathExists(md_path)) {
+    auto names = ListDirectory(dir_);
+    if (names.ok()) {
+      for (const std::string& n : *names) {
+        if (n.starts_with("__") && n.ends_with(".metadata")) {
+          return UnimplementedError(dir_ + ": per-rank metadata files (" + n +
+                                    ", use_collectives=False) are not supported");
+        }
+      }
+    }
+    return NotFoundError(md_path + ": not found (not a torch DCP checkpoint?)");
+  }
+  FC_ASSIGN_OR_RETURN(auto md_bytes, ReadWholeFile(md_path, kMaxMetadataBytes));
+  FC_ASSIGN_OR_RETURN(DcpMetadata md, ParseDcpMetadata(md_bytes).With(".metadata"));
+
+  // Index storage_data and register every referenced file in (rank, n) order.
+  std::map<FileOrder, std::string> names;
+  for (const DcpStorageInfo& s : md.storage) {
+    FC_RETURN_IF_ERROR_WITH(CheckRelativePath(s.relative_path),
+                            ".metadata: storage_data['" + s.fqn + "']");
+    if (!storage_.emplace(StorageKey{s.fqn, s.chunk_offsets}, &s).second) {
+      return DataLossError(".metadata: storage_data has two entries for '" + s.fqn + "'" +
+                           (s.chunk_offsets ? " at offsets " + ShapeString(*s.chunk_offsets)
+                                            : std::string()));
+    }
+  }
+  // Only files that an item of state_dict_metadata uses; stale entries are ignored.
+  std::map<std::string, std::string> first_user;  // file -> label of first item using it
+  for (const DcpItemMetadata& item : md.items) {
+    if (item.is_tensor) {
+      for (const DcpChunkMetadata& c : item.chunks) {
+        auto it = storage_.find(StorageKey{item.fqn, c.offsets});
+        if (it != storage_.end()) {
+          first_user.emplace(it->second->relative_path, "tensor '" + item.fqn + "'");
+        }
+      }
+    } else {
+      auto it = storage_.find(StorageKey{item.fqn, std::nullopt});
+      if (it != storage_.end()) {
+        first_user.emplace(it->second->relative_path, "object '" + item.fqn + "'");
+      }
+    }
+  }
+  for (const auto& [path, user] : first_user) names.emplace(OrderOf(path), path);
+
+  CheckpointIndex index;
+  index.format = CheckpointFormat::kTorchDcp;
+  index.root = dir_;
+  for (const auto& [order, path] : names) {
+    auto f = RandomAccessFile::Open(JoinPath(dir_, path));
+    if (!f.ok()) {
+      return f.status().With(path + " (data of " + first_user[path] + ")");
+    }
+    file_index_[path] = static_cast<uint32_t>(files_.size());
+    index.files.push_back(FileInfo{path, (*f)->size()});
+    files_.push_back(std::move(f).value());
+  }
+  ranges_.resize(files_.size());
+
+  for (const DcpItemMetadata& item : md.items) {
+    if (item.is_tensor) {
+      TensorEntry t;
+      FC_RETURN_IF_ERROR(ReadTensor(item, &t));
+      index.tensors.push_back(std::move(t));
+    } else {
+      ObjectEntry o;
+      FC_RETURN_IF_ERROR(ReadObject(item, &o));
+      index.objects.push_back(std::move(o));
+    }
+  }
+  FC_RETURN_IF_ERROR(CheckOverlaps());
+  AddAttributes(md, &index);
+  return index;
+}
+
+}  // namespace
+
+Result<CheckpointIndex> ReadTorchDcp(const std::string& dir) {
+  DcpReader reader(dir);
+  return reader.Read();
+}
+
+}  // namespace fc

@@ -1,0 +1,29 @@
+#!/bin/sh
+# Regenerates testdata/torch_dcp/<name>/{ckpt,expected} with Debian's torch 1.13
+# (apt-get install python3-torch python3-numpy). Deterministic: same specs, same bytes.
+#
+#   <name>.json        -> shared/tools/torch_dcp_fixture.py (real multi-rank DCP saves)
+#   strided            -> make_strided.py (views: transposed, storage_offset, stride 0, 0-d)
+#   torch2_emulated    -> emulate_torch2.py applied to `mixed` (2.x module paths, enum by
+#                         value, PosixPath of CPython 3.13, one file per rank, mcore_data)
+#
+# usage: testdata/gen/torch_dcp/regen.sh   (from anywhere)
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../../.." && pwd)
+shared=${FC_SHARED:-$repo/../shared}
+tools=$(cd "$shared/tools" && pwd)
+out=$repo/testdata/torch_dcp
+py=/usr/bin/python3
+
+mkdir -p "$out"
+for spec in "$here"/*.json; do
+  name=$(basename "$spec" .json)
+  rm -rf "$out/$name"
+  "$py" "$tools/torch_dcp_fixture.py" "$spec" "$out/$name"
+done
+rm -rf "$out/strided"
+"$py" "$here/make_strided.py" "$tools" "$out/strided"
+"$py" "$here/emulate_torch2.py" "$tools" "$out/mixed" "$out/torch2_emulated"
+find "$out" -name __pycache__ -prune -exec rm -rf {} +
+du -sh "$out"

@@ -1,0 +1,116 @@
+#include "fc/core/dtype.h"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+namespace fc {
+namespace {
+
+TEST_CASE("DType sizes and IsFloating", "[core][dtype]") {
+  CHECK(DTypeSize(DType::kBool) == 1);
+  CHECK(DTypeSize(DType::kUInt8) == 1);
+  CHECK(DTypeSize(DType::kInt8) == 1);
+  CHECK(DTypeSize(DType::kInt16) == 2);
+  CHECK(DTypeSize(DType::kInt32) == 4);
+  CHECK(DTypeSize(DType::kInt64) == 8);
+  CHECK(DTypeSize(DType::kFloat16) == 2);
+  CHECK(DTypeSize(DType::kBFloat16) == 2);
+  CHECK(DTypeSize(DType::kFloat32) == 4);
+  CHECK(DTypeSize(DType::kFloat64) == 8);
+  CHECK(DTypeSize(DType::kFloat8E4M3FN) == 1);
+  CHECK(DTypeSize(DType::kFloat8E5M2) == 1);
+  int floating = 0;
+  for (DType d : kAllDTypes) floating += IsFloating(d);
+  CHECK(floating == 6);
+  CHECK_FALSE(IsFloating(DType::kBool));
+  CHECK_FALSE(IsFloating(DType::kInt64));
+  CHECK(IsFloating(DType::kFloat8E5M2));
+}
+
+TEST_CASE("DType names", "[core][dtype]") {
+  CHECK(DTypeName(DType::kBFloat16) == "bfloat16");
+  CHECK(DTypeName(DType::kFloat8E4M3FN) == "float8_e4m3fn");
+  CHECK(DTypeName(DType::kFloat8E5M2) == "float8_e5m2");
+  CHECK(DTypeSafetensorsName(DType::kBool) == "BOOL");
+  CHECK(DTypeSafetensorsName(DType::kBFloat16) == "BF16");
+  CHECK(DTypeSafetensorsName(DType::kFloat8E4M3FN) == "F8_E4M3");
+  CHECK(DTypeNumpyName(DType::kFloat32) == "<f4");
+  CHECK(DTypeNumpyName(DType::kBool) == "|b1");
+  CHECK(DTypeNumpyName(DType::kBFloat16) == "<u2");
+  CHECK(DTypeNumpyName(DType::kFloat8E5M2) == "|u1");
+}
+
+TEST_CASE("ParseDType round-trips every spelling", "[core][dtype]") {
+  for (DType d : kAllDTypes) {
+    INFO(DTypeName(d));
+    auto a = ParseDType(DTypeName(d));
+    REQUIRE(a.ok());
+    CHECK(*a == d);
+    auto b = ParseDType("torch." + std::string(DTypeName(d)));
+    REQUIRE(b.ok());
+    CHECK(*b == d);
+    auto c = ParseDType(DTypeSafetensorsName(d));
+    REQUIRE(c.ok());
+    CHECK(*c == d);
+    auto s = ParseSafetensorsDType(DTypeSafetensorsName(d));
+    REQUIRE(s.ok());
+    CHECK(*s == d);
+  }
+  // numpy spellings that name exactly one dtype.
+  for (DType d : {DType::kBool, DType::kInt8, DType::kInt16, DType::kInt32, DType::kInt64,
+                  DType::kFloat16, DType::kFloat32, DType::kFloat64}) {
+    INFO(DTypeNumpyName(d));
+    auto r = ParseDType(DTypeNumpyName(d));
+    REQUIRE(r.ok());
+    CHECK(*r == d);
+  }
+}
+
+TEST_CASE("ParseDType aliases", "[core][dtype]") {
+  const std::pair<const char*, DType> cases[] = {
+      {"float", DType::kFloat32},         {"half", DType::kFloat16},
+      {"double", DType::kFloat64},        {"long", DType::kInt64},
+      {"int", DType::kInt32},             {"short", DType::kInt16},
+      {"torch.float", DType::kFloat32},   {"torch.half", DType::kFloat16},
+      {"torch.long", DType::kInt64},      {"torch.bfloat16", DType::kBFloat16},
+      {"F8_E5M2", DType::kFloat8E5M2},    {"BF16", DType::kBFloat16},
+  };
+  for (const auto& [name, d] : cases) {
+    INFO(name);
+    auto r = ParseDType(name);
+    REQUIRE(r.ok());
+    CHECK(*r == d);
+  }
+}
+
+TEST_CASE("ParseDType rejects unknown names", "[core][dtype]") {
+  for (const char* bad : {"", "floaty", "torch.", "Float32", "complex64", "torch.BF16",
+                          "uint16", "f32"}) {
+    INFO(bad);
+    auto r = ParseDType(bad);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+    CHECK(r.status().message().find("'" + std::string(bad) + "'") != std::string::npos);
+  }
+}
+
+TEST_CASE("ParseSafetensorsDType unsupported and garbage", "[core][dtype]") {
+  for (const char* u : {"U16", "U32", "U64", "C64", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2"}) {
+    INFO(u);
+    auto r = ParseSafetensorsDType(u);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kUnimplemented);
+    CHECK(r.status().message().find(u) != std::string::npos);
+  }
+  for (const char* g : {"", "f32", "float32", "XYZ", "BF16 "}) {
+    INFO(g);
+    auto r = ParseSafetensorsDType(g);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+    CHECK(r.status().message().find("'" + std::string(g) + "'") != std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace fc

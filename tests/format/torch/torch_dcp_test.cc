@@ -1,0 +1,338 @@
+// ReadTorchDcp against real checkpoints written by torch 1.13 (testdata/torch_dcp, see
+// testdata/gen/torch_dcp/regen.sh): every tensor is reassembled from its chunks and compared
+// bit-exactly with the values torch saved as .npy.
+#include "fc/format/torch_dcp.h"
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include <catch2/catch.hpp>
+
+#include "fc/core/dtype.h"
+#include "fc/format/chunk_reader.h"
+#include "fc/format/torch_save.h"
+#include "fc/io/file.h"
+#include "tests/format/torch/torch_test_support.h"
+
+namespace fc {
+namespace {
+
+using testing::ReadFileBytes;
+using testing::TorchFixture;
+
+const char* const kFixtures[] = {"even_2d_f32", "uneven_1d_bf16", "mixed", "strided",
+                                 "torch2_emulated"};
+
+DType NpyDType(const std::string& descr) {
+  static const std::map<std::string, DType> m = {
+      {"<f4", DType::kFloat32}, {"<f8", DType::kFloat64}, {"<f2", DType::kFloat16},
+      {"<u2", DType::kBFloat16}, {"<i8", DType::kInt64},  {"<i4", DType::kInt32},
+      {"|b1", DType::kBool},     {"|u1", DType::kUInt8}};
+  auto it = m.find(descr);
+  REQUIRE(it != m.end());
+  return it->second;
+}
+
+// Every expected/<name>.npy of a fixture.
+std::map<std::string, testing::NpyArray> Expected(const std::string& fixture) {
+  std::map<std::string, testing::NpyArray> out;
+  for (const auto& e : std::filesystem::directory_iterator(TorchFixture(fixture) + "/expected")) {
+    out[e.path().stem().string()] = testing::ReadNpy(e.path().string());
+  }
+  return out;
+}
+
+// The bytes of an object item, parsed as a torch.save pickle.
+PickleValue ObjectValue(const CheckpointIndex& index, const std::string& key) {
+  for (const ObjectEntry& o : index.objects) {
+    if (o.key != key) continue;
+    CHECK(o.encoding == ObjectEncoding::kTorchSave);
+    auto file = ReadFileBytes(index.root + "/" + index.files[o.file].path);
+    REQUIRE(o.byte_offset + o.byte_length <= file.size());
+    std::span<const std::byte> item(file.data() + o.byte_offset, o.byte_length);
+    auto archive = ReadTorchSaveArchive(item.size(), MemoryZipReader(item));
+    REQUIRE(archive.ok());
+    auto v = ReadTorchSavePickle(*archive, MemoryZipReader(item));
+    REQUIRE(v.ok());
+    return *v;
+  }
+  FAIL("no object " << key);
+  return {};
+}
+
+TEST_CASE("torch dcp: every fixture reassembles bit-exactly", "[torch_dcp]") {
+  for (const char* fixture : kFixtures) {
+    INFO("fixture " << fixture);
+    const std::string dir = TorchFixture(fixture) + "/ckpt";
+    auto index = ReadTorchDcp(dir);
+    if (!index.ok()) FAIL(index.status().ToString());
+    CHECK(index->format == CheckpointFormat::kTorchDcp);
+    CHECK(index->root == dir);
+    for (const FileInfo& f : index->files) {
+      INFO(f.path);
+      CHECK(std::filesystem::file_size(dir + "/" + f.path) == f.size);
+    }
+    auto expected = Expected(fixture);
+    CHECK(index->tensors.size() == expected.size());
+    for (const TensorEntry& t : index->tensors) {
+      INFO("tensor " << t.key);
+      auto it = expected.find(t.key);
+      REQUIRE(it != expected.end());
+      CHECK(t.dtype == NpyDType(it->second.descr));
+      CHECK(t.global_shape == it->second.shape);
+      const auto bytes = testing::ReassembleTensor(*index, t);
+      REQUIRE(bytes.size() == it->second.data.size());
+      CHECK(std::memcmp(bytes.data(), it->second.data.data(), bytes.size()) == 0);
+    }
+  }
+}
+
+TEST_CASE("torch dcp: the lead's ChunkReader agrees", "[torch_dcp][chunk_reader]") {
+  for (const char* fixture : kFixtures) {
+    INFO("fixture " << fixture);
+    auto index = ReadTorchDcp(TorchFixture(fixture) + "/ckpt");
+    REQUIRE(index.ok());
+    auto expected = Expected(fixture);
+    ChunkReader reader(*index);
+    for (const TensorEntry& t : index->tensors) {
+      INFO("tensor " << t.key);
+      const Box whole = Box::Whole(t.global_shape);
+      std::vector<std::byte> buf(static_cast<size_t>(whole.num_elements()) * DTypeSize(t.dtype));
+      for (const Chunk& c : t.chunks) {
+        REQUIRE(reader.CopyChunkRegion(t, c, whole, buf.data(), whole).ok());
+      }
+      const auto& want = expected.at(t.key).data;
+      REQUIRE(buf.size() == want.size());
+      CHECK(std::memcmp(buf.data(), want.data(), buf.size()) == 0);
+    }
+  }
+}
+
+TEST_CASE("torch dcp: even 2-D split with an object", "[torch_dcp]") {
+  auto index = ReadTorchDcp(TorchFixture("even_2d_f32") + "/ckpt");
+  REQUIRE(index.ok());
+  CHECK(index->attributes.at("torch_generation") == "1.13");
+  REQUIRE(index->files.size() == 3);
+  CHECK(index->files[0].path == "__0_0.distcp");
+  CHECK(index->files[1].path == "__0_1.distcp");
+  CHECK(index->files[2].path == "__1_0.distcp");
+  const TensorEntry* w = index->FindTensor("w");
+  REQUIRE(w != nullptr);
+  CHECK(w->dtype == DType::kFloat32);
+  REQUIRE(w->chunks.size() == 2);
+  CHECK(w->chunks[0].box.ToString() == "[0, 4) x [0, 6)");
+  CHECK(w->chunks[1].box.ToString() == "[4, 8) x [0, 6)");
+  for (const Chunk& c : w->chunks) {
+    CHECK(c.strides.empty());
+    CHECK(c.byte_length == 96);
+    CHECK(c.byte_offset % 64 == 0);  // torch aligns records; items start at 0 here
+  }
+  REQUIRE(index->objects.size() == 1);
+  CHECK(index->objects[0].key == "iteration");
+  CHECK(ObjectValue(*index, "iteration").int_value == 100);
+}
+
+TEST_CASE("torch dcp: uneven bf16 split", "[torch_dcp]") {
+  auto index = ReadTorchDcp(TorchFixture("uneven_1d_bf16") + "/ckpt");
+  REQUIRE(index.ok());
+  const TensorEntry* v = index->FindTensor("v");
+  REQUIRE(v != nullptr);
+  CHECK(v->dtype == DType::kBFloat16);
+  REQUIRE(v->chunks.size() == 2);
+  CHECK(v->chunks[0].box.local_shape == Shape{7});
+  CHECK(v->chunks[1].box.local_shape == Shape{3});
+  CHECK(v->chunks[1].byte_length == 6);
+  CHECK(index->objects.empty());
+}
+
+TEST_CASE("torch dcp: mixed dtypes, chunk grid, 0-d tensor, objects", "[torch_dcp]") {
+  auto index = ReadTorchDcp(TorchFixture("mixed") + "/ckpt");
+  REQUIRE(index.ok());
+  const TensorEntry* grid = index->FindTensor("grid");
+  REQUIRE(grid != nullptr);
+  CHECK(grid->chunks.size() == 4);
+  const TensorEntry* ids = index->FindTensor("ids");
+  REQUIRE(ids != nullptr);
+  CHECK(ids->dtype == DType::kInt64);
+  const TensorEntry* z = index->FindTensor("z");
+  REQUIRE(z != nullptr);
+  CHECK(z->global_shape.empty());
+  REQUIRE(z->chunks.size() == 1);
+  CHECK(z->chunks[0].box.rank() == 0);
+  CHECK(z->chunks[0].byte_length == 4);
+  const TensorEntry* h = index->FindTensor("h");
+  REQUIRE(h != nullptr);
+  CHECK(h->dtype == DType::kFloat16);
+  // Files sorted by (rank, n).
+  for (size_t i = 1; i < index->files.size(); ++i) {
+    CHECK(index->files[i - 1].path < index->files[i].path);
+  }
+  CHECK(ObjectValue(*index, "iteration").int_value == 100);
+  CHECK(ObjectValue(*index, "lr").float_value == 0.001);
+  CHECK(ObjectValue(*index, "run_name").str == "run-7");
+}
+
+TEST_CASE("torch dcp: stored views keep their strides and offsets", "[torch_dcp]") {
+  auto index = ReadTorchDcp(TorchFixture("strided") + "/ckpt");
+  REQUIRE(index.ok());
+  REQUIRE(index->files.size() == 1);  // single_file_per_rank
+  auto tensor = [&](const char* k) {
+    const TensorEntry* t = index->FindTensor(k);
+    REQUIRE(t != nullptr);
+    REQUIRE(t->chunks.size() == 1);
+    return t->chunks[0];
+  };
+  const Chunk t = tensor("t");
+  CHECK(t.strides == Shape{1, 2});
+  CHECK(t.byte_length == 24);
+  // Where the storage record of a tensor's item starts, in the file.
+  auto md = ParseDcpMetadata(ReadFileBytes(index->root + "/.metadata"));
+  REQUIRE(md.ok());
+  const auto file = ReadFileBytes(index->root + "/" + index->files[0].path);
+  auto record_start = [&](const char* k) -> uint64_t {
+    for (const DcpStorageInfo& si : md->storage) {
+      if (si.fqn != k) continue;
+      auto parsed = ParseTorchSaveTensor(std::span(file).subspan(si.offset, si.length));
+      REQUIRE(parsed.ok());
+      return si.offset + parsed->storage_inclusive_min;
+    }
+    FAIL("no storage for " << k);
+    return 0;
+  };
+  const Chunk m = tensor("m");
+  CHECK(m.strides == Shape{5, 1});
+  CHECK(m.byte_length == (5 + 2 + 1) * 4);
+  CHECK(m.byte_offset == record_start("m") + 6 * 4);  // storage_offset 6
+  const Chunk s = tensor("s");
+  CHECK(s.strides.empty());  // contiguous 1-D view, but not at the record start
+  CHECK(s.byte_offset == record_start("s") + 2 * 8);  // storage_offset 2
+  const Chunk e = tensor("e");
+  CHECK(e.strides == Shape{0, 1});
+  CHECK(e.byte_length == 12);
+  const Chunk scalar = tensor("scalar");
+  CHECK(scalar.box.rank() == 0);
+  CHECK(scalar.byte_length == 2);
+  CHECK(ObjectValue(*index, "step").int_value == 7);
+  const PickleValue cfg = ObjectValue(*index, "cfg");
+  REQUIRE(cfg.is_dict());
+  CHECK(cfg.Find("b")->str == "x");
+}
+
+TEST_CASE("torch dcp: 2.x layout (emulated) and its attributes", "[torch_dcp]") {
+  auto index = ReadTorchDcp(TorchFixture("torch2_emulated") + "/ckpt");
+  REQUIRE(index.ok());
+  const auto& a = index->attributes;
+  CHECK(a.at("torch_generation") == "2");
+  CHECK(a.at("dcp_version") == "1.0.0");
+  CHECK(a.at("checkpoint_id") == "/ckpt/step_100");
+  CHECK(a.at("save_id") == "5f1e1ab0-0000-4000-8000-000000000001");
+  CHECK(a.at("mcore_data") == "1 entries");
+  CHECK(a.at("mcore_data.decoder.w.nd_reformulated_orig_global_shape") == "[8, 4]");
+  CHECK(index->files.size() == 4);  // one file per rank, items at nonzero offsets
+
+  auto md = ParseDcpMetadata(ReadFileBytes(TorchFixture("torch2_emulated") + "/ckpt/.metadata"));
+  REQUIRE(md.ok());
+  REQUIRE(md->planner_data != nullptr);
+  CHECK(md->planner_data->is_dict());
+  for (const DcpItemMetadata& i : md->items) {
+    if (i.is_tensor) CHECK(i.memory_format == "TORCH_CONTIGUOUS_FORMAT");  // by value
+  }
+  auto md113 = ParseDcpMetadata(ReadFileBytes(TorchFixture("mixed") + "/ckpt/.metadata"));
+  REQUIRE(md113.ok());
+  CHECK(md113->generation == "1.13");
+  CHECK(md113->planner_data == nullptr);
+  for (const DcpItemMetadata& i : md113->items) {
+    if (i.is_tensor) CHECK(i.memory_format == "TORCH_CONTIGUOUS_FORMAT");  // by name
+  }
+}
+
+void CheckSameIndex(const CheckpointIndex& a, const CheckpointIndex& b) {
+  REQUIRE(a.files.size() == b.files.size());
+  for (size_t i = 0; i < a.files.size(); ++i) {
+    CHECK(a.files[i].path == b.files[i].path);
+    CHECK(a.files[i].size == b.files[i].size);
+  }
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const TensorEntry &x = a.tensors[i], &y = b.tensors[i];
+    CHECK(x.key == y.key);
+    CHECK(x.dtype == y.dtype);
+    CHECK(x.global_shape == y.global_shape);
+    REQUIRE(x.chunks.size() == y.chunks.size());
+    for (size_t j = 0; j < x.chunks.size(); ++j) {
+      CHECK(x.chunks[j].box == y.chunks[j].box);
+      CHECK(x.chunks[j].file == y.chunks[j].file);
+      CHECK(x.chunks[j].byte_offset == y.chunks[j].byte_offset);
+      CHECK(x.chunks[j].byte_length == y.chunks[j].byte_length);
+      CHECK(x.chunks[j].strides == y.chunks[j].strides);
+    }
+  }
+  REQUIRE(a.objects.size() == b.objects.size());
+  for (size_t i = 0; i < a.objects.size(); ++i) {
+    CHECK(a.objects[i].key == b.objects[i].key);
+    CHECK(a.objects[i].byte_offset == b.objects[i].byte_offset);
+    CHECK(a.objects[i].byte_length == b.objects[i].byte_length);
+  }
+}
+
+TEST_CASE("torch dcp: every pickle variant of .metadata reads the same", "[torch_dcp]") {
+  for (const char* fixture : kFixtures) {
+    INFO("fixture " << fixture);
+    const std::string src = TorchFixture(fixture) + "/ckpt";
+    auto original = ReadTorchDcp(src);
+    REQUIRE(original.ok());
+    auto md = ParseDcpMetadata(ReadFileBytes(src + "/.metadata"));
+    REQUIRE(md.ok());
+    for (const char* generation : {"1.13", "2"}) {
+      for (bool by_value : {false, true}) {
+        for (int path_form = 0; path_form < 3; ++path_form) {
+          INFO("generation " << generation << " enum by value " << by_value << " path form "
+                             << path_form);
+          testing::MdSpec spec = testing::SpecFromMetadata(*md);
+          spec.generation = generation;
+          spec.enum_by_value = by_value;
+          spec.checkpoint_id_parts.reset();
+          if (path_form == 1) {
+            spec.checkpoint_id_parts = std::vector<std::string>{"/", "ckpt", "s1"};
+          } else if (path_form == 2) {
+            spec.checkpoint_id_parts = std::vector<std::string>{"/ckpt/s1"};
+            spec.checkpoint_id_py313 = true;
+          }
+          testing::TempDir tmp;
+          testing::CopyDirectoryFiles(src, tmp.path());
+          testing::WriteFileBytes(tmp.path() + "/.metadata", testing::EncodeDcpMetadata(spec));
+          auto index = ReadTorchDcp(tmp.path());
+          if (!index.ok()) FAIL(index.status().ToString());
+          CheckSameIndex(*original, *index);
+          CHECK(index->attributes.at("torch_generation") == generation);
+          if (path_form != 0) CHECK(index->attributes.at("checkpoint_id") == "/ckpt/s1");
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("torch dcp: extra Metadata attributes are tolerated and reported", "[torch_dcp]") {
+  // A Megatron-style attribute appended to the Metadata BUILD dict, plus an unknown one.
+  const std::string src = TorchFixture("even_2d_f32") + "/ckpt";
+  auto md = ParseDcpMetadata(ReadFileBytes(src + "/.metadata"));
+  REQUIRE(md.ok());
+  testing::MdSpec spec = testing::SpecFromMetadata(*md);
+  spec.mcore_data = true;
+  auto bytes = testing::EncodeDcpMetadata(spec);
+  // Insert "'all_local_plans': []" before the final SETITEMS BUILD STOP.
+  testing::PickleWriter extra;
+  extra.ShortStr("all_local_plans").EmptyList();
+  bytes.insert(bytes.end() - 3, extra.bytes().begin(), extra.bytes().end());
+  testing::TempDir tmp;
+  testing::CopyDirectoryFiles(src, tmp.path());
+  testing::WriteFileBytes(tmp.path() + "/.metadata", bytes);
+  auto index = ReadTorchDcp(tmp.path());
+  REQUIRE(index.ok());
+  CHECK(index->attributes.at("metadata_extra_fields") == "all_local_plans");
+  CHECK(index->attributes.count("mcore_data") == 1);
+}
+
+}  // namespace
+}  // namespace fc

@@ -1,0 +1,509 @@
+// Zip directory reader and torch.save tensor location: real items cut out of fixture
+// .distcp files, and archives built here (zip64 extras, padding, damage, crafted data.pkl).
+#include <cstring>
+
+#include <catch2/catch.hpp>
+
+#include "fc/format/torch_dcp.h"
+#include "fc/format/torch_save.h"
+#include "fc/format/zip.h"
+#include "tests/format/torch/torch_test_support.h"
+
+namespace fc {
+namespace {
+
+using testing::AsBytes;
+using testing::PickleWriter;
+
+struct ZipRec {
+  std::string name;
+  std::vector<std::byte> data;
+  uint16_t method = 0;
+};
+
+struct ZipOptions {
+  bool zip64_eocd = true;     // zip64 EOCD record + locator (torch always writes them)
+  bool zip64_extra = false;   // saturate CD fields and carry them in a zip64 extra field
+  size_t align = 64;          // FB padding so data starts are multiples of this (0: none)
+  std::string comment;
+  uint16_t flags = 0x0808;
+};
+
+void Put(std::vector<std::byte>& out, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) out.push_back(static_cast<std::byte>(v >> (8 * i)));
+}
+void PutStr(std::vector<std::byte>& out, std::string_view s) {
+  for (char c : s) out.push_back(static_cast<std::byte>(c));
+}
+
+// A torch-style archive: STORED records, FB padding, data descriptors, zip64 records.
+std::vector<std::byte> BuildZip(const std::vector<ZipRec>& recs, const ZipOptions& o = {}) {
+  std::vector<std::byte> out;
+  std::vector<uint64_t> lho;
+  for (const ZipRec& r : recs) {
+    lho.push_back(out.size());
+    Put(out, 0x04034b50, 4);
+    Put(out, 0, 2);
+    Put(out, o.flags, 2);
+    Put(out, r.method, 2);
+    Put(out, 0, 4);  // time, date
+    Put(out, 0, 4);  // crc
+    Put(out, 0, 4);  // csize
+    Put(out, 0, 4);  // usize
+    Put(out, r.name.size(), 2);
+    size_t pad = 0;
+    if (o.align > 0) {
+      const size_t base = out.size() + 2 + r.name.size() + 4;
+      pad = (o.align - base % o.align) % o.align;
+    }
+    Put(out, o.align > 0 ? 4 + pad : 0, 2);
+    PutStr(out, r.name);
+    if (o.align > 0) {
+      PutStr(out, "FB");
+      Put(out, pad, 2);
+      for (size_t i = 0; i < pad; ++i) out.push_back(std::byte{'Z'});
+    }
+    out.insert(out.end(), r.data.begin(), r.data.end());
+    Put(out, 0x08074b50, 4);
+    Put(out, 0, 4);
+    Put(out, r.data.size(), 8);
+    Put(out, r.data.size(), 8);
+  }
+  const uint64_t cd_offset = out.size();
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const ZipRec& r = recs[i];
+    Put(out, 0x02014b50, 4);
+    Put(out, 0x031e, 2);
+    Put(out, 0x2d, 2);
+    Put(out, o.flags, 2);
+    Put(out, r.method, 2);
+    Put(out, 0, 4);
+    Put(out, 0, 4);  // crc
+    const uint64_t sat = 0xffffffff;
+    Put(out, o.zip64_extra ? sat : r.data.size(), 4);
+    Put(out, o.zip64_extra ? sat : r.data.size(), 4);
+    Put(out, r.name.size(), 2);
+    Put(out, o.zip64_extra ? 28 : 0, 2);
+    Put(out, 0, 2);  // comment
+    Put(out, 0, 2);  // disk
+    Put(out, 0, 2);
+    Put(out, 0, 4);
+    Put(out, o.zip64_extra ? sat : lho[i], 4);
+    PutStr(out, r.name);
+    if (o.zip64_extra) {
+      Put(out, 1, 2);
+      Put(out, 24, 2);
+      Put(out, r.data.size(), 8);
+      Put(out, r.data.size(), 8);
+      Put(out, lho[i], 8);
+    }
+  }
+  const uint64_t cd_size = out.size() - cd_offset;
+  if (o.zip64_eocd) {
+    const uint64_t z = out.size();
+    Put(out, 0x06064b50, 4);
+    Put(out, 44, 8);
+    Put(out, 0x1e, 2);
+    Put(out, 0x2d, 2);
+    Put(out, 0, 4);
+    Put(out, 0, 4);
+    Put(out, recs.size(), 8);
+    Put(out, recs.size(), 8);
+    Put(out, cd_size, 8);
+    Put(out, cd_offset, 8);
+    Put(out, 0x07064b50, 4);
+    Put(out, 0, 4);
+    Put(out, z, 8);
+    Put(out, 1, 4);
+  }
+  Put(out, 0x06054b50, 4);
+  Put(out, 0, 2);
+  Put(out, 0, 2);
+  Put(out, recs.size(), 2);
+  Put(out, recs.size(), 2);
+  Put(out, cd_size, 4);
+  Put(out, cd_offset, 4);
+  Put(out, o.comment.size(), 2);
+  PutStr(out, o.comment);
+  return out;
+}
+
+std::vector<std::byte> Floats(std::initializer_list<float> v) {
+  std::vector<std::byte> out(v.size() * 4);
+  std::memcpy(out.data(), std::data(v), out.size());
+  return out;
+}
+
+// data.pkl of a tensor: _rebuild_tensor_v2 (or v3 when v3_dtype is set).
+std::vector<std::byte> TensorPickle(std::string_view storage_class, std::string_view key,
+                                    int64_t numel, int64_t offset, Shape shape, Shape strides,
+                                    std::string_view v3_dtype = "") {
+  PickleWriter w;
+  w.Proto(2).Global("torch._utils", v3_dtype.empty() ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
+  w.Mark();
+  w.Mark().Str("storage").Global("torch", storage_class).Str(key).Str("cpu").Int(numel);
+  w.Tuple().BinPersId();
+  w.Int(offset);
+  w.Mark();
+  for (int64_t d : shape) w.Int(d);
+  w.Tuple();
+  w.Mark();
+  for (int64_t s : strides) w.Int(s);
+  w.Tuple();
+  w.Bool(false).Global("collections", "OrderedDict").EmptyTuple().Reduce();
+  if (!v3_dtype.empty()) w.Global("torch", v3_dtype);
+  w.Tuple().Reduce().Stop();
+  return w.bytes();
+}
+
+std::vector<std::byte> TensorArchive(const std::vector<std::byte>& pkl,
+                                     const std::vector<std::byte>& storage,
+                                     const ZipOptions& o = {}) {
+  return BuildZip({{"archive/data.pkl", pkl}, {"archive/data/0", storage},
+                   {"archive/version", AsBytes("3\n")}},
+                  o);
+}
+
+// The archive of the first chunk of fixture tensor `fqn`.
+std::vector<std::byte> FixtureItem(const std::string& fixture, const std::string& fqn) {
+  const std::string ckpt = testing::TorchFixture(fixture) + "/ckpt";
+  auto md = ParseDcpMetadata(testing::ReadFileBytes(ckpt + "/.metadata"));
+  REQUIRE(md.ok());
+  for (const DcpStorageInfo& s : md->storage) {
+    if (s.fqn != fqn) continue;
+    auto file = testing::ReadFileBytes(ckpt + "/" + s.relative_path);
+    REQUIRE(s.offset + s.length <= file.size());
+    return std::vector<std::byte>(file.begin() + static_cast<std::ptrdiff_t>(s.offset),
+                                  file.begin() + static_cast<std::ptrdiff_t>(s.offset + s.length));
+  }
+  FAIL("no storage for " << fqn);
+  return {};
+}
+
+TEST_CASE("zip: a real torch 1.13 DCP item", "[zip]") {
+  const auto item = FixtureItem("even_2d_f32", "w");
+  auto dir = ParseZipDirectory(item);
+  REQUIRE(dir.ok());
+  CHECK(dir->zip64);
+  REQUIRE(dir->Find("archive/data.pkl") != nullptr);
+  REQUIRE(dir->Find("archive/data/0") != nullptr);
+  const ZipEntry* version = dir->Find("archive/version");
+  REQUIRE(version != nullptr);
+  for (const ZipEntry& e : dir->entries) {
+    INFO(e.name);
+    CHECK(e.method == 0);
+    CHECK(e.data_offset % 64 == 0);
+  }
+  CHECK(dir->Find("archive/data.pkl")->data_offset == 64);
+  REQUIRE(version->compressed_size == 2);
+  CHECK(std::memcmp(item.data() + version->data_offset, "3\n", 2) == 0);
+  CHECK(dir->Find("archive/data/0")->compressed_size == 4 * 6 * 4);
+}
+
+TEST_CASE("zip: built archives in every directory form", "[zip]") {
+  const std::vector<ZipRec> recs = {{"a/x", AsBytes("hello")}, {"a/y", AsBytes("")},
+                                    {"a/z", AsBytes("0123456789")}};
+  ZipOptions forms[4];
+  forms[1].zip64_extra = true;
+  forms[2].zip64_eocd = false;
+  forms[2].align = 0;
+  forms[2].flags = 0;
+  forms[3].comment = "a comment with PK\x05\x06 inside";
+  for (int f = 0; f < 4; ++f) {
+    INFO("form " << f);
+    const auto zip = BuildZip(recs, forms[f]);
+    auto dir = ParseZipDirectory(zip);
+    REQUIRE(dir.ok());
+    REQUIRE(dir->entries.size() == 3);
+    CHECK(dir->zip64 == forms[f].zip64_eocd);
+    for (size_t i = 0; i < recs.size(); ++i) {
+      const ZipEntry& e = dir->entries[i];
+      CHECK(e.name == recs[i].name);
+      REQUIRE(e.compressed_size == recs[i].data.size());
+      CHECK(std::memcmp(zip.data() + e.data_offset, recs[i].data.data(), recs[i].data.size()) == 0);
+      if (forms[f].align) CHECK(e.data_offset % 64 == 0);
+    }
+  }
+}
+
+// Applies `damage` to a built archive and expects a DataLoss/Unimplemented naming `what`.
+void ExpectZipError(std::vector<std::byte> zip, StatusCode code, const std::string& what) {
+  auto dir = ParseZipDirectory(zip);
+  REQUIRE(!dir.ok());
+  CHECK(dir.status().code() == code);
+  CHECK_THAT(dir.status().message(), Catch::Contains(what));
+}
+
+TEST_CASE("zip: corrupt directories are refused", "[zip]") {
+  const std::vector<ZipRec> recs = {{"a/x", AsBytes("hello")}, {"a/y", AsBytes("world!")}};
+  const auto good = BuildZip(recs);
+  REQUIRE(ParseZipDirectory(good).ok());
+  auto dir = *ParseZipDirectory(good);
+  const size_t eocd = good.size() - 22;
+  const size_t z64 = eocd - 20 - 56;
+  const size_t cd = dir.central_directory_offset;
+
+  SECTION("too small") {
+    ExpectZipError(std::vector<std::byte>(good.begin(), good.begin() + 10), StatusCode::kDataLoss,
+                   "too small");
+  }
+  SECTION("no EOCD") {
+    auto z = good;
+    z[eocd] = std::byte{'X'};
+    ExpectZipError(z, StatusCode::kDataLoss, "no end-of-central-directory");
+  }
+  SECTION("truncated tail") {
+    ExpectZipError(std::vector<std::byte>(good.begin(), good.end() - 30), StatusCode::kDataLoss,
+                   "end-of-central-directory");
+  }
+  SECTION("zip64 EOCD signature") {
+    auto z = good;
+    z[z64] = std::byte{'X'};
+    ExpectZipError(z, StatusCode::kDataLoss, "zip64 end-of-central-directory signature");
+  }
+  SECTION("central directory past its end") {
+    auto z = good;
+    z[z64 + 40] = std::byte{0xff};  // cd_size low byte
+    z[z64 + 41] = std::byte{0xff};
+    ExpectZipError(z, StatusCode::kDataLoss, "passes its end record");
+  }
+  SECTION("absurd entry count") {
+    auto z = good;
+    for (int i = 0; i < 8; ++i) z[z64 + 32 + i] = std::byte{0x7f};
+    ExpectZipError(z, StatusCode::kDataLoss, "limits");
+  }
+  SECTION("central header signature") {
+    auto z = good;
+    z[cd] = std::byte{'X'};
+    ExpectZipError(z, StatusCode::kDataLoss, "central directory signature");
+  }
+  SECTION("local header signature") {
+    auto z = good;
+    z[0] = std::byte{'X'};
+    ExpectZipError(z, StatusCode::kDataLoss, "bad local header signature");
+  }
+  SECTION("local header offset beyond the directory") {
+    auto z = good;
+    z[cd + 42 + 3] = std::byte{0x70};
+    ExpectZipError(z, StatusCode::kDataLoss, "local header offset");
+  }
+  SECTION("local header names another entry") {
+    auto z = good;
+    z[30 + 2] = std::byte{'q'};  // 'a/x' -> 'a/q' in the first local header
+    ExpectZipError(z, StatusCode::kDataLoss, "names another entry");
+  }
+  SECTION("data passes the directory") {
+    auto z = good;
+    z[cd + 20 + 2] = std::byte{0x01};  // csize of entry 0 += 65536
+    z[cd + 24 + 2] = std::byte{0x01};
+    ExpectZipError(z, StatusCode::kDataLoss, "passes the central directory");
+  }
+  SECTION("stored sizes disagree") {
+    auto z = good;
+    z[cd + 24] = std::byte{0x04};  // usize 5 -> 4
+    ExpectZipError(z, StatusCode::kDataLoss, "STORED entry 'a/x'");
+  }
+  SECTION("duplicate names") {
+    auto z = good;
+    z[cd + 46 + 3 + 46 + 2] = std::byte{'x'};  // central name 'a/y' -> 'a/x'
+    ExpectZipError(z, StatusCode::kDataLoss, "duplicate entry 'a/x'");
+  }
+  SECTION("overlapping entries") {
+    // Entry 0's data embeds a valid local header for 'a/y'; entry 1 is pointed at it.
+    std::vector<std::byte> fake;
+    Put(fake, 0x04034b50, 4);
+    Put(fake, 0, 22);
+    Put(fake, 3, 2);
+    Put(fake, 0, 2);
+    PutStr(fake, "a/y");
+    PutStr(fake, "world!");
+    auto z = BuildZip({{"a/x", fake}, {"a/y", AsBytes("world!")}});
+    auto d = *ParseZipDirectory(z);
+    const uint64_t inner = d.entries[0].data_offset;
+    const size_t cd1 = d.central_directory_offset + 46 + 3;
+    for (int i = 0; i < 4; ++i) z[cd1 + 42 + i] = static_cast<std::byte>(inner >> (8 * i));
+    ExpectZipError(z, StatusCode::kDataLoss, "'a/x' and 'a/y' overlap");
+  }
+  SECTION("encrypted") {
+    auto z = good;
+    z[cd + 8] = std::byte{0x09};
+    ExpectZipError(z, StatusCode::kUnimplemented, "encrypted");
+  }
+  SECTION("multi-disk") {
+    auto z = good;
+    z[eocd - 20 + 16] = std::byte{3};  // locator: 3 disks
+    ExpectZipError(z, StatusCode::kUnimplemented, "multi-disk");
+  }
+  SECTION("saturated fields without zip64 extra") {
+    ZipOptions o;
+    o.zip64_extra = true;
+    auto z = BuildZip(recs, o);
+    auto d = *ParseZipDirectory(z);
+    z[d.central_directory_offset + 30] = std::byte{0};  // extra_len 28 -> 0
+    ExpectZipError(z, StatusCode::kDataLoss, "no zip64 extra field");
+  }
+}
+
+TEST_CASE("torch.save: a real DCP tensor item", "[torch_save]") {
+  const auto item = FixtureItem("even_2d_f32", "w");
+  auto t = ParseTorchSaveTensor(item);
+  REQUIRE(t.ok());
+  CHECK(t->ref.dtype == DType::kFloat32);
+  CHECK(t->ref.shape == Shape{4, 6});
+  CHECK(t->ref.strides == Shape{6, 1});
+  CHECK(t->ref.storage_offset == 0);
+  CHECK(t->ref.storage_key == "0");
+  CHECK(t->ref.storage_bytes == 96);
+  CHECK(t->ref.IsRowMajorContiguous());
+  CHECK(t->ref.ViewSpanBytes() == 96);
+  CHECK(t->storage_exclusive_max - t->storage_inclusive_min == 96);
+  CHECK(t->storage_inclusive_min % 64 == 0);
+  CHECK(t->first_element_offset == t->storage_inclusive_min);
+}
+
+TEST_CASE("torch.save: a BYTE_IO object item", "[torch_save]") {
+  const auto item = FixtureItem("even_2d_f32", "iteration");
+  auto archive = ReadTorchSaveArchive(item.size(), MemoryZipReader(item));
+  REQUIRE(archive.ok());
+  CHECK(archive->prefix == "archive");
+  auto v = ReadTorchSavePickle(*archive, MemoryZipReader(item));
+  REQUIRE(v.ok());
+  CHECK(v->int_value == 100);
+  // Not a tensor.
+  auto t = ParseTorchSaveTensor(item);
+  CHECK(t.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(t.status().message(), Catch::Contains("does not hold a tensor"));
+}
+
+TEST_CASE("torch.save: views, v3, wrappers", "[torch_save]") {
+  const auto storage = Floats({0, 1, 2, 3, 4, 5});
+  SECTION("transposed") {
+    auto t = ParseTorchSaveTensor(
+        TensorArchive(TensorPickle("FloatStorage", "0", 6, 0, {2, 3}, {1, 2}), storage));
+    REQUIRE(t.ok());
+    CHECK_FALSE(t->ref.IsRowMajorContiguous());
+    CHECK(t->ref.ViewSpanBytes() == 24);
+  }
+  SECTION("storage offset") {
+    auto t = ParseTorchSaveTensor(
+        TensorArchive(TensorPickle("FloatStorage", "0", 6, 2, {3}, {1}), storage));
+    REQUIRE(t.ok());
+    CHECK(t->first_element_offset == t->storage_inclusive_min + 8);
+    CHECK(t->ref.ViewSpanBytes() == 12);
+  }
+  SECTION("size-1 axes do not break contiguity") {
+    auto t = ParseTorchSaveTensor(
+        TensorArchive(TensorPickle("FloatStorage", "0", 6, 0, {1, 6}, {1, 1}), storage));
+    REQUIRE(t.ok());
+    CHECK(t->ref.IsRowMajorContiguous());
+  }
+  SECTION("v3 with UntypedStorage counts bytes") {
+    std::vector<std::byte> fp8(6, std::byte{0x38});
+    auto t = ParseTorchSaveTensor(TensorArchive(
+        TensorPickle("UntypedStorage", "0", 6, 0, {2, 3}, {3, 1}, "float8_e4m3fn"), fp8));
+    REQUIRE(t.ok());
+    CHECK(t->ref.dtype == DType::kFloat8E4M3FN);
+    CHECK(t->ref.storage_bytes == 6);
+  }
+  SECTION("v3 with an unsupported dtype") {
+    std::vector<std::byte> u16(12);
+    auto t = ParseTorchSaveTensor(
+        TensorArchive(TensorPickle("UntypedStorage", "0", 12, 0, {6}, {1}, "uint16"), u16));
+    CHECK(t.status().code() == StatusCode::kUnimplemented);
+    CHECK_THAT(t.status().message(), Catch::Contains("unsupported dtype torch.uint16"));
+  }
+  SECTION("nn.Parameter wrapper") {
+    PickleWriter w;
+    w.Proto(2).Global("torch._utils", "_rebuild_parameter").Mark();
+    auto inner = TensorPickle("FloatStorage", "0", 6, 0, {6}, {1});
+    inner.erase(inner.begin(), inner.begin() + 2);  // drop PROTO
+    inner.pop_back();                                // drop STOP
+    w.Raw(inner).Bool(false).Global("collections", "OrderedDict").EmptyTuple().Reduce();
+    w.Tuple().Reduce().Stop();
+    auto t = ParseTorchSaveTensor(TensorArchive(w.bytes(), storage));
+    REQUIRE(t.ok());
+    CHECK(t->ref.shape == Shape{6});
+  }
+  SECTION("a quantized tensor is unsupported") {
+    PickleWriter w;
+    w.Proto(2).Global("torch._utils", "_rebuild_qtensor").EmptyTuple().Reduce().Stop();
+    auto t = ParseTorchSaveTensor(TensorArchive(w.bytes(), storage));
+    CHECK(t.status().code() == StatusCode::kUnimplemented);
+    CHECK_THAT(t.status().message(), Catch::Contains("_rebuild_qtensor"));
+  }
+}
+
+TEST_CASE("torch.save: validation", "[torch_save]") {
+  const auto storage = Floats({0, 1, 2, 3, 4, 5});
+  struct Case {
+    const char* name;
+    std::vector<std::byte> archive;
+    StatusCode code;
+    const char* substr;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"view beyond storage",
+                   TensorArchive(TensorPickle("FloatStorage", "0", 6, 1, {2, 3}, {3, 1}), storage),
+                   StatusCode::kDataLoss, "needs 28 bytes of storage '0', which has 24"});
+  cases.push_back({"stride overflow",
+                   TensorArchive(TensorPickle("FloatStorage", "0", 6, 0, {2, 3},
+                                              {int64_t{1} << 62, 1}),
+                                 storage),
+                   StatusCode::kDataLoss, "needs"});
+  cases.push_back({"negative stride",
+                   TensorArchive(TensorPickle("FloatStorage", "0", 6, 0, {6}, {-1}), storage),
+                   StatusCode::kDataLoss, "stride has an entry that is not an int >= 0"});
+  cases.push_back({"rank mismatch",
+                   TensorArchive(TensorPickle("FloatStorage", "0", 6, 0, {6}, {1, 1}), storage),
+                   StatusCode::kDataLoss, "differ in rank"});
+  cases.push_back({"record size != numel",
+                   TensorArchive(TensorPickle("FloatStorage", "0", 5, 0, {5}, {1}), storage),
+                   StatusCode::kDataLoss, "has 24 bytes, data.pkl says 20"});
+  cases.push_back({"storage numel overflow",
+                   TensorArchive(TensorPickle("DoubleStorage", "0", int64_t{1} << 62, 0, {1}, {1}),
+                                 storage),
+                   StatusCode::kDataLoss, "overflows"});
+  cases.push_back({"missing record",
+                   TensorArchive(TensorPickle("FloatStorage", "7", 6, 0, {6}, {1}), storage),
+                   StatusCode::kDataLoss, "'archive/data/7' is missing"});
+  cases.push_back({"unknown storage class",
+                   TensorArchive(TensorPickle("FlaatStorage", "0", 6, 0, {6}, {1}), storage),
+                   StatusCode::kUnimplemented, "unknown storage class torch.FlaatStorage"});
+  cases.push_back({"complex storage",
+                   TensorArchive(TensorPickle("ComplexFloatStorage", "0", 3, 0, {3}, {1}), storage),
+                   StatusCode::kUnimplemented, "unsupported storage class"});
+  cases.push_back({"untyped storage with v2",
+                   TensorArchive(TensorPickle("UntypedStorage", "0", 24, 0, {6}, {1}), storage),
+                   StatusCode::kDataLoss, "carries no dtype"});
+  cases.push_back({"no data.pkl",
+                   BuildZip({{"archive/data/0", storage}}), StatusCode::kDataLoss,
+                   "no 'archive/data.pkl'"});
+  cases.push_back({"no prefix", BuildZip({{"data.pkl", storage}}), StatusCode::kDataLoss,
+                   "no '<archive>/' prefix"});
+  cases.push_back({"compressed data.pkl",
+                   BuildZip({{"archive/data.pkl", storage, 8}}), StatusCode::kUnimplemented,
+                   "compressed"});
+  cases.push_back({"corrupt data.pkl",
+                   TensorArchive(testing::Hex("80 02 ff"), storage), StatusCode::kDataLoss,
+                   "archive/data.pkl: pickle: opcode 0xff at byte 2"});
+  for (const Case& c : cases) {
+    INFO(c.name);
+    auto t = ParseTorchSaveTensor(c.archive);
+    REQUIRE(!t.ok());
+    CHECK(t.status().code() == c.code);
+    CHECK_THAT(t.status().message(), Catch::Contains(c.substr));
+  }
+}
+
+TEST_CASE("torch.save: dtype names", "[torch_save]") {
+  CHECK(*TorchDTypeFromName("bfloat16") == DType::kBFloat16);
+  CHECK(*TorchDTypeFromName("float8_e5m2") == DType::kFloat8E5M2);
+  CHECK(*TorchDTypeFromName("bool") == DType::kBool);
+  CHECK(TorchDTypeFromName("complex64").status().code() == StatusCode::kUnimplemented);
+  auto unknown = TorchDTypeFromName("float128");
+  CHECK(unknown.status().code() == StatusCode::kUnimplemented);
+  CHECK_THAT(unknown.status().message(), Catch::Contains("unknown dtype torch.float128"));
+}
+
+}  // namespace
+}  // namespace fc
