@@ -191,12 +191,12 @@ struct AoaEngine::Impl {
     v.producer_node = node;
     const int id = static_cast<int>(vars.size());
     vars.push_back(std::move(v));
-    BindName(name, id, node);
+    BindName(name, id);
     return id;
   }
 
-  void BindName(const std::string& name, int id, int node) {
-    (void)node;
+  // Makes `name` refer to variable `id` (shadowing a source tensor of that name).
+  void BindName(const std::string& name, int id) {
     inters[name] = id;
     removed.erase(name);
     added.erase(name);
@@ -210,8 +210,10 @@ struct AoaEngine::Impl {
     Statement r;
     r.lhs = st.rhs;
     r.rhs = st.lhs;
+    const bool add_or_remove = std::find(st.lhs.begin(), st.lhs.end(), "_") != st.lhs.end() ||
+                               std::find(st.rhs.begin(), st.rhs.end(), "_") != st.rhs.end();
     for (const Attribute& a : st.attrs) {
-      if (a.name == "dtype") {
+      if (a.name == "dtype" && !add_or_remove) {
         return Err(node, "dtype= cannot be reversed; use src_dtype= and dst_dtype= in reverse mode");
       }
       if (a.name == "permute") {
@@ -535,7 +537,7 @@ struct AoaEngine::Impl {
                                std::to_string(axis));
         }
       }
-      BindName(to, in_id, node);
+      BindName(to, in_id);
       return Status::Ok();
     }
     if (names == std::set<std::string>{"permute"}) return Transpose(st, node, in_id);
@@ -773,7 +775,7 @@ struct AoaEngine::Impl {
     }
     // Produced but never written: almost always a forgotten `name -> _` or a typo.
     for (const auto& [name, id] : inters) {
-      if (vars[id].out_degree == 0 && !outputs.count(name)) {
+      if (vars[id].out_degree == 0 && vars[id].producer_node >= 0 && !outputs.count(name)) {
         warnings.push_back(Quote(name) + " is produced by " +
                            prov().Location(vars[id].producer_node) +
                            " but is not a destination tensor and is never used");

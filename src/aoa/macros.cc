@@ -106,6 +106,15 @@ std::vector<Segment> CompilePattern(std::string_view name,
         break;
       }
     }
+    if (!matched && name[pos] == '*') {
+      // A '*' wildcard (expanded by a later pass) matches any number, uncaptured, so
+      // `layers.$LAYER_ID.experts.*.w` finds its layers.
+      if (!lit.empty()) segs.push_back({false, std::move(lit)});
+      lit.clear();
+      segs.push_back({true, "*"});
+      ++pos;
+      matched = true;
+    }
     if (!matched) lit.push_back(name[pos++]);
   }
   if (!lit.empty()) segs.push_back({false, std::move(lit)});
@@ -124,6 +133,12 @@ bool MatchPattern(const std::vector<Segment>& segs, size_t s, std::string_view k
   }
   size_t run = 0;
   while (p + run < key.size() && key[p + run] >= '0' && key[p + run] <= '9') ++run;
+  if (seg.text == "*") {
+    for (size_t len = 1; len <= run; ++len) {
+      if (MatchPattern(segs, s + 1, key, p + len, caps)) return true;
+    }
+    return false;
+  }
   for (size_t len = 1; len <= run && len <= 18; ++len) {
     int64_t v = 0;
     std::from_chars(key.data() + p, key.data() + p + len, v);
@@ -144,7 +159,7 @@ bool MatchPattern(const std::vector<Segment>& segs, size_t s, std::string_view k
 template <typename Fn>
 void ForEachWithPrefix(const std::vector<std::string>& keys, std::string_view prefix, Fn fn) {
   auto it = std::lower_bound(keys.begin(), keys.end(), prefix,
-                             [](const std::string& a, std::string_view b) { return a < b; });
+                             [](const std::string& a, std::string_view b) { return std::string_view(a) < b; });
   for (; it != keys.end() && std::string_view(*it).substr(0, prefix.size()) == prefix; ++it) {
     fn(*it);
   }
@@ -158,6 +173,10 @@ struct Ctx {
   const TensorDirectory* source = nullptr;
   bool reverse = false;
   Provenance* prov = nullptr;
+  // Names defined by the statements the id pass has already expanded, in execution order
+  // (right-hand names; left-hand names in reverse mode): the fallback for $LAYER_ID on a
+  // temporary name.
+  std::set<std::string, std::less<>> defined;
   // Dataflow edges between names (^T stripped), for shard-count lookups.
   std::unordered_map<std::string, std::vector<std::string>> left_to_right;
   std::unordered_map<std::string, std::vector<std::string>> right_from_left;
@@ -301,7 +320,20 @@ Result<Produced> IdMacro(Ctx& ctx, const Expr& e) {
     combos.insert(std::move(combo));
   });
   if (combos.empty()) {
-    return InvalidArgumentError("no source tensor matches '" + std::string(ref_name) + "'");
+    // A temporary made per layer by an earlier statement (`w.$LAYER_ID -> t.$LAYER_ID`,
+    // then `t.$LAYER_ID -> ...`): take the ids from the names defined so far.
+    for (auto it = ctx.defined.lower_bound(prefix);
+         it != ctx.defined.end() && std::string_view(*it).substr(0, prefix.size()) == prefix; ++it) {
+      std::map<std::string, int64_t> caps;
+      if (!MatchPattern(segs, 0, *it, 0, caps)) continue;
+      std::vector<int64_t> combo;
+      for (std::string_view tag : tags) combo.push_back(caps.at(std::string(tag)));
+      combos.insert(std::move(combo));
+    }
+  }
+  if (combos.empty()) {
+    return InvalidArgumentError("no source tensor (nor name defined by an earlier statement) "
+                                "matches '" + std::string(ref_name) + "'");
   }
   std::vector<std::vector<Token>> out;
   out.reserve(combos.size());
@@ -461,7 +493,10 @@ Result<Produced> TransposeMacro(Ctx& ctx, const Expr& e) {
   std::vector<std::vector<Token>> out;
   for (const std::string& base : bases) {
     const std::string tmp = base + "_transpose_tmp";
-    ctx.AddEdge(base, tmp);
+    // Only the backward link: `X -> Y` (^T stripped) was already recorded forward, and a
+    // second forward link from X would make X look like a split.
+    auto& back = ctx.right_from_left[tmp];
+    if (std::find(back.begin(), back.end(), base) == back.end()) back.push_back(base);
     out.push_back({IdentToken(base), PunctToken(TokenKind::kArrow), IdentToken(tmp),
                    PunctToken(TokenKind::kComma), IdentToken("permute"),
                    PunctToken(TokenKind::kEqual), StringToken("[]", '"')});
@@ -747,8 +782,17 @@ Result<Produced> FusedQkvOldMacro(Ctx& ctx, const Layout& l, const std::vector<T
     FC_ASSIGN_OR_RETURN(std::vector<std::string> one, QkvOldLayout(h, kv, 1, "input"));
     FC_ASSIGN_OR_RETURN(std::vector<std::string> dst_list,
                         QkvOldLayout(h, kv, dst_t, "tensor '" + d + "'"));
-    out.push_back(MakeStatement({q, k, v}, {tmp}, axis));
-    out.push_back(MakeStatement({tmp}, one, axis));
+    if (!ctx.reverse) {
+      out.push_back(MakeStatement({q, k, v}, {tmp}, axis));
+      out.push_back(MakeStatement({tmp}, one, axis));
+    } else {
+      // Run backwards, the reference's `q, k, v -> tmp` would become an equal three-way
+      // split, which is wrong for GQA (q is wider than k and v). Splitting each input into
+      // heads is the same forward and stays exact backwards.
+      out.push_back(MakeStatement({q}, Names(p + "Q_", 0, h), axis));
+      out.push_back(MakeStatement({k}, Names(p + "K_", 0, kv), axis));
+      out.push_back(MakeStatement({v}, Names(p + "V_", 0, kv), axis));
+    }
     out.push_back(MakeStatement(dst_list, {d}, axis));
   } else {
     return InvalidArgumentError(
@@ -850,6 +894,42 @@ Status RunPass(Ctx& ctx, std::string_view macro, std::vector<Expr>& exprs, Fn fn
   return Status::Ok();
 }
 
+// The id pass visits statements in execution order (reversed in reverse mode) so that each
+// one can see the names the statements running before it define.
+Status RunIdPass(Ctx& ctx, std::vector<Expr>& exprs) {
+  const size_t n = exprs.size();
+  std::vector<std::vector<Expr>> results(n);
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = ctx.reverse ? n - 1 - k : k;
+    Expr& e = exprs[i];
+    Result<Produced> r = IdMacro(ctx, e);
+    if (!r.ok()) return ctx.prov->Wrap(e.node, r.status());
+    if (!r->has_value()) {
+      results[i].push_back(std::move(e));
+    } else {
+      for (std::vector<Token>& t : **r) {
+        const int node = ctx.prov->AddChild(e.node, "$LAYER_ID/$EXPERT_ID", RenderTokens(t));
+        results[i].push_back(Expr{std::move(t), node});
+      }
+    }
+    for (const Expr& out : results[i]) {
+      Result<Layout> l = Analyze(out.tokens);
+      if (!l.ok()) continue;  // reported by a later pass
+      for (size_t idx : (ctx.reverse ? l->lhs : l->rhs)) {
+        bool had = false;
+        ctx.defined.emplace(StripTranspose(out.tokens[idx].text, &had));
+      }
+    }
+  }
+  std::vector<Expr> next;
+  next.reserve(n);
+  for (auto& group : results) {
+    for (Expr& e : group) next.push_back(std::move(e));
+  }
+  exprs = std::move(next);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<MacroExpansion> ExpandMacros(const AoaProgram& program, const TensorDirectory& source,
@@ -879,7 +959,7 @@ Result<MacroExpansion> ExpandMacros(const AoaProgram& program, const TensorDirec
   }
 
   FC_RETURN_IF_ERROR(RunPass(ctx, "$LAYER_ID_OFFSET", exprs, OffsetMacro));
-  FC_RETURN_IF_ERROR(RunPass(ctx, "$LAYER_ID/$EXPERT_ID", exprs, IdMacro));
+  FC_RETURN_IF_ERROR(RunIdPass(ctx, exprs));
   FC_RETURN_IF_ERROR(RunPass(ctx, "name[a:b]", exprs, ArrayMacro));
   FC_RETURN_IF_ERROR(RunPass(ctx, "*", exprs, StarMacro));
   for (const Expr& e : exprs) {

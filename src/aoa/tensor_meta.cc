@@ -36,7 +36,10 @@ const TensorMeta* TensorDirectory::Find(std::string_view key) const {
 }
 
 bool TensorDirectory::HasModelKey(std::string_view model_key) const {
-  return std::binary_search(model_keys_.begin(), model_keys_.end(), model_key);
+  auto it = std::lower_bound(
+      model_keys_.begin(), model_keys_.end(), model_key,
+      [](const std::string& a, std::string_view b) { return std::string_view(a) < b; });
+  return it != model_keys_.end() && *it == model_key;
 }
 
 const TensorMeta* TensorDirectory::FindModel(std::string_view model_key) const {

@@ -254,7 +254,13 @@ void CopyRegion(const void* src, const Box& src_box, std::span<const int64_t> sr
   }
   // General case: odometer over the outer n-1 axes.
   const size_t outer_n = n - 1;
-  std::vector<int64_t> idx(outer_n, 0);
+  int64_t idx_buf[64] = {};
+  std::vector<int64_t> idx_heap;
+  int64_t* idx = idx_buf;
+  if (outer_n > 64) {
+    idx_heap.assign(outer_n, 0);
+    idx = idx_heap.data();
+  }
   const uint8_t* sp = s;
   uint8_t* dp = d;
   while (true) {

@@ -95,9 +95,9 @@ struct Alias {
   DType dtype;
 };
 
-// Torch spellings (canonical and aliases) and unambiguous numpy type strings.
-// "<u2" and "|u1" are deliberately absent from the numpy part: they also carry
-// bfloat16 / float8 bit patterns, so they do not name one dtype.
+// Torch spellings (canonical and aliases) and numpy type strings. "|u1" parses as uint8
+// (numpy's meaning); "<u2" (uint16, which fc does not have, and the carrier of bfloat16 bit
+// patterns) is rejected.
 constexpr Alias kTorchAndNumpyNames[] = {
     {"bool", DType::kBool},
     {"uint8", DType::kUInt8},
@@ -118,6 +118,7 @@ constexpr Alias kTorchAndNumpyNames[] = {
     {"float8_e4m3fn", DType::kFloat8E4M3FN},
     {"float8_e5m2", DType::kFloat8E5M2},
     {"|b1", DType::kBool},
+    {"|u1", DType::kUInt8},
     {"|i1", DType::kInt8},
     {"<i2", DType::kInt16},
     {"<i4", DType::kInt32},

@@ -60,6 +60,11 @@ void Decompose(std::span<const int64_t> shape, size_t axis, int64_t a, int64_t b
 std::vector<Box> DecomposeFlatRange(std::span<const int64_t> shape, FlatRange range) {
   std::vector<Box> out;
   if (range.exclusive_max <= range.inclusive_min) return out;
+#ifndef NDEBUG
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  assert(range.inclusive_min >= 0 && range.exclusive_max <= numel);
+#endif
   if (shape.empty()) {
     out.push_back(Box{});
     return out;

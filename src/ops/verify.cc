@@ -1,19 +1,17 @@
 #include "fc/ops/verify.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 
 #include "fc/core/box_cover.h"
 #include "fc/core/checked_math.h"
 #include "fc/core/flat_range.h"
 #include "fc/format/chunk_reader.h"
+#include "fc/format/fc_distcp.h"
 #include "fc/ops/report_format.h"
 
 namespace fc {
 namespace {
 
-constexpr uint64_t kHashSlabBytes = 64ull << 20;
 
 std::string ChunkName(const Chunk& chunk) {
   std::string s = "chunk " + chunk.box.ToString();
@@ -124,34 +122,19 @@ void CheckByteRange(const CheckpointIndex& index, const std::string& key, const 
   }
 }
 
-// Hashes [offset, offset + length) of the file in bounded slabs.
-Result<uint64_t> HashRange(ChunkReader& reader, uint32_t file, uint64_t offset, uint64_t length,
-                           VerifyReport& report) {
-  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(file));
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  std::vector<std::byte> buffer(std::min(length, kHashSlabBytes));
-  Status status;
-  for (uint64_t done = 0; done < length && status.ok();) {
-    const uint64_t n = std::min<uint64_t>(buffer.size(), length - done);
-    status = f->ReadAt(offset + done, std::span<std::byte>(buffer.data(), n));
-    if (status.ok()) XXH3_64bits_update(state, buffer.data(), n);
-    done += n;
-  }
-  const uint64_t digest = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  FC_RETURN_IF_ERROR(status);
-  report.bytes_hashed += length;
-  ++report.checksums_checked;
-  return digest;
-}
-
 std::string Hex(uint64_t v) { return HexU64(v); }
 void CheckChecksum(ChunkReader& reader, const CheckpointIndex& index, const std::string& key,
                    const std::string& what, uint32_t file, uint64_t offset, uint64_t length,
                    uint64_t expected, VerifyReport& report) {
   const std::string& path = file < index.files.size() ? index.files[file].path : "";
-  Result<uint64_t> got = HashRange(reader, file, offset, length, report);
+  Result<uint64_t> got = [&]() -> Result<uint64_t> {
+    FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(file));
+    return Xxh3OfFileRange(*f, offset, length);
+  }();
+  if (got.ok()) {
+    report.bytes_hashed += length;
+    ++report.checksums_checked;
+  }
   if (!got.ok()) {
     report.problems.push_back({path, key, what + ": " + got.status().message()});
   } else if (*got != expected) {

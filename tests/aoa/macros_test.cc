@@ -348,3 +348,26 @@ TEST_CASE("A14 parser attributes", "[aoa][parser]") {
 
 }  // namespace
 }  // namespace fc::aoa
+
+namespace fc::aoa {
+namespace {
+
+TEST_CASE("$LAYER_ID on a per-layer temporary takes the ids of earlier statements", "[aoa][macros]") {
+  auto src = Keys({"layers.0.w", "layers.1.w", "layers.0.b"});
+  auto r = testing::ExpandTexts({"layers.$LAYER_ID.w -> tmp.$LAYER_ID, dtype='float16'",
+                                 "tmp.$LAYER_ID -> out.$LAYER_ID"},
+                                src);
+  REQUIRE(r.ok());
+  CHECK(*r == std::vector<std::string>{"layers.0.w->tmp.0,dtype='float16'",
+                                       "layers.1.w->tmp.1,dtype='float16'", "tmp.0->out.0",
+                                       "tmp.1->out.1"});
+  // In reverse mode the statements run backwards: the ids of `out.$LAYER_ID` come from the
+  // checkpoint read, those of `tmp.$LAYER_ID` from the statement that runs before it.
+  auto rev = testing::ExpandTexts({"w.$LAYER_ID -> tmp.$LAYER_ID", "tmp.$LAYER_ID -> out.$LAYER_ID"},
+                                  Keys({"out.0", "out.3"}), std::nullopt, /*reverse=*/true);
+  REQUIRE(rev.ok());
+  CHECK(*rev == std::vector<std::string>{"w.0->tmp.0", "w.3->tmp.3", "tmp.0->out.0", "tmp.3->out.3"});
+}
+
+}  // namespace
+}  // namespace fc::aoa

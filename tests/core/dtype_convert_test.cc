@@ -585,14 +585,14 @@ TEST_CASE("integer <-> integer and bool conversions", "[core][convert]") {
   const uint8_t want_u8[] = {0, 1, 255, 255, 0, 127, 112};
   const uint8_t want_b[] = {0, 1, 1, 1, 1, 1, 1};
   for (int i = 0; i < 7; ++i) {
-    const auto ctx = [&] { std::ostringstream os; os << i; return os.str(); };
+    INFO(i);
     CHECK(i8[i] == want_i8[i]);
     CHECK(u8[i] == want_u8[i]);
     CHECK(b[i] == want_b[i]);
   }
   const uint8_t raw_bool[] = {0, 1, 2, 255};
   float f[4];
-  REQ(ConvertElements(raw_bool, DType::kBool, f, DType::kFloat32, 4).ok());
+  REQUIRE(ConvertElements(raw_bool, DType::kBool, f, DType::kFloat32, 4).ok());
   CHECK(f[0] == 0.0f);
   CHECK(f[1] == 1.0f);
   CHECK(f[2] == 1.0f);
@@ -664,7 +664,7 @@ TEST_CASE("float32 <-> float64 bulk paths", "[core][convert]") {
   }
   const double d[] = {1.0 + std::ldexp(1.0, -24), 1.0 + std::ldexp(3.0, -24), 1e300};
   float f[3];
-  REQ(ConvertElements(d, DType::kFloat64, f, DType::kFloat32, 3).ok());
+  REQUIRE(ConvertElements(d, DType::kFloat64, f, DType::kFloat32, 3).ok());
   CHECK(f[0] == 1.0f);
   CHECK(f[1] == 1.0f + std::ldexp(1.0f, -22));
   CHECK(std::isinf(f[2]));

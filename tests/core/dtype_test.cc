@@ -58,7 +58,7 @@ TEST_CASE("ParseDType round-trips every spelling", "[core][dtype]") {
     CHECK(*s == d);
   }
   // numpy spellings that name exactly one dtype.
-  for (DType d : {DType::kBool, DType::kInt8, DType::kInt16, DType::kInt32, DType::kInt64,
+  for (DType d : {DType::kBool, DType::kUInt8, DType::kInt8, DType::kInt16, DType::kInt32, DType::kInt64,
                   DType::kFloat16, DType::kFloat32, DType::kFloat64}) {
     INFO(DTypeNumpyName(d));
     auto r = ParseDType(DTypeNumpyName(d));
@@ -86,7 +86,7 @@ TEST_CASE("ParseDType aliases", "[core][dtype]") {
 
 TEST_CASE("ParseDType rejects unknown names", "[core][dtype]") {
   for (const char* bad : {"", "floaty", "torch.", "Float32", "complex64", "torch.BF16",
-                          "uint16", "f32"}) {
+                          "uint16", "f32", "<u2"}) {
     INFO(bad);
     auto r = ParseDType(bad);
     REQUIRE_FALSE(r.ok());

@@ -258,6 +258,9 @@ TEST_CASE("rank 0 and Ravel/Unravel", "[core][flat_range]") {
   REQUIRE(fr);
   CHECK(*fr == FlatRange{0, 1});
   CHECK(Ravel(Shape{}, Shape{}) == 0);
+  const auto empty = FlatRangeOfBox(Shape{4, 6}, Box{{2, 3}, {0, 2}});
+  REQUIRE(empty);
+  CHECK(*empty == FlatRange{0, 0});
   CHECK(Unravel(0, Shape{}).empty());
   CHECK(FlatRange{2, 5}.ToString() == "[2, 5)");
   CHECK(FlatRange{2, 5}.size() == 3);

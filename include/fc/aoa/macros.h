@@ -8,7 +8,9 @@
 //      id L found in the source keys, the left side gets L and the right side L-1.
 //   2. $LAYER_ID, $EXPERT_ID   expanded from the source keys matching the first name that
 //      holds a placeholder (right-hand side in reverse mode). One statement per combination
-//      of ids that occurs in the keys, sorted by (EXPERT_ID, LAYER_ID).
+//      of ids that occurs in the keys, sorted by (EXPERT_ID, LAYER_ID). When no source key
+//      matches, the names defined by the statements that run before it are used instead
+//      (so `w.$LAYER_ID -> t.$LAYER_ID` can be followed by `t.$LAYER_ID -> ...`).
 //   3. name[a:b]          `w[0:3]` becomes `w_0, w_1, w_2`.
 //   4. *                  `layers.*.w` becomes every matching key, sorted by the number; names
 //                         left of '->' match the left-side keys, names right of it the
@@ -31,7 +33,9 @@
 //     counts, and that the stored shards are an even split of one axis;
 //   - a shard count that cannot be traced to a stored tensor is an error (the reference
 //     warns and assumes 1), except on a side without tensors (export: destination degree 1);
-//   - `X^T -> Y, fused_ffn` traces X_transpose_tmp back to X (the reference loses it).
+//   - `X^T -> Y, fused_ffn` traces X_transpose_tmp back to X (the reference loses it);
+//   - in reverse mode `q, k, v -> D, fused_qkv_old` splits q, k and v into heads instead of
+//     concatenating them first (whose reverse would be a wrong equal three-way split).
 //
 // Thread-safety: pure function.
 #ifndef FC_AOA_MACROS_H_

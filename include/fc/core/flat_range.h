@@ -37,7 +37,8 @@ struct FlatRange {
 std::vector<Box> DecomposeFlatRange(std::span<const int64_t> shape, FlatRange range);
 
 // The flat range covered by `box` (relative to the block origin) when the box is contiguous
-// in the row-major flattening of `shape`; nullopt otherwise.
+// in the row-major flattening of `shape`; nullopt otherwise (also when the box does not fit
+// in `shape`). An empty box gives the empty range [0, 0).
 std::optional<FlatRange> FlatRangeOfBox(std::span<const int64_t> shape, const Box& box);
 
 // The smallest box containing every element of `range` (Paddle's minimal_nd_slice, with the

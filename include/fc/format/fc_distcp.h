@@ -13,8 +13,8 @@
 //
 //    Nothing else belongs in the directory; readers ignore other entries.
 //    A directory is complete exactly when fc.metadata.json exists: writers build the
-//    checkpoint in a sibling staging directory "<ckpt>.fc-tmp-XXXXXX" (XXXXXX from
-//    mkdtemp(3)), write and fsync every data file, write and fsync fc.metadata.json, fsync
+//    checkpoint in a sibling staging directory "<ckpt>.fc-tmp-XXXXXX" (XXXXXX: six random
+//    [A-Za-z0-9], created with mkdir(2) mode 0777 & ~umask), write and fsync every data file, write and fsync fc.metadata.json, fsync
 //    the staging directory, and only then rename(2) it to <ckpt> and fsync <ckpt>'s parent.
 //    A crash leaves at most a "*.fc-tmp-*" directory, never a <ckpt> that looks complete.
 //
@@ -29,10 +29,11 @@
 //      "attributes": {"<str>": "<str>", ...}                       optional; free-form
 //                    facts (e.g. "source_format": "torch-dcp"); go to
 //                    CheckpointIndex::attributes
-//      "files":      [{"name": "0_0.distcp", "size": <bytes>}, ...]
+//      "files":      [{"name": "0_0.distcp", "size": <bytes>}, ...]   required
 //                    every data file once; size is the exact file size
-//      "tensors":    [<tensor>, ...]    keys unique, in the order tools list them
-//      "objects":    [<object>, ...]    keys unique (a tensor and an object may share one)
+//      "tensors":    [<tensor>, ...]    required; keys unique, in the order tools list them
+//      "objects":    [<object>, ...]    required (may be []); keys unique (a tensor and an
+//                                       object may share one)
 //
 //    <tensor> = {"key": "<str>",
 //                "dtype": "<name>",          canonical name of fc/core/dtype.h:
@@ -238,6 +239,9 @@ struct FcDistcpFileSpec {
   std::vector<FcDistcpObjectSpec> objects;
 };
 
+// The whole checkpoint. The writer lists a tensor's chunks in the metadata in file order,
+// then in their order within the file; that position is the chunk's "<key>@<i>" index.
+// Objects are listed the same way.
 struct FcDistcpPlan {
   std::vector<FcDistcpTensorSpec> tensors;  // metadata order; every chunk's key is here
   std::vector<FcDistcpFileSpec> files;

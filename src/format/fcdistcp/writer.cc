@@ -5,9 +5,12 @@
 // and is complete only as a whole, so the whole directory appears with one rename(2) after
 // everything inside it, metadata last, is on disk. A crash at any point leaves only a
 // "<out>.fc-tmp-XXXXXX" sibling.
+#include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <cerrno>
+#include <random>
 #include <cstdlib>
 #include <mutex>
 
@@ -66,11 +69,21 @@ FcDistcpWriter::FcDistcpWriter() = default;
 Result<std::string> CreateFcDistcpStagingDir(const std::string& out_dir) {
   const std::string out = StripTrailingSlashes(out_dir);
   FC_RETURN_IF_ERROR(CheckOutputFree(out));
-  std::string tmpl = out + ".fc-tmp-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    return ErrnoError("creating a staging directory next to " + out, errno);
+  // Not mkdtemp(3): it creates mode 0700, and the renamed checkpoint would keep that. mkdir
+  // with 0777 honours the umask like any other directory the user creates.
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::random_device device;
+  std::mt19937_64 rng((static_cast<uint64_t>(device()) << 32) ^ device() ^
+                      static_cast<uint64_t>(::getpid()));
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string path = out + ".fc-tmp-";
+    for (int i = 0; i < 6; ++i) path.push_back(kChars[rng() % (sizeof(kChars) - 1)]);
+    if (::mkdir(path.c_str(), 0777) == 0) return path;
+    if (errno != EEXIST) {
+      return ErrnoError("creating staging directory " + path, errno);
+    }
   }
-  return tmpl;
+  return IoError("creating a staging directory next to " + out + ": all names taken");
 }
 
 void AbortFcDistcpStaging(const std::string& staging_dir) { (void)RemoveAll(staging_dir); }

@@ -7,6 +7,7 @@
 // 2.x `checkpoint`, TensorProperties moving ~2.3) and Megatron/resiliency writers reuse the
 // same classes; only the root Metadata class decides the generation.
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
@@ -23,9 +24,28 @@ constexpr std::string_view kModule2 = "torch.distributed.checkpoint.metadata";
 
 using Fields = std::vector<std::pair<std::string_view, PickleValue::Ptr>>;
 
+// The memo lets a crafted file reuse one big value in many places (a 100k-entry dict as the
+// state of 100k objects), so walking the tree can cost far more than the file's size. Every
+// walk is charged here; an honest file costs about one unit per pickled value.
+class Work {
+ public:
+  explicit Work(uint64_t input_bytes) : left_(4 * input_bytes + 4096) {}
+  Status Charge(uint64_t units) {
+    if (units > left_) {
+      return DataLossError("the .metadata shares values so heavily that reading it would "
+                           "cost more than its size allows");
+    }
+    left_ -= units;
+    return Status::Ok();
+  }
+
+ private:
+  uint64_t left_;
+};
+
 // The attributes an object was BUILt with: a dict state, or the (dict | None, slots dict)
 // pair Python uses for classes with __slots__. Objects without BUILD have no fields.
-Result<Fields> ObjectFields(const PickleValue& obj, std::string_view what) {
+Result<Fields> ObjectFields(Work& work, const PickleValue& obj, std::string_view what) {
   Fields out;
   if (obj.kind != Kind::kObject && obj.kind != Kind::kCall) {
     return DataLossError(std::string(what) + " is not an object: " + obj.DebugString());
@@ -46,21 +66,21 @@ Result<Fields> ObjectFields(const PickleValue& obj, std::string_view what) {
   } else {
     return DataLossError(std::string(what) + " has an unexpected state: " + obj.DebugString());
   }
+  std::unordered_map<std::string_view, size_t> position;
   for (const PickleValue* d : dicts) {
+    FC_RETURN_IF_ERROR(work.Charge(d->entries.size()));
     for (const auto& [k, v] : d->entries) {
       if (k->kind != Kind::kStr) {
         return DataLossError(std::string(what) + " has a non-string attribute name: " +
                              k->DebugString());
       }
       // Later entries win (a second BUILD, or a repeated key).
-      bool replaced = false;
-      for (auto& f : out) {
-        if (f.first == k->str) {
-          f.second = v;
-          replaced = true;
-        }
+      auto [it, inserted] = position.emplace(k->str, out.size());
+      if (inserted) {
+        out.emplace_back(k->str, v);
+      } else {
+        out[it->second].second = v;
       }
-      if (!replaced) out.emplace_back(k->str, v);
     }
   }
   return out;
@@ -101,7 +121,7 @@ Result<uint64_t> NonNegativeInt(const PickleValue* v, std::string_view what) {
 }
 
 // torch.Size((d0, d1, ...)) (or a plain tuple/list) -> Shape with entries >= 0.
-Result<Shape> SizeValue(const PickleValue* v, std::string_view what) {
+Result<Shape> SizeValue(Work& work, const PickleValue* v, std::string_view what) {
   if (v == nullptr) return DataLossError(std::string(what) + " is missing");
   const PickleValue* t = v;
   if (v->kind == Kind::kCall) {
@@ -114,6 +134,7 @@ Result<Shape> SizeValue(const PickleValue* v, std::string_view what) {
   if (t->kind != Kind::kTuple && t->kind != Kind::kList) {
     return DataLossError(std::string(what) + " is not a torch.Size: " + v->DebugString());
   }
+  FC_RETURN_IF_ERROR(work.Charge(t->items.size()));
   Shape out;
   out.reserve(t->items.size());
   for (const auto& d : t->items) {
@@ -163,7 +184,7 @@ std::optional<std::string> PathValue(const PickleValue* v) {
   return out;
 }
 
-Status ParseTensorProperties(const PickleValue* v, DcpItemMetadata* item) {
+Status ParseTensorProperties(Work& work, const PickleValue* v, DcpItemMetadata* item) {
   if (v == nullptr) return DataLossError("properties are missing");
   if (v->kind != Kind::kObject || ClassName(*v) != "TensorProperties") {
     return DataLossError("properties are not a TensorProperties: " + v->DebugString());
@@ -179,7 +200,7 @@ Status ParseTensorProperties(const PickleValue* v, DcpItemMetadata* item) {
     if (s.size() > 2) requires_grad = s[2].get();
     if (s.size() > 3) memory_format = s[3].get();
   } else {
-    FC_ASSIGN_OR_RETURN(Fields f, ObjectFields(*v, "TensorProperties"));
+    FC_ASSIGN_OR_RETURN(Fields f, ObjectFields(work, *v, "TensorProperties"));
     dtype = Field(f, "dtype");
     layout = Field(f, "layout");
     requires_grad = Field(f, "requires_grad");
@@ -201,7 +222,7 @@ Status ParseTensorProperties(const PickleValue* v, DcpItemMetadata* item) {
   return Status::Ok();
 }
 
-Status ParseItem(const std::string& fqn, const PickleValue& v, uint64_t* chunk_budget,
+Status ParseItem(Work& work, const std::string& fqn, const PickleValue& v,
                  DcpItemMetadata* item) {
   item->fqn = fqn;
   const std::string_view cls = ClassName(v);
@@ -211,20 +232,15 @@ Status ParseItem(const std::string& fqn, const PickleValue& v, uint64_t* chunk_b
   }
   if (cls == "BytesStorageMetadata") return Status::Ok();
   item->is_tensor = true;
-  FC_ASSIGN_OR_RETURN(Fields f, ObjectFields(v, "TensorStorageMetadata"));
-  FC_RETURN_IF_ERROR(ParseTensorProperties(Field(f, "properties"), item));
-  FC_ASSIGN_OR_RETURN(item->size, SizeValue(Field(f, "size"), "size"));
+  FC_ASSIGN_OR_RETURN(Fields f, ObjectFields(work, v, "TensorStorageMetadata"));
+  FC_RETURN_IF_ERROR(ParseTensorProperties(work, Field(f, "properties"), item));
+  FC_ASSIGN_OR_RETURN(item->size, SizeValue(work, Field(f, "size"), "size"));
   const PickleValue* chunks = Field(f, "chunks");
   if (chunks == nullptr || chunks->kind != Kind::kList) {
     return DataLossError("chunks is not a list: " +
                          (chunks ? chunks->DebugString() : std::string("missing")));
   }
-  // A crafted file can share one chunk list between many tensors through the memo; the
-  // budget keeps the work linear in the input size.
-  if (chunks->items.size() > *chunk_budget) {
-    return DataLossError("more chunks than the .metadata size can describe");
-  }
-  *chunk_budget -= chunks->items.size();
+  FC_RETURN_IF_ERROR(work.Charge(chunks->items.size()));
   item->chunks.reserve(chunks->items.size());
   for (size_t i = 0; i < chunks->items.size(); ++i) {
     const PickleValue& c = *chunks->items[i];
@@ -232,24 +248,25 @@ Status ParseItem(const std::string& fqn, const PickleValue& v, uint64_t* chunk_b
     if (c.kind != Kind::kObject || ClassName(c) != "ChunkStorageMetadata") {
       return DataLossError(what + " is not a ChunkStorageMetadata: " + c.DebugString());
     }
-    FC_ASSIGN_OR_RETURN(Fields cf, ObjectFields(c, what));
+    FC_ASSIGN_OR_RETURN(Fields cf, ObjectFields(work, c, what));
     DcpChunkMetadata chunk;
-    FC_ASSIGN_OR_RETURN(chunk.offsets, SizeValue(Field(cf, "offsets"), what + " offsets"));
-    FC_ASSIGN_OR_RETURN(chunk.sizes, SizeValue(Field(cf, "sizes"), what + " sizes"));
+    FC_ASSIGN_OR_RETURN(chunk.offsets, SizeValue(work, Field(cf, "offsets"), what + " offsets"));
+    FC_ASSIGN_OR_RETURN(chunk.sizes, SizeValue(work, Field(cf, "sizes"), what + " sizes"));
     item->chunks.push_back(std::move(chunk));
   }
   return Status::Ok();
 }
 
-Status ParseStorageEntry(const PickleValue& key, const PickleValue& value, DcpStorageInfo* s) {
+Status ParseStorageEntry(Work& work, const PickleValue& key, const PickleValue& value,
+                         DcpStorageInfo* s) {
   if (key.kind != Kind::kObject || ClassName(key) != "MetadataIndex") {
     return DataLossError("storage_data key is not a MetadataIndex: " + key.DebugString());
   }
-  FC_ASSIGN_OR_RETURN(Fields kf, ObjectFields(key, "MetadataIndex"));
+  FC_ASSIGN_OR_RETURN(Fields kf, ObjectFields(work, key, "MetadataIndex"));
   FC_ASSIGN_OR_RETURN(s->fqn, Str(Field(kf, "fqn"), "MetadataIndex fqn"));
   const std::string ctx = "storage_data['" + s->fqn + "']";
   if (const PickleValue* off = Field(kf, "offset"); off != nullptr && !off->is_none()) {
-    FC_ASSIGN_OR_RETURN(s->chunk_offsets, SizeValue(off, ctx + " offset"));
+    FC_ASSIGN_OR_RETURN(s->chunk_offsets, SizeValue(work, off, ctx + " offset"));
   }
   if (const PickleValue* idx = Field(kf, "index"); idx != nullptr && idx->is_int()) {
     s->index = idx->int_value;
@@ -257,7 +274,7 @@ Status ParseStorageEntry(const PickleValue& key, const PickleValue& value, DcpSt
   if (value.kind != Kind::kObject || ClassName(value) != "_StorageInfo") {
     return DataLossError(ctx + " is not a _StorageInfo: " + value.DebugString());
   }
-  FC_ASSIGN_OR_RETURN(Fields vf, ObjectFields(value, "_StorageInfo"));
+  FC_ASSIGN_OR_RETURN(Fields vf, ObjectFields(work, value, "_StorageInfo"));
   FC_ASSIGN_OR_RETURN(s->relative_path, Str(Field(vf, "relative_path"), ctx + " relative_path"));
   FC_ASSIGN_OR_RETURN(s->offset, NonNegativeInt(Field(vf, "offset"), ctx + " offset"));
   FC_ASSIGN_OR_RETURN(s->length, NonNegativeInt(Field(vf, "length"), ctx + " length"));
@@ -292,9 +309,8 @@ Result<DcpMetadata> ParseDcpMetadata(std::span<const std::byte> bytes) {
     return UnimplementedError("not a PyTorch DCP .metadata: the root object is " + cls->str +
                               "." + cls->name);
   }
-  FC_ASSIGN_OR_RETURN(Fields fields, ObjectFields(root, "Metadata"));
-
-  uint64_t chunk_budget = 16 * static_cast<uint64_t>(bytes.size()) + 1024;
+  Work work(bytes.size());
+  FC_ASSIGN_OR_RETURN(Fields fields, ObjectFields(work, root, "Metadata"));
   const PickleValue* sdm = Field(fields, "state_dict_metadata");
   if (sdm == nullptr || sdm->kind != Kind::kDict) {
     return DataLossError("state_dict_metadata is not a dict: " +
@@ -310,7 +326,7 @@ Result<DcpMetadata> ParseDcpMetadata(std::span<const std::byte> bytes) {
       return DataLossError("state_dict_metadata lists '" + k->str + "' twice");
     }
     DcpItemMetadata item;
-    FC_RETURN_IF_ERROR_WITH(ParseItem(k->str, *v, &chunk_budget, &item),
+    FC_RETURN_IF_ERROR_WITH(ParseItem(work, k->str, *v, &item),
                             "state_dict_metadata['" + k->str + "']");
     md.items.push_back(std::move(item));
   }
@@ -323,7 +339,7 @@ Result<DcpMetadata> ParseDcpMetadata(std::span<const std::byte> bytes) {
     md.storage.reserve(sd->entries.size());
     for (const auto& [k, v] : sd->entries) {
       DcpStorageInfo s;
-      FC_RETURN_IF_ERROR(ParseStorageEntry(*k, *v, &s));
+      FC_RETURN_IF_ERROR(ParseStorageEntry(work, *k, *v, &s));
       md.storage.push_back(std::move(s));
     }
   }
@@ -339,7 +355,7 @@ Result<DcpMetadata> ParseDcpMetadata(std::span<const std::byte> bytes) {
       if (v->is_str()) md.version = v->str;
     } else if (name == "storage_meta") {
       if (v->is_none()) continue;
-      FC_ASSIGN_OR_RETURN(Fields sm, ObjectFields(*v, "storage_meta"));
+      FC_ASSIGN_OR_RETURN(Fields sm, ObjectFields(work, *v, "storage_meta"));
       md.checkpoint_id = PathValue(Field(sm, "checkpoint_id"));
       if (const PickleValue* id = Field(sm, "save_id"); id != nullptr && id->is_str()) {
         md.save_id = id->str;

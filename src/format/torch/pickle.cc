@@ -289,9 +289,13 @@ class Machine {
       : data_(data), limits_(limits) {}
 
   ~Machine() {
-    // On failure the partial graph may contain cycles; break them so nothing leaks.
-    if (!succeeded_) {
-      for (const MutPtr& n : containers_) {
+    // Break every link that is not part of the returned (checked, depth-bounded) value:
+    // a failed parse may hold cycles (which would leak), and values left behind in the
+    // memo or on the stack may nest arbitrarily deep (whose recursive destruction would
+    // overflow the stack). Every container is still owned by containers_, so clearing
+    // never destroys anything recursively.
+    for (const MutPtr& n : containers_) {
+      if (!succeeded_ || !visit_.contains(n.get())) {
         n->items.clear();
         n->entries.clear();
         n->callee.reset();
@@ -475,6 +479,8 @@ class Machine {
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, MutPtr> memo_;
   std::vector<MutPtr> containers_;
+  // Objects whose BUILD state is a merged dict that only they own (see BUILD).
+  std::unordered_map<const PickleValue*, MutPtr> owned_states_;
   MutPtr small_ints_[257];
   MutPtr bools_[2];
   MutPtr none_;
@@ -836,14 +842,21 @@ Status Machine::Step(uint8_t op) {
         return Error(std::string("cannot BUILD a ") + std::string(PickleKindName(target->kind)));
       }
       if (target->state && target->state->kind == Kind::kDict && state->kind == Kind::kDict) {
-        // A second BUILD with a dict updates __dict__ further; merge so nothing is lost.
-        auto merged = New(Kind::kDict);
-        merged->entries = target->state->entries;
-        merged->entries.insert(merged->entries.end(), state->entries.begin(),
-                               state->entries.end());
-        target->state = std::move(merged);
+        // A second BUILD with a dict updates __dict__ further. Merge into a dict private to
+        // this object (the first state may be shared through the memo), once, then append:
+        // copying on every BUILD would make a chain of BUILDs quadratic.
+        auto owned = owned_states_.find(target.get());
+        if (owned == owned_states_.end()) {
+          MutPtr merged = New(Kind::kDict);
+          merged->entries = target->state->entries;
+          target->state = merged;
+          owned = owned_states_.emplace(target.get(), std::move(merged)).first;
+        }
+        owned->second->entries.insert(owned->second->entries.end(), state->entries.begin(),
+                                      state->entries.end());
       } else {
         target->state = std::move(state);
+        owned_states_.erase(target.get());
       }
       return Status::Ok();
     }

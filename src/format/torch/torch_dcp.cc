@@ -299,8 +299,12 @@ void DcpReader::AddAttributes(const DcpMetadata& md, CheckpointIndex* index) {
                           ? std::to_string(md.mcore_data->entries.size()) + " entries"
                           : std::string(PickleKindName(md.mcore_data->kind));
     // Megatron's N-D flattened reformulation is only reversible with the original shape.
+    // (Bounded: the memo could make every key share one huge dict.)
+    uint64_t scanned = 0;
     for (const auto& [k, v] : md.mcore_data->entries) {
       if (!k->is_str() || !v->is_dict()) continue;
+      scanned += v->entries.size();
+      if (scanned > (uint64_t{1} << 22)) break;
       const PickleValue* orig = v->Find("nd_reformulated_orig_global_shape");
       if (orig == nullptr || (!orig->is_tuple() && !orig->is_list())) continue;
       Shape shape;

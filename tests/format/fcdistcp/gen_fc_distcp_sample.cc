@@ -1,6 +1,6 @@
 // Regenerates testdata/fc_distcp/sample:
-//   rm -rf testdata/fc_distcp/sample && build/tests/format/fcdistcp/gen_fc_distcp_sample \
-//       testdata/fc_distcp/sample
+//   rm -rf testdata/fc_distcp/sample
+//   build/tests/format/fcdistcp/gen_fc_distcp_sample testdata/fc_distcp/sample
 // Deterministic: the fcdistcp tests regenerate it and compare every byte.
 #include <iostream>
 

@@ -57,7 +57,8 @@ TEST_CASE("pickle: LONG1 and LONG4", "[pickle]") {
   const Case cases[] = {
       {"8a 00 2e", 0},
       {"8a 01 ff 2e", -1},
-      {"8a 02 00 80 2e", 32768},
+      {"8a 02 00 80 2e", -32768},
+      {"8a 03 00 80 00 2e", 32768},
       {"8a 05 00 00 00 80 00 2e", int64_t{1} << 31},
       {"8a 08 00 00 00 00 00 00 00 80 2e", INT64_MIN},
       {"8a 08 ff ff ff ff ff ff ff 7f 2e", INT64_MAX},
@@ -84,8 +85,8 @@ TEST_CASE("pickle: LONG1 and LONG4", "[pickle]") {
 }
 
 TEST_CASE("pickle: strings, bytes, FRAME", "[pickle]") {
-  // PROTO 4, FRAME 12, SHORT_BINUNICODE 'hé', SHORT_BINBYTES b'xy', TUPLE2, STOP
-  auto v = Parse(Hex("80 04 95 0c 00 00 00 00 00 00 00 8c 03 68 c3 a9 43 02 78 79 86 2e"));
+  // PROTO 4, FRAME 11, SHORT_BINUNICODE 'hé', SHORT_BINBYTES b'xy', TUPLE2, STOP
+  auto v = Parse(Hex("80 04 95 0b 00 00 00 00 00 00 00 8c 03 68 c3 a9 43 02 78 79 86 2e"));
   REQUIRE(v.ok());
   REQUIRE(v->is_tuple());
   REQUIRE(v->items.size() == 2);
@@ -366,6 +367,21 @@ TEST_CASE("pickle: cycles and depth are refused", "[pickle]") {
   PickleLimits generous;
   generous.max_depth = 5000;
   CHECK(ParsePickle(deep, generous).ok());
+}
+
+TEST_CASE("pickle: deep values left in the memo are released safely", "[pickle]") {
+  // 200k nested lists, memoized and popped; the result is None. Destroying the nest
+  // recursively would overflow the stack.
+  std::vector<std::byte> b;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) b.push_back(std::byte{']'});
+  for (int i = 0; i < n - 1; ++i) b.push_back(std::byte{'a'});
+  for (int c : {0x94, int{'0'}, int{'N'}, int{'.'}}) b.push_back(static_cast<std::byte>(c));
+  auto v = Parse(b);
+  REQUIRE(v.ok());
+  CHECK(v->is_none());
+  b.pop_back();  // and the same without STOP (the failure path)
+  CHECK(Parse(b).status().code() == StatusCode::kDataLoss);
 }
 
 TEST_CASE("pickle: DebugString is bounded", "[pickle]") {

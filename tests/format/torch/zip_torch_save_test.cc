@@ -1,5 +1,6 @@
 // Zip directory reader and torch.save tensor location: real items cut out of fixture
 // .distcp files, and archives built here (zip64 extras, padding, damage, crafted data.pkl).
+#include <algorithm>
 #include <cstring>
 
 #include <catch2/catch.hpp>
@@ -30,7 +31,7 @@ struct ZipOptions {
 };
 
 void Put(std::vector<std::byte>& out, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) out.push_back(static_cast<std::byte>(v >> (8 * i)));
+  for (int i = 0; i < n; ++i) out.push_back(static_cast<std::byte>(i < 8 ? v >> (8 * i) : 0));
 }
 void PutStr(std::vector<std::byte>& out, std::string_view s) {
   for (char c : s) out.push_back(static_cast<std::byte>(c));
@@ -220,7 +221,8 @@ TEST_CASE("zip: built archives in every directory form", "[zip]") {
       const ZipEntry& e = dir->entries[i];
       CHECK(e.name == recs[i].name);
       REQUIRE(e.compressed_size == recs[i].data.size());
-      CHECK(std::memcmp(zip.data() + e.data_offset, recs[i].data.data(), recs[i].data.size()) == 0);
+      CHECK(std::equal(recs[i].data.begin(), recs[i].data.end(),
+                       zip.begin() + static_cast<std::ptrdiff_t>(e.data_offset)));
       if (forms[f].align) CHECK(e.data_offset % 64 == 0);
     }
   }

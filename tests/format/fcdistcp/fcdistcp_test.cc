@@ -1,0 +1,785 @@
+// fc distcp: sample checkpoint, writer round trips, checksums, atomic commit, multi-writer
+// commit, and a corruption matrix for the reader.
+#include <catch2/catch.hpp>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <random>
+#include <regex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "fc/format/fc_distcp.h"
+#include "fc/format/safetensors.h"
+#include "fc/io/file.h"
+#include "tests/format/fcdistcp/sample.h"
+#include "tests/format/safetensors/st_test_util.h"
+
+namespace fc {
+namespace {
+
+using st_testing::ListNames;
+using st_testing::RandomBytes;
+using st_testing::RandomSlabs;
+using st_testing::ReadAll;
+using st_testing::ReadText;
+using st_testing::TempDir;
+using st_testing::Testdata;
+using st_testing::WriteAll;
+using st_testing::WriteText;
+
+std::vector<std::byte> ReadRange(const CheckpointIndex& index, uint32_t file, uint64_t offset,
+                                 uint64_t length) {
+  auto f = RandomAccessFile::Open(JoinPath(index.root, index.files[file].path));
+  REQUIRE(f.ok());
+  auto bytes = (*f)->ReadAt(offset, length);
+  REQUIRE(bytes.ok());
+  return *bytes;
+}
+
+uint64_t Xxh3(std::span<const std::byte> b) { return XXH3_64bits(b.data(), b.size()); }
+
+// ---------------------------------------------------------------------------------------
+// The committed sample.
+
+TEST_CASE("the committed sample reads back with the expected layout and values", "[fcdistcp]") {
+  const std::string dir = Testdata("fc_distcp/sample");
+  auto index = ReadFcDistcp(dir);
+  FC_REQUIRE_OK(index);
+  CHECK(index->format == CheckpointFormat::kFcDistcp);
+  REQUIRE(index->files.size() == 2);
+  CHECK(index->files[0].path == "0_0.distcp");
+  CHECK(index->files[1].path == "1_0.distcp");
+  CHECK(index->attributes.at("fc_distcp_version") == "1");
+  CHECK(index->attributes.at("source_format") == "synthetic");
+
+  const FcDistcpPlan plan = fcdistcp_sample::SamplePlan();
+  REQUIRE(index->tensors.size() == plan.tensors.size());
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    CHECK(index->tensors[t].key == plan.tensors[t].key);
+    CHECK(index->tensors[t].dtype == plan.tensors[t].dtype);
+    CHECK(index->tensors[t].global_shape == plan.tensors[t].global_shape);
+  }
+  const TensorEntry* embed = index->FindTensor("model.embed.weight");
+  REQUIRE(embed->chunks.size() == 2);
+  CHECK(embed->chunks[1].box == Box{{4, 0}, {4, 4}});
+  CHECK(embed->chunks[1].file == 1);
+  const TensorEntry* norm = index->FindTensor("model.norm.weight");
+  REQUIRE(norm->chunks.size() == 2);
+  CHECK(norm->chunks[0].replica_id == 0);
+  CHECK(norm->chunks[1].replica_id == 1);
+  const TensorEntry* adam = index->FindTensor("optim.exp_avg");
+  REQUIRE(adam->chunks.size() == 2);
+  CHECK(adam->chunks[0].flat_range == FlatRange{0, 13});
+  CHECK(adam->chunks[1].flat_range == FlatRange{13, 32});
+  CHECK(adam->chunks[1].byte_length == 19 * 4);
+  CHECK(index->FindTensor("step_scale")->chunks[0].box.rank() == 0);
+  CHECK(index->FindTensor("empty.bias")->chunks[0].byte_length == 0);
+
+  // Every chunk's bytes are the sample's values, 64-byte aligned, checksummed.
+  std::unordered_map<std::string, const FcDistcpTensorSpec*> specs;
+  for (const auto& t : plan.tensors) specs[t.key] = &t;
+  for (const TensorEntry& t : index->tensors) {
+    for (const Chunk& c : t.chunks) {
+      CHECK(c.byte_offset % 64 == 0);
+      FcDistcpChunkSpec cs{t.key, c.box, c.flat_range, c.replica_id};
+      std::vector<std::byte> got = ReadRange(*index, c.file, c.byte_offset, c.byte_length);
+      CHECK(got == fcdistcp_sample::ChunkValues(*specs.at(t.key), cs));
+      REQUIRE(c.xxh3_64.has_value());
+      CHECK(*c.xxh3_64 == Xxh3(got));
+    }
+  }
+  REQUIRE(index->objects.size() == 2);
+  CHECK(index->objects[0].key == "train.iteration");
+  CHECK(index->objects[0].encoding == ObjectEncoding::kRaw);
+  CHECK(index->objects[1].encoding == ObjectEncoding::kTorchSave);
+  for (const ObjectEntry& o : index->objects) {
+    CHECK(ReadRange(*index, o.file, o.byte_offset, o.byte_length) ==
+          fcdistcp_sample::SampleObjectBytes(o.key));
+  }
+  FC_EXPECT_OK(VerifyChunkChecksums(*index));
+
+  // Each data file on its own is a valid safetensors file.
+  for (const FileInfo& f : index->files) {
+    auto st = ReadSafetensorsCheckpoint(JoinPath(dir, f.path));
+    FC_EXPECT_OK(st);
+  }
+}
+
+TEST_CASE("regenerating the sample gives byte-identical files", "[fcdistcp]") {
+  TempDir tmp;
+  const std::string out = tmp.Join("sample");
+  FC_REQUIRE_OK(fcdistcp_sample::WriteFcDistcpSample(out));
+  const std::string committed = Testdata("fc_distcp/sample");
+  REQUIRE(ListNames(out) == ListNames(committed));
+  for (const std::string& name : ListNames(out)) {
+    INFO(name);
+    CHECK(ReadAll(JoinPath(out, name)) == ReadAll(JoinPath(committed, name)));
+  }
+  CHECK(ListNames(tmp.path()) == std::vector<std::string>{"sample"});
+}
+
+// ---------------------------------------------------------------------------------------
+// Random round trips.
+
+struct RandomCheckpoint {
+  FcDistcpPlan plan;
+  // [file][chunk] and [file][object] bytes.
+  std::vector<std::vector<std::vector<std::byte>>> chunk_bytes, object_bytes;
+};
+
+RandomCheckpoint MakeRandomCheckpoint(std::mt19937_64& rng) {
+  RandomCheckpoint r;
+  const size_t num_files = 1 + rng() % 4;
+  for (size_t f = 0; f < num_files; ++f) {
+    r.plan.files.push_back({FcDistcpFileName(static_cast<int64_t>(f), static_cast<int64_t>(rng() % 2)), {}, {}});
+  }
+  const size_t num_tensors = 1 + rng() % 6;
+  for (size_t t = 0; t < num_tensors; ++t) {
+    FcDistcpTensorSpec spec;
+    spec.key = "layer." + std::to_string(t) + (t % 2 ? ".weight" : ".exp_avg");
+    spec.dtype = kAllDTypes[rng() % std::size(kAllDTypes)];
+    const size_t rank = rng() % 4;
+    for (size_t i = 0; i < rank; ++i) spec.global_shape.push_back(static_cast<int64_t>(1 + rng() % 7));
+    r.plan.tensors.push_back(spec);
+    const bool flattened = rank > 0 && rng() % 3 == 0;
+    std::vector<FcDistcpChunkSpec> chunks;
+    if (flattened) {
+      const int64_t n = Box::Whole(spec.global_shape).num_elements();
+      int64_t pos = 0;
+      while (pos < n) {
+        const int64_t len = std::min<int64_t>(n - pos, 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(n)));
+        chunks.push_back({spec.key, Box::Whole(spec.global_shape), FlatRange{pos, pos + len}, 0});
+        pos += len;
+      }
+    } else if (rank == 0) {
+      chunks.push_back({spec.key, Box::Whole(spec.global_shape), std::nullopt, 0});
+    } else {
+      int64_t pos = 0;
+      const int64_t rows = spec.global_shape[0];
+      while (pos < rows) {
+        const int64_t len = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(rows - pos));
+        Box b = Box::Whole(spec.global_shape);
+        b.global_offset[0] = pos;
+        b.local_shape[0] = len;
+        chunks.push_back({spec.key, b, std::nullopt, 0});
+        pos += len;
+      }
+    }
+    if (rng() % 3 == 0) {  // a replica of the first chunk
+      FcDistcpChunkSpec rep = chunks.front();
+      rep.replica_id = 1;
+      chunks.push_back(rep);
+    }
+    for (FcDistcpChunkSpec& c : chunks) r.plan.files[rng() % num_files].chunks.push_back(c);
+  }
+  const size_t num_objects = rng() % 3;
+  for (size_t o = 0; o < num_objects; ++o) {
+    r.plan.files[rng() % num_files].objects.push_back(
+        {"obj." + std::to_string(o), o % 2 ? ObjectEncoding::kTorchSave : ObjectEncoding::kRaw,
+         rng() % 100});
+  }
+  r.chunk_bytes.resize(num_files);
+  r.object_bytes.resize(num_files);
+  std::unordered_map<std::string, DType> dtype;
+  for (const auto& t : r.plan.tensors) dtype[t.key] = t.dtype;
+  for (size_t f = 0; f < num_files; ++f) {
+    for (const auto& c : r.plan.files[f].chunks) {
+      const int64_t n = c.flat_range ? c.flat_range->size() : c.box.num_elements();
+      r.chunk_bytes[f].push_back(RandomBytes(rng, static_cast<size_t>(n) * DTypeSize(dtype[c.key])));
+    }
+    for (const auto& o : r.plan.files[f].objects) {
+      r.object_bytes[f].push_back(RandomBytes(rng, o.byte_length));
+    }
+  }
+  return r;
+}
+
+// Writes every entry of the files `which` (all when empty); each entry's slabs in order or
+// shuffled, at random.
+Status WriteEntries(FcDistcpWriter& w, const RandomCheckpoint& r, std::mt19937_64& rng,
+                    const std::vector<size_t>& which) {
+  struct Item {
+    size_t file, entry;
+    bool object;
+    uint64_t off, len;
+  };
+  std::vector<Item> items;
+  for (size_t f = 0; f < r.plan.files.size(); ++f) {
+    if (!which.empty() && std::find(which.begin(), which.end(), f) == which.end()) continue;
+    for (size_t c = 0; c < r.chunk_bytes[f].size(); ++c) {
+      for (auto [off, len] : RandomSlabs(rng, r.chunk_bytes[f][c].size(), rng() % 2)) {
+        items.push_back({f, c, false, off, len});
+      }
+    }
+    for (size_t o = 0; o < r.object_bytes[f].size(); ++o) {
+      for (auto [off, len] : RandomSlabs(rng, r.object_bytes[f][o].size(), rng() % 2)) {
+        items.push_back({f, o, true, off, len});
+      }
+    }
+  }
+  // Either entry by entry, or all slabs of all entries interleaved.
+  std::vector<size_t> order(items.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (rng() % 2) {
+    std::shuffle(order.begin(), order.end(), rng);
+  }
+  for (size_t i : order) {
+    const Item& it = items[i];
+    if (it.object) {
+      FC_RETURN_IF_ERROR(w.WriteObject(it.file, it.entry, it.off,
+                                       std::span(r.object_bytes[it.file][it.entry]).subspan(it.off, it.len)));
+    } else {
+      FC_RETURN_IF_ERROR(w.WriteChunk(it.file, it.entry, it.off,
+                                      std::span(r.chunk_bytes[it.file][it.entry]).subspan(it.off, it.len)));
+    }
+  }
+  return Status::Ok();
+}
+
+void CheckReadBack(const std::string& dir, const RandomCheckpoint& r) {
+  auto index = ReadFcDistcp(dir);
+  FC_REQUIRE_OK(index);
+  REQUIRE(index->tensors.size() == r.plan.tensors.size());
+  // Expected chunks per tensor in (file, position) order.
+  for (size_t t = 0; t < r.plan.tensors.size(); ++t) {
+    const TensorEntry& e = index->tensors[t];
+    CHECK(e.key == r.plan.tensors[t].key);
+    CHECK(e.dtype == r.plan.tensors[t].dtype);
+    CHECK(e.global_shape == r.plan.tensors[t].global_shape);
+    size_t k = 0;
+    for (size_t f = 0; f < r.plan.files.size(); ++f) {
+      for (size_t c = 0; c < r.plan.files[f].chunks.size(); ++c) {
+        const FcDistcpChunkSpec& cs = r.plan.files[f].chunks[c];
+        if (cs.key != e.key) continue;
+        REQUIRE(k < e.chunks.size());
+        const Chunk& got = e.chunks[k++];
+        CHECK(got.box == cs.box);
+        CHECK(got.flat_range == cs.flat_range);
+        CHECK(got.replica_id == cs.replica_id);
+        CHECK(index->files[got.file].path == r.plan.files[f].name);
+        CHECK(got.byte_offset % 64 == 0);
+        CHECK(ReadRange(*index, got.file, got.byte_offset, got.byte_length) == r.chunk_bytes[f][c]);
+        CHECK(got.xxh3_64 == Xxh3(r.chunk_bytes[f][c]));
+      }
+    }
+    CHECK(k == e.chunks.size());
+  }
+  size_t k = 0;
+  for (size_t f = 0; f < r.plan.files.size(); ++f) {
+    for (size_t o = 0; o < r.plan.files[f].objects.size(); ++o) {
+      REQUIRE(k < index->objects.size());
+      const ObjectEntry& got = index->objects[k++];
+      CHECK(got.key == r.plan.files[f].objects[o].key);
+      CHECK(got.encoding == r.plan.files[f].objects[o].encoding);
+      CHECK(ReadRange(*index, got.file, got.byte_offset, got.byte_length) == r.object_bytes[f][o]);
+      CHECK(got.xxh3_64 == Xxh3(r.object_bytes[f][o]));
+    }
+  }
+  CHECK(k == index->objects.size());
+  FC_EXPECT_OK(VerifyChunkChecksums(*index));
+}
+
+TEST_CASE("round trip: random plans, random slab orders", "[fcdistcp]") {
+  for (uint64_t seed = 1; seed <= 30; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    RandomCheckpoint r = MakeRandomCheckpoint(rng);
+    TempDir tmp;
+    const std::string out = tmp.Join("ckpt");
+    auto w = FcDistcpWriter::Create(out, r.plan);
+    FC_REQUIRE_OK(w);
+    CHECK_FALSE(PathExists(out));
+    FC_REQUIRE_OK(WriteEntries(**w, r, rng, {}));
+    FC_REQUIRE_OK((*w)->Finish());
+    CHECK(ListNames(tmp.path()) == std::vector<std::string>{"ckpt"});
+    CheckReadBack(out, r);
+  }
+}
+
+TEST_CASE("concurrent slab writes from several threads", "[fcdistcp]") {
+  for (uint64_t seed = 40; seed < 46; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    RandomCheckpoint r = MakeRandomCheckpoint(rng);
+    TempDir tmp;
+    const std::string out = tmp.Join("ckpt");
+    auto w = FcDistcpWriter::Create(out, r.plan);
+    FC_REQUIRE_OK(w);
+    // Every slab of every entry, dealt round-robin to 4 threads (so one entry's slabs
+    // arrive from several threads, in and out of order).
+    struct Item {
+      size_t file, entry;
+      bool object;
+      uint64_t off, len;
+    };
+    std::vector<Item> items;
+    for (size_t f = 0; f < r.plan.files.size(); ++f) {
+      for (size_t c = 0; c < r.chunk_bytes[f].size(); ++c) {
+        for (auto [off, len] : RandomSlabs(rng, r.chunk_bytes[f][c].size(), false)) {
+          items.push_back({f, c, false, off, len});
+        }
+      }
+      for (size_t o = 0; o < r.object_bytes[f].size(); ++o) {
+        for (auto [off, len] : RandomSlabs(rng, r.object_bytes[f][o].size(), false)) {
+          items.push_back({f, o, true, off, len});
+        }
+      }
+    }
+    std::vector<Status> results(4);
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (size_t i = t; i < items.size(); i += 4) {
+          const Item& it = items[i];
+          Status s = it.object
+                         ? (*w)->WriteObject(it.file, it.entry, it.off,
+                                             std::span(r.object_bytes[it.file][it.entry]).subspan(it.off, it.len))
+                         : (*w)->WriteChunk(it.file, it.entry, it.off,
+                                            std::span(r.chunk_bytes[it.file][it.entry]).subspan(it.off, it.len));
+          if (!s.ok() && results[t].ok()) results[t] = s;
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (const Status& s : results) FC_REQUIRE_OK(s);
+    FC_REQUIRE_OK((*w)->Finish());
+    CheckReadBack(out, r);
+  }
+}
+
+TEST_CASE("determinism: same plan and bytes give identical directories", "[fcdistcp]") {
+  std::mt19937_64 rng(5);
+  RandomCheckpoint r = MakeRandomCheckpoint(rng);
+  TempDir tmp;
+  for (const char* name : {"a", "b"}) {
+    auto w = FcDistcpWriter::Create(tmp.Join(name), r.plan);
+    FC_REQUIRE_OK(w);
+    std::mt19937_64 order_rng(name[0]);
+    FC_REQUIRE_OK(WriteEntries(**w, r, order_rng, {}));
+    FC_REQUIRE_OK((*w)->Finish());
+  }
+  for (const std::string& f : ListNames(tmp.Join("a"))) {
+    CHECK(ReadAll(JoinPath(tmp.Join("a"), f)) == ReadAll(JoinPath(tmp.Join("b"), f)));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Checksums.
+
+TEST_CASE("a flipped byte: ReadFcDistcp succeeds, VerifyChunkChecksums names the chunk",
+          "[fcdistcp]") {
+  TempDir tmp;
+  const std::string out = tmp.Join("ckpt");
+  FC_REQUIRE_OK(fcdistcp_sample::WriteFcDistcpSample(out));
+  auto index = ReadFcDistcp(out);
+  FC_REQUIRE_OK(index);
+  const Chunk& victim = index->FindTensor("model.embed.weight")->chunks[1];
+  const std::string path = JoinPath(out, index->files[victim.file].path);
+  std::vector<std::byte> bytes = ReadAll(path);
+  bytes[victim.byte_offset + 5] ^= std::byte{0x10};
+  WriteAll(path, bytes);
+
+  auto reread = ReadFcDistcp(out);
+  FC_REQUIRE_OK(reread);
+  auto report = CheckChunkChecksums(*reread);
+  FC_REQUIRE_OK(report);
+  CHECK(report->checked == 10);
+  REQUIRE(report->mismatches.size() == 1);
+  CHECK(report->mismatches[0].key == "model.embed.weight");
+  CHECK(report->mismatches[0].box == Box{{4, 0}, {4, 4}});
+  Status s = VerifyChunkChecksums(*reread);
+  CHECK(s.code() == StatusCode::kVerifyFailed);
+  CHECK_THAT(s.message(), Catch::Matchers::Contains("1 of 10 checksums do not match"));
+  CHECK_THAT(s.message(), Catch::Matchers::Contains(
+                              "tensor 'model.embed.weight' chunk [4, 8) x [0, 4) in 1_0.distcp bytes [" +
+                              std::to_string(victim.byte_offset) + ", " +
+                              std::to_string(victim.byte_offset + 64) + "): xxh3_64 is "));
+
+  // Objects and flattened chunks are named too.
+  const ObjectEntry& obj = reread->objects[1];
+  const Chunk& flat = reread->FindTensor("optim.exp_avg")->chunks[0];
+  bytes = ReadAll(JoinPath(out, "1_0.distcp"));
+  bytes[obj.byte_offset] ^= std::byte{1};
+  WriteAll(JoinPath(out, "1_0.distcp"), bytes);
+  bytes = ReadAll(JoinPath(out, "0_0.distcp"));
+  bytes[flat.byte_offset + flat.byte_length - 1] ^= std::byte{1};
+  WriteAll(JoinPath(out, "0_0.distcp"), bytes);
+  s = VerifyChunkChecksums(*reread);
+  CHECK_THAT(s.message(), Catch::Matchers::Contains("3 of 10 checksums do not match"));
+  CHECK_THAT(s.message(), Catch::Matchers::Contains(
+                              "tensor 'optim.exp_avg' chunk [0, 8) x [0, 4) flat [0, 13) in 0_0.distcp"));
+  CHECK_THAT(s.message(), Catch::Matchers::Contains("object 'rng_state' in 1_0.distcp"));
+}
+
+TEST_CASE("Xxh3OfFileRange matches one-shot XXH3 across slab boundaries", "[fcdistcp]") {
+  TempDir tmp;
+  std::mt19937_64 rng(3);
+  std::vector<std::byte> data = RandomBytes(rng, (9u << 20) + 123);
+  WriteAll(tmp.Join("f"), data);
+  auto f = RandomAccessFile::Open(tmp.Join("f"));
+  FC_REQUIRE_OK(f);
+  for (auto [off, len] : std::vector<std::pair<uint64_t, uint64_t>>{
+           {0, data.size()}, {17, (4u << 20) + 1}, {100, 0}, {data.size(), 0}}) {
+    auto h = Xxh3OfFileRange(**f, off, len);
+    FC_REQUIRE_OK(h);
+    CHECK(*h == Xxh3(std::span(data).subspan(off, len)));
+  }
+  CHECK(Xxh3OfFileRange(**f, data.size() - 1, 2).status().code() == StatusCode::kDataLoss);
+}
+
+// ---------------------------------------------------------------------------------------
+// Atomic commit.
+
+bool HasStagingDirs(const std::string& dir) {
+  for (const std::string& n : ListNames(dir)) {
+    if (n.find(".fc-tmp-") != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST_CASE("atomicity: nothing appears unless Finish succeeds", "[fcdistcp]") {
+  TempDir tmp;
+  const std::string out = tmp.Join("ckpt");
+  const FcDistcpPlan plan = fcdistcp_sample::SamplePlan();
+  SECTION("Abort removes the staging directory") {
+    auto w = FcDistcpWriter::Create(out, plan);
+    FC_REQUIRE_OK(w);
+    CHECK(HasStagingDirs(tmp.path()));
+    FC_REQUIRE_OK((*w)->WriteObject(0, 0, 0, fcdistcp_sample::SampleObjectBytes("train.iteration")));
+    (*w)->Abort();
+    CHECK(ListNames(tmp.path()).empty());
+    CHECK((*w)->WriteObject(1, 0, 0, fcdistcp_sample::SampleObjectBytes("rng_state")).code() ==
+          StatusCode::kFailedPrecondition);
+  }
+  SECTION("destruction without Finish removes it too") {
+    {
+      auto w = FcDistcpWriter::Create(out, plan);
+      FC_REQUIRE_OK(w);
+    }
+    CHECK(ListNames(tmp.path()).empty());
+  }
+  SECTION("a failed Finish (missing bytes) leaves nothing") {
+    auto w = FcDistcpWriter::Create(out, plan);
+    FC_REQUIRE_OK(w);
+    FC_REQUIRE_OK((*w)->WriteObject(0, 0, 0, fcdistcp_sample::SampleObjectBytes("train.iteration")));
+    Status s = (*w)->Finish();
+    CHECK(s.code() == StatusCode::kFailedPrecondition);
+    CHECK_THAT(s.message(), Catch::Matchers::Contains(
+                                "tensor 'model.embed.weight@0' is incomplete: 0 of 64 bytes written"));
+    CHECK(ListNames(tmp.path()).empty());
+  }
+  SECTION("a crash before the rename leaves only a staging directory") {
+    // Simulate: data files done (FinishDataFiles), process dies before the commit.
+    auto w = FcDistcpWriter::Create(out, plan);
+    FC_REQUIRE_OK(w);
+    std::string staging = (*w)->staging_dir();
+    CHECK(staging.rfind(out + ".fc-tmp-", 0) == 0);
+    CHECK_FALSE(PathExists(out));
+    CHECK_FALSE(PathExists(JoinPath(staging, "fc.metadata.json")));
+  }
+  SECTION("an existing non-empty output is refused; an empty one is replaced") {
+    FC_REQUIRE_OK(CreateDirectories(out));
+    WriteText(JoinPath(out, "junk"), "x");
+    auto w = FcDistcpWriter::Create(out, plan);
+    CHECK(w.status().code() == StatusCode::kFailedPrecondition);
+    CHECK_THAT(w.status().message(), Catch::Matchers::Contains("exists and is not empty"));
+    CHECK(ListNames(tmp.path()) == std::vector<std::string>{"ckpt"});
+    std::filesystem::remove(JoinPath(out, "junk"));
+    FC_REQUIRE_OK(fcdistcp_sample::WriteFcDistcpSample(out));
+    FC_EXPECT_OK(ReadFcDistcp(out));
+  }
+  SECTION("output that appears during the write is not clobbered") {
+    auto w = FcDistcpWriter::Create(out, plan);
+    FC_REQUIRE_OK(w);
+    FC_REQUIRE_OK(CreateDirectories(out));
+    WriteText(JoinPath(out, "other"), "x");
+    // Write everything, then Finish: the commit must refuse and clean up.
+    std::unordered_map<std::string, const FcDistcpTensorSpec*> specs;
+    for (const auto& t : plan.tensors) specs[t.key] = &t;
+    for (size_t f = 0; f < plan.files.size(); ++f) {
+      for (size_t c = 0; c < plan.files[f].chunks.size(); ++c) {
+        FC_REQUIRE_OK((*w)->WriteChunk(
+            f, c, 0, fcdistcp_sample::ChunkValues(*specs.at(plan.files[f].chunks[c].key), plan.files[f].chunks[c])));
+      }
+      for (size_t o = 0; o < plan.files[f].objects.size(); ++o) {
+        FC_REQUIRE_OK((*w)->WriteObject(f, o, 0, fcdistcp_sample::SampleObjectBytes(plan.files[f].objects[o].key)));
+      }
+    }
+    Status s = (*w)->Finish();
+    CHECK(s.code() == StatusCode::kFailedPrecondition);
+    CHECK(ListNames(tmp.path()) == std::vector<std::string>{"ckpt"});
+    CHECK(ListNames(out) == std::vector<std::string>{"other"});
+  }
+}
+
+TEST_CASE("writer misuse is reported", "[fcdistcp]") {
+  TempDir tmp;
+  const FcDistcpPlan plan = fcdistcp_sample::SamplePlan();
+  auto w = FcDistcpWriter::Create(tmp.Join("ckpt"), plan, {.files = {1}, .staging_dir = ""});
+  FC_REQUIRE_OK(w);
+  std::vector<std::byte> buf(64);
+  Status s = (*w)->WriteChunk(0, 0, 0, buf);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Matchers::Contains("file index 0 is not written by this writer"));
+  s = (*w)->WriteChunk(1, 9, 0, buf);
+  CHECK_THAT(s.message(), Catch::Matchers::Contains("1_0.distcp has no chunk 9"));
+  s = (*w)->WriteObject(1, 1, 0, buf);
+  CHECK_THAT(s.message(), Catch::Matchers::Contains("1_0.distcp has no object 1"));
+  FC_REQUIRE_OK((*w)->WriteChunk(1, 0, 0, std::span(buf).first(16)));
+  s = (*w)->WriteChunk(1, 0, 8, std::span(buf).first(16));
+  CHECK_THAT(s.message(), Catch::Matchers::Contains("'model.embed.weight@1': bytes [8, 16) written twice"));
+  s = (*w)->Finish();
+  CHECK(s.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(s.message(), Catch::Matchers::Contains("needs a writer of every file"));
+  CHECK(FcDistcpWriter::Create(tmp.Join("x"), plan, {.files = {2}, .staging_dir = ""})
+            .status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("multi-process style commit: shared staging, per-file writers, merged metadata",
+          "[fcdistcp]") {
+  std::mt19937_64 rng(11);
+  RandomCheckpoint r = MakeRandomCheckpoint(rng);
+  while (r.plan.files.size() < 2) r = MakeRandomCheckpoint(rng);
+  TempDir tmp;
+  const std::string out = tmp.Join("ckpt");
+  auto staging = CreateFcDistcpStagingDir(out);
+  FC_REQUIRE_OK(staging);
+  std::vector<FcDistcpFileDigests> all;
+  for (size_t f = 0; f < r.plan.files.size(); ++f) {  // one "rank" per file
+    auto w = FcDistcpWriter::Create(out, r.plan, {.files = {f}, .staging_dir = *staging});
+    FC_REQUIRE_OK(w);
+    FC_REQUIRE_OK(WriteEntries(**w, r, rng, {f}));
+    auto digests = (*w)->FinishDataFiles();
+    FC_REQUIRE_OK(digests);
+    REQUIRE(digests->size() == 1);
+    CHECK((*digests)[0].file == f);
+    all.insert(all.end(), digests->begin(), digests->end());
+  }  // writers destroyed: their files stay
+  CHECK_FALSE(PathExists(out));
+  std::reverse(all.begin(), all.end());  // order of arrival does not matter
+
+  // Missing digests are refused before anything is renamed.
+  std::vector<FcDistcpFileDigests> partial(all.begin() + 1, all.end());
+  Status s = CommitFcDistcpMetadata(out, *staging, r.plan, partial);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Matchers::Contains("no checksums for"));
+  CHECK_FALSE(PathExists(out));
+
+  FC_REQUIRE_OK(CommitFcDistcpMetadata(out, *staging, r.plan, all));
+  CHECK_FALSE(PathExists(*staging));
+  CheckReadBack(out, r);
+}
+
+TEST_CASE("a staging dir with a missing data file is not committed", "[fcdistcp]") {
+  TempDir tmp;
+  const FcDistcpPlan plan = fcdistcp_sample::SamplePlan();
+  const std::string out = tmp.Join("ckpt");
+  auto staging = CreateFcDistcpStagingDir(out);
+  FC_REQUIRE_OK(staging);
+  std::vector<FcDistcpFileDigests> digests = {{0, std::vector<uint64_t>(4), {0}},
+                                              {1, std::vector<uint64_t>(4), {0}}};
+  Status s = CommitFcDistcpMetadata(out, *staging, plan, digests);
+  CHECK(s.code() == StatusCode::kDataLoss);
+  CHECK_THAT(s.message(), Catch::Matchers::Contains("data file 0_0.distcp is missing"));
+  CHECK_FALSE(PathExists(out));
+  AbortFcDistcpStaging(*staging);
+  CHECK(ListNames(tmp.path()).empty());
+}
+
+// ---------------------------------------------------------------------------------------
+// Plan validation.
+
+TEST_CASE("plan validation", "[fcdistcp]") {
+  auto expect = [](const FcDistcpPlan& plan, const char* msg) {
+    Status s = ValidateFcDistcpPlan(plan);
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(s.message(), Catch::Matchers::Contains(msg));
+  };
+  FC_EXPECT_OK(ValidateFcDistcpPlan(fcdistcp_sample::SamplePlan()));
+  {
+    FcDistcpPlan p = fcdistcp_sample::SamplePlan();
+    p.files[1].name = "rank1.distcp";
+    expect(p, "file name \"rank1.distcp\" is not <rank>_<id>.distcp");
+    p.files[1].name = "01_0.distcp";
+    expect(p, "is not <rank>_<id>.distcp");
+    p.files[1].name = "0_0.distcp";
+    expect(p, "file 0_0.distcp listed twice");
+  }
+  {
+    FcDistcpPlan p = fcdistcp_sample::SamplePlan();
+    p.tensors.push_back(p.tensors[0]);
+    expect(p, "tensor 'model.embed.weight' listed twice");
+  }
+  {
+    FcDistcpPlan p = fcdistcp_sample::SamplePlan();
+    p.files[0].chunks[0].key = "nope";
+    expect(p, "0_0.distcp has a chunk of tensor 'nope', which the plan does not list");
+  }
+  {
+    FcDistcpPlan p = fcdistcp_sample::SamplePlan();
+    p.files[0].chunks[0].box = Box{{6, 0}, {4, 4}};
+    expect(p, "0_0.distcp: tensor 'model.embed.weight' chunk [6, 10) x [0, 4)");
+  }
+  {
+    FcDistcpPlan p = fcdistcp_sample::SamplePlan();
+    p.files[0].chunks[2].flat_range = FlatRange{0, 33};
+    expect(p, "flattened range outside the box's 32 elements");
+  }
+  {
+    FcDistcpPlan p = fcdistcp_sample::SamplePlan();
+    p.files[0].chunks[0].replica_id = -1;
+    expect(p, "negative replica id -1");
+  }
+  {
+    FcDistcpPlan p = fcdistcp_sample::SamplePlan();
+    p.files[1].objects[0].key = "train.iteration";
+    expect(p, "object 'train.iteration' listed twice");
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Reader corruption matrix: edit a valid checkpoint, one rule at a time.
+
+struct MetaCase {
+  const char* rule;
+  std::string from, to;  // first occurrence in fc.metadata.json
+  StatusCode code;
+  std::string message;
+};
+
+TEST_CASE("reader corruption matrix", "[fcdistcp]") {
+  TempDir tmp;
+  const std::string good = tmp.Join("good");
+  FC_REQUIRE_OK(fcdistcp_sample::WriteFcDistcpSample(good));
+  const std::string meta = ReadText(JoinPath(good, "fc.metadata.json"));
+  auto index = ReadFcDistcp(good);
+  FC_REQUIRE_OK(index);
+  const Chunk& c0 = index->FindTensor("model.embed.weight")->chunks[0];
+  const std::string off0 = "\"byte_offset\": " + std::to_string(c0.byte_offset);
+  const std::string size0 = "\"size\": " + std::to_string(index->files[0].size);
+
+  const std::vector<MetaCase> cases = {
+      {"not JSON", "{", "[", StatusCode::kDataLoss, "fc.metadata.json: invalid JSON"},
+      {"wrong format name", "\"fc-distcp\"", "\"torch-dcp\"", StatusCode::kDataLoss,
+       "\"format\" is \"torch-dcp\", expected \"fc-distcp\""},
+      {"newer version", "\"version\": 1", "\"version\": 2", StatusCode::kUnimplemented,
+       "format version 2 is newer than this fc supports (1)"},
+      {"bad version", "\"version\": 1", "\"version\": 0", StatusCode::kDataLoss,
+       "bad format version 0"},
+      {"missing files", "\"files\"", "\"filez\"", StatusCode::kDataLoss, "missing \"files\""},
+      {"file listed twice", "\"1_0.distcp\", \"size\"", "\"0_0.distcp\", \"size\"",
+       StatusCode::kDataLoss, "file \"0_0.distcp\" is listed twice"},
+      {"unsafe file name", "{\"name\": \"1_0.distcp\"", "{\"name\": \"../1_0.distcp\"",
+       StatusCode::kDataLoss, "file name \"../1_0.distcp\" is not a plain *.distcp name"},
+      {"tensor listed twice", "\"key\": \"optim.exp_avg\"", "\"key\": \"model.norm.weight\"",
+       StatusCode::kDataLoss, "tensor 'model.norm.weight' is listed twice"},
+      {"unknown dtype", "\"dtype\": \"float32\"", "\"dtype\": \"float33\"", StatusCode::kDataLoss,
+       "tensor 'model.embed.weight': unknown dtype \"float33\""},
+      {"shape not integers", "\"global_shape\": [8, 4]", "\"global_shape\": [8, -4]",
+       StatusCode::kDataLoss,
+       "tensor 'model.embed.weight': \"global_shape\" is not an array of non-negative integers: [8,-4]"},
+      {"box outside the tensor", "\"global_offset\": [4, 0]", "\"global_offset\": [5, 0]",
+       StatusCode::kDataLoss, "tensor 'model.embed.weight' chunk 1"},
+      {"box rank differs", "\"local_shape\": [4, 4]", "\"local_shape\": [4]",
+       StatusCode::kDataLoss, "tensor 'model.embed.weight' chunk 0"},
+      {"flattened range outside the box", "[13, 32]", "[13, 33]", StatusCode::kDataLoss,
+       "tensor 'optim.exp_avg' chunk [0, 8) x [0, 4): flattened range [13, 33) is not within "
+       "the box's 32 elements"},
+      {"flattened range malformed", "[13, 32]", "[13]", StatusCode::kDataLoss,
+       "\"flattened_range\" is not null or [min, max]: [13]"},
+      {"missing replica_id", "\"replica_id\"", "\"replica\"", StatusCode::kDataLoss,
+       "tensor 'model.embed.weight' chunk [0, 4) x [0, 4): missing \"replica_id\""},
+      {"file not listed", "\"file\": \"0_0.distcp\"", "\"file\": \"7_0.distcp\"",
+       StatusCode::kDataLoss, "file \"7_0.distcp\" is not in \"files\""},
+      {"byte_length disagrees with the box", "\"byte_length\": 64", "\"byte_length\": 60",
+       StatusCode::kDataLoss,
+       "tensor 'model.embed.weight' chunk [0, 4) x [0, 4): byte_length 60, but 16 elements of "
+       "float32 need 64"},
+      {"range past the end of the file", off0, "\"byte_offset\": 99999", StatusCode::kDataLoss,
+       "bytes [99999, +64) pass the end of 0_0.distcp"},
+      {"checksum not hex", "\"xxh3_64\": \"", "\"xxh3_64\": \"zz", StatusCode::kDataLoss,
+       "is not 16 hex digits"},
+      {"unknown object encoding", "\"encoding\": \"raw\"", "\"encoding\": \"pickle\"",
+       StatusCode::kDataLoss, "object 'train.iteration': unknown object encoding \"pickle\""},
+      {"object listed twice", "\"key\": \"rng_state\"", "\"key\": \"train.iteration\"",
+       StatusCode::kDataLoss, "object 'train.iteration' is listed twice"},
+      {"listed size differs from the file", size0, "\"size\": 1", StatusCode::kDataLoss,
+       "0_0.distcp"},
+      {"metadata offset disagrees with the data file", off0,
+       "\"byte_offset\": " + std::to_string(c0.byte_offset + 64), StatusCode::kDataLoss,
+       "tensor 'model.embed.weight' chunk [0, 4) x [0, 4): entry 'model.embed.weight@0' is F32 "
+       "[4, 4] at byte " + std::to_string(c0.byte_offset) +
+           ", fc.metadata.json says F32 [4, 4] at byte " + std::to_string(c0.byte_offset + 64)},
+      {"metadata dtype disagrees with the data file (same size)", "\"dtype\": \"float32\"",
+       "\"dtype\": \"int32\"", StatusCode::kDataLoss,
+       "entry 'model.embed.weight@0' is F32 [4, 4] at byte"},
+  };
+  for (const MetaCase& c : cases) {
+    INFO("rule: " << c.rule);
+    const std::string dir = tmp.Join("bad");
+    std::filesystem::remove_all(dir);
+    std::filesystem::copy(good, dir);
+    const size_t at = meta.find(c.from);
+    REQUIRE(at != std::string::npos);
+    std::string edited = meta;
+    edited.replace(at, c.from.size(), c.to);
+    WriteText(JoinPath(dir, "fc.metadata.json"), edited);
+    auto r = ReadFcDistcp(dir);
+    REQUIRE_FALSE(r.ok());
+    INFO(r.status().ToString());
+    CHECK(r.status().code() == c.code);
+    CHECK_THAT(r.status().message(), Catch::Matchers::Contains(c.message));
+  }
+
+  SECTION("truncated data file") {
+    const std::string dir = tmp.Join("trunc");
+    std::filesystem::copy(good, dir);
+    std::filesystem::resize_file(JoinPath(dir, "1_0.distcp"), index->files[1].size - 1);
+    auto r = ReadFcDistcp(dir);
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Matchers::Contains(
+                                         "1_0.distcp: file is " + std::to_string(index->files[1].size - 1) +
+                                         " bytes, fc.metadata.json says " + std::to_string(index->files[1].size)));
+  }
+  SECTION("missing data file") {
+    const std::string dir = tmp.Join("missing");
+    std::filesystem::copy(good, dir);
+    std::filesystem::remove(JoinPath(dir, "1_0.distcp"));
+    CHECK(ReadFcDistcp(dir).status().code() == StatusCode::kNotFound);
+  }
+  SECTION("data files swapped") {
+    const std::string dir = tmp.Join("swapped");
+    std::filesystem::copy(good, dir);
+    std::filesystem::rename(JoinPath(dir, "0_0.distcp"), JoinPath(dir, "tmp"));
+    std::filesystem::rename(JoinPath(dir, "1_0.distcp"), JoinPath(dir, "0_0.distcp"));
+    std::filesystem::rename(JoinPath(dir, "tmp"), JoinPath(dir, "1_0.distcp"));
+    auto r = ReadFcDistcp(dir);
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+  }
+  SECTION("no metadata: not a checkpoint") {
+    const std::string dir = tmp.Join("nometa");
+    std::filesystem::copy(good, dir);
+    std::filesystem::remove(JoinPath(dir, "fc.metadata.json"));
+    CHECK(ReadFcDistcp(dir).status().code() == StatusCode::kNotFound);
+    CHECK(ReadFcDistcp(tmp.Join("nothing")).status().code() == StatusCode::kNotFound);
+  }
+  SECTION("metadata parsing never crashes on truncations and byte flips") {
+    const auto bytes = std::as_bytes(std::span<const char>(meta.data(), meta.size()));
+    for (size_t n = 0; n < bytes.size(); n += 7) {
+      CHECK_FALSE(ParseFcDistcpMetadata(bytes.first(n), good).ok());
+    }
+    std::mt19937_64 rng(1);
+    for (int i = 0; i < 2000; ++i) {
+      std::vector<std::byte> b(bytes.begin(), bytes.end());
+      b[rng() % b.size()] = static_cast<std::byte>(rng() & 0xff);
+      (void)ParseFcDistcpMetadata(b, good);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fc

@@ -1,0 +1,192 @@
+"""fc-export end to end on real PyTorch DCP fixtures, read back with an independent reader.
+
+usage: export_test.py BUILD_ROOT TESTDATA CASE   (CASE: values|shards|dtype|filter|aoa|errors|mpi|diskfull)
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+try:
+    import numpy as np
+    import fcio
+except ImportError as e:  # numpy missing: the independent reader cannot run
+    print("skipping:", e)
+    sys.exit(77)
+
+BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
+EXPORT = os.path.join(BUILD, "tools", "fc-export")
+INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
+FIXTURES = sorted(d for d in glob.glob(os.path.join(TESTDATA, "torch_dcp", "*"))
+                  if os.path.isdir(os.path.join(d, "expected")))
+assert FIXTURES, "no torch DCP fixtures"
+tmp = tempfile.mkdtemp(prefix="fc-export-test-")
+
+
+def export(fixture, out, *flags, expect=0):
+    return fcio.run([EXPORT, os.path.join(fixture, "ckpt"), out, "--quiet", *flags], expect=expect)
+
+
+def check_same(got, expected, label):
+    for name, want in expected.items():
+        assert name in got, f"{label}: {name} missing from export ({sorted(got)})"
+        dt, arr = got[name]
+        assert tuple(arr.shape) == tuple(want.shape), (label, name, arr.shape, want.shape)
+        assert np.array_equal(fcio.bits(arr), fcio.bits(want)), f"{label}: {name} differs"
+
+
+def case_values():
+    for fx in FIXTURES:
+        out = os.path.join(tmp, os.path.basename(fx))
+        export(fx, out)
+        got, index = fcio.read_hf_dir(out)
+        assert index is None
+        check_same(got, fcio.expected_values(fx), fx)
+        assert not [f for f in os.listdir(out) if f.startswith(".fc-")], os.listdir(out)
+        print("ok", fx, len(got), "tensors")
+
+
+def case_shards():
+    fx = max(FIXTURES, key=lambda d: len(fcio.expected_values(d)))
+    out = os.path.join(tmp, "shards")
+    export(fx, out, "--max-shard-size", "64")
+    names = sorted(os.listdir(out))
+    assert "model.safetensors.index.json" in names, names
+    shards = [n for n in names if n.endswith(".safetensors")]
+    n = len(shards)
+    assert n >= 2 and shards == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)], shards
+    got, index = fcio.read_hf_dir(out)
+    check_same(got, fcio.expected_values(fx), "shards")
+    for s in shards:  # no shard above the limit unless it holds a single larger tensor
+        t = fcio.read_safetensors(os.path.join(out, s))
+        size = sum(a.nbytes for _, a in t.values())
+        assert size <= 64 or len(t) == 1, (s, size)
+    print("ok", n, "shards")
+
+
+def case_dtype():
+    for fx in FIXTURES:
+        exp = fcio.expected_values(fx)
+        out = os.path.join(tmp, "bf16-" + os.path.basename(fx))
+        export(fx, out, "--dtype", "bfloat16")
+        got, _ = fcio.read_hf_dir(out)
+        for name, want in exp.items():
+            dt, arr = got[name]
+            if want.dtype in (np.float32, np.float64, np.float16):
+                assert dt == "BF16", (name, dt)
+                ref = fcio.f32_to_bf16_bits(want.astype(np.float32))
+                assert np.array_equal(arr.reshape(-1), ref.reshape(-1)), f"{fx}: {name} bf16 rounding"
+            elif want.dtype == np.uint16 and dt == "BF16":  # already bf16 (bit patterns)
+                assert np.array_equal(arr, want)
+            else:
+                assert np.array_equal(fcio.bits(arr), fcio.bits(want)), (name, dt)
+        out32 = os.path.join(tmp, "f32-" + os.path.basename(fx))
+        export(fx, out32, "--dtype", "float32")
+        got32, _ = fcio.read_hf_dir(out32)
+        for name, (dt, arr) in got32.items():
+            if dt == "F32" and exp[name].dtype == np.uint16:  # bf16 -> f32 is exact
+                assert np.array_equal(arr.reshape(-1), fcio.bf16_bits_to_f32(exp[name])), name
+    print("ok dtype")
+
+
+def case_filter():
+    fx = max(FIXTURES, key=lambda d: len(fcio.expected_values(d)))
+    exp = fcio.expected_values(fx)
+    first = sorted(exp)[0]
+    out = os.path.join(tmp, "inc")
+    export(fx, out, "--include", "^" + first + "$")
+    got, _ = fcio.read_hf_dir(out)
+    assert sorted(got) == [first], sorted(got)
+    out = os.path.join(tmp, "exc")
+    export(fx, out, "--exclude", "^" + first + "$")
+    got, _ = fcio.read_hf_dir(out)
+    assert first not in got and len(got) == len(exp) - 1
+    p = export(fx, os.path.join(tmp, "none"), "--include", "^nothing$", expect=3)
+    assert "no tensors to export" in p.stderr, p.stderr
+    print("ok filter")
+
+
+def case_errors():
+    fx = FIXTURES[0]
+    # A missing data file: named in the message, exit 4 or 5, nothing written.
+    broken = os.path.join(tmp, "broken")
+    shutil.copytree(os.path.join(fx, "ckpt"), broken)
+    victim = sorted(f for f in os.listdir(broken) if f.endswith(".distcp"))[-1]
+    os.remove(os.path.join(broken, victim))
+    out = os.path.join(tmp, "out-broken")
+    p = fcio.run([EXPORT, broken, out, "--quiet"], expect=None)
+    assert p.returncode in (4, 5), (p.returncode, p.stderr)
+    assert victim in p.stderr, p.stderr
+    assert not os.path.exists(out) or not os.listdir(out), os.listdir(out)
+    # The output directory cannot be created (a regular file is in the way): exit 7.
+    blocker = os.path.join(tmp, "blocker")
+    open(blocker, "w").close()
+    p = export(fx, os.path.join(blocker, "sub"), expect=7)
+    assert "blocker" in p.stderr, p.stderr
+    # An earlier export in the output directory is not overwritten: exit 8.
+    out = os.path.join(tmp, "twice")
+    export(fx, out)
+    p = export(fx, out, expect=8)
+    assert "already holds" in p.stderr, p.stderr
+    # Bad flag values: exit 3 (invalid argument) or 2 (usage).
+    export(fx, os.path.join(tmp, "x"), "--max-shard-size", "lots", expect=3)
+    export(fx, os.path.join(tmp, "x"), "--include", "(", expect=3)
+    export(fx, os.path.join(tmp, "x"), "--dtype", "int3", expect=2)
+    # An AOA program naming a tensor that does not exist: exit 3 or 4, name in the message.
+    aoa = os.path.join(tmp, "bad.aoa")
+    open(aoa, "w").write("no_such_tensor -> renamed\n")
+    p = export(fx, os.path.join(tmp, "aoa-out"), "--aoa", aoa, expect=None)
+    assert p.returncode in (3, 4) and "no_such_tensor" in p.stderr, (p.returncode, p.stderr)
+    assert not os.path.exists(os.path.join(tmp, "aoa-out", "model.safetensors"))
+    print("ok errors")
+
+
+def case_diskfull():
+    if os.geteuid() != 0:
+        print("skipping: mounting a small tmpfs needs root")
+        sys.exit(77)
+    src = os.path.join(tmp, "big")
+    fcio.run([os.path.join(BUILD, "bench", "make_synthetic_ckpt"), src, "2000000", "2", "128"])
+    mnt = os.path.join(tmp, "small")
+    os.makedirs(mnt)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", mnt])
+    if r.returncode != 0:
+        print("skipping: cannot mount tmpfs here")
+        sys.exit(77)
+    try:
+        out = os.path.join(mnt, "hf")
+        p = fcio.run([EXPORT, src, out, "--quiet"], expect=7)
+        assert "No space left" in p.stderr, p.stderr
+        left = os.listdir(out) if os.path.exists(out) else []
+        assert not left, f"left behind after disk full: {left}"
+    finally:
+        subprocess.run(["umount", mnt])
+    print("ok diskfull")
+
+
+def case_mpi():
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        print("skipping: no mpirun")
+        sys.exit(77)
+    fx = max(FIXTURES, key=lambda d: len(fcio.expected_values(d)))
+    single = os.path.join(tmp, "single")
+    export(fx, single, "--max-shard-size", "64")
+    for np_ in (2, 3):
+        multi = os.path.join(tmp, f"mpi{np_}")
+        fcio.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(np_), EXPORT,
+                  os.path.join(fx, "ckpt"), multi, "--quiet", "--max-shard-size", "64"])
+        a, b = sorted(os.listdir(single)), sorted(os.listdir(multi))
+        assert a == b, (a, b)
+        for f in a:
+            assert open(os.path.join(single, f), "rb").read() == open(os.path.join(multi, f), "rb").read(), f
+    print("ok mpi: byte-identical to the single-process export")
+
+
+try:
+    globals()["case_" + CASE]()
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
