@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <numeric>
 
 #include "fc/core/box_cover.h"
@@ -30,6 +31,26 @@ std::vector<int> ViewAxes(const std::vector<PieceOp>& ops, size_t rank) {
     view = std::move(next);
   }
   return view;
+}
+
+bool PieceReshapes(const SourcePiece& piece) {
+  return std::any_of(piece.ops.begin(), piece.ops.end(),
+                     [](const PieceOp& op) { return op.kind == PieceOp::Kind::kReshape; });
+}
+
+// The block of the piece's source that lands on `dst_sub` (inside the piece's dst_box): all
+// of src_box when the piece reshapes, since a reshape does not map sub-boxes to sub-boxes.
+Box SourceSubBox(const SourcePiece& piece, const Box& dst_sub) {
+  Box src_sub = piece.src_box;
+  if (PieceReshapes(piece)) return src_sub;
+  const std::vector<int> view = ViewAxes(piece.ops, piece.src_box.rank());
+  for (size_t i = 0; i < dst_sub.rank(); ++i) {
+    const size_t s = static_cast<size_t>(view[i]);
+    src_sub.global_offset[s] =
+        piece.src_box.global_offset[s] + (dst_sub.global_offset[i] - piece.dst_box.global_offset[i]);
+    src_sub.local_shape[s] = dst_sub.local_shape[i];
+  }
+  return src_sub;
 }
 
 Box ZeroOrigin(const Shape& shape) { return Box{Shape(shape.size(), 0), shape}; }
@@ -68,19 +89,8 @@ Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
     }
     const TensorEntry& source = *piece.source;
     const size_t rank = dst_sub->rank();
-    const bool reshapes = std::any_of(piece.ops.begin(), piece.ops.end(), [](const PieceOp& op) {
-      return op.kind == PieceOp::Kind::kReshape;
-    });
-    // The source block that lands on dst_sub (all of src_box when the piece reshapes).
-    const std::vector<int> view =
-        reshapes ? std::vector<int>() : ViewAxes(piece.ops, piece.src_box.rank());
-    Box src_sub = piece.src_box;
-    for (size_t i = 0; i < rank && !reshapes; ++i) {
-      const size_t s = static_cast<size_t>(view[i]);
-      src_sub.global_offset[s] =
-          piece.src_box.global_offset[s] + (dst_sub->global_offset[i] - piece.dst_box.global_offset[i]);
-      src_sub.local_shape[s] = dst_sub->local_shape[i];
-    }
+    const bool reshapes = PieceReshapes(piece);
+    const Box src_sub = SourceSubBox(piece, *dst_sub);
     auto context = [&] {
       return "target '" + target_key + "' " + dst_sub->ToString() + " from '" + source.key +
              "' " + src_sub.ToString();
@@ -142,6 +152,31 @@ Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
                dst_esize);
   }
   return Status::Ok();
+}
+
+void AccumulateRegionReads(const std::vector<SourcePiece>& pieces, const Box& region,
+                           std::map<uint32_t, uint64_t>& bytes_per_file) {
+  for (const SourcePiece& piece : pieces) {
+    std::optional<Box> dst_sub = Intersect(piece.dst_box, region);
+    if (!dst_sub || dst_sub->empty() || piece.source == nullptr) continue;
+    const Box src_sub = SourceSubBox(piece, *dst_sub);
+    const uint64_t esize = DTypeSize(piece.source->dtype);
+    for (const Chunk& chunk : piece.source->chunks) {
+      if (chunk.replica_id != 0) continue;
+      std::vector<Box> stored = {chunk.box};
+      if (chunk.flat_range) {
+        stored = DecomposeFlatRange(chunk.box.local_shape, *chunk.flat_range);
+        for (Box& b : stored) {
+          for (size_t i = 0; i < b.rank(); ++i) b.global_offset[i] += chunk.box.global_offset[i];
+        }
+      }
+      for (const Box& b : stored) {
+        if (auto o = Intersect(b, src_sub); o && !o->empty()) {
+          bytes_per_file[chunk.file] += static_cast<uint64_t>(o->num_elements()) * esize;
+        }
+      }
+    }
+  }
 }
 
 Status PiecesCover(const std::string& target_key, const std::vector<SourcePiece>& pieces,

@@ -91,9 +91,10 @@ Status ChunkReader::CopyBoxPiece(const TensorEntry& tensor, const Chunk& chunk,
     auto* out = static_cast<std::byte*>(dst) + FirstElementOffset(dst_box, piece) * esize;
     FC_RETURN_IF_ERROR(f->ReadAt(rows_offset, std::span<std::byte>(out, rows_bytes)));
   } else {
-    std::vector<std::byte> buffer(rows_bytes);
-    FC_RETURN_IF_ERROR(f->ReadAt(rows_offset, std::span<std::byte>(buffer)));
-    CopyRegion(buffer.data(), rows, {}, dst, dst_box, piece, esize);
+    // Not value-initialised: every byte is overwritten by the read.
+    std::unique_ptr<std::byte[]> buffer(new std::byte[rows_bytes]);
+    FC_RETURN_IF_ERROR(f->ReadAt(rows_offset, std::span<std::byte>(buffer.get(), rows_bytes)));
+    CopyRegion(buffer.get(), rows, {}, dst, dst_box, piece, esize);
   }
   std::lock_guard<std::mutex> lock(mu_);
   bytes_read_ += rows_bytes;

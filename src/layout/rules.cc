@@ -14,6 +14,7 @@ namespace fc {
 namespace {
 
 constexpr int64_t kMaxWorldSize = int64_t{1} << 24;
+constexpr int64_t kMaxAlign = int64_t{1} << 32;
 
 using layout_internal::CompiledRules;
 using layout_internal::JsonContext;
@@ -361,9 +362,12 @@ Result<CompiledRules> CompileRules(const LayoutRules& rules) {
   if (rules.zero) {
     if (rules.zero->states.empty()) return InvalidArgumentError("zero.states is empty");
     FC_ASSIGN_OR_RETURN(c.states, CompileAll("zero.states", rules.zero->states, true));
-    if (rules.zero->align < 1) return InvalidArgumentError("zero.align must be >= 1");
-    if (rules.zero->partition_align < 1) {
-      return InvalidArgumentError("zero.partition_align must be >= 1");
+    for (auto [name, v] : {std::pair{"zero.align", rules.zero->align},
+                           std::pair{"zero.partition_align", rules.zero->partition_align}}) {
+      if (v < 1 || v > kMaxAlign) {
+        return InvalidArgumentError(std::string(name) + "=" + std::to_string(v) +
+                                    " must be in [1, 2^32]");
+      }
     }
   }
   FC_ASSIGN_OR_RETURN(c.per_rank_replicas,

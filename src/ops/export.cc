@@ -3,16 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <mutex>
 #include <regex>
 #include <set>
-#include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "fc/core/checked_math.h"
 #include "fc/core/flat_range.h"
+#include "fc/exec/parallel.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/open.h"
 #include "fc/format/safetensors.h"
@@ -39,13 +37,6 @@ struct SlabTask {
   uint64_t byte_offset;  // within the tensor's data
 };
 
-uint64_t PhysicalMemory() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
-                               : (8ull << 30);
-}
-
 bool IsOptimizerKey(const std::string& key, const std::vector<std::string>& markers) {
   for (const std::string& m : markers) {
     if (key.find(m) != std::string::npos) return true;
@@ -60,45 +51,6 @@ Result<std::optional<std::regex>> CompileRegex(const std::string& flag, const st
   } catch (const std::regex_error& e) {
     return InvalidArgumentError(flag + " '" + text + "': " + e.what());
   }
-}
-
-// Cuts `shape` into slabs of at most `max_elements` elements (at least one element), each
-// contiguous in row-major order: leading axes fixed, a range of one axis, trailing axes whole.
-std::vector<Box> Slabs(const Shape& shape, int64_t max_elements) {
-  const size_t rank = shape.size();
-  if (rank == 0) return {Box{}};
-  for (int64_t d : shape) {
-    if (d == 0) return {Box::Whole(shape)};
-  }
-  // Find the outermost axis k whose trailing block fits.
-  size_t k = 0;
-  int64_t trailing = 1;  // elements of axes after k
-  for (size_t i = 0; i < rank; ++i) trailing *= shape[i];
-  trailing /= shape[0];
-  while (k + 1 < rank && trailing > max_elements) {
-    ++k;
-    trailing /= shape[k];
-  }
-  const int64_t per_slab = std::max<int64_t>(1, max_elements / std::max<int64_t>(1, trailing));
-  int64_t outer = 1;
-  for (size_t i = 0; i < k; ++i) outer *= shape[i];
-  std::vector<Box> slabs;
-  for (int64_t o = 0; o < outer; ++o) {
-    Shape lead = k > 0 ? Unravel(o, std::span<const int64_t>(shape.data(), k)) : Shape{};
-    for (int64_t start = 0; start < shape[k]; start += per_slab) {
-      Box b;
-      b.global_offset = lead;
-      b.local_shape.assign(k, 1);
-      b.global_offset.push_back(start);
-      b.local_shape.push_back(std::min(per_slab, shape[k] - start));
-      for (size_t i = k + 1; i < rank; ++i) {
-        b.global_offset.push_back(0);
-        b.local_shape.push_back(shape[i]);
-      }
-      slabs.push_back(std::move(b));
-    }
-  }
-  return slabs;
 }
 
 std::string SafeObjectFileName(const std::string& key) {
@@ -226,10 +178,8 @@ Result<ExportSummary> RunExport(const ExportOptions& options) {
   const size_t num_files = shards.file_names.size();
   std::vector<std::vector<size_t>> file_tensors(num_files);
   for (size_t i = 0; i < outputs.size(); ++i) file_tensors[shards.tensor_file[i]].push_back(i);
-  const int threads = options.threads > 0
-                          ? options.threads
-                          : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
-  const uint64_t budget = options.memory_budget ? options.memory_budget : PhysicalMemory() / 4;
+  const int threads = WorkerThreads(options.threads);
+  const uint64_t budget = options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
   // Per worker: the output slab plus up to two staging copies of a source block.
   const uint64_t per_worker = budget / static_cast<uint64_t>(threads) / 3;
   if (per_worker < 64) {
@@ -257,7 +207,7 @@ Result<ExportSummary> RunExport(const ExportOptions& options) {
       }
       const int64_t max_elements =
           std::max<int64_t>(1, static_cast<int64_t>(per_worker / widest));
-      for (Box& slab : Slabs(t.shape, max_elements)) {
+      for (Box& slab : ContiguousSlabs(Box::Whole(t.shape), max_elements)) {
         const int64_t first = slab.rank() ? Ravel(slab.global_offset, t.shape) : 0;
         const uint64_t offset = static_cast<uint64_t>(first) * DTypeSize(t.dtype);
         my_bytes += static_cast<uint64_t>(slab.num_elements()) * DTypeSize(t.dtype);
@@ -268,36 +218,18 @@ Result<ExportSummary> RunExport(const ExportOptions& options) {
 
   Progress progress("exporting", my_bytes, options.progress);
   ChunkReader reader(index);
-  std::atomic<size_t> next{0};
-  std::mutex error_mu;
-  Status first_error;
-  std::atomic<bool> failed{false};
-  auto worker = [&] {
-    std::vector<std::byte> buffer;
-    while (!failed.load()) {
-      const size_t i = next.fetch_add(1);
-      if (i >= tasks.size()) return;
-      const SlabTask& task = tasks[i];
-      buffer.resize(static_cast<size_t>(task.region.num_elements()) * DTypeSize(task.dtype));
-      Status s = AssembleRegion(reader, task.tensor->name, task.tensor->pieces, task.region,
-                                task.dtype, buffer.data());
-      if (s.ok()) {
-        s = writers[task.file]->Write(task.tensor_in_file, task.byte_offset,
-                                      std::span<const std::byte>(buffer));
-      }
-      if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(error_mu);
-        if (first_error.ok()) first_error = s;
-        failed = true;
-        return;
-      }
-      progress.Add(buffer.size());
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
-  for (std::thread& t : pool) t.join();
-  Status status = first_error;
+  // One output buffer per worker thread, reused across its slabs.
+  thread_local std::vector<std::byte> buffer;
+  Status status = ParallelFor(tasks.size(), threads, [&](size_t i) -> Status {
+    const SlabTask& task = tasks[i];
+    buffer.resize(static_cast<size_t>(task.region.num_elements()) * DTypeSize(task.dtype));
+    FC_RETURN_IF_ERROR(AssembleRegion(reader, task.tensor->name, task.tensor->pieces,
+                                      task.region, task.dtype, buffer.data()));
+    FC_RETURN_IF_ERROR(writers[task.file]->Write(task.tensor_in_file, task.byte_offset,
+                                                 std::span<const std::byte>(buffer)));
+    progress.Add(buffer.size());
+    return Status::Ok();
+  });
   for (size_t f = 0; f < num_files && status.ok(); ++f) {
     if (writers[f]) status = writers[f]->Finish();
   }

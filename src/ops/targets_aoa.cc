@@ -2,6 +2,7 @@
 #include <variant>
 
 #include "fc/format/json_writer.h"
+#include "fc/layout/target_layout.h"
 #include "fc/ops/report_format.h"
 
 #include "fc/aoa/engine.h"
@@ -30,6 +31,52 @@ Result<aoa::AoaEngine> MakeExportEngine(const CheckpointIndex& index, const std:
   return aoa::AoaEngine::Create(program, metas);
 }
 
+namespace {
+
+// The engine's mappings for the whole of `out`, as SourcePieces into `index`.
+Result<OutputTensor> OutputFromEngine(const CheckpointIndex& index, const aoa::AoaEngine& engine,
+                                      const aoa::OutputTensor& out) {
+  OutputTensor target{out.key, out.dtype, out.shape, {}};
+  FC_ASSIGN_OR_RETURN(std::vector<aoa::ShardMapping> mappings,
+                      engine.FindShardSources(out.key, Box::Whole(out.shape)));
+  for (const aoa::ShardMapping& m : mappings) {
+    SourcePiece piece;
+    piece.dst_box = m.target_box;
+    if (m.kind == aoa::MappingKind::kFill) {
+      if (m.fill_value != 0.0) {
+        return UnimplementedError("output '" + out.key + "': fill value " +
+                                  std::to_string(m.fill_value) + " (only zeros are supported)");
+      }
+      target.pieces.push_back(std::move(piece));
+      continue;
+    }
+    piece.source = index.FindTensor(m.source_key);
+    if (piece.source == nullptr) {
+      return NotFoundError("output '" + out.key + "' needs source tensor '" + m.source_key +
+                           "', which the checkpoint does not hold");
+    }
+    piece.src_box = m.source_box;
+    for (const aoa::PostOp& op : m.ops) {
+      PieceOp p;
+      if (const auto* perm = std::get_if<aoa::Permute>(&op)) {
+        p.kind = PieceOp::Kind::kPermute;
+        p.permutation.assign(perm->perm.begin(), perm->perm.end());
+      } else if (const auto* cast = std::get_if<aoa::Cast>(&op)) {
+        p.kind = PieceOp::Kind::kCast;
+        p.dtype = cast->dtype;
+      } else {
+        p.kind = PieceOp::Kind::kReshape;
+        p.shape = std::get<aoa::Reshape>(op).shape;
+      }
+      piece.ops.push_back(std::move(p));
+    }
+    target.pieces.push_back(std::move(piece));
+  }
+  return target;
+}
+
+}  // namespace
+
 Result<std::vector<OutputTensor>> AoaOutputs(const CheckpointIndex& index,
                                              const std::string& aoa_text,
                                              const std::string& origin) {
@@ -37,47 +84,46 @@ Result<std::vector<OutputTensor>> AoaOutputs(const CheckpointIndex& index,
   std::vector<OutputTensor> outputs;
   for (const aoa::OutputTensor& out : engine.ListOutputs(/*with_states=*/true)) {
     if (!out.has_data) continue;
-    OutputTensor target{out.key, out.dtype, out.shape, {}};
-    FC_ASSIGN_OR_RETURN(std::vector<aoa::ShardMapping> mappings,
-                        engine.FindShardSources(out.key, Box::Whole(out.shape)));
-    for (const aoa::ShardMapping& m : mappings) {
-      SourcePiece piece;
-      piece.dst_box = m.target_box;
-      if (m.kind == aoa::MappingKind::kFill) {
-        if (m.fill_value != 0.0) {
-          return UnimplementedError("output '" + out.key + "': fill value " +
-                                    std::to_string(m.fill_value) + " (only zeros are supported)");
-        }
-        target.pieces.push_back(std::move(piece));
-        continue;
-      }
-      piece.source = index.FindTensor(m.source_key);
-      if (piece.source == nullptr) {
-        return NotFoundError("output '" + out.key + "' needs source tensor '" + m.source_key +
-                             "', which the checkpoint does not hold");
-      }
-      piece.src_box = m.source_box;
-      for (const aoa::PostOp& op : m.ops) {
-        PieceOp p;
-        if (const auto* perm = std::get_if<aoa::Permute>(&op)) {
-          p.kind = PieceOp::Kind::kPermute;
-          p.permutation.assign(perm->perm.begin(), perm->perm.end());
-        } else if (const auto* cast = std::get_if<aoa::Cast>(&op)) {
-          p.kind = PieceOp::Kind::kCast;
-          p.dtype = cast->dtype;
-        } else {
-          p.kind = PieceOp::Kind::kReshape;
-          p.shape = std::get<aoa::Reshape>(op).shape;
-        }
-        piece.ops.push_back(std::move(p));
-      }
-      target.pieces.push_back(std::move(piece));
-    }
+    FC_ASSIGN_OR_RETURN(OutputTensor target, OutputFromEngine(index, engine, out));
     outputs.push_back(std::move(target));
   }
   return outputs;
 }
 
+Result<std::vector<OutputTensor>> AoaConvertOutputs(const CheckpointIndex& index,
+                                                    const std::string& aoa_text,
+                                                    const std::string& origin,
+                                                    const TargetLayout& layout) {
+  FC_ASSIGN_OR_RETURN(aoa::AoaProgram program, aoa::ParseAoaProgram(aoa_text, origin));
+  const std::vector<aoa::TensorMeta> sources = AoaSourceMeta(index);
+  std::vector<aoa::TensorMeta> destination;
+  for (const TargetTensor& t : layout.tensors) {
+    aoa::TensorMeta m{t.key, t.dtype, t.global_shape, {}};
+    for (const TargetRank& r : layout.ranks) {
+      for (const TargetChunk& c : r.chunks) {
+        if (c.key == t.key && c.replica_id == 0) m.chunks.push_back(c.box);
+      }
+    }
+    destination.push_back(std::move(m));
+  }
+  FC_ASSIGN_OR_RETURN(aoa::AoaEngine engine,
+                      aoa::AoaEngine::Create(program, sources,
+                                             std::span<const aoa::TensorMeta>(destination)));
+  std::vector<OutputTensor> outputs;
+  for (const TargetTensor& t : layout.tensors) {
+    FC_ASSIGN_OR_RETURN(aoa::OutputTensor out, engine.Output(t.key));
+    if (!out.has_data) {
+      // Declared with `_ -> key`: nothing maps to it; the target is written as zeros.
+      SourcePiece zeros;
+      zeros.dst_box = Box::Whole(t.global_shape);
+      outputs.push_back({t.key, t.dtype.value_or(out.dtype), t.global_shape, {std::move(zeros)}});
+      continue;
+    }
+    FC_ASSIGN_OR_RETURN(OutputTensor target, OutputFromEngine(index, engine, out));
+    outputs.push_back(std::move(target));
+  }
+  return outputs;
+}
 
 Status WriteAoaPreview(const CheckpointIndex& index, const std::string& aoa_text,
                        const std::string& origin, bool json, std::ostream& out) {

@@ -13,6 +13,7 @@
 #define FC_EXEC_ASSEMBLE_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,11 @@ DType PieceDType(const SourcePiece& piece);
 Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
                       const std::vector<SourcePiece>& pieces, const Box& region,
                       DType dst_dtype, void* dst);
+
+// Adds, per source file, the bytes AssembleRegion(pieces, region) would take from it
+// (element volumes; row over-reads not counted). For plans and --dry-run.
+void AccumulateRegionReads(const std::vector<SourcePiece>& pieces, const Box& region,
+                           std::map<uint32_t, uint64_t>& bytes_per_file);
 
 // Whether pieces' dst boxes cover `target` exactly once. Returns kNotFound naming the first
 // uncovered box, or kInvalidArgument naming two overlapping pieces.

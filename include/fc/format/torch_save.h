@@ -112,8 +112,9 @@ struct TorchSaveTensor {
 
 // Reads a torch.save archive whose object is a single tensor and locates its bytes.
 // Errors: those of ReadTorchSaveArchive, ParsePickle and DecodeTorchTensor, plus kDataLoss
-// when the storage record is missing, not STORED, or its size differs from the storage
-// size in data.pkl.
+// when data.pkl exceeds 1 MiB (a single tensor's is ~150 bytes), or the storage record is
+// missing or its size differs from the storage size in data.pkl; kUnimplemented when the
+// record is compressed.
 Result<TorchSaveTensor> ParseTorchSaveTensor(uint64_t archive_size, const ZipReadFn& read);
 Result<TorchSaveTensor> ParseTorchSaveTensor(std::span<const std::byte> archive);
 

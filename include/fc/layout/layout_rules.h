@@ -153,8 +153,8 @@ std::string_view ParamOrderName(ParamOrder order);
 struct ZeroRules {
   std::vector<std::string> states;   // regexes; capture group 1: the parameter name
   ParamOrder order = ParamOrder::kTensors;
-  int64_t align = 1;                 // elements, >= 1: parameter start offsets
-  int64_t partition_align = 1;       // elements, >= 1: per-rank range size
+  int64_t align = 1;                 // elements, 1 .. 2^32: parameter start offsets
+  int64_t partition_align = 1;       // elements, 1 .. 2^32: per-rank range size
   friend bool operator==(const ZeroRules&, const ZeroRules&) = default;
 };
 
@@ -170,9 +170,9 @@ struct LayoutRules {
 };
 
 // Checks degrees and every rule without looking at tensors: regexes compile (and the
-// layer, expert and state regexes have a capture group), axes >= 0, alignments >= 1,
-// layers_per_stage has pp entries >= 0 (and sums to num_layers when both are set), a
-// pipeline section exists when pp > 1. Errors: kInvalidArgument naming the rule, e.g.
+// layer, expert and state regexes have a capture group), axes >= 0, alignments in
+// [1, 2^32], layers_per_stage has pp entries >= 0 (and sums to num_layers when both are
+// set), a pipeline section exists when pp > 1. Errors: kInvalidArgument naming the rule, e.g.
 // "tensor_parallel[2].regex 'a(': <std::regex message>".
 Status ValidateLayoutRules(const LayoutRules& rules);
 

@@ -10,6 +10,7 @@
 #include "fc/core/status.h"
 #include "fc/exec/assemble.h"
 #include "fc/format/checkpoint.h"
+#include "fc/layout/target_layout.h"
 
 namespace fc {
 
@@ -30,6 +31,14 @@ std::vector<OutputTensor> IdentityOutputs(const CheckpointIndex& index);
 Result<std::vector<OutputTensor>> AoaOutputs(const CheckpointIndex& index,
                                              const std::string& aoa_text,
                                              const std::string& origin);
+
+// Convert mode: one output per tensor of `layout` (in layout order), filled by the program's
+// mappings; tensors declared with `_ -> key` become zeros. Errors as AoaOutputs, plus those
+// of the engine's destination checks (dtype change without a cast, shape mismatch).
+Result<std::vector<OutputTensor>> AoaConvertOutputs(const CheckpointIndex& index,
+                                                    const std::string& aoa_text,
+                                                    const std::string& origin,
+                                                    const TargetLayout& layout);
 
 // Prints what the AOA program makes of `index` without reading tensor bytes: the statements
 // after macro expansion and the output tensors (name, dtype, shape), as text or JSON.

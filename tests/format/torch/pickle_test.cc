@@ -384,6 +384,22 @@ TEST_CASE("pickle: deep values left in the memo are released safely", "[pickle]"
   CHECK(Parse(b).status().code() == StatusCode::kDataLoss);
 }
 
+TEST_CASE("pickle: a long chain of BUILDs stays linear", "[pickle]") {
+  // 100k BUILD({'k<i>': i}) on one object: merging by copying would be quadratic.
+  PickleWriter w;
+  w.Proto(4).StackGlobal("m", "C").EmptyTuple().NewObj();
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) {
+    w.EmptyDict().ShortStr("k" + std::to_string(i)).Int(i).SetItem().Build();
+  }
+  w.Stop();
+  auto v = Parse(w.bytes());
+  REQUIRE(v.ok());
+  REQUIRE(v->state);
+  CHECK(v->state->entries.size() == static_cast<size_t>(n));
+  CHECK(v->state->Find("k99999")->int_value == 99999);
+}
+
 TEST_CASE("pickle: DebugString is bounded", "[pickle]") {
   PickleWriter w;
   w.Proto(4).EmptyList().Mark();

@@ -359,5 +359,32 @@ TEST_CASE("torch dcp corruption: crafted .metadata values", "[torch_dcp][corrupt
   }
 }
 
+TEST_CASE("torch dcp corruption: memo amplification is bounded", "[torch_dcp][corruption]") {
+  // One TensorStorageMetadata with 1000 chunks, memoized, and 50k fqns pointing at it:
+  // ~0.5 MB of pickle that would expand to 50M chunks.
+  const std::string mod = "torch.distributed._shard.checkpoint.metadata";
+  testing::PickleWriter w;
+  w.Proto(4).StackGlobal(mod, "Metadata").EmptyTuple().NewObj().EmptyDict().Mark();
+  w.ShortStr("state_dict_metadata").EmptyDict().Mark();
+  w.ShortStr("t0").StackGlobal(mod, "TensorStorageMetadata").EmptyTuple().NewObj();
+  w.EmptyDict().Mark().ShortStr("properties");
+  w.StackGlobal("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties");
+  w.EmptyTuple().NewObj().Mark().StackGlobal("torch", "float32").Tuple().Build();
+  const Shape size = {1000}, one = {1};
+  w.ShortStr("size").TorchSize(size).ShortStr("chunks").EmptyList().Mark();
+  for (int64_t i = 0; i < 1000; ++i) {
+    const Shape off = {i};
+    w.StackGlobal(mod, "ChunkStorageMetadata").EmptyTuple().NewObj().EmptyDict().Mark();
+    w.ShortStr("offsets").TorchSize(off).ShortStr("sizes").TorchSize(one).SetItems().Build();
+  }
+  w.Appends().SetItems().Build().Memoize();
+  for (int i = 1; i < 50000; ++i) w.ShortStr("t" + std::to_string(i)).BinGet(0);
+  w.SetItems().SetItems().Build().Stop();
+  auto md = ParseDcpMetadata(w.bytes());
+  REQUIRE_FALSE(md.ok());
+  CHECK(md.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(md.status().message(), Catch::Contains("shares values so heavily"));
+}
+
 }  // namespace
 }  // namespace fc

@@ -1,0 +1,34 @@
+// Work splitting for the data path: contiguous slabs of a box under an element budget, and a
+// small thread pool that runs numbered tasks and stops at the first error.
+#ifndef FC_EXEC_PARALLEL_H_
+#define FC_EXEC_PARALLEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "fc/core/box.h"
+#include "fc/core/status.h"
+
+namespace fc {
+
+// Cuts `box` into slabs of at most `max_elements` elements (at least one element each), in
+// row-major order, each contiguous in a row-major buffer holding `box`: leading axes fixed
+// to one index, a range of one axis, trailing axes whole. A box with a zero extent, or of
+// rank 0, is one slab.
+std::vector<Box> ContiguousSlabs(const Box& box, int64_t max_elements);
+
+// Runs task(0) .. task(count - 1) on `threads` threads (tasks are taken in order). After the
+// first failing task no new task starts; returns that task's error (the lowest-numbered
+// failure seen first).
+Status ParallelFor(size_t count, int threads, const std::function<Status(size_t)>& task);
+
+// Worker threads for a run: `requested` when > 0, else the hardware concurrency capped at 8.
+int WorkerThreads(int requested);
+
+// Bytes of physical memory (8 GiB when unknown).
+uint64_t PhysicalMemoryBytes();
+
+}  // namespace fc
+
+#endif  // FC_EXEC_PARALLEL_H_

@@ -1,0 +1,58 @@
+// fc-convert's library entry point: reshard a checkpoint into another parallel layout
+// (optionally through an AOA program) and write it as fc distcp or PyTorch DCP.
+#ifndef FC_OPS_CONVERT_H_
+#define FC_OPS_CONVERT_H_
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "fc/core/status.h"
+#include "fc/exec/progress.h"
+#include "fc/format/checkpoint.h"
+#include "fc/layout/layout_rules.h"
+
+namespace fc {
+
+enum class ConvertOutputFormat { kFcDistcp, kTorchDcp };
+
+struct ConvertOptions {
+  std::string input;
+  std::optional<CheckpointFormat> format;      // forced input format
+  std::string output_dir;                      // must not exist, or be an empty directory
+  // Exactly one target: an existing checkpoint, a rules file, a preset, or a manifest.
+  std::string target_like;
+  std::string target_layout_file;
+  std::string preset;
+  ParallelDegrees degrees;                     // with preset
+  std::string target_manifest;
+  std::string emit_manifest;                   // write the resolved per-rank chunk list here
+  std::string aoa_file;                        // structure changes (convert mode)
+  ConvertOutputFormat output_format = ConvertOutputFormat::kFcDistcp;
+  std::string torch_version;                   // "1.13" or "2"; empty: like a torch source, else 2
+  bool dry_run = false;                        // print the plan, write nothing
+  bool json = false;                           // dry-run plan as JSON
+  uint64_t memory_budget = 0;                  // 0: a quarter of physical memory
+  int threads = 0;
+  Progress::Mode progress = Progress::Mode::kAuto;
+};
+
+struct ConvertSummary {
+  uint64_t ranks = 0;
+  uint64_t chunks = 0;
+  uint64_t bytes_written = 0;
+  uint64_t objects = 0;
+};
+
+// Plans, then (unless dry_run) writes. The plan (or its JSON) goes to `out`.
+// Errors: those of opening the input and target; kInvalidArgument for inconsistent targets
+// (shape mismatch, dtype change without a cast) and bad options; kNotFound for a target
+// tensor with no source or a source missing a chunk; kFailedPrecondition when the output
+// exists and is not empty; kIoError for write failures. A failed run leaves no output
+// directory (fc distcp writes into a staging directory renamed at the end).
+Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out);
+
+}  // namespace fc
+
+#endif  // FC_OPS_CONVERT_H_

@@ -1,0 +1,90 @@
+#include "fc/exec/parallel.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "fc/core/flat_range.h"
+
+namespace fc {
+
+std::vector<Box> ContiguousSlabs(const Box& box, int64_t max_elements) {
+  const Shape& shape = box.local_shape;
+  const size_t rank = shape.size();
+  if (rank == 0 || box.empty()) return {box};
+  // The outermost axis k whose trailing block (axes after k) fits the budget.
+  size_t k = 0;
+  int64_t trailing = box.num_elements() / shape[0];
+  while (k + 1 < rank && trailing > max_elements) {
+    ++k;
+    trailing /= shape[k];
+  }
+  const int64_t per_slab = std::max<int64_t>(1, max_elements / std::max<int64_t>(1, trailing));
+  int64_t outer = 1;
+  for (size_t i = 0; i < k; ++i) outer *= shape[i];
+  std::vector<Box> slabs;
+  for (int64_t o = 0; o < outer; ++o) {
+    const Shape lead = k > 0 ? Unravel(o, std::span<const int64_t>(shape.data(), k)) : Shape{};
+    for (int64_t start = 0; start < shape[k]; start += per_slab) {
+      Box b = box;
+      for (size_t i = 0; i < k; ++i) {
+        b.global_offset[i] = box.global_offset[i] + lead[i];
+        b.local_shape[i] = 1;
+      }
+      b.global_offset[k] = box.global_offset[k] + start;
+      b.local_shape[k] = std::min(per_slab, shape[k] - start);
+      slabs.push_back(std::move(b));
+    }
+  }
+  return slabs;
+}
+
+Status ParallelFor(size_t count, int threads, const std::function<Status(size_t)>& task) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  Status first_error;
+  size_t first_index = count;
+  auto worker = [&] {
+    while (!failed.load()) {
+      const size_t i = next.fetch_add(1);
+      if (i >= count) return;
+      Status s = task(i);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (i < first_index) {
+          first_index = i;
+          first_error = std::move(s);
+        }
+        failed = true;
+        return;
+      }
+    }
+  };
+  const int n = std::max(1, std::min<int>(threads, static_cast<int>(std::max<size_t>(count, 1))));
+  if (n == 1) {
+    worker();
+  } else {
+    std::vector<std::thread> pool;
+    for (int t = 0; t < n; ++t) pool.emplace_back(worker);
+    for (std::thread& t : pool) t.join();
+  }
+  return first_error;
+}
+
+int WorkerThreads(int requested) {
+  if (requested > 0) return requested;
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+}
+
+uint64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
+                               : (8ull << 30);
+}
+
+}  // namespace fc
