@@ -218,23 +218,23 @@ TEST_CASE("Experts are split over the ep ranks of the data-parallel group", "[la
   rules.tensor_parallel = {{R"(\.w1$)", 0, std::nullopt}};
   rules.experts = ExpertRules{R"(\.experts\.(\d+)\.)", std::nullopt};
   std::vector<TargetTensor> tensors = {T("router", {4, 2})};
-  for (int e = 0; e < 4; ++e) tensors.push_back(T("experts." + std::to_string(e) + ".w1", {4, 2}));
+  for (int e = 0; e < 4; ++e) tensors.push_back(T("moe.experts." + std::to_string(e) + ".w1", {4, 2}));
   // rank = tp + 2 * sharding; ep rank = sharding rank.
   TargetLayout l = Layout(rules, tensors);
   RequireBox(l, 0, "router", B({0, 0}, {4, 2}));
   for (int64_t r = 1; r < 4; ++r) RequireNone(l, r, "router");
-  RequireBox(l, 0, "experts.1.w1", B({0, 0}, {2, 2}));
-  RequireBox(l, 1, "experts.1.w1", B({2, 0}, {2, 2}));
-  RequireNone(l, 2, "experts.1.w1");
-  RequireBox(l, 2, "experts.2.w1", B({0, 0}, {2, 2}));
-  RequireBox(l, 3, "experts.3.w1", B({2, 0}, {2, 2}));
-  RequireNone(l, 1, "experts.3.w1");
+  RequireBox(l, 0, "moe.experts.1.w1", B({0, 0}, {2, 2}));
+  RequireBox(l, 1, "moe.experts.1.w1", B({2, 0}, {2, 2}));
+  RequireNone(l, 2, "moe.experts.1.w1");
+  RequireBox(l, 2, "moe.experts.2.w1", B({0, 0}, {2, 2}));
+  RequireBox(l, 3, "moe.experts.3.w1", B({2, 0}, {2, 2}));
+  RequireNone(l, 1, "moe.experts.3.w1");
 
   rules.experts->num_experts = 3;
   RequireLayoutError(rules, tensors, "experts: 3 experts do not split evenly over ep=2 ranks");
   rules.experts->num_experts = 2;
   RequireLayoutError(rules, tensors,
-                     "tensor 'experts.2.w1' (shape (4, 2)): expert 2 is beyond "
+                     "tensor 'moe.experts.2.w1' (shape (4, 2)): expert 2 is beyond "
                      "experts.num_experts=2");
 }
 

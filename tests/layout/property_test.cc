@@ -59,7 +59,7 @@ Model RandomModel(uint64_t seed) {
     for (int64_t l = 0; l < m.layers; ++l) ++per[static_cast<size_t>(Uniform(rng, 0, d.pp - 1))];
     m.rules.pipeline->layers_per_stage = per;
   }
-  m.rules.experts = ExpertRules{R"(\.experts\.(\d+)\.)", std::nullopt};
+  m.rules.experts = ExpertRules{R"(\.experts\.(\d+)\.)", m.experts};
   m.zero = Uniform(rng, 0, 1) == 1;
   if (m.zero) {
     m.rules.zero = ZeroRules{{R"(^(.+)\.m1$)", R"(^(.+)\.m2$)"},

@@ -1,0 +1,738 @@
+// TorchDcpWriter: plan validation, item layout, tensor archives, .metadata, atomic commit.
+// Layout and contract: include/fc/format/torch_dcp_writer.h.
+//
+// Why every item's size is computed up front: a DCP tensor item is a torch.save zip whose
+// only variable parts are data.pkl (a function of dtype and chunk shape) and the storage
+// record (numel * itemsize), so the whole file layout follows from the plan. That lets
+// WriteChunk pwrite tensor bytes to their final place from any thread in any order, and
+// leaves Finish only the small headers (a few hundred bytes per chunk) to write.
+//
+// Why the CRCs are combined rather than re-read: the data/0 CRC is needed in the data
+// descriptor and central directory after the data. Each slab is CRC'd while it is still in
+// the caller's (hot) buffer, and touching slabs merge with crc32_combine (O(log n)), so the
+// written ranges of a chunk collapse to one range with one CRC; Finish reads nothing back.
+#include "fc/format/torch_dcp_writer.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "fc/core/checked_math.h"
+#include "fc/io/file.h"
+#include "src/format/torch/pickle_writer.h"
+#include "src/format/torch/torch_save_writer.h"
+#include "src/format/torch/zip_writer.h"
+
+namespace fc {
+namespace {
+
+using internal_torch::Crc32;
+using internal_torch::Crc32Combine;
+using internal_torch::PickleWriter;
+using internal_torch::TensorArchive;
+
+std::string Quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+std::string Range(uint64_t a, uint64_t b) {
+  return "[" + std::to_string(a) + ", " + std::to_string(b) + ")";
+}
+
+std::string ChunkLabel(const FcDistcpFileSpec& file, const FcDistcpChunkSpec& c) {
+  return file.name + ": tensor " + Quoted(c.key) + " chunk " +
+         (c.box.global_offset.size() == c.box.local_shape.size() ? c.box.ToString()
+                                                                  : std::string("(bad box)"));
+}
+
+std::string ObjectLabel(const FcDistcpFileSpec& file, const FcDistcpObjectSpec& o) {
+  return file.name + ": object " + Quoted(o.key);
+}
+
+// "__<rank>_<n>.distcp" with canonical decimals (no sign, no leading zeros).
+bool IsDcpFileName(std::string_view name) {
+  if (!name.starts_with("__") || !name.ends_with(".distcp")) return false;
+  std::string_view s = name.substr(2, name.size() - 2 - 7);
+  const size_t us = s.find('_');
+  if (us == std::string_view::npos) return false;
+  auto canonical = [](std::string_view d) {
+    if (d.empty() || d.size() > 18) return false;
+    if (d.size() > 1 && d[0] == '0') return false;
+    return std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  return canonical(s.substr(0, us)) && canonical(s.substr(us + 1));
+}
+
+bool IsValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<uint8_t>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1f) : n == 3 ? (c & 0x0f) : (c & 0x07);
+    for (size_t k = 1; k < n; ++k) {
+      const auto cc = static_cast<uint8_t>(s[i + k]);
+      if ((cc & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF: Python's decoder refuses them.
+    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
+        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) {
+      return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+std::span<const std::byte> AsBytes(std::string_view s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
+std::string StripTrailingSlashes(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
+
+// OK when `dir` does not exist or is an empty directory.
+Status CheckOutputFree(const std::string& dir) {
+  if (!PathExists(dir)) return Status::Ok();
+  if (!IsDirectory(dir)) {
+    return FailedPreconditionError(dir + ": output exists and is not a directory");
+  }
+  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
+  if (!names.empty()) {
+    return FailedPreconditionError(dir + ": output directory exists and is not empty");
+  }
+  return Status::Ok();
+}
+
+// The replica-0 chunks of one tensor must tile it: pairwise disjoint (checked with a sweep
+// over axis 0, so chunk grids cost ~n log n) and together exactly as large as the tensor.
+Status CheckTiling(const FcDistcpTensorSpec& t, std::vector<const FcDistcpChunkSpec*> chunks,
+                   int64_t numel) {
+  std::set<Shape> offsets;
+  int64_t volume = 0;
+  for (const FcDistcpChunkSpec* c : chunks) {
+    if (!offsets.insert(c->box.global_offset).second) {
+      return InvalidArgumentError("tensor " + Quoted(t.key) + ": two chunks start at " +
+                                  c->box.ToString());
+    }
+    // Each box fits in the tensor, so only a sum of many overlapping boxes can overflow.
+    volume = CheckedAdd(volume, c->box.num_elements()).value_or(INT64_MAX);
+  }
+  if (!t.global_shape.empty()) {
+    std::sort(chunks.begin(), chunks.end(), [](const auto* a, const auto* b) {
+      return a->box.global_offset[0] < b->box.global_offset[0];
+    });
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (chunks[i]->box.empty()) continue;
+      for (size_t j = i + 1; j < chunks.size(); ++j) {
+        if (chunks[j]->box.global_offset[0] >= chunks[i]->box.exclusive_max(0)) break;
+        if (chunks[j]->box.empty()) continue;
+        if (Intersect(chunks[i]->box, chunks[j]->box)) {
+          return InvalidArgumentError("tensor " + Quoted(t.key) + ": chunks " +
+                                      chunks[i]->box.ToString() + " and " +
+                                      chunks[j]->box.ToString() +
+                                      " overlap (DCP stores each element once)");
+        }
+      }
+    }
+  }
+  if (volume != numel) {
+    return InvalidArgumentError("tensor " + Quoted(t.key) + ": its chunks with replica_id 0 hold " +
+                                std::to_string(volume) + " of " + std::to_string(numel) +
+                                " elements (DCP chunks must cover the tensor exactly)");
+  }
+  return Status::Ok();
+}
+
+// Generation-dependent module paths (formats.md 2.3).
+struct Modules {
+  std::string_view metadata, properties, mem_format, filesystem;
+};
+Modules ModulesFor(TorchGeneration g) {
+  if (g == TorchGeneration::k1_13) {
+    return {"torch.distributed._shard.checkpoint.metadata",
+            "torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING",
+            "torch.distributed._shard.checkpoint.filesystem"};
+  }
+  return {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.metadata",
+          "_MEM_FORMAT_ENCODING", "torch.distributed.checkpoint.filesystem"};
+}
+
+// Emits n dict entries (each pushes key, value) the way CPython batches them: MARK ...
+// SETITEMS per 1000, a lone trailing entry with SETITEM.
+template <typename F>
+void EmitDictItems(PickleWriter& w, size_t n, F&& emit) {
+  for (size_t b = 0; b < n; b += PickleWriter::kBatchSize) {
+    const size_t e = std::min(n, b + PickleWriter::kBatchSize);
+    if (e - b > 1) w.Mark();
+    for (size_t i = b; i < e; ++i) emit(i);
+    if (e - b > 1) {
+      w.SetItems();
+    } else {
+      w.SetItem();
+    }
+  }
+}
+template <typename F>
+void EmitListItems(PickleWriter& w, size_t n, F&& emit) {
+  for (size_t b = 0; b < n; b += PickleWriter::kBatchSize) {
+    const size_t e = std::min(n, b + PickleWriter::kBatchSize);
+    if (e - b > 1) w.Mark();
+    for (size_t i = b; i < e; ++i) emit(i);
+    if (e - b > 1) {
+      w.Appends();
+    } else {
+      w.Append();
+    }
+  }
+}
+
+// torch.Size((d0, ...)): REDUCE(torch.Size, ((d0, ...),)).
+void EmitTorchSize(PickleWriter& w, std::span<const int64_t> dims) {
+  w.Global("torch", "Size");
+  if (dims.empty()) {
+    w.EmptyTuple();
+  } else {
+    if (dims.size() > 3) w.Mark();
+    for (int64_t d : dims) w.Int(d);
+    w.TupleOf(dims.size());
+  }
+  w.TupleOf(1).Reduce();
+}
+
+// A random 32-hex-digit id (uuid4().hex style) for storage_meta.save_id.
+std::string RandomHexId() {
+  std::random_device rd;
+  std::string out;
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 32; ++i) out.push_back(kHex[rd() & 15]);
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Validation and layout.
+
+Status ValidateTorchDcpPlan(const FcDistcpPlan& plan, TorchDcpWriteOptions options) {
+  std::unordered_map<std::string, size_t> tensor_index;
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const FcDistcpTensorSpec& t = plan.tensors[i];
+    if (t.key.empty() || !IsValidUtf8(t.key)) {
+      return InvalidArgumentError("tensor key " + Quoted(t.key) + " is empty or not UTF-8");
+    }
+    if (!tensor_index.emplace(t.key, i).second) {
+      return InvalidArgumentError("tensor " + Quoted(t.key) + " is listed twice");
+    }
+    if (options.generation == TorchGeneration::k1_13 &&
+        internal_torch::UsesRebuildTensorV3(t.dtype)) {
+      return InvalidArgumentError("tensor " + Quoted(t.key) + ": torch 1.13 has no dtype " +
+                                  std::string(DTypeName(t.dtype)));
+    }
+    auto bytes = CheckedByteSize(t.global_shape, DTypeSize(t.dtype));
+    if (!bytes.ok()) return InvalidArgumentError("tensor " + Quoted(t.key) + ": " +
+                                                 bytes.status().message());
+  }
+  std::unordered_set<std::string> names;
+  std::unordered_set<std::string> object_keys;
+  std::vector<std::vector<const FcDistcpChunkSpec*>> stored(plan.tensors.size());
+  for (const FcDistcpFileSpec& f : plan.files) {
+    if (!IsDcpFileName(f.name)) {
+      return InvalidArgumentError("file name " + Quoted(f.name) +
+                                  " is not of the form __<rank>_<n>.distcp");
+    }
+    if (!names.insert(f.name).second) {
+      return InvalidArgumentError("file " + Quoted(f.name) + " is listed twice");
+    }
+    for (const FcDistcpChunkSpec& c : f.chunks) {
+      const std::string label = ChunkLabel(f, c);
+      auto it = tensor_index.find(c.key);
+      if (it == tensor_index.end()) {
+        return InvalidArgumentError(label + ": no such tensor in the plan");
+      }
+      const FcDistcpTensorSpec& t = plan.tensors[it->second];
+      if (c.flat_range) {
+        return InvalidArgumentError(label + ": has a flattened range " +
+                                    c.flat_range->ToString() +
+                                    "; torch DCP stores whole n-d boxes only");
+      }
+      if (c.replica_id < 0) {
+        return InvalidArgumentError(label + ": replica_id " + std::to_string(c.replica_id) +
+                                    " < 0");
+      }
+      if (Status s = ValidateBox(c.box, t.global_shape); !s.ok()) {
+        return InvalidArgumentError(label + ": " + s.message());
+      }
+      if (c.replica_id == 0) stored[it->second].push_back(&c);
+    }
+    for (const FcDistcpObjectSpec& o : f.objects) {
+      const std::string label = ObjectLabel(f, o);
+      if (o.key.empty() || !IsValidUtf8(o.key)) {
+        return InvalidArgumentError(label + ": key is empty or not UTF-8");
+      }
+      if (o.encoding != ObjectEncoding::kTorchSave) {
+        return InvalidArgumentError(label + ": encoding " +
+                                    std::string(ObjectEncodingName(o.encoding)) +
+                                    "; torch DCP BYTE_IO items must be torch.save archives");
+      }
+      if (o.byte_length < 4) {
+        return InvalidArgumentError(label + ": " + std::to_string(o.byte_length) +
+                                    " bytes cannot be a torch.save archive");
+      }
+      if (tensor_index.count(o.key) > 0) {
+        return InvalidArgumentError(label + ": a tensor has the same key (DCP fqns are unique)");
+      }
+      if (!object_keys.insert(o.key).second) {
+        return InvalidArgumentError(label + ": the key is used twice");
+      }
+    }
+  }
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const FcDistcpTensorSpec& t = plan.tensors[i];
+    FC_ASSIGN_OR_RETURN(int64_t numel, CheckedNumElements(t.global_shape));
+    FC_RETURN_IF_ERROR(CheckTiling(t, stored[i], numel));
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<TorchDcpFileLayout>> ComputeTorchDcpLayouts(const FcDistcpPlan& plan,
+                                                               TorchDcpWriteOptions options) {
+  FC_RETURN_IF_ERROR(ValidateTorchDcpPlan(plan, options));
+  std::unordered_map<std::string, DType> dtypes;
+  for (const FcDistcpTensorSpec& t : plan.tensors) dtypes[t.key] = t.dtype;
+  std::vector<TorchDcpFileLayout> out(plan.files.size());
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    const FcDistcpFileSpec& spec = plan.files[f];
+    TorchDcpFileLayout& layout = out[f];
+    uint64_t cursor = 0;
+    auto advance = [&](uint64_t n, const std::string& label) -> Status {
+      auto end = CheckedAddU(cursor, n);
+      if (!end || *end > (uint64_t{1} << 62)) {
+        return InvalidArgumentError(label + ": file offsets overflow");
+      }
+      cursor = *end;
+      return Status::Ok();
+    };
+    // BYTE_IO items first, as torch's FileSystemWriter orders them.
+    for (const FcDistcpObjectSpec& o : spec.objects) {
+      TorchDcpItemPlacement p;
+      p.item_offset = p.data_offset = cursor;
+      p.item_length = p.data_length = o.byte_length;
+      FC_RETURN_IF_ERROR(advance(o.byte_length, ObjectLabel(spec, o)));
+      layout.objects.push_back(p);
+    }
+    for (const FcDistcpChunkSpec& c : spec.chunks) {
+      const DType dtype = dtypes.at(c.key);
+      TorchDcpItemPlacement p;
+      // ValidateTorchDcpPlan bounded the box by its tensor, whose byte size fits.
+      p.data_length = static_cast<uint64_t>(c.box.num_elements()) * DTypeSize(dtype);
+      if (c.replica_id > 0) {
+        p.written = false;
+        layout.chunks.push_back(p);
+        continue;
+      }
+      const TensorArchive archive = internal_torch::PlanTensorArchive(dtype, c.box.local_shape);
+      p.item_offset = cursor;
+      p.item_length = archive.size();
+      p.data_offset = cursor + archive.data_offset();
+      FC_RETURN_IF_ERROR(advance(archive.size(), ChunkLabel(spec, c)));
+      layout.chunks.push_back(p);
+    }
+    layout.file_size = cursor;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// The writer.
+
+struct TorchDcpWriter::ItemState {
+  struct Written {
+    uint64_t end;
+    uint32_t crc;  // CRC-32 of [begin, end) (chunks only)
+  };
+  std::map<uint64_t, Written> ranges;  // begin -> written range, merged when touching
+  uint64_t bytes_done = 0;
+};
+
+struct TorchDcpWriter::FileState {
+  std::unique_ptr<WritableFile> file;
+  std::mutex mu;  // guards the item states and `poisoned`
+  std::vector<ItemState> chunks;
+  std::vector<ItemState> objects;
+  Status poisoned;
+};
+
+TorchDcpWriter::TorchDcpWriter() = default;
+
+Result<std::unique_ptr<TorchDcpWriter>> TorchDcpWriter::Create(const std::string& out_dir,
+                                                               FcDistcpPlan plan,
+                                                               TorchDcpWriteOptions options) {
+  FC_ASSIGN_OR_RETURN(std::vector<TorchDcpFileLayout> layouts,
+                      ComputeTorchDcpLayouts(plan, options));
+  std::unique_ptr<TorchDcpWriter> w(new TorchDcpWriter());
+  w->out_dir_ = StripTrailingSlashes(out_dir);
+  FC_ASSIGN_OR_RETURN(w->staging_dir_, CreateFcDistcpStagingDir(w->out_dir_));
+  w->plan_ = std::move(plan);
+  w->options_ = options;
+  w->layouts_ = std::move(layouts);
+  // From here on an error return destroys `w`, whose destructor removes the staging dir.
+  for (size_t f = 0; f < w->plan_.files.size(); ++f) {
+    auto state = std::make_unique<FileState>();
+    FC_ASSIGN_OR_RETURN(state->file,
+                        WritableFile::Create(JoinPath(w->staging_dir_, w->plan_.files[f].name)));
+    state->chunks.resize(w->plan_.files[f].chunks.size());
+    state->objects.resize(w->plan_.files[f].objects.size());
+    w->files_.push_back(std::move(state));
+  }
+  return w;
+}
+
+TorchDcpWriter::~TorchDcpWriter() {
+  if (state_ == State::kOpen) Abort();
+}
+
+Status TorchDcpWriter::WriteItem(size_t file, bool is_object, size_t index, uint64_t offset,
+                                 std::span<const std::byte> bytes) {
+  if (state_ != State::kOpen) {
+    return FailedPreconditionError(out_dir_ + ": write after Finish/Abort");
+  }
+  if (file >= plan_.files.size()) {
+    return InvalidArgumentError(out_dir_ + ": file index " + std::to_string(file) +
+                                " out of range (plan has " + std::to_string(plan_.files.size()) +
+                                " files)");
+  }
+  const FcDistcpFileSpec& spec = plan_.files[file];
+  const size_t count = is_object ? spec.objects.size() : spec.chunks.size();
+  if (index >= count) {
+    return InvalidArgumentError(out_dir_ + ": " + spec.name + " has no " +
+                                (is_object ? "object " : "chunk ") + std::to_string(index));
+  }
+  const TorchDcpItemPlacement& p =
+      is_object ? layouts_[file].objects[index] : layouts_[file].chunks[index];
+  const std::string label = is_object ? ObjectLabel(spec, spec.objects[index])
+                                      : ChunkLabel(spec, spec.chunks[index]);
+  const std::optional<uint64_t> end = CheckedAddU(offset, bytes.size());
+  if (!end || *end > p.data_length) {
+    return InvalidArgumentError(label + ": bytes " + Range(offset, offset + bytes.size()) +
+                                " pass its end " + std::to_string(p.data_length));
+  }
+  if (bytes.empty() || !p.written) return Status::Ok();  // replicas are not stored
+  if (is_object && offset < 4) {
+    static constexpr char kMagic[] = "PK\3\4";
+    for (uint64_t i = offset; i < std::min<uint64_t>(4, *end); ++i) {
+      if (static_cast<char>(bytes[i - offset]) != kMagic[i]) {
+        return InvalidArgumentError(label + ": does not start with a zip local header "
+                                    "(torch DCP objects must be torch.save archives)");
+      }
+    }
+  }
+  // CRC outside the lock: it is the expensive part, and the bytes are the caller's.
+  const uint32_t crc = is_object ? 0 : Crc32(0, bytes);
+  FileState& fs = *files_[file];
+  {
+    std::lock_guard<std::mutex> lock(fs.mu);
+    if (!fs.poisoned.ok()) return fs.poisoned;
+    ItemState& item = is_object ? fs.objects[index] : fs.chunks[index];
+    auto& set = item.ranges;
+    // Reserve [offset, end) before writing, so a concurrent writer of the same bytes is
+    // caught although the pwrite itself happens outside the lock.
+    auto next = set.upper_bound(offset);
+    if (next != set.end() && next->first < *end) {
+      return InvalidArgumentError(label + ": bytes " +
+                                  Range(next->first, std::min(next->second.end, *end)) +
+                                  " written twice");
+    }
+    if (next != set.begin()) {
+      auto prev = std::prev(next);
+      if (prev->second.end > offset) {
+        return InvalidArgumentError(label + ": bytes " +
+                                    Range(offset, std::min(prev->second.end, *end)) +
+                                    " written twice");
+      }
+    }
+    uint64_t begin = offset, stop = *end;
+    uint32_t merged = crc;
+    if (next != set.begin()) {
+      auto prev = std::prev(next);
+      if (prev->second.end == begin) {
+        merged = Crc32Combine(prev->second.crc, merged, stop - begin);
+        begin = prev->first;
+        set.erase(prev);
+      }
+    }
+    if (next != set.end() && next->first == stop) {
+      merged = Crc32Combine(merged, next->second.crc, next->second.end - next->first);
+      stop = next->second.end;
+      set.erase(next);
+    }
+    set.emplace(begin, ItemState::Written{stop, merged});
+    item.bytes_done += bytes.size();
+  }
+  Status s = fs.file->WriteAt(p.data_offset + offset, bytes);
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(fs.mu);
+    if (fs.poisoned.ok()) fs.poisoned = s;
+  }
+  return s;
+}
+
+Status TorchDcpWriter::WriteChunk(size_t file, size_t chunk, uint64_t offset,
+                                  std::span<const std::byte> bytes) {
+  return WriteItem(file, false, chunk, offset, bytes);
+}
+
+Status TorchDcpWriter::WriteObject(size_t file, size_t object, uint64_t offset,
+                                   std::span<const std::byte> bytes) {
+  return WriteItem(file, true, object, offset, bytes);
+}
+
+Status TorchDcpWriter::FinishFile(size_t f) {
+  const FcDistcpFileSpec& spec = plan_.files[f];
+  FileState& fs = *files_[f];
+  std::unordered_map<std::string, DType> dtypes;
+  for (const FcDistcpTensorSpec& t : plan_.tensors) dtypes[t.key] = t.dtype;
+  for (size_t c = 0; c < spec.chunks.size(); ++c) {
+    const TorchDcpItemPlacement& p = layouts_[f].chunks[c];
+    if (!p.written) continue;
+    const ItemState& item = fs.chunks[c];
+    const uint32_t data_crc = item.ranges.empty() ? 0 : item.ranges.begin()->second.crc;
+    const TensorArchive archive = internal_torch::PlanTensorArchive(
+        dtypes.at(spec.chunks[c].key), spec.chunks[c].box.local_shape);
+    if (p.item_offset + archive.data_offset() != p.data_offset ||
+        archive.size() != p.item_length || archive.data_bytes() != p.data_length) {
+      return InternalError(ChunkLabel(spec, spec.chunks[c]) + ": item layout changed");
+    }
+    // Everything before the tensor bytes, then everything after them.
+    FC_RETURN_IF_ERROR(
+        fs.file->WriteAt(p.item_offset, AsBytes(internal_torch::TensorArchiveHead(archive))));
+    FC_RETURN_IF_ERROR(fs.file->WriteAt(p.data_offset + p.data_length,
+                                        AsBytes(internal_torch::TensorArchiveTail(archive, data_crc))));
+  }
+  FC_RETURN_IF_ERROR(fs.file->Sync());
+  return fs.file->Close();
+}
+
+Result<std::string> TorchDcpWriter::MetadataPickle() const {
+  const bool v2 = options_.generation == TorchGeneration::k2;
+  const Modules m = ModulesFor(options_.generation);
+
+  // Chunk lists per tensor (file order, then order within the file), objects in file order.
+  struct ChunkRef {
+    size_t file, chunk;
+  };
+  struct ObjectRef {
+    size_t file, object;
+  };
+  std::unordered_map<std::string, size_t> tensor_index;
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) tensor_index[plan_.tensors[i].key] = i;
+  std::vector<std::vector<ChunkRef>> chunks(plan_.tensors.size());
+  std::vector<ObjectRef> objects;
+  for (size_t f = 0; f < plan_.files.size(); ++f) {
+    for (size_t c = 0; c < plan_.files[f].chunks.size(); ++c) {
+      if (!layouts_[f].chunks[c].written) continue;
+      chunks[tensor_index.at(plan_.files[f].chunks[c].key)].push_back({f, c});
+    }
+    for (size_t o = 0; o < plan_.files[f].objects.size(); ++o) objects.push_back({f, o});
+  }
+  auto fqn = [&](size_t i) -> const std::string& {
+    return i < plan_.tensors.size()
+               ? plan_.tensors[i].key
+               : plan_.files[objects[i - plan_.tensors.size()].file]
+                     .objects[objects[i - plan_.tensors.size()].object]
+                     .key;
+  };
+  const size_t items = plan_.tensors.size() + objects.size();
+
+  PickleWriter w(4);
+  w.Global(m.metadata, "Metadata").EmptyTuple().NewObj().Memoize();
+  w.EmptyDict().Memoize().Mark();
+
+  // state_dict_metadata
+  w.Str("state_dict_metadata").EmptyDict();
+  EmitDictItems(w, items, [&](size_t i) {
+    w.Str(fqn(i));
+    if (i >= plan_.tensors.size()) {
+      w.Global(m.metadata, "BytesStorageMetadata").EmptyTuple().NewObj();
+      return;
+    }
+    const FcDistcpTensorSpec& t = plan_.tensors[i];
+    w.Global(m.metadata, "TensorStorageMetadata").EmptyTuple().NewObj();
+    w.EmptyDict().Mark();
+    w.Str("properties");
+    w.Global(m.properties, "TensorProperties").EmptyTuple().NewObj();
+    // __getstate__: (dtype, layout, requires_grad, memory_format enum, pin_memory).
+    w.Mark();
+    w.Global("torch", DTypeName(t.dtype));
+    w.Global("torch.serialization", "_get_layout").Str("torch.strided").TupleOf(1).Reduce();
+    w.Bool(false);
+    if (v2) {
+      // By value, as CPython 3.8-3.10 and >= 3.11.7 pickle enum members.
+      w.Global(m.properties, m.mem_format).Int(0).TupleOf(1).Reduce();
+    } else {
+      // By name, as Debian 12's CPython 3.11.2 pickled the real 1.13 files.
+      w.Global("builtins", "getattr").Global(m.properties, m.mem_format);
+      w.Str("TORCH_CONTIGUOUS_FORMAT").TupleOf(2).Reduce();
+    }
+    w.Bool(false);
+    w.TupleOf(5).Build();
+    w.Str("size");
+    EmitTorchSize(w, t.global_shape);
+    w.Str("chunks").EmptyList();
+    EmitListItems(w, chunks[i].size(), [&](size_t k) {
+      const Box& box = plan_.files[chunks[i][k].file].chunks[chunks[i][k].chunk].box;
+      w.Global(m.metadata, "ChunkStorageMetadata").EmptyTuple().NewObj();
+      w.EmptyDict().Mark();
+      w.Str("offsets");
+      EmitTorchSize(w, box.global_offset);
+      w.Str("sizes");
+      EmitTorchSize(w, box.local_shape);
+      w.SetItems().Build();
+    });
+    w.SetItems().Build();
+  });
+
+  // planner_data
+  w.Str("planner_data");
+  if (v2) {
+    // DefaultSavePlanner's flatten mapping for a flat state dict: fqn -> (fqn,).
+    w.EmptyDict();
+    EmitDictItems(w, items, [&](size_t i) { w.Str(fqn(i)).Str(fqn(i)).TupleOf(1); });
+  } else {
+    w.None();
+  }
+
+  // storage_data: MetadataIndex -> _StorageInfo.
+  struct StorageEntry {
+    size_t item;     // fqn index
+    int64_t index;   // chunk position, or -1 for objects
+    size_t file;
+    const Box* box;  // nullptr for objects
+    uint64_t offset, length;
+  };
+  std::vector<StorageEntry> storage;
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+    for (size_t k = 0; k < chunks[i].size(); ++k) {
+      const auto [f, c] = chunks[i][k];
+      const TorchDcpItemPlacement& p = layouts_[f].chunks[c];
+      storage.push_back({i, static_cast<int64_t>(k), f, &plan_.files[f].chunks[c].box,
+                         p.item_offset, p.item_length});
+    }
+  }
+  for (size_t o = 0; o < objects.size(); ++o) {
+    const TorchDcpItemPlacement& p = layouts_[objects[o].file].objects[objects[o].object];
+    storage.push_back({plan_.tensors.size() + o, -1, objects[o].file, nullptr, p.item_offset,
+                       p.item_length});
+  }
+  w.Str("storage_data").EmptyDict();
+  EmitDictItems(w, storage.size(), [&](size_t s) {
+    const StorageEntry& e = storage[s];
+    // MetadataIndex: __init__ sets fqn, index, then offset (only when not None).
+    w.Global(m.metadata, "MetadataIndex").EmptyTuple().NewObj();
+    w.EmptyDict().Mark();
+    w.Str("fqn").Str(fqn(e.item));
+    w.Str("index");
+    if (e.box != nullptr) {
+      w.Int(e.index);
+      w.Str("offset");
+      EmitTorchSize(w, e.box->global_offset);
+    } else {
+      w.None();
+    }
+    w.SetItems().Build();
+    w.Global(m.filesystem, "_StorageInfo").EmptyTuple().NewObj();
+    w.EmptyDict().Mark();
+    w.Str("relative_path").Str(plan_.files[e.file].name);
+    w.Str("offset").Int(static_cast<int64_t>(e.offset));
+    w.Str("length").Int(static_cast<int64_t>(e.length));
+    w.SetItems().Build();
+  });
+
+  if (v2 && options_.storage_meta) {
+    w.Str("storage_meta");
+    w.Global(m.metadata, "StorageMeta").EmptyTuple().NewObj();
+    w.EmptyDict().Mark();
+    w.Str("checkpoint_id").Str(out_dir_);
+    w.Str("save_id").Str(RandomHexId());
+    w.Str("load_id").None();
+    w.Str("modules").EmptyList();
+    w.SetItems().Build();
+  }
+  if (v2) w.Str("version").Str("1.0.0");  // CURRENT_DCP_VERSION
+  w.SetItems().Build();
+  return w.Finish();
+}
+
+Status TorchDcpWriter::Finish() {
+  if (state_ != State::kOpen) {
+    return FailedPreconditionError(out_dir_ + ": Finish after Finish/Abort");
+  }
+  Status s = [&]() -> Status {
+    // All bytes present?
+    for (size_t f = 0; f < plan_.files.size(); ++f) {
+      const FcDistcpFileSpec& spec = plan_.files[f];
+      FileState& fs = *files_[f];
+      FC_RETURN_IF_ERROR(fs.poisoned);
+      for (size_t k = 0; k < spec.objects.size() + spec.chunks.size(); ++k) {
+        const bool is_object = k < spec.objects.size();
+        const size_t i = is_object ? k : k - spec.objects.size();
+        const TorchDcpItemPlacement& p =
+            is_object ? layouts_[f].objects[i] : layouts_[f].chunks[i];
+        const ItemState& item = is_object ? fs.objects[i] : fs.chunks[i];
+        if (!p.written || item.bytes_done == p.data_length) continue;
+        uint64_t gap_begin = 0, gap_end = p.data_length;
+        if (!item.ranges.empty()) {
+          if (item.ranges.begin()->first > 0) {
+            gap_end = item.ranges.begin()->first;
+          } else {
+            gap_begin = item.ranges.begin()->second.end;
+            auto second = std::next(item.ranges.begin());
+            if (second != item.ranges.end()) gap_end = second->first;
+          }
+        }
+        return FailedPreconditionError(
+            (is_object ? ObjectLabel(spec, spec.objects[i]) : ChunkLabel(spec, spec.chunks[i])) +
+            " is incomplete: " + std::to_string(item.bytes_done) + " of " +
+            std::to_string(p.data_length) + " bytes written, bytes " +
+            Range(gap_begin, gap_end) + " missing");
+      }
+    }
+    for (size_t f = 0; f < plan_.files.size(); ++f) {
+      FC_RETURN_IF_ERROR_WITH(FinishFile(f), "finishing " + plan_.files[f].name);
+    }
+    FC_ASSIGN_OR_RETURN(std::string md, MetadataPickle());
+    FC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> mf,
+                        WritableFile::Create(JoinPath(staging_dir_, ".metadata")));
+    FC_RETURN_IF_ERROR(mf->Append(md));
+    FC_RETURN_IF_ERROR(mf->Sync());
+    FC_RETURN_IF_ERROR(mf->Close());
+    FC_RETURN_IF_ERROR(SyncDirectory(staging_dir_));
+    // rename(2) replaces an empty directory but fails on a non-empty one; say why in
+    // fc's words.
+    FC_RETURN_IF_ERROR(CheckOutputFree(out_dir_));
+    return RenameDurably(staging_dir_, out_dir_);
+  }();
+  if (!s.ok()) {
+    Abort();
+    return s.With(out_dir_);
+  }
+  files_.clear();
+  state_ = State::kCommitted;
+  return Status::Ok();
+}
+
+void TorchDcpWriter::Abort() {
+  if (state_ != State::kOpen) return;
+  files_.clear();  // closes the descriptors
+  AbortFcDistcpStaging(staging_dir_);
+  state_ = State::kAborted;
+}
+
+}  // namespace fc
