@@ -31,10 +31,11 @@ struct Placement {
   bool per_rank = false;           // store every copy (per_rank_replicas)
 };
 
+// Python tuple spelling, as ValidateBox's messages: "(4,)", "(3, 2)", "()".
 std::string ShapeString(const Shape& shape) {
   std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + ")";
+  return s + (shape.size() == 1 ? ",)" : ")");
 }
 
 std::string Describe(const TargetTensor& t) {

@@ -2,8 +2,6 @@
 // (parse and print) and the built-in presets. LayoutFromRules is in layout_from_rules.cc.
 #include <simdjson.h>
 
-#include <numeric>
-
 #include "fc/core/checked_math.h"
 #include "fc/format/json_writer.h"
 #include "fc/layout/layout_rules.h"

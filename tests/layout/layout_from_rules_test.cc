@@ -192,12 +192,12 @@ TEST_CASE("Pipeline: layers_per_stage, other, tied tensors on both stages", "[la
 
   rules.pipeline->other = OtherStage::kError;
   RequireLayoutError(rules, tensors,
-                     "tensor 'misc' (shape (1)) matches no pipeline rule (layer_regex, "
+                     "tensor 'misc' (shape (1,)) matches no pipeline rule (layer_regex, "
                      "first_stage, last_stage) and pipeline.other is \"error\"");
   rules.pipeline->other = OtherStage::kAll;
   rules.pipeline->layers_per_stage = {1, 1};
   RequireLayoutError(rules, tensors,
-                     "tensor 'layers.2.w' (shape (2)): layer 2 is beyond the 2 layers of the "
+                     "tensor 'layers.2.w' (shape (2,)): layer 2 is beyond the 2 layers of the "
                      "pipeline");
   rules.pipeline->layers_per_stage.clear();
   RequireLayoutError(rules, tensors,
@@ -208,7 +208,7 @@ TEST_CASE("Pipeline: layers_per_stage, other, tied tensors on both stages", "[la
   RequireBox(l, 1, "layers.2.w", B({0}, {2}));
   RequireBox(l, 0, "misc", B({0}, {1}));
   RequireLayoutError(rules, {T("layers.1234567890.w", {1})},
-                     "tensor 'layers.1234567890.w' (shape (1)): pipeline.layer_regex group 1 "
+                     "tensor 'layers.1234567890.w' (shape (1,)): pipeline.layer_regex group 1 "
                      "'1234567890' is not a decimal index");
 }
 
@@ -257,7 +257,7 @@ TEST_CASE("LayoutFromRules errors", "[layout]") {
   rules.degrees.tp = 2;
   rules.tensor_parallel = {{"bias", 1, std::nullopt}, {"w", 0, std::nullopt}};
   RequireLayoutError(rules, {T("a.bias", {4})},
-                     "tensor 'a.bias' (shape (4)): tensor_parallel rule 'bias' axis 1 is out of "
+                     "tensor 'a.bias' (shape (4,)): tensor_parallel rule 'bias' axis 1 is out of "
                      "range for a 1-d tensor");
   RequireLayoutError(rules, {T("w", {3, 2})},
                      "tensor 'w' (shape (3, 2)): tensor_parallel rule 'w' axis 0 (extent 3) is "
@@ -270,10 +270,10 @@ TEST_CASE("LayoutFromRules errors", "[layout]") {
   rules.zero = ZeroRules{{R"(^(.+)\.exp_avg$)", R"(^(.+)\.exp_avg_sq$)"}};
   RequireLayoutError(rules, {T("p.exp_avg", {4}), T("p.exp_avg_sq", {5})},
                      "zero: states of parameter 'p' differ in shape: tensor 'p.exp_avg' "
-                     "(shape (4)) vs tensor 'p.exp_avg_sq' (shape (5))");
+                     "(shape (4,)) vs tensor 'p.exp_avg_sq' (shape (5,))");
   rules.zero = ZeroRules{{R"(^(.*)\.exp_avg$)"}};
   RequireLayoutError(rules, {T(".exp_avg", {4})},
-                     "tensor '.exp_avg' (shape (4)): zero.states regex matched, but its group 1 "
+                     "tensor '.exp_avg' (shape (4,)): zero.states regex matched, but its group 1 "
                      "(the parameter name) is empty");
 }
 

@@ -55,6 +55,62 @@ TEST_CASE("ManifestJson writes the documented text", "[layout]") {
   CHECK(ManifestJson(Sample()) == expected);
 }
 
+// The MANIFEST example of man/fc-layout.5 (keep in step): TP 2 x sharding 2, one split
+// parameter and one replicated parameter, each with a flattened state.
+TEST_CASE("The man page's manifest example", "[layout]") {
+  Result<LayoutRules> rules = ParseLayoutRules(R"j({"degrees": {"tp": 2, "sharding": 2},
+    "tensor_parallel": [{"regex": "^w$", "axis": 0}],
+    "zero": {"states": ["^(.+)\\.exp_avg$"]}})j");
+  REQUIRE(rules.ok());
+  const std::vector<TargetTensor> tensors = {
+      {"w", DType::kBFloat16, {4, 3}}, {"w.exp_avg", DType::kFloat32, {4, 3}},
+      {"norm", std::nullopt, {3}}, {"norm.exp_avg", std::nullopt, {3}}};
+  Result<TargetLayout> l = LayoutFromRules(*rules, tensors);
+  REQUIRE(l.ok());
+  const std::string expected = R"({
+  "format": "fc-layout-manifest",
+  "version": 1,
+  "tensors": [
+    {"key": "w", "dtype": "bfloat16", "global_shape": [4, 3]},
+    {"key": "w.exp_avg", "dtype": "float32", "global_shape": [4, 3]},
+    {"key": "norm", "global_shape": [3]},
+    {"key": "norm.exp_avg", "global_shape": [3]}
+  ],
+  "ranks": [
+    {
+      "rank": 0,
+      "chunks": [
+        {"key": "w", "global_offset": [0, 0], "local_shape": [2, 3], "flattened_range": null, "replica_id": 0},
+        {"key": "w.exp_avg", "global_offset": [0, 0], "local_shape": [2, 3], "flattened_range": [0, 5], "replica_id": 0},
+        {"key": "norm", "global_offset": [0], "local_shape": [3], "flattened_range": null, "replica_id": 0}
+      ]
+    },
+    {
+      "rank": 1,
+      "chunks": [
+        {"key": "w", "global_offset": [2, 0], "local_shape": [2, 3], "flattened_range": null, "replica_id": 0},
+        {"key": "w.exp_avg", "global_offset": [2, 0], "local_shape": [2, 3], "flattened_range": [0, 5], "replica_id": 0}
+      ]
+    },
+    {
+      "rank": 2,
+      "chunks": [
+        {"key": "w.exp_avg", "global_offset": [0, 0], "local_shape": [2, 3], "flattened_range": [5, 6], "replica_id": 0},
+        {"key": "norm.exp_avg", "global_offset": [0], "local_shape": [3], "flattened_range": [0, 3], "replica_id": 0}
+      ]
+    },
+    {
+      "rank": 3,
+      "chunks": [
+        {"key": "w.exp_avg", "global_offset": [2, 0], "local_shape": [2, 3], "flattened_range": [5, 6], "replica_id": 0}
+      ]
+    }
+  ]
+}
+)";
+  CHECK(ManifestJson(*l) == expected);
+}
+
 TEST_CASE("ParseManifest round-trips exactly", "[layout]") {
   const TargetLayout l = Sample();
   Result<TargetLayout> back = ParseManifest(ManifestJson(l));

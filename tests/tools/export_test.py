@@ -144,6 +144,61 @@ def case_errors():
     print("ok errors")
 
 
+def megatron_to_hf_reference(m, heads=4, groups=2, head_dim=2, vocab=10, tp=2):
+    """The HF Llama tensors from Megatron ones, written independently with numpy."""
+    hf = {}
+    hf["model.embed_tokens.weight"] = m["embedding.word_embeddings.weight"][:vocab]
+    hf["lm_head.weight"] = m["output_layer.weight"][:vocab]
+    hf["model.norm.weight"] = m["decoder.final_layernorm.weight"]
+    per_group = heads // groups
+    for layer in (0, 1):
+        src = f"decoder.layers.{layer}."
+        dst = f"model.layers.{layer}."
+        qkv = m[src + "self_attention.linear_qkv.weight"]
+        rows = (per_group + 2) * head_dim
+        q, k, v = [], [], []
+        for g in range(groups):
+            block = qkv[g * rows:(g + 1) * rows]
+            q.append(block[:per_group * head_dim])
+            k.append(block[per_group * head_dim:(per_group + 1) * head_dim])
+            v.append(block[(per_group + 1) * head_dim:])
+        hf[dst + "self_attn.q_proj.weight"] = np.concatenate(q)
+        hf[dst + "self_attn.k_proj.weight"] = np.concatenate(k)
+        hf[dst + "self_attn.v_proj.weight"] = np.concatenate(v)
+        hf[dst + "self_attn.o_proj.weight"] = m[src + "self_attention.linear_proj.weight"]
+        fc1 = m[src + "mlp.linear_fc1.weight"]
+        per_rank = fc1.shape[0] // tp
+        gate = [fc1[r * per_rank:r * per_rank + per_rank // 2] for r in range(tp)]
+        up = [fc1[r * per_rank + per_rank // 2:(r + 1) * per_rank] for r in range(tp)]
+        hf[dst + "mlp.gate_proj.weight"] = np.concatenate(gate)
+        hf[dst + "mlp.up_proj.weight"] = np.concatenate(up)
+        hf[dst + "mlp.down_proj.weight"] = m[src + "mlp.linear_fc2.weight"]
+        hf[dst + "input_layernorm.weight"] = m[src + "self_attention.linear_qkv.layer_norm_weight"]
+        hf[dst + "post_attention_layernorm.weight"] = m[src + "mlp.linear_fc1.layer_norm_weight"]
+    return hf
+
+
+def case_megatron():
+    fx = os.path.join(TESTDATA, "torch_dcp", "megatron_tiny_tp2_pp2")
+    aoa = os.path.join(TESTDATA, "aoa", "megatron_tiny_to_hf_llama.aoa")
+    want = megatron_to_hf_reference(fcio.expected_values(fx))
+    out = os.path.join(tmp, "hf")
+    export(fx, out, "--aoa", aoa, "--max-shard-size", "400")
+    got, index = fcio.read_hf_dir(out)
+    assert index is not None, "expected a sharded export"
+    assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+    check_same(got, want, "megatron")
+    # The same through --dtype float32: bf16 widens exactly.
+    out32 = os.path.join(tmp, "hf32")
+    export(fx, out32, "--aoa", aoa, "--dtype", "float32")
+    got32, _ = fcio.read_hf_dir(out32)
+    for name, w in want.items():
+        arr = got32[name][1]
+        ref = fcio.bf16_bits_to_f32(w) if w.dtype == np.uint16 else w.reshape(-1)
+        assert np.array_equal(arr.reshape(-1), ref), name
+    print("ok megatron: TP2 x PP2 fused checkpoint to", len(got), "HF tensors")
+
+
 def case_diskfull():
     if os.geteuid() != 0:
         print("skipping: mounting a small tmpfs needs root")

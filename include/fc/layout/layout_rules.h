@@ -61,7 +61,10 @@
 //      flattening). flat_range is set even when it spans the whole block. Padding
 //      (alignment gaps, the tail beyond total) is never stored.
 //   7. The buckets of other dp_ranks (and, for a parameter held by two stages, of the
-//      other stage) are copies of the first: replica_id 1, 2, ... as above.
+//      other stage; for a parameter that is not TP-split, of the other tp_ranks) are
+//      copies of the first: replica_id 1, 2, ... as above.
+//   8. A state with no elements is not flattened: it is stored whole, once, like a
+//      replicated tensor.
 //
 // Thread-safety: plain values and pure functions.
 #ifndef FC_LAYOUT_LAYOUT_RULES_H_
@@ -213,11 +216,13 @@ std::vector<std::string_view> PresetNames();
 // rank that holds it; empty TP blocks of a non-empty tensor (uneven kChunk) get no chunk.
 // The result always passes ValidateTargetLayout.
 // Errors (kInvalidArgument, naming the tensor): ValidateLayoutRules failures; duplicate
-// keys or bad shapes; "tensor 'k' (shape (10, 4)): axis 0 (extent 10) is not divisible by
-// tp=4; ..."; "tensor_parallel rule 're' axis 2 is out of range for a 2-d tensor";
+// keys or bad shapes; "tensor 'k' (shape (10, 4)): tensor_parallel rule 're' axis 0
+// (extent 10) is not divisible by tp=4; pad the axis ... (AOA vocabulary-padding recipe,
+// fc-aoa(7)) or set \"uneven\" ..."; "tensor 'k' (shape (4,)): tensor_parallel rule 're'
+// axis 2 is out of range for a 1-d tensor";
 // a tensor no pipeline rule places when pp > 1; layer or expert indices beyond the
 // declared counts, counts that do not divide; ZeRO states of one parameter with different
-// shapes.
+// shapes. kOutOfRange when a ZeRO buffer would exceed 2^63 elements.
 Result<TargetLayout> LayoutFromRules(const LayoutRules& rules,
                                      std::span<const TargetTensor> tensors);
 

@@ -78,10 +78,11 @@ struct TargetLayout {
 // every chunk's key declared, boxes inside their tensors (ValidateBox), flat ranges inside
 // their boxes, and the replica-0 chunks of each tensor storing every element exactly once.
 // Errors, all kInvalidArgument:
-//   "tensor 'k': duplicate key" / "tensor 'k': shape (...): <ValidateBox reason>"
+//   "tensor 'k': duplicate key" / "tensor 'k': box [..] of tensor shape (..): <reason>"
 //   "rank 3: ranks must be sorted, unique and >= 0 (previous 3)"
 //   "rank 3: chunk of undeclared tensor 'k'"
-//   "rank 3: tensor 'k' box [..]: <reason>" (box outside the tensor, bad flat range,
+//   "rank 3: tensor 'k': box [..] of tensor shape (..): <reason>" (box outside the tensor)
+//   "rank 3: tensor 'k' box [..]: flat range [a, b) is not within [0, n)" (and for a
 //     negative replica_id)
 //   "tensor 'k': replica-0 chunks overlap: rank 0 box [..] and rank 1 box [..]"
 //   "tensor 'k': replica-0 chunks store 12 of 16 elements; missing e.g. [..]"

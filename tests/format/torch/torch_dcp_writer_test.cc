@@ -203,5 +203,546 @@ TEST_CASE("tensor items past 4 GiB use zip64 sizes and offsets", "[torch_writer]
   }
 }
 
+
+// ---------------------------------------------------------------------------------------
+// Round trip through ReadTorchDcp.
+
+// torch.save zips of real non-tensor objects, from the fixtures.
+std::vector<std::vector<std::byte>> FixtureObjects() {
+  std::vector<std::vector<std::byte>> out;
+  for (const char* fixture : {"mixed", "strided"}) {
+    auto index = ReadTorchDcp(TorchFixture(fixture) + "/ckpt");
+    REQUIRE(index.ok());
+    for (const ObjectEntry& o : index->objects) {
+      auto file = ReadFileBytes(index->root + "/" + index->files[o.file].path);
+      out.emplace_back(file.begin() + static_cast<std::ptrdiff_t>(o.byte_offset),
+                       file.begin() + static_cast<std::ptrdiff_t>(o.byte_offset + o.byte_length));
+    }
+  }
+  REQUIRE(out.size() >= 4);
+  return out;
+}
+
+struct RandomCase {
+  FcDistcpPlan plan;
+  std::map<std::string, std::vector<std::byte>> values;   // full row-major tensor bytes
+  std::map<std::string, std::vector<std::byte>> objects;  // by key
+};
+
+// Cut [0, n) into 1..max_pieces random pieces; returns the piece starts plus n.
+std::vector<int64_t> RandomCuts(std::mt19937_64& rng, int64_t n, int max_pieces) {
+  std::set<int64_t> cuts = {0, n};
+  const int pieces = n <= 1 ? 1 : 1 + static_cast<int>(rng() % static_cast<uint64_t>(max_pieces));
+  while (static_cast<int>(cuts.size()) < std::min<int64_t>(pieces, n) + 1) {
+    cuts.insert(1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(n - 1)));
+  }
+  return {cuts.begin(), cuts.end()};
+}
+
+RandomCase MakeRandomCase(std::mt19937_64& rng, TorchGeneration generation,
+                          const std::vector<std::vector<std::byte>>& fixture_objects) {
+  RandomCase rc;
+  const int ranks = 1 + static_cast<int>(rng() % 4);
+  for (int r = 0; r < ranks; ++r) {
+    const int files = 1 + static_cast<int>(rng() % 2);
+    for (int n = 0; n < files; ++n) {
+      rc.plan.files.push_back({"__" + std::to_string(r) + "_" + std::to_string(n) + ".distcp", {}, {}});
+    }
+  }
+  auto pick_file = [&]() -> FcDistcpFileSpec& { return rc.plan.files[rng() % rc.plan.files.size()]; };
+  std::vector<DType> dtypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16,
+                               DType::kInt64,   DType::kInt32,    DType::kInt8,
+                               DType::kUInt8,   DType::kBool,     DType::kFloat64,
+                               DType::kInt16};
+  if (generation == TorchGeneration::k2) {
+    dtypes.push_back(DType::kFloat8E4M3FN);
+    dtypes.push_back(DType::kFloat8E5M2);
+  }
+  const int tensors = 1 + static_cast<int>(rng() % 6);
+  for (int i = 0; i < tensors; ++i) {
+    FcDistcpTensorSpec t;
+    t.key = (i % 2 ? "model.layers." : "t") + std::to_string(i);
+    t.dtype = dtypes[rng() % dtypes.size()];
+    const int rank = static_cast<int>(rng() % 4);  // 0-d .. 3-d
+    for (int d = 0; d < rank; ++d) {
+      // Mostly small extents, sometimes an empty axis.
+      t.global_shape.push_back(rng() % 12 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 9));
+    }
+    int64_t numel = 1;
+    for (int64_t d : t.global_shape) numel *= d;
+    std::vector<std::byte> value(static_cast<size_t>(numel) * DTypeSize(t.dtype));
+    for (auto& b : value) b = static_cast<std::byte>(rng());
+    rc.values[t.key] = std::move(value);
+    // A random grid of chunks.
+    std::vector<std::vector<int64_t>> cuts;
+    for (int64_t d : t.global_shape) cuts.push_back(RandomCuts(rng, d, 3));
+    std::vector<size_t> pos(t.global_shape.size(), 0);
+    while (true) {
+      Box box;
+      for (size_t a = 0; a < pos.size(); ++a) {
+        box.global_offset.push_back(cuts[a][pos[a]]);
+        box.local_shape.push_back(cuts[a][pos[a] + 1] - cuts[a][pos[a]]);
+      }
+      pick_file().chunks.push_back({t.key, box, std::nullopt, 0});
+      if (rng() % 5 == 0) pick_file().chunks.push_back({t.key, box, std::nullopt, 1});  // replica
+      size_t a = pos.size();
+      while (a > 0 && ++pos[a - 1] + 1 >= cuts[a - 1].size()) pos[--a] = 0;
+      if (a == 0) break;
+    }
+    rc.plan.tensors.push_back(std::move(t));
+  }
+  const int objects = static_cast<int>(rng() % 4);
+  for (int i = 0; i < objects; ++i) {
+    const std::string key = "obj" + std::to_string(i);
+    const auto& bytes = fixture_objects[rng() % fixture_objects.size()];
+    pick_file().objects.push_back({key, ObjectEncoding::kTorchSave, bytes.size()});
+    rc.objects[key] = bytes;
+  }
+  // Random order of chunks within files.
+  for (auto& f : rc.plan.files) std::shuffle(f.chunks.begin(), f.chunks.end(), rng);
+  return rc;
+}
+
+// The packed row-major bytes of `box` of a tensor.
+std::vector<std::byte> BoxBytes(const RandomCase& rc, const FcDistcpTensorSpec& t, const Box& box) {
+  std::vector<std::byte> out(static_cast<size_t>(box.num_elements()) * DTypeSize(t.dtype));
+  if (!out.empty()) {
+    CopyRegion(rc.values.at(t.key).data(), Box::Whole(t.global_shape), {}, out.data(), box, box,
+               DTypeSize(t.dtype));
+  }
+  return out;
+}
+
+struct Slab {
+  size_t file;
+  bool is_object;
+  size_t index;
+  uint64_t offset;
+  std::vector<std::byte> bytes;
+};
+
+// Every chunk's and object's bytes, cut into random slabs, in random order.
+std::vector<Slab> RandomSlabs(std::mt19937_64& rng, const RandomCase& rc) {
+  std::map<std::string, const FcDistcpTensorSpec*> tensors;
+  for (const auto& t : rc.plan.tensors) tensors[t.key] = &t;
+  std::vector<Slab> slabs;
+  auto cut = [&](size_t f, bool is_object, size_t i, const std::vector<std::byte>& bytes) {
+    const auto cuts = RandomCuts(rng, static_cast<int64_t>(bytes.size()), 4);
+    for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+      slabs.push_back({f, is_object, i, static_cast<uint64_t>(cuts[k]),
+                       {bytes.begin() + cuts[k], bytes.begin() + cuts[k + 1]}});
+    }
+  };
+  for (size_t f = 0; f < rc.plan.files.size(); ++f) {
+    const auto& spec = rc.plan.files[f];
+    for (size_t c = 0; c < spec.chunks.size(); ++c) {
+      cut(f, false, c, BoxBytes(rc, *tensors.at(spec.chunks[c].key), spec.chunks[c].box));
+    }
+    for (size_t o = 0; o < spec.objects.size(); ++o) {
+      cut(f, true, o, rc.objects.at(spec.objects[o].key));
+    }
+  }
+  std::shuffle(slabs.begin(), slabs.end(), rng);
+  return slabs;
+}
+
+// Writes the slabs from `threads` threads; returns the first error.
+Status WriteSlabs(TorchDcpWriter& w, const std::vector<Slab>& slabs, int threads) {
+  std::atomic<size_t> next{0};
+  std::vector<Status> errors(static_cast<size_t>(threads));
+  auto work = [&](int t) {
+    for (size_t i; (i = next++) < slabs.size();) {
+      const Slab& s = slabs[i];
+      Status st = s.is_object ? w.WriteObject(s.file, s.index, s.offset, s.bytes)
+                              : w.WriteChunk(s.file, s.index, s.offset, s.bytes);
+      if (!st.ok() && errors[static_cast<size_t>(t)].ok()) errors[static_cast<size_t>(t)] = st;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+  for (const Status& s : errors) {
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+// All GLOBAL (module, name) pairs of a pickle tree.
+void CollectGlobals(const PickleValue& v, std::set<std::string>& out,
+                    std::set<const PickleValue*>& seen) {
+  if (!seen.insert(&v).second) return;
+  if (v.kind == PickleValue::Kind::kGlobal) out.insert(v.str + "." + v.name);
+  for (const auto& i : v.items) CollectGlobals(*i, out, seen);
+  for (const auto& [k, x] : v.entries) {
+    CollectGlobals(*k, out, seen);
+    CollectGlobals(*x, out, seen);
+  }
+  for (const auto* p : {&v.callee, &v.args, &v.kwargs, &v.state}) {
+    if (*p) CollectGlobals(**p, out, seen);
+  }
+}
+
+// Checks the generation's class paths (formats.md 2.3) and 2.x-only fields.
+void CheckMetadataStructure(const std::string& dir, TorchGeneration generation,
+                            const RandomCase& rc, bool storage_meta = false) {
+  const auto bytes = ReadFileBytes(dir + "/.metadata");
+  REQUIRE(bytes.size() > 2);
+  CHECK(static_cast<uint8_t>(bytes[0]) == 0x80);
+  CHECK(static_cast<uint8_t>(bytes[1]) == 4);  // protocol 4 like the real files
+  auto md = ParseDcpMetadata(bytes);
+  REQUIRE(md.ok());
+  auto root = ParsePickle(bytes);
+  REQUIRE(root.ok());
+  std::set<std::string> globals, allowed;
+  std::set<const PickleValue*> seen;
+  CollectGlobals(*root, globals, seen);
+  std::vector<std::string> required;
+  if (generation == TorchGeneration::k1_13) {
+    CHECK(md->generation == "1.13");
+    CHECK(md->planner_data == nullptr);
+    CHECK(!md->version.has_value());
+    const std::string m = "torch.distributed._shard.checkpoint.metadata.";
+    const std::string st = "torch.distributed._shard.sharded_tensor.metadata.";
+    required = {m + "Metadata", m + "MetadataIndex", "torch.distributed._shard.checkpoint.filesystem._StorageInfo"};
+    allowed = {m + "TensorStorageMetadata", m + "ChunkStorageMetadata", m + "BytesStorageMetadata",
+               st + "TensorProperties", st + "MEM_FORMAT_ENCODING", "builtins.getattr"};
+  } else {
+    CHECK(md->generation == "2");
+    CHECK(md->version == std::optional<std::string>("1.0.0"));
+    const std::string m = "torch.distributed.checkpoint.metadata.";
+    required = {m + "Metadata", m + "MetadataIndex", "torch.distributed.checkpoint.filesystem._StorageInfo"};
+    allowed = {m + "TensorStorageMetadata", m + "ChunkStorageMetadata", m + "BytesStorageMetadata",
+               m + "TensorProperties", m + "_MEM_FORMAT_ENCODING"};
+    if (storage_meta) required.push_back(m + "StorageMeta");
+    // planner_data: {fqn: (fqn,)} for every item.
+    REQUIRE(md->planner_data != nullptr);
+    REQUIRE(md->planner_data->is_dict());
+    CHECK(md->planner_data->entries.size() == rc.plan.tensors.size() + rc.objects.size());
+    for (const auto& [k, v] : md->planner_data->entries) {
+      REQUIRE(k->is_str());
+      REQUIRE(v->is_tuple());
+      REQUIRE(v->items.size() == 1);
+      CHECK(v->items[0]->str == k->str);
+    }
+  }
+  if (!rc.plan.tensors.empty()) {
+    allowed.insert({"torch.Size", "torch.serialization._get_layout"});
+  }
+  for (const auto& t : rc.plan.tensors) allowed.insert("torch." + std::string(DTypeName(t.dtype)));
+  for (const auto& r : required) {
+    INFO(r);
+    CHECK(globals.count(r) == 1);
+    allowed.insert(r);
+  }
+  for (const auto& g : globals) {
+    INFO("global " << g);
+    CHECK(allowed.count(g) == 1);
+  }
+}
+
+// Every item archive of every file is a valid zip whose CRC-32s match the record bytes.
+void CheckArchives(const std::string& dir, const FcDistcpPlan& plan,
+                   const std::vector<TorchDcpFileLayout>& layouts) {
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    const auto file = ReadFileBytes(dir + "/" + plan.files[f].name);
+    CHECK(file.size() == layouts[f].file_size);
+    for (size_t c = 0; c < layouts[f].chunks.size(); ++c) {
+      const TorchDcpItemPlacement& p = layouts[f].chunks[c];
+      if (!p.written) continue;
+      INFO(plan.files[f].name << " chunk " << c);
+      REQUIRE(p.item_offset + p.item_length <= file.size());
+      std::span<const std::byte> archive(file.data() + p.item_offset, p.item_length);
+      auto zip = ParseZipDirectory(archive);
+      REQUIRE(zip.ok());
+      CHECK(zip->zip64);
+      std::vector<std::string> names;
+      for (const ZipEntry& e : zip->entries) {
+        names.push_back(e.name);
+        CHECK(e.data_offset % 64 == 0);
+        CHECK(Crc32(0, archive.subspan(e.data_offset, e.compressed_size)) == e.crc32);
+      }
+      CHECK(names == std::vector<std::string>{"archive/data.pkl", "archive/byteorder",
+                                              "archive/data/0", "archive/version"});
+      CHECK(p.data_offset - p.item_offset == zip->Find("archive/data/0")->data_offset);
+    }
+  }
+}
+
+void RoundTrip(uint64_t seed, TorchGeneration generation, int threads) {
+  static const std::vector<std::vector<std::byte>> kObjects = FixtureObjects();
+  std::mt19937_64 rng(seed);
+  const RandomCase rc = MakeRandomCase(rng, generation, kObjects);
+  TempDir tmp;
+  const std::string out = tmp.path() + "/ckpt";
+  TorchDcpWriteOptions options;
+  options.generation = generation;
+  options.storage_meta = generation == TorchGeneration::k2 && seed % 2 == 0;
+  auto w = TorchDcpWriter::Create(out, rc.plan, options);
+  if (!w.ok()) FAIL(w.status().ToString());
+  const std::vector<TorchDcpFileLayout> layouts = (*w)->layouts();
+  const Status ws = WriteSlabs(**w, RandomSlabs(rng, rc), threads);
+  if (!ws.ok()) FAIL(ws.ToString());
+  CHECK(!PathExists(out));  // nothing visible before Finish
+  const Status fs = (*w)->Finish();
+  if (!fs.ok()) FAIL(fs.ToString());
+  CHECK(EntriesContaining(tmp.path(), ".fc-tmp-").empty());
+
+  auto index = ReadTorchDcp(out);
+  if (!index.ok()) FAIL(index.status().ToString());
+  CHECK(index->attributes.at("torch_generation") ==
+        (generation == TorchGeneration::k1_13 ? "1.13" : "2"));
+  REQUIRE(index->tensors.size() == rc.plan.tensors.size());
+  for (size_t i = 0; i < rc.plan.tensors.size(); ++i) {
+    const FcDistcpTensorSpec& t = rc.plan.tensors[i];
+    const TensorEntry& e = index->tensors[i];
+    INFO("tensor " << t.key);
+    CHECK(e.key == t.key);
+    CHECK(e.dtype == t.dtype);
+    CHECK(e.global_shape == t.global_shape);
+    for (const Chunk& c : e.chunks) CHECK(c.strides.empty());
+    CHECK(testing::ReassembleTensor(*index, e) == rc.values.at(t.key));
+  }
+  REQUIRE(index->objects.size() == rc.objects.size());
+  for (const ObjectEntry& o : index->objects) {
+    INFO("object " << o.key);
+    CHECK(o.encoding == ObjectEncoding::kTorchSave);
+    const auto file = ReadFileBytes(out + "/" + index->files[o.file].path);
+    REQUIRE(o.byte_offset + o.byte_length <= file.size());
+    CHECK(std::vector<std::byte>(file.begin() + static_cast<std::ptrdiff_t>(o.byte_offset),
+                                 file.begin() + static_cast<std::ptrdiff_t>(o.byte_offset + o.byte_length)) ==
+          rc.objects.at(o.key));
+  }
+  CheckMetadataStructure(out, generation, rc, options.storage_meta);
+  CheckArchives(out, rc.plan, layouts);
+  if (options.storage_meta) {
+    auto md = ParseDcpMetadata(ReadFileBytes(out + "/.metadata"));
+    REQUIRE(md.ok());
+    CHECK(md->checkpoint_id == std::optional<std::string>(out));
+    REQUIRE(md->save_id.has_value());
+    CHECK(md->save_id->size() == 32);
+  }
+}
+
+TEST_CASE("torch dcp writer: random plans round-trip through ReadTorchDcp", "[torch_writer]") {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    for (TorchGeneration g : {TorchGeneration::k1_13, TorchGeneration::k2}) {
+      INFO("seed " << seed << " generation " << (g == TorchGeneration::k2 ? "2" : "1.13"));
+      RoundTrip(seed, g, seed % 3 == 0 ? 4 : 1);
+    }
+  }
+}
+
+TEST_CASE("torch dcp writer: big .metadata spans several pickle frames", "[torch_writer]") {
+  // 1200 chunks of one tensor and 1100 objects: SETITEMS/APPENDS batches of 1000 and
+  // frames of 64 KiB.
+  static const std::vector<std::vector<std::byte>> kObjects = FixtureObjects();
+  RandomCase rc;
+  rc.plan.tensors.push_back({"w", DType::kInt16, {1200, 3}});
+  rc.plan.files.push_back({"__0_0.distcp", {}, {}});
+  rc.plan.files.push_back({"__7_2.distcp", {}, {}});
+  std::vector<std::byte> value(1200 * 3 * 2);
+  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<std::byte>(i * 7);
+  rc.values["w"] = value;
+  for (int64_t r = 0; r < 1200; ++r) {
+    rc.plan.files[r % 2].chunks.push_back({"w", Box{{r, 0}, {1, 3}}, std::nullopt, 0});
+  }
+  for (int i = 0; i < 1100; ++i) {
+    const std::string key = "o" + std::to_string(i);
+    rc.plan.files[i % 2].objects.push_back({key, ObjectEncoding::kTorchSave, kObjects[i % 4].size()});
+    rc.objects[key] = kObjects[i % 4];
+  }
+  for (TorchGeneration g : {TorchGeneration::k1_13, TorchGeneration::k2}) {
+    TempDir tmp;
+    const std::string out = tmp.path() + "/ckpt";
+    TorchDcpWriteOptions options;
+    options.generation = g;
+    auto w = TorchDcpWriter::Create(out, rc.plan, options);
+    REQUIRE(w.ok());
+    std::mt19937_64 rng(3);
+    REQUIRE(WriteSlabs(**w, RandomSlabs(rng, rc), 2).ok());
+    REQUIRE((*w)->Finish().ok());
+    CHECK(std::filesystem::file_size(out + "/.metadata") > 3 * 64 * 1024);
+    auto index = ReadTorchDcp(out);
+    REQUIRE(index.ok());
+    REQUIRE(index->tensors.size() == 1);
+    CHECK(index->tensors[0].chunks.size() == 1200);
+    // (testing::ReassembleTensor re-reads the file per chunk: too slow for 1200 chunks.)
+    std::vector<std::vector<std::byte>> files;
+    for (const FileInfo& f : index->files) files.push_back(ReadFileBytes(out + "/" + f.path));
+    std::vector<std::byte> got(value.size());
+    for (const Chunk& c : index->tensors[0].chunks) {
+      REQUIRE(c.byte_offset + c.byte_length <= files[c.file].size());
+      CopyRegion(files[c.file].data() + c.byte_offset, c.box, c.strides, got.data(),
+                 Box::Whole({1200, 3}), c.box, 2);
+    }
+    CHECK(got == value);
+    CHECK(index->objects.size() == 1100);
+    CheckMetadataStructure(out, g, rc);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Failure paths.
+
+FcDistcpPlan SmallPlan() {
+  FcDistcpPlan plan;
+  plan.tensors.push_back({"w", DType::kFloat32, {4, 2}});
+  plan.files.push_back({"__0_0.distcp", {}, {}});
+  plan.files.push_back({"__1_0.distcp", {}, {}});
+  plan.files[0].chunks.push_back({"w", Box{{0, 0}, {2, 2}}, std::nullopt, 0});
+  plan.files[1].chunks.push_back({"w", Box{{2, 0}, {2, 2}}, std::nullopt, 0});
+  return plan;
+}
+
+TEST_CASE("torch dcp writer: invalid plans are refused", "[torch_writer]") {
+  TempDir tmp;
+  const std::string out = tmp.path() + "/ckpt";
+  auto expect_invalid = [&](const FcDistcpPlan& plan, const std::string& part,
+                            TorchGeneration g = TorchGeneration::k2) {
+    TorchDcpWriteOptions o;
+    o.generation = g;
+    auto w = TorchDcpWriter::Create(out, plan, o);
+    REQUIRE(!w.ok());
+    INFO(w.status().ToString());
+    CHECK(w.status().code() == StatusCode::kInvalidArgument);
+    CHECK(w.status().message().find(part) != std::string::npos);
+    CHECK(std::filesystem::is_empty(tmp.path()));  // no staging directory left
+  };
+  {
+    FcDistcpPlan p = SmallPlan();
+    p.files[1].chunks[0].flat_range = FlatRange{0, 2};
+    expect_invalid(p, "flattened range");
+  }
+  {
+    FcDistcpPlan p = SmallPlan();
+    p.files[0].name = "0_0.distcp";  // fc distcp naming, not DCP's
+    expect_invalid(p, "__<rank>_<n>.distcp");
+  }
+  for (const char* bad : {"__01_0.distcp", "__0_0", "__0.distcp", "__a_0.distcp", "___0_0.distcp"}) {
+    FcDistcpPlan p = SmallPlan();
+    p.files[0].name = bad;
+    expect_invalid(p, "is not of the form");
+  }
+  {
+    FcDistcpPlan p = SmallPlan();
+    p.files[1].chunks[0].box = Box{{1, 0}, {3, 2}};  // overlaps the first chunk
+    expect_invalid(p, "overlap");
+  }
+  {
+    FcDistcpPlan p = SmallPlan();
+    p.files[1].chunks[0].replica_id = 1;  // rows 2..3 not stored by anyone
+    expect_invalid(p, "4 of 8 elements");
+  }
+  {
+    FcDistcpPlan p = SmallPlan();
+    p.files[1].chunks[0].box = Box{{2, 0}, {3, 2}};  // past the tensor
+    expect_invalid(p, "chunk");
+  }
+  {
+    FcDistcpPlan p = SmallPlan();
+    p.tensors[0].dtype = DType::kFloat8E5M2;
+    expect_invalid(p, "torch 1.13 has no dtype float8_e5m2", TorchGeneration::k1_13);
+  }
+  {
+    FcDistcpPlan p = SmallPlan();
+    p.files[0].objects.push_back({"step", ObjectEncoding::kRaw, 8});
+    expect_invalid(p, "torch.save");
+  }
+  {
+    FcDistcpPlan p = SmallPlan();
+    p.files[0].objects.push_back({"w", ObjectEncoding::kTorchSave, 431});
+    expect_invalid(p, "same key");
+  }
+  {
+    FcDistcpPlan p = SmallPlan();
+    p.files[1].chunks[0].key = "nope";
+    expect_invalid(p, "no such tensor");
+  }
+  {
+    FcDistcpPlan p = SmallPlan();
+    p.files[1].name = p.files[0].name;
+    expect_invalid(p, "listed twice");
+  }
+}
+
+TEST_CASE("torch dcp writer: missing bytes at Finish", "[torch_writer]") {
+  TempDir tmp;
+  const std::string out = tmp.path() + "/ckpt";
+  auto w = TorchDcpWriter::Create(out, SmallPlan());
+  REQUIRE(w.ok());
+  CHECK(std::filesystem::exists((*w)->staging_dir()));
+  std::vector<std::byte> bytes(16, std::byte{1});
+  REQUIRE((*w)->WriteChunk(0, 0, 0, bytes).ok());
+  REQUIRE((*w)->WriteChunk(1, 0, 0, std::span(bytes).first(4)).ok());
+  REQUIRE((*w)->WriteChunk(1, 0, 12, std::span(bytes).first(4)).ok());
+  const Status s = (*w)->Finish();
+  INFO(s.ToString());
+  CHECK(s.code() == StatusCode::kFailedPrecondition);
+  CHECK(s.message().find("__1_0.distcp: tensor 'w' chunk [2, 4) x [0, 2) is incomplete") !=
+        std::string::npos);
+  CHECK(s.message().find("bytes [4, 12) missing") != std::string::npos);
+  CHECK(!std::filesystem::exists(out));
+  CHECK(std::filesystem::is_empty(tmp.path()));
+  // The writer is spent.
+  CHECK((*w)->WriteChunk(1, 0, 4, std::span(bytes).first(8)).code() ==
+        StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("torch dcp writer: bad writes", "[torch_writer]") {
+  TempDir tmp;
+  FcDistcpPlan plan = SmallPlan();
+  const auto objects = FixtureObjects();
+  plan.files[0].objects.push_back({"step", ObjectEncoding::kTorchSave, objects[0].size()});
+  auto w = TorchDcpWriter::Create(tmp.path() + "/ckpt", plan);
+  REQUIRE(w.ok());
+  std::vector<std::byte> bytes(16, std::byte{1});
+  CHECK((*w)->WriteChunk(0, 0, 8, bytes).code() == StatusCode::kInvalidArgument);  // past end
+  CHECK((*w)->WriteChunk(0, 1, 0, bytes).code() == StatusCode::kInvalidArgument);  // no chunk 1
+  CHECK((*w)->WriteChunk(2, 0, 0, bytes).code() == StatusCode::kInvalidArgument);  // no file 2
+  REQUIRE((*w)->WriteChunk(0, 0, 4, std::span(bytes).first(8)).ok());
+  const Status twice = (*w)->WriteChunk(0, 0, 0, std::span(bytes).first(6));
+  CHECK(twice.code() == StatusCode::kInvalidArgument);
+  CHECK(twice.message().find("bytes [4, 6) written twice") != std::string::npos);
+  // Objects must be zips.
+  CHECK((*w)->WriteObject(0, 0, 0, bytes).code() == StatusCode::kInvalidArgument);
+  CHECK((*w)->WriteObject(0, 0, 0, std::span(objects[0]).first(2)).ok());
+  CHECK((*w)->WriteObject(0, 0, 2, std::span(objects[0]).subspan(2)).ok());
+}
+
+TEST_CASE("torch dcp writer: Abort and the destructor leave nothing", "[torch_writer]") {
+  TempDir tmp;
+  const std::string out = tmp.path() + "/ckpt";
+  std::vector<std::byte> bytes(16, std::byte{1});
+  {
+    auto w = TorchDcpWriter::Create(out, SmallPlan());
+    REQUIRE(w.ok());
+    REQUIRE((*w)->WriteChunk(0, 0, 0, bytes).ok());
+    REQUIRE((*w)->WriteChunk(1, 0, 0, bytes).ok());
+    (*w)->Abort();
+    CHECK(std::filesystem::is_empty(tmp.path()));
+    (*w)->Abort();  // idempotent
+    CHECK((*w)->Finish().code() == StatusCode::kFailedPrecondition);
+  }
+  {
+    auto w = TorchDcpWriter::Create(out, SmallPlan());
+    REQUIRE(w.ok());
+    REQUIRE((*w)->WriteChunk(0, 0, 0, bytes).ok());
+  }  // destroyed without Finish
+  CHECK(std::filesystem::is_empty(tmp.path()));
+  // An existing non-empty output is refused up front, an empty one replaced.
+  std::filesystem::create_directories(out);
+  {
+    auto w = TorchDcpWriter::Create(out, SmallPlan());
+    REQUIRE(w.ok());
+    REQUIRE((*w)->WriteChunk(0, 0, 0, bytes).ok());
+    REQUIRE((*w)->WriteChunk(1, 0, 0, bytes).ok());
+    REQUIRE((*w)->Finish().ok());
+    CHECK(ReadTorchDcp(out).ok());
+  }
+  auto again = TorchDcpWriter::Create(out, SmallPlan());
+  CHECK(again.status().code() == StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace fc
