@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# fc-export / fc-convert throughput and memory against `cp -r` of the same source, in the
+# same run.
+#
+# usage: bench/run.sh export|convert [SIZE_GB=1] [RUNS=3] [BUDGET=512MiB] [BUILD=build]
+# Writes a synthetic TP-8 bfloat16 fc distcp checkpoint of SIZE_GB under $BENCH_DIR
+# (default /tmp/fc-bench), warms the page cache, then times RUNS copies with cp -r and RUNS
+# runs of the tool (median of each), and reports:
+#   ratio = median cp seconds / median tool seconds   (target >= 0.7)
+#   peak RSS of the tool against --memory-budget      (target <= budget + 64 MB)
+# export: to HF safetensors (5GB shards). convert: TP 8 -> TP 2 x sharding 2, where every
+# tensor's TP-2 block is flattened and cut in two ZeRO-1 style ranges (rows cut mid-way).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:?export or convert}; size_gb=${2:-1}; runs=${3:-3}; budget=${4:-512MiB}; build=${5:-build}
+dir=${BENCH_DIR:-/tmp/fc-bench}
+ninja -C "$build" tools/fc-export tools/fc-convert bench/make_synthetic_ckpt >/dev/null
+src="$dir/src-${size_gb}g"
+if [[ ! -f "$src/fc.metadata.json" ]]; then
+  rm -rf "$src"; mkdir -p "$dir"
+  "$build/bench/make_synthetic_ckpt" "$src" "$(python3 -c "print(int($size_gb * 1e9))")" 8
+fi
+cat "$src"/* > /dev/null   # warm cache
+if [[ $mode == convert ]]; then
+  "$build/tools/fc-inspect" "$src" --json > "$dir/src.json"
+  python3 - "$dir/src.json" "$dir/tp2-zero2.json" <<'PY'
+import json, sys
+src = json.load(open(sys.argv[1])); tp, sharding = 2, 2
+ranks = [{"rank": r, "chunks": []} for r in range(tp * sharding)]
+for t in src["tensors"]:
+    shape = t["global_shape"]
+    axis = 0 if t["chunks"][0]["local_shape"][0] != shape[0] else 1
+    for r in range(tp):
+        off, loc = [0, 0], list(shape)
+        off[axis] = r * shape[axis] // tp; loc[axis] = shape[axis] // tp
+        n = loc[0] * loc[1]; cut = n // 2 + loc[1] // 2   # cuts a row
+        for s, rng in enumerate(([0, cut], [cut, n])):
+            ranks[r * sharding + s]["chunks"].append({"key": t["key"], "global_offset": off,
+                "local_shape": loc, "flattened_range": rng, "replica_id": 0})
+json.dump({"format": "fc-layout-manifest", "version": 1,
+           "tensors": [{"key": t["key"], "dtype": t["dtype"], "global_shape": t["global_shape"]} for t in src["tensors"]],
+           "ranks": ranks}, open(sys.argv[2], "w"))
+PY
+fi
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+cp_times=(); fc_times=(); rss=()
+for i in $(seq "$runs"); do
+  rm -rf "$dir/cp-out" "$dir/fc-out"; sync
+  t0=$(date +%s.%N); cp -r "$src" "$dir/cp-out"; sync; t1=$(date +%s.%N)
+  cp_times+=("$(echo "$t1 - $t0" | bc)")
+  rm -rf "$dir/cp-out"; sync
+  t0=$(date +%s.%N)
+  if [[ $mode == export ]]; then
+    /usr/bin/time -f "%M" -o "$dir/rss.txt" "$build/tools/fc-export" "$src" "$dir/fc-out" \
+        --memory-budget "$budget" --quiet
+  else
+    /usr/bin/time -f "%M" -o "$dir/rss.txt" "$build/tools/fc-convert" "$src" "$dir/fc-out" \
+        --target-manifest "$dir/tp2-zero2.json" --memory-budget "$budget" --quiet
+  fi
+  sync; t1=$(date +%s.%N)
+  fc_times+=("$(echo "$t1 - $t0" | bc)")
+  rss+=("$(cat "$dir/rss.txt")")
+done
+cp_med=$(printf '%s\n' "${cp_times[@]}" | median)
+fc_med=$(printf '%s\n' "${fc_times[@]}" | median)
+rss_med=$(printf '%s\n' "${rss[@]}" | median)
+bytes=$(du -sb "$src" | cut -f1)
+budget_bytes=$(python3 - "$budget" <<'PY'
+import re, sys
+m = re.fullmatch(r"([\d.]+)\s*([a-zA-Z]*)", sys.argv[1]); v = float(m.group(1)); u = m.group(2).lower()
+mult = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+        "kib": 2**10, "mib": 2**20, "gib": 2**30}[u]
+print(int(v * mult))
+PY
+)
+python3 - "$bytes" "$cp_med" "$fc_med" "$rss_med" "$budget_bytes" "${cp_times[*]}" "${fc_times[*]}" <<'PY'
+import sys
+b, cp, fc, rss_kb, budget = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+print(f"source: {b/1e9:.2f} GB; runs cp: {sys.argv[6]} s; fc: {sys.argv[7]} s")
+print(f"cp -r median {cp:.2f} s ({b/cp/1e9:.2f} GB/s); tool median {fc:.2f} s ({b/fc/1e9:.2f} GB/s)")
+print(f"ratio (cp time / tool time): {cp/fc:.2f}   target >= 0.7")
+print(f"peak RSS {rss_kb/1024:.0f} MiB; budget {budget/2**20:.0f} MiB; "
+      f"over budget by {(rss_kb*1024-budget)/2**20:.0f} MiB   target <= 64 MiB")
+PY
