@@ -186,7 +186,7 @@ def case_errors():
 
 
 def case_aoa():
-    fx = max(FIXTURES, key=lambda d: len(fcio.expected_values(d)))
+    fx = os.path.join(TESTDATA, "torch_dcp", "mixed")
     src = os.path.join(fx, "ckpt")
     tensors = inspect_json(src)["tensors"]
     t0 = next(t for t in tensors if len(t["global_shape"]) == 2 and t["dtype"] == "float32")
