@@ -1,0 +1,128 @@
+// fc-inspect's library entry point on real fixtures: summary, split descriptions, JSON,
+// verify (success and each kind of problem), AOA preview.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "fc/io/file.h"
+#include "fc/ops/inspect.h"
+
+namespace fc {
+namespace {
+
+std::string Testdata(const std::string& rel) {
+  const char* root = std::getenv("FC_TESTDATA");
+  REQUIRE(root != nullptr);
+  return JoinPath(root, rel);
+}
+
+std::string Run(InspectOptions o, Status* status) {
+  std::ostringstream out;
+  *status = RunInspect(o, out);
+  return out.str();
+}
+
+TEST_CASE("inspect describes how torch-written tensors are split", "[ops]") {
+  InspectOptions o;
+  o.path = Testdata("torch_dcp/mixed/ckpt");
+  Status s;
+  const std::string text = Run(o, &s);
+  REQUIRE(s.ok());
+  CHECK_THAT(text, Catch::Contains("format:   torch-dcp"));
+  CHECK_THAT(text, Catch::Contains("grid 2x2 over axes 0,1"));
+  CHECK_THAT(text, Catch::Contains("axis 1 in 2 uneven chunks (2, 3)"));
+  CHECK_THAT(text, Catch::Contains("axis 1 in 2 even chunks"));
+  CHECK_THAT(text, Catch::Contains("iteration"));
+}
+
+TEST_CASE("DescribeSplit names replicas and flattened chunks", "[ops]") {
+  TensorEntry t{"w", DType::kFloat32, {4, 6}, {}};
+  Chunk whole{Box::Whole({4, 6})};
+  t.chunks = {whole, whole};
+  t.chunks[1].replica_id = 1;
+  CHECK(DescribeSplit(t) == "whole, replicated x2");
+  t.chunks.clear();
+  for (int64_t i = 0; i < 3; ++i) {
+    Chunk c{Box::Whole({4, 6})};
+    c.flat_range = FlatRange{i * 8, (i + 1) * 8};
+    t.chunks.push_back(c);
+  }
+  CHECK(DescribeSplit(t) == "flattened 3-way");
+}
+
+TEST_CASE("inspect --json carries every chunk field", "[ops]") {
+  InspectOptions o;
+  o.path = Testdata("torch_dcp/mixed/ckpt");
+  o.json = true;
+  o.tensor_regex = "^grid$";
+  Status s;
+  const std::string json = Run(o, &s);
+  REQUIRE(s.ok());
+  for (const char* field : {"\"format\":\"torch-dcp\"", "\"global_offset\":[0,0]", "\"local_shape\":[2,3]",
+                            "\"flattened_range\":null", "\"replica_id\":0", "\"byte_offset\":",
+                            "\"byte_length\":24", "\"objects\":["}) {
+    CHECK_THAT(json, Catch::Contains(field));
+  }
+  CHECK_THAT(json, !Catch::Contains("\"key\":\"ids\""));
+}
+
+TEST_CASE("inspect --verify passes on fixtures and names each kind of problem", "[ops]") {
+  Status s;
+  for (const char* fx : {"torch_dcp/mixed/ckpt", "torch_dcp/strided/ckpt", "fc_distcp/sample"}) {
+    InspectOptions o;
+    o.path = Testdata(fx);
+    o.verify = true;
+    const std::string text = Run(o, &s);
+    INFO(fx << "\n" << text);
+    REQUIRE(s.ok());
+    CHECK_THAT(text, Catch::Contains("verify: OK"));
+  }
+  // A flipped byte in an fc distcp data file: the checksum names the file and key.
+  const std::string dir = "/tmp/fc-inspect-test-" + std::to_string(getpid());
+  REQUIRE(RemoveAll(dir).ok());
+  REQUIRE(std::system(("cp -r " + Testdata("fc_distcp/sample") + " " + dir).c_str()) == 0);
+  auto names = ListDirectory(dir);
+  REQUIRE(names.ok());
+  std::string data_file;
+  for (const std::string& n : *names) {
+    if (n.size() > 7 && n.substr(n.size() - 7) == ".distcp") data_file = n;
+  }
+  REQUIRE(!data_file.empty());
+  {
+    std::fstream f(JoinPath(dir, data_file), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    char c;
+    f.get(c);
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(c ^ 0x5A));
+  }
+  InspectOptions o;
+  o.path = dir;
+  o.verify = true;
+  const std::string text = Run(o, &s);
+  REQUIRE(s.code() == StatusCode::kVerifyFailed);
+  CHECK_THAT(s.message(), Catch::Contains(data_file) && Catch::Contains("xxh3-64"));
+  CHECK_THAT(text, Catch::Contains("1 problem(s)"));
+  REQUIRE(RemoveAll(dir).ok());
+}
+
+TEST_CASE("inspect --aoa lists the HF tensors of the Megatron example", "[ops]") {
+  InspectOptions o;
+  o.path = Testdata("torch_dcp/megatron_tiny_tp2_pp2/ckpt");
+  o.aoa_file = Testdata("aoa/megatron_tiny_to_hf_llama.aoa");
+  Status s;
+  const std::string text = Run(o, &s);
+  REQUIRE(s.ok());
+  CHECK_THAT(text, Catch::Contains("model.layers.1.self_attn.k_proj.weight") &&
+                       Catch::Contains("bfloat16  [4, 8]"));
+  CHECK_THAT(text, Catch::Contains("lm_head.weight") && Catch::Contains("[10, 8]"));
+  CHECK_THAT(text, !Catch::Contains("linear_qkv.weight  "));
+  o.aoa_file = Testdata("aoa/does-not-exist.aoa");
+  Run(o, &s);
+  CHECK(s.code() == StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace fc
