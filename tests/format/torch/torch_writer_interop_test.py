@@ -10,7 +10,8 @@ layout; torch_load_check.py then makes real torch load the result into the saved
 into one whole copy on rank 0, and into a different split, comparing every element with the
 values torch itself saved (the fixture's expected/*.npy) and every object with the fixture's
 spec. Also:
-  - a checkpoint whose .metadata spans several pickle frames (400 single-row chunks);
+  - a checkpoint whose .metadata spans several pickle frames and SETITEMS batches (1100
+    single-row chunks);
   - a negative control: one flipped tensor byte must be caught (by the zip CRC check, and by
     the value comparison when the CRC check is off), so the checks are not vacuous;
   - the 2.x generation, which no torch here can load: its .metadata goes through CPython's
@@ -150,7 +151,7 @@ def main():
                                                         "saved,whole,resplit") != 0:
                     failures.append(f"{name}: torch could not load fc's checkpoint")
 
-        # Large .metadata: several 64 KiB pickle frames, 400+ chunks.
+        # Large .metadata: several 64 KiB pickle frames, batches of 1000 dict items.
         out = os.path.join(work, "synthetic")
         exp = os.path.join(work, "synthetic_expected")
         os.makedirs(exp)
@@ -158,11 +159,11 @@ def main():
             shutil.copy(os.path.join(fixtures, "even_2d_f32", "expected", f), exp)
         src = os.path.join(fixtures, "even_2d_f32", "ckpt")
         if run(rewrite_cmd(src, out, "1.13", 2, 1, 15, extra=(
-                "--synthetic-rows", "400", "--synthetic-npy", os.path.join(exp, "synthetic.npy")))) != 0:
+                "--synthetic-rows", "1100", "--synthetic-npy", os.path.join(exp, "synthetic.npy")))) != 0:
             failures.append("synthetic: torch_dcp_rewrite failed")
         else:
-            if os.path.getsize(os.path.join(out, ".metadata")) <= 64 * 1024:
-                failures.append("synthetic: .metadata is smaller than one pickle frame")
+            if os.path.getsize(os.path.join(out, ".metadata")) <= 2 * 64 * 1024:
+                failures.append("synthetic: .metadata is smaller than two pickle frames")
             check_structure(out, "1.13", "synthetic")
             if torch_check(out, exp, objects_of("even_2d_f32"), "saved,resplit") != 0:
                 failures.append("synthetic: torch could not load fc's checkpoint")
