@@ -14,8 +14,6 @@
 #include "fc/format/torch_dcp_writer.h"
 
 #include <algorithm>
-#include <charconv>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
@@ -55,7 +53,7 @@ std::string ObjectLabel(const FcDistcpFileSpec& file, const FcDistcpObjectSpec& 
 
 // "__<rank>_<n>.distcp" with canonical decimals (no sign, no leading zeros).
 bool IsDcpFileName(std::string_view name) {
-  if (!name.starts_with("__") || !name.ends_with(".distcp")) return false;
+  if (name.size() < 12 || !name.starts_with("__") || !name.ends_with(".distcp")) return false;
   std::string_view s = name.substr(2, name.size() - 2 - 7);
   const size_t us = s.find('_');
   if (us == std::string_view::npos) return false;
@@ -111,8 +109,9 @@ Status CheckOutputFree(const std::string& dir) {
   return Status::Ok();
 }
 
-// The replica-0 chunks of one tensor must tile it: pairwise disjoint (checked with a sweep
-// over axis 0, so chunk grids cost ~n log n) and together exactly as large as the tensor.
+// The replica-0 chunks of one tensor must tile it: pairwise disjoint and together exactly as
+// large as the tensor. Disjointness is a sweep over axis 0: only chunks whose axis-0 ranges
+// meet are compared (n log n for row splits; quadratic only when every chunk spans axis 0).
 Status CheckTiling(const FcDistcpTensorSpec& t, std::vector<const FcDistcpChunkSpec*> chunks,
                    int64_t numel) {
   std::set<Shape> offsets;
@@ -731,7 +730,7 @@ Status TorchDcpWriter::Finish() {
 void TorchDcpWriter::Abort() {
   if (state_ != State::kOpen) return;
   files_.clear();  // closes the descriptors
-  AbortFcDistcpStaging(staging_dir_);
+  if (!staging_dir_.empty()) AbortFcDistcpStaging(staging_dir_);  // empty: Create failed early
   state_ = State::kAborted;
 }
 

@@ -1,11 +1,12 @@
 // ZIP layout and CRC-32. Layout and contract: src/format/torch/zip_writer.h.
 //
 // Why fc carries its own CRC-32 instead of zlib's: fc_format's link dependencies are
-// declared in src/format/meson.build, shared by every format, and the only thing torch
-// archives need from zlib is these ~60 lines (slicing-by-8 runs at several GB/s, which
-// keeps pace with the disk). The combine step is zlib 1.2.12's x^(2^n) method: it lets
-// slabs of a record arrive in any order, each CRC'd once as it is written, and be merged
-// in O(log n) instead of re-reading the record.
+// declared in src/format/meson.build, shared by every format, and all that torch archives
+// need from zlib is these few lines. Slicing-by-16 runs at ~2.5 GB/s per thread (zlib's
+// braided CRC: ~3), and WriteChunk computes it in the writing threads, outside any lock.
+// The combine step is zlib 1.2.12's x^(2^n) method: it lets slabs of a record arrive in any
+// order, each CRC'd once as it is written, and be merged in O(log n) instead of re-reading
+// the record.
 #include "src/format/torch/zip_writer.h"
 
 #include <algorithm>
@@ -27,7 +28,7 @@ constexpr uint64_t kEocdSize = 22;
 constexpr uint16_t kFlags = 0x0808;  // sizes in data descriptor; UTF-8 names
 
 struct Tables {
-  std::array<std::array<uint32_t, 256>, 8> t;
+  std::array<std::array<uint32_t, 256>, 16> t;  // slicing-by-16
   std::array<uint32_t, 32> x2n;  // x^(2^n) mod p
 };
 
@@ -53,7 +54,7 @@ const Tables& GetTables() {
       t.t[0][i] = c;
     }
     for (uint32_t i = 0; i < 256; ++i) {
-      for (int s = 1; s < 8; ++s) t.t[s][i] = (t.t[s - 1][i] >> 8) ^ t.t[0][t.t[s - 1][i] & 0xff];
+      for (int s = 1; s < 16; ++s) t.t[s][i] = (t.t[s - 1][i] >> 8) ^ t.t[0][t.t[s - 1][i] & 0xff];
     }
     uint32_t p = 1u << 30;  // x^1
     t.x2n[0] = p;
@@ -94,15 +95,18 @@ uint32_t Crc32(uint32_t crc, std::span<const std::byte> data) {
   const auto* p = reinterpret_cast<const uint8_t*>(data.data());
   size_t n = data.size();
   uint32_t c = ~crc;
-  while (n >= 8) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, p, 4);
-    std::memcpy(&hi, p + 4, 4);
-    lo ^= c;  // little-endian host (fc targets x86-64 / aarch64 little-endian)
-    c = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^
-        t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
-    p += 8;
-    n -= 8;
+  while (n >= 16) {
+    uint32_t w[4];
+    std::memcpy(w, p, 16);
+    w[0] ^= c;  // little-endian host (fc targets x86-64 / aarch64 little-endian)
+    c = t[15][w[0] & 0xff] ^ t[14][(w[0] >> 8) & 0xff] ^ t[13][(w[0] >> 16) & 0xff] ^
+        t[12][w[0] >> 24] ^ t[11][w[1] & 0xff] ^ t[10][(w[1] >> 8) & 0xff] ^
+        t[9][(w[1] >> 16) & 0xff] ^ t[8][w[1] >> 24] ^ t[7][w[2] & 0xff] ^
+        t[6][(w[2] >> 8) & 0xff] ^ t[5][(w[2] >> 16) & 0xff] ^ t[4][w[2] >> 24] ^
+        t[3][w[3] & 0xff] ^ t[2][(w[3] >> 8) & 0xff] ^ t[1][(w[3] >> 16) & 0xff] ^
+        t[0][w[3] >> 24];
+    p += 16;
+    n -= 16;
   }
   while (n-- > 0) c = (c >> 8) ^ t[0][(c ^ *p++) & 0xff];
   return ~c;

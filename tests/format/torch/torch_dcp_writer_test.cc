@@ -231,6 +231,7 @@ struct RandomCase {
 
 // Cut [0, n) into 1..max_pieces random pieces; returns the piece starts plus n.
 std::vector<int64_t> RandomCuts(std::mt19937_64& rng, int64_t n, int max_pieces) {
+  if (n == 0) return {0, 0};  // an empty axis: one empty piece
   std::set<int64_t> cuts = {0, n};
   const int pieces = n <= 1 ? 1 : 1 + static_cast<int>(rng() % static_cast<uint64_t>(max_pieces));
   while (static_cast<int>(cuts.size()) < std::min<int64_t>(pieces, n) + 1) {
