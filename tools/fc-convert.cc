@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "fc-convert: reshard a distributed checkpoint (TP, PP, DP, ZeRO/sharding with flattened "
       "optimizer state, EP) into another layout, optionally changing its structure with an "
-      "AOA program, and write it as an fc distcp checkpoint (with checksums). Planning reads "
+      "AOA program, and write it as an fc distcp checkpoint (with checksums) or a PyTorch DCP checkpoint. Planning reads "
       "no tensor bytes; the output directory appears only when complete."};
   app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors)")
       ->required();
@@ -41,6 +41,16 @@ int main(int argc, char** argv) {
                  "with --preset: ZeRO-1 sharding degree of flattened optimizer states");
   app.add_option("--ep", options.degrees.ep, "with --preset: expert-parallel degree");
   app.add_option("--aoa", options.aoa_file, "AOA program for structure changes (fc-aoa(7))");
+  std::string out_format = "fc";
+  app.add_option("--format", out_format,
+                 "output format: fc (fc distcp with checksums, default) or torch-dcp (PyTorch "
+                 "DCP that torch's load_state_dict reads; flattened target chunks are not "
+                 "possible there)")
+      ->check(CLI::IsMember({"fc", "torch-dcp"}));
+  app.add_option("--torch-version", options.torch_version,
+                 "with --format torch-dcp: metadata for torch 1.13 or 2 (default: that of a "
+                 "torch DCP source, else 2)")
+      ->check(CLI::IsMember({"1.13", "2"}));
   app.add_option("--emit-manifest", options.emit_manifest,
                  "write the resolved per-rank chunk list as JSON");
   app.add_flag("--dry-run", options.dry_run,
@@ -52,8 +62,7 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "no progress output");
   app.add_flag("-v,--verbose", verbose, "debug logging");
   app.set_version_flag("--version", std::string("fc-convert ") + FC_VERSION);
-  app.footer(std::string("Output format: fc distcp. Writing PyTorch DCP is not available yet.\n") +
-             fc::cli::ExitCodeHelp());
+  app.footer(fc::cli::ExitCodeHelp());
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -74,6 +83,7 @@ int main(int argc, char** argv) {
     if (!b.ok()) return fc::cli::Finish(tool, b.status());
     options.memory_budget = *b;
   }
+  if (out_format == "torch-dcp") options.output_format = fc::ConvertOutputFormat::kTorchDcp;
   if (quiet) options.progress = fc::Progress::Mode::kQuiet;
   auto summary = fc::RunConvert(options, std::cout);
   std::cout.flush();

@@ -13,6 +13,7 @@
 #include "fc/format/fc_distcp.h"
 #include "fc/format/json_writer.h"
 #include "fc/format/open.h"
+#include "fc/format/torch_dcp_writer.h"
 #include "fc/io/file.h"
 #include "fc/layout/layout_rules.h"
 #include "fc/layout/target_layout.h"
@@ -218,16 +219,25 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     final_dtype[t.key] = t.dtype.value_or(target.dtype);
     plan.tensors.push_back({t.key, final_dtype[t.key], t.global_shape});
   }
+  const bool torch_out = options.output_format == ConvertOutputFormat::kTorchDcp;
   for (const TargetRank& r : layout.ranks) {
     FcDistcpFileSpec file;
-    file.name = FcDistcpFileName(r.rank, 0);
+    file.name = torch_out ? "__" + std::to_string(r.rank) + "_0.distcp" : FcDistcpFileName(r.rank, 0);
     for (const TargetChunk& c : r.chunks) {
       file.chunks.push_back({c.key, c.box, c.flat_range, c.replica_id});
     }
     plan.files.push_back(std::move(file));
   }
   if (plan.files.empty()) return InvalidArgumentError("the target layout has no ranks");
+  std::vector<const ObjectEntry*> objects;
   for (const ObjectEntry& o : index.objects) {
+    if (torch_out && o.encoding != ObjectEncoding::kTorchSave) {
+      // torch DCP stores non-tensor values as torch.save items; raw bytes have no such form.
+      spdlog::warn("object '{}' is raw bytes, not a torch.save value: left out of the torch "
+                   "DCP output", o.key);
+      continue;
+    }
+    objects.push_back(&o);
     plan.files.front().objects.push_back({o.key, o.encoding, o.byte_length});
   }
 
@@ -285,26 +295,43 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   summary.chunks = 0;
   for (const RankPlan& r : rank_plans) summary.chunks += r.chunks;
   summary.bytes_written = total_bytes;
-  summary.objects = index.objects.size();
+  summary.objects = objects.size();
   if (options.dry_run) {
     PrintPlan(index, rank_plans, peak_memory, options, out);
     return summary;
   }
-  if (options.output_format != ConvertOutputFormat::kFcDistcp) {
-    return UnimplementedError("--format torch-dcp output is not available in this build");
-  }
-
-  FC_ASSIGN_OR_RETURN(std::unique_ptr<FcDistcpWriter> writer,
-                      FcDistcpWriter::Create(options.output_dir, plan));
-  ChunkReader reader(index);
-  {
-    // Objects are copied byte for byte.
-    for (size_t o = 0; o < index.objects.size(); ++o) {
-      const ObjectEntry& obj = index.objects[o];
-      FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
-      FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, f->ReadAt(obj.byte_offset, obj.byte_length));
-      FC_RETURN_IF_ERROR(writer->WriteObject(0, o, 0, bytes));
+  // The two writers share one shape: chunk and object bytes by (file, entry, offset).
+  std::unique_ptr<FcDistcpWriter> fc_writer;
+  std::unique_ptr<TorchDcpWriter> torch_writer;
+  if (torch_out) {
+    TorchDcpWriteOptions wo;
+    std::string version = options.torch_version;
+    if (version.empty()) {
+      auto it = index.attributes.find("torch_generation");
+      version = it != index.attributes.end() ? it->second : "2";
     }
+    if (version == "1.13") {
+      wo.generation = TorchGeneration::k1_13;
+    } else if (version == "2") {
+      wo.generation = TorchGeneration::k2;
+    } else {
+      return InvalidArgumentError("--torch-version '" + version + "': expected 1.13 or 2");
+    }
+    FC_ASSIGN_OR_RETURN(torch_writer, TorchDcpWriter::Create(options.output_dir, plan, wo));
+  } else {
+    FC_ASSIGN_OR_RETURN(fc_writer, FcDistcpWriter::Create(options.output_dir, plan));
+  }
+  auto write_chunk = [&](size_t f, size_t c, uint64_t offset, std::span<const std::byte> b) {
+    return torch_writer ? torch_writer->WriteChunk(f, c, offset, b) : fc_writer->WriteChunk(f, c, offset, b);
+  };
+  ChunkReader reader(index);
+  for (size_t o = 0; o < objects.size(); ++o) {
+    // Objects are copied byte for byte.
+    const ObjectEntry& obj = *objects[o];
+    FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
+    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, f->ReadAt(obj.byte_offset, obj.byte_length));
+    FC_RETURN_IF_ERROR(torch_writer ? torch_writer->WriteObject(0, o, 0, bytes)
+                                    : fc_writer->WriteObject(0, o, 0, bytes));
   }
   Progress progress("converting", total_bytes, options.progress);
   thread_local std::vector<std::byte> buffer;
@@ -313,14 +340,15 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     buffer.resize(static_cast<size_t>(task.region.num_elements()) * DTypeSize(task.dtype));
     FC_RETURN_IF_ERROR(AssembleRegion(reader, task.target->name, task.target->pieces,
                                       task.region, task.dtype, buffer.data()));
-    FC_RETURN_IF_ERROR(writer->WriteChunk(task.file, task.chunk, task.byte_offset, buffer));
+    FC_RETURN_IF_ERROR(write_chunk(task.file, task.chunk, task.byte_offset, buffer));
     progress.Add(buffer.size());
     return Status::Ok();
   });
-  if (status.ok()) status = writer->Finish();
+  if (status.ok()) status = torch_writer ? torch_writer->Finish() : fc_writer->Finish();
   progress.Finish(status.ok());
   if (!status.ok()) {
-    writer->Abort();
+    if (torch_writer) torch_writer->Abort();
+    if (fc_writer) fc_writer->Abort();
     return status;
   }
   return summary;
