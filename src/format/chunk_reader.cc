@@ -90,6 +90,38 @@ Status ChunkReader::CopyBoxPiece(const TensorEntry& tensor, const Chunk& chunk,
     // The piece is whole rows in the file and one run in dst: read straight into place.
     auto* out = static_cast<std::byte*>(dst) + FirstElementOffset(dst_box, piece) * esize;
     FC_RETURN_IF_ERROR(f->ReadAt(rows_offset, std::span<std::byte>(out, rows_bytes)));
+  } else if (ContiguousIn(stored_box, piece)) {
+    // Whole rows in the file, scattered in dst (e.g. a row-parallel TP chunk): let the
+    // kernel scatter them straight into place, one iovec per run contiguous in dst.
+    size_t merged = piece.rank();
+    int64_t run = 1;
+    while (merged > 0) {
+      --merged;
+      run *= piece.local_shape[merged];
+      if (piece.local_shape[merged] != dst_box.local_shape[merged]) break;
+    }
+    const int64_t runs = piece.num_elements() / run;
+    const Shape dst_strides = RowMajorStrides(dst_box.local_shape);
+    std::vector<std::span<std::byte>> buffers;
+    buffers.reserve(static_cast<size_t>(runs));
+    Shape idx(merged, 0);  // index over the axes before `merged`
+    auto* base = static_cast<std::byte*>(dst);
+    for (int64_t r = 0; r < runs; ++r) {
+      int64_t element = 0;
+      for (size_t a = 0; a < piece.rank(); ++a) {
+        const int64_t i = a < merged ? idx[a] : 0;
+        element += (piece.global_offset[a] - dst_box.global_offset[a] + i) * dst_strides[a];
+      }
+      buffers.emplace_back(base + element * static_cast<int64_t>(esize),
+                           static_cast<size_t>(run) * esize);
+      for (size_t a = merged; a-- > 0;) {
+        if (++idx[a] < piece.local_shape[a]) break;
+        idx[a] = 0;
+      }
+    }
+    FC_RETURN_IF_ERROR(f->ReadScatteredAt(
+        stored_byte_offset + static_cast<uint64_t>(FirstElementOffset(stored_box, piece)) * esize,
+        buffers));
   } else {
     // Not value-initialised: every byte is overwritten by the read.
     std::unique_ptr<std::byte[]> buffer(new std::byte[rows_bytes]);

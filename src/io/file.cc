@@ -3,10 +3,12 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -62,6 +64,49 @@ Status RandomAccessFile::ReadAt(uint64_t offset, std::span<std::byte> dst) const
                            std::to_string(offset + done));
     }
     done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status RandomAccessFile::ReadScatteredAt(uint64_t offset,
+                                         std::span<const std::span<std::byte>> buffers) const {
+  uint64_t total = 0;
+  for (const auto& b : buffers) total += b.size();
+  uint64_t end;
+  if (__builtin_add_overflow(offset, total, &end) || end > size_) {
+    return DataLossError(path_ + ": wanted bytes " + RangeText(offset, offset + total) +
+                         ", file has " + std::to_string(size_));
+  }
+  std::vector<struct iovec> iov;
+  size_t next = 0;         // first buffer not yet fully read
+  size_t done_in_next = 0; // bytes of buffers[next] already read
+  uint64_t position = offset;
+  while (next < buffers.size()) {
+    iov.clear();
+    for (size_t i = next; i < buffers.size() && iov.size() < static_cast<size_t>(IOV_MAX); ++i) {
+      const size_t skip = i == next ? done_in_next : 0;
+      iov.push_back({buffers[i].data() + skip, buffers[i].size() - skip});
+    }
+    ssize_t n = ::preadv(fd_, iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(position));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("reading " + path_ + " at " + std::to_string(position), errno);
+    }
+    if (n == 0) return DataLossError(path_ + ": file shrank while reading at " + std::to_string(position));
+    position += static_cast<uint64_t>(n);
+    size_t left = static_cast<size_t>(n);
+    while (left > 0 && next < buffers.size()) {
+      const size_t room = buffers[next].size() - done_in_next;
+      if (left >= room) {
+        left -= room;
+        ++next;
+        done_in_next = 0;
+      } else {
+        done_in_next += left;
+        left = 0;
+      }
+    }
+    while (next < buffers.size() && buffers[next].size() == 0) ++next;
   }
   return Status::Ok();
 }

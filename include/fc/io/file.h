@@ -33,6 +33,9 @@ class RandomAccessFile {
   // end of the file ("<path>: wanted bytes [a, b), file has N"), kIoError on read errors.
   Status ReadAt(uint64_t offset, std::span<std::byte> dst) const;
   Result<std::vector<std::byte>> ReadAt(uint64_t offset, uint64_t length) const;
+  // Reads the contiguous file range starting at `offset` scattered into `buffers`, in order
+  // (preadv: the kernel copies straight into place). Errors as ReadAt.
+  Status ReadScatteredAt(uint64_t offset, std::span<const std::span<std::byte>> buffers) const;
 
  private:
   RandomAccessFile(std::string path, int fd, uint64_t size)
