@@ -43,16 +43,21 @@ std::vector<Box> ContiguousSlabs(const Box& box, int64_t max_elements) {
 }
 
 Status ParallelFor(size_t count, int threads, const std::function<Status(size_t)>& task) {
+  return ParallelFor(count, threads, [&](size_t i, int) { return task(i); });
+}
+
+Status ParallelFor(size_t count, int threads,
+                   const std::function<Status(size_t index, int worker)>& task) {
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex mu;
   Status first_error;
   size_t first_index = count;
-  auto worker = [&] {
+  auto worker = [&](int id) {
     while (!failed.load()) {
       const size_t i = next.fetch_add(1);
       if (i >= count) return;
-      Status s = task(i);
+      Status s = task(i, id);
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         if (i < first_index) {
@@ -66,10 +71,10 @@ Status ParallelFor(size_t count, int threads, const std::function<Status(size_t)
   };
   const int n = std::max(1, std::min<int>(threads, static_cast<int>(std::max<size_t>(count, 1))));
   if (n == 1) {
-    worker();
+    worker(0);
   } else {
     std::vector<std::thread> pool;
-    for (int t = 0; t < n; ++t) pool.emplace_back(worker);
+    for (int t = 0; t < n; ++t) pool.emplace_back(worker, t);
     for (std::thread& t : pool) t.join();
   }
   return first_error;

@@ -334,8 +334,9 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
                                     : fc_writer->WriteObject(0, o, 0, bytes));
   }
   Progress progress("converting", total_bytes, options.progress);
-  thread_local std::vector<std::byte> buffer;
-  Status status = ParallelFor(tasks.size(), threads, [&](size_t i) -> Status {
+  std::vector<std::vector<std::byte>> buffers(static_cast<size_t>(threads));  // per worker
+  Status status = ParallelFor(tasks.size(), threads, [&](size_t i, int worker) -> Status {
+    std::vector<std::byte>& buffer = buffers[static_cast<size_t>(worker)];
     const ChunkTask& task = tasks[i];
     buffer.resize(static_cast<size_t>(task.region.num_elements()) * DTypeSize(task.dtype));
     FC_RETURN_IF_ERROR(AssembleRegion(reader, task.target->name, task.target->pieces,

@@ -219,8 +219,9 @@ Result<ExportSummary> RunExport(const ExportOptions& options) {
   Progress progress("exporting", my_bytes, options.progress);
   ChunkReader reader(index);
   // One output buffer per worker thread, reused across its slabs.
-  thread_local std::vector<std::byte> buffer;
-  Status status = ParallelFor(tasks.size(), threads, [&](size_t i) -> Status {
+  std::vector<std::vector<std::byte>> buffers(static_cast<size_t>(threads));  // per worker
+  Status status = ParallelFor(tasks.size(), threads, [&](size_t i, int worker) -> Status {
+    std::vector<std::byte>& buffer = buffers[static_cast<size_t>(worker)];
     const SlabTask& task = tasks[i];
     buffer.resize(static_cast<size_t>(task.region.num_elements()) * DTypeSize(task.dtype));
     FC_RETURN_IF_ERROR(AssembleRegion(reader, task.tensor->name, task.tensor->pieces,

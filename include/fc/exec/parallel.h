@@ -22,6 +22,10 @@ std::vector<Box> ContiguousSlabs(const Box& box, int64_t max_elements);
 // first failing task no new task starts; returns that task's error (the lowest-numbered
 // failure seen first).
 Status ParallelFor(size_t count, int threads, const std::function<Status(size_t)>& task);
+// The same, also telling each task which worker (0 .. threads - 1) runs it, so callers can
+// keep per-worker buffers.
+Status ParallelFor(size_t count, int threads,
+                   const std::function<Status(size_t index, int worker)>& task);
 
 // Worker threads for a run: `requested` when > 0, else the hardware concurrency capped at 8.
 int WorkerThreads(int requested);
