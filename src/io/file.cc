@@ -231,6 +231,23 @@ std::string Dirname(const std::string& path) {
   return p.substr(0, slash);
 }
 
+std::string StripTrailingSlashes(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
+
+Status CheckOutputFree(const std::string& dir) {
+  if (!PathExists(dir)) return Status::Ok();
+  if (!IsDirectory(dir)) {
+    return FailedPreconditionError(dir + ": output exists and is not a directory");
+  }
+  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
+  if (!names.empty()) {
+    return FailedPreconditionError(dir + ": output directory exists and is not empty");
+  }
+  return Status::Ok();
+}
+
 Status CreateDirectories(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

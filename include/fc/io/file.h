@@ -82,6 +82,12 @@ std::string JoinPath(const std::string& a, const std::string& b);
 std::string Basename(const std::string& path);
 std::string Dirname(const std::string& path);
 
+// `p` without trailing slashes ("/" stays "/").
+std::string StripTrailingSlashes(std::string p);
+// OK when `dir` does not exist or is an empty directory; kFailedPrecondition otherwise
+// ("<dir>: output directory exists and is not empty").
+Status CheckOutputFree(const std::string& dir);
+
 // Creates `dir` and missing parents. Errors: kIoError.
 Status CreateDirectories(const std::string& dir);
 // Removes a file or a directory tree; missing paths are fine.

@@ -21,24 +21,6 @@
 namespace fc {
 namespace {
 
-std::string StripTrailingSlashes(std::string p) {
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  return p;
-}
-
-// OK when `dir` does not exist or is an empty directory.
-Status CheckOutputFree(const std::string& dir) {
-  if (!PathExists(dir)) return Status::Ok();
-  if (!IsDirectory(dir)) {
-    return FailedPreconditionError(dir + ": output exists and is not a directory");
-  }
-  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
-  if (!names.empty()) {
-    return FailedPreconditionError(dir + ": output directory exists and is not empty");
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 struct FcDistcpWriter::EntryHash {

@@ -91,24 +91,6 @@ std::span<const std::byte> AsBytes(std::string_view s) {
   return std::as_bytes(std::span<const char>(s.data(), s.size()));
 }
 
-std::string StripTrailingSlashes(std::string p) {
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  return p;
-}
-
-// OK when `dir` does not exist or is an empty directory.
-Status CheckOutputFree(const std::string& dir) {
-  if (!PathExists(dir)) return Status::Ok();
-  if (!IsDirectory(dir)) {
-    return FailedPreconditionError(dir + ": output exists and is not a directory");
-  }
-  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
-  if (!names.empty()) {
-    return FailedPreconditionError(dir + ": output directory exists and is not empty");
-  }
-  return Status::Ok();
-}
-
 // The replica-0 chunks of one tensor must tile it: pairwise disjoint and together exactly as
 // large as the tensor. Disjointness is a sweep over axis 0: only chunks whose axis-0 ranges
 // meet are compared (n log n for row splits; quadratic only when every chunk spans axis 0).
