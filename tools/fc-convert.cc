@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "cli_common.h"
+#include "fc/comm/communicator.h"
 #include "fc/layout/layout_rules.h"
 #include "fc/ops/convert.h"
 #include "fc/ops/report_format.h"
@@ -84,11 +85,18 @@ int main(int argc, char** argv) {
     options.memory_budget = *b;
   }
   if (out_format == "torch-dcp") options.output_format = fc::ConvertOutputFormat::kTorchDcp;
-  if (quiet) options.progress = fc::Progress::Mode::kQuiet;
+  auto comm = fc::MakeCommunicatorFromEnvironment(&argc, &argv);
+  if (!comm.ok()) return fc::cli::Finish(tool, comm.status());
+  if ((*comm)->size() > 1) options.comm = comm->get();
+  const bool lead = (*comm)->rank() == 0;
+  if (quiet || !lead) options.progress = fc::Progress::Mode::kQuiet;
   auto summary = fc::RunConvert(options, std::cout);
   std::cout.flush();
-  if (!summary.ok()) return fc::cli::Finish(tool, summary.status());
-  if (!options.dry_run) {
+  if (!summary.ok()) {
+    // Every process returns the same error; one report is enough.
+    return lead ? fc::cli::Finish(tool, summary.status()) : fc::ExitCodeFor(summary.status().code());
+  }
+  if (!options.dry_run && lead) {
     spdlog::info("wrote {} chunks for {} rank(s) ({}), {} object(s), to {}", summary->chunks,
                  summary->ranks, fc::HumanBytes(summary->bytes_written), summary->objects,
                  options.output_dir);

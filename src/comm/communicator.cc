@@ -1,6 +1,8 @@
 #include "fc/comm/communicator.h"
 
+#include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <vector>
 
@@ -18,6 +20,8 @@ class SingleProcess final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   Status AllOk(const Status& local) override { return local; }
+  void Broadcast(std::string&, int) override {}
+  std::vector<std::string> Gather(const std::string& local, int) override { return {local}; }
 };
 
 bool LaunchedByMpi() {
@@ -26,6 +30,30 @@ bool LaunchedByMpi() {
 }
 
 #if FC_HAVE_MPI
+// MPI counts are ints: large messages go in pieces of at most 1 GiB.
+constexpr uint64_t kMaxMessage = 1ull << 30;
+
+void BroadcastBytes(char* data, uint64_t size, int root) {
+  for (uint64_t done = 0; done < size; done += kMaxMessage) {
+    MPI_Bcast(data + done, static_cast<int>(std::min(kMaxMessage, size - done)), MPI_CHAR, root,
+              MPI_COMM_WORLD);
+  }
+}
+
+void SendBytes(const char* data, uint64_t size, int to) {
+  for (uint64_t done = 0; done < size; done += kMaxMessage) {
+    MPI_Send(data + done, static_cast<int>(std::min(kMaxMessage, size - done)), MPI_CHAR, to, 0,
+             MPI_COMM_WORLD);
+  }
+}
+
+void ReceiveBytes(char* data, uint64_t size, int from) {
+  for (uint64_t done = 0; done < size; done += kMaxMessage) {
+    MPI_Recv(data + done, static_cast<int>(std::min(kMaxMessage, size - done)), MPI_CHAR, from,
+             0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  }
+}
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator() {
@@ -49,6 +77,36 @@ class MpiCommunicator final : public Communicator {
     MPI_Bcast(text.data(), header[1], MPI_CHAR, lowest, MPI_COMM_WORLD);
     return Status(static_cast<StatusCode>(header[0]),
                   "rank " + std::to_string(lowest) + ": " + std::string(text.begin(), text.end()));
+  }
+
+  void Broadcast(std::string& data, int root) override {
+    uint64_t size = data.size();
+    MPI_Bcast(&size, 1, MPI_UINT64_T, root, MPI_COMM_WORLD);
+    data.resize(size);
+    BroadcastBytes(data.data(), size, root);
+  }
+
+  std::vector<std::string> Gather(const std::string& local, int root) override {
+    uint64_t size = local.size();
+    std::vector<uint64_t> sizes(rank_ == root ? static_cast<size_t>(size_) : 0);
+    MPI_Gather(&size, 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, root, MPI_COMM_WORLD);
+    // Point to point rather than MPI_Gatherv, whose int counts stop at 2 GiB.
+    std::vector<std::string> all;
+    if (rank_ != root) {
+      SendBytes(local.data(), size, root);
+      return all;
+    }
+    all.resize(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      std::string& s = all[static_cast<size_t>(r)];
+      if (r == root) {
+        s = local;
+        continue;
+      }
+      s.resize(sizes[static_cast<size_t>(r)]);
+      ReceiveBytes(s.data(), s.size(), r);
+    }
+    return all;
   }
 
  private:

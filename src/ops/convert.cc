@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "fc/comm/communicator.h"
 #include "fc/core/checked_math.h"
 #include "fc/core/flat_range.h"
 #include "fc/exec/assemble.h"
@@ -180,39 +181,51 @@ void PrintPlan(const CheckpointIndex& index, const std::vector<RankPlan>& ranks,
   table.Print(out);
 }
 
-}  // namespace
+// Everything RunConvert decides before writing a byte. Every process of a multi-process
+// run builds the same plan from the same inputs. Not movable: targets point into `index`.
+struct ConvertPlan {
+  CheckpointIndex index;
+  std::vector<OutputTensor> targets;
+  FcDistcpPlan write_plan;                  // one data file per target rank, objects in file 0
+  std::vector<const ObjectEntry*> objects;  // plan.files[0].objects[i] comes from objects[i]
+  std::vector<ChunkTask> tasks;
+  std::vector<RankPlan> rank_plans;         // per target rank (= per plan file)
+  uint64_t peak_memory = 0;
+  int threads = 1;
+  ConvertSummary summary;
+};
 
-Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
-  FC_ASSIGN_OR_RETURN(CheckpointIndex index, OpenCheckpoint(options.input, options.format));
+Status BuildPlan(const ConvertOptions& options, bool write_manifest, ConvertPlan& p) {
+  FC_ASSIGN_OR_RETURN(p.index, OpenCheckpoint(options.input, options.format));
+  const CheckpointIndex& index = p.index;
   std::string aoa_text;
   if (!options.aoa_file.empty()) {
     FC_ASSIGN_OR_RETURN(aoa_text, ReadTextFile(options.aoa_file));
   }
   FC_ASSIGN_OR_RETURN(TargetLayout layout, ResolveLayout(index, options, aoa_text));
-  if (!options.emit_manifest.empty()) {
+  if (write_manifest && !options.emit_manifest.empty()) {
     FC_ASSIGN_OR_RETURN(auto file, WritableFile::Create(options.emit_manifest));
     FC_RETURN_IF_ERROR(file->Append(ManifestJson(layout)));
     FC_RETURN_IF_ERROR(file->Close());
   }
-  std::vector<OutputTensor> targets;
   if (options.aoa_file.empty()) {
-    FC_ASSIGN_OR_RETURN(targets, IdentityTargets(index, layout));
+    FC_ASSIGN_OR_RETURN(p.targets, IdentityTargets(index, layout));
   } else {
-    FC_ASSIGN_OR_RETURN(targets, AoaConvertOutputs(index, aoa_text, options.aoa_file, layout));
+    FC_ASSIGN_OR_RETURN(p.targets, AoaConvertOutputs(index, aoa_text, options.aoa_file, layout));
   }
   std::map<std::string, const OutputTensor*> by_key;
   std::set<const TensorEntry*> sources;
-  for (const OutputTensor& t : targets) {
+  for (const OutputTensor& t : p.targets) {
     FC_RETURN_IF_ERROR(PiecesCover(t.name, t.pieces, Box::Whole(t.shape)));
-    for (const SourcePiece& p : t.pieces) {
-      if (p.source) sources.insert(p.source);
+    for (const SourcePiece& piece : t.pieces) {
+      if (piece.source) sources.insert(piece.source);
     }
     by_key[t.name] = &t;
   }
   for (const TensorEntry* s : sources) FC_RETURN_IF_ERROR(CheckSourceCoverage(*s));
 
   // The write plan: one data file per target rank, objects with rank 0.
-  FcDistcpPlan plan;
+  FcDistcpPlan& plan = p.write_plan;
   std::map<std::string, DType> final_dtype;
   for (const TargetTensor& t : layout.tensors) {
     const OutputTensor& target = *by_key.at(t.key);
@@ -229,28 +242,28 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     plan.files.push_back(std::move(file));
   }
   if (plan.files.empty()) return InvalidArgumentError("the target layout has no ranks");
-  std::vector<const ObjectEntry*> objects;
   for (const ObjectEntry& o : index.objects) {
     if (torch_out && o.encoding != ObjectEncoding::kTorchSave) {
       // torch DCP stores non-tensor values as torch.save items; raw bytes have no such form.
-      spdlog::warn("object '{}' is raw bytes, not a torch.save value: left out of the torch "
-                   "DCP output", o.key);
+      if (write_manifest) {
+        spdlog::warn("object '{}' is raw bytes, not a torch.save value: left out of the torch "
+                     "DCP output", o.key);
+      }
       continue;
     }
-    objects.push_back(&o);
+    p.objects.push_back(&o);
     plan.files.front().objects.push_back({o.key, o.encoding, o.byte_length});
   }
 
   // Tasks: every target chunk, cut into contiguous slabs under the memory budget.
-  const int threads = WorkerThreads(options.threads);
+  p.threads = WorkerThreads(options.threads);
   const uint64_t budget = options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
-  const uint64_t per_worker = budget / static_cast<uint64_t>(threads) / 3;
+  const uint64_t per_worker = budget / static_cast<uint64_t>(p.threads) / 3;
   if (per_worker < 64) {
     return ResourceExhaustedError("--memory-budget " + std::to_string(budget) +
-                                  " bytes is too small for " + std::to_string(threads) + " threads");
+                                  " bytes is too small for " + std::to_string(p.threads) +
+                                  " threads");
   }
-  std::vector<ChunkTask> tasks;
-  std::vector<RankPlan> rank_plans;
   uint64_t largest_slab = 0, total_bytes = 0;
   for (size_t f = 0; f < plan.files.size(); ++f) {
     RankPlan rp;
@@ -261,8 +274,8 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
       const DType dtype = final_dtype.at(chunk.key);
       const size_t esize = DTypeSize(dtype);
       size_t widest = esize;
-      for (const SourcePiece& p : target.pieces) {
-        if (p.source) widest = std::max(widest, DTypeSize(p.source->dtype));
+      for (const SourcePiece& piece : target.pieces) {
+        if (piece.source) widest = std::max(widest, DTypeSize(piece.source->dtype));
       }
       const int64_t max_elements = std::max<int64_t>(1, static_cast<int64_t>(per_worker / widest));
       uint64_t element_offset = 0;
@@ -279,80 +292,273 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
           largest_slab = std::max(largest_slab, static_cast<uint64_t>(slab.num_elements()) * widest);
           rp.bytes_written += bytes;
           AccumulateRegionReads(target.pieces, slab, rp.bytes_read);
-          tasks.push_back({f, c, &target, dtype, std::move(slab),
-                           (element_offset + static_cast<uint64_t>(first)) * esize});
+          p.tasks.push_back({f, c, &target, dtype, std::move(slab),
+                             (element_offset + static_cast<uint64_t>(first)) * esize});
         }
         element_offset += static_cast<uint64_t>(stored.num_elements());
       }
       total_bytes += static_cast<uint64_t>(chunk.flat_range ? chunk.flat_range->size()
                                                              : chunk.box.num_elements()) * esize;
     }
-    rank_plans.push_back(std::move(rp));
+    p.rank_plans.push_back(std::move(rp));
   }
-  const uint64_t peak_memory = largest_slab * 3 * static_cast<uint64_t>(std::min<size_t>(threads, std::max<size_t>(tasks.size(), 1)));
-  ConvertSummary summary;
-  summary.ranks = layout.ranks.size();
-  summary.chunks = 0;
-  for (const RankPlan& r : rank_plans) summary.chunks += r.chunks;
-  summary.bytes_written = total_bytes;
-  summary.objects = objects.size();
-  if (options.dry_run) {
-    PrintPlan(index, rank_plans, peak_memory, options, out);
-    return summary;
+  p.peak_memory = largest_slab * 3 *
+                  static_cast<uint64_t>(std::min<size_t>(p.threads, std::max<size_t>(p.tasks.size(), 1)));
+  p.summary.ranks = layout.ranks.size();
+  for (const RankPlan& r : p.rank_plans) p.summary.chunks += r.chunks;
+  p.summary.bytes_written = total_bytes;
+  p.summary.objects = p.objects.size();
+  return Status::Ok();
+}
+
+// Which process writes which target files: largest file first, each to the process with
+// the fewest bytes so far (ties: the lowest rank, so process 0 always has a file and can
+// commit). Deterministic, so every process computes the same answer.
+std::vector<std::vector<size_t>> AssignFiles(const std::vector<RankPlan>& files, int processes) {
+  std::vector<size_t> order(files.size());
+  for (size_t f = 0; f < order.size(); ++f) order[f] = f;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return files[a].bytes_written > files[b].bytes_written;
+  });
+  std::vector<std::vector<size_t>> assigned(static_cast<size_t>(processes));
+  std::vector<uint64_t> load(static_cast<size_t>(processes), 0);
+  for (size_t f : order) {
+    const size_t to = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    assigned[to].push_back(f);
+    load[to] += files[f].bytes_written;
   }
-  // The two writers share one shape: chunk and object bytes by (file, entry, offset).
-  std::unique_ptr<FcDistcpWriter> fc_writer;
-  std::unique_ptr<TorchDcpWriter> torch_writer;
-  if (torch_out) {
-    TorchDcpWriteOptions wo;
-    std::string version = options.torch_version;
-    if (version.empty()) {
-      auto it = index.attributes.find("torch_generation");
-      version = it != index.attributes.end() ? it->second : "2";
+  for (auto& a : assigned) std::sort(a.begin(), a.end());
+  return assigned;
+}
+
+// Digests travel between processes as little-endian u64 words:
+// count, then per file: file index, chunk count, chunk digests, object count, object digests.
+std::string SerializeDigests(const std::vector<FcDistcpFileDigests>& digests) {
+  std::vector<uint64_t> words{digests.size()};
+  for (const FcDistcpFileDigests& d : digests) {
+    words.push_back(d.file);
+    words.push_back(d.chunk_xxh3.size());
+    words.insert(words.end(), d.chunk_xxh3.begin(), d.chunk_xxh3.end());
+    words.push_back(d.object_xxh3.size());
+    words.insert(words.end(), d.object_xxh3.begin(), d.object_xxh3.end());
+  }
+  std::string bytes(words.size() * 8, '\0');
+  for (size_t i = 0; i < words.size(); ++i) {
+    for (int b = 0; b < 8; ++b) bytes[i * 8 + b] = static_cast<char>(words[i] >> (8 * b));
+  }
+  return bytes;
+}
+
+Status ParseDigests(const std::string& bytes, std::vector<FcDistcpFileDigests>& out) {
+  if (bytes.empty()) return Status::Ok();  // a process that wrote no file
+  if (bytes.size() % 8 != 0) return InternalError("digest message of " + std::to_string(bytes.size()) + " bytes");
+  std::vector<uint64_t> words(bytes.size() / 8);
+  for (size_t i = 0; i < words.size(); ++i) {
+    for (int b = 0; b < 8; ++b) {
+      words[i] |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i * 8 + b])) << (8 * b);
     }
-    if (version == "1.13") {
-      wo.generation = TorchGeneration::k1_13;
-    } else if (version == "2") {
-      wo.generation = TorchGeneration::k2;
-    } else {
-      return InvalidArgumentError("--torch-version '" + version + "': expected 1.13 or 2");
-    }
-    FC_ASSIGN_OR_RETURN(torch_writer, TorchDcpWriter::Create(options.output_dir, plan, wo));
-  } else {
-    FC_ASSIGN_OR_RETURN(fc_writer, FcDistcpWriter::Create(options.output_dir, plan));
   }
-  auto write_chunk = [&](size_t f, size_t c, uint64_t offset, std::span<const std::byte> b) {
-    return torch_writer ? torch_writer->WriteChunk(f, c, offset, b) : fc_writer->WriteChunk(f, c, offset, b);
+  size_t at = 0;
+  auto next = [&](uint64_t& v) {
+    if (at >= words.size()) return false;
+    v = words[at++];
+    return true;
   };
-  ChunkReader reader(index);
-  for (size_t o = 0; o < objects.size(); ++o) {
-    // Objects are copied byte for byte.
-    const ObjectEntry& obj = *objects[o];
-    FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
-    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, f->ReadAt(obj.byte_offset, obj.byte_length));
-    FC_RETURN_IF_ERROR(torch_writer ? torch_writer->WriteObject(0, o, 0, bytes)
-                                    : fc_writer->WriteObject(0, o, 0, bytes));
+  auto list = [&](std::vector<uint64_t>& v) {
+    uint64_t n = 0;
+    if (!next(n) || n > words.size() - at) return false;
+    v.assign(words.begin() + static_cast<std::ptrdiff_t>(at), words.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+    return true;
+  };
+  uint64_t count = 0;
+  next(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    FcDistcpFileDigests d;
+    uint64_t file = 0;
+    if (!next(file) || !list(d.chunk_xxh3) || !list(d.object_xxh3)) {
+      return InternalError("truncated digest message");
+    }
+    d.file = static_cast<size_t>(file);
+    out.push_back(std::move(d));
   }
-  Progress progress("converting", total_bytes, options.progress);
-  std::vector<std::vector<std::byte>> buffers(static_cast<size_t>(threads));  // per worker
-  Status status = ParallelFor(tasks.size(), threads, [&](size_t i, int worker) -> Status {
+  return Status::Ok();
+}
+
+// One process's part of the output: its target files, written through the writer of the
+// chosen format on a staging directory shared by all processes.
+class OutputPart {
+ public:
+  static Result<std::unique_ptr<OutputPart>> Create(const ConvertOptions& options,
+                                                    const ConvertPlan& p,
+                                                    const std::string& staging,
+                                                    std::vector<size_t> files,
+                                                    const std::string& source_torch_generation) {
+    auto part = std::unique_ptr<OutputPart>(new OutputPart());
+    if (options.output_format == ConvertOutputFormat::kTorchDcp) {
+      TorchDcpWriteOptions wo;
+      std::string version = options.torch_version;
+      if (version.empty()) version = source_torch_generation.empty() ? "2" : source_torch_generation;
+      if (version == "1.13") {
+        wo.generation = TorchGeneration::k1_13;
+      } else if (version == "2") {
+        wo.generation = TorchGeneration::k2;
+      } else {
+        return InvalidArgumentError("--torch-version '" + version + "': expected 1.13 or 2");
+      }
+      wo.files = std::move(files);
+      wo.staging_dir = staging;
+      FC_ASSIGN_OR_RETURN(part->torch_, TorchDcpWriter::Create(options.output_dir, p.write_plan, wo));
+    } else {
+      FcDistcpWriterOptions wo;
+      wo.files = std::move(files);
+      wo.staging_dir = staging;
+      FC_ASSIGN_OR_RETURN(part->fc_, FcDistcpWriter::Create(options.output_dir, p.write_plan, wo));
+    }
+    return part;
+  }
+
+  Status WriteChunk(size_t f, size_t c, uint64_t offset, std::span<const std::byte> b) {
+    return torch_ ? torch_->WriteChunk(f, c, offset, b) : fc_->WriteChunk(f, c, offset, b);
+  }
+  Status WriteObject(size_t o, std::span<const std::byte> b) {
+    return torch_ ? torch_->WriteObject(0, o, 0, b) : fc_->WriteObject(0, o, 0, b);
+  }
+  // Finishes this part's files; the digests (fc distcp) go to the committing process.
+  Result<std::string> FinishDataFiles() {
+    if (torch_) {
+      FC_RETURN_IF_ERROR(torch_->FinishDataFiles());
+      return std::string();
+    }
+    FC_ASSIGN_OR_RETURN(std::vector<FcDistcpFileDigests> digests, fc_->FinishDataFiles());
+    return SerializeDigests(digests);
+  }
+  // Process 0 only, after every part finished: .metadata / fc.metadata.json and the rename.
+  Status Commit(const ConvertOptions& options, const ConvertPlan& p, const std::string& staging,
+                const std::vector<std::string>& messages) {
+    if (torch_) return torch_->CommitMetadata();
+    std::vector<FcDistcpFileDigests> digests;
+    for (const std::string& m : messages) FC_RETURN_IF_ERROR(ParseDigests(m, digests));
+    return CommitFcDistcpMetadata(options.output_dir, staging, p.write_plan, digests);
+  }
+
+ private:
+  OutputPart() = default;
+  std::unique_ptr<FcDistcpWriter> fc_;
+  std::unique_ptr<TorchDcpWriter> torch_;
+};
+
+// This process's files: objects (with file 0) and the slab tasks, streamed under the budget.
+Status WritePart(const ConvertOptions& options, const ConvertPlan& p,
+                 const std::vector<size_t>& files, OutputPart& part) {
+  std::vector<bool> mine(p.write_plan.files.size(), false);
+  uint64_t my_bytes = 0;
+  for (size_t f : files) {
+    mine[f] = true;
+    my_bytes += p.rank_plans[f].bytes_written;
+  }
+  ChunkReader reader(p.index);
+  if (mine[0]) {
+    for (size_t o = 0; o < p.objects.size(); ++o) {
+      // Objects are copied byte for byte.
+      const ObjectEntry& obj = *p.objects[o];
+      FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
+      FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, f->ReadAt(obj.byte_offset, obj.byte_length));
+      FC_RETURN_IF_ERROR(part.WriteObject(o, bytes));
+    }
+  }
+  std::vector<size_t> tasks;
+  for (size_t i = 0; i < p.tasks.size(); ++i) {
+    if (mine[p.tasks[i].file]) tasks.push_back(i);
+  }
+  Progress progress("converting", my_bytes, options.progress);
+  std::vector<std::vector<std::byte>> buffers(static_cast<size_t>(p.threads));  // per worker
+  Status status = ParallelFor(tasks.size(), p.threads, [&](size_t i, int worker) -> Status {
     std::vector<std::byte>& buffer = buffers[static_cast<size_t>(worker)];
-    const ChunkTask& task = tasks[i];
+    const ChunkTask& task = p.tasks[tasks[i]];
     buffer.resize(static_cast<size_t>(task.region.num_elements()) * DTypeSize(task.dtype));
     FC_RETURN_IF_ERROR(AssembleRegion(reader, task.target->name, task.target->pieces,
                                       task.region, task.dtype, buffer.data()));
-    FC_RETURN_IF_ERROR(write_chunk(task.file, task.chunk, task.byte_offset, buffer));
+    FC_RETURN_IF_ERROR(part.WriteChunk(task.file, task.chunk, task.byte_offset, buffer));
     progress.Add(buffer.size());
     return Status::Ok();
   });
-  if (status.ok()) status = torch_writer ? torch_writer->Finish() : fc_writer->Finish();
   progress.Finish(status.ok());
-  if (!status.ok()) {
-    if (torch_writer) torch_writer->Abort();
-    if (fc_writer) fc_writer->Abort();
-    return status;
+  return status;
+}
+
+// Removes the shared staging directory unless released (process 0 only).
+class StagingGuard {
+ public:
+  explicit StagingGuard(std::string path) : path_(std::move(path)) {}
+  ~StagingGuard() {
+    if (!path_.empty()) AbortFcDistcpStaging(path_);
   }
-  return summary;
+  void Release() { path_.clear(); }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
+  std::unique_ptr<Communicator> single;
+  Communicator* comm = options.comm;
+  if (comm == nullptr) {
+    single = MakeSingleProcessCommunicator();
+    comm = single.get();
+  }
+  const int me = comm->rank();
+  // Every process plans (planning reads metadata only). Agreeing on the outcome keeps a
+  // process that failed alone (an unreadable file) from leaving the others waiting.
+  auto p = std::make_unique<ConvertPlan>();
+  FC_RETURN_IF_ERROR(comm->AllOk(BuildPlan(options, me == 0, *p)));
+  if (options.dry_run) {
+    if (me == 0) PrintPlan(p->index, p->rank_plans, p->peak_memory, options, out);
+    return p->summary;
+  }
+  const std::vector<std::vector<size_t>> assignment = AssignFiles(p->rank_plans, comm->size());
+
+  // Process 0 makes the staging directory, everyone writes into it, process 0 commits it.
+  std::string staging;
+  Status made = Status::Ok();
+  if (me == 0) {
+    Result<std::string> dir = CreateFcDistcpStagingDir(options.output_dir);
+    if (dir.ok()) {
+      staging = *dir;
+    } else {
+      made = dir.status();
+    }
+  }
+  FC_RETURN_IF_ERROR(comm->AllOk(made));
+  comm->Broadcast(staging, 0);
+  StagingGuard guard(me == 0 ? staging : std::string());
+
+  const std::vector<size_t>& files = assignment[static_cast<size_t>(me)];
+  std::unique_ptr<OutputPart> part;
+  std::string digests;
+  Status written = [&]() -> Status {
+    if (files.empty()) return Status::Ok();  // more processes than target files
+    auto generation = p->index.attributes.find("torch_generation");
+    FC_ASSIGN_OR_RETURN(part, OutputPart::Create(options, *p, staging, files,
+                                                 generation == p->index.attributes.end()
+                                                     ? std::string()
+                                                     : generation->second));
+    FC_RETURN_IF_ERROR(WritePart(options, *p, files, *part));
+    FC_ASSIGN_OR_RETURN(digests, part->FinishDataFiles());
+    return Status::Ok();
+  }();
+  FC_RETURN_IF_ERROR(comm->AllOk(written));
+  const std::vector<std::string> messages = comm->Gather(digests, 0);
+  Status committed = Status::Ok();
+  if (me == 0) {
+    committed = part ? part->Commit(options, *p, staging, messages)
+                     : InternalError("process 0 was assigned no target file");
+  }
+  FC_RETURN_IF_ERROR(comm->AllOk(committed));
+  guard.Release();
+  return p->summary;
 }
 
 }  // namespace fc

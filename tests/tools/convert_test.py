@@ -2,7 +2,7 @@
 merged, flattened ZeRO-style with ranges that cut rows), verified with fc-inspect --verify,
 exported, and compared bit-exactly with the values torch wrote; then converted back.
 
-usage: convert_test.py BUILD_ROOT TESTDATA CASE   (CASE: reshard|roundtrip|dryrun|errors|aoa|torch)
+usage: convert_test.py BUILD_ROOT TESTDATA CASE   (CASE: reshard|roundtrip|dryrun|errors|aoa|torch|mpi)
 """
 import glob
 import json
@@ -266,6 +266,64 @@ def case_torch():
                 "--format", "torch-dcp", expect=3)
     assert "flat" in p.stderr, p.stderr
     assert not os.path.exists(out)
+
+
+def case_mpi():
+    """Under mpirun the target files are shared out between processes; the result must be
+    byte-identical to the single-process run, in both output formats, also with more
+    processes than target files; failures are reported once and leave nothing behind."""
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        print("skipping: no mpirun")
+        sys.exit(77)
+    mpi = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np"]
+    fx = max(FIXTURES, key=lambda d: len(fcio.expected_values(d)))
+    src = os.path.join(fx, "ckpt")
+    tensors = inspect_json(src)["tensors"]
+
+    def same_tree(a, b, label):
+        fa, fb = sorted(os.listdir(a)), sorted(os.listdir(b))
+        assert fa == fb, (label, fa, fb)
+        for f in fa:
+            assert open(os.path.join(a, f), "rb").read() == open(os.path.join(b, f), "rb").read(), (label, f)
+
+    def no_leftovers():
+        left = [n for n in os.listdir(tmp) if ".fc-tmp-" in n]
+        assert not left, left
+
+    runs = [("flat", ["--target-manifest", write_json(layout_manifest(tensors, "flat"), "m-flat.json")]),
+            ("rows-torch", ["--target-manifest", write_json(layout_manifest(tensors, "rows"), "m-rows.json"),
+                            "--format", "torch-dcp", "--torch-version", "1.13"])]
+    for label, flags in runs:
+        single = os.path.join(tmp, "single-" + label)
+        convert(src, single, *flags)
+        for np_ in (2, 5):  # 5 > the 3 target files: two processes write nothing
+            multi = os.path.join(tmp, f"mpi{np_}-{label}")
+            fcio.run([*mpi, str(np_), CONVERT, src, multi, "--quiet", *flags])
+            same_tree(single, multi, f"{label} -np {np_}")
+            print(f"ok mpi {label} -np {np_}: byte-identical to the single-process run")
+    fcio.run([INSPECT, os.path.join(tmp, "mpi2-flat"), "--verify"])
+    check_export_matches(os.path.join(tmp, "mpi5-flat"), fx, "mpi5-flat")
+    no_leftovers()
+
+    # An output directory that is not empty: every process fails, one message, nothing left.
+    busy = os.path.join(tmp, "busy")
+    os.makedirs(busy)
+    open(os.path.join(busy, "keep"), "w").write("x")
+    p = fcio.run([*mpi, "3", CONVERT, src, busy, "--quiet", *runs[0][1]], expect=8)
+    assert p.stderr.count("fc-convert: error") == 1, p.stderr
+    assert os.listdir(busy) == ["keep"]
+    # A target tensor with no source: a planning error, reported once by every process.
+    bad = layout_manifest(tensors, "rows")
+    bad["tensors"].append({"key": "ghost.weight", "dtype": "float32", "global_shape": [2]})
+    bad["ranks"][2]["chunks"].append(chunk("ghost.weight", [0], [2]))
+    out = os.path.join(tmp, "mpi-ghost")
+    p = fcio.run([*mpi, "2", CONVERT, src, out, "--quiet", "--target-manifest",
+                  write_json(bad, "ghost.json")], expect=4)
+    assert "ghost.weight" in p.stderr and p.stderr.count("fc-convert: error") == 1, p.stderr
+    assert not os.path.exists(out)
+    no_leftovers()
+    print("ok mpi errors")
 
 
 try:

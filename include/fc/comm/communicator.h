@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fc/core/status.h"
 
@@ -20,6 +21,11 @@ class Communicator {
   // Collective: every rank passes its local status; every rank gets OK when all were OK,
   // otherwise the error of the lowest failing rank, prefixed "rank R: " (when size > 1).
   virtual Status AllOk(const Status& local) = 0;
+  // Collective: every rank gets `data` as `root` passed it (other ranks' `data` is replaced).
+  virtual void Broadcast(std::string& data, int root) = 0;
+  // Collective: `root` gets every rank's `local` in rank order; other ranks get an empty
+  // vector. Bytes are carried as they are (std::string as a byte container).
+  virtual std::vector<std::string> Gather(const std::string& local, int root) = 0;
 };
 
 // A communicator of size 1.

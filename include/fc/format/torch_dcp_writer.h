@@ -81,6 +81,13 @@ struct TorchDcpWriteOptions {
   // save_id: a random 32-hex id, load_id: None, modules: []}). Off by default: the class
   // exists from ~2.4, and a .metadata naming it does not unpickle in torch 2.0-2.3.
   bool storage_meta = false;
+  // Several processes writing one checkpoint, as with FcDistcpWriter (fc_distcp.h): every
+  // process creates a writer with the same plan, its own `files` (indices into plan.files;
+  // empty = all) and the `staging_dir` one of them made with CreateFcDistcpStagingDir
+  // (empty = the writer makes and owns one). Each calls FinishDataFiles; then exactly one
+  // calls CommitMetadata. A writer on a shared staging directory never removes it.
+  std::vector<size_t> files;
+  std::string staging_dir;
 };
 
 // Where one chunk or object lives in the written files (from the plan alone).
@@ -123,7 +130,6 @@ class TorchDcpWriter {
   static Result<std::unique_ptr<TorchDcpWriter>> Create(const std::string& out_dir,
                                                         FcDistcpPlan plan,
                                                         TorchDcpWriteOptions options = {});
-  // Aborts unless Finish succeeded.
   ~TorchDcpWriter();
   TorchDcpWriter(const TorchDcpWriter&) = delete;
   TorchDcpWriter& operator=(const TorchDcpWriter&) = delete;
@@ -144,14 +150,25 @@ class TorchDcpWriter {
   Status WriteObject(size_t file, size_t object, uint64_t offset,
                      std::span<const std::byte> bytes);
 
-  // Checks that every byte is present (kFailedPrecondition naming the first incomplete
-  // chunk or object: file, key, box, missing byte range), writes the archive headers,
-  // fsyncs and closes the files, writes .metadata last, and renames the staging directory
-  // to out_dir (kFailedPrecondition when out_dir has appeared and is not empty; kIoError).
-  // On any error the staging directory is removed and the writer is aborted.
+  // For this writer's files: checks that every byte is present (kFailedPrecondition naming
+  // the first incomplete chunk or object: file, key, box, missing byte range), writes the
+  // archive headers, fsyncs and closes the files. On error the writer is aborted.
+  Status FinishDataFiles();
+
+  // After every writer's FinishDataFiles: checks that every plan file is in the staging
+  // directory with its planned size (kDataLoss), writes and fsyncs .metadata, and renames
+  // the staging directory to out_dir (kFailedPrecondition when out_dir has appeared and is
+  // not empty; kIoError). On error this writer is aborted; a shared staging directory is
+  // left for its creator to remove (AbortFcDistcpStaging).
+  Status CommitMetadata();
+
+  // FinishDataFiles + CommitMetadata, for a single writer of the whole plan.
   Status Finish();
 
-  // Closes and removes everything written. Idempotent; no-op after a successful Finish.
+  // Closes and removes this writer's files, and the staging directory if it owns it.
+  // Idempotent; no-op after a successful CommitMetadata. Before FinishDataFiles the
+  // destructor aborts; after it, a writer on a shared staging directory leaves its files
+  // for the committing process.
   void Abort();
 
  private:
@@ -168,8 +185,9 @@ class TorchDcpWriter {
   FcDistcpPlan plan_;
   TorchDcpWriteOptions options_;
   std::vector<TorchDcpFileLayout> layouts_;
-  std::vector<std::unique_ptr<FileState>> files_;
-  enum class State { kOpen, kCommitted, kAborted } state_ = State::kOpen;
+  bool owns_staging_ = false;
+  std::vector<std::unique_ptr<FileState>> files_;  // null for files another writer writes
+  enum class State { kOpen, kDataFinished, kCommitted, kAborted } state_ = State::kOpen;
 };
 
 }  // namespace fc

@@ -8,6 +8,7 @@
 #include <ostream>
 #include <string>
 
+#include "fc/comm/communicator.h"
 #include "fc/core/status.h"
 #include "fc/exec/progress.h"
 #include "fc/format/checkpoint.h"
@@ -36,6 +37,10 @@ struct ConvertOptions {
   uint64_t memory_budget = 0;                  // 0: a quarter of physical memory
   int threads = 0;
   Progress::Mode progress = Progress::Mode::kAuto;
+  // Multi-process runs (mpirun): every process calls RunConvert with the same options and
+  // its communicator; each writes a share of the target files (balanced by bytes) into one
+  // staging directory, and process 0 commits it. nullptr: one process.
+  Communicator* comm = nullptr;
 };
 
 struct ConvertSummary {
@@ -45,7 +50,9 @@ struct ConvertSummary {
   uint64_t objects = 0;
 };
 
-// Plans, then (unless dry_run) writes. The plan (or its JSON) goes to `out`.
+// Plans, then (unless dry_run) writes. The plan (or its JSON) goes to `out` (process 0).
+// With a communicator of several processes, every call is collective and every process
+// returns the same status (a failure is reported as "rank R: ...").
 // Errors: those of opening the input and target; kInvalidArgument for inconsistent targets
 // (shape mismatch, dtype change without a cast) and bad options; kNotFound for a target
 // tensor with no source or a source missing a chunk; kFailedPrecondition when the output

@@ -358,26 +358,43 @@ Result<std::unique_ptr<TorchDcpWriter>> TorchDcpWriter::Create(const std::string
                                                                TorchDcpWriteOptions options) {
   FC_ASSIGN_OR_RETURN(std::vector<TorchDcpFileLayout> layouts,
                       ComputeTorchDcpLayouts(plan, options));
+  std::vector<bool> mine(plan.files.size(), options.files.empty());
+  for (size_t f : options.files) {
+    if (f >= plan.files.size()) {
+      return InvalidArgumentError("writer file index " + std::to_string(f) +
+                                  " out of range (plan has " +
+                                  std::to_string(plan.files.size()) + " files)");
+    }
+    mine[f] = true;
+  }
   std::unique_ptr<TorchDcpWriter> w(new TorchDcpWriter());
   w->out_dir_ = StripTrailingSlashes(out_dir);
-  FC_ASSIGN_OR_RETURN(w->staging_dir_, CreateFcDistcpStagingDir(w->out_dir_));
+  if (options.staging_dir.empty()) {
+    FC_ASSIGN_OR_RETURN(w->staging_dir_, CreateFcDistcpStagingDir(w->out_dir_));
+    w->owns_staging_ = true;
+  } else {
+    w->staging_dir_ = options.staging_dir;
+  }
   w->plan_ = std::move(plan);
   w->options_ = options;
   w->layouts_ = std::move(layouts);
-  // From here on an error return destroys `w`, whose destructor removes the staging dir.
+  // From here on an error return destroys `w`, whose destructor removes what it made.
+  w->files_.resize(w->plan_.files.size());
   for (size_t f = 0; f < w->plan_.files.size(); ++f) {
+    if (!mine[f]) continue;
     auto state = std::make_unique<FileState>();
     FC_ASSIGN_OR_RETURN(state->file,
                         WritableFile::Create(JoinPath(w->staging_dir_, w->plan_.files[f].name)));
     state->chunks.resize(w->plan_.files[f].chunks.size());
     state->objects.resize(w->plan_.files[f].objects.size());
-    w->files_.push_back(std::move(state));
+    w->files_[f] = std::move(state);
   }
   return w;
 }
 
 TorchDcpWriter::~TorchDcpWriter() {
-  if (state_ == State::kOpen) Abort();
+  // After FinishDataFiles, a shared staging directory's files await the committing process.
+  if (state_ == State::kOpen || (state_ == State::kDataFinished && owns_staging_)) Abort();
 }
 
 Status TorchDcpWriter::WriteItem(size_t file, bool is_object, size_t index, uint64_t offset,
@@ -389,6 +406,10 @@ Status TorchDcpWriter::WriteItem(size_t file, bool is_object, size_t index, uint
     return InvalidArgumentError(out_dir_ + ": file index " + std::to_string(file) +
                                 " out of range (plan has " + std::to_string(plan_.files.size()) +
                                 " files)");
+  }
+  if (!files_[file]) {
+    return InvalidArgumentError(out_dir_ + ": " + plan_.files[file].name +
+                                " is not written by this writer");
   }
   const FcDistcpFileSpec& spec = plan_.files[file];
   const size_t count = is_object ? spec.objects.size() : spec.chunks.size();
@@ -651,13 +672,14 @@ Result<std::string> TorchDcpWriter::MetadataPickle() const {
   return w.Finish();
 }
 
-Status TorchDcpWriter::Finish() {
+Status TorchDcpWriter::FinishDataFiles() {
   if (state_ != State::kOpen) {
-    return FailedPreconditionError(out_dir_ + ": Finish after Finish/Abort");
+    return FailedPreconditionError(out_dir_ + ": FinishDataFiles after Finish/Abort");
   }
   Status s = [&]() -> Status {
     // All bytes present?
     for (size_t f = 0; f < plan_.files.size(); ++f) {
+      if (!files_[f]) continue;
       const FcDistcpFileSpec& spec = plan_.files[f];
       FileState& fs = *files_[f];
       FC_RETURN_IF_ERROR(fs.poisoned);
@@ -686,7 +708,36 @@ Status TorchDcpWriter::Finish() {
       }
     }
     for (size_t f = 0; f < plan_.files.size(); ++f) {
-      FC_RETURN_IF_ERROR_WITH(FinishFile(f), "finishing " + plan_.files[f].name);
+      if (files_[f]) FC_RETURN_IF_ERROR_WITH(FinishFile(f), "finishing " + plan_.files[f].name);
+    }
+    return SyncDirectory(staging_dir_);
+  }();
+  if (!s.ok()) {
+    Abort();
+    return s.With(out_dir_);
+  }
+  state_ = State::kDataFinished;
+  return Status::Ok();
+}
+
+Status TorchDcpWriter::CommitMetadata() {
+  if (state_ != State::kDataFinished) {
+    return FailedPreconditionError(out_dir_ + ": CommitMetadata before FinishDataFiles, or "
+                                   "after Abort");
+  }
+  Status s = [&]() -> Status {
+    for (size_t f = 0; f < plan_.files.size(); ++f) {
+      Result<std::unique_ptr<RandomAccessFile>> file =
+          RandomAccessFile::Open(JoinPath(staging_dir_, plan_.files[f].name));
+      if (!file.ok()) {
+        return DataLossError("data file " + plan_.files[f].name +
+                             " is missing: " + file.status().message());
+      }
+      if ((*file)->size() != layouts_[f].file_size) {
+        return DataLossError("data file " + plan_.files[f].name + " is " +
+                             std::to_string((*file)->size()) + " bytes, expected " +
+                             std::to_string(layouts_[f].file_size));
+      }
     }
     FC_ASSIGN_OR_RETURN(std::string md, MetadataPickle());
     FC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> mf,
@@ -702,17 +753,34 @@ Status TorchDcpWriter::Finish() {
   }();
   if (!s.ok()) {
     Abort();
-    return s.With(out_dir_);
+    return s.With("committing " + out_dir_);
   }
   files_.clear();
   state_ = State::kCommitted;
   return Status::Ok();
 }
 
+Status TorchDcpWriter::Finish() {
+  if (state_ != State::kOpen) {
+    return FailedPreconditionError(out_dir_ + ": Finish after Finish/Abort");
+  }
+  FC_RETURN_IF_ERROR(FinishDataFiles());
+  return CommitMetadata();
+}
+
 void TorchDcpWriter::Abort() {
-  if (state_ != State::kOpen) return;
-  files_.clear();  // closes the descriptors
-  if (!staging_dir_.empty()) AbortFcDistcpStaging(staging_dir_);  // empty: Create failed early
+  if (state_ == State::kCommitted || state_ == State::kAborted) return;
+  if (owns_staging_) {
+    files_.clear();  // closes the descriptors
+    AbortFcDistcpStaging(staging_dir_);
+  } else {
+    for (size_t f = 0; f < files_.size(); ++f) {
+      if (!files_[f]) continue;
+      files_[f].reset();
+      (void)RemoveAll(JoinPath(staging_dir_, plan_.files[f].name));
+    }
+    files_.clear();
+  }
   state_ = State::kAborted;
 }
 

@@ -745,5 +745,65 @@ TEST_CASE("torch dcp writer: Abort and the destructor leave nothing", "[torch_wr
   CHECK(again.status().code() == StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE("torch dcp writer: several writers on one staging directory", "[torch_writer]") {
+  // As fc-convert under mpirun: one writer per file, process 0 commits; the result is
+  // byte-identical to a single writer's.
+  TempDir tmp;
+  std::vector<std::byte> bytes(16);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte(i * 7 + 1);
+  TorchDcpWriteOptions options;
+  options.generation = TorchGeneration::k1_13;
+  {
+    auto w = TorchDcpWriter::Create(tmp.path() + "/single", SmallPlan(), options);
+    REQUIRE(w.ok());
+    REQUIRE((*w)->WriteChunk(0, 0, 0, bytes).ok());
+    REQUIRE((*w)->WriteChunk(1, 0, 0, bytes).ok());
+    REQUIRE((*w)->Finish().ok());
+  }
+  const std::string out = tmp.path() + "/multi";
+  auto staging = CreateFcDistcpStagingDir(out);
+  REQUIRE(staging.ok());
+  std::vector<std::unique_ptr<TorchDcpWriter>> writers;
+  for (size_t f = 0; f < 2; ++f) {
+    TorchDcpWriteOptions o = options;
+    o.files = {f};
+    o.staging_dir = *staging;
+    auto w = TorchDcpWriter::Create(out, SmallPlan(), o);
+    REQUIRE(w.ok());
+    writers.push_back(std::move(*w));
+  }
+  // A writer writes only its own files.
+  CHECK(writers[0]->WriteChunk(1, 0, 0, bytes).code() == StatusCode::kInvalidArgument);
+  REQUIRE(writers[0]->WriteChunk(0, 0, 0, bytes).ok());
+  REQUIRE(writers[0]->FinishDataFiles().ok());
+  // Committing before the other file is finished: kDataLoss, and the staging directory
+  // stays for its creator.
+  const Status early = writers[0]->CommitMetadata();
+  CHECK(early.code() == StatusCode::kDataLoss);
+  CHECK(early.message().find("__1_0.distcp") != std::string::npos);
+  CHECK(std::filesystem::exists(*staging));
+  writers.clear();
+  CHECK(!std::filesystem::exists(*staging + "/__0_0.distcp"));  // aborted writer removed its file
+  for (size_t f = 0; f < 2; ++f) {
+    TorchDcpWriteOptions o = options;
+    o.files = {f};
+    o.staging_dir = *staging;
+    auto w = TorchDcpWriter::Create(out, SmallPlan(), o);
+    REQUIRE(w.ok());
+    REQUIRE((*w)->WriteChunk(f, 0, 0, bytes).ok());
+    REQUIRE((*w)->FinishDataFiles().ok());
+    writers.push_back(std::move(*w));
+  }
+  writers.pop_back();  // a finished writer on a shared staging directory keeps its file
+  CHECK(std::filesystem::exists(*staging + "/__1_0.distcp"));
+  REQUIRE(writers[0]->CommitMetadata().ok());
+  CHECK(!std::filesystem::exists(*staging));
+  for (const char* name : {".metadata", "__0_0.distcp", "__1_0.distcp"}) {
+    INFO(name);
+    CHECK(ReadFileBytes(out + "/" + name) == ReadFileBytes(tmp.path() + "/single/" + name));
+  }
+  CHECK(ReadTorchDcp(out).ok());
+}
+
 }  // namespace
 }  // namespace fc
