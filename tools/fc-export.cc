@@ -65,15 +65,15 @@ int main(int argc, char** argv) {
   }
   auto comm = fc::MakeCommunicatorFromEnvironment(&argc, &argv);
   if (!comm.ok()) return fc::cli::Finish(tool, comm.status());
-  options.rank = (*comm)->rank();
-  options.world = (*comm)->size();
-  if (options.world > 1) {
-    options.barrier = [&](const fc::Status& local) { return (*comm)->AllOk(local); };
-  }
-  if (quiet || options.rank != 0) options.progress = fc::Progress::Mode::kQuiet;
+  if ((*comm)->size() > 1) options.comm = comm->get();
+  const bool lead = (*comm)->rank() == 0;
+  if (quiet || !lead) options.progress = fc::Progress::Mode::kQuiet;
   auto summary = fc::RunExport(options);
-  if (!summary.ok()) return fc::cli::Finish(tool, summary.status());
-  if (options.rank != 0) return 0;
+  if (!summary.ok()) {
+    // Every process returns the same error; one report is enough.
+    return lead ? fc::cli::Finish(tool, summary.status()) : fc::ExitCodeFor(summary.status().code());
+  }
+  if (!lead) return 0;
   spdlog::info("wrote {} tensors ({}) in {} file(s) to {}", summary->tensors,
                fc::HumanBytes(summary->tensor_bytes), summary->files.size(), options.output_dir);
   return 0;

@@ -80,6 +80,24 @@ Status ParallelFor(size_t count, int threads,
   return first_error;
 }
 
+std::vector<std::vector<size_t>> BalanceByBytes(const std::vector<uint64_t>& sizes, int parts) {
+  std::vector<size_t> order(sizes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+  const size_t n = static_cast<size_t>(std::max(parts, 1));
+  std::vector<std::vector<size_t>> assigned(n);
+  std::vector<std::pair<uint64_t, size_t>> load(n);  // (bytes, items): empty items spread too
+  for (size_t i : order) {
+    const size_t to = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    assigned[to].push_back(i);
+    load[to].first += sizes[i];
+    ++load[to].second;
+  }
+  for (std::vector<size_t>& a : assigned) std::sort(a.begin(), a.end());
+  return assigned;
+}
+
 int WorkerThreads(int requested) {
   if (requested > 0) return requested;
   return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));

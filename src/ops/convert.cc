@@ -311,26 +311,6 @@ Status BuildPlan(const ConvertOptions& options, bool write_manifest, ConvertPlan
   return Status::Ok();
 }
 
-// Which process writes which target files: largest file first, each to the process with
-// the fewest bytes so far (ties: the lowest rank, so process 0 always has a file and can
-// commit). Deterministic, so every process computes the same answer.
-std::vector<std::vector<size_t>> AssignFiles(const std::vector<RankPlan>& files, int processes) {
-  std::vector<size_t> order(files.size());
-  for (size_t f = 0; f < order.size(); ++f) order[f] = f;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return files[a].bytes_written > files[b].bytes_written;
-  });
-  std::vector<std::vector<size_t>> assigned(static_cast<size_t>(processes));
-  std::vector<uint64_t> load(static_cast<size_t>(processes), 0);
-  for (size_t f : order) {
-    const size_t to = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    assigned[to].push_back(f);
-    load[to] += files[f].bytes_written;
-  }
-  for (auto& a : assigned) std::sort(a.begin(), a.end());
-  return assigned;
-}
-
 // Digests travel between processes as little-endian u64 words:
 // count, then per file: file index, chunk count, chunk digests, object count, object digests.
 std::string SerializeDigests(const std::vector<FcDistcpFileDigests>& digests) {
@@ -518,7 +498,10 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     if (me == 0) PrintPlan(p->index, p->rank_plans, p->peak_memory, options, out);
     return p->summary;
   }
-  const std::vector<std::vector<size_t>> assignment = AssignFiles(p->rank_plans, comm->size());
+  // Target files shared out by bytes; process 0 always has one, so it can commit.
+  std::vector<uint64_t> file_bytes;
+  for (const RankPlan& r : p->rank_plans) file_bytes.push_back(r.bytes_written);
+  const std::vector<std::vector<size_t>> assignment = BalanceByBytes(file_bytes, comm->size());
 
   // Process 0 makes the staging directory, everyone writes into it, process 0 commits it.
   std::string staging;

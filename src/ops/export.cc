@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "fc/comm/communicator.h"
 #include "fc/core/checked_math.h"
 #include "fc/core/flat_range.h"
 #include "fc/exec/parallel.h"
@@ -96,11 +97,20 @@ class StagingDir {
   bool committed_ = false;
 };
 
-}  // namespace
-
-Result<ExportSummary> RunExport(const ExportOptions& options) {
+// What every process of an export decides from the metadata alone (the same everywhere).
+// Not movable: outputs point into `index`.
+struct ExportPlan {
+  CheckpointIndex index;
+  std::vector<OutputTensor> outputs;
+  std::vector<std::pair<std::string, uint64_t>> tensor_bytes;  // per output, in order
+  HfShardAssignment shards;
+  std::vector<std::vector<size_t>> file_tensors;  // output indices per file
   ExportSummary summary;
-  FC_ASSIGN_OR_RETURN(CheckpointIndex index, OpenCheckpoint(options.input, options.format));
+};
+
+Status BuildExportPlan(const ExportOptions& options, ExportPlan& p) {
+  FC_ASSIGN_OR_RETURN(p.index, OpenCheckpoint(options.input, options.format));
+  const CheckpointIndex& index = p.index;
   FC_ASSIGN_OR_RETURN(auto include, CompileRegex("--include", options.include_regex));
   FC_ASSIGN_OR_RETURN(auto exclude, CompileRegex("--exclude", options.exclude_regex));
   const std::vector<std::string>& markers =
@@ -115,43 +125,47 @@ Result<ExportSummary> RunExport(const ExportOptions& options) {
                                                            text.size()),
                                         options.aoa_file));
   }
-  std::vector<OutputTensor> outputs;
   for (OutputTensor& t : all) {
     if (!options.include_optimizer && IsOptimizerKey(t.name, markers)) {
-      ++summary.skipped_optimizer;
+      ++p.summary.skipped_optimizer;
       continue;
     }
     if (include && !std::regex_search(t.name, *include)) continue;
     if (exclude && std::regex_search(t.name, *exclude)) continue;
     if (options.dtype && IsFloating(t.dtype)) t.dtype = *options.dtype;
-    outputs.push_back(std::move(t));
+    p.outputs.push_back(std::move(t));
   }
-  if (outputs.empty()) {
+  if (p.outputs.empty()) {
     return InvalidArgumentError(options.input + ": no tensors to export" +
-                                (summary.skipped_optimizer
+                                (p.summary.skipped_optimizer
                                      ? " (optimizer states are left out; --include-optimizer)"
                                      : std::string(" (check --include/--exclude)")));
   }
   // Every source must be complete and every output fully covered before anything is written.
   std::set<const TensorEntry*> sources;
-  for (const OutputTensor& t : outputs) {
+  for (const OutputTensor& t : p.outputs) {
     FC_RETURN_IF_ERROR(PiecesCover(t.name, t.pieces, Box::Whole(t.shape)));
-    for (const SourcePiece& p : t.pieces) {
-      if (p.source) sources.insert(p.source);
+    for (const SourcePiece& piece : t.pieces) {
+      if (piece.source) sources.insert(piece.source);
     }
   }
   for (const TensorEntry* s : sources) FC_RETURN_IF_ERROR(CheckSourceCoverage(*s));
 
-  std::vector<std::pair<std::string, uint64_t>> tensor_bytes;
-  for (const OutputTensor& t : outputs) {
+  for (const OutputTensor& t : p.outputs) {
     FC_ASSIGN_OR_RETURN(uint64_t bytes, CheckedByteSize(t.shape, DTypeSize(t.dtype)));
-    tensor_bytes.emplace_back(t.name, bytes);
-    summary.tensor_bytes += bytes;
+    p.tensor_bytes.emplace_back(t.name, bytes);
+    p.summary.tensor_bytes += bytes;
   }
-  FC_ASSIGN_OR_RETURN(HfShardAssignment shards,
-                      AssignHfShards(tensor_bytes, options.max_shard_bytes));
+  FC_ASSIGN_OR_RETURN(p.shards, AssignHfShards(p.tensor_bytes, options.max_shard_bytes));
+  p.file_tensors.resize(p.shards.file_names.size());
+  for (size_t i = 0; i < p.outputs.size(); ++i) p.file_tensors[p.shards.tensor_file[i]].push_back(i);
+  p.summary.skipped_objects = options.objects_dir.empty() ? index.objects.size() : 0;
+  return Status::Ok();
+}
 
-  // Output directory: create it; refuse to mix with an earlier export.
+// Process 0, before anyone writes: the output directory exists and holds no earlier export;
+// objects are dumped when asked for.
+Status PrepareOutput(const ExportOptions& options, const ExportPlan& p) {
   FC_RETURN_IF_ERROR(CreateDirectories(options.output_dir));
   FC_ASSIGN_OR_RETURN(std::vector<std::string> existing, ListDirectory(options.output_dir));
   for (const std::string& name : existing) {
@@ -160,24 +174,18 @@ Result<ExportSummary> RunExport(const ExportOptions& options) {
                                      "; remove the old export or choose another directory");
     }
   }
-  if (!index.objects.empty()) {
-    if (options.objects_dir.empty()) {
-      summary.skipped_objects = index.objects.size();
-      spdlog::info("skipping {} non-tensor object(s) (e.g. '{}'); --objects DIR dumps them",
-                   index.objects.size(), index.objects.front().key);
-    } else if (options.rank == 0) {
-      FC_RETURN_IF_ERROR(DumpObjects(index, options.objects_dir).With("--objects"));
-    }
+  if (p.index.objects.empty()) return Status::Ok();
+  if (options.objects_dir.empty()) {
+    spdlog::info("skipping {} non-tensor object(s) (e.g. '{}'); --objects DIR dumps them",
+                 p.index.objects.size(), p.index.objects.front().key);
+    return Status::Ok();
   }
+  return DumpObjects(p.index, options.objects_dir).With("--objects");
+}
 
-  StagingDir staging(JoinPath(options.output_dir, ".fc-export-" + std::to_string(getpid()) +
-                                                      "-" + std::to_string(options.rank)));
-  FC_RETURN_IF_ERROR(CreateDirectories(staging.path()));
-
-  // Writers for this rank's files, and the slab tasks that fill them.
-  const size_t num_files = shards.file_names.size();
-  std::vector<std::vector<size_t>> file_tensors(num_files);
-  for (size_t i = 0; i < outputs.size(); ++i) file_tensors[shards.tensor_file[i]].push_back(i);
+// This process's files, written completely under `staging` (not yet renamed into place).
+Status WriteFiles(const ExportOptions& options, const ExportPlan& p,
+                  const std::vector<size_t>& files, const std::string& staging) {
   const int threads = WorkerThreads(options.threads);
   const uint64_t budget = options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
   // Per worker: the output slab plus up to two staging copies of a source block.
@@ -187,23 +195,24 @@ Result<ExportSummary> RunExport(const ExportOptions& options) {
                                   " bytes is too small for " + std::to_string(threads) +
                                   " threads");
   }
-  std::vector<std::unique_ptr<SafetensorsWriter>> writers(num_files);
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers(p.shards.file_names.size());
   std::vector<SlabTask> tasks;
   uint64_t my_bytes = 0;
-  for (size_t f = 0; f < num_files; ++f) {
-    if (static_cast<int>(f % static_cast<size_t>(options.world)) != options.rank) continue;
+  for (size_t f : files) {
     std::vector<SafetensorsTensorSpec> specs;
-    for (size_t i : file_tensors[f]) specs.push_back({outputs[i].name, outputs[i].dtype, outputs[i].shape});
+    for (size_t i : p.file_tensors[f]) {
+      specs.push_back({p.outputs[i].name, p.outputs[i].dtype, p.outputs[i].shape});
+    }
     SafetensorsWriteOptions wo;
     wo.atomic = false;
     FC_ASSIGN_OR_RETURN(writers[f],
-                        SafetensorsWriter::Create(JoinPath(staging.path(), shards.file_names[f]),
+                        SafetensorsWriter::Create(JoinPath(staging, p.shards.file_names[f]),
                                                   std::move(specs), {{"format", "pt"}}, wo));
-    for (size_t j = 0; j < file_tensors[f].size(); ++j) {
-      const OutputTensor& t = outputs[file_tensors[f][j]];
+    for (size_t j = 0; j < p.file_tensors[f].size(); ++j) {
+      const OutputTensor& t = p.outputs[p.file_tensors[f][j]];
       size_t widest = DTypeSize(t.dtype);
-      for (const SourcePiece& p : t.pieces) {
-        if (p.source) widest = std::max(widest, DTypeSize(p.source->dtype));
+      for (const SourcePiece& piece : t.pieces) {
+        if (piece.source) widest = std::max(widest, DTypeSize(piece.source->dtype));
       }
       const int64_t max_elements =
           std::max<int64_t>(1, static_cast<int64_t>(per_worker / widest));
@@ -217,7 +226,7 @@ Result<ExportSummary> RunExport(const ExportOptions& options) {
   }
 
   Progress progress("exporting", my_bytes, options.progress);
-  ChunkReader reader(index);
+  ChunkReader reader(p.index);
   // One output buffer per worker thread, reused across its slabs.
   std::vector<std::vector<std::byte>> buffers(static_cast<size_t>(threads));  // per worker
   Status status = ParallelFor(tasks.size(), threads, [&](size_t i, int worker) -> Status {
@@ -231,38 +240,64 @@ Result<ExportSummary> RunExport(const ExportOptions& options) {
     progress.Add(buffer.size());
     return Status::Ok();
   });
-  for (size_t f = 0; f < num_files && status.ok(); ++f) {
-    if (writers[f]) status = writers[f]->Finish();
+  for (size_t f : files) {
+    if (!status.ok()) break;
+    status = writers[f]->Finish();
   }
   progress.Finish(status.ok());
-  if (options.barrier) {
-    Status all = options.barrier(status);
-    if (status.ok()) status = all;
+  return status;
+}
+
+}  // namespace
+
+Result<ExportSummary> RunExport(const ExportOptions& options) {
+  std::unique_ptr<Communicator> single;
+  Communicator* comm = options.comm;
+  if (comm == nullptr) {
+    single = MakeSingleProcessCommunicator();
+    comm = single.get();
   }
-  FC_RETURN_IF_ERROR(status);
+  const int me = comm->rank();
+  // Every step that can fail on one process alone ends in an agreement, so that no process
+  // waits for one that has given up.
+  auto p = std::make_unique<ExportPlan>();
+  FC_RETURN_IF_ERROR(comm->AllOk(BuildExportPlan(options, *p)));
+  FC_RETURN_IF_ERROR(comm->AllOk(me == 0 ? PrepareOutput(options, *p) : Status::Ok()));
+
+  // Whole files per process, balanced by bytes.
+  const HfShardAssignment& shards = p->shards;
+  const std::vector<size_t> files =
+      BalanceByBytes(shards.file_bytes, comm->size())[static_cast<size_t>(me)];
+  StagingDir staging(JoinPath(options.output_dir, ".fc-export-" + std::to_string(getpid()) +
+                                                      "-" + std::to_string(me)));
+  Status written = CreateDirectories(staging.path());
+  if (written.ok()) written = WriteFiles(options, *p, files, staging.path());
+  FC_RETURN_IF_ERROR(comm->AllOk(written));
 
   // Commit: data files first, the index last, so a directory with an index is complete.
-  for (size_t f = 0; f < num_files; ++f) {
-    if (!writers[f]) continue;
-    FC_RETURN_IF_ERROR(RenameDurably(JoinPath(staging.path(), shards.file_names[f]),
-                                     JoinPath(options.output_dir, shards.file_names[f])));
+  Status renamed = Status::Ok();
+  for (size_t f : files) {
+    renamed = RenameDurably(JoinPath(staging.path(), shards.file_names[f]),
+                            JoinPath(options.output_dir, shards.file_names[f]));
+    if (!renamed.ok()) break;
   }
-  if (options.barrier) FC_RETURN_IF_ERROR(options.barrier(Status::Ok()));
-  summary.files = shards.file_names;
-  if (num_files > 1 && options.rank == 0) {
+  FC_RETURN_IF_ERROR(comm->AllOk(renamed));
+  p->summary.files = shards.file_names;
+  Status indexed = [&]() -> Status {
+    if (shards.file_names.size() < 2 || me != 0) return Status::Ok();
     const std::string staged = JoinPath(staging.path(), std::string(kHfIndexFileName));
     FC_ASSIGN_OR_RETURN(auto out, WritableFile::Create(staged));
-    FC_RETURN_IF_ERROR(out->Append(WriteHfIndexJson(tensor_bytes, shards)));
+    FC_RETURN_IF_ERROR(out->Append(WriteHfIndexJson(p->tensor_bytes, shards)));
     FC_RETURN_IF_ERROR(out->Sync());
     FC_RETURN_IF_ERROR(out->Close());
-    FC_RETURN_IF_ERROR(
-        RenameDurably(staged, JoinPath(options.output_dir, std::string(kHfIndexFileName))));
-    summary.files.push_back(std::string(kHfIndexFileName));
-  }
+    return RenameDurably(staged, JoinPath(options.output_dir, std::string(kHfIndexFileName)));
+  }();
+  FC_RETURN_IF_ERROR(comm->AllOk(indexed));
+  if (shards.file_names.size() > 1) p->summary.files.push_back(std::string(kHfIndexFileName));
   FC_RETURN_IF_ERROR(RemoveAll(staging.path()));
   staging.Committed();
-  summary.tensors = outputs.size();
-  return summary;
+  p->summary.tensors = p->outputs.size();
+  return p->summary;
 }
 
 }  // namespace fc

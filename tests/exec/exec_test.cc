@@ -97,6 +97,26 @@ TEST_CASE("ParallelFor runs every task once and reports the first failure", "[ex
   REQUIRE(s.message() == "task 42");
 }
 
+TEST_CASE("BalanceByBytes: every item once, largest first to the lightest part", "[exec]") {
+  const std::vector<uint64_t> sizes = {5, 100, 30, 30, 0, 70};
+  const auto parts = BalanceByBytes(sizes, 3);
+  REQUIRE(parts.size() == 3);
+  // 100 -> 0, 70 -> 1, 30 -> 2, 30 -> 2 (60 < 70), 5 -> 2 (65 < 70), 0 -> 2 (65 < 70).
+  CHECK(parts[0] == std::vector<size_t>{1});
+  CHECK(parts[1] == std::vector<size_t>{5});
+  CHECK(parts[2] == std::vector<size_t>{0, 2, 3, 4});
+  // More parts than items: the extra parts are empty, part 0 still has the largest item.
+  const auto many = BalanceByBytes({1, 2}, 4);
+  CHECK(many[0] == std::vector<size_t>{1});
+  CHECK(many[1] == std::vector<size_t>{0});
+  CHECK(many[2].empty());
+  CHECK(many[3].empty());
+  // All empty: spread by count, part 0 first.
+  const auto empty = BalanceByBytes({0, 0, 0}, 2);
+  CHECK(empty[0] == std::vector<size_t>{0, 2});
+  CHECK(empty[1] == std::vector<size_t>{1});
+}
+
 TEST_CASE("AssembleRegion applies pieces with permute, cast, reshape and fill", "[exec]") {
   const std::string dir = TempDir("assemble");
   // w: [4, 6] f32 = arange, stored as a 2x2 grid of chunks.

@@ -239,6 +239,18 @@ def case_mpi():
         for f in a:
             assert open(os.path.join(single, f), "rb").read() == open(os.path.join(multi, f), "rb").read(), f
     print("ok mpi: byte-identical to the single-process export")
+    # More processes than files: the idle ones still agree on the outcome.
+    one = os.path.join(tmp, "mpi-one-file")
+    fcio.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "3", EXPORT,
+              os.path.join(fx, "ckpt"), one, "--quiet"])
+    assert sorted(os.listdir(one)) == ["model.safetensors"], os.listdir(one)
+    # A failure seen by one process (process 0 finds an earlier export): every process
+    # stops, the error is printed once, nothing new appears.
+    p = fcio.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "3", EXPORT,
+                  os.path.join(fx, "ckpt"), one, "--quiet"], expect=8)
+    assert p.stderr.count("fc-export: error") == 1 and "already holds" in p.stderr, p.stderr
+    assert sorted(os.listdir(one)) == ["model.safetensors"], os.listdir(one)
+    print("ok mpi errors")
 
 
 try:

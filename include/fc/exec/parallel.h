@@ -18,6 +18,13 @@ namespace fc {
 // rank 0, is one slab.
 std::vector<Box> ContiguousSlabs(const Box& box, int64_t max_elements);
 
+// Shares items of the given sizes out between `parts` workers (processes): largest first,
+// each to the part with the fewest bytes so far (then the fewest items, then the lowest
+// part). Returns each
+// part's item indices in increasing order. Part 0 gets the first item whenever there is
+// one. Deterministic: every process of a run computes the same answer.
+std::vector<std::vector<size_t>> BalanceByBytes(const std::vector<uint64_t>& sizes, int parts);
+
 // Runs task(0) .. task(count - 1) on `threads` threads (tasks are taken in order). After the
 // first failing task no new task starts; returns that task's error (the lowest-numbered
 // failure seen first).

@@ -5,11 +5,11 @@
 #define FC_OPS_EXPORT_H_
 
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "fc/comm/communicator.h"
 #include "fc/core/dtype.h"
 #include "fc/core/status.h"
 #include "fc/exec/progress.h"
@@ -32,11 +32,11 @@ struct ExportOptions {
   int threads = 0;                         // 0: hardware concurrency (at most 8)
   std::string objects_dir;                 // dump non-tensor objects here (else skipped)
   Progress::Mode progress = Progress::Mode::kAuto;
-  // Multi-process runs: this process writes the files i with i % world == rank; rank 0
-  // writes the index after `barrier` returns (every rank's files are in place).
-  int rank = 0;
-  int world = 1;
-  std::function<Status(const Status& local)> barrier;  // all-reduce of "ok" across ranks
+  // Multi-process runs (mpirun): every process calls RunExport with the same options and
+  // its communicator; each writes whole output files (shared out by bytes, BalanceByBytes),
+  // and process 0 writes the index once every file is in place. Every process returns the
+  // same status. nullptr: one process.
+  Communicator* comm = nullptr;
 };
 
 // Substrings that mark a key as optimizer state: "optim.", "optimizer.", ".exp_avg",
