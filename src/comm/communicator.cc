@@ -121,6 +121,11 @@ std::unique_ptr<Communicator> MakeSingleProcessCommunicator() {
   return std::make_unique<SingleProcess>();
 }
 
+Communicator& SingleProcessCommunicator() {
+  static SingleProcess single;
+  return single;
+}
+
 Result<std::unique_ptr<Communicator>> MakeCommunicatorFromEnvironment(int* argc, char*** argv) {
   if (!LaunchedByMpi()) return MakeSingleProcessCommunicator();
 #if FC_HAVE_MPI

@@ -483,12 +483,7 @@ class StagingGuard {
 }  // namespace
 
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
-  std::unique_ptr<Communicator> single;
-  Communicator* comm = options.comm;
-  if (comm == nullptr) {
-    single = MakeSingleProcessCommunicator();
-    comm = single.get();
-  }
+  Communicator* comm = options.comm ? options.comm : &SingleProcessCommunicator();
   const int me = comm->rank();
   // Every process plans (planning reads metadata only). Agreeing on the outcome keeps a
   // process that failed alone (an unreadable file) from leaving the others waiting.

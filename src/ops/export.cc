@@ -251,12 +251,7 @@ Status WriteFiles(const ExportOptions& options, const ExportPlan& p,
 }  // namespace
 
 Result<ExportSummary> RunExport(const ExportOptions& options) {
-  std::unique_ptr<Communicator> single;
-  Communicator* comm = options.comm;
-  if (comm == nullptr) {
-    single = MakeSingleProcessCommunicator();
-    comm = single.get();
-  }
+  Communicator* comm = options.comm ? options.comm : &SingleProcessCommunicator();
   const int me = comm->rank();
   // Every step that can fail on one process alone ends in an agreement, so that no process
   // waits for one that has given up.

@@ -30,6 +30,8 @@ class Communicator {
 
 // A communicator of size 1.
 std::unique_ptr<Communicator> MakeSingleProcessCommunicator();
+// A shared one (stateless, safe from any thread), for "no communicator given".
+Communicator& SingleProcessCommunicator();
 
 // MPI when this process was started by mpirun/srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
 // PMIX_RANK set) and fc was built with MPI; a single-process communicator otherwise.

@@ -763,15 +763,16 @@ TEST_CASE("torch dcp writer: several writers on one staging directory", "[torch_
   const std::string out = tmp.path() + "/multi";
   auto staging = CreateFcDistcpStagingDir(out);
   REQUIRE(staging.ok());
-  std::vector<std::unique_ptr<TorchDcpWriter>> writers;
-  for (size_t f = 0; f < 2; ++f) {
+  auto writer_of = [&](size_t f) {
     TorchDcpWriteOptions o = options;
     o.files = {f};
     o.staging_dir = *staging;
     auto w = TorchDcpWriter::Create(out, SmallPlan(), o);
     REQUIRE(w.ok());
-    writers.push_back(std::move(*w));
-  }
+    return std::move(*w);
+  };
+  std::vector<std::unique_ptr<TorchDcpWriter>> writers;
+  for (size_t f = 0; f < 2; ++f) writers.push_back(writer_of(f));
   // A writer writes only its own files.
   CHECK(writers[0]->WriteChunk(1, 0, 0, bytes).code() == StatusCode::kInvalidArgument);
   REQUIRE(writers[0]->WriteChunk(0, 0, 0, bytes).ok());
@@ -785,14 +786,9 @@ TEST_CASE("torch dcp writer: several writers on one staging directory", "[torch_
   writers.clear();
   CHECK(!std::filesystem::exists(*staging + "/__0_0.distcp"));  // aborted writer removed its file
   for (size_t f = 0; f < 2; ++f) {
-    TorchDcpWriteOptions o = options;
-    o.files = {f};
-    o.staging_dir = *staging;
-    auto w = TorchDcpWriter::Create(out, SmallPlan(), o);
-    REQUIRE(w.ok());
-    REQUIRE((*w)->WriteChunk(f, 0, 0, bytes).ok());
-    REQUIRE((*w)->FinishDataFiles().ok());
-    writers.push_back(std::move(*w));
+    writers.push_back(writer_of(f));
+    REQUIRE(writers.back()->WriteChunk(f, 0, 0, bytes).ok());
+    REQUIRE(writers.back()->FinishDataFiles().ok());
   }
   writers.pop_back();  // a finished writer on a shared staging directory keeps its file
   CHECK(std::filesystem::exists(*staging + "/__1_0.distcp"));
