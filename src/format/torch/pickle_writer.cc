@@ -8,51 +8,14 @@
 
 #include <cassert>
 
+#include "src/format/torch/pickle_opcodes.h"
+
 namespace fc::internal_torch {
 namespace {
 
 constexpr size_t kFrameSizeTarget = 64 * 1024;
 constexpr size_t kFrameSizeMin = 4;
 constexpr size_t kFrameHeader = 9;  // FRAME opcode + u64
-
-enum : uint8_t {
-  kMark = '(',
-  kStop = '.',
-  kBinInt = 'J',
-  kBinInt1 = 'K',
-  kBinInt2 = 'M',
-  kNone = 'N',
-  kBinPersId = 'Q',
-  kReduce = 'R',
-  kBinUnicode = 'X',
-  kAppend = 'a',
-  kBuild = 'b',
-  kGlobal = 'c',
-  kAppends = 'e',
-  kBinGet = 'h',
-  kLongBinGet = 'j',
-  kEmptyList = ']',
-  kBinPut = 'q',
-  kLongBinPut = 'r',
-  kSetItem = 's',
-  kTuple = 't',
-  kSetItems = 'u',
-  kEmptyDict = '}',
-  kEmptyTuple = ')',
-  kProto = 0x80,
-  kNewObj = 0x81,
-  kTuple1 = 0x85,
-  kTuple2 = 0x86,
-  kTuple3 = 0x87,
-  kNewTrue = 0x88,
-  kNewFalse = 0x89,
-  kLong1 = 0x8a,
-  kShortBinUnicode = 0x8c,
-  kBinUnicode8 = 0x8d,
-  kStackGlobal = 0x93,
-  kMemoize = 0x94,
-  kFrame = 0x95,
-};
 
 }  // namespace
 
