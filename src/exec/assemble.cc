@@ -83,8 +83,17 @@ Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
     std::optional<Box> dst_sub = Intersect(piece.dst_box, region);
     if (!dst_sub || dst_sub->empty()) continue;
     if (piece.source == nullptr) {
-      std::vector<std::byte> zeros(static_cast<size_t>(dst_sub->num_elements()) * dst_esize);
-      CopyRegion(zeros.data(), *dst_sub, {}, dst, region, *dst_sub, dst_esize);
+      // One element of the value in the target type, repeated over the box.
+      std::vector<std::byte> fill(static_cast<size_t>(dst_sub->num_elements()) * dst_esize);
+      if (piece.fill_value != 0.0) {
+        FC_RETURN_IF_ERROR_WITH(
+            ConvertElements(&piece.fill_value, DType::kFloat64, fill.data(), dst_dtype, 1),
+            "target '" + target_key + "': fill value");
+        for (size_t at = dst_esize; at < fill.size(); at += dst_esize) {
+          std::memcpy(fill.data() + at, fill.data(), dst_esize);
+        }
+      }
+      CopyRegion(fill.data(), *dst_sub, {}, dst, region, *dst_sub, dst_esize);
       continue;
     }
     const TensorEntry& source = *piece.source;

@@ -43,10 +43,7 @@ Result<OutputTensor> OutputFromEngine(const CheckpointIndex& index, const aoa::A
     SourcePiece piece;
     piece.dst_box = m.target_box;
     if (m.kind == aoa::MappingKind::kFill) {
-      if (m.fill_value != 0.0) {
-        return UnimplementedError("output '" + out.key + "': fill value " +
-                                  std::to_string(m.fill_value) + " (only zeros are supported)");
-      }
+      piece.fill_value = m.fill_value;
       target.pieces.push_back(std::move(piece));
       continue;
     }

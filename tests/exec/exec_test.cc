@@ -159,6 +159,19 @@ TEST_CASE("AssembleRegion applies pieces with permute, cast, reshape and fill", 
       }
     }
   }
+  SECTION("fill values are converted to the target type; out of range is an error") {
+    SourcePiece half{nullptr, {}, {{0, 0}, {1, 3}}, {}, 0.5};
+    SourcePiece ones{nullptr, {}, {{1, 0}, {1, 3}}, {}, 1.0};
+    std::vector<uint16_t> out(6, 0xFFFF);
+    REQUIRE(AssembleRegion(reader, "f", {half, ones}, Box::Whole({2, 3}), DType::kBFloat16,
+                           out.data()).ok());
+    for (size_t i = 0; i < 6; ++i) REQUIRE(BFloat16ToFloat(out[i]) == (i < 3 ? 0.5f : 1.0f));
+    SourcePiece big{nullptr, {}, Box::Whole({2}), {}, 1e6};
+    std::vector<int8_t> small(2);
+    Status s = AssembleRegion(reader, "i", {big}, Box::Whole({2}), DType::kInt8, small.data());
+    REQUIRE(s.code() == StatusCode::kInvalidArgument);
+    REQUIRE_THAT(s.message(), Catch::Contains("'i'") && Catch::Contains("fill value"));
+  }
   SECTION("reshape: w [4, 6] read as [2, 2, 6], queried in part") {
     SourcePiece p{w, Box::Whole({4, 6}), Box::Whole({2, 2, 6}),
                   {{PieceOp::Kind::kReshape, {}, {}, {2, 2, 6}}}};

@@ -106,6 +106,19 @@ def case_filter():
     assert first not in got and len(got) == len(exp) - 1
     p = export(fx, os.path.join(tmp, "none"), "--include", "^nothing$", expect=3)
     assert "no tensors to export" in p.stderr, p.stderr
+    # Tensors the program adds are written with their fill value in their dtype.
+    aoa = os.path.join(tmp, "add.aoa")
+    open(aoa, "w").write("_ -> added.ones, shape='[3, 5]', dtype='bfloat16', fill='ones'\n"
+                         "_ -> added.half, shape='[7]', dtype='float32', fill='0.5'\n"
+                         "_ -> added.zeros, shape='[2]', dtype='int64'\n")
+    out = os.path.join(tmp, "added")
+    export(fx, out, "--aoa", aoa)
+    got, _ = fcio.read_hf_dir(out)
+    assert got["added.ones"][0] == "BF16" and np.array_equal(
+        got["added.ones"][1].reshape(-1), np.full(15, 0x3F80, np.uint16)), got["added.ones"]
+    assert np.array_equal(got["added.half"][1], np.full(7, 0.5, np.float32))
+    assert np.array_equal(got["added.zeros"][1], np.zeros(2, np.int64))
+    assert len(got) == len(exp) + 3, sorted(got)
     print("ok filter")
 
 

@@ -35,10 +35,11 @@ struct PieceOp {
 };
 
 struct SourcePiece {
-  const TensorEntry* source = nullptr;  // nullptr: no source, the region is zero-filled
+  const TensorEntry* source = nullptr;  // nullptr: no source, dst_box is filled with fill_value
   Box src_box;                          // in the source tensor's coordinates
   Box dst_box;                          // in the target tensor's coordinates
   std::vector<PieceOp> ops;             // applied to the source block, in order
+  double fill_value = 0.0;              // no source: the value, converted to the target dtype
 };
 
 // The dtype a piece's data has after its ops (the source dtype, or that of the last cast).
@@ -48,7 +49,8 @@ DType PieceDType(const SourcePiece& piece);
 // `dst_dtype`) from every piece that overlaps it. Elements no piece covers are left as they
 // were: callers check coverage first (PiecesCover). The source chunks must cover each
 // piece's src_box (CheckSourceCoverage). Errors: read errors with context, conversion errors
-// (e.g. NaN to an integer type) naming the target and source keys.
+// (e.g. NaN to an integer type, or a fill value out of an integer type's range) naming the
+// target and source keys.
 Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
                       const std::vector<SourcePiece>& pieces, const Box& region,
                       DType dst_dtype, void* dst);
