@@ -302,8 +302,8 @@ Status BuildPlan(const ConvertOptions& options, bool write_manifest, ConvertPlan
     }
     p.rank_plans.push_back(std::move(rp));
   }
-  p.peak_memory = largest_slab * 3 *
-                  static_cast<uint64_t>(std::min<size_t>(p.threads, std::max<size_t>(p.tasks.size(), 1)));
+  const size_t busy_workers = std::min<size_t>(p.threads, std::max<size_t>(p.tasks.size(), 1));
+  p.peak_memory = largest_slab * 3 * static_cast<uint64_t>(busy_workers);
   p.summary.ranks = layout.ranks.size();
   for (const RankPlan& r : p.rank_plans) p.summary.chunks += r.chunks;
   p.summary.bytes_written = total_bytes;
@@ -331,7 +331,9 @@ std::string SerializeDigests(const std::vector<FcDistcpFileDigests>& digests) {
 
 Status ParseDigests(const std::string& bytes, std::vector<FcDistcpFileDigests>& out) {
   if (bytes.empty()) return Status::Ok();  // a process that wrote no file
-  if (bytes.size() % 8 != 0) return InternalError("digest message of " + std::to_string(bytes.size()) + " bytes");
+  if (bytes.size() % 8 != 0) {
+    return InternalError("digest message of " + std::to_string(bytes.size()) + " bytes");
+  }
   std::vector<uint64_t> words(bytes.size() / 8);
   for (size_t i = 0; i < words.size(); ++i) {
     for (int b = 0; b < 8; ++b) {
@@ -347,7 +349,8 @@ Status ParseDigests(const std::string& bytes, std::vector<FcDistcpFileDigests>& 
   auto list = [&](std::vector<uint64_t>& v) {
     uint64_t n = 0;
     if (!next(n) || n > words.size() - at) return false;
-    v.assign(words.begin() + static_cast<std::ptrdiff_t>(at), words.begin() + static_cast<std::ptrdiff_t>(at + n));
+    const auto first = words.begin() + static_cast<std::ptrdiff_t>(at);
+    v.assign(first, first + static_cast<std::ptrdiff_t>(n));
     at += n;
     return true;
   };
@@ -378,7 +381,8 @@ class OutputPart {
     if (options.output_format == ConvertOutputFormat::kTorchDcp) {
       TorchDcpWriteOptions wo;
       std::string version = options.torch_version;
-      if (version.empty()) version = source_torch_generation.empty() ? "2" : source_torch_generation;
+      if (version.empty()) version = source_torch_generation;
+      if (version.empty()) version = "2";
       if (version == "1.13") {
         wo.generation = TorchGeneration::k1_13;
       } else if (version == "2") {
@@ -388,7 +392,8 @@ class OutputPart {
       }
       wo.files = std::move(files);
       wo.staging_dir = staging;
-      FC_ASSIGN_OR_RETURN(part->torch_, TorchDcpWriter::Create(options.output_dir, p.write_plan, wo));
+      FC_ASSIGN_OR_RETURN(part->torch_,
+                          TorchDcpWriter::Create(options.output_dir, p.write_plan, wo));
     } else {
       FcDistcpWriterOptions wo;
       wo.files = std::move(files);
@@ -443,7 +448,8 @@ Status WritePart(const ConvertOptions& options, const ConvertPlan& p,
       // Objects are copied byte for byte.
       const ObjectEntry& obj = *p.objects[o];
       FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
-      FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, f->ReadAt(obj.byte_offset, obj.byte_length));
+      FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes,
+                          f->ReadAt(obj.byte_offset, obj.byte_length));
       FC_RETURN_IF_ERROR(part.WriteObject(o, bytes));
     }
   }

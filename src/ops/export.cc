@@ -158,7 +158,9 @@ Status BuildExportPlan(const ExportOptions& options, ExportPlan& p) {
   }
   FC_ASSIGN_OR_RETURN(p.shards, AssignHfShards(p.tensor_bytes, options.max_shard_bytes));
   p.file_tensors.resize(p.shards.file_names.size());
-  for (size_t i = 0; i < p.outputs.size(); ++i) p.file_tensors[p.shards.tensor_file[i]].push_back(i);
+  for (size_t i = 0; i < p.outputs.size(); ++i) {
+    p.file_tensors[p.shards.tensor_file[i]].push_back(i);
+  }
   p.summary.skipped_objects = options.objects_dir.empty() ? index.objects.size() : 0;
   return Status::Ok();
 }
