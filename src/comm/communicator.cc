@@ -35,21 +35,21 @@ constexpr uint64_t kMaxMessage = 1ull << 30;
 
 void BroadcastBytes(char* data, uint64_t size, int root) {
   for (uint64_t done = 0; done < size; done += kMaxMessage) {
-    MPI_Bcast(data + done, static_cast<int>(std::min(kMaxMessage, size - done)), MPI_CHAR, root,
+    MPI_Bcast(data + done, static_cast<int>(std::min(kMaxMessage, size - done)), MPI_BYTE, root,
               MPI_COMM_WORLD);
   }
 }
 
 void SendBytes(const char* data, uint64_t size, int to) {
   for (uint64_t done = 0; done < size; done += kMaxMessage) {
-    MPI_Send(data + done, static_cast<int>(std::min(kMaxMessage, size - done)), MPI_CHAR, to, 0,
+    MPI_Send(data + done, static_cast<int>(std::min(kMaxMessage, size - done)), MPI_BYTE, to, 0,
              MPI_COMM_WORLD);
   }
 }
 
 void ReceiveBytes(char* data, uint64_t size, int from) {
   for (uint64_t done = 0; done < size; done += kMaxMessage) {
-    MPI_Recv(data + done, static_cast<int>(std::min(kMaxMessage, size - done)), MPI_CHAR, from,
+    MPI_Recv(data + done, static_cast<int>(std::min(kMaxMessage, size - done)), MPI_BYTE, from,
              0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
   }
 }

@@ -85,7 +85,7 @@ Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
     if (piece.source == nullptr) {
       // One element of the value in the target type, repeated over the box.
       std::vector<std::byte> fill(static_cast<size_t>(dst_sub->num_elements()) * dst_esize);
-      if (piece.fill_value != 0.0) {
+      if (!fill.empty()) {
         FC_RETURN_IF_ERROR_WITH(
             ConvertElements(&piece.fill_value, DType::kFloat64, fill.data(), dst_dtype, 1),
             "target '" + target_key + "': fill value");

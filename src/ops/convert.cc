@@ -365,6 +365,7 @@ Status ParseDigests(const std::string& bytes, std::vector<FcDistcpFileDigests>& 
     d.file = static_cast<size_t>(file);
     out.push_back(std::move(d));
   }
+  if (at != words.size()) return InternalError("digest message has trailing words");
   return Status::Ok();
 }
 
@@ -491,8 +492,10 @@ class StagingGuard {
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
   Communicator* comm = options.comm ? options.comm : &SingleProcessCommunicator();
   const int me = comm->rank();
-  // Every process plans (planning reads metadata only). Agreeing on the outcome keeps a
-  // process that failed alone (an unreadable file) from leaving the others waiting.
+  // Every process plans (planning reads metadata only); the write plan and the file
+  // assignment come out the same everywhere (slab sizes may differ with each machine's
+  // threads and memory). Agreeing on the outcome keeps a process that failed alone (an
+  // unreadable file) from leaving the others waiting.
   auto p = std::make_unique<ConvertPlan>();
   FC_RETURN_IF_ERROR(comm->AllOk(BuildPlan(options, me == 0, *p)));
   if (options.dry_run) {
@@ -533,6 +536,8 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     FC_ASSIGN_OR_RETURN(digests, part->FinishDataFiles());
     return Status::Ok();
   }();
+  // A failed part removes its own files now, before process 0 removes the directory.
+  if (!written.ok()) part.reset();
   FC_RETURN_IF_ERROR(comm->AllOk(written));
   const std::vector<std::string> messages = comm->Gather(digests, 0);
   Status committed = Status::Ok();

@@ -291,7 +291,10 @@ Result<ExportSummary> RunExport(const ExportOptions& options) {
   }();
   FC_RETURN_IF_ERROR(comm->AllOk(indexed));
   if (shards.file_names.size() > 1) p->summary.files.push_back(std::string(kHfIndexFileName));
-  FC_RETURN_IF_ERROR(RemoveAll(staging.path()));
+  // The export is complete; a leftover (empty) staging directory is only untidy.
+  if (Status removed = RemoveAll(staging.path()); !removed.ok()) {
+    spdlog::warn("could not remove {}: {}", staging.path(), removed.message());
+  }
   staging.Committed();
   p->summary.tensors = p->outputs.size();
   return p->summary;

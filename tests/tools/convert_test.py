@@ -323,6 +323,21 @@ def case_mpi():
     assert "ghost.weight" in p.stderr and p.stderr.count("fc-convert: error") == 1, p.stderr
     assert not os.path.exists(out)
     no_leftovers()
+    # A failure while writing, on a process other than 0: a tensor the program adds with a
+    # value int8 cannot hold, in the smallest target file (process 0 takes the largest).
+    aoa = os.path.join(tmp, "overflow.aoa")
+    open(aoa, "w").write("_ -> ghost.weight, shape='[2]', dtype='int8', fill='1000000'\n")
+    bad["tensors"][-1]["dtype"] = "int8"
+    man = write_json(bad, "ghost8.json")
+    for fmt in (["--format", "fc"], ["--format", "torch-dcp", "--torch-version", "1.13"]):
+        out = os.path.join(tmp, "mpi-overflow")
+        p = fcio.run([*mpi, "3", CONVERT, src, out, "--quiet", "--target-manifest", man,
+                      "--aoa", aoa, *fmt], expect=3)
+        assert "ghost.weight" in p.stderr and "fill value" in p.stderr, p.stderr
+        assert p.stderr.count("fc-convert: error: rank ") == 1, p.stderr
+        assert "rank 0:" not in p.stderr, p.stderr
+        assert not os.path.exists(out)
+        no_leftovers()
     print("ok mpi errors")
 
 

@@ -21,7 +21,7 @@ std::vector<Box> ContiguousSlabs(const Box& box, int64_t max_elements);
 // Shares items of the given sizes out between `parts` workers (processes): largest first,
 // each to the part with the fewest bytes so far (then the fewest items, then the lowest
 // part). Returns each
-// part's item indices in increasing order. Part 0 gets the first item whenever there is
+// part's item indices in increasing order. Part 0 gets the largest item whenever there is
 // one. Deterministic: every process of a run computes the same answer.
 std::vector<std::vector<size_t>> BalanceByBytes(const std::vector<uint64_t>& sizes, int parts);
 

@@ -49,15 +49,17 @@
 // Atomicity: everything is built in a sibling staging directory "<out_dir>.fc-tmp-XXXXXX"
 // (CreateFcDistcpStagingDir); Finish fsyncs every file, writes and fsyncs .metadata, fsyncs
 // the staging directory and renames it to out_dir. A failed or abandoned writer removes the
-// staging directory: nothing that looks like a complete checkpoint is ever left.
+// staging directory it owns (a writer on a shared one removes only its own files; the
+// directory's creator removes the rest): nothing that looks like a complete checkpoint is
+// ever left.
 //
 // CRC-32 of the data/0 records: each slab passed to WriteChunk is CRC'd as it is written;
 // adjacent slabs are merged with crc32_combine as they meet, so a complete chunk holds one
 // CRC whatever the arrival order, and Finish never re-reads tensor bytes.
 //
 // Thread-safety: WriteChunk and WriteObject may be called concurrently from several threads
-// (also for the same file or chunk, on disjoint bytes); Create, Finish and Abort must not
-// race with anything.
+// (also for the same file or chunk, on disjoint bytes); Create, FinishDataFiles,
+// CommitMetadata, Finish and Abort must not race with anything.
 #ifndef FC_FORMAT_TORCH_DCP_WRITER_H_
 #define FC_FORMAT_TORCH_DCP_WRITER_H_
 
@@ -125,8 +127,9 @@ class TorchDcpWriter {
   // stored (DCP stores each element once) and their WriteChunk bytes are accepted and
   // dropped. Objects must have encoding kTorchSave: their bytes are a complete torch.save
   // zip, stored verbatim as a BYTE_IO item.
-  // Errors: ValidateTorchDcpPlan's; CreateFcDistcpStagingDir's (kFailedPrecondition when
-  // out_dir exists and is not an empty directory); kIoError.
+  // Errors: ValidateTorchDcpPlan's; kInvalidArgument for an options.files index out of
+  // range; CreateFcDistcpStagingDir's (kFailedPrecondition when out_dir exists and is not an
+  // empty directory); kIoError.
   static Result<std::unique_ptr<TorchDcpWriter>> Create(const std::string& out_dir,
                                                         FcDistcpPlan plan,
                                                         TorchDcpWriteOptions options = {});
@@ -141,9 +144,9 @@ class TorchDcpWriter {
 
   // Writes `bytes` at `offset` (bytes, within the chunk's packed row-major data) of chunk
   // `chunk` of plan file `file`. Slabs may come in any order and from any thread; each byte
-  // exactly once. Errors: kInvalidArgument for an index or range out of bounds or bytes
-  // written twice; kFailedPrecondition after Finish/Abort; kIoError (the writer is then
-  // poisoned: Finish fails).
+  // exactly once. Errors: kInvalidArgument for an index or range out of bounds, a file this
+  // writer does not write, or bytes written twice; kFailedPrecondition after
+  // FinishDataFiles/Finish/Abort; kIoError (the writer is then poisoned: Finish fails).
   Status WriteChunk(size_t file, size_t chunk, uint64_t offset, std::span<const std::byte> bytes);
   // The same for object `object` (offset within the object's bytes). The slab holding byte 0
   // must start with the zip signature "PK\3\4" (kInvalidArgument otherwise).
@@ -179,6 +182,7 @@ class TorchDcpWriter {
                    std::span<const std::byte> bytes);
   Status FinishFile(size_t file);
   Result<std::string> MetadataPickle() const;
+  std::string StateName() const;  // what ended the open state, for error messages
 
   std::string out_dir_;
   std::string staging_dir_;

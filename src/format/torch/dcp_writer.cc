@@ -392,6 +392,16 @@ Result<std::unique_ptr<TorchDcpWriter>> TorchDcpWriter::Create(const std::string
   return w;
 }
 
+std::string TorchDcpWriter::StateName() const {
+  switch (state_) {
+    case State::kOpen: return "nothing";
+    case State::kDataFinished: return "FinishDataFiles";
+    case State::kCommitted: return "the commit";
+    case State::kAborted: return "Abort";
+  }
+  return "?";
+}
+
 TorchDcpWriter::~TorchDcpWriter() {
   // After FinishDataFiles, a shared staging directory's files await the committing process.
   if (state_ == State::kOpen || (state_ == State::kDataFinished && owns_staging_)) Abort();
@@ -400,7 +410,7 @@ TorchDcpWriter::~TorchDcpWriter() {
 Status TorchDcpWriter::WriteItem(size_t file, bool is_object, size_t index, uint64_t offset,
                                  std::span<const std::byte> bytes) {
   if (state_ != State::kOpen) {
-    return FailedPreconditionError(out_dir_ + ": write after Finish/Abort");
+    return FailedPreconditionError(out_dir_ + ": write after " + StateName());
   }
   if (file >= plan_.files.size()) {
     return InvalidArgumentError(out_dir_ + ": file index " + std::to_string(file) +
@@ -674,7 +684,7 @@ Result<std::string> TorchDcpWriter::MetadataPickle() const {
 
 Status TorchDcpWriter::FinishDataFiles() {
   if (state_ != State::kOpen) {
-    return FailedPreconditionError(out_dir_ + ": FinishDataFiles after Finish/Abort");
+    return FailedPreconditionError(out_dir_ + ": FinishDataFiles after " + StateName());
   }
   Status s = [&]() -> Status {
     // All bytes present?
@@ -722,8 +732,9 @@ Status TorchDcpWriter::FinishDataFiles() {
 
 Status TorchDcpWriter::CommitMetadata() {
   if (state_ != State::kDataFinished) {
-    return FailedPreconditionError(out_dir_ + ": CommitMetadata before FinishDataFiles, or "
-                                   "after Abort");
+    return FailedPreconditionError(out_dir_ + ": CommitMetadata " +
+                                   (state_ == State::kOpen ? std::string("before FinishDataFiles")
+                                                           : "after " + StateName()));
   }
   Status s = [&]() -> Status {
     for (size_t f = 0; f < plan_.files.size(); ++f) {
@@ -762,7 +773,7 @@ Status TorchDcpWriter::CommitMetadata() {
 
 Status TorchDcpWriter::Finish() {
   if (state_ != State::kOpen) {
-    return FailedPreconditionError(out_dir_ + ": Finish after Finish/Abort");
+    return FailedPreconditionError(out_dir_ + ": Finish after " + StateName());
   }
   FC_RETURN_IF_ERROR(FinishDataFiles());
   return CommitMetadata();

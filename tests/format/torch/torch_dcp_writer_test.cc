@@ -792,13 +792,27 @@ TEST_CASE("torch dcp writer: several writers on one staging directory", "[torch_
   }
   writers.pop_back();  // a finished writer on a shared staging directory keeps its file
   CHECK(std::filesystem::exists(*staging + "/__1_0.distcp"));
+  const Status finish = writers[0]->Finish();
+  CHECK(finish.code() == StatusCode::kFailedPrecondition);
+  CHECK(finish.message().find("after FinishDataFiles") != std::string::npos);
   REQUIRE(writers[0]->CommitMetadata().ok());
+  CHECK(writers[0]->CommitMetadata().code() == StatusCode::kFailedPrecondition);
   CHECK(!std::filesystem::exists(*staging));
   for (const char* name : {".metadata", "__0_0.distcp", "__1_0.distcp"}) {
     INFO(name);
     CHECK(ReadFileBytes(out + "/" + name) == ReadFileBytes(tmp.path() + "/single/" + name));
   }
   CHECK(ReadTorchDcp(out).ok());
+  // A writer that owns its staging directory and never commits removes it.
+  {
+    auto w = TorchDcpWriter::Create(tmp.path() + "/never", SmallPlan(), options);
+    REQUIRE(w.ok());
+    REQUIRE((*w)->WriteChunk(0, 0, 0, bytes).ok());
+    REQUIRE((*w)->WriteChunk(1, 0, 0, bytes).ok());
+    REQUIRE((*w)->FinishDataFiles().ok());
+  }
+  CHECK(EntriesContaining(tmp.path(), ".fc-tmp-").empty());
+  CHECK(!std::filesystem::exists(tmp.path() + "/never"));
 }
 
 }  // namespace
