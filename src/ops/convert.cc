@@ -277,7 +277,8 @@ Status BuildPlan(const ConvertOptions& options, bool write_manifest, ConvertPlan
       for (const SourcePiece& piece : target.pieces) {
         if (piece.source) widest = std::max(widest, DTypeSize(piece.source->dtype));
       }
-      const int64_t max_elements = std::max<int64_t>(1, static_cast<int64_t>(per_worker / widest));
+      const int64_t max_elements = std::max<int64_t>(
+          1, static_cast<int64_t>(std::min(per_worker, kMaxSlabBytes) / widest));
       uint64_t element_offset = 0;
       ++rp.chunks;
       for (const Box& stored : StoredBoxes(chunk)) {

@@ -216,8 +216,8 @@ Status WriteFiles(const ExportOptions& options, const ExportPlan& p,
       for (const SourcePiece& piece : t.pieces) {
         if (piece.source) widest = std::max(widest, DTypeSize(piece.source->dtype));
       }
-      const int64_t max_elements =
-          std::max<int64_t>(1, static_cast<int64_t>(per_worker / widest));
+      const uint64_t slab_bytes = std::min(per_worker, kMaxSlabBytes);
+      const int64_t max_elements = std::max<int64_t>(1, static_cast<int64_t>(slab_bytes / widest));
       for (Box& slab : ContiguousSlabs(Box::Whole(t.shape), max_elements)) {
         const int64_t first = slab.rank() ? Ravel(slab.global_offset, t.shape) : 0;
         const uint64_t offset = static_cast<uint64_t>(first) * DTypeSize(t.dtype);
