@@ -21,10 +21,10 @@ int main(int argc, char** argv) {
       "optimizer state, EP) into another layout, optionally changing its structure with an "
       "AOA program, and write it as an fc distcp checkpoint (with checksums) or a PyTorch DCP checkpoint. Planning reads "
       "no tensor bytes; the output directory appears only when complete."};
-  app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors)")
+  app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors, Paddle FlexCheckpoint)")
       ->required();
   app.add_option("OUT", options.output_dir, "output directory (must not exist, or be empty)");
-  app.add_option("--input-format", format, "force the input format: torch-dcp, safetensors, fc");
+  app.add_option("--input-format", format, "force the input format: torch-dcp, safetensors, fc, paddle");
   auto* target = app.add_option_group("target", "where every chunk goes (exactly one)");
   target->add_option("--target-like", options.target_like,
                      "take the chunk layout of this existing checkpoint (metadata only), e.g. "

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
       "sharded safetensors, fc distcp); verify it; preview an AOA program on it."};
   app.add_option("CKPT", options.path, "checkpoint directory (or .safetensors file)")
       ->required();
-  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc");
+  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle");
   app.add_option("--tensors", options.tensor_regex,
                  "only tensors whose key matches this regular expression (ECMAScript, search)");
   app.add_flag("--json", options.json, "machine-readable JSON on stdout");

@@ -7,6 +7,7 @@ std::string_view CheckpointFormatName(CheckpointFormat format) {
     case CheckpointFormat::kTorchDcp: return "torch-dcp";
     case CheckpointFormat::kSafetensors: return "safetensors";
     case CheckpointFormat::kFcDistcp: return "fc";
+    case CheckpointFormat::kPaddleFlex: return "paddle";
   }
   return "unknown";
 }
@@ -15,8 +16,9 @@ Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
   if (name == "torch-dcp" || name == "dcp" || name == "torch") return CheckpointFormat::kTorchDcp;
   if (name == "safetensors" || name == "hf") return CheckpointFormat::kSafetensors;
   if (name == "fc" || name == "fc-distcp") return CheckpointFormat::kFcDistcp;
+  if (name == "paddle" || name == "paddle-flex") return CheckpointFormat::kPaddleFlex;
   return InvalidArgumentError("unknown checkpoint format '" + std::string(name) +
-                              "' (expected torch-dcp, safetensors or fc)");
+                              "' (expected torch-dcp, safetensors, fc or paddle)");
 }
 
 const TensorEntry* CheckpointIndex::FindTensor(std::string_view key) const {

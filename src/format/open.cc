@@ -3,6 +3,7 @@
 #include <regex>
 
 #include "fc/format/fc_distcp.h"
+#include "fc/format/paddle_flex.h"
 #include "fc/format/safetensors.h"
 #include "fc/format/torch_dcp.h"
 #include "fc/io/file.h"
@@ -34,16 +35,14 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
     if (EndsWith(n, ".pt")) has_pt = true;
   }
   if (has_st_index || has_st) return CheckpointFormat::kSafetensors;
-  if (has_paddle_meta) {
-    return UnimplementedError(path + ": looks like a PaddlePaddle FlexCheckpoint "
-                              "(<id>.metadata); fc does not read that format yet");
-  }
+  if (has_paddle_meta) return CheckpointFormat::kPaddleFlex;
   if (has_pt) {
     return UnimplementedError(path + ": holds torch.save .pt files (DeepSpeed / legacy "
                               "Megatron); fc does not read those yet");
   }
   return InvalidArgumentError(path + ": no checkpoint found (looked for fc.metadata.json, "
-                              ".metadata, *.safetensors.index.json, *.safetensors)");
+                              ".metadata, *.safetensors.index.json, *.safetensors, "
+                              "<id>.metadata)");
 }
 
 Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
@@ -58,6 +57,7 @@ Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
     case CheckpointFormat::kTorchDcp: return ReadTorchDcp(path);
     case CheckpointFormat::kSafetensors: return ReadSafetensorsCheckpoint(path);
     case CheckpointFormat::kFcDistcp: return ReadFcDistcp(path);
+    case CheckpointFormat::kPaddleFlex: return ReadPaddleFlexCheckpoint(path);
   }
   return InternalError("unhandled checkpoint format");
 }

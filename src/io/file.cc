@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -44,6 +45,25 @@ Result<std::unique_ptr<RandomAccessFile>> RandomAccessFile::Open(const std::stri
 }
 
 RandomAccessFile::~RandomAccessFile() { ::close(fd_); }
+
+Result<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, RandomAccessFile::Open(path));
+  const uint64_t size = file->size();
+  if (size > SIZE_MAX) return ResourceExhaustedError(path + ": too large to map");
+  if (size == 0) return std::unique_ptr<MappedFile>(new MappedFile(path, nullptr, 0));
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("opening " + path, errno);
+  void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
+  const int e = errno;
+  ::close(fd);  // the mapping keeps the file
+  if (p == MAP_FAILED) return ErrnoError("mapping " + path, e);
+  return std::unique_ptr<MappedFile>(
+      new MappedFile(path, static_cast<const std::byte*>(p), static_cast<size_t>(size)));
+}
+
+MappedFile::~MappedFile() {
+  if (size_ > 0) ::munmap(const_cast<std::byte*>(data_), size_);
+}
 
 Status RandomAccessFile::ReadAt(uint64_t offset, std::span<std::byte> dst) const {
   uint64_t end;

@@ -35,6 +35,7 @@ enum class CheckpointFormat {
   kTorchDcp,     // PyTorch DCP FileSystemWriter directory (.metadata + __R_N.distcp)
   kSafetensors,  // one .safetensors file, or a directory with an HF index / *.safetensors
   kFcDistcp,     // fc's native format (fc.metadata.json + R_N.distcp)
+  kPaddleFlex,   // PaddlePaddle FlexCheckpoint (<id>.metadata + <rank>_<id>.distcp pickles)
 };
 
 std::string_view CheckpointFormatName(CheckpointFormat format);  // "torch-dcp", ...

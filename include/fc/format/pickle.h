@@ -88,6 +88,10 @@ struct PickleValue {
   Ptr args;
   Ptr kwargs;
   Ptr state;
+  // kBytes: where the payload lies in the parsed input. When it is longer than
+  // PickleLimits::max_inline_bytes, `str` stays empty and the caller reads it from there.
+  uint64_t bytes_offset = 0;
+  uint64_t bytes_length = 0;
 
   bool is_none() const { return kind == Kind::kNone; }
   bool is_int() const { return kind == Kind::kInt; }
@@ -115,6 +119,10 @@ std::string_view PickleKindName(PickleValue::Kind kind);
 
 struct PickleLimits {
   size_t max_depth = 512;  // nesting of containers/objects in the result
+  // bytes/bytearray payloads longer than this are not copied into the tree (see
+  // PickleValue::bytes_offset): pickles holding tensor data (paddle.save) are parsed from a
+  // memory map without touching the data pages.
+  uint64_t max_inline_bytes = UINT64_MAX;
 };
 
 // Runs the pickle in `data` and returns the value left by STOP.

@@ -45,6 +45,29 @@ class RandomAccessFile {
   uint64_t size_;
 };
 
+// A read-only memory map of a whole file, for parsers that need the bytes as one span but
+// read only a small part of them (a pickle whose tensor payloads are located, not read):
+// only the pages touched become resident. The file must not be truncated while mapped.
+class MappedFile {
+ public:
+  // Errors: as RandomAccessFile::Open; kIoError when mmap fails. An empty file maps to an
+  // empty span.
+  static Result<std::unique_ptr<MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::span<const std::byte> bytes() const { return {data_, size_}; }
+
+ private:
+  MappedFile(std::string path, const std::byte* data, size_t size)
+      : path_(std::move(path)), data_(data), size_(size) {}
+  std::string path_;
+  const std::byte* data_;
+  size_t size_;
+};
+
 // Reads a whole file, refusing files larger than `max_bytes` (kDataLoss).
 Result<std::vector<std::byte>> ReadWholeFile(const std::string& path, uint64_t max_bytes);
 

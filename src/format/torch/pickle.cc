@@ -343,8 +343,18 @@ class Machine {
   }
 
   Status PushString(Kind kind, uint64_t n) {
+    const uint64_t offset = pos_;
     FC_ASSIGN_OR_RETURN(auto bytes, Take(n));
     MutPtr v = New(kind);
+    if (kind == Kind::kBytes) {
+      v->bytes_offset = offset;
+      v->bytes_length = n;
+      // Large payloads (tensor data) stay where they are: the caller reads them by offset.
+      if (n > limits_.max_inline_bytes) {
+        Push(std::move(v));
+        return Status::Ok();
+      }
+    }
     v->str.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     Push(std::move(v));
     return Status::Ok();

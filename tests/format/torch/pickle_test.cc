@@ -100,6 +100,29 @@ TEST_CASE("pickle: strings, bytes, FRAME", "[pickle]") {
   CHECK_THAT(bad.status().message(), Catch::Contains("FRAME"));
 }
 
+TEST_CASE("pickle: large bytes payloads stay in place, located by offset", "[pickle]") {
+  // PROTO 4, ( SHORT_BINBYTES 3 "abc", BINBYTES 5 "hello" ) TUPLE2, STOP
+  const auto bytes = Hex("80 04 43 03 61 62 63 42 05 00 00 00 68 65 6c 6c 6f 86 2e");
+  PickleLimits limits;
+  limits.max_inline_bytes = 4;
+  auto v = ParsePickle(bytes, limits);
+  REQUIRE(v.ok());
+  REQUIRE(v->items.size() == 2);
+  const PickleValue& small = *v->items[0];
+  const PickleValue& big = *v->items[1];
+  CHECK(small.str == "abc");  // short enough: copied, and located too
+  CHECK(small.bytes_offset == 4);
+  CHECK(small.bytes_length == 3);
+  CHECK(big.kind == Kind::kBytes);
+  CHECK(big.str.empty());
+  CHECK(big.bytes_offset == 12);
+  CHECK(big.bytes_length == 5);
+  // By default everything is copied.
+  auto all = Parse(bytes);
+  REQUIRE(all.ok());
+  CHECK(all->items[1]->str == "hello");
+}
+
 TEST_CASE("pickle: memo shares values and sees later mutation", "[pickle]") {
   // EMPTY_DICT MEMOIZE ; MARK 'k' 1 SETITEMS is applied after the memo was taken.
   // Result: (d, d) with d = {'k': 1}

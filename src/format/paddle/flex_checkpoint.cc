@@ -1,0 +1,437 @@
+// PaddlePaddle FlexCheckpoint reader. Layout and contract: include/fc/format/paddle_flex.h.
+//
+// Why the data files are parsed at all: paddle.save keeps no offsets anywhere, so the only
+// way to find a shard's bytes is to run its pickle. The pickle VM runs over a memory map
+// and leaves large bytes payloads in place (PickleLimits::max_inline_bytes), recording
+// their offsets: opening a checkpoint touches the opcodes, not the tensor data.
+#include "fc/format/paddle_flex.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <regex>
+#include <set>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "fc/core/checked_math.h"
+#include "fc/core/dtype.h"
+#include "fc/format/pickle.h"
+#include "fc/io/file.h"
+
+namespace fc {
+namespace {
+
+using Kind = PickleValue::Kind;
+
+constexpr std::string_view kCurrentModule = "paddle.distributed.flex_checkpoint.dcp.metadata";
+constexpr std::string_view kOlderModule = "paddle.distributed.checkpoint.metadata";
+constexpr std::string_view kNameTable = "StructuredToParameterName@@";
+
+// The attributes of a dataclass instance (NEWOBJ + BUILD with a dict), by name.
+using Fields = std::map<std::string, const PickleValue*>;
+
+Result<Fields> ObjectFields(const PickleValue& v, std::string_view cls, const std::string& what) {
+  const PickleValue* g = v.CalleeGlobal();
+  if ((v.kind != Kind::kObject && v.kind != Kind::kCall) || g == nullptr || g->name != cls ||
+      (g->str != kCurrentModule && g->str != kOlderModule)) {
+    return DataLossError(what + ": expected a paddle " + std::string(cls) + ", got " +
+                         v.DebugString());
+  }
+  Fields fields;
+  if (!v.state) return fields;
+  if (v.state->kind != Kind::kDict) {
+    return DataLossError(what + ": " + std::string(cls) + " has an unexpected state " +
+                         v.DebugString());
+  }
+  for (const auto& [k, val] : v.state->entries) {
+    if (k->kind != Kind::kStr) {
+      return DataLossError(what + ": " + std::string(cls) + " has a non-string attribute " +
+                           k->DebugString());
+    }
+    fields[k->str] = val.get();
+  }
+  return fields;
+}
+
+const PickleValue* Get(const Fields& f, const std::string& name) {
+  auto it = f.find(name);
+  return it == f.end() ? nullptr : it->second;
+}
+
+bool IsNone(const PickleValue* v) { return v == nullptr || v->kind == Kind::kNone; }
+
+Result<Shape> IntTuple(const PickleValue* v, const std::string& what) {
+  if (v == nullptr || (v->kind != Kind::kTuple && v->kind != Kind::kList)) {
+    return DataLossError(what + " is not a tuple of integers: " +
+                         (v ? v->DebugString() : std::string("missing")));
+  }
+  Shape out;
+  for (const auto& item : v->items) {
+    if (item->kind != Kind::kInt || item->int_value < 0) {
+      return DataLossError(what + " holds " + item->DebugString() + ", not an integer >= 0");
+    }
+    out.push_back(item->int_value);
+  }
+  return out;
+}
+
+Result<std::optional<FlatRange>> FlatRangeField(const Fields& f, const std::string& what) {
+  const PickleValue* flat = Get(f, "is_flattened");
+  if (IsNone(flat) || (flat->kind == Kind::kBool && !flat->bool_value)) {
+    return std::optional<FlatRange>();
+  }
+  FC_ASSIGN_OR_RETURN(Shape r, IntTuple(Get(f, "flattened_range"), what + " flattened_range"));
+  if (r.size() != 2 || r[0] > r[1]) {
+    return DataLossError(what + ": flattened_range " + Box::Whole(r).ToString() +
+                         " is not (start, stop) with start <= stop");
+  }
+  return std::optional<FlatRange>(FlatRange{r[0], r[1]});
+}
+
+// One chunk as the metadata describes it.
+struct ChunkMeta {
+  Shape global_offset;
+  Shape local_shape;
+  std::optional<FlatRange> flat_range;
+  std::optional<DType> dtype;
+  std::optional<Shape> global_shape;
+};
+
+// Orderable identities (FlatRange has no ordering): no range is (-1, -1).
+std::pair<int64_t, int64_t> FlatKey(const std::optional<FlatRange>& r) {
+  return r ? std::make_pair(r->inclusive_min, r->exclusive_max) : std::make_pair(-1L, -1L);
+}
+
+// Where a chunk is stored: the file, and the replica id (the lowest wins).
+struct StorageRef {
+  std::string file;
+  int64_t replica_id = 0;
+};
+
+std::string ChunkLabel(const std::string& key, const ChunkMeta& c) {
+  std::string s = "tensor '" + key + "' chunk at " + Box{c.global_offset, c.local_shape}.ToString();
+  if (c.flat_range) s += " range " + c.flat_range->ToString();
+  return s;
+}
+
+// An ndarray found in a data file: its numpy type, shape, order and where its bytes are.
+struct ArrayRef {
+  std::string type;  // numpy kind + size, e.g. "f4", "u2"
+  Shape shape;
+  bool fortran = false;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+Result<ArrayRef> ParseNdarray(const PickleValue& v, const std::string& what) {
+  const PickleValue* node = &v;
+  // Older paddle.save: (name, ndarray).
+  if (node->kind == Kind::kTuple && node->items.size() == 2 &&
+      node->items[0]->kind == Kind::kStr) {
+    node = node->items[1].get();
+  }
+  const PickleValue* g = node->CalleeGlobal();
+  if (node->kind != Kind::kCall || g == nullptr || g->name != "_reconstruct" ||
+      (g->str != "numpy.core.multiarray" && g->str != "numpy._core.multiarray") ||
+      !node->state || node->state->kind != Kind::kTuple || node->state->items.size() != 5) {
+    return DataLossError(what + " is not a numpy array: " + node->DebugString());
+  }
+  const auto& st = node->state->items;
+  ArrayRef a;
+  FC_ASSIGN_OR_RETURN(a.shape, IntTuple(st[1].get(), what + " shape"));
+  const PickleValue& dt = *st[2];
+  const PickleValue* dg = dt.CalleeGlobal();
+  if (dt.kind != Kind::kCall || dg == nullptr || dg->str != "numpy" || dg->name != "dtype" ||
+      !dt.args || dt.args->items.empty() || dt.args->items[0]->kind != Kind::kStr) {
+    return DataLossError(what + ": dtype is not a numpy.dtype: " + dt.DebugString());
+  }
+  a.type = dt.args->items[0]->str;
+  // dtype state: (version, byteorder, ...).
+  if (dt.state && dt.state->kind == Kind::kTuple && dt.state->items.size() >= 2 &&
+      dt.state->items[1]->kind == Kind::kStr && dt.state->items[1]->str == ">") {
+    return UnimplementedError(what + ": big-endian numpy arrays are not supported");
+  }
+  if (st[3]->kind != Kind::kBool) {
+    return DataLossError(what + ": is_fortran is not a bool: " + st[3]->DebugString());
+  }
+  a.fortran = st[3]->bool_value;
+  if (st[4]->kind != Kind::kBytes) {
+    return DataLossError(what + ": array data is not a bytes value: " + st[4]->DebugString());
+  }
+  a.offset = st[4]->bytes_offset;
+  a.length = st[4]->bytes_length;
+  return a;
+}
+
+// numpy type string (without byte order) -> fc dtype; bfloat16 travels as u2.
+Result<DType> NumpyDType(const std::string& type, std::optional<DType> declared,
+                         const std::string& what) {
+  static const std::map<std::string, DType> kTypes = {
+      {"b1", DType::kBool},    {"u1", DType::kUInt8},   {"i1", DType::kInt8},
+      {"i2", DType::kInt16},   {"i4", DType::kInt32},   {"i8", DType::kInt64},
+      {"f2", DType::kFloat16}, {"f4", DType::kFloat32}, {"f8", DType::kFloat64}};
+  if (type == "u2" && declared && *declared == DType::kBFloat16) return DType::kBFloat16;
+  auto it = kTypes.find(type);
+  if (it == kTypes.end()) {
+    return UnimplementedError(what + ": numpy type '" + type + "' has no fc dtype");
+  }
+  if (declared && *declared != it->second) {
+    return DataLossError(what + ": the metadata says " + std::string(DTypeName(*declared)) +
+                         ", the array is numpy '" + type + "'");
+  }
+  return it->second;
+}
+
+std::vector<std::string> Matches(const std::vector<std::string>& names, const std::regex& re) {
+  std::vector<std::string> out;
+  for (const std::string& n : names) {
+    if (std::regex_match(n, re)) out.push_back(n);
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
+  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
+  static const std::regex kMeta(R"((\d+)\.metadata)");
+  static const std::regex kData(R"((\d+)_(\d+)\.distcp)");
+  const std::vector<std::string> metas = Matches(names, kMeta);
+  if (metas.empty()) return NotFoundError(dir + ": no <id>.metadata file");
+  // Paddle's unique_id: the largest id among the data files.
+  int64_t unique_id = -1;
+  for (const std::string& n : names) {
+    std::smatch m;
+    if (std::regex_match(n, m, kData) && m[2].length() < 16) {
+      unique_id = std::max<int64_t>(unique_id, std::stoll(m[2].str()));
+    }
+  }
+  std::string meta_name = metas.size() == 1 ? metas.front() : std::string();
+  if (unique_id >= 0 && PathExists(JoinPath(dir, std::to_string(unique_id) + ".metadata"))) {
+    meta_name = std::to_string(unique_id) + ".metadata";
+  }
+  if (meta_name.empty()) {
+    return DataLossError(dir + ": several metadata files and none matches the data files' id " +
+                         std::to_string(unique_id));
+  }
+  const std::string meta_path = JoinPath(dir, meta_name);
+  FC_ASSIGN_OR_RETURN(std::vector<std::byte> meta_bytes, ReadWholeFile(meta_path, 1ull << 30));
+  FC_ASSIGN_OR_RETURN(PickleValue root, ParsePickle(meta_bytes).With(meta_path));
+  FC_ASSIGN_OR_RETURN(Fields md, ObjectFields(root, "Metadata", meta_path));
+  const PickleValue* sdm = Get(md, "state_dict_metadata");
+  const PickleValue* storage = Get(md, "storage_metadata");
+  if (sdm == nullptr || sdm->kind != Kind::kDict || storage == nullptr ||
+      storage->kind != Kind::kDict) {
+    return DataLossError(meta_path + ": Metadata lacks the state_dict_metadata and "
+                         "storage_metadata dicts");
+  }
+  const bool older = root.CalleeGlobal()->str == kOlderModule;
+
+  // storage_metadata: (key, offset, flat range) -> file of the lowest replica.
+  using StorageKey = std::tuple<std::string, Shape, std::pair<int64_t, int64_t>>;
+  std::map<StorageKey, StorageRef> where;
+  for (const auto& [k, v] : storage->entries) {
+    const std::string what = meta_path + ": storage_metadata key " + k->DebugString(80);
+    FC_ASSIGN_OR_RETURN(Fields idx, ObjectFields(*k, "LocalTensorIndex", what));
+    const PickleValue* key = Get(idx, "tensor_key");
+    if (key == nullptr || key->kind != Kind::kStr) return DataLossError(what + ": no tensor_key");
+    FC_ASSIGN_OR_RETURN(Shape offset, IntTuple(Get(idx, "global_offset"), what + " global_offset"));
+    FC_ASSIGN_OR_RETURN(std::optional<FlatRange> flat, FlatRangeField(idx, what));
+    if (v->kind != Kind::kStr || !std::regex_match(v->str, kData)) {
+      return DataLossError(what + ": file name " + v->DebugString() + " is not <rank>_<id>.distcp");
+    }
+    const PickleValue* replica = Get(idx, "replica_id");
+    const int64_t replica_id = !IsNone(replica) && replica->kind == Kind::kInt ? replica->int_value : 0;
+    StorageKey sk{key->str, offset, FlatKey(flat)};
+    auto it = where.find(sk);
+    if (it == where.end() || replica_id < it->second.replica_id) where[sk] = {v->str, replica_id};
+  }
+
+  CheckpointIndex index;
+  index.format = CheckpointFormat::kPaddleFlex;
+  index.root = dir;
+  index.attributes["paddle_metadata"] = meta_name;
+  index.attributes["paddle_metadata_module"] = std::string(older ? kOlderModule : kCurrentModule);
+  std::map<std::string, uint32_t> file_index;
+  // Per tensor, its chunks and the file each lives in.
+  struct Pending {
+    std::vector<ChunkMeta> chunks;
+    std::vector<std::string> files;
+    std::optional<DType> dtype;
+    std::optional<Shape> global_shape;
+  };
+  std::vector<std::pair<std::string, Pending>> pending;
+  std::set<std::string> seen_keys;
+  for (const auto& [k, list] : sdm->entries) {
+    if (k->kind != Kind::kStr) {
+      return DataLossError(meta_path + ": state_dict_metadata key " + k->DebugString() +
+                           " is not a string");
+    }
+    const std::string& key = k->str;
+    if (!seen_keys.insert(key).second) {
+      return DataLossError(meta_path + ": tensor '" + key + "' is listed twice");
+    }
+    if (list->kind != Kind::kList && list->kind != Kind::kTuple) {
+      return DataLossError(meta_path + ": tensor '" + key + "': expected a list of "
+                           "LocalTensorMetadata, got " + list->DebugString());
+    }
+    Pending p;
+    std::set<std::tuple<Shape, Shape, std::pair<int64_t, int64_t>>> seen_chunks;
+    for (const auto& item : list->items) {
+      const std::string what = meta_path + ": tensor '" + key + "'";
+      FC_ASSIGN_OR_RETURN(Fields f, ObjectFields(*item, "LocalTensorMetadata", what));
+      ChunkMeta c;
+      FC_ASSIGN_OR_RETURN(c.global_offset, IntTuple(Get(f, "global_offset"), what + " global_offset"));
+      FC_ASSIGN_OR_RETURN(c.local_shape, IntTuple(Get(f, "local_shape"), what + " local_shape"));
+      if (c.global_offset.size() != c.local_shape.size()) {
+        return DataLossError(what + ": global_offset " + Box::Whole(c.global_offset).ToString() +
+                             " and local_shape " + Box::Whole(c.local_shape).ToString() +
+                             " differ in rank");
+      }
+      FC_ASSIGN_OR_RETURN(c.flat_range, FlatRangeField(f, what));
+      const PickleValue* dt = Get(f, "dtype");
+      if (!IsNone(dt)) {
+        if (dt->kind != Kind::kStr) return DataLossError(what + ": dtype is not a string");
+        Result<DType> parsed = ParseDType(dt->str);
+        if (!parsed.ok()) return DataLossError(what + ": unknown dtype '" + dt->str + "'");
+        if (p.dtype && *p.dtype != *parsed) {
+          return DataLossError(what + ": chunks disagree on the dtype (" +
+                               std::string(DTypeName(*p.dtype)) + " and " + dt->str + ")");
+        }
+        p.dtype = *parsed;
+      }
+      const PickleValue* gs = Get(f, "global_shape");
+      if (!IsNone(gs)) {
+        FC_ASSIGN_OR_RETURN(Shape shape, IntTuple(gs, what + " global_shape"));
+        if (p.global_shape && *p.global_shape != shape) {
+          return DataLossError(what + ": chunks disagree on the global shape");
+        }
+        p.global_shape = shape;
+      }
+      if (!seen_chunks.insert({c.global_offset, c.local_shape, FlatKey(c.flat_range)}).second) {
+        continue;  // listed by several ranks
+      }
+      auto it = where.find(StorageKey{key, c.global_offset, FlatKey(c.flat_range)});
+      if (it == where.end()) {
+        return DataLossError(meta_path + ": " + ChunkLabel(key, c) +
+                             " has no entry in storage_metadata");
+      }
+      p.files.push_back(it->second.file);
+      p.chunks.push_back(std::move(c));
+    }
+    pending.emplace_back(key, std::move(p));
+  }
+
+  // The data files: each parsed once, its arrays located.
+  std::map<std::string, std::map<std::string, ArrayRef>> arrays;
+  for (const auto& [key, p] : pending) {
+    for (const std::string& name : p.files) {
+      if (arrays.count(name)) continue;
+      const std::string path = JoinPath(dir, name);
+      FC_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapped, MappedFile::Open(path));
+      const std::span<const std::byte> head = mapped->bytes().first(
+          std::min<size_t>(9, mapped->bytes().size()));
+      if (head.size() == 9 && head[8] == std::byte{'{'}) {
+        return UnimplementedError(path + ": a safetensors-backed Paddle shard "
+                                  "(save_state_dict(..., safetensors=True)); fc reads only "
+                                  "the paddle.save pickle form");
+      }
+      PickleLimits limits;
+      limits.max_inline_bytes = 256;
+      FC_ASSIGN_OR_RETURN(PickleValue data, ParsePickle(mapped->bytes(), limits).With(path));
+      if (data.kind != Kind::kDict) {
+        return DataLossError(path + ": expected a dict of arrays, got " + data.DebugString());
+      }
+      std::map<std::string, ArrayRef>& found = arrays[name];
+      for (const auto& [k, v] : data.entries) {
+        if (k->kind != Kind::kStr || k->str == kNameTable) continue;
+        Result<ArrayRef> a = ParseNdarray(*v, path + ": '" + k->str + "'");
+        if (a.ok()) {
+          found[k->str] = *a;
+        } else if (a.status().code() != StatusCode::kDataLoss) {
+          return a.status();  // an array fc cannot read
+        }
+        // Other non-array values (counters and the like) are not tensors of the metadata.
+      }
+      file_index[name] = static_cast<uint32_t>(index.files.size());
+      index.files.push_back({name, static_cast<uint64_t>(mapped->bytes().size())});
+    }
+  }
+
+  for (auto& [key, p] : pending) {
+    TensorEntry t;
+    t.key = key;
+    for (size_t i = 0; i < p.chunks.size(); ++i) {
+      const ChunkMeta& c = p.chunks[i];
+      const std::string& name = p.files[i];
+      const std::string label = JoinPath(dir, name) + ": " + ChunkLabel(key, c);
+      auto it = arrays[name].find(key);
+      if (it == arrays[name].end()) {
+        return DataLossError(label + ": the file holds no array '" + key + "'");
+      }
+      const ArrayRef& a = it->second;
+      FC_ASSIGN_OR_RETURN(DType dtype, NumpyDType(a.type.substr(a.type.find_first_not_of("<>|=")),
+                                                  p.dtype, label));
+      if (t.chunks.empty()) t.dtype = dtype;
+      if (dtype != t.dtype) return DataLossError(label + ": arrays of one tensor differ in dtype");
+      Chunk chunk;
+      chunk.box = Box{c.global_offset, c.local_shape};
+      chunk.flat_range = c.flat_range;
+      chunk.file = file_index.at(name);
+      chunk.byte_offset = a.offset;
+      chunk.byte_length = a.length;
+      const Shape want_shape = c.flat_range ? Shape{c.flat_range->size()} : c.local_shape;
+      if (a.shape != want_shape) {
+        return DataLossError(label + ": the array has shape " + Box::Whole(a.shape).ToString() +
+                             ", expected " + Box::Whole(want_shape).ToString());
+      }
+      FC_ASSIGN_OR_RETURN(uint64_t bytes, CheckedByteSize(want_shape, DTypeSize(dtype)));
+      if (bytes != a.length) {
+        return DataLossError(label + ": the array holds " + std::to_string(a.length) +
+                             " bytes, its shape needs " + std::to_string(bytes));
+      }
+      if (a.fortran && !c.flat_range && want_shape.size() > 1) {
+        // Column-major: the first index moves fastest.
+        chunk.strides.resize(want_shape.size());
+        int64_t stride = 1;
+        for (size_t d = 0; d < want_shape.size(); ++d) {
+          chunk.strides[d] = stride;
+          stride *= want_shape[d];
+        }
+      }
+      t.chunks.push_back(std::move(chunk));
+    }
+    if (p.global_shape) {
+      t.global_shape = *p.global_shape;
+    } else {
+      // Older metadata has no global shape: the chunks' bounding box.
+      for (const Chunk& c : t.chunks) {
+        if (t.global_shape.empty()) t.global_shape.assign(c.box.rank(), 0);
+        if (c.box.rank() != t.global_shape.size()) {
+          return DataLossError(meta_path + ": tensor '" + key + "' has chunks of different ranks");
+        }
+        for (size_t d = 0; d < c.box.rank(); ++d) {
+          t.global_shape[d] = std::max(t.global_shape[d], c.box.global_offset[d] + c.box.local_shape[d]);
+        }
+      }
+    }
+    for (const Chunk& c : t.chunks) {
+      if (c.box.rank() != t.global_shape.size() || !Contains(Box::Whole(t.global_shape), c.box)) {
+        return DataLossError(meta_path + ": tensor '" + key + "' " +
+                             Box::Whole(t.global_shape).ToString() + ": chunk " +
+                             c.box.ToString() + " lies outside it");
+      }
+      if (c.flat_range && c.flat_range->exclusive_max > c.box.num_elements()) {
+        return DataLossError(meta_path + ": tensor '" + key + "': flattened range " +
+                             c.flat_range->ToString() + " passes the end of its block " +
+                             c.box.ToString());
+      }
+    }
+    index.tensors.push_back(std::move(t));
+  }
+  return index;
+}
+
+}  // namespace fc
