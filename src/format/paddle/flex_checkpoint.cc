@@ -27,7 +27,6 @@ using Kind = PickleValue::Kind;
 
 constexpr std::string_view kCurrentModule = "paddle.distributed.flex_checkpoint.dcp.metadata";
 constexpr std::string_view kOlderModule = "paddle.distributed.checkpoint.metadata";
-constexpr std::string_view kNameTable = "StructuredToParameterName@@";
 
 // The attributes of a dataclass instance (NEWOBJ + BUILD with a dict), by name.
 using Fields = std::map<std::string, const PickleValue*>;
@@ -324,7 +323,11 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
     pending.emplace_back(key, std::move(p));
   }
 
-  // The data files: each parsed once, its arrays located.
+  // The data files: each parsed once, the arrays the metadata places there located.
+  std::map<std::string, std::set<std::string>> wanted;  // file -> tensor keys
+  for (const auto& [key, p] : pending) {
+    for (const std::string& name : p.files) wanted[name].insert(key);
+  }
   std::map<std::string, std::map<std::string, ArrayRef>> arrays;
   for (const auto& [key, p] : pending) {
     for (const std::string& name : p.files) {
@@ -346,14 +349,9 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
       }
       std::map<std::string, ArrayRef>& found = arrays[name];
       for (const auto& [k, v] : data.entries) {
-        if (k->kind != Kind::kStr || k->str == kNameTable) continue;
-        Result<ArrayRef> a = ParseNdarray(*v, path + ": '" + k->str + "'");
-        if (a.ok()) {
-          found[k->str] = *a;
-        } else if (a.status().code() != StatusCode::kDataLoss) {
-          return a.status();  // an array fc cannot read
-        }
-        // Other non-array values (counters and the like) are not tensors of the metadata.
+        // Other values (the name table, counters) are not tensors of the metadata.
+        if (k->kind != Kind::kStr || !wanted[name].count(k->str)) continue;
+        FC_ASSIGN_OR_RETURN(found[k->str], ParseNdarray(*v, path + ": '" + k->str + "'"));
       }
       file_index[name] = static_cast<uint32_t>(index.files.size());
       index.files.push_back({name, static_cast<uint64_t>(mapped->bytes().size())});

@@ -1,0 +1,137 @@
+// ReadPaddleFlexCheckpoint on the emulated fixtures (testdata/paddle_flex): every tensor
+// reassembled from the located payloads equals the expected full value; damaged and mutated
+// inputs give errors that name the file, never a crash or a silently wrong index.
+#include "fc/format/paddle_flex.h"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include "fc/format/open.h"
+#include "tests/format/torch/torch_test_support.h"
+
+namespace fc {
+namespace {
+
+using testing::ReadFileBytes;
+using testing::WriteFileBytes;
+
+std::string Fixture(const std::string& name) {
+  const char* root = std::getenv("FC_TESTDATA");
+  REQUIRE(root != nullptr);
+  return std::string(root) + "/paddle_flex/" + name;
+}
+
+TEST_CASE("paddle: fixtures reassemble to the expected values", "[paddle]") {
+  for (const char* name : {"tp2", "zero_flat", "older"}) {
+    INFO(name);
+    auto index = OpenCheckpoint(Fixture(name) + "/ckpt");
+    REQUIRE(index.ok());
+    CHECK(index->format == CheckpointFormat::kPaddleFlex);
+    size_t expected = 0;
+    for (const auto& e : std::filesystem::directory_iterator(Fixture(name) + "/expected")) {
+      (void)e;
+      ++expected;
+    }
+    CHECK(index->tensors.size() == expected);
+    for (const TensorEntry& t : index->tensors) {
+      INFO(t.key);
+      const testing::NpyArray want =
+          testing::ReadNpy(Fixture(name) + "/expected/" + t.key + ".npy");
+      CHECK(t.global_shape == want.shape);
+      // The helper reassembles boxes only; flattened tensors are compared through
+      // fc-export in tests/tools/export_test.py (case paddle).
+      const bool flat = std::any_of(t.chunks.begin(), t.chunks.end(),
+                                    [](const Chunk& c) { return c.flat_range.has_value(); });
+      if (!flat) CHECK(testing::ReassembleTensor(*index, t) == want.data);
+    }
+  }
+}
+
+TEST_CASE("paddle: what the tp2 fixture holds", "[paddle]") {
+  auto index = ReadPaddleFlexCheckpoint(Fixture("tp2") + "/ckpt");
+  REQUIRE(index.ok());
+  const TensorEntry* emb = index->FindTensor("emb.w");
+  REQUIRE(emb != nullptr);
+  CHECK(emb->dtype == DType::kBFloat16);  // '<u2' in the pickle, "bfloat16" in the metadata
+  REQUIRE(emb->chunks.size() == 2);
+  const TensorEntry* conv = index->FindTensor("conv.w");
+  REQUIRE(conv != nullptr);
+  REQUIRE(conv->chunks.size() == 1);
+  CHECK(conv->chunks[0].strides == Shape{1, 3});  // column-major [3, 4]
+  const TensorEntry* bias = index->FindTensor("linear.b");
+  REQUIRE(bias != nullptr);
+  CHECK(bias->chunks.size() == 1);  // replicated, stored once
+  auto flat = ReadPaddleFlexCheckpoint(Fixture("zero_flat") + "/ckpt");
+  REQUIRE(flat.ok());
+  const TensorEntry* m = flat->FindTensor("w.moment1_0");
+  REQUIRE(m != nullptr);
+  REQUIRE(m->chunks.size() == 2);
+  CHECK(m->chunks[0].flat_range == FlatRange{0, 9});
+  CHECK(m->chunks[1].flat_range == FlatRange{9, 20});
+}
+
+TEST_CASE("paddle: damaged inputs name the file", "[paddle]") {
+  testing::TempDir tmp;
+  const std::string dir = tmp.path() + "/ckpt";
+  std::filesystem::create_directories(dir);
+  testing::CopyDirectoryFiles(Fixture("tp2") + "/ckpt", dir);
+  SECTION("a safetensors-backed shard is refused as unsupported") {
+    std::vector<std::byte> st(16, std::byte{0});
+    st[0] = std::byte{2};
+    st[8] = std::byte{'{'};
+    st[9] = std::byte{'}'};
+    WriteFileBytes(dir + "/1_0.distcp", st);
+    auto r = ReadPaddleFlexCheckpoint(dir);
+    CHECK(r.status().code() == StatusCode::kUnimplemented);
+    CHECK(r.status().message().find("1_0.distcp") != std::string::npos);
+  }
+  SECTION("a truncated metadata file") {
+    auto bytes = ReadFileBytes(dir + "/0.metadata");
+    bytes.resize(bytes.size() / 2);
+    WriteFileBytes(dir + "/0.metadata", bytes);
+    auto r = ReadPaddleFlexCheckpoint(dir);
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK(r.status().message().find("0.metadata") != std::string::npos);
+  }
+  SECTION("no metadata at all") {
+    std::filesystem::remove(dir + "/0.metadata");
+    CHECK(ReadPaddleFlexCheckpoint(dir).status().code() == StatusCode::kNotFound);
+  }
+}
+
+TEST_CASE("paddle: byte mutations never crash or pass silently wrong sizes", "[paddle]") {
+  testing::TempDir tmp;
+  std::mt19937_64 rng(7);
+  for (const char* victim : {"0.metadata", "0_0.distcp", "1_0.distcp"}) {
+    const auto original = ReadFileBytes(Fixture("tp2") + "/ckpt/" + victim);
+    for (int round = 0; round < 150; ++round) {
+      const std::string dir = tmp.path() + "/m" + std::to_string(round);
+      std::filesystem::create_directories(dir);
+      testing::CopyDirectoryFiles(Fixture("tp2") + "/ckpt", dir);
+      auto bytes = original;
+      const int flips = 1 + static_cast<int>(rng() % 3);
+      for (int i = 0; i < flips; ++i) {
+        bytes[rng() % bytes.size()] = static_cast<std::byte>(rng() & 0xff);
+      }
+      WriteFileBytes(dir + "/" + victim, bytes);
+      auto r = ReadPaddleFlexCheckpoint(dir);
+      if (r.ok()) {
+        // Whatever was read must stay inside the files.
+        for (const TensorEntry& t : r->tensors) {
+          for (const Chunk& c : t.chunks) {
+            INFO(victim << " round " << round << " " << t.key);
+            CHECK(c.byte_offset + c.byte_length <= r->files[c.file].size);
+          }
+        }
+      }
+      std::filesystem::remove_all(dir);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fc
