@@ -47,12 +47,32 @@ Result<std::unique_ptr<RandomAccessFile>> RandomAccessFile::Open(const std::stri
 RandomAccessFile::~RandomAccessFile() { ::close(fd_); }
 
 Result<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
-  FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, RandomAccessFile::Open(path));
-  const uint64_t size = file->size();
-  if (size > SIZE_MAX) return ResourceExhaustedError(path + ": too large to map");
-  if (size == 0) return std::unique_ptr<MappedFile>(new MappedFile(path, nullptr, 0));
+  // One descriptor for the size and the mapping, so they describe the same file.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("opening " + path, errno);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ENOENT) return NotFoundError(path + ": no such file");
+    return ErrnoError("opening " + path, e);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    return ErrnoError("stat " + path, e);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgumentError(path + ": is a directory, expected a file");
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size == 0) {
+    ::close(fd);
+    return std::unique_ptr<MappedFile>(new MappedFile(path, nullptr, 0));
+  }
+  if (size > SIZE_MAX) {
+    ::close(fd);
+    return ResourceExhaustedError(path + ": too large to map");
+  }
   void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
   const int e = errno;
   ::close(fd);  // the mapping keeps the file

@@ -1,6 +1,6 @@
 """fc-export end to end on real PyTorch DCP fixtures, read back with an independent reader.
 
-usage: export_test.py BUILD_ROOT TESTDATA CASE   (CASE: values|shards|dtype|filter|aoa|errors|mpi|diskfull)
+usage: export_test.py BUILD_ROOT TESTDATA CASE   (CASE: values|shards|dtype|filter|errors|megatron|diskfull|mpi|paddle)
 """
 import glob
 import json

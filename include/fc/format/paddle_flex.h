@@ -25,11 +25,12 @@
 // of the index points at its ndarray's bytes inside the pickle (column-major arrays get
 // column-major strides), so fc reads Paddle shards in place like any other format.
 // Flattened chunks (is_flattened) hold the [start, stop) slice of the row-major flattening
-// of their box. Of several copies of one chunk (replica_id), the first is used.
+// of their box. Of several copies of one chunk, the one with the lowest replica_id (None
+// counts as 0) is used.
 //
 // Errors: kNotFound for a missing metadata or data file; kDataLoss for anything malformed or
-// inconsistent (message names the file, the tensor and the values); kUnimplemented for a
-// big-endian array, a dtype fc has no type for, or a safetensors-backed shard
+// inconsistent, sizes that overflow included (message names the file, the tensor and the
+// values); kUnimplemented for a big-endian array, a dtype fc has no type for, or a safetensors-backed shard
 // (save_state_dict(..., safetensors=True), not read yet).
 #ifndef FC_FORMAT_PADDLE_FLEX_H_
 #define FC_FORMAT_PADDLE_FLEX_H_

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "fc/core/box.h"
 #include "fc/core/checked_math.h"
 #include "fc/core/dtype.h"
 #include "fc/format/pickle.h"
@@ -107,6 +108,7 @@ std::pair<int64_t, int64_t> FlatKey(const std::optional<FlatRange>& r) {
 struct StorageRef {
   std::string file;
   int64_t replica_id = 0;
+  std::optional<Shape> local_shape;  // newer LocalTensorIndex entries carry it
 };
 
 std::string ChunkLabel(const std::string& key, const ChunkMeta& c) {
@@ -212,8 +214,10 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
     meta_name = std::to_string(unique_id) + ".metadata";
   }
   if (meta_name.empty()) {
-    return DataLossError(dir + ": several metadata files and none matches the data files' id " +
-                         std::to_string(unique_id));
+    return DataLossError(dir + ": several <id>.metadata files and " +
+                         (unique_id < 0 ? std::string("no data file to pick one by")
+                                        : "none for the data files' id " +
+                                              std::to_string(unique_id)));
   }
   const std::string meta_path = JoinPath(dir, meta_name);
   FC_ASSIGN_OR_RETURN(std::vector<std::byte> meta_bytes, ReadWholeFile(meta_path, 1ull << 30));
@@ -242,10 +246,19 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
       return DataLossError(what + ": file name " + v->DebugString() + " is not <rank>_<id>.distcp");
     }
     const PickleValue* replica = Get(idx, "replica_id");
-    const int64_t replica_id = !IsNone(replica) && replica->kind == Kind::kInt ? replica->int_value : 0;
+    if (!IsNone(replica) && replica->kind != Kind::kInt) {
+      return DataLossError(what + ": replica_id " + replica->DebugString() + " is not an integer");
+    }
+    const int64_t replica_id = IsNone(replica) ? 0 : replica->int_value;
+    std::optional<Shape> local_shape;
+    if (!IsNone(Get(idx, "local_shape"))) {
+      FC_ASSIGN_OR_RETURN(local_shape, IntTuple(Get(idx, "local_shape"), what + " local_shape"));
+    }
     StorageKey sk{key->str, offset, FlatKey(flat)};
     auto it = where.find(sk);
-    if (it == where.end() || replica_id < it->second.replica_id) where[sk] = {v->str, replica_id};
+    if (it == where.end() || replica_id < it->second.replica_id) {
+      where[sk] = {v->str, replica_id, local_shape};
+    }
   }
 
   CheckpointIndex index;
@@ -294,7 +307,9 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
       if (!IsNone(dt)) {
         if (dt->kind != Kind::kStr) return DataLossError(what + ": dtype is not a string");
         Result<DType> parsed = ParseDType(dt->str);
-        if (!parsed.ok()) return DataLossError(what + ": unknown dtype '" + dt->str + "'");
+        if (!parsed.ok()) {
+          return UnimplementedError(what + ": dtype '" + dt->str + "' has no fc type");
+        }
         if (p.dtype && *p.dtype != *parsed) {
           return DataLossError(what + ": chunks disagree on the dtype (" +
                                std::string(DTypeName(*p.dtype)) + " and " + dt->str + ")");
@@ -317,6 +332,10 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
         return DataLossError(meta_path + ": " + ChunkLabel(key, c) +
                              " has no entry in storage_metadata");
       }
+      if (it->second.local_shape && *it->second.local_shape != c.local_shape) {
+        return DataLossError(meta_path + ": " + ChunkLabel(key, c) + ": storage_metadata gives "
+                             "it local_shape " + Box::Whole(*it->second.local_shape).ToString());
+      }
       p.files.push_back(it->second.file);
       p.chunks.push_back(std::move(c));
     }
@@ -336,7 +355,7 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
       FC_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapped, MappedFile::Open(path));
       const std::span<const std::byte> head = mapped->bytes().first(
           std::min<size_t>(9, mapped->bytes().size()));
-      if (head.size() == 9 && head[8] == std::byte{'{'}) {
+      if (head.size() == 9 && head[0] != std::byte{0x80} && head[8] == std::byte{'{'}) {
         return UnimplementedError(path + ": a safetensors-backed Paddle shard "
                                   "(save_state_dict(..., safetensors=True)); fc reads only "
                                   "the paddle.save pickle form");
@@ -361,17 +380,30 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
   for (auto& [key, p] : pending) {
     TensorEntry t;
     t.key = key;
+    t.dtype = p.dtype.value_or(DType::kFloat32);
+    std::set<std::string> files_used;  // paddle writes at most one chunk of a key per file
     for (size_t i = 0; i < p.chunks.size(); ++i) {
       const ChunkMeta& c = p.chunks[i];
       const std::string& name = p.files[i];
       const std::string label = JoinPath(dir, name) + ": " + ChunkLabel(key, c);
+      // Sizes from the file are checked before anything multiplies them.
+      FC_RETURN_IF_ERROR_WITH(CheckedNumElements(c.local_shape).status(), label);
+      if (!files_used.insert(name).second) {
+        return DataLossError(label + ": a second chunk of '" + key + "' placed in the same file "
+                             "(each file holds one array per key)");
+      }
       auto it = arrays[name].find(key);
       if (it == arrays[name].end()) {
         return DataLossError(label + ": the file holds no array '" + key + "'");
       }
       const ArrayRef& a = it->second;
-      FC_ASSIGN_OR_RETURN(DType dtype, NumpyDType(a.type.substr(a.type.find_first_not_of("<>|=")),
-                                                  p.dtype, label));
+      // The type string: optional byte order, then kind and size ("<f4", "|b1", "u2").
+      const size_t kind_at = a.type.find_first_not_of("<>|=");
+      if (kind_at == std::string::npos || a.type.find('>') != std::string::npos) {
+        return DataLossError(label + ": numpy type '" + a.type + "' is not a little-endian " +
+                             "kind and size");
+      }
+      FC_ASSIGN_OR_RETURN(DType dtype, NumpyDType(a.type.substr(kind_at), p.dtype, label));
       if (t.chunks.empty()) t.dtype = dtype;
       if (dtype != t.dtype) return DataLossError(label + ": arrays of one tensor differ in dtype");
       Chunk chunk;
@@ -385,7 +417,8 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
         return DataLossError(label + ": the array has shape " + Box::Whole(a.shape).ToString() +
                              ", expected " + Box::Whole(want_shape).ToString());
       }
-      FC_ASSIGN_OR_RETURN(uint64_t bytes, CheckedByteSize(want_shape, DTypeSize(dtype)));
+      FC_ASSIGN_OR_RETURN(uint64_t bytes,
+                          CheckedByteSize(want_shape, DTypeSize(dtype)).With(label));
       if (bytes != a.length) {
         return DataLossError(label + ": the array holds " + std::to_string(a.length) +
                              " bytes, its shape needs " + std::to_string(bytes));
@@ -411,16 +444,20 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
           return DataLossError(meta_path + ": tensor '" + key + "' has chunks of different ranks");
         }
         for (size_t d = 0; d < c.box.rank(); ++d) {
-          t.global_shape[d] = std::max(t.global_shape[d], c.box.global_offset[d] + c.box.local_shape[d]);
+          int64_t end = 0;
+          if (__builtin_add_overflow(c.box.global_offset[d], c.box.local_shape[d], &end)) {
+            return DataLossError(meta_path + ": tensor '" + key + "' chunk " + c.box.ToString() +
+                                 " ends beyond 64-bit offsets");
+          }
+          t.global_shape[d] = std::max(t.global_shape[d], end);
         }
       }
     }
+    FC_RETURN_IF_ERROR_WITH(CheckedNumElements(t.global_shape).status(),
+                            meta_path + ": tensor '" + key + "'");
     for (const Chunk& c : t.chunks) {
-      if (c.box.rank() != t.global_shape.size() || !Contains(Box::Whole(t.global_shape), c.box)) {
-        return DataLossError(meta_path + ": tensor '" + key + "' " +
-                             Box::Whole(t.global_shape).ToString() + ": chunk " +
-                             c.box.ToString() + " lies outside it");
-      }
+      FC_RETURN_IF_ERROR_WITH(ValidateBox(c.box, t.global_shape),
+                              meta_path + ": tensor '" + key + "'");
       if (c.flat_range && c.flat_range->exclusive_max > c.box.num_elements()) {
         return DataLossError(meta_path + ": tensor '" + key + "': flattened range " +
                              c.flat_range->ToString() + " passes the end of its block " +

@@ -97,6 +97,26 @@ TEST_CASE("paddle: damaged inputs name the file", "[paddle]") {
     CHECK(r.status().code() == StatusCode::kDataLoss);
     CHECK(r.status().message().find("0.metadata") != std::string::npos);
   }
+  SECTION("two chunks of one tensor sent to the same file") {
+    // Point rank 1's linear.w chunk at rank 0's file: same key in one file twice.
+    auto bytes = ReadFileBytes(dir + "/0.metadata");
+    const std::string from = "1_0.distcp";
+    size_t hits = 0;
+    for (size_t i = 0; i + from.size() <= bytes.size(); ++i) {
+      if (std::equal(from.begin(), from.end(), reinterpret_cast<const char*>(bytes.data()) + i)) {
+        bytes[i] = std::byte{'0'};
+        ++hits;
+        break;  // the first storage entry naming rank 1's file
+      }
+    }
+    REQUIRE(hits == 1);
+    WriteFileBytes(dir + "/0.metadata", bytes);
+    auto r = ReadPaddleFlexCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    INFO(r.status().message());
+    CHECK(r.status().message().find("0_0.distcp") != std::string::npos);
+  }
   SECTION("no metadata at all") {
     std::filesystem::remove(dir + "/0.metadata");
     CHECK(ReadPaddleFlexCheckpoint(dir).status().code() == StatusCode::kNotFound);
