@@ -21,9 +21,13 @@ std::string RangeText(uint64_t begin, uint64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
 }
 
-}  // namespace
+// A descriptor open for reading on a regular file (not a directory), and its size then.
+struct OpenedFile {
+  int fd;
+  uint64_t size;
+};
 
-Result<std::unique_ptr<RandomAccessFile>> RandomAccessFile::Open(const std::string& path) {
+Result<OpenedFile> OpenRegularFile(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
@@ -40,31 +44,23 @@ Result<std::unique_ptr<RandomAccessFile>> RandomAccessFile::Open(const std::stri
     ::close(fd);
     return InvalidArgumentError(path + ": is a directory, expected a file");
   }
-  return std::unique_ptr<RandomAccessFile>(
-      new RandomAccessFile(path, fd, static_cast<uint64_t>(st.st_size)));
+  return OpenedFile{fd, static_cast<uint64_t>(st.st_size)};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RandomAccessFile>> RandomAccessFile::Open(const std::string& path) {
+  FC_ASSIGN_OR_RETURN(OpenedFile f, OpenRegularFile(path));
+  return std::unique_ptr<RandomAccessFile>(new RandomAccessFile(path, f.fd, f.size));
 }
 
 RandomAccessFile::~RandomAccessFile() { ::close(fd_); }
 
 Result<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
   // One descriptor for the size and the mapping, so they describe the same file.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    if (e == ENOENT) return NotFoundError(path + ": no such file");
-    return ErrnoError("opening " + path, e);
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    return ErrnoError("stat " + path, e);
-  }
-  if (S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    return InvalidArgumentError(path + ": is a directory, expected a file");
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  FC_ASSIGN_OR_RETURN(OpenedFile f, OpenRegularFile(path));
+  const int fd = f.fd;
+  const uint64_t size = f.size;
   if (size == 0) {
     ::close(fd);
     return std::unique_ptr<MappedFile>(new MappedFile(path, nullptr, 0));
