@@ -16,7 +16,7 @@
 
 #include "fc/core/box.h"
 #include "fc/core/status.h"
-#include "src/format/safetensors/json_util.h"
+#include "src/codec/json_util.h"
 
 namespace fc::layout_internal {
 

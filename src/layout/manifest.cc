@@ -1,9 +1,9 @@
 // The target-layout manifest: TargetLayout <-> JSON (schema in man/fc-layout.5).
 #include <simdjson.h>
 
-#include "fc/format/json_writer.h"
+#include "fc/codec/json_writer.h"
 #include "fc/layout/target_layout.h"
-#include "src/format/safetensors/json_util.h"
+#include "src/codec/json_util.h"
 #include "src/layout/json_read.h"
 
 namespace fc {

@@ -3,7 +3,7 @@
 #include <simdjson.h>
 
 #include "fc/core/checked_math.h"
-#include "fc/format/json_writer.h"
+#include "fc/codec/json_writer.h"
 #include "fc/layout/layout_rules.h"
 #include "src/layout/json_read.h"
 #include "src/layout/rules_internal.h"

@@ -12,7 +12,7 @@
 #include "fc/exec/parallel.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/fc_distcp.h"
-#include "fc/format/json_writer.h"
+#include "fc/codec/json_writer.h"
 #include "fc/format/open.h"
 #include "fc/format/torch_dcp_writer.h"
 #include "fc/io/file.h"

@@ -5,7 +5,7 @@
 #include <set>
 #include <sstream>
 
-#include "fc/format/json_writer.h"
+#include "fc/codec/json_writer.h"
 #include "fc/format/open.h"
 #include "fc/io/file.h"
 #include "fc/ops/report_format.h"

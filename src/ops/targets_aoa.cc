@@ -1,7 +1,7 @@
 // AOA-driven output tensors: the engine's ShardMappings turned into SourcePieces.
 #include <variant>
 
-#include "fc/format/json_writer.h"
+#include "fc/codec/json_writer.h"
 #include "fc/layout/target_layout.h"
 #include "fc/ops/report_format.h"
 

@@ -1,5 +1,5 @@
 // ValidateTargetLayout, RankFromFileName and LayoutFromIndex (--target-like).
-#include "fc/format/checkpoint.h"
+#include "fc/model/checkpoint_index.h"
 #include "tests/layout/test_util.h"
 
 namespace fc {

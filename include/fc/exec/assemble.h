@@ -20,7 +20,7 @@
 #include "fc/core/box.h"
 #include "fc/core/dtype.h"
 #include "fc/core/status.h"
-#include "fc/format/checkpoint.h"
+#include "fc/model/checkpoint_index.h"
 #include "fc/format/chunk_reader.h"
 
 namespace fc {

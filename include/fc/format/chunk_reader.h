@@ -14,7 +14,7 @@
 
 #include "fc/core/box.h"
 #include "fc/core/status.h"
-#include "fc/format/checkpoint.h"
+#include "fc/model/checkpoint_index.h"
 #include "fc/io/file.h"
 
 namespace fc {

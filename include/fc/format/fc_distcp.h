@@ -110,7 +110,7 @@
 #include "fc/core/dtype.h"
 #include "fc/core/flat_range.h"
 #include "fc/core/status.h"
-#include "fc/format/checkpoint.h"
+#include "fc/model/checkpoint_index.h"
 #include "fc/format/safetensors.h"
 
 namespace fc {

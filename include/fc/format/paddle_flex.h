@@ -38,7 +38,7 @@
 #include <string>
 
 #include "fc/core/status.h"
-#include "fc/format/checkpoint.h"
+#include "fc/model/checkpoint_index.h"
 
 namespace fc {
 

@@ -60,7 +60,7 @@
 #include "fc/core/box.h"
 #include "fc/core/dtype.h"
 #include "fc/core/status.h"
-#include "fc/format/checkpoint.h"
+#include "fc/model/checkpoint_index.h"
 
 namespace fc {
 

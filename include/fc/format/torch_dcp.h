@@ -2,7 +2,7 @@
 // reading `.metadata` and locating every chunk's bytes, producing a CheckpointIndex.
 //
 // Byte layout (shared/reference/formats.md section 2):
-//   1. <dir>/.metadata: a pickle (protocol 4+, fc/format/pickle.h) of
+//   1. <dir>/.metadata: a pickle (protocol 4+, fc/codec/pickle.h) of
 //        Metadata  {state_dict_metadata: {fqn: TensorStorageMetadata | BytesStorageMetadata},
 //                   planner_data: Any, storage_data: {MetadataIndex: _StorageInfo},
 //                   [storage_meta: StorageMeta], [version: str], [extra attributes, e.g.
@@ -47,8 +47,8 @@
 #include "fc/core/box.h"
 #include "fc/core/dtype.h"
 #include "fc/core/status.h"
-#include "fc/format/checkpoint.h"
-#include "fc/format/pickle.h"
+#include "fc/model/checkpoint_index.h"
+#include "fc/codec/pickle.h"
 
 namespace fc {
 

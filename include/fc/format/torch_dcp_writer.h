@@ -22,7 +22,7 @@
 //            descriptor, "archive/version" = "3\n", descriptor,
 //            central directory (real sizes and CRC-32s), zip64 EOCD record + locator, EOCD
 //          (the container details, zip64 fields for records >= 4 GiB included, are those
-//          of src/format/torch/zip_writer.h, i.e. what torch's miniz writes).
+//          of fc/codec/zip_writer.h, i.e. what torch's miniz writes).
 //      Every item's size follows from the plan alone, so every offset is fixed at Create and
 //      chunk bytes are written (pwrite) straight to their final position.
 //   2. <out_dir>/.metadata, pickle protocol 4, written last:

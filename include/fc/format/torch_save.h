@@ -3,11 +3,11 @@
 // archive embedded in a .distcp file.
 //
 // Byte layout (shared/reference/formats.md section 3):
-//   1. A ZIP of STORED entries (see fc/format/zip.h), every record named
+//   1. A ZIP of STORED entries (see fc/codec/zip.h), every record named
 //      "<prefix>/<record>"; prefix = the first entry's name up to the first '/'
 //      ("archive" for streams, which is what DCP writes).
 //   2. Records:
-//        data.pkl     protocol-2 pickle of the saved object (fc/format/pickle.h)
+//        data.pkl     protocol-2 pickle of the saved object (fc/codec/pickle.h)
 //        data/<key>   raw little-endian bytes of storage <key> ("0", "1", ...), 64-aligned
 //        version      "3\n"; byteorder "little" (2.x); other records are ignored
 //   3. A tensor inside data.pkl is
@@ -46,8 +46,8 @@
 #include "fc/core/box.h"
 #include "fc/core/dtype.h"
 #include "fc/core/status.h"
-#include "fc/format/pickle.h"
-#include "fc/format/zip.h"
+#include "fc/codec/pickle.h"
+#include "fc/codec/zip.h"
 
 namespace fc {
 

@@ -1,5 +1,4 @@
-// TargetLayout: where every piece of every tensor goes in the checkpoint fc-convert writes:
-// per target rank, the list of chunks that rank's file(s) hold. Pure data; produced from an
+// Producing a TargetLayout (fc/model/target_layout.h): from an
 // existing checkpoint (--target-like, LayoutFromIndex below), from degrees + rules
 // (--target-layout FILE.json, --preset NAME: see fc/layout/layout_rules.h), or read back
 // from a manifest (--target-manifest, ParseManifest below).
@@ -32,61 +31,13 @@
 #include "fc/core/dtype.h"
 #include "fc/core/flat_range.h"
 #include "fc/core/status.h"
+#include "fc/model/target_layout.h"
 
 namespace fc {
 
-struct CheckpointIndex;  // fc/format/checkpoint.h
+struct CheckpointIndex;  // fc/model/checkpoint_index.h
 
-struct TargetTensor {
-  std::string key;
-  std::optional<DType> dtype;  // unset: keep the source's (or the AOA program's) dtype
-  Shape global_shape;
 
-  friend bool operator==(const TargetTensor&, const TargetTensor&) = default;
-};
-
-struct TargetChunk {
-  std::string key;                       // a TargetTensor key
-  Box box;                               // global coordinates
-  std::optional<FlatRange> flat_range;   // over the box's row-major flattening
-  int64_t replica_id = 0;                // > 0: a copy the target format stores per rank
-
-  // Elements actually stored: the flat range's size, or the box's element count.
-  int64_t stored_elements() const {
-    return flat_range ? flat_range->size() : box.num_elements();
-  }
-  friend bool operator==(const TargetChunk&, const TargetChunk&) = default;
-};
-
-struct TargetRank {
-  int64_t rank = 0;
-  std::vector<TargetChunk> chunks;       // in the order the rank's file stores them
-
-  friend bool operator==(const TargetRank&, const TargetRank&) = default;
-};
-
-struct TargetLayout {
-  std::vector<TargetTensor> tensors;     // unique keys
-  std::vector<TargetRank> ranks;         // sorted by rank, unique
-
-  // The tensor named `key`, or nullptr. Linear in the number of tensors.
-  const TargetTensor* FindTensor(std::string_view key) const;
-  friend bool operator==(const TargetLayout&, const TargetLayout&) = default;
-};
-
-// Checks a layout (kInvalidArgument naming tensor, rank and box): unique keys and ranks,
-// every chunk's key declared, boxes inside their tensors (ValidateBox), flat ranges inside
-// their boxes, and the replica-0 chunks of each tensor storing every element exactly once.
-// Errors, all kInvalidArgument:
-//   "tensor 'k': duplicate key" / "tensor 'k': box [..] of tensor shape (..): <reason>"
-//   "rank 3: ranks must be sorted, unique and >= 0 (previous 3)"
-//   "rank 3: chunk of undeclared tensor 'k'"
-//   "rank 3: tensor 'k': box [..] of tensor shape (..): <reason>" (box outside the tensor)
-//   "rank 3: tensor 'k' box [..]: flat range [a, b) is not within [0, n)" (and for a
-//     negative replica_id)
-//   "tensor 'k': replica-0 chunks overlap: rank 0 box [..] and rank 1 box [..]"
-//   "tensor 'k': replica-0 chunks store 12 of 16 elements; missing e.g. [..]"
-Status ValidateTargetLayout(const TargetLayout& layout);
 
 // --target-like: the chunk layout of an existing checkpoint (metadata only).
 //   - tensors: every tensor of the index, in index order, with its dtype (set) and shape;

@@ -11,7 +11,7 @@
 #include "fc/comm/communicator.h"
 #include "fc/core/status.h"
 #include "fc/exec/progress.h"
-#include "fc/format/checkpoint.h"
+#include "fc/model/checkpoint_index.h"
 #include "fc/layout/layout_rules.h"
 
 namespace fc {

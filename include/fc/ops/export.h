@@ -13,7 +13,7 @@
 #include "fc/core/dtype.h"
 #include "fc/core/status.h"
 #include "fc/exec/progress.h"
-#include "fc/format/checkpoint.h"
+#include "fc/model/checkpoint_index.h"
 
 namespace fc {
 

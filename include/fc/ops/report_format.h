@@ -1,5 +1,5 @@
 // Small helpers for the tools' human reports: byte counts, hex and aligned text tables.
-// (JSON output uses fc/format/json_writer.h.)
+// (JSON output uses fc/codec/json_writer.h.)
 #ifndef FC_OPS_REPORT_FORMAT_H_
 #define FC_OPS_REPORT_FORMAT_H_
 

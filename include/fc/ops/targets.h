@@ -9,7 +9,7 @@
 
 #include "fc/core/status.h"
 #include "fc/exec/assemble.h"
-#include "fc/format/checkpoint.h"
+#include "fc/model/checkpoint_index.h"
 #include "fc/layout/target_layout.h"
 
 namespace fc {

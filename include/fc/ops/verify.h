@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fc/core/status.h"
-#include "fc/format/checkpoint.h"
+#include "fc/model/checkpoint_index.h"
 
 namespace fc {
 

@@ -6,7 +6,7 @@
 
 #include "fc/core/checked_math.h"
 #include "fc/format/fc_distcp.h"
-#include "fc/format/json_writer.h"
+#include "fc/codec/json_writer.h"
 #include "src/format/fcdistcp/internal.h"
 
 namespace fc {

@@ -8,7 +8,7 @@
 #include "fc/format/fc_distcp.h"
 #include "fc/io/file.h"
 #include "src/format/fcdistcp/internal.h"
-#include "src/format/safetensors/json_util.h"
+#include "src/codec/json_util.h"
 
 namespace fc {
 namespace {

@@ -18,7 +18,7 @@
 #include "fc/core/box.h"
 #include "fc/core/checked_math.h"
 #include "fc/core/dtype.h"
-#include "fc/format/pickle.h"
+#include "fc/codec/pickle.h"
 #include "fc/io/file.h"
 
 namespace fc {

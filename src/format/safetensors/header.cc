@@ -9,7 +9,7 @@
 #include "fc/core/checked_math.h"
 #include "fc/format/safetensors.h"
 #include "fc/io/file.h"
-#include "src/format/safetensors/json_util.h"
+#include "src/codec/json_util.h"
 
 namespace fc {
 namespace {

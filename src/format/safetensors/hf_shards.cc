@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "fc/format/json_writer.h"
+#include "fc/codec/json_writer.h"
 #include "fc/format/safetensors.h"
 
 namespace fc {

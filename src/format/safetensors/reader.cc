@@ -5,7 +5,7 @@
 
 #include "fc/format/safetensors.h"
 #include "fc/io/file.h"
-#include "src/format/safetensors/json_util.h"
+#include "src/codec/json_util.h"
 
 namespace fc {
 namespace {

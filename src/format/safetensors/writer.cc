@@ -10,7 +10,7 @@
 #include <unordered_set>
 
 #include "fc/core/checked_math.h"
-#include "fc/format/json_writer.h"
+#include "fc/codec/json_writer.h"
 #include "fc/format/safetensors.h"
 #include "fc/io/file.h"
 

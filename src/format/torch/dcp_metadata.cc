@@ -1,7 +1,7 @@
 // Interpretation of a DCP `.metadata` pickle. Layout and contract:
 // include/fc/format/torch_dcp.h.
 //
-// The pickle is parsed generically first (fc/format/pickle.h); this file walks the value
+// The pickle is parsed generically first (fc/codec/pickle.h); this file walks the value
 // tree. Nested classes are recognised by their class *name* and fields rather than by the
 // full module path, because the paths moved between releases (1.13 `_shard.checkpoint`,
 // 2.x `checkpoint`, TensorProperties moving ~2.3) and Megatron/resiliency writers reuse the

@@ -23,9 +23,9 @@
 
 #include "fc/core/checked_math.h"
 #include "fc/io/file.h"
-#include "src/format/torch/pickle_writer.h"
+#include "fc/codec/pickle_writer.h"
 #include "src/format/torch/torch_save_writer.h"
-#include "src/format/torch/zip_writer.h"
+#include "fc/codec/zip_writer.h"
 
 namespace fc {
 namespace {

@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include "fc/core/box.h"
-#include "src/format/torch/pickle_writer.h"
+#include "fc/codec/pickle_writer.h"
 
 namespace fc::internal_torch {
 namespace {

@@ -23,7 +23,7 @@
 #include <string>
 
 #include "fc/core/dtype.h"
-#include "src/format/torch/zip_writer.h"
+#include "fc/codec/zip_writer.h"
 
 namespace fc::internal_torch {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "fc/format/json_writer.h"
+#include "fc/codec/json_writer.h"
 #include "fc/format/safetensors.h"
 #include "fc/io/file.h"
 #include "tests/format/safetensors/st_test_util.h"

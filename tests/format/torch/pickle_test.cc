@@ -1,6 +1,6 @@
 // Pickle VM: hand-written opcode streams, and streams produced by CPython's pickler
 // (protocols 0-5 of one object) that must all decode to the same tree.
-#include "fc/format/pickle.h"
+#include "fc/codec/pickle.h"
 
 #include <catch2/catch.hpp>
 

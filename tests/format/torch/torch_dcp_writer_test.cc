@@ -15,14 +15,14 @@
 
 #include <catch2/catch.hpp>
 
-#include "fc/format/pickle.h"
+#include "fc/codec/pickle.h"
 #include "fc/format/torch_dcp.h"
 #include "fc/format/torch_save.h"
-#include "fc/format/zip.h"
+#include "fc/codec/zip.h"
 #include "fc/io/file.h"
-#include "src/format/torch/pickle_writer.h"
+#include "fc/codec/pickle_writer.h"
 #include "src/format/torch/torch_save_writer.h"
-#include "src/format/torch/zip_writer.h"
+#include "fc/codec/zip_writer.h"
 #include "tests/format/torch/torch_test_support.h"
 
 namespace fc {

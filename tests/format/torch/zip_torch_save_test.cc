@@ -7,7 +7,7 @@
 
 #include "fc/format/torch_dcp.h"
 #include "fc/format/torch_save.h"
-#include "fc/format/zip.h"
+#include "fc/codec/zip.h"
 #include "tests/format/torch/torch_test_support.h"
 
 namespace fc {

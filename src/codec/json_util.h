@@ -1,8 +1,8 @@
-// Private helpers shared by the JSON-reading parts of src/format/safetensors and
-// src/format/fcdistcp: simdjson DOM access through its error-code API, turned into fc
-// Status values. Not installed; include as "src/format/safetensors/json_util.h".
-#ifndef FC_SRC_FORMAT_SAFETENSORS_JSON_UTIL_H_
-#define FC_SRC_FORMAT_SAFETENSORS_JSON_UTIL_H_
+// Private helpers shared by the JSON-reading parts of src/format and src/layout (the
+// simdjson DOM access through its error-code API, turned into fc
+// Status values. Not installed; include as "src/codec/json_util.h".
+#ifndef FC_CODEC_JSON_UTIL_H_
+#define FC_CODEC_JSON_UTIL_H_
 
 #include <simdjson.h>
 
@@ -85,4 +85,4 @@ inline std::string ShapeText(std::span<const int64_t> shape) {
 
 }  // namespace fc::json_internal
 
-#endif  // FC_SRC_FORMAT_SAFETENSORS_JSON_UTIL_H_
+#endif  // FC_CODEC_JSON_UTIL_H_

@@ -1,4 +1,4 @@
-#include "fc/format/checkpoint.h"
+#include "fc/model/checkpoint_index.h"
 
 namespace fc {
 

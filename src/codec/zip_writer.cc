@@ -1,4 +1,4 @@
-// ZIP layout and CRC-32. Layout and contract: src/format/torch/zip_writer.h.
+// ZIP layout and CRC-32. Layout and contract: fc/codec/zip_writer.h.
 //
 // Why fc carries its own CRC-32 instead of zlib's: fc_format's link dependencies are
 // declared in src/format/meson.build, shared by every format, and all that torch archives
@@ -7,7 +7,7 @@
 // The combine step is zlib 1.2.12's x^(2^n) method: it lets slabs of a record arrive in any
 // order, each CRC'd once as it is written, and be merged in O(log n) instead of re-reading
 // the record.
-#include "src/format/torch/zip_writer.h"
+#include "fc/codec/zip_writer.h"
 
 #include <algorithm>
 #include <array>

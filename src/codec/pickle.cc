@@ -1,4 +1,4 @@
-// The pickle stack machine. Layout and contract: include/fc/format/pickle.h.
+// The pickle stack machine. Layout and contract: include/fc/codec/pickle.h.
 //
 // Design notes:
 // - Python's Unpickler keeps a "metastack": MARK saves the current stack and starts a new
@@ -8,7 +8,7 @@
 //   memoized before SETITEMS fills it, later BINGETs must see the filled dict). A crafted
 //   pickle can build a cycle; shared_ptr cycles leak, so the machine remembers every
 //   container it created and clears their children when parsing fails.
-#include "fc/format/pickle.h"
+#include "fc/codec/pickle.h"
 
 #include <bit>
 #include <charconv>
@@ -16,7 +16,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "src/format/torch/pickle_opcodes.h"
+#include "src/codec/pickle_opcodes.h"
 
 namespace fc {
 namespace {

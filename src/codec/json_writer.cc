@@ -1,4 +1,4 @@
-#include "fc/format/json_writer.h"
+#include "fc/codec/json_writer.h"
 
 #include <cassert>
 #include <cstdio>

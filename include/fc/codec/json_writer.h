@@ -18,8 +18,8 @@
 // caught by assert in debug builds.
 //
 // Thread-safety: none; one writer per thread.
-#ifndef FC_FORMAT_JSON_WRITER_H_
-#define FC_FORMAT_JSON_WRITER_H_
+#ifndef FC_CODEC_JSON_WRITER_H_
+#define FC_CODEC_JSON_WRITER_H_
 
 #include <cstdint>
 #include <string>
@@ -83,4 +83,4 @@ class JsonWriter {
 
 }  // namespace fc
 
-#endif  // FC_FORMAT_JSON_WRITER_H_
+#endif  // FC_CODEC_JSON_WRITER_H_

@@ -1,7 +1,7 @@
 // Pickle opcode bytes, with the names of CPython's pickle.py, shared by the pickle reader
 // (pickle.cc) and writer (pickle_writer.cc). Private to src/format/torch.
-#ifndef FC_SRC_FORMAT_TORCH_PICKLE_OPCODES_H_
-#define FC_SRC_FORMAT_TORCH_PICKLE_OPCODES_H_
+#ifndef FC_CODEC_PICKLE_OPCODES_H_
+#define FC_CODEC_PICKLE_OPCODES_H_
 
 #include <cstdint>
 
@@ -80,4 +80,4 @@ enum PickleOp : uint8_t {
 
 }  // namespace fc::internal_torch
 
-#endif  // FC_SRC_FORMAT_TORCH_PICKLE_OPCODES_H_
+#endif  // FC_CODEC_PICKLE_OPCODES_H_

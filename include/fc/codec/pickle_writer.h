@@ -1,6 +1,6 @@
 // A pickle emitter for the two pickles fc writes for PyTorch: torch.save `data.pkl`
-// (protocol 2) and DCP `.metadata` (protocol 4). Private to src/format/torch; the reader is
-// fc/format/pickle.h, whose opcode table (shared/reference/formats.md 1.1) this follows.
+// (protocol 2) and DCP `.metadata` (protocol 4). Used by the torch writers; the reader is
+// fc/codec/pickle.h, whose opcode table (shared/reference/formats.md 1.1) this follows.
 //
 // Byte layout produced:
 //   protocol 2:  PROTO 2, opcodes, STOP. Strings are BINUNICODE ('X' u32 len), globals are
@@ -16,8 +16,8 @@
 // .metadata naming `torch.Size` ten thousand times spells it once (as CPython's output).
 //
 // Thread-safety: none; one writer per pickle.
-#ifndef FC_SRC_FORMAT_TORCH_PICKLE_WRITER_H_
-#define FC_SRC_FORMAT_TORCH_PICKLE_WRITER_H_
+#ifndef FC_CODEC_PICKLE_WRITER_H_
+#define FC_CODEC_PICKLE_WRITER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -82,4 +82,4 @@ class PickleWriter {
 
 }  // namespace fc::internal_torch
 
-#endif  // FC_SRC_FORMAT_TORCH_PICKLE_WRITER_H_
+#endif  // FC_CODEC_PICKLE_WRITER_H_

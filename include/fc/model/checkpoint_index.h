@@ -16,8 +16,8 @@
 //                      byte_offset + (sum_j i_j * strides[j]) * DTypeSize(dtype).
 //
 // Thread-safety: plain values.
-#ifndef FC_FORMAT_CHECKPOINT_H_
-#define FC_FORMAT_CHECKPOINT_H_
+#ifndef FC_MODEL_CHECKPOINT_INDEX_H_
+#define FC_MODEL_CHECKPOINT_INDEX_H_
 
 #include <cstdint>
 #include <map>
@@ -98,4 +98,4 @@ struct CheckpointIndex {
 
 }  // namespace fc
 
-#endif  // FC_FORMAT_CHECKPOINT_H_
+#endif  // FC_MODEL_CHECKPOINT_INDEX_H_

@@ -1,8 +1,8 @@
 // Writing torch.save-style ZIP archives whose layout is fixed before any data exists, so
 // that a record's data can be written straight to its final file position (and in pieces,
 // in any order) while the archive's headers are produced separately. Also CRC-32 (the ZIP
-// polynomial) with crc32_combine. Private to src/format/torch; the reader is
-// fc/format/zip.h.
+// polynomial) with crc32_combine. Used by the torch writers; the reader is
+// fc/codec/zip.h.
 //
 // Byte layout (what torch's miniz writer produces with MZ_ZIP_FLAG_WRITE_ZIP64,
 // shared/reference/formats.md 3.1; all integers little-endian; offsets archive-relative):
@@ -30,8 +30,8 @@
 //                      u32 min(cd_size, 0xFFFFFFFF) u32 min(cd_offset, 0xFFFFFFFF) u16 0
 //
 // Thread-safety: pure functions.
-#ifndef FC_SRC_FORMAT_TORCH_ZIP_WRITER_H_
-#define FC_SRC_FORMAT_TORCH_ZIP_WRITER_H_
+#ifndef FC_CODEC_ZIP_WRITER_H_
+#define FC_CODEC_ZIP_WRITER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -81,4 +81,4 @@ std::string ZipDirectoryTail(const ZipLayout& layout, std::span<const uint32_t> 
 
 }  // namespace fc::internal_torch
 
-#endif  // FC_SRC_FORMAT_TORCH_ZIP_WRITER_H_
+#endif  // FC_CODEC_ZIP_WRITER_H_

@@ -1,14 +1,14 @@
-// Pickle emitter. Layout and contract: src/format/torch/pickle_writer.h.
+// Pickle emitter. Layout and contract: fc/codec/pickle_writer.h.
 //
 // Framing follows CPython's _Framer: a frame is closed at the first opcode boundary at or
 // after 64 KiB, and the last frame is closed by Finish() (with STOP inside it). A frame
 // must not split an opcode's operand: CPython's unpickler refuses "pickle exhausted before
 // end of frame". Frames shorter than 4 bytes get no header (CPython's _FRAME_SIZE_MIN).
-#include "src/format/torch/pickle_writer.h"
+#include "fc/codec/pickle_writer.h"
 
 #include <cassert>
 
-#include "src/format/torch/pickle_opcodes.h"
+#include "src/codec/pickle_opcodes.h"
 
 namespace fc::internal_torch {
 namespace {

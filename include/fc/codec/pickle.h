@@ -40,8 +40,8 @@
 //
 // Thread-safety: ParsePickle is a pure function; a parsed tree is immutable and may be read
 // from several threads.
-#ifndef FC_FORMAT_PICKLE_H_
-#define FC_FORMAT_PICKLE_H_
+#ifndef FC_CODEC_PICKLE_H_
+#define FC_CODEC_PICKLE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -133,4 +133,4 @@ Result<PickleValue> ParsePickle(std::span<const std::byte> data, const PickleLim
 
 }  // namespace fc
 
-#endif  // FC_FORMAT_PICKLE_H_
+#endif  // FC_CODEC_PICKLE_H_

@@ -38,8 +38,8 @@
 // entries are listed (method != 0) and refused only by callers that need their bytes.
 //
 // Thread-safety: pure functions; ReadZipDirectory calls `read` sequentially.
-#ifndef FC_FORMAT_ZIP_H_
-#define FC_FORMAT_ZIP_H_
+#ifndef FC_CODEC_ZIP_H_
+#define FC_CODEC_ZIP_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -102,4 +102,4 @@ ZipReadFn MemoryZipReader(std::span<const std::byte> archive);
 
 }  // namespace fc
 
-#endif  // FC_FORMAT_ZIP_H_
+#endif  // FC_CODEC_ZIP_H_

@@ -1,10 +1,10 @@
-// ZIP directory reader. Layout and contract: include/fc/format/zip.h.
+// ZIP directory reader. Layout and contract: include/fc/codec/zip.h.
 //
 // Only what torch.save archives need: STORED entries, zip64, no multi-disk. The reader is
 // strict about anything that would make a byte range lie (offsets, sizes, overlaps) and
 // lenient about the rest (versions, timestamps, CRCs, which it does not check: checking
 // a CRC means reading the whole record, which the callers never want to do here).
-#include "fc/format/zip.h"
+#include "fc/codec/zip.h"
 
 #include <algorithm>
 #include <cstring>
