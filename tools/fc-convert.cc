@@ -57,7 +57,10 @@ int main(int argc, char** argv) {
   app.add_flag("--dry-run", options.dry_run,
                "print the plan (per target rank: chunks, bytes written, source files and bytes "
                "read, estimated peak memory) and write nothing");
-  app.add_flag("--json", options.json, "with --dry-run: the plan as JSON");
+  app.add_flag("--json", options.json, "with --dry-run: the plan as JSON (fc-plan(5))");
+  app.add_option("--stats", options.stats_file,
+                 "after the run, write measured figures (bytes read/written, calls, peak "
+                 "buffers, seconds per process) as JSON to this file");
   app.add_option("--memory-budget", budget, "peak memory for tensor data (default: RAM/4)");
   app.add_option("--threads", options.threads, "worker threads (default: cores, at most 8)");
   app.add_flag("-q,--quiet", quiet, "no progress output");
@@ -71,6 +74,9 @@ int main(int argc, char** argv) {
   }
   const std::string tool = "fc-convert";
   fc::cli::SetUpLogging(tool, quiet, verbose);
+  if (options.json && !options.dry_run) {
+    return fc::cli::Finish(tool, fc::InvalidArgumentError("--json needs --dry-run"));
+  }
   if (!options.dry_run && options.output_dir.empty()) {
     return fc::cli::Finish(tool, fc::InvalidArgumentError("OUT is required unless --dry-run"));
   }

@@ -1,4 +1,6 @@
 // fc-export: full-parameter export of a distributed checkpoint to HuggingFace safetensors.
+#include <iostream>
+
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
@@ -38,6 +40,12 @@ int main(int argc, char** argv) {
   app.add_option("--objects", options.objects_dir,
                  "write non-tensor objects (iteration, RNG state, ...) as files into this "
                  "directory (default: skip them with a note)");
+  app.add_flag("--dry-run", options.dry_run,
+               "plan only: print output files, bytes to read and write, memory; write nothing");
+  app.add_flag("--json", options.json, "with --dry-run: the whole plan as JSON (fc-plan(5))");
+  app.add_option("--stats", options.stats_file,
+                 "after the run, write measured figures (bytes read/written, calls, peak "
+                 "buffers, seconds per process) as JSON to this file");
   app.add_flag("-q,--quiet", quiet, "no progress output");
   app.add_flag("-v,--verbose", verbose, "debug logging");
   app.set_version_flag("--version", std::string("fc-export ") + FC_VERSION);
@@ -54,6 +62,9 @@ int main(int argc, char** argv) {
     if (!parsed.ok()) return fc::cli::Finish(tool, parsed.status());
     options.format = *parsed;
   }
+  if (options.json && !options.dry_run) {
+    return fc::cli::Finish(tool, fc::InvalidArgumentError("--json needs --dry-run"));
+  }
   if (!dtype.empty()) options.dtype = *fc::ParseDType(dtype);
   auto shard = fc::cli::ParseSize("--max-shard-size", max_shard);
   if (!shard.ok()) return fc::cli::Finish(tool, shard.status());
@@ -68,12 +79,12 @@ int main(int argc, char** argv) {
   if ((*comm)->size() > 1) options.comm = comm->get();
   const bool lead = (*comm)->rank() == 0;
   if (quiet || !lead) options.progress = fc::Progress::Mode::kQuiet;
-  auto summary = fc::RunExport(options);
+  auto summary = fc::RunExport(options, std::cout);
   if (!summary.ok()) {
     // Every process returns the same error; one report is enough.
     return lead ? fc::cli::Finish(tool, summary.status()) : fc::ExitCodeFor(summary.status().code());
   }
-  if (!lead) return 0;
+  if (!lead || options.dry_run) return 0;
   spdlog::info("wrote {} tensors ({}) in {} file(s) to {}", summary->tensors,
                fc::HumanBytes(summary->tensor_bytes), summary->files.size(), options.output_dir);
   return 0;

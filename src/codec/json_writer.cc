@@ -1,6 +1,8 @@
 #include "fc/codec/json_writer.h"
 
+#include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <cstdio>
 
 namespace fc {
@@ -155,6 +157,14 @@ JsonWriter& JsonWriter::Int(int64_t value) {
 JsonWriter& JsonWriter::Uint(uint64_t value) {
   BeforeValue();
   out_.append(std::to_string(value));
+  return *this;
+}
+JsonWriter& JsonWriter::Fixed(double value, int decimals) {
+  if (!std::isfinite(value)) return Null();
+  BeforeValue();
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", std::clamp(decimals, 0, 17), value);
+  out_.append(buf);
   return *this;
 }
 JsonWriter& JsonWriter::Bool(bool value) {

@@ -1,7 +1,10 @@
 #include "fc/exec/assemble.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <list>
 #include <map>
 #include <numeric>
 
@@ -12,46 +15,6 @@
 namespace fc {
 namespace {
 
-std::vector<int> ResolvePermutation(const PieceOp& op, size_t rank) {
-  if (!op.permutation.empty()) return op.permutation;
-  std::vector<int> reversed(rank);
-  for (size_t i = 0; i < rank; ++i) reversed[i] = static_cast<int>(rank - 1 - i);
-  return reversed;
-}
-
-// view[i] = the source axis that ends up at target axis i after every permute of `ops`.
-std::vector<int> ViewAxes(const std::vector<PieceOp>& ops, size_t rank) {
-  std::vector<int> view(rank);
-  std::iota(view.begin(), view.end(), 0);
-  for (const PieceOp& op : ops) {
-    if (op.kind != PieceOp::Kind::kPermute) continue;  // reshapes: see AssembleRegion
-    std::vector<int> p = ResolvePermutation(op, rank);
-    std::vector<int> next(rank);
-    for (size_t i = 0; i < rank; ++i) next[i] = view[static_cast<size_t>(p[i])];
-    view = std::move(next);
-  }
-  return view;
-}
-
-bool PieceReshapes(const SourcePiece& piece) {
-  return std::any_of(piece.ops.begin(), piece.ops.end(),
-                     [](const PieceOp& op) { return op.kind == PieceOp::Kind::kReshape; });
-}
-
-// The block of the piece's source that lands on `dst_sub` (inside the piece's dst_box): all
-// of src_box when the piece reshapes, since a reshape does not map sub-boxes to sub-boxes.
-Box SourceSubBox(const SourcePiece& piece, const Box& dst_sub) {
-  Box src_sub = piece.src_box;
-  if (PieceReshapes(piece)) return src_sub;
-  const std::vector<int> view = ViewAxes(piece.ops, piece.src_box.rank());
-  for (size_t i = 0; i < dst_sub.rank(); ++i) {
-    const size_t s = static_cast<size_t>(view[i]);
-    src_sub.global_offset[s] =
-        piece.src_box.global_offset[s] + (dst_sub.global_offset[i] - piece.dst_box.global_offset[i]);
-    src_sub.local_shape[s] = dst_sub.local_shape[i];
-  }
-  return src_sub;
-}
 
 Box ZeroOrigin(const Shape& shape) { return Box{Shape(shape.size(), 0), shape}; }
 
@@ -65,19 +28,61 @@ Status ReadSourceBlock(ChunkReader& reader, const TensorEntry& tensor, const Box
   return Status::Ok();
 }
 
-}  // namespace
-
-DType PieceDType(const SourcePiece& piece) {
-  DType dtype = piece.source ? piece.source->dtype : DType::kFloat32;
+// Reads `src_sub` of the piece's source and applies the piece's ops and the conversion to
+// `dst_dtype`: the result is row-major over the target box the block lands on.
+Result<std::vector<std::byte>> PieceBlock(ChunkReader& reader, const SourcePiece& piece,
+                                          const Box& src_sub, DType dst_dtype,
+                                          const std::function<std::string()>& context) {
+  const TensorEntry& source = *piece.source;
+  const size_t dst_esize = DTypeSize(dst_dtype);
+  std::vector<std::byte> block(static_cast<size_t>(src_sub.num_elements()) *
+                               DTypeSize(source.dtype));
+  FC_RETURN_IF_ERROR_WITH(ReadSourceBlock(reader, source, src_sub, block.data(), src_sub),
+                          context());
+  Shape shape = src_sub.local_shape;
+  DType dtype = source.dtype;
+  std::vector<std::byte> scratch;
   for (const PieceOp& op : piece.ops) {
-    if (op.kind == PieceOp::Kind::kCast) dtype = op.dtype;
+    if (op.kind == PieceOp::Kind::kPermute) {
+      const std::vector<int> p = ResolvePermutation(op, shape.size());
+      const Shape strides = RowMajorStrides(shape);
+      Shape next_shape(shape.size()), view_strides(shape.size());
+      for (size_t i = 0; i < shape.size(); ++i) {
+        next_shape[i] = shape[static_cast<size_t>(p[i])];
+        view_strides[i] = strides[static_cast<size_t>(p[i])];
+      }
+      scratch.resize(block.size());
+      const Box whole = ZeroOrigin(next_shape);
+      CopyRegion(block.data(), whole, view_strides, scratch.data(), whole, whole,
+                 DTypeSize(dtype));
+      block.swap(scratch);
+      shape = std::move(next_shape);
+    } else if (op.kind == PieceOp::Kind::kReshape) {
+      shape = op.shape;
+    } else if (op.dtype != dtype) {
+      scratch.resize(block.size() / DTypeSize(dtype) * DTypeSize(op.dtype));
+      FC_RETURN_IF_ERROR_WITH(ConvertElements(block.data(), dtype, scratch.data(), op.dtype,
+                                              block.size() / DTypeSize(dtype)),
+                              context());
+      block.swap(scratch);
+      dtype = op.dtype;
+    }
   }
-  return dtype;
+  if (dtype != dst_dtype) {
+    scratch.resize(block.size() / DTypeSize(dtype) * dst_esize);
+    FC_RETURN_IF_ERROR_WITH(ConvertElements(block.data(), dtype, scratch.data(), dst_dtype,
+                                            block.size() / DTypeSize(dtype)),
+                            context());
+    block.swap(scratch);
+  }
+  return block;
 }
+
+}  // namespace
 
 Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
                       const std::vector<SourcePiece>& pieces, const Box& region,
-                      DType dst_dtype, void* dst) {
+                      DType dst_dtype, void* dst, PieceBlockCache* cache) {
   const size_t dst_esize = DTypeSize(dst_dtype);
   for (const SourcePiece& piece : pieces) {
     std::optional<Box> dst_sub = Intersect(piece.dst_box, region);
@@ -114,53 +119,73 @@ Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
       FC_RETURN_IF_ERROR_WITH(ReadSourceBlock(reader, source, src_sub, dst, shifted), context());
       continue;
     }
-    std::vector<std::byte> block(static_cast<size_t>(src_sub.num_elements()) *
-                                 DTypeSize(source.dtype));
-    FC_RETURN_IF_ERROR_WITH(ReadSourceBlock(reader, source, src_sub, block.data(), src_sub),
-                            context());
-    Shape shape = src_sub.local_shape;
-    DType dtype = source.dtype;
-    std::vector<std::byte> scratch;
-    for (const PieceOp& op : piece.ops) {
-      if (op.kind == PieceOp::Kind::kPermute) {
-        const std::vector<int> p = ResolvePermutation(op, shape.size());
-        const Shape strides = RowMajorStrides(shape);
-        Shape next_shape(shape.size()), view_strides(shape.size());
-        for (size_t i = 0; i < shape.size(); ++i) {
-          next_shape[i] = shape[static_cast<size_t>(p[i])];
-          view_strides[i] = strides[static_cast<size_t>(p[i])];
-        }
-        scratch.resize(block.size());
-        const Box whole = ZeroOrigin(next_shape);
-        CopyRegion(block.data(), whole, view_strides, scratch.data(), whole, whole,
-                   DTypeSize(dtype));
-        block.swap(scratch);
-        shape = std::move(next_shape);
-      } else if (op.kind == PieceOp::Kind::kReshape) {
-        shape = op.shape;
-      } else if (op.dtype != dtype) {
-        scratch.resize(block.size() / DTypeSize(dtype) * DTypeSize(op.dtype));
-        FC_RETURN_IF_ERROR_WITH(
-            ConvertElements(block.data(), dtype, scratch.data(), op.dtype,
-                            block.size() / DTypeSize(dtype)),
-            context());
-        block.swap(scratch);
-        dtype = op.dtype;
-      }
-    }
-    if (dtype != dst_dtype) {
-      scratch.resize(block.size() / DTypeSize(dtype) * dst_esize);
-      FC_RETURN_IF_ERROR_WITH(ConvertElements(block.data(), dtype, scratch.data(), dst_dtype,
-                                              block.size() / DTypeSize(dtype)),
-                              context());
-      block.swap(scratch);
+    std::shared_ptr<const std::vector<std::byte>> held;
+    const std::vector<std::byte>* block = nullptr;
+    std::vector<std::byte> own;
+    if (reshapes && cache != nullptr) {
+      FC_ASSIGN_OR_RETURN(held, cache->Get(&piece, [&] {
+        return PieceBlock(reader, piece, src_sub, dst_dtype, context);
+      }));
+      block = held.get();
+    } else {
+      FC_ASSIGN_OR_RETURN(own, PieceBlock(reader, piece, src_sub, dst_dtype, context));
+      block = &own;
     }
     // The block now holds the target box it came for: dst_sub, or the whole dst_box when
     // the piece reshapes.
-    CopyRegion(block.data(), reshapes ? piece.dst_box : *dst_sub, {}, dst, region, *dst_sub,
+    CopyRegion(block->data(), reshapes ? piece.dst_box : *dst_sub, {}, dst, region, *dst_sub,
                dst_esize);
   }
   return Status::Ok();
+}
+
+Result<PieceBlockCache::Block> PieceBlockCache::Get(
+    const SourcePiece* piece, const std::function<Result<std::vector<std::byte>>()>& make) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    auto it = entries_.find(piece);
+    if (it == entries_.end()) break;
+    if (it->second.block) {
+      it->second.last_use = ++clock_;
+      return it->second.block;
+    }
+    made_.wait(lock);  // another worker is making it
+  }
+  entries_[piece] = Entry{};
+  lock.unlock();
+  Result<std::vector<std::byte>> made = make();
+  lock.lock();
+  if (!made.ok()) {
+    entries_.erase(piece);
+    made_.notify_all();
+    return made.status();
+  }
+  Block block = std::make_shared<const std::vector<std::byte>>(std::move(*made));
+  held_ += block->size();
+  peak_ = std::max(peak_, held_);
+  entries_[piece] = Entry{block, ++clock_};
+  EvictLocked();
+  made_.notify_all();
+  return block;
+}
+
+void PieceBlockCache::EvictLocked() {
+  while (held_ > capacity_) {
+    auto victim = entries_.end();
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      // In use elsewhere (or being made): not a candidate.
+      if (!it->second.block || it->second.block.use_count() > 1) continue;
+      if (victim == entries_.end() || it->second.last_use < victim->second.last_use) victim = it;
+    }
+    if (victim == entries_.end()) return;
+    held_ -= victim->second.block->size();
+    entries_.erase(victim);
+  }
+}
+
+uint64_t PieceBlockCache::peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
 }
 
 void AccumulateRegionReads(const std::vector<SourcePiece>& pieces, const Box& region,

@@ -1,4 +1,5 @@
 #include "fc/io/file.h"
+#include "fc/io/counters.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -99,6 +100,7 @@ Status RandomAccessFile::ReadAt(uint64_t offset, std::span<std::byte> dst) const
       return DataLossError(path_ + ": file shrank while reading at " +
                            std::to_string(offset + done));
     }
+    CountRead(static_cast<uint64_t>(n));
     done += static_cast<size_t>(n);
   }
   return Status::Ok();
@@ -129,6 +131,7 @@ Status RandomAccessFile::ReadScatteredAt(uint64_t offset,
       return ErrnoError("reading " + path_ + " at " + std::to_string(position), errno);
     }
     if (n == 0) return DataLossError(path_ + ": file shrank while reading at " + std::to_string(position));
+    CountRead(static_cast<uint64_t>(n));
     position += static_cast<uint64_t>(n);
     size_t left = static_cast<size_t>(n);
     while (left > 0 && next < buffers.size()) {
@@ -198,6 +201,7 @@ Status WritableFile::WriteAt(uint64_t offset, std::span<const std::byte> data) {
       return ErrnoError("writing " + path_, errno);
     }
     if (n == 0) return IoError("writing " + path_ + ": no progress (disk full?)");
+    CountWrite(static_cast<uint64_t>(n));
     done += static_cast<size_t>(n);
   }
   return Status::Ok();

@@ -1,6 +1,8 @@
 #include "fc/ops/convert.h"
 
+#include <algorithm>
 #include <map>
+#include <unordered_map>
 #include <set>
 
 #include <spdlog/spdlog.h>
@@ -9,6 +11,7 @@
 #include "fc/core/checked_math.h"
 #include "fc/core/flat_range.h"
 #include "fc/exec/assemble.h"
+#include "fc/exec/execute.h"
 #include "fc/exec/parallel.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/fc_distcp.h"
@@ -19,6 +22,8 @@
 #include "fc/layout/layout_rules.h"
 #include "fc/layout/target_layout.h"
 #include "fc/ops/report_format.h"
+#include "fc/ops/run_stats.h"
+#include "fc/plan/plan.h"
 #include "fc/ops/targets.h"
 
 namespace fc {
@@ -108,75 +113,65 @@ Result<std::vector<OutputTensor>> IdentityTargets(const CheckpointIndex& index,
   return out;
 }
 
-// The boxes (global coordinates, in stored order) whose elements a target chunk stores.
-std::vector<Box> StoredBoxes(const TargetChunk& chunk) {
-  if (!chunk.flat_range) return {chunk.box};
-  std::vector<Box> boxes = DecomposeFlatRange(chunk.box.local_shape, *chunk.flat_range);
-  for (Box& b : boxes) {
-    for (size_t i = 0; i < b.rank(); ++i) b.global_offset[i] += chunk.box.global_offset[i];
-  }
-  return boxes;
-}
-
-struct ChunkTask {
-  size_t file;
-  size_t chunk;          // index within the file's chunk list
-  const OutputTensor* target;
-  DType dtype;
-  Box region;            // contiguous in the chunk's stored order
-  uint64_t byte_offset;  // within the chunk's stored bytes
-};
-
-struct RankPlan {
-  int64_t rank = 0;
-  uint64_t chunks = 0;
-  uint64_t bytes_written = 0;
-  std::map<uint32_t, uint64_t> bytes_read;  // source file -> bytes
-};
-
-void PrintPlan(const CheckpointIndex& index, const std::vector<RankPlan>& ranks,
-               uint64_t peak_memory, const ConvertOptions& options, std::ostream& out) {
-  uint64_t total_read = 0, total_written = 0;
-  for (const RankPlan& r : ranks) {
-    total_written += r.bytes_written;
-    for (const auto& [f, b] : r.bytes_read) total_read += b;
-  }
+// --dry-run: a summary, one line per target rank (file); or JSON: per rank (chunks, bytes
+// written and read, source files) and the plan (fc-plan(5)).
+void PrintPlan(const CheckpointIndex& index, const Plan& plan,
+               const std::vector<int64_t>& ranks, const ConvertOptions& options,
+               std::ostream& out) {
+  auto file_read = [](const PlanFile& f) {
+    uint64_t read = 0;
+    for (const SourceFileBytes& r : f.reads) read += r.bytes;
+    return read;
+  };
   if (options.json) {
     JsonWriter j(JsonWriter::Style::kCompact);
     j.BeginObject();
     j.Key("source").String(options.input);
     j.Key("ranks").BeginArray();
-    for (const RankPlan& r : ranks) {
-      uint64_t read = 0;
-      for (const auto& [f, b] : r.bytes_read) read += b;
-      j.BeginObject().Key("rank").Int(r.rank).Key("chunks").Uint(r.chunks);
-      j.Key("bytes_written").Uint(r.bytes_written).Key("bytes_read").Uint(read);
+    for (size_t f = 0; f < plan.files.size(); ++f) {
+      const PlanFile& file = plan.files[f];
+      j.BeginObject().Key("rank").Int(ranks[f]).Key("process").Int(file.process);
+      j.Key("chunks").Uint(file.slots.size());
+      j.Key("bytes_written").Uint(file.bytes).Key("bytes_read").Uint(file_read(file));
       j.Key("files_read").BeginArray();
-      for (const auto& [f, b] : r.bytes_read) {
-        j.BeginObject(true).Key("file").String(index.files[f].path).Key("bytes").Uint(b).EndObject();
+      for (const SourceFileBytes& r : file.reads) {
+        j.BeginObject(true).Key("file").String(index.files[r.file].path).Key("bytes").Uint(r.bytes);
+        j.EndObject();
       }
       j.EndArray().EndObject();
     }
     j.EndArray();
-    j.Key("bytes_read").Uint(total_read).Key("bytes_written").Uint(total_written);
-    j.Key("estimated_peak_memory").Uint(peak_memory);
+    j.Key("bytes_read").Uint(plan.bytes_needed).Key("bytes_written").Uint(plan.bytes_written);
+    j.Key("estimated_peak_memory").Uint(plan.memory.peak);
     j.EndObject();
-    out << j.str() << "\n";
+    std::string text = j.str();
+    // The plan itself as one more member.
+    text.pop_back();
+    text += ",\"plan\":" + PlanJson(plan, index, false);
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    out << text << "}\n";
     return;
   }
-  out << "plan: " << ranks.size() << " target rank(s), read " << HumanBytes(total_read)
-      << ", write " << HumanBytes(total_written) << ", estimated peak memory "
-      << HumanBytes(peak_memory) << "\n";
-  TextTable table({"RANK", "CHUNKS", "WRITE", "READ", "SOURCE FILES"});
-  for (const RankPlan& r : ranks) {
-    uint64_t read = 0;
-    std::string files;
-    for (const auto& [f, b] : r.bytes_read) {
-      read += b;
-      files += (files.empty() ? "" : " ") + index.files[f].path;
+  size_t chunks = 0;
+  for (const PlanFile& f : plan.files) chunks += f.slots.size();
+  out << "plan: " << plan.files.size() << " target rank(s), " << chunks << " chunk(s), read "
+      << HumanBytes(plan.bytes_needed) << ", write " << HumanBytes(plan.bytes_written) << ", "
+      << plan.processes << " process(es) x " << plan.threads << " thread(s)\n";
+  out << "memory: budget " << HumanBytes(plan.memory.budget) << ", estimated peak "
+      << HumanBytes(plan.memory.peak) << ", minimum " << HumanBytes(plan.memory.minimum)
+      << "\n";
+  TextTable table({"RANK", "PROCESS", "CHUNKS", "WRITE", "READ", "FROM"});
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    const PlanFile& file = plan.files[f];
+    std::string from;
+    if (file.reads.size() == 1) {
+      from = index.files[file.reads[0].file].path;
+    } else if (!file.reads.empty()) {
+      from = std::to_string(file.reads.size()) + " files";
     }
-    table.AddRow({std::to_string(r.rank), std::to_string(r.chunks), HumanBytes(r.bytes_written),
-                  HumanBytes(read), files});
+    table.AddRow({std::to_string(ranks[f]), std::to_string(file.process),
+                  std::to_string(file.slots.size()), HumanBytes(file.bytes),
+                  HumanBytes(file_read(file)), from});
   }
   table.Print(out);
 }
@@ -188,14 +183,13 @@ struct ConvertPlan {
   std::vector<OutputTensor> targets;
   FcDistcpPlan write_plan;                  // one data file per target rank, objects in file 0
   std::vector<const ObjectEntry*> objects;  // plan.files[0].objects[i] comes from objects[i]
-  std::vector<ChunkTask> tasks;
-  std::vector<RankPlan> rank_plans;         // per target rank (= per plan file)
-  uint64_t peak_memory = 0;
-  int threads = 1;
+  Plan plan;                                // files = target ranks, slots = their chunks
+  std::vector<int64_t> ranks;               // target rank of each plan file
   ConvertSummary summary;
 };
 
-Status BuildPlan(const ConvertOptions& options, bool write_manifest, ConvertPlan& p) {
+Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write_manifest,
+                        ConvertPlan& p) {
   FC_ASSIGN_OR_RETURN(p.index, OpenCheckpoint(options.input, options.format));
   const CheckpointIndex& index = p.index;
   std::string aoa_text;
@@ -255,59 +249,30 @@ Status BuildPlan(const ConvertOptions& options, bool write_manifest, ConvertPlan
     plan.files.front().objects.push_back({o.key, o.encoding, o.byte_length});
   }
 
-  // Tasks: every target chunk, cut into contiguous slabs under the memory budget.
-  p.threads = WorkerThreads(options.threads);
-  const uint64_t budget = options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
-  const uint64_t per_worker = budget / static_cast<uint64_t>(p.threads) / 3;
-  if (per_worker < 64) {
-    return ResourceExhaustedError("--memory-budget " + std::to_string(budget) +
-                                  " bytes is too small for " + std::to_string(p.threads) +
-                                  " threads");
+  PlanRequest request;
+  request.kind = PlanKind::kConvert;
+  std::unordered_map<std::string, uint32_t> tensor_of;
+  for (const TargetTensor& t : layout.tensors) {
+    const OutputTensor& target = *by_key.at(t.key);
+    tensor_of[t.key] = static_cast<uint32_t>(request.tensors.size());
+    request.tensors.push_back({t.key, final_dtype.at(t.key), t.global_shape, target.pieces});
   }
-  uint64_t largest_slab = 0, total_bytes = 0;
-  for (size_t f = 0; f < plan.files.size(); ++f) {
-    RankPlan rp;
-    rp.rank = layout.ranks[f].rank;
-    for (size_t c = 0; c < plan.files[f].chunks.size(); ++c) {
-      const TargetChunk& chunk = layout.ranks[f].chunks[c];
-      const OutputTensor& target = *by_key.at(chunk.key);
-      const DType dtype = final_dtype.at(chunk.key);
-      const size_t esize = DTypeSize(dtype);
-      size_t widest = esize;
-      for (const SourcePiece& piece : target.pieces) {
-        if (piece.source) widest = std::max(widest, DTypeSize(piece.source->dtype));
-      }
-      const int64_t max_elements = std::max<int64_t>(
-          1, static_cast<int64_t>(std::min(per_worker, kMaxSlabBytes) / widest));
-      uint64_t element_offset = 0;
-      ++rp.chunks;
-      for (const Box& stored : StoredBoxes(chunk)) {
-        for (Box& slab : ContiguousSlabs(stored, max_elements)) {
-          int64_t first = 0;
-          if (slab.rank() > 0) {
-            Shape rel(slab.rank());
-            for (size_t i = 0; i < slab.rank(); ++i) rel[i] = slab.global_offset[i] - stored.global_offset[i];
-            first = Ravel(rel, stored.local_shape);
-          }
-          const uint64_t bytes = static_cast<uint64_t>(slab.num_elements()) * esize;
-          largest_slab = std::max(largest_slab, static_cast<uint64_t>(slab.num_elements()) * widest);
-          rp.bytes_written += bytes;
-          AccumulateRegionReads(target.pieces, slab, rp.bytes_read);
-          p.tasks.push_back({f, c, &target, dtype, std::move(slab),
-                             (element_offset + static_cast<uint64_t>(first)) * esize});
-        }
-        element_offset += static_cast<uint64_t>(stored.num_elements());
-      }
-      total_bytes += static_cast<uint64_t>(chunk.flat_range ? chunk.flat_range->size()
-                                                             : chunk.box.num_elements()) * esize;
+  for (size_t f = 0; f < layout.ranks.size(); ++f) {
+    PlanRequest::File file{plan.files[f].name, {}};
+    for (const TargetChunk& chunk : layout.ranks[f].chunks) {
+      file.slots.push_back({tensor_of.at(chunk.key), chunk.box, chunk.flat_range});
     }
-    p.rank_plans.push_back(std::move(rp));
+    request.files.push_back(std::move(file));
+    p.ranks.push_back(layout.ranks[f].rank);
   }
-  const size_t busy_workers = std::min<size_t>(p.threads, std::max<size_t>(p.tasks.size(), 1));
-  p.peak_memory = largest_slab * 3 * static_cast<uint64_t>(busy_workers);
+  request.processes = processes;
+  request.threads = WorkerThreads(options.threads);
+  request.memory_budget =
+      options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
+  FC_ASSIGN_OR_RETURN(p.plan, BuildPlan(std::move(request)));
   p.summary.ranks = layout.ranks.size();
-  for (const RankPlan& r : p.rank_plans) p.summary.chunks += r.chunks;
-  p.summary.bytes_written = total_bytes;
+  for (const PlanFile& f : p.plan.files) p.summary.chunks += f.slots.size();
+  p.summary.bytes_written = p.plan.bytes_written;
   p.summary.objects = p.objects.size();
   return Status::Ok();
 }
@@ -435,17 +400,25 @@ class OutputPart {
   std::unique_ptr<TorchDcpWriter> torch_;
 };
 
-// This process's files: objects (with file 0) and the slab tasks, streamed under the budget.
-Status WritePart(const ConvertOptions& options, const ConvertPlan& p,
-                 const std::vector<size_t>& files, OutputPart& part) {
-  std::vector<bool> mine(p.write_plan.files.size(), false);
-  uint64_t my_bytes = 0;
-  for (size_t f : files) {
-    mine[f] = true;
-    my_bytes += p.rank_plans[f].bytes_written;
+// The convert's writers, as the executor's sink.
+class PartSink : public PlanSink {
+ public:
+  explicit PartSink(OutputPart& part) : part_(part) {}
+  Status Write(uint32_t file, uint32_t slot, uint64_t byte_offset,
+               std::span<const std::byte> bytes) override {
+    return part_.WriteChunk(file, slot, byte_offset, bytes);
   }
+
+ private:
+  OutputPart& part_;
+};
+
+// This process's files: objects (with file 0), then its write items through the executor.
+Result<ExecuteStats> WritePart(const ConvertOptions& options, const ConvertPlan& p, int me,
+                               OutputPart& part) {
+  const std::vector<uint32_t>& files = p.plan.per_process[static_cast<size_t>(me)].files;
   ChunkReader reader(p.index);
-  if (mine[0]) {
+  if (std::find(files.begin(), files.end(), 0u) != files.end()) {
     for (size_t o = 0; o < p.objects.size(); ++o) {
       // Objects are copied byte for byte.
       const ObjectEntry& obj = *p.objects[o];
@@ -455,24 +428,12 @@ Status WritePart(const ConvertOptions& options, const ConvertPlan& p,
       FC_RETURN_IF_ERROR(part.WriteObject(o, bytes));
     }
   }
-  std::vector<size_t> tasks;
-  for (size_t i = 0; i < p.tasks.size(); ++i) {
-    if (mine[p.tasks[i].file]) tasks.push_back(i);
-  }
-  Progress progress("converting", my_bytes, options.progress);
-  std::vector<std::vector<std::byte>> buffers(static_cast<size_t>(p.threads));  // per worker
-  Status status = ParallelFor(tasks.size(), p.threads, [&](size_t i, int worker) -> Status {
-    std::vector<std::byte>& buffer = buffers[static_cast<size_t>(worker)];
-    const ChunkTask& task = p.tasks[tasks[i]];
-    buffer.resize(static_cast<size_t>(task.region.num_elements()) * DTypeSize(task.dtype));
-    FC_RETURN_IF_ERROR(AssembleRegion(reader, task.target->name, task.target->pieces,
-                                      task.region, task.dtype, buffer.data()));
-    FC_RETURN_IF_ERROR(part.WriteChunk(task.file, task.chunk, task.byte_offset, buffer));
-    progress.Add(buffer.size());
-    return Status::Ok();
-  });
-  progress.Finish(status.ok());
-  return status;
+  PartSink sink(part);
+  ExecuteOptions eo;
+  eo.process = me;
+  eo.what = "converting";
+  eo.progress = options.progress;
+  return Execute(p.plan, reader, sink, eo);
 }
 
 // Removes the shared staging directory unless released (process 0 only).
@@ -491,22 +452,21 @@ class StagingGuard {
 }  // namespace
 
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
+  const RunStatsMeter meter;
   Communicator* comm = options.comm ? options.comm : &SingleProcessCommunicator();
   const int me = comm->rank();
   // Every process plans (planning reads metadata only); the write plan and the file
-  // assignment come out the same everywhere (slab sizes may differ with each machine's
-  // threads and memory). Agreeing on the outcome keeps a process that failed alone (an
+  // assignment come out the same everywhere (write items may differ with each machine's
+  // threads and memory, not the files). Agreeing on the outcome keeps a process that failed alone (an
   // unreadable file) from leaving the others waiting.
   auto p = std::make_unique<ConvertPlan>();
-  FC_RETURN_IF_ERROR(comm->AllOk(BuildPlan(options, me == 0, *p)));
+  FC_RETURN_IF_ERROR(comm->AllOk(BuildConvertPlan(options, comm->size(), me == 0, *p)));
   if (options.dry_run) {
-    if (me == 0) PrintPlan(p->index, p->rank_plans, p->peak_memory, options, out);
+    if (me == 0) PrintPlan(p->index, p->plan, p->ranks, options, out);
     return p->summary;
   }
-  // Target files shared out by bytes; process 0 always has one, so it can commit.
-  std::vector<uint64_t> file_bytes;
-  for (const RankPlan& r : p->rank_plans) file_bytes.push_back(r.bytes_written);
-  const std::vector<std::vector<size_t>> assignment = BalanceByBytes(file_bytes, comm->size());
+  // Target files shared out by bytes (the plan's assignment); process 0 always has one, so
+  // it can commit.
 
   // Process 0 makes the staging directory, everyone writes into it, process 0 commits it.
   std::string staging;
@@ -523,8 +483,10 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   comm->Broadcast(staging, 0);
   StagingGuard guard(me == 0 ? staging : std::string());
 
-  const std::vector<size_t>& files = assignment[static_cast<size_t>(me)];
+  const std::vector<uint32_t>& planned = p->plan.per_process[static_cast<size_t>(me)].files;
+  const std::vector<size_t> files(planned.begin(), planned.end());
   std::unique_ptr<OutputPart> part;
+  ExecuteStats executed;
   std::string digests;
   Status written = [&]() -> Status {
     if (files.empty()) return Status::Ok();  // more processes than target files
@@ -533,7 +495,7 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
                                                  generation == p->index.attributes.end()
                                                      ? std::string()
                                                      : generation->second));
-    FC_RETURN_IF_ERROR(WritePart(options, *p, files, *part));
+    FC_ASSIGN_OR_RETURN(executed, WritePart(options, *p, me, *part));
     FC_ASSIGN_OR_RETURN(digests, part->FinishDataFiles());
     return Status::Ok();
   }();
@@ -548,6 +510,10 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   }
   FC_RETURN_IF_ERROR(comm->AllOk(committed));
   guard.Release();
+  if (!options.stats_file.empty()) {
+    FC_RETURN_IF_ERROR(WriteRunStats(options.stats_file, "fc-convert", p->plan.bytes_needed,
+                                     meter.Finish(executed.peak_buffer_bytes), *comm));
+  }
   return p->summary;
 }
 

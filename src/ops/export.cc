@@ -11,12 +11,15 @@
 #include "fc/comm/communicator.h"
 #include "fc/core/checked_math.h"
 #include "fc/core/flat_range.h"
+#include "fc/exec/execute.h"
 #include "fc/exec/parallel.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/open.h"
 #include "fc/format/safetensors.h"
 #include "fc/io/file.h"
 #include "fc/ops/report_format.h"
+#include "fc/ops/run_stats.h"
+#include "fc/plan/plan.h"
 #include "fc/ops/targets.h"
 
 namespace fc {
@@ -27,16 +30,6 @@ const std::vector<std::string> kDefaultOptimizerMarkers = {
     ".master_weight"};
 
 namespace {
-
-// One unit of work: a slab of one output tensor, contiguous in the output file.
-struct SlabTask {
-  size_t file;
-  size_t tensor_in_file;
-  const OutputTensor* tensor;
-  DType dtype;
-  Box region;
-  uint64_t byte_offset;  // within the tensor's data
-};
 
 bool IsOptimizerKey(const std::string& key, const std::vector<std::string>& markers) {
   for (const std::string& m : markers) {
@@ -105,10 +98,11 @@ struct ExportPlan {
   std::vector<std::pair<std::string, uint64_t>> tensor_bytes;  // per output, in order
   HfShardAssignment shards;
   std::vector<std::vector<size_t>> file_tensors;  // output indices per file
+  Plan plan;                                       // files = shards, slots = tensors
   ExportSummary summary;
 };
 
-Status BuildExportPlan(const ExportOptions& options, ExportPlan& p) {
+Status BuildExportPlan(const ExportOptions& options, int processes, ExportPlan& p) {
   FC_ASSIGN_OR_RETURN(p.index, OpenCheckpoint(options.input, options.format));
   const CheckpointIndex& index = p.index;
   FC_ASSIGN_OR_RETURN(auto include, CompileRegex("--include", options.include_regex));
@@ -162,6 +156,22 @@ Status BuildExportPlan(const ExportOptions& options, ExportPlan& p) {
     p.file_tensors[p.shards.tensor_file[i]].push_back(i);
   }
   p.summary.skipped_objects = options.objects_dir.empty() ? index.objects.size() : 0;
+
+  PlanRequest request;
+  request.kind = PlanKind::kExport;
+  for (const OutputTensor& t : p.outputs) request.tensors.push_back({t.name, t.dtype, t.shape, t.pieces});
+  for (size_t f = 0; f < p.shards.file_names.size(); ++f) {
+    PlanRequest::File file{p.shards.file_names[f], {}};
+    for (size_t i : p.file_tensors[f]) {
+      file.slots.push_back({static_cast<uint32_t>(i), Box::Whole(p.outputs[i].shape), std::nullopt});
+    }
+    request.files.push_back(std::move(file));
+  }
+  request.processes = processes;
+  request.threads = WorkerThreads(options.threads);
+  request.memory_budget =
+      options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
+  FC_ASSIGN_OR_RETURN(p.plan, BuildPlan(std::move(request)));
   return Status::Ok();
 }
 
@@ -185,95 +195,113 @@ Status PrepareOutput(const ExportOptions& options, const ExportPlan& p) {
   return DumpObjects(p.index, options.objects_dir).With("--objects");
 }
 
-// This process's files, written completely under `staging` (not yet renamed into place).
-Status WriteFiles(const ExportOptions& options, const ExportPlan& p,
-                  const std::vector<size_t>& files, const std::string& staging) {
-  const int threads = WorkerThreads(options.threads);
-  const uint64_t budget = options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
-  // Per worker: the output slab plus up to two staging copies of a source block.
-  const uint64_t per_worker = budget / static_cast<uint64_t>(threads) / 3;
-  if (per_worker < 64) {
-    return ResourceExhaustedError("--memory-budget " + std::to_string(budget) +
-                                  " bytes is too small for " + std::to_string(threads) +
-                                  " threads");
+// --dry-run: a short summary and one line per output file, or the plan as JSON.
+void PrintPlan(const ExportPlan& p, const ExportOptions& options, std::ostream& out) {
+  const Plan& plan = p.plan;
+  if (options.json) {
+    out << PlanJson(plan, p.index, false);
+    return;
   }
-  std::vector<std::unique_ptr<SafetensorsWriter>> writers(p.shards.file_names.size());
-  std::vector<SlabTask> tasks;
-  uint64_t my_bytes = 0;
-  for (size_t f : files) {
-    std::vector<SafetensorsTensorSpec> specs;
-    for (size_t i : p.file_tensors[f]) {
-      specs.push_back({p.outputs[i].name, p.outputs[i].dtype, p.outputs[i].shape});
-    }
-    SafetensorsWriteOptions wo;
-    wo.atomic = false;
-    FC_ASSIGN_OR_RETURN(writers[f],
-                        SafetensorsWriter::Create(JoinPath(staging, p.shards.file_names[f]),
-                                                  std::move(specs), {{"format", "pt"}}, wo));
-    for (size_t j = 0; j < p.file_tensors[f].size(); ++j) {
-      const OutputTensor& t = p.outputs[p.file_tensors[f][j]];
-      size_t widest = DTypeSize(t.dtype);
-      for (const SourcePiece& piece : t.pieces) {
-        if (piece.source) widest = std::max(widest, DTypeSize(piece.source->dtype));
+  out << "export plan: " << p.outputs.size() << " tensor(s) into " << plan.files.size()
+      << " file(s), " << HumanBytes(plan.bytes_written) << " to write, "
+      << HumanBytes(plan.bytes_needed) << " to read, " << plan.processes << " process(es) x "
+      << plan.threads << " thread(s)\n";
+  out << "memory: budget " << HumanBytes(plan.memory.budget) << ", expected peak "
+      << HumanBytes(plan.memory.peak) << ", minimum " << HumanBytes(plan.memory.minimum) << "\n";
+  TextTable table({"FILE", "PROCESS", "TENSORS", "BYTES", "READ"});
+  for (const PlanFile& f : plan.files) {
+    uint64_t read = 0;
+    for (const SourceFileBytes& r : f.reads) read += r.bytes;
+    table.AddRow({f.name, std::to_string(f.process), std::to_string(f.slots.size()),
+                  HumanBytes(f.bytes), HumanBytes(read)});
+  }
+  table.Print(out);
+}
+
+// The export's writers: one safetensors file per plan file this process writes.
+class ExportSink : public PlanSink {
+ public:
+  Status Open(const ExportPlan& p, const std::vector<uint32_t>& files, const std::string& staging) {
+    writers_.resize(p.shards.file_names.size());
+    for (uint32_t f : files) {
+      std::vector<SafetensorsTensorSpec> specs;
+      for (size_t i : p.file_tensors[f]) {
+        specs.push_back({p.outputs[i].name, p.outputs[i].dtype, p.outputs[i].shape});
       }
-      const uint64_t slab_bytes = std::min(per_worker, kMaxSlabBytes);
-      const int64_t max_elements = std::max<int64_t>(1, static_cast<int64_t>(slab_bytes / widest));
-      for (Box& slab : ContiguousSlabs(Box::Whole(t.shape), max_elements)) {
-        const int64_t first = slab.rank() ? Ravel(slab.global_offset, t.shape) : 0;
-        const uint64_t offset = static_cast<uint64_t>(first) * DTypeSize(t.dtype);
-        my_bytes += static_cast<uint64_t>(slab.num_elements()) * DTypeSize(t.dtype);
-        tasks.push_back({f, j, &t, t.dtype, std::move(slab), offset});
-      }
+      SafetensorsWriteOptions wo;
+      wo.atomic = false;
+      FC_ASSIGN_OR_RETURN(writers_[f],
+                          SafetensorsWriter::Create(JoinPath(staging, p.shards.file_names[f]),
+                                                    std::move(specs), {{"format", "pt"}}, wo));
     }
+    return Status::Ok();
+  }
+  Status Write(uint32_t file, uint32_t slot, uint64_t byte_offset,
+               std::span<const std::byte> bytes) override {
+    return writers_[file]->Write(slot, byte_offset, bytes);
+  }
+  Status Finish(const std::vector<uint32_t>& files) {
+    for (uint32_t f : files) FC_RETURN_IF_ERROR(writers_[f]->Finish());
+    return Status::Ok();
   }
 
-  Progress progress("exporting", my_bytes, options.progress);
+ private:
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers_;
+};
+
+// This process's files, written completely under `staging` (not yet renamed into place).
+Result<ExecuteStats> WriteFiles(const ExportOptions& options, const ExportPlan& p, int me,
+                                const std::string& staging) {
+  const std::vector<uint32_t>& files = p.plan.per_process[static_cast<size_t>(me)].files;
+  ExportSink sink;
+  FC_RETURN_IF_ERROR(sink.Open(p, files, staging));
   ChunkReader reader(p.index);
-  // One output buffer per worker thread, reused across its slabs.
-  std::vector<std::vector<std::byte>> buffers(static_cast<size_t>(threads));  // per worker
-  Status status = ParallelFor(tasks.size(), threads, [&](size_t i, int worker) -> Status {
-    std::vector<std::byte>& buffer = buffers[static_cast<size_t>(worker)];
-    const SlabTask& task = tasks[i];
-    buffer.resize(static_cast<size_t>(task.region.num_elements()) * DTypeSize(task.dtype));
-    FC_RETURN_IF_ERROR(AssembleRegion(reader, task.tensor->name, task.tensor->pieces,
-                                      task.region, task.dtype, buffer.data()));
-    FC_RETURN_IF_ERROR(writers[task.file]->Write(task.tensor_in_file, task.byte_offset,
-                                                 std::span<const std::byte>(buffer)));
-    progress.Add(buffer.size());
-    return Status::Ok();
-  });
-  for (size_t f : files) {
-    if (!status.ok()) break;
-    status = writers[f]->Finish();
-  }
-  progress.Finish(status.ok());
-  return status;
+  ExecuteOptions eo;
+  eo.process = me;
+  eo.what = "exporting";
+  eo.progress = options.progress;
+  FC_ASSIGN_OR_RETURN(ExecuteStats stats, Execute(p.plan, reader, sink, eo));
+  FC_RETURN_IF_ERROR(sink.Finish(files));
+  return stats;
 }
 
 }  // namespace
 
-Result<ExportSummary> RunExport(const ExportOptions& options) {
+Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out) {
+  const RunStatsMeter meter;
   Communicator* comm = options.comm ? options.comm : &SingleProcessCommunicator();
   const int me = comm->rank();
   // Every step that can fail on one process alone ends in an agreement, so that no process
   // waits for one that has given up.
   auto p = std::make_unique<ExportPlan>();
-  FC_RETURN_IF_ERROR(comm->AllOk(BuildExportPlan(options, *p)));
+  FC_RETURN_IF_ERROR(comm->AllOk(BuildExportPlan(options, comm->size(), *p)));
+  if (options.dry_run) {
+    if (me == 0) PrintPlan(*p, options, out);
+    p->summary.tensors = p->outputs.size();
+    return p->summary;
+  }
   FC_RETURN_IF_ERROR(comm->AllOk(me == 0 ? PrepareOutput(options, *p) : Status::Ok()));
 
-  // Whole files per process, balanced by bytes.
+  // Whole files per process, balanced by bytes (the plan's assignment).
   const HfShardAssignment& shards = p->shards;
-  const std::vector<size_t> files =
-      BalanceByBytes(shards.file_bytes, comm->size())[static_cast<size_t>(me)];
+  const std::vector<uint32_t>& files = p->plan.per_process[static_cast<size_t>(me)].files;
   StagingDir staging(JoinPath(options.output_dir, ".fc-export-" + std::to_string(getpid()) +
                                                       "-" + std::to_string(me)));
+  ExecuteStats executed;
   Status written = CreateDirectories(staging.path());
-  if (written.ok()) written = WriteFiles(options, *p, files, staging.path());
+  if (written.ok()) {
+    Result<ExecuteStats> run = WriteFiles(options, *p, me, staging.path());
+    if (run.ok()) {
+      executed = *run;
+    } else {
+      written = run.status();
+    }
+  }
   FC_RETURN_IF_ERROR(comm->AllOk(written));
 
   // Commit: data files first, the index last, so a directory with an index is complete.
   Status renamed = Status::Ok();
-  for (size_t f : files) {
+  for (uint32_t f : files) {
     renamed = RenameDurably(JoinPath(staging.path(), shards.file_names[f]),
                             JoinPath(options.output_dir, shards.file_names[f]));
     if (!renamed.ok()) break;
@@ -297,6 +325,10 @@ Result<ExportSummary> RunExport(const ExportOptions& options) {
   }
   staging.Committed();
   p->summary.tensors = p->outputs.size();
+  if (!options.stats_file.empty()) {
+    FC_RETURN_IF_ERROR(WriteRunStats(options.stats_file, "fc-export", p->plan.bytes_needed,
+                                     meter.Finish(executed.peak_buffer_bytes), *comm));
+  }
   return p->summary;
 }
 

@@ -56,6 +56,8 @@ class JsonWriter {
   JsonWriter& String(std::string_view value);
   JsonWriter& Int(int64_t value);
   JsonWriter& Uint(uint64_t value);
+  // A finite number with `decimals` digits after the point (non-finite values become null).
+  JsonWriter& Fixed(double value, int decimals);
   JsonWriter& Bool(bool value);
   JsonWriter& Null();
 

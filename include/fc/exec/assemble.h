@@ -12,7 +12,11 @@
 #ifndef FC_EXEC_ASSEMBLE_H_
 #define FC_EXEC_ASSEMBLE_H_
 
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,28 +26,9 @@
 #include "fc/core/status.h"
 #include "fc/model/checkpoint_index.h"
 #include "fc/format/chunk_reader.h"
+#include "fc/plan/piece.h"
 
 namespace fc {
-
-struct PieceOp {
-  enum class Kind { kPermute, kCast, kReshape };
-  Kind kind = Kind::kPermute;
-  // kPermute: output axis i is input axis permutation[i]; empty reverses all axes.
-  std::vector<int> permutation;
-  DType dtype = DType::kFloat32;  // kCast: the element type after the cast
-  Shape shape;                    // kReshape: the block's shape after (row-major order kept)
-};
-
-struct SourcePiece {
-  const TensorEntry* source = nullptr;  // nullptr: no source, dst_box is filled with fill_value
-  Box src_box;                          // in the source tensor's coordinates
-  Box dst_box;                          // in the target tensor's coordinates
-  std::vector<PieceOp> ops;             // applied to the source block, in order
-  double fill_value = 0.0;              // no source: the value, converted to the target dtype
-};
-
-// The dtype a piece's data has after its ops (the source dtype, or that of the last cast).
-DType PieceDType(const SourcePiece& piece);
 
 // Fills `region` of the target (a row-major buffer of `region`'s shape, elements of
 // `dst_dtype`) from every piece that overlaps it. Elements no piece covers are left as they
@@ -51,9 +36,40 @@ DType PieceDType(const SourcePiece& piece);
 // piece's src_box (CheckSourceCoverage). Errors: read errors with context, conversion errors
 // (e.g. NaN to an integer type, or a fill value out of an integer type's range) naming the
 // target and source keys.
+// `cache`: where whole blocks of reshaping pieces are kept between the regions that need
+// them, so that such a block is read once rather than once per region (nullptr: read per
+// region).
+class PieceBlockCache;
 Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
                       const std::vector<SourcePiece>& pieces, const Box& region,
-                      DType dst_dtype, void* dst);
+                      DType dst_dtype, void* dst, PieceBlockCache* cache = nullptr);
+
+// Blocks of reshaping pieces (the whole source block after the piece's ops, in the target
+// dtype), kept while regions of the target use them. Bounded: when holding more than
+// `capacity_bytes`, the least recently used blocks no region is using are dropped (and read
+// again if needed later). Thread-safe: concurrent Get calls for one piece compute it once.
+class PieceBlockCache {
+ public:
+  explicit PieceBlockCache(uint64_t capacity_bytes) : capacity_(capacity_bytes) {}
+  using Block = std::shared_ptr<const std::vector<std::byte>>;
+  Result<Block> Get(const SourcePiece* piece,
+                    const std::function<Result<std::vector<std::byte>>()>& make);
+  uint64_t peak_bytes() const;  // most bytes held at once
+
+ private:
+  struct Entry {
+    Block block;          // null while being made
+    uint64_t last_use = 0;
+  };
+  void EvictLocked();
+  uint64_t capacity_;
+  mutable std::mutex mu_;
+  std::condition_variable made_;
+  std::map<const SourcePiece*, Entry> entries_;
+  uint64_t held_ = 0;
+  uint64_t peak_ = 0;
+  uint64_t clock_ = 0;
+};
 
 // Adds, per source file, the bytes AssembleRegion(pieces, region) would take from it
 // (element volumes; row over-reads not counted). For plans and --dry-run.

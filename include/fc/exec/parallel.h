@@ -1,5 +1,5 @@
-// Work splitting for the data path: contiguous slabs of a box under an element budget, and a
-// small thread pool that runs numbered tasks and stops at the first error.
+// The data path's threads: a small thread pool that runs numbered tasks and stops at the first
+// error. (Slabs and byte balancing, pure, are in fc/plan/slabs.h, included here.)
 #ifndef FC_EXEC_PARALLEL_H_
 #define FC_EXEC_PARALLEL_H_
 
@@ -9,27 +9,9 @@
 
 #include "fc/core/box.h"
 #include "fc/core/status.h"
+#include "fc/plan/slabs.h"
 
 namespace fc {
-
-// The largest slab a worker assembles at once, whatever the memory budget. A slab is read
-// into a buffer and written out again; while the buffer fits in the CPU caches the data
-// crosses memory twice instead of four times. Measured with bench/run.sh export (1 GB,
-// two threads): slabs of 1-4 MiB take 0.6 s of system time, slabs of 8-85 MiB 0.8-2.4 s.
-inline constexpr uint64_t kMaxSlabBytes = 2 << 20;
-
-// Cuts `box` into slabs of at most `max_elements` elements (at least one element each), in
-// row-major order, each contiguous in a row-major buffer holding `box`: leading axes fixed
-// to one index, a range of one axis, trailing axes whole. A box with a zero extent, or of
-// rank 0, is one slab.
-std::vector<Box> ContiguousSlabs(const Box& box, int64_t max_elements);
-
-// Shares items of the given sizes out between `parts` workers (processes): largest first,
-// each to the part with the fewest bytes so far (then the fewest items, then the lowest
-// part). Returns each
-// part's item indices in increasing order. Part 0 gets the largest item whenever there is
-// one. Deterministic: every process of a run computes the same answer.
-std::vector<std::vector<size_t>> BalanceByBytes(const std::vector<uint64_t>& sizes, int parts);
 
 // Runs task(0) .. task(count - 1) on `threads` threads (tasks are taken in order). After the
 // first failing task no new task starts; returns that task's error (the lowest-numbered

@@ -34,6 +34,7 @@ struct ConvertOptions {
   std::string torch_version;                   // "1.13" or "2"; empty: like a torch source, else 2
   bool dry_run = false;                        // print the plan, write nothing
   bool json = false;                           // dry-run plan as JSON
+  std::string stats_file;                      // --stats: measured figures as JSON after the run
   uint64_t memory_budget = 0;                  // 0: a quarter of physical memory
   int threads = 0;
   Progress::Mode progress = Progress::Mode::kAuto;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,9 @@ struct ExportOptions {
   int threads = 0;                         // 0: hardware concurrency (at most 8)
   std::string objects_dir;                 // dump non-tensor objects here (else skipped)
   Progress::Mode progress = Progress::Mode::kAuto;
+  bool dry_run = false;                    // plan only: print it to `out`, write nothing
+  bool json = false;                       // the dry-run plan as JSON (fc-plan(5))
+  std::string stats_file;                  // --stats: measured figures as JSON after the run
   // Multi-process runs (mpirun): every process calls RunExport with the same options and
   // its communicator; each writes whole output files (shared out by bytes, BalanceByBytes),
   // and process 0 writes the index once every file is in place. Every process returns the
@@ -57,7 +61,7 @@ struct ExportSummary {
 // Errors: those of opening the input; kNotFound for a missing source chunk or an AOA name
 // that does not exist; kInvalidArgument for bad options; kFailedPrecondition when the output
 // already holds model files; kIoError for write failures (disk full, not writable).
-Result<ExportSummary> RunExport(const ExportOptions& options);
+Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out);
 
 }  // namespace fc
 

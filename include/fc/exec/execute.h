@@ -1,0 +1,52 @@
+// Execute: the one streaming loop of every job. For this process's write items of a Plan
+// (fc/plan/plan.h), in plan order on a pool of worker threads: assemble the item's region
+// from its source pieces (fc/exec/assemble.h: read, permute, reshape, convert), then hand the
+// bytes to the job's sink, which writes them into the target file at the item's place.
+// Buffers: one per worker, reused, at most the plan's slab size; whole blocks of reshaping
+// pieces are kept in a PieceBlockCache bounded by the plan's block reservation, so each is
+// read once. The first failing item stops the run (no new items start).
+//
+// Thread-safety: Execute is called from one thread; the sink is called from the workers
+// concurrently (distinct items never overlap).
+#ifndef FC_EXEC_EXECUTE_H_
+#define FC_EXEC_EXECUTE_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "fc/core/status.h"
+#include "fc/exec/progress.h"
+#include "fc/format/chunk_reader.h"
+#include "fc/plan/plan.h"
+
+namespace fc {
+
+// Where write items go: the job's writers.
+class PlanSink {
+ public:
+  virtual ~PlanSink() = default;
+  // Writes `bytes` at `byte_offset` of slot `slot` of plan file `file`.
+  virtual Status Write(uint32_t file, uint32_t slot, uint64_t byte_offset,
+                       std::span<const std::byte> bytes) = 0;
+};
+
+struct ExecuteOptions {
+  int process = 0;             // which ProcessPlan to run
+  std::string what = "writing";  // progress label
+  Progress::Mode progress = Progress::Mode::kAuto;
+};
+
+struct ExecuteStats {
+  uint64_t bytes_written = 0;      // tensor bytes handed to the sink
+  uint64_t peak_buffer_bytes = 0;  // most bytes held in worker buffers and blocks at once
+                                   // (upper bound: each worker's largest buffer + blocks)
+  double seconds = 0;
+};
+
+Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& sink,
+                             const ExecuteOptions& options);
+
+}  // namespace fc
+
+#endif  // FC_EXEC_EXECUTE_H_

@@ -1,0 +1,371 @@
+#include "fc/plan/plan.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+
+#include "fc/codec/json_writer.h"
+#include "fc/core/checked_math.h"
+#include "fc/plan/slabs.h"
+
+namespace fc {
+namespace {
+
+// The smallest write item the planner cuts, in bytes of the widest element type involved
+// (tiny budgets work, slowly: each item costs a few system calls).
+constexpr uint64_t kMinSlabBytes = 64;
+
+std::string HumanSize(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+// Where the replica-0 elements of one source tensor are stored: boxes (flat ranges
+// decomposed) sorted by their first offset on axis 0, so that the boxes meeting a query box
+// are found by binary search instead of a scan of every chunk.
+class SourceTensorIndex {
+ public:
+  explicit SourceTensorIndex(const TensorEntry& tensor) {
+    for (const Chunk& c : tensor.chunks) {
+      if (c.replica_id != 0) continue;
+      if (!c.flat_range) {
+        entries_.push_back({c.box, c.file});
+        continue;
+      }
+      for (Box b : DecomposeFlatRange(c.box.local_shape, *c.flat_range)) {
+        for (size_t i = 0; i < b.rank(); ++i) b.global_offset[i] += c.box.global_offset[i];
+        entries_.push_back({std::move(b), c.file});
+      }
+    }
+    std::sort(entries_.begin(), entries_.end(),
+              [](const Entry& a, const Entry& b) { return First(a.box) < First(b.box); });
+    for (const Entry& e : entries_) {
+      if (e.box.rank() > 0) max_extent_ = std::max(max_extent_, e.box.local_shape[0]);
+    }
+  }
+
+  // Adds, per file, the element bytes of `query` that the stored boxes hold.
+  void Accumulate(const Box& query, uint64_t esize,
+                  std::map<uint32_t, uint64_t>& bytes_per_file) const {
+    auto first = entries_.begin();
+    auto last = entries_.end();
+    if (query.rank() > 0) {
+      const int64_t lo = query.global_offset[0] - max_extent_ + 1;
+      const int64_t hi = query.global_offset[0] + query.local_shape[0];
+      first = std::lower_bound(entries_.begin(), entries_.end(), lo,
+                               [](const Entry& e, int64_t v) { return First(e.box) < v; });
+      last = std::lower_bound(first, entries_.end(), hi,
+                              [](const Entry& e, int64_t v) { return First(e.box) < v; });
+    }
+    for (auto it = first; it != last; ++it) {
+      if (auto o = Intersect(it->box, query); o && !o->empty()) {
+        bytes_per_file[it->file] += static_cast<uint64_t>(o->num_elements()) * esize;
+      }
+    }
+  }
+
+ private:
+  struct Entry {
+    Box box;
+    uint32_t file;
+  };
+  static int64_t First(const Box& b) { return b.rank() ? b.global_offset[0] : 0; }
+  std::vector<Entry> entries_;
+  int64_t max_extent_ = 0;
+};
+
+size_t WidestElement(const PlanTensor& t) {
+  size_t widest = DTypeSize(t.dtype);
+  for (const SourcePiece& p : t.pieces) {
+    if (p.source) widest = std::max(widest, DTypeSize(p.source->dtype));
+    for (const PieceOp& op : p.ops) {
+      if (op.kind == PieceOp::Kind::kCast) widest = std::max(widest, DTypeSize(op.dtype));
+    }
+  }
+  return widest;
+}
+
+// Bytes the executor keeps for one reshaping piece: the source block, the block after its
+// ops, and one scratch copy, each at most `widest` bytes per element.
+uint64_t ReshapeBlockBytes(const SourcePiece& p, size_t widest) {
+  return static_cast<uint64_t>(p.src_box.num_elements()) * 3 * widest;
+}
+
+Status ValidateRequest(const PlanRequest& r) {
+  if (r.threads < 1) return InvalidArgumentError("threads must be at least 1");
+  if (r.processes < 1) return InvalidArgumentError("processes must be at least 1");
+  for (const PlanRequest::File& f : r.files) {
+    for (const PlanSlot& s : f.slots) {
+      if (s.tensor >= r.tensors.size()) {
+        return InvalidArgumentError(f.name + ": slot names tensor " + std::to_string(s.tensor) +
+                                    " of " + std::to_string(r.tensors.size()));
+      }
+      const PlanTensor& t = r.tensors[s.tensor];
+      FC_RETURN_IF_ERROR_WITH(ValidateBox(s.box, t.shape),
+                              f.name + ": tensor '" + t.name + "'");
+      if (s.flat_range && (s.flat_range->inclusive_min < 0 ||
+                           s.flat_range->exclusive_max < s.flat_range->inclusive_min ||
+                           s.flat_range->exclusive_max > s.box.num_elements())) {
+        return InvalidArgumentError(f.name + ": tensor '" + t.name + "' box " +
+                                    s.box.ToString() + ": flat range " +
+                                    s.flat_range->ToString() + " is outside the box");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string_view PlanKindName(PlanKind kind) {
+  return kind == PlanKind::kExport ? "export" : "convert";
+}
+
+bool operator==(const PlanTensor& a, const PlanTensor& b) {
+  if (a.name != b.name || a.dtype != b.dtype || a.shape != b.shape ||
+      a.pieces.size() != b.pieces.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.pieces.size(); ++i) {
+    const SourcePiece& x = a.pieces[i];
+    const SourcePiece& y = b.pieces[i];
+    if (x.source != y.source || x.src_box != y.src_box || x.dst_box != y.dst_box ||
+        x.ops != y.ops || x.fill_value != y.fill_value) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<Box> SlotStoredBoxes(const PlanSlot& slot) {
+  if (!slot.flat_range) return {slot.box};
+  std::vector<Box> boxes = DecomposeFlatRange(slot.box.local_shape, *slot.flat_range);
+  for (Box& b : boxes) {
+    for (size_t i = 0; i < b.rank(); ++i) b.global_offset[i] += slot.box.global_offset[i];
+  }
+  return boxes;
+}
+
+uint64_t SlotBytes(const PlanSlot& slot, DType dtype) {
+  const int64_t n = slot.flat_range ? slot.flat_range->size() : slot.box.num_elements();
+  return static_cast<uint64_t>(n) * DTypeSize(dtype);
+}
+
+Result<Plan> BuildPlan(PlanRequest request) {
+  FC_RETURN_IF_ERROR(ValidateRequest(request));
+  Plan plan;
+  plan.kind = request.kind;
+  plan.processes = request.processes;
+  plan.tensors = std::move(request.tensors);
+
+  // Memory: per worker a write buffer and two staging copies of a source block (read, then
+  // permuted or converted), plus the whole source blocks of reshaping pieces, which are kept
+  // while their target regions are written so that each is read once.
+  std::vector<size_t> widest(plan.tensors.size());
+  uint64_t block_bytes = 0;
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    widest[t] = WidestElement(plan.tensors[t]);
+    for (const SourcePiece& p : plan.tensors[t].pieces) {
+      if (p.source && PieceReshapes(p)) {
+        block_bytes = std::max(block_bytes, ReshapeBlockBytes(p, widest[t]));
+      }
+    }
+  }
+  const uint64_t budget = request.memory_budget;
+  auto minimum_for = [&](int threads) {
+    return static_cast<uint64_t>(threads) * (3 * kMinSlabBytes + block_bytes);
+  };
+  int threads = request.threads;
+  while (threads > 1 && budget < minimum_for(threads)) --threads;
+  if (budget < minimum_for(1)) {
+    std::string why = "3 staging buffers of " + HumanSize(kMinSlabBytes);
+    if (block_bytes > 0) why += " and a reshaped source block of " + HumanSize(block_bytes);
+    return ResourceExhaustedError("--memory-budget " + std::to_string(budget) +
+                                  " is below the " + std::to_string(minimum_for(1)) + " bytes (" +
+                                  HumanSize(minimum_for(1)) + ") this plan needs (" + why + ")");
+  }
+  plan.threads = threads;
+  const uint64_t per_worker = budget / static_cast<uint64_t>(threads) - block_bytes;
+  const uint64_t slab_limit = std::min<uint64_t>(kMaxSlabBytes, per_worker / 3);
+
+  // Files, balanced between processes by bytes.
+  std::vector<uint64_t> file_bytes;
+  for (PlanRequest::File& f : request.files) {
+    PlanFile pf;
+    pf.name = std::move(f.name);
+    pf.slots = std::move(f.slots);
+    for (const PlanSlot& s : pf.slots) pf.bytes += SlotBytes(s, plan.tensors[s.tensor].dtype);
+    plan.bytes_written += pf.bytes;
+    file_bytes.push_back(pf.bytes);
+    plan.files.push_back(std::move(pf));
+  }
+  const std::vector<std::vector<size_t>> assignment = BalanceByBytes(file_bytes, plan.processes);
+  plan.per_process.resize(static_cast<size_t>(plan.processes));
+  for (size_t p = 0; p < assignment.size(); ++p) {
+    for (size_t f : assignment[p]) {
+      plan.files[f].process = static_cast<int>(p);
+      plan.per_process[p].files.push_back(static_cast<uint32_t>(f));
+      plan.per_process[p].bytes_written += plan.files[f].bytes;
+    }
+  }
+
+  // Write items: every slot cut into slabs contiguous in its stored order.
+  uint64_t largest_item = 0;
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    const PlanFile& file = plan.files[f];
+    for (size_t s = 0; s < file.slots.size(); ++s) {
+      const PlanSlot& slot = file.slots[s];
+      const PlanTensor& tensor = plan.tensors[slot.tensor];
+      const size_t esize = DTypeSize(tensor.dtype);
+      const int64_t max_elements =
+          std::max<int64_t>(1, static_cast<int64_t>(slab_limit / widest[slot.tensor]));
+      uint64_t element_offset = 0;
+      for (const Box& stored : SlotStoredBoxes(slot)) {
+        for (Box& region : ContiguousSlabs(stored, max_elements)) {
+          int64_t first = 0;
+          if (region.rank() > 0) {
+            Shape rel(region.rank());
+            for (size_t i = 0; i < region.rank(); ++i) {
+              rel[i] = region.global_offset[i] - stored.global_offset[i];
+            }
+            first = Ravel(rel, stored.local_shape);
+          }
+          WriteItem item;
+          item.file = static_cast<uint32_t>(f);
+          item.slot = static_cast<uint32_t>(s);
+          item.tensor = slot.tensor;
+          item.bytes = static_cast<uint64_t>(region.num_elements()) * esize;
+          item.byte_offset = (element_offset + static_cast<uint64_t>(first)) * esize;
+          largest_item = std::max(largest_item, static_cast<uint64_t>(region.num_elements()) *
+                                                    widest[slot.tensor]);
+          item.region = std::move(region);
+          plan.writes.push_back(std::move(item));
+        }
+        element_offset += static_cast<uint64_t>(stored.num_elements());
+      }
+    }
+  }
+  // Grouped by tensor, so that a reshaped source block serves all its target regions while
+  // it is held; within a tensor, in file and stored order (checksums stream in order).
+  std::stable_sort(plan.writes.begin(), plan.writes.end(),
+                   [](const WriteItem& a, const WriteItem& b) { return a.tensor < b.tensor; });
+  for (size_t w = 0; w < plan.writes.size(); ++w) {
+    const int p = plan.files[plan.writes[w].file].process;
+    plan.per_process[static_cast<size_t>(p)].writes.push_back(static_cast<uint32_t>(w));
+  }
+  plan.memory.budget = budget;
+  plan.memory.minimum = minimum_for(1);
+  plan.memory.slab_bytes = largest_item;
+  plan.memory.block_bytes = block_bytes;
+  const size_t busy = std::min<size_t>(static_cast<size_t>(threads),
+                                       std::max<size_t>(plan.writes.size(), 1));
+  plan.memory.peak = static_cast<uint64_t>(busy) * (3 * largest_item + block_bytes);
+
+  // Source bytes per target file: every item's pieces, through the interval index; a
+  // reshaping piece's whole block counted once per file. A process reads what its files need.
+  std::unordered_map<const TensorEntry*, SourceTensorIndex> indexes;
+  auto index_of = [&](const TensorEntry* t) -> const SourceTensorIndex& {
+    auto it = indexes.find(t);
+    if (it == indexes.end()) it = indexes.emplace(t, SourceTensorIndex(*t)).first;
+    return it->second;
+  };
+  std::vector<std::map<uint32_t, uint64_t>> file_reads(plan.files.size());
+  std::set<std::tuple<uint32_t, uint32_t, size_t>> whole_blocks;  // (file, tensor, piece)
+  for (const WriteItem& item : plan.writes) {
+    const PlanTensor& tensor = plan.tensors[item.tensor];
+    for (size_t k = 0; k < tensor.pieces.size(); ++k) {
+      const SourcePiece& piece = tensor.pieces[k];
+      if (!piece.source) continue;
+      std::optional<Box> dst_sub = Intersect(piece.dst_box, item.region);
+      if (!dst_sub || dst_sub->empty()) continue;
+      if (PieceReshapes(piece) && !whole_blocks.insert({item.file, item.tensor, k}).second) {
+        continue;
+      }
+      index_of(piece.source)
+          .Accumulate(SourceSubBox(piece, *dst_sub), DTypeSize(piece.source->dtype),
+                      file_reads[item.file]);
+    }
+  }
+  for (ProcessPlan& pp : plan.per_process) {
+    std::map<uint32_t, uint64_t> reads;
+    for (uint32_t f : pp.files) {
+      for (const auto& [file, bytes] : file_reads[f]) {
+        plan.files[f].reads.push_back({file, bytes});
+        reads[file] += bytes;
+      }
+    }
+    for (const auto& [file, bytes] : reads) {
+      pp.reads.push_back({file, bytes});
+      pp.bytes_read += bytes;
+    }
+    plan.bytes_needed += pp.bytes_read;
+  }
+  return plan;
+}
+
+std::string PlanJson(const Plan& plan, const CheckpointIndex& index, bool details) {
+  JsonWriter j(JsonWriter::Style::kCompact);
+  j.BeginObject();
+  j.Key("format").String("fc-plan").Key("version").Int(1);
+  j.Key("kind").String(std::string(PlanKindName(plan.kind)));
+  j.Key("processes").Int(plan.processes).Key("threads").Int(plan.threads);
+  j.Key("memory").BeginObject(true);
+  j.Key("budget").Uint(plan.memory.budget).Key("minimum").Uint(plan.memory.minimum);
+  j.Key("peak").Uint(plan.memory.peak).Key("slab_bytes").Uint(plan.memory.slab_bytes);
+  j.Key("block_bytes").Uint(plan.memory.block_bytes).EndObject();
+  j.Key("bytes_needed").Uint(plan.bytes_needed).Key("bytes_written").Uint(plan.bytes_written);
+  j.Key("write_items").Uint(plan.writes.size());
+  j.Key("tensors").BeginArray();
+  for (const PlanTensor& t : plan.tensors) {
+    j.BeginObject(true).Key("name").String(t.name).Key("dtype").String(std::string(DTypeName(t.dtype)));
+    j.Key("shape").BeginArray(true);
+    for (int64_t d : t.shape) j.Int(d);
+    j.EndArray();
+    j.Key("pieces").Uint(t.pieces.size()).EndObject();
+  }
+  j.EndArray();
+  j.Key("files").BeginArray();
+  for (const PlanFile& f : plan.files) {
+    j.BeginObject(true).Key("name").String(f.name).Key("process").Int(f.process);
+    j.Key("bytes").Uint(f.bytes).Key("slots").Uint(f.slots.size()).EndObject();
+  }
+  j.EndArray();
+  j.Key("per_process").BeginArray();
+  for (size_t p = 0; p < plan.per_process.size(); ++p) {
+    const ProcessPlan& pp = plan.per_process[p];
+    j.BeginObject().Key("process").Int(static_cast<int64_t>(p));
+    j.Key("files_written").Uint(pp.files.size()).Key("write_items").Uint(pp.writes.size());
+    j.Key("bytes_written").Uint(pp.bytes_written).Key("bytes_read").Uint(pp.bytes_read);
+    j.Key("reads").BeginArray();
+    for (const SourceFileBytes& r : pp.reads) {
+      j.BeginObject(true).Key("file").String(index.files[r.file].path).Key("bytes").Uint(r.bytes);
+      j.EndObject();
+    }
+    j.EndArray().EndObject();
+  }
+  j.EndArray();
+  if (details) {
+    j.Key("writes").BeginArray();
+    for (const WriteItem& w : plan.writes) {
+      j.BeginObject(true).Key("file").Uint(w.file).Key("slot").Uint(w.slot);
+      j.Key("tensor").String(plan.tensors[w.tensor].name);
+      j.Key("region").String(w.region.ToString());
+      j.Key("byte_offset").Uint(w.byte_offset).Key("bytes").Uint(w.bytes).EndObject();
+    }
+    j.EndArray();
+  }
+  j.EndObject();
+  return j.str() + "\n";
+}
+
+}  // namespace fc
