@@ -103,13 +103,16 @@ Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
     }
     const TensorEntry& source = *piece.source;
     const size_t rank = dst_sub->rank();
-    const bool reshapes = PieceReshapes(piece);
-    const Box src_sub = SourceSubBox(piece, *dst_sub);
+    // Whole: the piece's entire block is read and transformed once (a reshape needs it; the
+    // plan asks for it for transposed and strided pieces, which would otherwise read much of
+    // the block for every region).
+    const bool whole = PieceReshapes(piece) || (cache != nullptr && cache->Allowed(&piece));
+    const Box src_sub = whole ? piece.src_box : SourceSubBox(piece, *dst_sub);
     auto context = [&] {
       return "target '" + target_key + "' " + dst_sub->ToString() + " from '" + source.key +
              "' " + src_sub.ToString();
     };
-    if (piece.ops.empty() && source.dtype == dst_dtype) {
+    if (!whole && piece.ops.empty() && source.dtype == dst_dtype) {
       // Fast path: chunk bytes go straight into the destination. The destination buffer,
       // seen in source coordinates, is `region` shifted by the piece's offset.
       Box shifted = region;
@@ -122,7 +125,7 @@ Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
     std::shared_ptr<const std::vector<std::byte>> held;
     const std::vector<std::byte>* block = nullptr;
     std::vector<std::byte> own;
-    if (reshapes && cache != nullptr) {
+    if (whole && cache != nullptr) {
       FC_ASSIGN_OR_RETURN(held, cache->Get(&piece, [&] {
         return PieceBlock(reader, piece, src_sub, dst_dtype, context);
       }));
@@ -131,9 +134,8 @@ Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
       FC_ASSIGN_OR_RETURN(own, PieceBlock(reader, piece, src_sub, dst_dtype, context));
       block = &own;
     }
-    // The block now holds the target box it came for: dst_sub, or the whole dst_box when
-    // the piece reshapes.
-    CopyRegion(block->data(), reshapes ? piece.dst_box : *dst_sub, {}, dst, region, *dst_sub,
+    // The block now holds the target box it came for: dst_sub, or the whole dst_box.
+    CopyRegion(block->data(), whole ? piece.dst_box : *dst_sub, {}, dst, region, *dst_sub,
                dst_esize);
   }
   return Status::Ok();

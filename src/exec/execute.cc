@@ -19,6 +19,7 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
   const int threads = std::max(1, plan.threads);
   // Room for one block per worker: a worker holds at most one while it copies from it.
   PieceBlockCache blocks(plan.memory.block_bytes * static_cast<uint64_t>(threads));
+  for (const auto& [t, k] : plan.whole_blocks) blocks.Allow(&plan.tensors[t].pieces[k]);
   std::vector<std::vector<std::byte>> buffers(static_cast<size_t>(threads));
   Progress progress(options.what, mine.bytes_written, options.progress);
   Status status = ParallelFor(mine.writes.size(), threads, [&](size_t i, int worker) -> Status {

@@ -452,7 +452,7 @@ class StagingGuard {
 }  // namespace
 
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
-  const RunStatsMeter meter;
+  RunStatsMeter meter;
   Communicator* comm = options.comm ? options.comm : &SingleProcessCommunicator();
   const int me = comm->rank();
   // Every process plans (planning reads metadata only); the write plan and the file
@@ -496,6 +496,7 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
                                                      ? std::string()
                                                      : generation->second));
     FC_ASSIGN_OR_RETURN(executed, WritePart(options, *p, me, *part));
+    meter.InputsDone();
     FC_ASSIGN_OR_RETURN(digests, part->FinishDataFiles());
     return Status::Ok();
   }();

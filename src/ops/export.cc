@@ -268,7 +268,7 @@ Result<ExecuteStats> WriteFiles(const ExportOptions& options, const ExportPlan& 
 }  // namespace
 
 Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out) {
-  const RunStatsMeter meter;
+  RunStatsMeter meter;
   Communicator* comm = options.comm ? options.comm : &SingleProcessCommunicator();
   const int me = comm->rank();
   // Every step that can fail on one process alone ends in an agreement, so that no process
@@ -291,6 +291,7 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   Status written = CreateDirectories(staging.path());
   if (written.ok()) {
     Result<ExecuteStats> run = WriteFiles(options, *p, me, staging.path());
+    meter.InputsDone();
     if (run.ok()) {
       executed = *run;
     } else {

@@ -27,11 +27,14 @@ std::string Pack(const ProcessRunStats& s) {
 
 RunStatsMeter::RunStatsMeter() : start_counts_(ProcessIoCounts()), start_seconds_(NowSeconds()) {}
 
+void RunStatsMeter::InputsDone() { inputs_done_ = ProcessIoCounts(); }
+
 ProcessRunStats RunStatsMeter::Finish(uint64_t peak_buffer_bytes) const {
   const IoCounts now = ProcessIoCounts();
+  const IoCounts reads = inputs_done_.value_or(now);
   ProcessRunStats s;
-  s.bytes_read = now.bytes_read - start_counts_.bytes_read;
-  s.read_calls = now.read_calls - start_counts_.read_calls;
+  s.bytes_read = reads.bytes_read - start_counts_.bytes_read;
+  s.read_calls = reads.read_calls - start_counts_.read_calls;
   s.bytes_written = now.bytes_written - start_counts_.bytes_written;
   s.write_calls = now.write_calls - start_counts_.write_calls;
   s.peak_buffer_bytes = peak_buffer_bytes;

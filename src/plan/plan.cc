@@ -95,10 +95,32 @@ size_t WidestElement(const PlanTensor& t) {
   return widest;
 }
 
-// Bytes the executor keeps for one reshaping piece: the source block, the block after its
+// Bytes the executor keeps for one piece read whole: the source block, the block after its
 // ops, and one scratch copy, each at most `widest` bytes per element.
 uint64_t ReshapeBlockBytes(const SourcePiece& p, size_t widest) {
   return static_cast<uint64_t>(p.src_box.num_elements()) * 3 * widest;
+}
+
+// Whether the piece's permutes move any axis.
+bool PieceTransposes(const SourcePiece& p) {
+  std::vector<int> view(p.src_box.rank());
+  for (size_t i = 0; i < view.size(); ++i) view[i] = static_cast<int>(i);
+  for (const PieceOp& op : p.ops) {
+    if (op.kind != PieceOp::Kind::kPermute) continue;
+    const std::vector<int> perm = ResolvePermutation(op, view.size());
+    std::vector<int> next(view.size());
+    for (size_t i = 0; i < view.size(); ++i) next[i] = view[static_cast<size_t>(perm[i])];
+    view = std::move(next);
+  }
+  for (size_t i = 0; i < view.size(); ++i) {
+    if (view[i] != static_cast<int>(i)) return true;
+  }
+  return false;
+}
+
+bool HasStridedChunks(const TensorEntry& t) {
+  return std::any_of(t.chunks.begin(), t.chunks.end(),
+                     [](const Chunk& c) { return !c.strides.empty(); });
 }
 
 Status ValidateRequest(const PlanRequest& r) {
@@ -111,8 +133,9 @@ Status ValidateRequest(const PlanRequest& r) {
                                     " of " + std::to_string(r.tensors.size()));
       }
       const PlanTensor& t = r.tensors[s.tensor];
-      FC_RETURN_IF_ERROR_WITH(ValidateBox(s.box, t.shape),
-                              f.name + ": tensor '" + t.name + "'");
+      if (Status box = ValidateBox(s.box, t.shape); !box.ok()) {
+        return InvalidArgumentError(f.name + ": tensor '" + t.name + "': " + box.message());
+      }
       if (s.flat_range && (s.flat_range->inclusive_min < 0 ||
                            s.flat_range->exclusive_max < s.flat_range->inclusive_min ||
                            s.flat_range->exclusive_max > s.box.num_elements())) {
@@ -173,11 +196,17 @@ Result<Plan> BuildPlan(PlanRequest request) {
   // while their target regions are written so that each is read once.
   std::vector<size_t> widest(plan.tensors.size());
   uint64_t block_bytes = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> optional_blocks;
   for (size_t t = 0; t < plan.tensors.size(); ++t) {
     widest[t] = WidestElement(plan.tensors[t]);
-    for (const SourcePiece& p : plan.tensors[t].pieces) {
-      if (p.source && PieceReshapes(p)) {
+    for (size_t k = 0; k < plan.tensors[t].pieces.size(); ++k) {
+      const SourcePiece& p = plan.tensors[t].pieces[k];
+      if (!p.source) continue;
+      if (PieceReshapes(p)) {
         block_bytes = std::max(block_bytes, ReshapeBlockBytes(p, widest[t]));
+        plan.whole_blocks.emplace_back(t, k);
+      } else if (PieceTransposes(p) || HasStridedChunks(*p.source)) {
+        optional_blocks.emplace_back(t, k);
       }
     }
   }
@@ -195,6 +224,17 @@ Result<Plan> BuildPlan(PlanRequest request) {
                                   HumanSize(minimum_for(1)) + ") this plan needs (" + why + ")");
   }
   plan.threads = threads;
+  // Transposed and strided pieces are read whole when the block fits in half of a worker's
+  // share (or in the reservation reshapes already need); otherwise per region.
+  const uint64_t optional_limit =
+      std::max(block_bytes, budget / static_cast<uint64_t>(threads) / 2);
+  for (const auto& [t, k] : optional_blocks) {
+    const uint64_t b = ReshapeBlockBytes(plan.tensors[t].pieces[k], widest[t]);
+    if (b > optional_limit) continue;
+    block_bytes = std::max(block_bytes, b);
+    plan.whole_blocks.emplace_back(t, k);
+  }
+  std::sort(plan.whole_blocks.begin(), plan.whole_blocks.end());
   const uint64_t per_worker = budget / static_cast<uint64_t>(threads) - block_bytes;
   const uint64_t slab_limit = std::min<uint64_t>(kMaxSlabBytes, per_worker / 3);
 
@@ -288,11 +328,11 @@ Result<Plan> BuildPlan(PlanRequest request) {
       if (!piece.source) continue;
       std::optional<Box> dst_sub = Intersect(piece.dst_box, item.region);
       if (!dst_sub || dst_sub->empty()) continue;
-      if (PieceReshapes(piece) && !whole_blocks.insert({item.file, item.tensor, k}).second) {
-        continue;
-      }
+      const bool whole = std::binary_search(plan.whole_blocks.begin(), plan.whole_blocks.end(),
+                                            std::pair<uint32_t, uint32_t>(item.tensor, k));
+      if (whole && !whole_blocks.insert({item.file, item.tensor, k}).second) continue;
       index_of(piece.source)
-          .Accumulate(SourceSubBox(piece, *dst_sub), DTypeSize(piece.source->dtype),
+          .Accumulate(whole ? piece.src_box : SourceSubBox(piece, *dst_sub), DTypeSize(piece.source->dtype),
                       file_reads[item.file]);
     }
   }

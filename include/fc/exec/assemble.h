@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <map>
 #include <string>
 #include <vector>
@@ -51,6 +52,10 @@ Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
 class PieceBlockCache {
  public:
   explicit PieceBlockCache(uint64_t capacity_bytes) : capacity_(capacity_bytes) {}
+  // Pieces without a reshape whose whole block should be read once and kept too (transposed
+  // or strided sources). Call before any Get; not thread-safe against Get.
+  void Allow(const SourcePiece* piece) { allowed_.insert(piece); }
+  bool Allowed(const SourcePiece* piece) const { return allowed_.count(piece) > 0; }
   using Block = std::shared_ptr<const std::vector<std::byte>>;
   Result<Block> Get(const SourcePiece* piece,
                     const std::function<Result<std::vector<std::byte>>()>& make);
@@ -66,6 +71,7 @@ class PieceBlockCache {
   mutable std::mutex mu_;
   std::condition_variable made_;
   std::map<const SourcePiece*, Entry> entries_;
+  std::set<const SourcePiece*> allowed_;
   uint64_t held_ = 0;
   uint64_t peak_ = 0;
   uint64_t clock_ = 0;

@@ -7,14 +7,16 @@
 //                   "write_calls": N, "bytes_sent": N, "bytes_received": N,
 //                   "peak_buffer_bytes": N, "seconds": x}, ...]}
 //
-// bytes_read counts every byte this process read through RandomAccessFile since the run
-// began (metadata and tensor data; memory-mapped metadata parsing is not counted);
+// bytes_read counts every byte this process read through RandomAccessFile from the start of
+// the run to the end of its data path (metadata and tensor data; memory-mapped metadata
+// parsing is not counted, nor are the writer's later rereads of its own output);
 // bytes_written every byte written (data, headers, metadata). bytes_sent/bytes_received are
 // tensor bytes moved between processes: 0 today, since each process reads what it writes.
 #ifndef FC_OPS_RUN_STATS_H_
 #define FC_OPS_RUN_STATS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "fc/comm/communicator.h"
@@ -38,10 +40,13 @@ struct ProcessRunStats {
 class RunStatsMeter {
  public:
   RunStatsMeter();
+  // The inputs have been read: reads after this are not counted.
+  void InputsDone();
   ProcessRunStats Finish(uint64_t peak_buffer_bytes) const;
 
  private:
   IoCounts start_counts_;
+  std::optional<IoCounts> inputs_done_;
   double start_seconds_;
 };
 

@@ -119,6 +119,10 @@ struct Plan {
   std::vector<PlanTensor> tensors;
   std::vector<PlanFile> files;
   std::vector<WriteItem> writes;           // by tensor, then file, slot and offset
+  // Pieces (tensor, piece index) read whole once and kept while their regions are written:
+  // every reshaping piece; transposed pieces and pieces over strided source chunks when the
+  // block fits the budget (otherwise they are read per region).
+  std::vector<std::pair<uint32_t, uint32_t>> whole_blocks;
   std::vector<ProcessPlan> per_process;    // size == processes
   uint64_t bytes_needed = 0;               // source element bytes, each needed element once
   uint64_t bytes_written = 0;              // target tensor bytes
