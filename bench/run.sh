@@ -2,25 +2,37 @@
 # fc-export / fc-convert throughput and memory against `cp -r` of the same source, in the
 # same run.
 #
-# usage: bench/run.sh export|convert [SIZE_GB=1] [RUNS=3] [BUDGET=512MiB] [BUILD=build]
+# usage: bench/run.sh export|export-torch|convert [SIZE_GB=1] [RUNS=3] [BUDGET=512MiB] [BUILD=build]
 # Writes a synthetic TP-8 bfloat16 fc distcp checkpoint of SIZE_GB under $BENCH_DIR
 # (default /tmp/fc-bench), warms the page cache, then times RUNS copies with cp -r and RUNS
 # runs of the tool (median of each), and reports:
 #   ratio = median cp seconds / median tool seconds   (target >= 0.7)
 #   peak RSS of the tool against --memory-budget      (target <= budget + 64 MB)
-# export: to HF safetensors (5GB shards). convert: TP 8 -> TP 2 x sharding 2, where every
-# tensor's TP-2 block is flattened and cut in two ZeRO-1 style ranges (rows cut mid-way).
+# export: to HF safetensors (5GB shards). export-torch: the same, from the same tensors as a
+# PyTorch DCP checkpoint (torch.save items inside .distcp files, written by fc-convert
+# --format torch-dcp), the input most users have. convert: TP 8 -> TP 2 x sharding 2, where
+# every tensor's TP-2 block is flattened and cut in two ZeRO-1 style ranges (rows cut mid-way).
+# The last run also writes --stats: bytes read / bytes needed is printed with the times.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?export or convert}; size_gb=${2:-1}; runs=${3:-3}; budget=${4:-512MiB}; build=${5:-build}
 dir=${BENCH_DIR:-/tmp/fc-bench}
-ninja -C "$build" tools/fc-export tools/fc-convert bench/make_synthetic_ckpt >/dev/null
+ninja -C "$build" tools/fc-export tools/fc-convert tools/fc-inspect bench/make_synthetic_ckpt >/dev/null
 src="$dir/src-${size_gb}g"
 if [[ ! -f "$src/fc.metadata.json" ]]; then
   rm -rf "$src"; mkdir -p "$dir"
   "$build/bench/make_synthetic_ckpt" "$src" "$(python3 -c "print(int($size_gb * 1e9))")" 8
 fi
-cat "$src"/* > /dev/null   # warm cache
+if [[ $mode == export-torch ]]; then
+  tsrc="$dir/src-${size_gb}g-torch"
+  if [[ ! -f "$tsrc/.metadata" ]]; then
+    rm -rf "$tsrc"
+    "$build/tools/fc-convert" "$src" "$tsrc" --target-like "$src" --format torch-dcp \
+        --torch-version 1.13 --quiet
+  fi
+  src=$tsrc
+fi
+cat "$src"/* "$src"/.metadata > /dev/null 2>&1 || true   # warm cache
 if [[ $mode == convert ]]; then
   "$build/tools/fc-inspect" "$src" --json > "$dir/src.json"
   python3 - "$dir/src.json" "$dir/tp2-zero2.json" <<'PY'
@@ -50,12 +62,13 @@ for i in $(seq "$runs"); do
   cp_times+=("$(echo "$t1 - $t0" | bc)")
   rm -rf "$dir/cp-out"; sync
   t0=$(date +%s.%N)
-  if [[ $mode == export ]]; then
+  stats=(); [[ $i == "$runs" ]] && stats=(--stats "$dir/stats.json")
+  if [[ $mode == export || $mode == export-torch ]]; then
     /usr/bin/time -f "%M" -o "$dir/rss.txt" "$build/tools/fc-export" "$src" "$dir/fc-out" \
-        --memory-budget "$budget" --quiet
+        --memory-budget "$budget" --quiet "${stats[@]}"
   else
     /usr/bin/time -f "%M" -o "$dir/rss.txt" "$build/tools/fc-convert" "$src" "$dir/fc-out" \
-        --target-manifest "$dir/tp2-zero2.json" --memory-budget "$budget" --quiet
+        --target-manifest "$dir/tp2-zero2.json" --memory-budget "$budget" --quiet "${stats[@]}"
   fi
   sync; t1=$(date +%s.%N)
   fc_times+=("$(echo "$t1 - $t0" | bc)")
@@ -73,8 +86,11 @@ mult = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb":
 print(int(v * mult))
 PY
 )
-python3 - "$bytes" "$cp_med" "$fc_med" "$rss_med" "$budget_bytes" "${cp_times[*]}" "${fc_times[*]}" <<'PY'
-import sys
+python3 - "$bytes" "$cp_med" "$fc_med" "$rss_med" "$budget_bytes" "${cp_times[*]}" "${fc_times[*]}" "$dir/stats.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[8]))
+read = sum(p["bytes_read"] for p in s["processes"])
+print(f"bytes read / bytes needed: {read} / {s['bytes_needed']} = {read / max(1, s['bytes_needed']):.3f}")
 b, cp, fc, rss_kb, budget = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 print(f"source: {b/1e9:.2f} GB; runs cp: {sys.argv[6]} s; fc: {sys.argv[7]} s")
 print(f"cp -r median {cp:.2f} s ({b/cp/1e9:.2f} GB/s); tool median {fc:.2f} s ({b/fc/1e9:.2f} GB/s)")

@@ -190,31 +190,6 @@ uint64_t PieceBlockCache::peak_bytes() const {
   return peak_;
 }
 
-void AccumulateRegionReads(const std::vector<SourcePiece>& pieces, const Box& region,
-                           std::map<uint32_t, uint64_t>& bytes_per_file) {
-  for (const SourcePiece& piece : pieces) {
-    std::optional<Box> dst_sub = Intersect(piece.dst_box, region);
-    if (!dst_sub || dst_sub->empty() || piece.source == nullptr) continue;
-    const Box src_sub = SourceSubBox(piece, *dst_sub);
-    const uint64_t esize = DTypeSize(piece.source->dtype);
-    for (const Chunk& chunk : piece.source->chunks) {
-      if (chunk.replica_id != 0) continue;
-      std::vector<Box> stored = {chunk.box};
-      if (chunk.flat_range) {
-        stored = DecomposeFlatRange(chunk.box.local_shape, *chunk.flat_range);
-        for (Box& b : stored) {
-          for (size_t i = 0; i < b.rank(); ++i) b.global_offset[i] += chunk.box.global_offset[i];
-        }
-      }
-      for (const Box& b : stored) {
-        if (auto o = Intersect(b, src_sub); o && !o->empty()) {
-          bytes_per_file[chunk.file] += static_cast<uint64_t>(o->num_elements()) * esize;
-        }
-      }
-    }
-  }
-}
-
 Status PiecesCover(const std::string& target_key, const std::vector<SourcePiece>& pieces,
                    const Box& target) {
   std::vector<Box> boxes;

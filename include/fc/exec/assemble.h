@@ -1,11 +1,12 @@
 // Assembling target data from source chunks: the data path shared by export and convert.
 //
-// A target tensor is described by SourcePieces: "block `src_box` of source tensor `source`,
-// after `ops` (in order), lands at `dst_box` of the target". Pieces come from the AOA engine
-// (or are identities when there is no program). AssembleRegion fills any box of the target
-// (a slab of a large tensor, or a target chunk) from the pieces that overlap it, reading only
-// the source rows it needs (a piece with a reshape is read whole, since a reshape does not
-// map sub-boxes to sub-boxes), and converting to the target dtype with round-to-nearest-even.
+// A target tensor is described by SourcePieces (fc/plan/piece.h). AssembleRegion fills any
+// box of the target (a write item: a slab of a large tensor, or of a target chunk) from the
+// pieces that overlap it, reading only the source elements it needs, and converting to the
+// target dtype with round-to-nearest-even. A piece with a reshape is read whole (a reshape
+// does not map sub-boxes to sub-boxes); with a PieceBlockCache, such whole blocks (and those
+// the plan asks for: transposed or strided sources) are read once and kept for the regions
+// that follow.
 //
 // Thread-safety: AssembleRegion may run concurrently on distinct destination buffers with
 // one shared ChunkReader.
@@ -77,10 +78,6 @@ class PieceBlockCache {
   uint64_t clock_ = 0;
 };
 
-// Adds, per source file, the bytes AssembleRegion(pieces, region) would take from it
-// (element volumes; row over-reads not counted). For plans and --dry-run.
-void AccumulateRegionReads(const std::vector<SourcePiece>& pieces, const Box& region,
-                           std::map<uint32_t, uint64_t>& bytes_per_file);
 
 // Whether pieces' dst boxes cover `target` exactly once. Returns kNotFound naming the first
 // uncovered box, or kInvalidArgument naming two overlapping pieces.
