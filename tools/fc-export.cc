@@ -17,10 +17,10 @@ int main(int argc, char** argv) {
       "HuggingFace safetensors: model.safetensors, or model-0000i-of-0000N.safetensors plus "
       "model.safetensors.index.json. Streams under a memory budget; output files appear only "
       "when complete."};
-  app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors, Paddle FlexCheckpoint)")
+  app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors, Paddle FlexCheckpoint, DeepSpeed save or tag dir)")
       ->required();
   app.add_option("OUT", options.output_dir, "output directory (created if missing)")->required();
-  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle");
+  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed");
   app.add_option("--aoa", options.aoa_file,
                  "AOA program: rename/split/merge/transpose/cast tensors on the way out "
                  "(see fc-aoa(7)); outputs are the leaves of the program");
@@ -38,6 +38,11 @@ int main(int argc, char** argv) {
   app.add_option("--objects", options.objects_dir,
                  "write non-tensor objects (iteration, RNG state, ...) as files into this "
                  "directory (default: skip them with a note)");
+  app.add_option("--weights", options.weights,
+                 "DeepSpeed input: which weights to export under the parameter names: fp32 "
+                 "(default; the fp32 master weights from the ZeRO optimizer files) or module "
+                 "(the 16-bit module weights of the model states)")
+      ->check(CLI::IsMember({"fp32", "module"}));
   app.add_flag("-q,--quiet", quiet, "no progress output");
   app.add_flag("-v,--verbose", verbose, "debug logging");
   app.set_version_flag("--version", std::string("fc-export ") + FC_VERSION);
