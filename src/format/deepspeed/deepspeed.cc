@@ -475,6 +475,57 @@ Result<std::vector<ParamList>> ParamShapes(const PtFile& model) {
   return groups;
 }
 
+// param_slice_mappings[g] (when saved) must list exactly the params that intersect each
+// rank's partition, with fragment_address(numel, start) as the partition math says.
+Status CheckSliceMappings(const std::vector<const PtFile*>& optims,
+                          const std::vector<const PV*>& osds, size_t g, const ParamList& params,
+                          int64_t ps, int64_t total) {
+  for (size_t r = 0; r < osds.size(); ++r) {
+    const auto* all = ListItems(osds[r]->Find("param_slice_mappings"));
+    if (all == nullptr) continue;  // older DeepSpeed: not saved
+    const std::string where = optims[r]->name + ": param_slice_mappings[" + std::to_string(g) + "]";
+    if (g >= all->size()) return DataLossError(where + " is missing");
+    const Entries* e = DictEntries((*all)[g].get());
+    if (e == nullptr) return DataLossError(where + " is " + (*all)[g]->DebugString());
+    std::map<std::string, std::pair<int64_t, int64_t>> want;
+    const int64_t left = static_cast<int64_t>(r) * ps;
+    const int64_t right = std::min(left + ps, total);
+    int64_t off = 0;
+    for (const auto& [name, shape] : params) {
+      const int64_t n = *CheckedNumElements(shape);
+      const int64_t lo = std::max(off, left), hi = std::min(off + n, right);
+      if (lo < hi) want[name] = {hi - lo, lo - left};
+      off += n;
+    }
+    std::map<std::string, std::pair<int64_t, int64_t>> got;
+    for (const auto& [k, v] : *e) {
+      auto name = StrOf(k.get());
+      const PV* st = v ? v->state.get() : nullptr;
+      auto numel = IntOf(st ? st->Find("numel") : nullptr);
+      auto start = IntOf(st ? st->Find("start") : nullptr);
+      if (!name || !numel || !start) {
+        return DataLossError(where + ": entry " + k->DebugString() + ": " + v->DebugString() +
+                             " is not name: fragment_address(numel, start)");
+      }
+      got[*name] = {*numel, *start};
+    }
+    if (got != want) {
+      for (const auto& [name, ns] : want) {
+        auto it = got.find(name);
+        if (it == got.end() || it->second != ns) {
+          return DataLossError(where + ": '" + name + "' should be fragment_address(numel=" +
+                               std::to_string(ns.first) + ", start=" + std::to_string(ns.second) +
+                               ")" + (it == got.end() ? " but is absent"
+                                                      : " but is (" + std::to_string(it->second.first) +
+                                                            ", " + std::to_string(it->second.second) + ")"));
+        }
+      }
+      return DataLossError(where + " lists params outside this rank's partition");
+    }
+  }
+  return Status::Ok();
+}
+
 struct RankFiles {
   PtFile* model = nullptr;               // mp_rank_XX_model_states.pt (stage <= 2)
   std::map<int64_t, PtFile*> optim;      // dp -> optim file
@@ -634,6 +685,7 @@ Status Reader::ReadZero12(const PtFile& model, const std::vector<const PtFile*>&
                            std::to_string(total));
     }
     if (!parts.empty()) master_dtype_ = std::string(DTypeName(parts[0].fp32.dtype));
+    FC_RETURN_IF_ERROR(CheckSliceMappings(optims, osds, g, groups[g], ps, total));
     int64_t off = 0;
     for (const auto& [name, shape] : groups[g]) {
       const int64_t n = *CheckedNumElements(shape);

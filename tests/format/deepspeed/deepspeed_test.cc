@@ -215,6 +215,40 @@ TEST_CASE("deepspeed: damaged inputs name the file", "[deepspeed]") {
   }
 }
 
+TEST_CASE("deepspeed: weights only (no optimizer files) and unsupported inputs", "[deepspeed]") {
+  testing::TempDir tmp;
+  const std::string dir = CopyTag(tmp, "zero1");
+  for (int r = 0; r < 2; ++r) {
+    std::filesystem::remove(dir + "/zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_optim_states.pt");
+  }
+  auto index = ReadDeepSpeedCheckpoint(dir);
+  REQUIRE(index.ok());
+  CHECK(index->attributes.at("deepspeed.zero_stage") == "0");
+  CHECK(index->attributes.at("deepspeed.optimizer") == "none");
+  const TensorEntry* w = index->FindTensor("embed.weight");
+  REQUIRE(w != nullptr);
+  CHECK(w->dtype == DType::kFloat16);
+  CHECK(Reassemble(*index, *w) ==
+        testing::ReadNpy(Fixture("zero1") + "/expected/module.embed.weight.npy").data);
+  CHECK(index->FindTensor("optimizer.exp_avg.embed.weight") == nullptr);
+
+  // Legacy (non-zip) torch.save: a pickled magic number first.
+  const std::string legacy = tmp.path() + "/legacy";
+  std::filesystem::create_directories(legacy);
+  WriteFileBytes(legacy + "/mp_rank_00_model_states.pt", testing::Hex("80028a0a6cfc9c46f920"));
+  auto r = ReadDeepSpeedCheckpoint(legacy);
+  REQUIRE(!r.ok());
+  CHECK(r.status().code() == StatusCode::kUnimplemented);
+  CHECK_THAT(r.status().message(), Catch::Contains("legacy"));
+
+  // Pipeline layer files are refused, not misread.
+  const std::string pipe = CopyTag(tmp, "zero2");
+  WriteFileBytes(pipe + "/layer_01-model_00-model_states.pt", testing::AsBytes("PK"));
+  r = ReadDeepSpeedCheckpoint(pipe);
+  REQUIRE(!r.ok());
+  CHECK(r.status().code() == StatusCode::kUnimplemented);
+}
+
 TEST_CASE("deepspeed: byte mutations never crash or give a wrong-sized index", "[deepspeed]") {
   testing::TempDir tmp;
   std::mt19937 rng(12);
