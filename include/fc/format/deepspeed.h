@@ -44,10 +44,13 @@
 // argparse.Namespace, numpy RNG state); nothing is ever executed. Other globals are kept
 // opaque and listed in deepspeed.opaque_globals; they never make the read fail.
 //
-// Not read (kUnimplemented, exit 6): pipeline layer files (layer_XX-model_YY-...), MoE
-// expert files and per-group partition counts, elastic optimizer state, legacy (non-zip)
-// torch.save files, ZeRO-3 with TP > 1 metadata mismatch, universal checkpoints (UCP).
-// TP shards are not merged (the index keeps one set of names per TP rank).
+// Not read (kUnimplemented, exit 6): pipeline layer files (layer_XX-model_YY-...) and
+// pp_degree > 1, MoE expert files and per-group partition counts, elastic optimizer state,
+// legacy (non-zip) torch.save files, universal checkpoints (UCP), AutoEP/MiCS/hpZ layouts.
+// TP shards are not merged (the index keeps one set of names per TP rank, and
+// universal_checkpoint_info merge rules are not applied). Checked on read: file count ==
+// partition_count, every partition's size against the padding rule, param_slice_mappings
+// against the partition math, each tensor covered exactly once.
 // Errors: kNotFound (no tag dir, missing files), kDataLoss (file counts, sizes or offsets
 // that disagree, truncated archives; the message names the file and tensor).
 //
@@ -78,7 +81,9 @@ enum class DeepSpeedWeights {
 Result<DeepSpeedWeights> ParseDeepSpeedWeights(std::string_view name);
 
 // Rewrites a DeepSpeed index for export: drops module.<name> (kFp32), or replaces <name> by
-// module.<name> wherever the latter exists (kModule). Optimizer names are kept.
+// module.<name> wherever the latter exists (kModule; ZeRO-3 params, which the model states
+// hold only as placeholders, stay fp32). Optimizer names are kept. Tied aliases are written
+// as separate copies (safetensors has no sharing).
 // Errors: kUnimplemented when the TP degree is > 1 (shards are not merged; merging needs
 // universal_checkpoint_info rules that fc does not apply yet); kInvalidArgument when the
 // index is not a DeepSpeed one.

@@ -981,6 +981,10 @@ Status Reader::ReadRank(int64_t mp, RankFiles& rf) {
     FC_RETURN_IF_ERROR(ReadZero3(models, optims, osds));
     return AddModule(*models[0], /*zero3_placeholders=*/true);
   }
+  if (rf.model == nullptr && !rf.model_z3.empty()) {
+    return NotFoundError(dir_ + ": ZeRO-3 model states without their *_optim_states.pt files "
+                         "(the ZeRO-3 weights live only in the optimizer partitions)");
+  }
   if (rf.model == nullptr) {
     return NotFoundError(dir_ + ": mp_rank_" + std::string(mp < 10 ? "0" : "") +
                          std::to_string(mp) + "_model_states.pt is missing");
