@@ -19,7 +19,8 @@ Fixtures (each OUT_ROOT/<case>/ckpt is a DeepSpeed save dir with `latest` -> glo
   tp2          stage 1, fp16, tp 2 x dp 2; Megatron-style client state (argparse.Namespace,
                numpy RNG state)
   frozen_tied  stage 2, fp16, dp 2, a frozen param (frozen_param_shapes/_fragments) and a
-               tied weight (shared_params alias -> owner)
+               tied weight (shared_params alias -> owner); ZeroStageEnum pickled the
+               Python < 3.11 way, REDUCE (value,) (the other cases: getattr(cls, 'name'))
   zero3        stage 3, fp16, dp 2, two sub-groups, ceil-div per-param padding, a frozen param
 
 The 16-bit module weights of stage 0-2 are views of one flat 16-bit buffer (as DeepSpeed's
@@ -488,9 +489,16 @@ def generate(out):
                              "np_rng_state": np.random.RandomState(7).get_state()}]}
     gen_zero12(out, "tp2", 1, 2, [od(("layer.weight", (2, 4)), ("layer.bias", (2,)))], seed=4,
                mp=2, client=client)
-    gen_zero12(out, "frozen_tied", 2, 2,
-               [od(("embed.weight", (5, 4)), ("layer.weight", (4, 4)))], seed=5,
-               frozen=od(("frozen.weight", (3, 4))), tied={"head.weight": "embed.weight"})
+    # Python < 3.11 pickles an Enum member as ZeroStageEnum((value,)); 3.11+ (the rest here)
+    # as getattr(ZeroStageEnum, 'member'). frozen_tied carries the older form.
+    saved = ZeroStageEnum.__reduce_ex__
+    ZeroStageEnum.__reduce_ex__ = lambda self, proto: (self.__class__, (self._value_,))
+    try:
+        gen_zero12(out, "frozen_tied", 2, 2,
+                   [od(("embed.weight", (5, 4)), ("layer.weight", (4, 4)))], seed=5,
+                   frozen=od(("frozen.weight", (3, 4))), tied={"head.weight": "embed.weight"})
+    finally:
+        ZeroStageEnum.__reduce_ex__ = saved
     gen_zero3(out, "zero3", 2,
               [od(("embed.weight", (5, 3)), ("layer.bias", (3,))),
                od(("layer.weight", (3, 3)), ("head.bias", (1,)))],
