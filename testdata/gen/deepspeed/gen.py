@@ -13,7 +13,8 @@ sys.modules with the right __module__ / __qualname__, so torch.save writes
   GLOBAL collections.OrderedDict, torch.Size (real)
 
 Fixtures (each OUT_ROOT/<case>/ckpt is a DeepSpeed save dir with `latest` -> global_step3):
-  zero1        stage 1, fp16, dp 2, one param group, a buffer
+  zero1        stage 1, fp16, dp 2, one param group, a buffer, a client-state object of an
+               unknown class (megatron.training.state.TrainerState: opaque, reported)
   zero2        stage 2, fp16, dp 3, two param groups (odd sizes: a rank holding only padding)
   bf16         BF16_Optimizer (no zero_stage, padded partitions, bf16_ prefix), dp 2
   tp2          stage 1, fp16, tp 2 x dp 2; Megatron-style client state (argparse.Namespace,
@@ -98,6 +99,16 @@ class fragment_address:  # noqa: N801 (DeepSpeed's name)
 
 fragment_address.__module__ = "deepspeed.utils.tensor_fragment"
 _fake_module("deepspeed.utils.tensor_fragment").fragment_address = fragment_address
+
+class TrainerState:
+    """A client-state object of a class fc does not know (kept opaque, reported)."""
+
+    def __init__(self):
+        self.consumed_samples = 24
+
+
+TrainerState.__module__ = "megatron.training.state"
+_fake_module("megatron.training.state").TrainerState = TrainerState
 
 TAG = "global_step3"
 DS_VERSION = "0.16.4"
@@ -477,7 +488,7 @@ def generate(out):
             shutil.rmtree(os.path.join(out, c), ignore_errors=True)
     g1 = [od(("embed.weight", (6, 4)), ("layer.weight", (4, 4)), ("layer.bias", (4,)),
              ("head.weight", (3, 4)))]
-    gen_zero12(out, "zero1", 1, 2, g1, seed=1)
+    gen_zero12(out, "zero1", 1, 2, g1, seed=1, client={"trainer_state": TrainerState()})
     g2 = [od(("embed.weight", (5, 3)), ("layer.weight", (3, 3))),
           od(("layer.bias", (3,)), ("head.bias", (1,)))]
     gen_zero12(out, "zero2", 2, 3, g2, seed=2)

@@ -111,6 +111,11 @@ TEST_CASE("deepspeed: attributes, dtypes and tag resolution", "[deepspeed]") {
   // head.bias lives on rank 2's partition only, which is mostly padding.
   CHECK(z2->FindTensor("head.bias")->chunks.size() == 1);
 
+  // An unknown class in the client state is kept opaque and reported, not refused.
+  auto z1 = ReadDeepSpeedCheckpoint(Fixture("zero1") + "/ckpt");
+  REQUIRE(z1.ok());
+  CHECK(z1->attributes.at("deepspeed.opaque_globals") == "megatron.training.state.TrainerState");
+
   auto bf = ReadDeepSpeedCheckpoint(Fixture("bf16") + "/ckpt/global_step3");  // a tag dir
   REQUIRE(bf.ok());
   CHECK(bf->attributes.at("deepspeed.optimizer") == "bf16_optimizer");
