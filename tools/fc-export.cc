@@ -19,10 +19,10 @@ int main(int argc, char** argv) {
       "HuggingFace safetensors: model.safetensors, or model-0000i-of-0000N.safetensors plus "
       "model.safetensors.index.json. Streams under a memory budget; output files appear only "
       "when complete."};
-  app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors, Paddle FlexCheckpoint)")
+  app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors, Paddle FlexCheckpoint, DeepSpeed save or tag dir)")
       ->required();
   app.add_option("OUT", options.output_dir, "output directory (created if missing)")->required();
-  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle");
+  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed");
   app.add_option("--aoa", options.aoa_file,
                  "AOA program: rename/split/merge/transpose/cast tensors on the way out "
                  "(see fc-aoa(7)); outputs are the leaves of the program");
@@ -46,6 +46,11 @@ int main(int argc, char** argv) {
   app.add_option("--stats", options.stats_file,
                  "after the run, write measured figures (bytes read/written, calls, peak "
                  "buffers, seconds per process) as JSON to this file");
+  app.add_option("--weights", options.weights,
+                 "DeepSpeed input: which weights to export under the parameter names: fp32 "
+                 "(default; the fp32 master weights from the ZeRO optimizer files) or module "
+                 "(the 16-bit module weights of the model states)")
+      ->check(CLI::IsMember({"fp32", "module"}));
   app.add_flag("-q,--quiet", quiet, "no progress output");
   app.add_flag("-v,--verbose", verbose, "debug logging");
   app.set_version_flag("--version", std::string("fc-export ") + FC_VERSION);

@@ -14,9 +14,9 @@ int main(int argc, char** argv) {
       "fc-inspect: print the tensors, dtypes, shapes, chunk layout and files of a "
       "distributed checkpoint (PyTorch DCP incl. Megatron torch_dist, safetensors or HF "
       "sharded safetensors, fc distcp); verify it; preview an AOA program on it."};
-  app.add_option("CKPT", options.path, "checkpoint directory (or .safetensors file)")
+  app.add_option("CKPT", options.path, "checkpoint directory (or .safetensors file; DeepSpeed: save dir with latest, or a tag dir)")
       ->required();
-  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle");
+  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed");
   app.add_option("--tensors", options.tensor_regex,
                  "only tensors whose key matches this regular expression (ECMAScript, search)");
   app.add_flag("--json", options.json, "machine-readable JSON on stdout");

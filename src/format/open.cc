@@ -2,6 +2,7 @@
 
 #include <regex>
 
+#include "fc/format/deepspeed.h"
 #include "fc/format/fc_distcp.h"
 #include "fc/format/paddle_flex.h"
 #include "fc/format/safetensors.h"
@@ -36,13 +37,14 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
   }
   if (has_st_index || has_st) return CheckpointFormat::kSafetensors;
   if (has_paddle_meta) return CheckpointFormat::kPaddleFlex;
+  if (IsDeepSpeedCheckpointDir(path)) return CheckpointFormat::kDeepSpeed;
   if (has_pt) {
-    return UnimplementedError(path + ": holds torch.save .pt files (DeepSpeed / legacy "
-                              "Megatron); fc does not read those yet");
+    return UnimplementedError(path + ": holds torch.save .pt files that are not a DeepSpeed "
+                              "checkpoint (legacy Megatron?); fc does not read those yet");
   }
   return InvalidArgumentError(path + ": no checkpoint found (looked for fc.metadata.json, "
                               ".metadata, *.safetensors.index.json, *.safetensors, "
-                              "<id>.metadata)");
+                              "<id>.metadata, DeepSpeed latest / *_model_states.pt)");
 }
 
 Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
@@ -58,6 +60,7 @@ Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
     case CheckpointFormat::kSafetensors: return ReadSafetensorsCheckpoint(path);
     case CheckpointFormat::kFcDistcp: return ReadFcDistcp(path);
     case CheckpointFormat::kPaddleFlex: return ReadPaddleFlexCheckpoint(path);
+    case CheckpointFormat::kDeepSpeed: return ReadDeepSpeedCheckpoint(path);
   }
   return InternalError("unhandled checkpoint format");
 }

@@ -8,6 +8,7 @@ std::string_view CheckpointFormatName(CheckpointFormat format) {
     case CheckpointFormat::kSafetensors: return "safetensors";
     case CheckpointFormat::kFcDistcp: return "fc";
     case CheckpointFormat::kPaddleFlex: return "paddle";
+    case CheckpointFormat::kDeepSpeed: return "deepspeed";
   }
   return "unknown";
 }
@@ -17,8 +18,9 @@ Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
   if (name == "safetensors" || name == "hf") return CheckpointFormat::kSafetensors;
   if (name == "fc" || name == "fc-distcp") return CheckpointFormat::kFcDistcp;
   if (name == "paddle" || name == "paddle-flex") return CheckpointFormat::kPaddleFlex;
+  if (name == "deepspeed" || name == "ds") return CheckpointFormat::kDeepSpeed;
   return InvalidArgumentError("unknown checkpoint format '" + std::string(name) +
-                              "' (expected torch-dcp, safetensors, fc or paddle)");
+                              "' (expected torch-dcp, safetensors, fc, paddle or deepspeed)");
 }
 
 const TensorEntry* CheckpointIndex::FindTensor(std::string_view key) const {

@@ -14,6 +14,7 @@
 #include "fc/exec/execute.h"
 #include "fc/exec/parallel.h"
 #include "fc/format/chunk_reader.h"
+#include "fc/format/deepspeed.h"
 #include "fc/format/open.h"
 #include "fc/format/safetensors.h"
 #include "fc/io/file.h"
@@ -104,6 +105,15 @@ struct ExportPlan {
 
 Status BuildExportPlan(const ExportOptions& options, int processes, ExportPlan& p) {
   FC_ASSIGN_OR_RETURN(p.index, OpenCheckpoint(options.input, options.format));
+  if (p.index.format == CheckpointFormat::kDeepSpeed) {
+    // Plain names: fp32 master weights (default) or the 16-bit module weights.
+    FC_ASSIGN_OR_RETURN(DeepSpeedWeights w, ParseDeepSpeedWeights(options.weights.empty()
+                                                                      ? "fp32"
+                                                                      : options.weights));
+    FC_RETURN_IF_ERROR(SelectDeepSpeedWeights(w, &p.index));
+  } else if (!options.weights.empty()) {
+    return InvalidArgumentError("--weights applies to DeepSpeed checkpoints only");
+  }
   const CheckpointIndex& index = p.index;
   FC_ASSIGN_OR_RETURN(auto include, CompileRegex("--include", options.include_regex));
   FC_ASSIGN_OR_RETURN(auto exclude, CompileRegex("--exclude", options.exclude_regex));

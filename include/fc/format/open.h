@@ -16,8 +16,10 @@ namespace fc {
 //   a directory with fc.metadata.json                  -> fc distcp
 //   a directory with .metadata (torch DCP, Megatron torch_dist) -> torch DCP
 //   a directory with *.safetensors.index.json or *.safetensors  -> safetensors
+//   a directory with <id>.metadata                     -> Paddle FlexCheckpoint
+//   a DeepSpeed save dir (latest -> tag dir) or tag dir (*_model_states.pt) -> deepspeed
 // Errors: kNotFound (path missing), kUnimplemented for recognised but unsupported layouts
-// (PaddlePaddle "<id>.metadata" + "<rank>_<id>.distcp", DeepSpeed "*.pt"), kInvalidArgument
+// (other "*.pt" directories, e.g. legacy Megatron), kInvalidArgument
 // when nothing is recognised (the message lists what was looked for).
 Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path);
 

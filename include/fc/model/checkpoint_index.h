@@ -36,6 +36,7 @@ enum class CheckpointFormat {
   kSafetensors,  // one .safetensors file, or a directory with an HF index / *.safetensors
   kFcDistcp,     // fc's native format (fc.metadata.json + R_N.distcp)
   kPaddleFlex,   // PaddlePaddle FlexCheckpoint (<id>.metadata + <rank>_<id>.distcp pickles)
+  kDeepSpeed,    // DeepSpeed save/tag dir (mp_rank_XX_model_states.pt, *_optim_states.pt)
 };
 
 std::string_view CheckpointFormatName(CheckpointFormat format);  // "torch-dcp", ...

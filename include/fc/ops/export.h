@@ -32,6 +32,9 @@ struct ExportOptions {
   uint64_t memory_budget = 0;              // bytes; 0: a quarter of physical memory
   int threads = 0;                         // 0: hardware concurrency (at most 8)
   std::string objects_dir;                 // dump non-tensor objects here (else skipped)
+  // DeepSpeed input only: "fp32" (default: fp32 master weights where the optimizer files
+  // hold them) or "module" (the 16-bit module weights). See fc/format/deepspeed.h.
+  std::string weights;
   Progress::Mode progress = Progress::Mode::kAuto;
   bool dry_run = false;                    // plan only: print it to `out`, write nothing
   bool json = false;                       // the dry-run plan as JSON (fc-plan(5))

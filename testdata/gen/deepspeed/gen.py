@@ -1,0 +1,563 @@
+#!/usr/bin/env python3
+"""Write tiny DeepSpeed checkpoint directories without DeepSpeed (it is not installed here),
+with Debian's torch 1.13 (/usr/bin/python3), exactly as shared/reference/deepspeed.md lays
+them out (DeepSpeedEngine._save_checkpoint / _save_zero_checkpoint, stage_1_and_2.state_dict,
+bf16_optimizer.state_dict, stage3._rigid_state_dict).
+
+The pickles name the real DeepSpeed classes: tiny stand-ins are registered as fake modules in
+sys.modules with the right __module__ / __qualname__, so torch.save writes
+  GLOBAL deepspeed.runtime.zero.config.ZeroStageEnum        REDUCE (int,)    (an int Enum)
+  GLOBAL deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler  NEWOBJ + BUILD {__dict__}
+  GLOBAL deepspeed.utils.tensor_fragment.fragment_address   NEWOBJ + BUILD {numel, start}
+  GLOBAL argparse.Namespace (real), numpy.core.multiarray._reconstruct (real RNG state)
+  GLOBAL collections.OrderedDict, torch.Size (real)
+
+Fixtures (each OUT_ROOT/<case>/ckpt is a DeepSpeed save dir with `latest` -> global_step3):
+  zero1        stage 1, fp16, dp 2, one param group, a buffer, a client-state object of an
+               unknown class (megatron.training.state.TrainerState: opaque, reported)
+  zero2        stage 2, fp16, dp 3, two param groups (odd sizes: a rank holding only padding)
+  bf16         BF16_Optimizer (no zero_stage, padded partitions, bf16_ prefix), dp 2
+  tp2          stage 1, fp16, tp 2 x dp 2; Megatron-style client state (argparse.Namespace,
+               numpy RNG state)
+  frozen_tied  stage 2, fp16, dp 2, a frozen param (frozen_param_shapes/_fragments) and a
+               tied weight (shared_params alias -> owner); ZeroStageEnum pickled the
+               Python < 3.11 way, REDUCE (value,) (the other cases: getattr(cls, 'name'))
+  zero3        stage 3, fp16, dp 2, two sub-groups, ceil-div per-param padding, a frozen param
+
+The 16-bit module weights of stage 0-2 are views of one flat 16-bit buffer (as DeepSpeed's
+flattened bit16 groups are), so the pickles carry storage offsets; the fp32 partition of
+ZeRO-1/2 is saved as the view part[:lean] (the file holds the padded storage).
+
+Expected values are computed by an independent reconstruction that torch.load()s the written
+files and follows zero_to_fp32's algorithm (deepspeed.md 3.3 / 4.2), not the writer's
+in-memory values:
+  OUT_ROOT/<case>/expected/<key>.npy   full value, C order; float16 as '<f2', bfloat16 as
+                                        uint16 bits, 0-d step as a 0-d '<f4'
+Keys (fc's names, include/fc/format/deepspeed.h): <param> fp32 master weight (frozen params
+and buffers: as stored), module.<param> the module state dict tensor, optimizer.exp_avg.<param>,
+optimizer.exp_avg_sq.<param>, optimizer.step.<param>; with tp > 1 every key is prefixed by
+mp_rank_XX.
+
+usage: /usr/bin/python3 testdata/gen/deepspeed/gen.py [OUT_ROOT]
+       /usr/bin/python3 testdata/gen/deepspeed/gen.py --check [OUT_ROOT]
+--check regenerates into a temporary directory and compares every file byte for byte with
+OUT_ROOT (default: testdata/deepspeed next to this script's testdata/gen).
+"""
+import argparse
+import collections
+import dataclasses
+import enum
+import filecmp
+import os
+import shutil
+import sys
+import tempfile
+import types
+
+import numpy as np
+import torch
+
+
+def _fake_module(name):
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        n = ".".join(parts[:i])
+        if n not in sys.modules:
+            sys.modules[n] = types.ModuleType(n)
+    return sys.modules[name]
+
+
+class ZeroStageEnum(int, enum.Enum):
+    disabled = 0
+    optimizer_states = 1
+    gradients = 2
+    weights = 3
+
+
+ZeroStageEnum.__module__ = "deepspeed.runtime.zero.config"
+_fake_module("deepspeed.runtime.zero.config").ZeroStageEnum = ZeroStageEnum
+
+
+class DynamicLossScaler:
+    def __init__(self):
+        self.cur_scale = 65536.0
+        self.cur_iter = 3
+        self.last_overflow_iter = -1
+        self.scale_factor = 2.0
+        self.scale_window = 1000
+
+
+DynamicLossScaler.__module__ = "deepspeed.runtime.fp16.loss_scaler"
+_fake_module("deepspeed.runtime.fp16.loss_scaler").DynamicLossScaler = DynamicLossScaler
+
+
+@dataclasses.dataclass
+class fragment_address:  # noqa: N801 (DeepSpeed's name)
+    numel: int
+    start: int
+
+
+fragment_address.__module__ = "deepspeed.utils.tensor_fragment"
+_fake_module("deepspeed.utils.tensor_fragment").fragment_address = fragment_address
+
+class TrainerState:
+    """A client-state object of a class fc does not know (kept opaque, reported)."""
+
+    def __init__(self):
+        self.consumed_samples = 24
+
+
+TrainerState.__module__ = "megatron.training.state"
+_fake_module("megatron.training.state").TrainerState = TrainerState
+
+TAG = "global_step3"
+DS_VERSION = "0.16.4"
+
+
+def values(n, seed, positive=False):
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, generator=g, dtype=torch.float32)
+    return v.abs() + 0.01 if positive else v
+
+
+def numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def ds_config(stage, bf16):
+    return {"train_batch_size": 8, "zero_optimization": {"stage": stage},
+            ("bf16" if bf16 else "fp16"): {"enabled": True},
+            "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
+
+
+def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master):
+    """groups: list of OrderedDict name->shape. Returns (per-rank OSD list, flat bit16 list).
+
+    master: dict name -> fp32 value (filled here)."""
+    per_rank = [dict(single=[], paddings=[], mappings=[], state={}) for _ in range(dp)]
+    flats16 = []
+    align = 2 * dp
+    for gi, shapes in enumerate(groups):
+        orig = sum(numel(s) for s in shapes.values())
+        padded = (orig + align - 1) // align * align
+        ps = padded // dp
+        flat = torch.zeros(padded)
+        off = 0
+        for name, shape in shapes.items():
+            n = numel(shape)
+            v = values(n, seed + 17 * gi + off)
+            flat[off:off + n] = v
+            master[name] = v.reshape(shape)
+            off += n
+        exp_avg = torch.zeros(padded)
+        exp_avg[:orig] = values(orig, seed + 1000 + gi)
+        exp_avg_sq = torch.zeros(padded)
+        exp_avg_sq[:orig] = values(orig, seed + 2000 + gi, positive=True)
+        flats16.append(flat)
+        for r in range(dp):
+            left = r * ps
+            if orig <= left:
+                pad = ps
+            elif orig < left + ps:
+                pad = left + ps - orig
+            else:
+                pad = 0
+            part = flat[left:left + ps].clone()
+            lean = ps - pad
+            st = per_rank[r]
+            st["single"].append(part if bf16_optimizer else part[:lean])
+            st["paddings"].append(pad)
+            m = collections.OrderedDict()
+            off = 0
+            for name, shape in shapes.items():
+                n = numel(shape)
+                lo, hi = max(off, left), min(off + n, left + ps)
+                if lo < hi:
+                    m[name] = fragment_address(numel=hi - lo, start=lo - left)
+                off += n
+            st["mappings"].append(m)
+            st["state"][gi] = {"step": torch.tensor(3.0),
+                               "exp_avg": exp_avg[left:left + ps].clone(),
+                               "exp_avg_sq": exp_avg_sq[left:left + ps].clone()}
+    out = []
+    for r in range(dp):
+        st = per_rank[r]
+        base = {"state": st["state"],
+                "param_groups": [{"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-08,
+                                  "weight_decay": 0.0, "amsgrad": False, "params": [gi]}
+                                 for gi in range(len(groups))]}
+        if bf16_optimizer:
+            osd = {"clip_grad": 1.0, "base_optimizer_state": base,
+                   "single_partition_of_fp32_groups": st["single"],
+                   "group_paddings": st["paddings"], "partition_count": dp,
+                   "ds_version": DS_VERSION, "param_slice_mappings": st["mappings"]}
+        else:
+            osd = {"loss_scaler": DynamicLossScaler(), "dynamic_loss_scale": True,
+                   "overflow": False, "clip_grad": 1.0, "base_optimizer_state": base,
+                   "single_partition_of_fp32_groups": st["single"],
+                   "zero_stage": ZeroStageEnum(stage), "group_paddings": st["paddings"],
+                   "partition_count": dp, "ds_version": DS_VERSION,
+                   "param_slice_mappings": st["mappings"]}
+        out.append(osd)
+    return out, flats16
+
+
+def module_from_flats(groups, flats16, dtype):
+    """16-bit module weights as views of the flat bit16 buffers (like DeepSpeed's)."""
+    module = collections.OrderedDict()
+    for shapes, flat in zip(groups, flats16):
+        f16 = flat.to(dtype)
+        off = 0
+        for name, shape in shapes.items():
+            n = numel(shape)
+            module[name] = f16[off:off + n].view(shape)
+            off += n
+    return module
+
+
+def common_state(module, param_shapes, buffer_names, dp, mp, stage, bf16, **extra):
+    sd = {"module": module, "buffer_names": buffer_names, "optimizer": None,
+          "param_shapes": param_shapes, "frozen_param_shapes": None,
+          "frozen_param_fragments": None, "shared_params": {}, "lr_scheduler": None,
+          "data_sampler": None, "random_ltd": None, "sparse_tensor_module_names": set(),
+          "skipped_steps": 0, "global_steps": 3, "global_samples": 24,
+          "dp_world_size": dp, "mp_world_size": mp,
+          "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": mp},
+          "ds_config": ds_config(stage, bf16), "ds_version": DS_VERSION}
+    sd.update(extra)
+    return sd
+
+
+def save(obj, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save(obj, path)
+
+
+def write_save_dir(root):
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "latest"), "w") as f:
+        f.write(TAG)
+
+
+def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
+               frozen=None, tied=None, client=None):
+    root = os.path.join(out, case, "ckpt")
+    write_save_dir(root)
+    tagdir = os.path.join(root, TAG)
+    dtype = torch.bfloat16 if bf16_optimizer else torch.float16
+    prefix = "bf16_" if bf16_optimizer else ""
+    for m in range(mp):
+        master = {}
+        osds, flats16 = zero12_rank_states(groups, dp, seed + 100 * m, stage, bf16_optimizer,
+                                           master)
+        module = module_from_flats(groups, flats16, dtype)
+        extra = {}
+        if frozen:
+            fshapes = collections.OrderedDict()
+            frags = collections.OrderedDict()
+            for i, (name, shape) in enumerate(frozen.items()):
+                t = values(numel(shape), seed + 500 + i).reshape(shape).to(dtype)
+                module[name] = t
+                fshapes[name] = torch.Size(shape)
+                frags[name] = t.detach().clone()
+            extra["frozen_param_shapes"] = fshapes
+            extra["frozen_param_fragments"] = frags
+        if tied:
+            for alias, owner in tied.items():
+                module[alias] = module[owner]  # same tensor: one storage in the file
+            extra["shared_params"] = dict(tied)
+        module["norm.running_mean"] = values(4, seed + 900 + m).to(dtype)
+        if client:
+            extra.update(client)
+        sd = common_state(module, [collections.OrderedDict(
+            (k, torch.Size(v)) for k, v in g.items()) for g in groups],
+            ["norm.running_mean"], dp, mp, stage, bf16_optimizer, **extra)
+        save(sd, os.path.join(tagdir, "mp_rank_%02d_model_states.pt" % m))
+        for r, osd in enumerate(osds):
+            save({"optimizer_state_dict": osd, "ds_config": ds_config(stage, bf16_optimizer),
+                  "ds_version": DS_VERSION},
+                 os.path.join(tagdir, "%szero_pp_rank_%d_mp_rank_%02d_optim_states.pt" %
+                              (prefix, r, m)))
+
+
+def gen_zero3(out, case, dp, subgroups, frozen, seed):
+    root = os.path.join(out, case, "ckpt")
+    write_save_dir(root)
+    tagdir = os.path.join(root, TAG)
+    fp32 = [[] for _ in range(dp)]
+    ea = [[] for _ in range(dp)]
+    eas = [[] for _ in range(dp)]
+    for k, shapes in enumerate(subgroups):
+        per_rank = [[] for _ in range(dp)]
+        per_rank_a = [[] for _ in range(dp)]
+        per_rank_s = [[] for _ in range(dp)]
+        for i, (name, shape) in enumerate(shapes.items()):
+            n = numel(shape)
+            ps = -(-n // dp)
+            for src, dst, pos in ((values(n, seed + 10 * k + i), per_rank, False),
+                                  (values(n, seed + 300 + 10 * k + i), per_rank_a, False),
+                                  (values(n, seed + 600 + 10 * k + i, True), per_rank_s, True)):
+                padded = torch.zeros(ps * dp)
+                padded[:n] = src
+                for r in range(dp):
+                    dst[r].append(padded[r * ps:(r + 1) * ps])
+        for r in range(dp):
+            fp32[r].append(torch.cat(per_rank[r]))
+            ea[r].append(torch.cat(per_rank_a[r]))
+            eas[r].append(torch.cat(per_rank_s[r]))
+    fshapes = collections.OrderedDict((k, torch.Size(v)) for k, v in frozen.items())
+    ffull = {name: values(numel(s), seed + 800 + i).to(torch.float16)
+             for i, (name, s) in enumerate(frozen.items())}
+    for r in range(dp):
+        module = collections.OrderedDict()
+        for shapes in subgroups:
+            for name in shapes:
+                module[name] = torch.empty(0, dtype=torch.float16)
+        frags = collections.OrderedDict()
+        for name, s in frozen.items():
+            module[name] = torch.empty(0, dtype=torch.float16)
+            n = numel(s)
+            ps = -(-n // dp)
+            padded = torch.zeros(ps * dp, dtype=torch.float16)
+            padded[:n] = ffull[name]
+            frags[name] = padded[r * ps:(r + 1) * ps].clone()
+        module["norm.running_mean"] = values(4, seed + 950).to(torch.float16)
+        sd = common_state(module, [collections.OrderedDict(
+            (k, torch.Size(v)) for k, v in g.items()) for g in subgroups],
+            ["norm.running_mean"], dp, 1, 3, False,
+            frozen_param_shapes=fshapes, frozen_param_fragments=frags)
+        save(sd, os.path.join(tagdir, "zero_pp_rank_%d_mp_rank_00_model_states.pt" % r))
+        osd3 = {"zero_stage": ZeroStageEnum(3), "loss_scaler": DynamicLossScaler(),
+                "dynamic_loss_scale": True, "overflow": False, "partition_count": dp,
+                "optimizer_state_dict": {
+                    "state": {k: {"step": torch.tensor(3.0), "exp_avg": ea[r][k],
+                                  "exp_avg_sq": eas[r][k]} for k in range(len(subgroups))},
+                    "param_groups": [{"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-08,
+                                      "weight_decay": 0.0,
+                                      "params": list(range(len(subgroups)))}]},
+                "fp32_flat_groups": fp32[r]}
+        save({"optimizer_state_dict": osd3, "ds_config": ds_config(3, False),
+              "ds_version": DS_VERSION},
+             os.path.join(tagdir, "zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
+
+
+# --- Independent reconstruction (zero_to_fp32's algorithm, on torch.load of the files) -----
+
+def load(path):
+    return torch.load(path, map_location="cpu")
+
+
+def reconstruct(ckpt):
+    with open(os.path.join(ckpt, "latest")) as f:
+        tagdir = os.path.join(ckpt, f.read().strip())
+    names = sorted(os.listdir(tagdir))
+    mp_files = [n for n in names if n.startswith("mp_rank_") and n.endswith("_model_states.pt")]
+    out = collections.OrderedDict()
+    if not mp_files:  # stage 3
+        return reconstruct_zero3(tagdir, names)
+    mp = len(mp_files)
+    for m, mf in enumerate(mp_files):
+        pre = "mp_rank_%02d." % m if mp > 1 else ""
+        model = load(os.path.join(tagdir, mf))
+        optim = sorted((n for n in names if n.endswith("_mp_rank_%02d_optim_states.pt" % m)),
+                       key=lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0]))
+        states = [load(os.path.join(tagdir, n))["optimizer_state_dict"] for n in optim]
+        ws = states[0]["partition_count"]
+        assert ws == len(states)
+        module = model["module"]
+        sd = collections.OrderedDict()
+        keys = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict(),
+                "step": collections.OrderedDict()}
+        for g, shapes in enumerate(model["param_shapes"]):
+            # fp32: cat unpadded partitions (bf16 optimizer: strip group_paddings ourselves)
+            parts = []
+            for s in states:
+                p = s["single_partition_of_fp32_groups"][g]
+                if "zero_stage" not in s:
+                    p = p[:p.numel() - s["group_paddings"][g]]
+                parts.append(p)
+            full = torch.cat(parts)
+            opt = {}
+            for key in ("exp_avg", "exp_avg_sq"):
+                opt[key] = torch.cat([
+                    s["base_optimizer_state"]["state"][g][key][
+                        :s["base_optimizer_state"]["state"][g][key].numel() -
+                        s["group_paddings"][g]] for s in states])
+            off = 0
+            for name, shape in shapes.items():
+                n = numel(shape)
+                sd[name] = full[off:off + n].view(shape)
+                for key in ("exp_avg", "exp_avg_sq"):
+                    keys[key][name] = opt[key][off:off + n].view(shape)
+                keys["step"][name] = states[0]["base_optimizer_state"]["state"][g]["step"]
+                off += n
+            align = 2 * ws
+            assert -(-off // align) * align == -(-full.numel() // align) * align
+        for name, shape in (model.get("frozen_param_shapes") or {}).items():
+            sd[name] = model["frozen_param_fragments"][name]
+        for b in model["buffer_names"]:
+            sd[b] = module[b]
+        for alias, owner in model["shared_params"].items():
+            if owner in sd:
+                sd[alias] = sd[owner]
+        for k, v in sd.items():
+            out[pre + k] = v
+        for k, v in module.items():
+            out[pre + "module." + k] = v
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            for k, v in keys[key].items():
+                out[pre + "optimizer.%s.%s" % (key, k)] = v
+    return out
+
+
+def reconstruct_zero3(tagdir, names):
+    rank = lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0])  # noqa: E731
+    mfiles = sorted((n for n in names if n.endswith("_model_states.pt")), key=rank)
+    ofiles = sorted((n for n in names if n.endswith("_optim_states.pt")), key=rank)
+    models = [load(os.path.join(tagdir, n)) for n in mfiles]
+    states = [load(os.path.join(tagdir, n))["optimizer_state_dict"] for n in ofiles]
+    ws = states[0]["partition_count"]
+    assert ws == len(states) == len(models)
+    sd = collections.OrderedDict()
+    opt = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict(),
+           "step": collections.OrderedDict()}
+    shapes = collections.OrderedDict()
+    for d in models[0]["param_shapes"]:
+        shapes.update(d)
+    flat = [torch.cat(s["fp32_flat_groups"]) for s in states]
+    flat_opt = {key: [torch.cat([s["optimizer_state_dict"]["state"][k][key]
+                                 for k in range(len(s["fp32_flat_groups"]))]) for s in states]
+                for key in ("exp_avg", "exp_avg_sq")}
+    sub_of = {}
+    for k, d in enumerate(models[0]["param_shapes"]):
+        for name in d:
+            sub_of[name] = k
+    off = 0
+    for name, shape in shapes.items():
+        n = numel(shape)
+        ps = -(-n // ws)
+        sd[name] = torch.cat([flat[r][off:off + ps] for r in range(ws)])[:n].view(shape)
+        for key in ("exp_avg", "exp_avg_sq"):
+            opt[key][name] = torch.cat([flat_opt[key][r][off:off + ps]
+                                        for r in range(ws)])[:n].view(shape)
+        opt["step"][name] = states[0]["optimizer_state_dict"]["state"][sub_of[name]]["step"]
+        off += ps
+    assert off * ws == sum(t.numel() for t in states[0]["fp32_flat_groups"]) * ws
+    for name, shape in models[0]["frozen_param_shapes"].items():
+        n = numel(shape)
+        sd[name] = torch.cat([m["frozen_param_fragments"][name] for m in models])[:n].view(shape)
+    for b in models[0]["buffer_names"]:
+        sd[b] = models[0]["module"][b]
+    out = collections.OrderedDict(sd)
+    buffers = set(models[0]["buffer_names"])
+    for k, v in models[0]["module"].items():
+        if k in buffers:
+            out["module." + k] = v
+    for key in ("exp_avg", "exp_avg_sq", "step"):
+        for k, v in opt[key].items():
+            out["optimizer.%s.%s" % (key, k)] = v
+    return out
+
+
+def to_numpy(t):
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def write_expected(case_dir):
+    exp = reconstruct(os.path.join(case_dir, "ckpt"))
+    d = os.path.join(case_dir, "expected")
+    os.makedirs(d, exist_ok=True)
+    for k, v in exp.items():
+        np.save(os.path.join(d, k + ".npy"), to_numpy(v))
+    return exp
+
+
+def od(*items):
+    return collections.OrderedDict(items)
+
+
+def generate(out):
+    if os.path.isdir(out):
+        for c in CASES:
+            shutil.rmtree(os.path.join(out, c), ignore_errors=True)
+    g1 = [od(("embed.weight", (6, 4)), ("layer.weight", (4, 4)), ("layer.bias", (4,)),
+             ("head.weight", (3, 4)))]
+    gen_zero12(out, "zero1", 1, 2, g1, seed=1, client={"trainer_state": TrainerState()})
+    g2 = [od(("embed.weight", (5, 3)), ("layer.weight", (3, 3))),
+          od(("layer.bias", (3,)), ("head.bias", (1,)))]
+    gen_zero12(out, "zero2", 2, 3, g2, seed=2)
+    gen_zero12(out, "bf16", 1, 2, g1, seed=3, bf16_optimizer=True)
+    client = {"args": argparse.Namespace(tensor_model_parallel_size=2, num_layers=1,
+                                         hidden_size=4),
+              "iteration": 3, "checkpoint_version": 3.0,
+              "rng_state": [{"random_rng_state": None,
+                             "np_rng_state": np.random.RandomState(7).get_state()}]}
+    gen_zero12(out, "tp2", 1, 2, [od(("layer.weight", (2, 4)), ("layer.bias", (2,)))], seed=4,
+               mp=2, client=client)
+    # Python < 3.11 pickles an Enum member as ZeroStageEnum((value,)); 3.11+ (the rest here)
+    # as getattr(ZeroStageEnum, 'member'). frozen_tied carries the older form.
+    saved = ZeroStageEnum.__reduce_ex__
+    ZeroStageEnum.__reduce_ex__ = lambda self, proto: (self.__class__, (self._value_,))
+    try:
+        gen_zero12(out, "frozen_tied", 2, 2,
+                   [od(("embed.weight", (5, 4)), ("layer.weight", (4, 4)))], seed=5,
+                   frozen=od(("frozen.weight", (3, 4))), tied={"head.weight": "embed.weight"})
+    finally:
+        ZeroStageEnum.__reduce_ex__ = saved
+    gen_zero3(out, "zero3", 2,
+              [od(("embed.weight", (5, 3)), ("layer.bias", (3,))),
+               od(("layer.weight", (3, 3)), ("head.bias", (1,)))],
+              frozen=od(("frozen.weight", (5,))), seed=6)
+    for c in CASES:
+        write_expected(os.path.join(out, c))
+
+
+CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3"]
+
+
+def compare_dirs(a, b):
+    bad = []
+    for root, _, files in os.walk(a):
+        for f in files:
+            pa = os.path.join(root, f)
+            pb = os.path.join(b, os.path.relpath(pa, a))
+            if not os.path.exists(pb) or not filecmp.cmp(pa, pb, shallow=False):
+                bad.append(os.path.relpath(pa, a))
+    for root, _, files in os.walk(b):
+        for f in files:
+            pb = os.path.join(root, f)
+            if not os.path.exists(os.path.join(a, os.path.relpath(pb, b))):
+                bad.append(os.path.relpath(pb, b) + " (extra)")
+    return bad
+
+
+def main():
+    args = sys.argv[1:]
+    check = "--check" in args
+    args = [a for a in args if a != "--check"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = args[0] if args else os.path.normpath(os.path.join(here, "..", "..", "deepspeed"))
+    torch.manual_seed(0)
+    if not check:
+        generate(out)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(tmp)
+        bad = []
+        for c in CASES:
+            bad += [c + "/" + p for p in compare_dirs(os.path.join(tmp, c), os.path.join(out, c))]
+    if bad:
+        print("fixtures differ from the generator:\n  " + "\n  ".join(bad))
+        return 1
+    print("deepspeed fixtures match the generator (%d cases)" % len(CASES))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

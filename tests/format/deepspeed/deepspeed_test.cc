@@ -1,0 +1,293 @@
+// ReadDeepSpeedCheckpoint on the torch 1.13 fixtures (testdata/deepspeed, written by
+// testdata/gen/deepspeed/gen.py): every tensor, reassembled from its chunks (flattened
+// ranges included) by reading the files, equals the expected value that the generator
+// computed with zero_to_fp32's algorithm; damaged inputs give errors naming the file.
+#include "fc/format/deepspeed.h"
+
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "fc/format/open.h"
+#include "tests/format/torch/torch_test_support.h"
+
+namespace fc {
+namespace {
+
+using testing::ReadFileBytes;
+using testing::WriteFileBytes;
+
+const char* kCases[] = {"zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3"};
+
+std::string Fixture(const std::string& name) {
+  const char* root = std::getenv("FC_TESTDATA");
+  REQUIRE(root != nullptr);
+  return std::string(root) + "/deepspeed/" + name;
+}
+
+// Row-major value of `t`, each element written exactly once (checked).
+std::vector<std::byte> Reassemble(const CheckpointIndex& index, const TensorEntry& t) {
+  const size_t item = DTypeSize(t.dtype);
+  int64_t n = 1;
+  for (int64_t d : t.global_shape) n *= d;
+  std::vector<std::byte> out(static_cast<size_t>(n) * item);
+  std::vector<int> hits(static_cast<size_t>(n), 0);
+  for (const Chunk& c : t.chunks) {
+    const std::vector<std::byte> file = ReadFileBytes(index.root + "/" + index.files[c.file].path);
+    REQUIRE(c.byte_offset + c.byte_length <= file.size());
+    REQUIRE(c.box.global_offset == Shape(t.global_shape.size(), 0));
+    REQUIRE(c.box.local_shape == t.global_shape);
+    if (c.flat_range) {
+      REQUIRE(c.strides.empty());
+      REQUIRE(c.byte_length == static_cast<uint64_t>(c.flat_range->size()) * item);
+      std::memcpy(out.data() + c.flat_range->inclusive_min * item, file.data() + c.byte_offset,
+                  c.byte_length);
+      for (int64_t i = c.flat_range->inclusive_min; i < c.flat_range->exclusive_max; ++i) {
+        ++hits[static_cast<size_t>(i)];
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t rem = i, pos = 0;
+        for (size_t d = t.global_shape.size(); d-- > 0;) {
+          const int64_t idx = rem % t.global_shape[d];
+          rem /= t.global_shape[d];
+          int64_t stride = 1;
+          if (!c.strides.empty()) {
+            stride = c.strides[d];
+          } else {
+            for (size_t e = d + 1; e < t.global_shape.size(); ++e) stride *= t.global_shape[e];
+          }
+          pos += idx * stride;
+        }
+        REQUIRE((static_cast<uint64_t>(pos) + 1) * item <= c.byte_length);
+        std::memcpy(out.data() + i * item, file.data() + c.byte_offset + pos * item, item);
+        ++hits[static_cast<size_t>(i)];
+      }
+    }
+  }
+  for (int h : hits) REQUIRE(h == 1);
+  return out;
+}
+
+TEST_CASE("deepspeed: fixtures reassemble to the expected values", "[deepspeed]") {
+  for (const char* name : kCases) {
+    INFO(name);
+    auto index = OpenCheckpoint(Fixture(name) + "/ckpt");
+    REQUIRE(index.ok());
+    CHECK(index->format == CheckpointFormat::kDeepSpeed);
+    std::set<std::string> expected;
+    for (const auto& e : std::filesystem::directory_iterator(Fixture(name) + "/expected")) {
+      std::string f = e.path().filename().string();
+      expected.insert(f.substr(0, f.size() - 4));
+    }
+    std::set<std::string> got;
+    for (const TensorEntry& t : index->tensors) got.insert(t.key);
+    CHECK(got == expected);
+    for (const TensorEntry& t : index->tensors) {
+      INFO(t.key);
+      const testing::NpyArray want =
+          testing::ReadNpy(Fixture(name) + "/expected/" + t.key + ".npy");
+      CHECK(t.global_shape == want.shape);
+      CHECK(Reassemble(*index, t) == want.data);
+    }
+  }
+}
+
+TEST_CASE("deepspeed: attributes, dtypes and tag resolution", "[deepspeed]") {
+  auto z2 = ReadDeepSpeedCheckpoint(Fixture("zero2") + "/ckpt");
+  REQUIRE(z2.ok());
+  CHECK(z2->attributes.at("deepspeed.zero_stage") == "2");
+  CHECK(z2->attributes.at("deepspeed.dp_degree") == "3");
+  CHECK(z2->attributes.at("deepspeed.tp_degree") == "1");
+  CHECK(z2->attributes.at("deepspeed.tag") == "global_step3");
+  CHECK(z2->attributes.at("deepspeed.optimizer") == "zero");
+  CHECK(z2->attributes.count("deepspeed.opaque_globals") == 0);
+  CHECK(z2->FindTensor("embed.weight")->dtype == DType::kFloat32);
+  CHECK(z2->FindTensor("module.embed.weight")->dtype == DType::kFloat16);
+  // head.bias lives on rank 2's partition only, which is mostly padding.
+  CHECK(z2->FindTensor("head.bias")->chunks.size() == 1);
+
+  // An unknown class in the client state is kept opaque and reported, not refused.
+  auto z1 = ReadDeepSpeedCheckpoint(Fixture("zero1") + "/ckpt");
+  REQUIRE(z1.ok());
+  CHECK(z1->attributes.at("deepspeed.opaque_globals") == "megatron.training.state.TrainerState");
+
+  auto bf = ReadDeepSpeedCheckpoint(Fixture("bf16") + "/ckpt/global_step3");  // a tag dir
+  REQUIRE(bf.ok());
+  CHECK(bf->attributes.at("deepspeed.optimizer") == "bf16_optimizer");
+  CHECK(bf->attributes.at("deepspeed.zero_stage") == "1");
+  CHECK(bf->attributes.at("deepspeed.tag") == "global_step3");
+  CHECK(bf->FindTensor("module.layer.weight")->dtype == DType::kBFloat16);
+
+  auto tp = ReadDeepSpeedCheckpoint(Fixture("tp2") + "/ckpt");
+  REQUIRE(tp.ok());
+  CHECK(tp->attributes.at("deepspeed.tp_degree") == "2");
+  CHECK(tp->FindTensor("mp_rank_01.layer.weight") != nullptr);
+  // argparse.Namespace and numpy RNG state are allow-listed: no opaque globals.
+  CHECK(tp->attributes.count("deepspeed.opaque_globals") == 0);
+
+  auto z3 = ReadDeepSpeedCheckpoint(Fixture("zero3") + "/ckpt");
+  REQUIRE(z3.ok());
+  CHECK(z3->attributes.at("deepspeed.zero_stage") == "3");
+  CHECK(z3->FindTensor("module.embed.weight") == nullptr);  // 0-element placeholder
+  CHECK(z3->FindTensor("frozen.weight")->chunks.size() == 2);
+}
+
+TEST_CASE("deepspeed: weights for export", "[deepspeed]") {
+  auto index = ReadDeepSpeedCheckpoint(Fixture("frozen_tied") + "/ckpt");
+  REQUIRE(index.ok());
+  CheckpointIndex fp32 = *index;
+  REQUIRE(SelectDeepSpeedWeights(DeepSpeedWeights::kFp32, &fp32).ok());
+  CHECK(fp32.FindTensor("module.embed.weight") == nullptr);
+  CHECK(fp32.FindTensor("embed.weight")->dtype == DType::kFloat32);
+  // The tied alias carries the owner's chunks.
+  CHECK(fp32.FindTensor("head.weight")->chunks.size() ==
+        fp32.FindTensor("embed.weight")->chunks.size());
+  CheckpointIndex mod = *index;
+  REQUIRE(SelectDeepSpeedWeights(DeepSpeedWeights::kModule, &mod).ok());
+  CHECK(mod.FindTensor("embed.weight")->dtype == DType::kFloat16);
+  CHECK(mod.FindTensor("optimizer.exp_avg.embed.weight") != nullptr);
+  CHECK(Reassemble(mod, *mod.FindTensor("embed.weight")) ==
+        testing::ReadNpy(Fixture("frozen_tied") + "/expected/module.embed.weight.npy").data);
+
+  auto tp = ReadDeepSpeedCheckpoint(Fixture("tp2") + "/ckpt");
+  REQUIRE(tp.ok());
+  Status s = SelectDeepSpeedWeights(DeepSpeedWeights::kFp32, &*tp);
+  CHECK(s.code() == StatusCode::kUnimplemented);
+  CHECK_THAT(s.message(), Catch::Contains("tensor parallelism"));
+  CHECK(!ParseDeepSpeedWeights("half").ok());
+}
+
+// A copy of fixture `name`'s tag dir in a temp dir.
+std::string CopyTag(const testing::TempDir& tmp, const std::string& name) {
+  const std::string dir = tmp.path() + "/" + name;
+  std::filesystem::create_directories(dir);
+  testing::CopyDirectoryFiles(Fixture(name) + "/ckpt/global_step3", dir);
+  return dir;
+}
+
+TEST_CASE("deepspeed: damaged inputs name the file", "[deepspeed]") {
+  testing::TempDir tmp;
+  const std::string optim = "zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  {  // truncated partition file
+    const std::string dir = CopyTag(tmp, "zero1");
+    std::vector<std::byte> b = ReadFileBytes(dir + "/" + optim);
+    b.resize(b.size() / 2);
+    WriteFileBytes(dir + "/" + optim, b);
+    auto r = ReadDeepSpeedCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains(optim));
+  }
+  {  // a partition of the wrong size: rank 1 of another model
+    const std::string dir = CopyTag(tmp, "zero2");
+    std::filesystem::copy_file(Fixture("zero1") + "/ckpt/global_step3/" + optim,
+                               dir + "/" + optim,
+                               std::filesystem::copy_options::overwrite_existing);
+    auto r = ReadDeepSpeedCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains(optim));
+  }
+  {  // a missing rank: partition_count disagrees with the file count
+    const std::string dir = CopyTag(tmp, "frozen_tied");
+    std::filesystem::remove(dir + "/" + optim);
+    auto r = ReadDeepSpeedCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains("partition_count"));
+  }
+  {  // a missing ZeRO-3 model state file
+    const std::string dir = CopyTag(tmp, "zero3");
+    std::filesystem::remove(dir + "/zero_pp_rank_1_mp_rank_00_model_states.pt");
+    auto r = ReadDeepSpeedCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kNotFound);
+  }
+  {  // latest names a missing tag
+    const std::string dir = tmp.path() + "/save";
+    std::filesystem::create_directories(dir + "/global_step3");
+    testing::CopyDirectoryFiles(Fixture("zero1") + "/ckpt/global_step3", dir + "/global_step3");
+    WriteFileBytes(dir + "/latest", testing::AsBytes("global_step9\n"));
+    auto r = ReadDeepSpeedCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kNotFound);
+    CHECK_THAT(r.status().message(), Catch::Contains("global_step9"));
+  }
+}
+
+TEST_CASE("deepspeed: weights only (no optimizer files) and unsupported inputs", "[deepspeed]") {
+  testing::TempDir tmp;
+  const std::string dir = CopyTag(tmp, "zero1");
+  for (int r = 0; r < 2; ++r) {
+    std::filesystem::remove(dir + "/zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_optim_states.pt");
+  }
+  auto index = ReadDeepSpeedCheckpoint(dir);
+  REQUIRE(index.ok());
+  CHECK(index->attributes.at("deepspeed.zero_stage") == "0");
+  CHECK(index->attributes.at("deepspeed.optimizer") == "none");
+  const TensorEntry* w = index->FindTensor("embed.weight");
+  REQUIRE(w != nullptr);
+  CHECK(w->dtype == DType::kFloat16);
+  CHECK(Reassemble(*index, *w) ==
+        testing::ReadNpy(Fixture("zero1") + "/expected/module.embed.weight.npy").data);
+  CHECK(index->FindTensor("optimizer.exp_avg.embed.weight") == nullptr);
+
+  // Legacy (non-zip) torch.save: a pickled magic number first.
+  const std::string legacy = tmp.path() + "/legacy";
+  std::filesystem::create_directories(legacy);
+  WriteFileBytes(legacy + "/mp_rank_00_model_states.pt", testing::Hex("80028a0a6cfc9c46f920"));
+  auto r = ReadDeepSpeedCheckpoint(legacy);
+  REQUIRE(!r.ok());
+  CHECK(r.status().code() == StatusCode::kUnimplemented);
+  CHECK_THAT(r.status().message(), Catch::Contains("legacy"));
+
+  // Pipeline layer files are refused, not misread.
+  const std::string pipe = CopyTag(tmp, "zero2");
+  WriteFileBytes(pipe + "/layer_01-model_00-model_states.pt", testing::AsBytes("PK"));
+  r = ReadDeepSpeedCheckpoint(pipe);
+  REQUIRE(!r.ok());
+  CHECK(r.status().code() == StatusCode::kUnimplemented);
+}
+
+TEST_CASE("deepspeed: byte mutations never crash or give a wrong-sized index", "[deepspeed]") {
+  testing::TempDir tmp;
+  std::mt19937 rng(12);
+  for (const char* name : {"zero2", "bf16", "zero3"}) {
+    const std::string dir = CopyTag(tmp, name);
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      const std::string path = e.path().string();
+      const std::vector<std::byte> orig = ReadFileBytes(path);
+      for (int i = 0; i < 60; ++i) {
+        std::vector<std::byte> b = orig;
+        const size_t pos = rng() % b.size();
+        b[pos] = static_cast<std::byte>(rng() & 0xff);
+        WriteFileBytes(path, b);
+        auto r = ReadDeepSpeedCheckpoint(dir);
+        if (!r.ok()) {
+          // Corrupt input: any error code but internal, and the message says where.
+          CHECK(r.status().code() != StatusCode::kInternal);
+          continue;
+        }
+        for (const TensorEntry& t : r->tensors) {
+          int64_t covered = 0;
+          for (const Chunk& c : t.chunks) {
+            covered += c.stored_elements();
+            CHECK(c.byte_offset + c.byte_length <= r->files[c.file].size);
+          }
+          int64_t n = 1;
+          for (int64_t d : t.global_shape) n *= d;
+          CHECK(covered == n);
+        }
+      }
+      WriteFileBytes(path, orig);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fc
