@@ -280,7 +280,8 @@ struct HfShardAssignment {
 // shard unless that would take the shard past `max_shard_bytes` (tensor data bytes; headers
 // not counted), in which case a new shard starts; a tensor larger than the limit gets a
 // shard of its own. (huggingface_hub appends such a tensor's shard out of order; fc keeps
-// the input order so that the files read in order reproduce the tensor order.) One shard
+// the input order across files. Within a file SafetensorsWriter lays the tensors out in the
+// reference writer's order, so reading the files back gives that order per file.) One shard
 // gives "model.safetensors". No tensors gives one empty "model.safetensors".
 // Errors: kInvalidArgument when max_shard_bytes == 0.
 Result<HfShardAssignment> AssignHfShards(

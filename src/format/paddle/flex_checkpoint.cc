@@ -174,8 +174,11 @@ Result<DType> NumpyDType(const std::string& type, std::optional<DType> declared,
   static const std::map<std::string, DType> kTypes = {
       {"b1", DType::kBool},    {"u1", DType::kUInt8},   {"i1", DType::kInt8},
       {"i2", DType::kInt16},   {"i4", DType::kInt32},   {"i8", DType::kInt64},
-      {"f2", DType::kFloat16}, {"f4", DType::kFloat32}, {"f8", DType::kFloat64}};
+      {"f2", DType::kFloat16}, {"f4", DType::kFloat32}, {"f8", DType::kFloat64},
+      {"u4", DType::kUInt32},  {"u8", DType::kUInt64},  {"c8", DType::kComplex64}};
+  // '<u2' carries bfloat16 bits; it is uint16 only where the metadata says so.
   if (type == "u2" && declared && *declared == DType::kBFloat16) return DType::kBFloat16;
+  if (type == "u2" && declared && *declared == DType::kUInt16) return DType::kUInt16;
   auto it = kTypes.find(type);
   if (it == kTypes.end()) {
     return UnimplementedError(what + ": numpy type '" + type + "' has no fc dtype");
