@@ -10,14 +10,21 @@ size_t DTypeSize(DType dtype) {
     case DType::kUInt8:
     case DType::kInt8:
     case DType::kFloat8E4M3FN:
-    case DType::kFloat8E5M2: return 1;
+    case DType::kFloat8E5M2:
+    case DType::kFloat8E4M3FNUZ:
+    case DType::kFloat8E5M2FNUZ:
+    case DType::kFloat8E8M0FNU: return 1;
     case DType::kInt16:
+    case DType::kUInt16:
     case DType::kFloat16:
     case DType::kBFloat16: return 2;
     case DType::kInt32:
+    case DType::kUInt32:
     case DType::kFloat32: return 4;
     case DType::kInt64:
-    case DType::kFloat64: return 8;
+    case DType::kUInt64:
+    case DType::kFloat64:
+    case DType::kComplex64: return 8;
   }
   return 0;
 }
@@ -29,7 +36,10 @@ bool IsFloating(DType dtype) {
     case DType::kFloat32:
     case DType::kFloat64:
     case DType::kFloat8E4M3FN:
-    case DType::kFloat8E5M2: return true;
+    case DType::kFloat8E5M2:
+    case DType::kFloat8E4M3FNUZ:
+    case DType::kFloat8E5M2FNUZ:
+    case DType::kFloat8E8M0FNU: return true;
     default: return false;
   }
 }
@@ -48,6 +58,13 @@ std::string_view DTypeName(DType dtype) {
     case DType::kFloat64: return "float64";
     case DType::kFloat8E4M3FN: return "float8_e4m3fn";
     case DType::kFloat8E5M2: return "float8_e5m2";
+    case DType::kUInt16: return "uint16";
+    case DType::kUInt32: return "uint32";
+    case DType::kUInt64: return "uint64";
+    case DType::kComplex64: return "complex64";
+    case DType::kFloat8E4M3FNUZ: return "float8_e4m3fnuz";
+    case DType::kFloat8E5M2FNUZ: return "float8_e5m2fnuz";
+    case DType::kFloat8E8M0FNU: return "float8_e8m0fnu";
   }
   return "unknown";
 }
@@ -66,6 +83,13 @@ std::string_view DTypeSafetensorsName(DType dtype) {
     case DType::kFloat64: return "F64";
     case DType::kFloat8E4M3FN: return "F8_E4M3";
     case DType::kFloat8E5M2: return "F8_E5M2";
+    case DType::kUInt16: return "U16";
+    case DType::kUInt32: return "U32";
+    case DType::kUInt64: return "U64";
+    case DType::kComplex64: return "C64";
+    case DType::kFloat8E4M3FNUZ: return "F8_E4M3FNUZ";
+    case DType::kFloat8E5M2FNUZ: return "F8_E5M2FNUZ";
+    case DType::kFloat8E8M0FNU: return "F8_E8M0";
   }
   return "UNKNOWN";
 }
@@ -84,6 +108,13 @@ std::string_view DTypeNumpyName(DType dtype) {
     case DType::kFloat64: return "<f8";
     case DType::kFloat8E4M3FN: return "|u1";
     case DType::kFloat8E5M2: return "|u1";
+    case DType::kUInt16: return "<u2";
+    case DType::kUInt32: return "<u4";
+    case DType::kUInt64: return "<u8";
+    case DType::kComplex64: return "<c8";
+    case DType::kFloat8E4M3FNUZ:
+    case DType::kFloat8E5M2FNUZ:
+    case DType::kFloat8E8M0FNU: return "|u1";
   }
   return "";
 }
@@ -95,9 +126,9 @@ struct Alias {
   DType dtype;
 };
 
-// Torch spellings (canonical and aliases) and numpy type strings. "|u1" parses as uint8
-// (numpy's meaning); "<u2" (uint16, which fc does not have, and the carrier of bfloat16 bit
-// patterns) is rejected.
+// Torch spellings (canonical and aliases) and numpy type strings. "|u1" parses as uint8 and
+// "<u2" as uint16 (numpy's meanings, although numpy-based tools also carry float8 and
+// bfloat16 bit patterns in them).
 constexpr Alias kTorchAndNumpyNames[] = {
     {"bool", DType::kBool},
     {"uint8", DType::kUInt8},
@@ -117,6 +148,14 @@ constexpr Alias kTorchAndNumpyNames[] = {
     {"double", DType::kFloat64},
     {"float8_e4m3fn", DType::kFloat8E4M3FN},
     {"float8_e5m2", DType::kFloat8E5M2},
+    {"uint16", DType::kUInt16},
+    {"uint32", DType::kUInt32},
+    {"uint64", DType::kUInt64},
+    {"complex64", DType::kComplex64},
+    {"cfloat", DType::kComplex64},
+    {"float8_e4m3fnuz", DType::kFloat8E4M3FNUZ},
+    {"float8_e5m2fnuz", DType::kFloat8E5M2FNUZ},
+    {"float8_e8m0fnu", DType::kFloat8E8M0FNU},
     {"|b1", DType::kBool},
     {"|u1", DType::kUInt8},
     {"|i1", DType::kInt8},
@@ -126,6 +165,10 @@ constexpr Alias kTorchAndNumpyNames[] = {
     {"<f2", DType::kFloat16},
     {"<f4", DType::kFloat32},
     {"<f8", DType::kFloat64},
+    {"<u2", DType::kUInt16},
+    {"<u4", DType::kUInt32},
+    {"<u8", DType::kUInt64},
+    {"<c8", DType::kComplex64},
 };
 
 constexpr Alias kSafetensorsNames[] = {
@@ -134,12 +177,16 @@ constexpr Alias kSafetensorsNames[] = {
     {"F16", DType::kFloat16},       {"BF16", DType::kBFloat16}, {"F32", DType::kFloat32},
     {"F64", DType::kFloat64},       {"F8_E4M3", DType::kFloat8E4M3FN},
     {"F8_E5M2", DType::kFloat8E5M2},
+    {"U16", DType::kUInt16},        {"U32", DType::kUInt32},  {"U64", DType::kUInt64},
+    {"C64", DType::kComplex64},     {"F8_E4M3FNUZ", DType::kFloat8E4M3FNUZ},
+    {"F8_E5M2FNUZ", DType::kFloat8E5M2FNUZ},
+    {"F8_E8M0", DType::kFloat8E8M0FNU},
 };
 
-// Valid safetensors dtype strings that fc does not support.
-constexpr std::string_view kSafetensorsUnsupported[] = {
-    "U16", "U32", "U64", "C64", "C128", "F8_E8M0", "E8M0", "F4", "F6_E2M3", "F6_E3M2",
-};
+// Safetensors dtype strings that no DType holds: the packed sub-byte floats (read by the
+// safetensors reader as opaque packed data, see fc/format/safetensors.h) and C128, which
+// some third-party readers list.
+constexpr std::string_view kSafetensorsUnsupported[] = {"F4", "F6_E2M3", "F6_E3M2", "C128"};
 
 }  // namespace
 

@@ -31,9 +31,8 @@ inline uint64_t RoundShiftRNE(uint64_t v, int s) {
 // the magnitude bit pattern, treating the all-ones exponent as an ordinary one; a result
 // beyond the format's largest finite pattern means overflow (the caller maps it to Inf or
 // NaN). Values too large for even the all-ones exponent return 1 << (kE + kM).
-template <int kE, int kM>
+template <int kE, int kM, int kBias = (1 << (kE - 1)) - 1>
 uint32_t RoundMagnitude(uint64_t sig, int e2) {
-  constexpr int kBias = (1 << (kE - 1)) - 1;
   constexpr int kEmin = 1 - kBias;
   const int p = 63 - std::countl_zero(sig);
   const int e = p + e2;  // value in [2^e, 2^(e+1))
@@ -64,6 +63,133 @@ uint32_t IntToE4M3FN(int64_t v) {
   const uint64_t mag = v < 0 ? (~static_cast<uint64_t>(v) + 1) : static_cast<uint64_t>(v);
   const uint32_t m = RoundMagnitude<4, 3>(mag, 0);
   return sign | (m > 0x7E ? 0x7Fu : m);
+}
+
+// Integer given as sign + magnitude (so that uint64 values above 2^63 fit) for the narrow
+// float kernels below.
+struct SignMag {
+  bool neg;
+  uint64_t mag;
+};
+inline SignMag ToSignMag(__int128 v) {
+  return v < 0 ? SignMag{true, static_cast<uint64_t>(-v)} : SignMag{false, static_cast<uint64_t>(v)};
+}
+
+// ---- float8 FNUZ (e4m3fnuz: bias 8; e5m2fnuz: bias 16). No Inf and no negative zero: the
+// pattern 0x80 is the only NaN. Every magnitude pattern 0x01..0x7F is finite, so a value
+// whose rounded magnitude passes 0x7F (and NaN, +-Inf) becomes NaN; a value that rounds to
+// zero is +0 whatever its sign.
+template <int kE, int kM, int kBias>
+uint8_t FnuzFromSignMag(bool neg, uint64_t sig, int e2) {
+  if (sig == 0) return 0;
+  const uint32_t m = RoundMagnitude<kE, kM, kBias>(sig, e2);
+  if (m > 0x7F) return 0x80;
+  if (m == 0) return 0;
+  return static_cast<uint8_t>((neg ? 0x80u : 0u) | m);
+}
+
+// Splits a finite float32 into sign, integer significand and binary exponent (exact).
+inline void SplitFloat(uint32_t bits, bool* neg, uint64_t* sig, int* e2) {
+  *neg = (bits >> 31) != 0;
+  const uint32_t exp = (bits >> 23) & 0xFF;
+  const uint32_t mant = bits & 0x7FFFFF;
+  *sig = exp == 0 ? mant : (mant | 0x800000u);
+  *e2 = (exp == 0 ? 1 : static_cast<int>(exp)) - 150;
+}
+
+template <int kE, int kM, int kBias>
+uint8_t FloatBitsToFnuz(uint32_t bits) {
+  if ((bits & 0x7FFFFFFFu) >= 0x7F800000u) return 0x80;  // NaN, +-Inf
+  bool neg;
+  uint64_t sig;
+  int e2;
+  SplitFloat(bits, &neg, &sig, &e2);
+  return FnuzFromSignMag<kE, kM, kBias>(neg, sig, e2);
+}
+
+template <int kE, int kM, int kBias>
+float DecodeFnuz(uint8_t b) {
+  if (b == 0x80) return std::numeric_limits<float>::quiet_NaN();
+  const bool neg = (b & 0x80) != 0;
+  const int exp = (b >> kM) & ((1 << kE) - 1);
+  const int mant = b & ((1 << kM) - 1);
+  // exp == 0: mant * 2^(1 - bias - kM); otherwise (2^kM + mant) * 2^(exp - bias - kM).
+  const float v = exp == 0 ? std::ldexp(static_cast<float>(mant), 1 - kBias - kM)
+                           : std::ldexp(static_cast<float>((1 << kM) + mant), exp - kBias - kM);
+  return neg ? -v : v;
+}
+
+template <int kE, int kM, int kBias>
+const std::array<float, 256>& FnuzTable() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = DecodeFnuz<kE, kM, kBias>(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return table;
+}
+
+// ---- float8_e8m0fnu: the value 2^(b - 127) for b in [0, 254]; 0xFF is NaN. There is no
+// sign and no zero. Rounding to nearest between 2^e and 2^(e+1) compares with the midpoint
+// 1.5 * 2^e; a tie goes to the even pattern. Values below 2^-127 (zero included) round to
+// the smallest pattern 0x00 or up; a value that rounds past 2^127, NaN, Inf and any negative
+// value (no sign to hold it; -0 counts as zero) become NaN.
+inline uint8_t E8M0FromSignMag(bool neg, uint64_t sig, int e2) {
+  if (sig == 0) return 0;
+  if (neg) return 0xFF;
+  const int p = 63 - std::countl_zero(sig);
+  int e = p + e2;  // value in [2^e, 2^(e+1))
+  if (e < -127) {
+    // Below the smallest pattern 2^-127: the neighbours are 0 (not representable) and
+    // 2^-127, so the nearest representable value is 2^-127.
+    return 0;
+  }
+  // Fraction bits below the leading one decide: above 1.5 rounds up, exactly 1.5 is a tie.
+  const uint64_t rest = p == 0 ? 0 : (sig & ((uint64_t{1} << p) - 1));
+  const uint64_t half = p == 0 ? 0 : (uint64_t{1} << (p - 1));
+  int b = e + 127;
+  if (p > 0 && (rest > half || (rest == half && (b & 1)))) ++b;
+  return b > 254 ? 0xFF : static_cast<uint8_t>(b);
+}
+
+inline uint8_t FloatBitsToE8M0(uint32_t bits) {
+  if ((bits & 0x7FFFFFFFu) >= 0x7F800000u) return 0xFF;  // NaN, +-Inf
+  bool neg;
+  uint64_t sig;
+  int e2;
+  SplitFloat(bits, &neg, &sig, &e2);
+  if (sig == 0) return 0;  // +-0
+  return E8M0FromSignMag(neg, sig, e2);
+}
+
+inline float DecodeE8M0(uint8_t b) {
+  if (b == 0xFF) return std::numeric_limits<float>::quiet_NaN();
+  return std::ldexp(1.0f, static_cast<int>(b) - 127);
+}
+
+const std::array<float, 256>& E8M0Table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = DecodeE8M0(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return table;
+}
+
+// As IntToIeee, for any value an int64 or a uint64 can hold.
+template <int kE, int kM>
+uint32_t WideIntToIeee(__int128 v) {
+  if (v == 0) return 0;
+  constexpr uint32_t kInf = ((1u << kE) - 1) << kM;
+  const SignMag sm = ToSignMag(v);
+  const uint32_t m = RoundMagnitude<kE, kM>(sm.mag, 0);
+  return (sm.neg ? (1u << (kE + kM)) : 0u) | (m >= kInf ? kInf : m);
+}
+
+// int64 / uint64 -> float or double, rounded once by the compiler's conversion.
+template <typename R>
+R WideIntToReal(__int128 v) {
+  return v >= 0 ? static_cast<R>(static_cast<uint64_t>(v)) : static_cast<R>(static_cast<int64_t>(v));
 }
 
 constexpr float DecodeE4M3FN(uint8_t b) {
@@ -209,6 +335,13 @@ uint8_t FloatToFloat8E5M2(float value) {
   return static_cast<uint8_t>(FloatBitsToE5M2(FBits(value)));
 }
 
+float Float8E4M3FNUZToFloat(uint8_t bits) { return FnuzTable<4, 3, 8>()[bits]; }
+uint8_t FloatToFloat8E4M3FNUZ(float value) { return FloatBitsToFnuz<4, 3, 8>(FBits(value)); }
+float Float8E5M2FNUZToFloat(uint8_t bits) { return FnuzTable<5, 2, 16>()[bits]; }
+uint8_t FloatToFloat8E5M2FNUZ(float value) { return FloatBitsToFnuz<5, 2, 16>(FBits(value)); }
+float Float8E8M0FNUToFloat(uint8_t bits) { return E8M0Table()[bits]; }
+uint8_t FloatToFloat8E8M0FNU(float value) { return FloatBitsToE8M0(FBits(value)); }
+
 // ---------------------------------------------------------------------------------------
 // Bulk conversion.
 
@@ -235,6 +368,7 @@ struct IntTraits {
   static constexpr Kind kKind = Kind::kInt;
   static int64_t Load(S v) { return static_cast<int64_t>(v); }
   static S From(int64_t v) { return static_cast<S>(v); }
+  static S From(__int128 v) { return static_cast<S>(v); }  // modulo 2^bits, as torch
 };
 struct BoolT {
   using S = uint8_t;
@@ -248,6 +382,17 @@ struct I8T : IntTraits<int8_t> {};
 struct I16T : IntTraits<int16_t> {};
 struct I32T : IntTraits<int32_t> {};
 struct I64T : IntTraits<int64_t> {};
+struct U16T : IntTraits<uint16_t> {};
+struct U32T : IntTraits<uint32_t> {};
+// uint64 loads as __int128 so that values above 2^63 stay exact; every destination has a
+// From(__int128).
+struct U64T {
+  using S = uint64_t;
+  static constexpr Kind kKind = Kind::kInt;
+  static __int128 Load(S v) { return static_cast<__int128>(v); }
+  static S From(int64_t v) { return static_cast<S>(v); }
+  static S From(__int128 v) { return static_cast<S>(v); }
+};
 struct F16T {
   using S = uint16_t;
   static constexpr Kind kKind = Kind::kFloat;
@@ -255,6 +400,7 @@ struct F16T {
   static S From(float v) { return static_cast<S>(FloatBitsToHalf(FBits(v))); }
   static S From(double v) { return static_cast<S>(FloatBitsToHalf(DoubleToFloatBitsRoundToOdd(v))); }
   static S From(int64_t v) { return static_cast<S>(IntToIeee<5, 10>(v)); }
+  static S From(__int128 v) { return static_cast<S>(WideIntToIeee<5, 10>(v)); }
 };
 struct BF16T {
   using S = uint16_t;
@@ -263,6 +409,7 @@ struct BF16T {
   static S From(float v) { return static_cast<S>(FloatBitsToBf16(FBits(v))); }
   static S From(double v) { return static_cast<S>(FloatBitsToBf16(DoubleToFloatBitsRoundToOdd(v))); }
   static S From(int64_t v) { return static_cast<S>(IntToIeee<8, 7>(v)); }
+  static S From(__int128 v) { return static_cast<S>(WideIntToIeee<8, 7>(v)); }
 };
 struct F32T {
   using S = float;
@@ -271,6 +418,7 @@ struct F32T {
   static S From(float v) { return v; }
   static S From(double v) { return static_cast<float>(v); }
   static S From(int64_t v) { return static_cast<float>(v); }
+  static S From(__int128 v) { return WideIntToReal<float>(v); }
 };
 struct F64T {
   using S = double;
@@ -279,6 +427,7 @@ struct F64T {
   static S From(float v) { return v; }
   static S From(double v) { return v; }
   static S From(int64_t v) { return static_cast<double>(v); }
+  static S From(__int128 v) { return WideIntToReal<double>(v); }
 };
 struct E4M3T {
   using S = uint8_t;
@@ -287,6 +436,12 @@ struct E4M3T {
   static S From(float v) { return static_cast<S>(FloatBitsToE4M3(FBits(v))); }
   static S From(double v) { return static_cast<S>(FloatBitsToE4M3(DoubleToFloatBitsRoundToOdd(v))); }
   static S From(int64_t v) { return static_cast<S>(IntToE4M3FN(v)); }
+  static S From(__int128 v) {
+    const SignMag sm = ToSignMag(v);
+    if (sm.mag == 0) return 0;
+    const uint32_t m = RoundMagnitude<4, 3>(sm.mag, 0);
+    return static_cast<S>((sm.neg ? 0x80u : 0u) | (m > 0x7E ? 0x7Fu : m));
+  }
 };
 struct E5M2T {
   using S = uint8_t;
@@ -295,6 +450,34 @@ struct E5M2T {
   static S From(float v) { return static_cast<S>(FloatBitsToE5M2(FBits(v))); }
   static S From(double v) { return static_cast<S>(FloatBitsToE5M2(DoubleToFloatBitsRoundToOdd(v))); }
   static S From(int64_t v) { return static_cast<S>(IntToIeee<5, 2>(v)); }
+  static S From(__int128 v) { return static_cast<S>(WideIntToIeee<5, 2>(v)); }
+};
+template <int kE, int kM, int kBias>
+struct FnuzT {
+  using S = uint8_t;
+  static constexpr Kind kKind = Kind::kFloat;
+  static float Load(S v) { return FnuzTable<kE, kM, kBias>()[v]; }
+  static S From(float v) { return FloatBitsToFnuz<kE, kM, kBias>(FBits(v)); }
+  static S From(double v) { return FloatBitsToFnuz<kE, kM, kBias>(DoubleToFloatBitsRoundToOdd(v)); }
+  static S From(int64_t v) { return From(static_cast<__int128>(v)); }
+  static S From(__int128 v) {
+    const SignMag sm = ToSignMag(v);
+    return FnuzFromSignMag<kE, kM, kBias>(sm.neg, sm.mag, 0);
+  }
+};
+using E4M3FnuzT = FnuzT<4, 3, 8>;
+using E5M2FnuzT = FnuzT<5, 2, 16>;
+struct E8M0T {
+  using S = uint8_t;
+  static constexpr Kind kKind = Kind::kFloat;
+  static float Load(S v) { return E8M0Table()[v]; }
+  static S From(float v) { return FloatBitsToE8M0(FBits(v)); }
+  static S From(double v) { return FloatBitsToE8M0(DoubleToFloatBitsRoundToOdd(v)); }
+  static S From(int64_t v) { return From(static_cast<__int128>(v)); }
+  static S From(__int128 v) {
+    const SignMag sm = ToSignMag(v);
+    return E8M0FromSignMag(sm.neg, sm.mag, 0);
+  }
 };
 
 std::string FormatValue(double v) {
@@ -346,6 +529,13 @@ Status DispatchDst(const uint8_t* s, uint8_t* d, size_t n, DType sd, DType dd) {
     case DType::kFloat64: return Kernel<Src, F64T>(s, d, n, sd, dd);
     case DType::kFloat8E4M3FN: return Kernel<Src, E4M3T>(s, d, n, sd, dd);
     case DType::kFloat8E5M2: return Kernel<Src, E5M2T>(s, d, n, sd, dd);
+    case DType::kUInt16: return Kernel<Src, U16T>(s, d, n, sd, dd);
+    case DType::kUInt32: return Kernel<Src, U32T>(s, d, n, sd, dd);
+    case DType::kUInt64: return Kernel<Src, U64T>(s, d, n, sd, dd);
+    case DType::kFloat8E4M3FNUZ: return Kernel<Src, E4M3FnuzT>(s, d, n, sd, dd);
+    case DType::kFloat8E5M2FNUZ: return Kernel<Src, E5M2FnuzT>(s, d, n, sd, dd);
+    case DType::kFloat8E8M0FNU: return Kernel<Src, E8M0T>(s, d, n, sd, dd);
+    case DType::kComplex64: break;  // refused by ConvertElements
   }
   return InternalError("unknown destination dtype");
 }
@@ -361,6 +551,11 @@ Status ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dt
     if (s != d) std::memmove(d, s, count * DTypeSize(src_dtype));
     return Status::Ok();
   }
+  if (src_dtype == DType::kComplex64 || dst_dtype == DType::kComplex64) {
+    return UnimplementedError("conversion from " + std::string(DTypeName(src_dtype)) + " to " +
+                              std::string(DTypeName(dst_dtype)) +
+                              " is not supported (complex64 is only copied as it is)");
+  }
   switch (src_dtype) {
     case DType::kBool: return DispatchDst<BoolT>(s, d, count, src_dtype, dst_dtype);
     case DType::kUInt8: return DispatchDst<U8T>(s, d, count, src_dtype, dst_dtype);
@@ -374,6 +569,13 @@ Status ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dt
     case DType::kFloat64: return DispatchDst<F64T>(s, d, count, src_dtype, dst_dtype);
     case DType::kFloat8E4M3FN: return DispatchDst<E4M3T>(s, d, count, src_dtype, dst_dtype);
     case DType::kFloat8E5M2: return DispatchDst<E5M2T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kUInt16: return DispatchDst<U16T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kUInt32: return DispatchDst<U32T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kUInt64: return DispatchDst<U64T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kFloat8E4M3FNUZ: return DispatchDst<E4M3FnuzT>(s, d, count, src_dtype, dst_dtype);
+    case DType::kFloat8E5M2FNUZ: return DispatchDst<E5M2FnuzT>(s, d, count, src_dtype, dst_dtype);
+    case DType::kFloat8E8M0FNU: return DispatchDst<E8M0T>(s, d, count, src_dtype, dst_dtype);
+    case DType::kComplex64: break;  // refused above
   }
   return InternalError("unknown source dtype");
 }

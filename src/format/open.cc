@@ -36,6 +36,14 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
     if (EndsWith(n, ".pt")) has_pt = true;
   }
   if (has_st_index || has_st) return CheckpointFormat::kSafetensors;
+  // torch HuggingFaceStorageWriter distributed save: per-rank shards only in sharded/.
+  if (IsDirectory(JoinPath(path, std::string(kHfShardedDirName)))) {
+    FC_ASSIGN_OR_RETURN(std::vector<std::string> inner,
+                        ListDirectory(JoinPath(path, std::string(kHfShardedDirName))));
+    for (const std::string& n : inner) {
+      if (EndsWith(n, ".safetensors")) return CheckpointFormat::kSafetensors;
+    }
+  }
   if (has_paddle_meta) return CheckpointFormat::kPaddleFlex;
   if (IsDeepSpeedCheckpointDir(path)) return CheckpointFormat::kDeepSpeed;
   if (has_pt) {

@@ -604,11 +604,18 @@ TEST_CASE("every dtype pair converts small exact values", "[core][convert]") {
   for (DType s : kAllDTypes) {
     for (DType d : kAllDTypes) {
       INFO(DTypeName(s) << " -> " << DTypeName(d));
-      const bool s_signed = s != DType::kBool && s != DType::kUInt8;
-      const bool d_signed = d != DType::kBool && d != DType::kUInt8;
+      if (s == DType::kComplex64 || d == DType::kComplex64) continue;  // own test below
+      auto is_signed = [](DType t) {
+        return t != DType::kBool && t != DType::kUInt8 && t != DType::kUInt16 &&
+               t != DType::kUInt32 && t != DType::kUInt64 && t != DType::kFloat8E8M0FNU;
+      };
+      const bool s_signed = is_signed(s);
+      const bool d_signed = is_signed(d);
+      const bool e8m0 = s == DType::kFloat8E8M0FNU || d == DType::kFloat8E8M0FNU;
       std::vector<double> in;
       for (double v : values) {
         if (s == DType::kBool && v != 0 && v != 1) continue;
+        if (e8m0 && v != 1 && v != 2) continue;  // powers of two only, no zero
         if (v < 0 && !(s_signed && d_signed)) continue;
         in.push_back(v);
       }
@@ -736,6 +743,277 @@ TEST_CASE("float64 -> narrow rounding edge cases", "[core][convert]") {
   CHECK(+o4[1] == 0x7F);
   CHECK(+o4[2] == 0x00);
   CHECK(+o4[3] == 0x01);
+}
+
+
+// ---- float8 FNUZ and E8M0, checked against formulas written independently of the library.
+
+struct Fp8Format {
+  DType dtype;
+  int e, m, bias;  // exponent bits, mantissa bits, bias
+  double max;      // largest finite value
+};
+constexpr Fp8Format kFnuzFormats[] = {
+    {DType::kFloat8E4M3FNUZ, 4, 3, 8, 240.0},
+    {DType::kFloat8E5M2FNUZ, 5, 2, 16, 57344.0},
+};
+
+// Value of an FNUZ pattern straight from the definition: (-1)^s * 2^(E - bias) * (1 + M/2^m),
+// subnormal 2^(1 - bias) * M/2^m, 0x80 NaN.
+double FnuzOracleDecode(const Fp8Format& f, int b) {
+  if (b == 0x80) return std::nan("");
+  const int sign = b >> 7;
+  const int exp = (b >> f.m) & ((1 << f.e) - 1);
+  const int mant = b & ((1 << f.m) - 1);
+  const double frac = static_cast<double>(mant) / std::pow(2.0, f.m);
+  const double v = exp == 0 ? std::pow(2.0, 1 - f.bias) * frac
+                            : std::pow(2.0, exp - f.bias) * (1.0 + frac);
+  return sign ? -v : v;
+}
+
+// Nearest pattern by brute force over the 128 non-negative patterns; a tie goes to the even
+// pattern; beyond max + ulp/2 (the tie there rounds up, max's pattern 0x7F being odd) NaN.
+int FnuzOracleEncode(const Fp8Format& f, double x) {
+  if (std::isnan(x) || std::isinf(x)) return 0x80;
+  const double a = std::fabs(x);
+  const double ulp_max = std::pow(2.0, std::floor(std::log2(f.max)) - f.m);
+  if (a >= f.max + ulp_max / 2) return 0x80;
+  int best = 0;
+  double best_d = a;
+  for (int b = 1; b < 0x80; ++b) {
+    const double d = std::fabs(FnuzOracleDecode(f, b) - a);
+    if (d < best_d || (d == best_d && (b & 1) == 0)) {
+      best = b;
+      best_d = d;
+    }
+  }
+  if (best == 0) return 0;  // no negative zero
+  return (x < 0 ? 0x80 : 0) | best;
+}
+
+// Inputs: every bfloat16 pattern as a float, and around every midpoint between neighbouring
+// representable values of the format: the midpoint and the floats on either side.
+std::vector<float> Fp8Probes(const std::vector<double>& representable) {
+  std::vector<float> in;
+  for (uint32_t h = 0; h < 65536; ++h) in.push_back(std::bit_cast<float>(h << 16));
+  for (size_t i = 0; i + 1 < representable.size(); ++i) {
+    const float mid = static_cast<float>((representable[i] + representable[i + 1]) / 2);
+    for (float v : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e30f)}) {
+      in.push_back(v);
+      in.push_back(-v);
+    }
+  }
+  return in;
+}
+
+TEST_CASE("float8 FNUZ: all 256 patterns decode as the formula says", "[core][convert]") {
+  for (const Fp8Format& f : kFnuzFormats) {
+    INFO(DTypeName(f.dtype));
+    for (int b = 0; b < 256; ++b) {
+      INFO("pattern " << b);
+      const uint8_t in = static_cast<uint8_t>(b);
+      double out = 0;
+      REQUIRE(ConvertElements(&in, f.dtype, &out, DType::kFloat64, 1).ok());
+      const double want = FnuzOracleDecode(f, b);
+      if (std::isnan(want)) {
+        CHECK(std::isnan(out));
+      } else {
+        CHECK(out == want);
+      }
+      // Every pattern round-trips through float32 and float64 (0x80 NaN stays 0x80).
+      for (DType mid : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+        uint8_t wide[8], back = 0xAA;
+        REQUIRE(ConvertElements(&in, f.dtype, wide, mid, 1).ok());
+        REQUIRE(ConvertElements(wide, mid, &back, f.dtype, 1).ok());
+        CHECK(static_cast<int>(back) == b);
+      }
+    }
+    CHECK(std::isnan(f.dtype == DType::kFloat8E4M3FNUZ ? Float8E4M3FNUZToFloat(0x80)
+                                                       : Float8E5M2FNUZToFloat(0x80)));
+    CHECK((f.dtype == DType::kFloat8E4M3FNUZ ? Float8E4M3FNUZToFloat(0x7F)
+                                             : Float8E5M2FNUZToFloat(0x7F)) == f.max);
+  }
+}
+
+TEST_CASE("float8 FNUZ: float32 and float64 encode to the nearest pattern, ties to even",
+          "[core][convert]") {
+  for (const Fp8Format& f : kFnuzFormats) {
+    INFO(DTypeName(f.dtype));
+    std::vector<double> rep;
+    for (int b = 0; b < 0x80; ++b) rep.push_back(FnuzOracleDecode(f, b));
+    rep.push_back(f.max + std::pow(2.0, std::floor(std::log2(f.max)) - f.m));  // overflow edge
+    const std::vector<float> in = Fp8Probes(rep);
+    std::vector<uint8_t> got(in.size()), got64(in.size());
+    std::vector<double> in64(in.begin(), in.end());
+    REQUIRE(ConvertElements(in.data(), DType::kFloat32, got.data(), f.dtype, in.size()).ok());
+    REQUIRE(ConvertElements(in64.data(), DType::kFloat64, got64.data(), f.dtype, in.size()).ok());
+    for (size_t i = 0; i < in.size(); ++i) {
+      auto ctx = [&] {
+        std::ostringstream o;
+        o << "input " << in[i] << " (bits 0x" << std::hex << std::bit_cast<uint32_t>(in[i])
+          << ") got 0x" << int(got[i]) << " / 0x" << int(got64[i]);
+        return o.str();
+      };
+      const int want = FnuzOracleEncode(f, in[i]);
+      REQ(static_cast<int>(got[i]) == want);
+      REQ(static_cast<int>(got64[i]) == want);
+    }
+    // Signed zero and NaN/Inf.
+    const float specials[] = {-0.0f, 0.0f, std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN()};
+    uint8_t sp[5];
+    REQUIRE(ConvertElements(specials, DType::kFloat32, sp, f.dtype, 5).ok());
+    CHECK(sp[0] == 0x00);
+    CHECK(sp[1] == 0x00);
+    CHECK(sp[2] == 0x80);
+    CHECK(sp[3] == 0x80);
+    CHECK(sp[4] == 0x80);
+  }
+  CHECK(FloatToFloat8E4M3FNUZ(240.0f) == 0x7F);
+  CHECK(FloatToFloat8E4M3FNUZ(247.0f) == 0x7F);
+  CHECK(FloatToFloat8E4M3FNUZ(248.0f) == 0x80);
+  CHECK(FloatToFloat8E4M3FNUZ(1.0f) == 0x40);   // exponent 8 = bias
+  CHECK(FloatToFloat8E5M2FNUZ(1.0f) == 0x40);   // exponent 16 = bias
+  CHECK(FloatToFloat8E4M3FNUZ(-1e-30f) == 0x00);
+}
+
+// E8M0: 2^(b - 127), 0xFF NaN.
+double E8M0OracleDecode(int b) { return b == 0xFF ? std::nan("") : std::ldexp(1.0, b - 127); }
+
+int E8M0OracleEncode(double x) {
+  if (std::isnan(x) || std::isinf(x) || x < 0) return 0xFF;
+  int best = 0;
+  double best_d = std::fabs(x - E8M0OracleDecode(0));
+  for (int b = 1; b < 0xFF; ++b) {
+    const double d = std::fabs(x - E8M0OracleDecode(b));
+    if (d < best_d || (d == best_d && (b & 1) == 0)) {
+      best = b;
+      best_d = d;
+    }
+  }
+  // 2^128 would be the next pattern (0xFF, taken by NaN): nearer to it means overflow.
+  const double over = std::fabs(x - std::ldexp(1.0, 128));
+  if (over < best_d) return 0xFF;
+  return best;
+}
+
+TEST_CASE("float8_e8m0fnu: decode, round trip and nearest-even encode", "[core][convert]") {
+  for (int b = 0; b < 256; ++b) {
+    const uint8_t in = static_cast<uint8_t>(b);
+    double out = 0;
+    REQUIRE(ConvertElements(&in, DType::kFloat8E8M0FNU, &out, DType::kFloat64, 1).ok());
+    if (b == 0xFF) {
+      CHECK(std::isnan(out));
+    } else {
+      CHECK(out == E8M0OracleDecode(b));
+    }
+    for (DType mid : {DType::kFloat32, DType::kFloat64}) {
+      uint8_t wide[8], back = 0xAA;
+      REQUIRE(ConvertElements(&in, DType::kFloat8E8M0FNU, wide, mid, 1).ok());
+      REQUIRE(ConvertElements(wide, mid, &back, DType::kFloat8E8M0FNU, 1).ok());
+      CHECK(static_cast<int>(back) == b);
+    }
+  }
+  std::vector<double> rep;
+  for (int b = 0; b < 0xFF; ++b) rep.push_back(E8M0OracleDecode(b));
+  const std::vector<float> in = Fp8Probes(rep);
+  std::vector<uint8_t> got(in.size()), got64(in.size());
+  std::vector<double> in64(in.begin(), in.end());
+  REQUIRE(ConvertElements(in.data(), DType::kFloat32, got.data(), DType::kFloat8E8M0FNU,
+                          in.size()).ok());
+  REQUIRE(ConvertElements(in64.data(), DType::kFloat64, got64.data(), DType::kFloat8E8M0FNU,
+                          in.size()).ok());
+  for (size_t i = 0; i < in.size(); ++i) {
+    auto ctx = [&] {
+      std::ostringstream o;
+      o << "input " << in[i] << " (bits 0x" << std::hex << std::bit_cast<uint32_t>(in[i])
+        << ") got 0x" << int(got[i]) << " / 0x" << int(got64[i]);
+      return o.str();
+    };
+    const int want = in[i] == 0 ? 0 : E8M0OracleEncode(in[i]);  // -0 counts as zero
+    REQ(static_cast<int>(got[i]) == want);
+    REQ(static_cast<int>(got64[i]) == want);
+  }
+  CHECK(FloatToFloat8E8M0FNU(1.0f) == 127);
+  CHECK(FloatToFloat8E8M0FNU(1.5f) == 128);   // tie: 127 odd -> 128
+  CHECK(FloatToFloat8E8M0FNU(3.0f) == 128);   // tie: 128 even stays
+  CHECK(FloatToFloat8E8M0FNU(-1.0f) == 0xFF);
+  CHECK(FloatToFloat8E8M0FNU(0.0f) == 0x00);
+  CHECK(std::isnan(Float8E8M0FNUToFloat(0xFF)));
+}
+
+TEST_CASE("integers -> FNUZ / E8M0 agree with the float path", "[core][convert]") {
+  std::vector<int64_t> ints;
+  for (int64_t v = -70000; v <= 70000; v += (v > -300 && v < 300) ? 1 : 97) ints.push_back(v);
+  std::vector<float> fl(ints.begin(), ints.end());  // all exact in float
+  for (DType d : {DType::kFloat8E4M3FNUZ, DType::kFloat8E5M2FNUZ, DType::kFloat8E8M0FNU}) {
+    INFO(DTypeName(d));
+    std::vector<uint8_t> a(ints.size()), b(ints.size());
+    REQUIRE(ConvertElements(ints.data(), DType::kInt64, a.data(), d, ints.size()).ok());
+    REQUIRE(ConvertElements(fl.data(), DType::kFloat32, b.data(), d, ints.size()).ok());
+    for (size_t i = 0; i < ints.size(); ++i) {
+      INFO(ints[i]);
+      REQUIRE(a[i] == b[i]);
+    }
+  }
+}
+
+TEST_CASE("unsigned 16/32/64-bit conversions", "[core][convert]") {
+  const uint64_t big[] = {0, 1, 255, 65535, 4294967295ull, (1ull << 63) + 1, ~0ull};
+  double d[7];
+  REQUIRE(ConvertElements(big, DType::kUInt64, d, DType::kFloat64, 7).ok());
+  CHECK(d[3] == 65535.0);
+  CHECK(d[5] == 9223372036854775808.0);   // 2^63 + 1 rounds to 2^63
+  CHECK(d[6] == 18446744073709551616.0);  // 2^64 - 1 rounds to 2^64
+  float f[7];
+  REQUIRE(ConvertElements(big, DType::kUInt64, f, DType::kFloat32, 7).ok());
+  CHECK(f[6] == 18446744073709551616.0f);
+  uint16_t h[7];
+  REQUIRE(ConvertElements(big, DType::kUInt64, h, DType::kBFloat16, 7).ok());
+  CHECK(BFloat16ToFloat(h[6]) == 18446744073709551616.0f);
+  REQUIRE(ConvertElements(big, DType::kUInt64, h, DType::kFloat16, 7).ok());
+  CHECK(h[6] == 0x7C00);  // Inf
+  uint8_t u8[7];
+  REQUIRE(ConvertElements(big, DType::kUInt64, u8, DType::kUInt8, 7).ok());
+  CHECK(u8[6] == 255);    // modulo 2^8
+  CHECK(u8[5] == 1);
+  int64_t i64[7];
+  REQUIRE(ConvertElements(big, DType::kUInt64, i64, DType::kInt64, 7).ok());
+  CHECK(i64[6] == -1);
+  // float -> uint64 covers [0, 2^64); negative values are errors.
+  const double in[] = {18446744073709549568.0, 0.75, 4294967295.0};
+  uint64_t back[3];
+  REQUIRE(ConvertElements(in, DType::kFloat64, back, DType::kUInt64, 3).ok());
+  CHECK(back[0] == 18446744073709549568ull);
+  CHECK(back[1] == 0);
+  uint32_t u32[2];
+  REQUIRE(ConvertElements(in + 1, DType::kFloat64, u32, DType::kUInt32, 2).ok());
+  CHECK(u32[1] == 4294967295u);
+  CHECK(ConvertElements(in, DType::kFloat64, u32, DType::kUInt32, 1).code() ==
+        StatusCode::kInvalidArgument);
+  const double bad[] = {-1.0};
+  auto st = ConvertElements(bad, DType::kFloat64, back, DType::kUInt64, 1);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  const double too_big[] = {18446744073709551616.0};
+  CHECK(ConvertElements(too_big, DType::kFloat64, back, DType::kUInt64, 1).code() ==
+        StatusCode::kInvalidArgument);
+  const int16_t neg[] = {-1};
+  uint16_t u16 = 0;
+  REQUIRE(ConvertElements(neg, DType::kInt16, &u16, DType::kUInt16, 1).ok());
+  CHECK(u16 == 65535);
+}
+
+TEST_CASE("complex64 copies; conversions to and from it are refused", "[core][convert]") {
+  const float c[4] = {1.0f, -2.0f, 3.5f, 0.25f};
+  float out[4] = {};
+  REQUIRE(ConvertElements(c, DType::kComplex64, out, DType::kComplex64, 2).ok());
+  CHECK(std::memcmp(c, out, sizeof(c)) == 0);
+  auto a = ConvertElements(c, DType::kComplex64, out, DType::kFloat32, 2);
+  CHECK(a.code() == StatusCode::kUnimplemented);
+  CHECK(a.message().find("complex64") != std::string::npos);
+  auto b = ConvertElements(c, DType::kFloat32, out, DType::kComplex64, 2);
+  CHECK(b.code() == StatusCode::kUnimplemented);
 }
 
 }  // namespace

@@ -25,35 +25,51 @@ enum class DType {
   kFloat64,
   kFloat8E4M3FN,
   kFloat8E5M2,
+  kUInt16,
+  kUInt32,
+  kUInt64,
+  kComplex64,        // two float32 (real, imaginary)
+  kFloat8E4M3FNUZ,   // bias 8, no Inf, no -0: 0x80 is the only NaN
+  kFloat8E5M2FNUZ,   // bias 16, no Inf, no -0: 0x80 is the only NaN
+  kFloat8E8M0FNU,    // exponent only: 2^(bits - 127), no sign, no zero; 0xFF is NaN
 };
 
 inline constexpr DType kAllDTypes[] = {
     DType::kBool,    DType::kUInt8,    DType::kInt8,    DType::kInt16,
     DType::kInt32,   DType::kInt64,    DType::kFloat16, DType::kBFloat16,
     DType::kFloat32, DType::kFloat64,  DType::kFloat8E4M3FN, DType::kFloat8E5M2,
+    DType::kUInt16,  DType::kUInt32,   DType::kUInt64,  DType::kComplex64,
+    DType::kFloat8E4M3FNUZ, DType::kFloat8E5M2FNUZ, DType::kFloat8E8M0FNU,
 };
 
-// Bytes per element: 1, 2, 4 or 8.
+// Bytes per element: 1, 2, 4 or 8 (complex64: 8). Every DType is a whole number of bytes:
+// the sub-byte safetensors types (F4, F6_E2M3, F6_E3M2) are not DTypes (see
+// SafetensorsSubByteBits in fc/format/safetensors.h).
 size_t DTypeSize(DType dtype);
 
-// True for float16, bfloat16, float32, float64 and the two float8 types.
+// True for float16, bfloat16, float32, float64 and the float8 types (FNUZ and E8M0
+// included). False for complex64 (as torch.is_floating_point), integers and bool.
 bool IsFloating(DType dtype);
 
-// Canonical (torch) name: "bool", "uint8", ..., "bfloat16", "float8_e4m3fn", "float8_e5m2".
+// Canonical (torch) name: "bool", "uint8", ..., "bfloat16", "float8_e4m3fn", "float8_e5m2",
+// "uint16", "uint32", "uint64", "complex64", "float8_e4m3fnuz", "float8_e5m2fnuz",
+// "float8_e8m0fnu".
 std::string_view DTypeName(DType dtype);
 // safetensors name: "BOOL", "U8", "I8", "I16", "I32", "I64", "F16", "BF16", "F32", "F64",
-// "F8_E4M3", "F8_E5M2".
+// "F8_E4M3", "F8_E5M2", "U16", "U32", "U64", "C64", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0".
 std::string_view DTypeSafetensorsName(DType dtype);
 // numpy type string (little-endian): "|b1", "|u1", "|i1", "<i2", "<i4", "<i8", "<f2",
-// "<f4", "<f8". bfloat16 and float8 have no numpy type; they return "<u2" and "|u1"
-// (the bit patterns), which is how numpy-based tools carry them.
+// "<f4", "<f8", "<u2", "<u4", "<u8", "<c8". bfloat16 and the float8 types have no numpy
+// type; they return "<u2" and "|u1" (the bit patterns), which is how numpy-based tools carry
+// them (so "<u2" parses back as uint16, not bfloat16).
 std::string_view DTypeNumpyName(DType dtype);
 
 // Parses any of the spellings above, plus torch aliases ("float", "half", "double",
 // "long", "int") and "torch."-prefixed names. Errors: kInvalidArgument naming `name`.
 Result<DType> ParseDType(std::string_view name);
-// Parses a safetensors dtype string only. Errors: kUnimplemented for known-but-unsupported
-// strings (U16, C64, F8_E8M0, ...), kInvalidArgument otherwise.
+// Parses a safetensors dtype string only. Errors: kUnimplemented for the valid sub-byte
+// strings F4, F6_E2M3, F6_E3M2 and for C128 (no DType holds them), kInvalidArgument
+// otherwise.
 Result<DType> ParseSafetensorsDType(std::string_view name);
 
 }  // namespace fc

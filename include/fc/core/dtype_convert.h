@@ -6,7 +6,15 @@
 // (the torch "fn" saturation-free convention); float8_e5m2 overflows to Inf.
 // Float to integer: truncation toward zero (torch semantics); NaN and out-of-range values are
 // reported as an error rather than written as garbage. Integer to float: round-to-nearest-even.
-// bool: nonzero -> 1.
+// bool: nonzero -> 1. Integer to narrower integer: modulo 2^bits (torch semantics).
+// float8 FNUZ (e4m3fnuz, e5m2fnuz): no Inf and no -0; NaN, +-Inf and values that round past
+// the largest finite (240, 57344) become the NaN pattern 0x80; values that round to zero
+// become +0 whatever their sign.
+// float8_e8m0fnu (2^(b-127), b in [0, 254], 0xFF NaN): rounds to nearest between powers of
+// two (midpoint 1.5 * 2^e, ties to the even pattern); zero and values below 2^-127 give 0x00
+// (2^-127, the nearest representable value); negative values (no sign bit), NaN, Inf and
+// values that round past 2^127 give NaN 0xFF. (torch ignores the sign instead.)
+// complex64: copied only (same dtype); a conversion to or from it is kUnimplemented.
 //
 // Thread-safety: pure functions.
 #ifndef FC_CORE_DTYPE_CONVERT_H_
@@ -31,11 +39,18 @@ float Float8E4M3FNToFloat(uint8_t bits);
 uint8_t FloatToFloat8E4M3FN(float value);
 float Float8E5M2ToFloat(uint8_t bits);
 uint8_t FloatToFloat8E5M2(float value);
+float Float8E4M3FNUZToFloat(uint8_t bits);
+uint8_t FloatToFloat8E4M3FNUZ(float value);
+float Float8E5M2FNUZToFloat(uint8_t bits);
+uint8_t FloatToFloat8E5M2FNUZ(float value);
+float Float8E8M0FNUToFloat(uint8_t bits);
+uint8_t FloatToFloat8E8M0FNU(float value);
 
 // Converts `count` elements from `src` (type `src_dtype`) to `dst` (type `dst_dtype`).
 // Buffers are little-endian, packed, and must not overlap unless identical and the sizes
 // are equal. Errors: kInvalidArgument when a float->int conversion meets NaN or a value out
-// of the integer range (the message names the element index and value).
+// of the integer range (the message names the element index and value); kUnimplemented for
+// a conversion between complex64 and another dtype.
 Status ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dtype,
                        size_t count);
 

@@ -18,6 +18,13 @@
 //       numpy.core.multiarray._reconstruct(...) + BUILD((1, shape, dtype('<t', ...), is_fortran,
 //       <raw bytes>)), the raw bytes inline in the pickle; a 2-tuple (name, ndarray) is
 //       accepted too. bfloat16 is stored as '<u2' and told apart by the metadata dtype.
+//     or, from save_state_dict(..., safetensors=True), a safetensors file (recognised by its
+//     content: not a pickle, '{' at byte 8) whose tensors are the keys; its header is
+//     validated as any safetensors file and each dtype must match the metadata's (U16 is
+//     read as bfloat16 where the metadata says bfloat16).
+// A directory of HF *.safetensors files (with or without Paddle's auto-generated
+// "flex-ckpt.auto_generated.metadata", which load_state_dict writes for them) is detected
+// as a safetensors checkpoint and read by the safetensors reader, not here.
 // <id> is the largest id among the data files (0 when there are none); with a single
 // <id>.metadata that one is used.
 //
@@ -30,8 +37,7 @@
 //
 // Errors: kNotFound for a missing metadata or data file; kDataLoss for anything malformed or
 // inconsistent, sizes that overflow included (message names the file, the tensor and the
-// values); kUnimplemented for a big-endian array, a dtype fc has no type for, or a safetensors-backed shard
-// (save_state_dict(..., safetensors=True), not read yet).
+// values); kUnimplemented for a big-endian array or a dtype fc has no type for.
 #ifndef FC_FORMAT_PADDLE_FLEX_H_
 #define FC_FORMAT_PADDLE_FLEX_H_
 

@@ -24,15 +24,19 @@
 //
 // What fc writes (SafetensorsWriter):
 //   - the JSON is compact (serde_json style: no whitespace), "__metadata__" first, then one
-//     entry per tensor in the order given, with data offsets in that same order;
+//     entry per tensor in file order, with data offsets in that same order. File order is
+//     the reference writer's (SortLikeSafetensorsReference: descending dtype alignment, then
+//     name), so that every tensor starts at a multiple of its element size; with
+//     `order = kAsGiven` or `align_each_tensor` it is the order given. Tensor indices (Write,
+//     layout().tensor_*) always refer to the order given;
 //   - the header is padded with spaces so that 8 + N is a multiple of `alignment` (default 8,
 //     which is exactly the reference writer's "N % 8 == 0");
 //   - with `align_each_tensor`, every tensor additionally starts at a multiple of
 //     `alignment` in the file: where a gap is needed, a zero-filled 1-D "U8" entry named
 //     "@pad<k>" (k = 0, 1, ... in file order) fills it, so the file still tiles and any
 //     safetensors reader accepts it. fc distcp data files use this with alignment 64.
-//   To reproduce the reference writer's bytes, order the tensors with
-//   SortLikeSafetensorsReference first.
+//   With the default order the bytes are the reference writer's for the same tensors and
+//   metadata (metadata keys in the order given).
 //
 // HuggingFace sharded layout (huggingface_hub split_torch_state_dict_into_shards):
 //   model-00001-of-00003.safetensors, ... (1-based, 5 digits) plus
@@ -108,8 +112,11 @@ Result<uint64_t> ParseSafetensorsHeaderLength(std::span<const std::byte> first_b
 //   - the length rules of ParseSafetensorsHeaderLength;
 //   - the JSON is valid UTF-8 JSON and its root is an object;
 //   - "__metadata__" is an object of string values (or null); keys unique;
-//   - every other member is an object with "dtype" (a string naming a dtype; known but
-//     unsupported safetensors dtypes such as U16, C64, F8_E8M0 are kUnimplemented),
+//   - every other member is an object with "dtype" (a string naming a dtype: every
+//     safetensors dtype is read except the packed sub-byte floats F4, F6_E2M3 and F6_E3M2,
+//     whose size is checked as prod(shape) * bits / 8 (whole bytes) and the tiling too,
+//     after which the valid file is kUnimplemented, naming the first such tensor; C128 is
+//     kUnimplemented at once),
 //     "shape" (array of integers in [0, 2^63)), "data_offsets" (two integers, begin <= end);
 //   - end - begin == prod(shape) * itemsize, computed with overflow checks (kDataLoss on
 //     overflow as well: a shape whose byte size overflows cannot be in a real file);
@@ -133,7 +140,19 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const RandomAccessFile& file);
 //     for a tensor the index omits);
 //     weight_map file names must be relative and free of "..";
 //   - `path` is a directory without an index: every "*.safetensors" file in it, sorted by
-//     name; a tensor name present in two files is kDataLoss.
+//     name, or when there is none, every "*.safetensors" file in its "sharded/"
+//     subdirectory; a tensor name present in two files is kDataLoss unless both are DCP
+//     shards (below).
+// DCP shards (torch HuggingFaceStorageWriter distributed saves, files
+// "shard-0000S-model-0000K-of-0000N.safetensors" directly in the path or in "sharded/"):
+// a file whose "__metadata__" has "DCP_SHARDING_INFO" holds pieces of tensors; each tensor
+// of it is one chunk at its "saved_offsets" (kDataLoss when missing, of the wrong rank, or
+// overflowing). Pieces of one name form one tensor (same dtype and rank, else kDataLoss)
+// whose global shape is the furthest piece end in each dimension; identical boxes are
+// replicas 1, 2, ... in file order. Coverage of the global shape is not checked here (a
+// consumer checks it). "DCP_SHARDING_INFO" is not copied into the attributes;
+// "dcp_sharded_files" counts such files. A directory holding consolidated model-* files
+// and an index beside sharded/ is read through the index (the consolidated tensors).
 // The index: format kSafetensors, root = the directory (the file's directory for a single
 // file), files relative to root; each tensor one chunk (the whole tensor, packed), replica 0,
 // no checksum. Tensor order: the weight_map order with an index, otherwise file order then
@@ -158,6 +177,11 @@ struct SafetensorsWriteOptions {
   uint64_t alignment = 8;
   // Also start every tensor at a multiple of `alignment` ("@pad<k>" entries, see above).
   bool align_each_tensor = false;
+  // File order of the tensors (see above). kAsGiven with tensors of mixed sizes can leave a
+  // tensor at an offset that is not a multiple of its element size (legal, but slower for
+  // readers that map the file).
+  enum class Order { kReference, kAsGiven };
+  Order order = Order::kReference;
   // Write "<path>.fc-tmp-<pid>" and rename it to `path` in Finish(), so an unfinished or
   // aborted file never appears under its final name. Off when the caller already writes
   // into a staging directory (fc distcp).
@@ -169,7 +193,7 @@ struct SafetensorsLayout {
   std::string header;               // the first 8 + N bytes of the file
   std::vector<SafetensorsTensorInfo> entries;  // every header entry, in header order,
                                                // padding entries included
-  std::vector<size_t> tensor_entry;     // tensor index -> index into `entries`
+  std::vector<size_t> tensor_entry;     // tensor index (order given) -> index into `entries`
   std::vector<uint64_t> tensor_offset;  // tensor index -> absolute file offset of its data
   std::vector<uint64_t> tensor_bytes;   // tensor index -> byte length
   uint64_t file_size = 0;
@@ -256,7 +280,8 @@ struct HfShardAssignment {
 // shard unless that would take the shard past `max_shard_bytes` (tensor data bytes; headers
 // not counted), in which case a new shard starts; a tensor larger than the limit gets a
 // shard of its own. (huggingface_hub appends such a tensor's shard out of order; fc keeps
-// the input order so that the files read in order reproduce the tensor order.) One shard
+// the input order across files. Within a file SafetensorsWriter lays the tensors out in the
+// reference writer's order, so reading the files back gives that order per file.) One shard
 // gives "model.safetensors". No tensors gives one empty "model.safetensors".
 // Errors: kInvalidArgument when max_shard_bytes == 0.
 Result<HfShardAssignment> AssignHfShards(
@@ -269,6 +294,11 @@ std::string WriteHfIndexJson(std::span<const std::pair<std::string, uint64_t>> t
                              const HfShardAssignment& assignment);
 
 inline constexpr std::string_view kHfIndexFileName = "model.safetensors.index.json";
+// `__metadata__` key of torch DCP's HuggingFaceStorageWriter distributed saves and of its
+// SAFETENSORS serialization: JSON {"<fqn>": {"saved_offsets": [o0, o1, ...]}, ...}.
+inline constexpr std::string_view kDcpShardingInfoKey = "DCP_SHARDING_INFO";
+// Subdirectory of the per-rank shards when the save also consolidates.
+inline constexpr std::string_view kHfShardedDirName = "sharded";
 
 }  // namespace fc
 

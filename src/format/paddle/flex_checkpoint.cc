@@ -19,6 +19,7 @@
 #include "fc/core/checked_math.h"
 #include "fc/core/dtype.h"
 #include "fc/codec/pickle.h"
+#include "fc/format/safetensors.h"
 #include "fc/io/file.h"
 
 namespace fc {
@@ -119,7 +120,8 @@ std::string ChunkLabel(const std::string& key, const ChunkMeta& c) {
 
 // An ndarray found in a data file: its numpy type, shape, order and where its bytes are.
 struct ArrayRef {
-  std::string type;  // numpy kind + size, e.g. "f4", "u2"
+  std::string type;  // numpy kind + size, e.g. "f4", "u2"; empty for a safetensors array
+  std::optional<DType> safetensors_dtype;  // the dtype of a safetensors array
   Shape shape;
   bool fortran = false;
   uint64_t offset = 0;
@@ -172,8 +174,11 @@ Result<DType> NumpyDType(const std::string& type, std::optional<DType> declared,
   static const std::map<std::string, DType> kTypes = {
       {"b1", DType::kBool},    {"u1", DType::kUInt8},   {"i1", DType::kInt8},
       {"i2", DType::kInt16},   {"i4", DType::kInt32},   {"i8", DType::kInt64},
-      {"f2", DType::kFloat16}, {"f4", DType::kFloat32}, {"f8", DType::kFloat64}};
+      {"f2", DType::kFloat16}, {"f4", DType::kFloat32}, {"f8", DType::kFloat64},
+      {"u4", DType::kUInt32},  {"u8", DType::kUInt64},  {"c8", DType::kComplex64}};
+  // '<u2' carries bfloat16 bits; it is uint16 only where the metadata says so.
   if (type == "u2" && declared && *declared == DType::kBFloat16) return DType::kBFloat16;
+  if (type == "u2" && declared && *declared == DType::kUInt16) return DType::kUInt16;
   auto it = kTypes.find(type);
   if (it == kTypes.end()) {
     return UnimplementedError(what + ": numpy type '" + type + "' has no fc dtype");
@@ -183,6 +188,21 @@ Result<DType> NumpyDType(const std::string& type, std::optional<DType> declared,
                          ", the array is numpy '" + type + "'");
   }
   return it->second;
+}
+
+// The dtype of a safetensors array against the metadata's: they must agree, except that
+// bfloat16 saved through numpy arrives as U16 (Paddle's own safetensors mapping reads U16 as
+// bfloat16 too).
+Result<DType> SafetensorsArrayDType(DType stored, std::optional<DType> declared,
+                                    const std::string& what) {
+  if (!declared) return stored;
+  if (stored == DType::kUInt16 && *declared == DType::kBFloat16) return DType::kBFloat16;
+  if (stored != *declared) {
+    return DataLossError(what + ": the metadata says " + std::string(DTypeName(*declared)) +
+                         ", the safetensors array is " +
+                         std::string(DTypeSafetensorsName(stored)));
+  }
+  return stored;
 }
 
 std::vector<std::string> Matches(const std::vector<std::string>& names, const std::regex& re) {
@@ -355,10 +375,24 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
       FC_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapped, MappedFile::Open(path));
       const std::span<const std::byte> head = mapped->bytes().first(
           std::min<size_t>(9, mapped->bytes().size()));
+      std::map<std::string, ArrayRef>& found = arrays[name];
       if (head.size() == 9 && head[0] != std::byte{0x80} && head[8] == std::byte{'{'}) {
-        return UnimplementedError(path + ": a safetensors-backed Paddle shard "
-                                  "(save_state_dict(..., safetensors=True)); fc reads only "
-                                  "the paddle.save pickle form");
+        // save_state_dict(..., safetensors=True): the data file is a safetensors file.
+        FC_ASSIGN_OR_RETURN(SafetensorsHeader h,
+                            ParseSafetensorsHeader(mapped->bytes(), mapped->bytes().size())
+                                .With(path));
+        for (const SafetensorsTensorInfo& t : h.tensors) {
+          if (!wanted[name].count(t.name)) continue;
+          ArrayRef a;
+          a.safetensors_dtype = t.dtype;
+          a.shape = t.shape;
+          a.offset = h.data_start() + t.begin;
+          a.length = t.byte_length();
+          found[t.name] = std::move(a);
+        }
+        file_index[name] = static_cast<uint32_t>(index.files.size());
+        index.files.push_back({name, static_cast<uint64_t>(mapped->bytes().size())});
+        continue;
       }
       PickleLimits limits;
       limits.max_inline_bytes = 256;
@@ -366,7 +400,6 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
       if (data.kind != Kind::kDict) {
         return DataLossError(path + ": expected a dict of arrays, got " + data.DebugString());
       }
-      std::map<std::string, ArrayRef>& found = arrays[name];
       for (const auto& [k, v] : data.entries) {
         // Other values (the name table, counters) are not tensors of the metadata.
         if (k->kind != Kind::kStr || !wanted[name].count(k->str)) continue;
@@ -397,13 +430,18 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
         return DataLossError(label + ": the file holds no array '" + key + "'");
       }
       const ArrayRef& a = it->second;
-      // The type string: optional byte order, then kind and size ("<f4", "|b1", "u2").
-      const size_t kind_at = a.type.find_first_not_of("<>|=");
-      if (kind_at == std::string::npos || a.type.find('>') != std::string::npos) {
-        return DataLossError(label + ": numpy type '" + a.type + "' is not a little-endian " +
-                             "kind and size");
+      DType dtype;
+      if (a.safetensors_dtype) {
+        FC_ASSIGN_OR_RETURN(dtype, SafetensorsArrayDType(*a.safetensors_dtype, p.dtype, label));
+      } else {
+        // The type string: optional byte order, then kind and size ("<f4", "|b1", "u2").
+        const size_t kind_at = a.type.find_first_not_of("<>|=");
+        if (kind_at == std::string::npos || a.type.find('>') != std::string::npos) {
+          return DataLossError(label + ": numpy type '" + a.type + "' is not a little-endian " +
+                               "kind and size");
+        }
+        FC_ASSIGN_OR_RETURN(dtype, NumpyDType(a.type.substr(kind_at), p.dtype, label));
       }
-      FC_ASSIGN_OR_RETURN(DType dtype, NumpyDType(a.type.substr(kind_at), p.dtype, label));
       if (t.chunks.empty()) t.dtype = dtype;
       if (dtype != t.dtype) return DataLossError(label + ": arrays of one tensor differ in dtype");
       Chunk chunk;

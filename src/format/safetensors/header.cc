@@ -47,8 +47,19 @@ Status ParseMetadata(simdjson::dom::element value, SafetensorsMetadata* out) {
   return Status::Ok();
 }
 
+// The packed sub-byte float types of newer safetensors: valid in a file, but no DType holds
+// them. Their byte size is prod(shape) * bits / 8, which must be whole.
+int SubByteBits(std::string_view dtype) {
+  if (dtype == "F4") return 4;
+  if (dtype == "F6_E2M3" || dtype == "F6_E3M2") return 6;
+  return 0;
+}
+
+// `*sub_byte` receives the dtype string of a valid sub-byte tensor (the entry is returned
+// with dtype kUInt8 and must not be used as a tensor).
 Result<SafetensorsTensorInfo> ParseTensorEntry(std::string_view name,
-                                               simdjson::dom::element value) {
+                                               simdjson::dom::element value,
+                                               std::string* sub_byte) {
   const std::string who = "tensor " + Quoted(name);
   simdjson::dom::object obj;
   if (value.get_object().get(obj) != simdjson::SUCCESS) {
@@ -76,7 +87,8 @@ Result<SafetensorsTensorInfo> ParseTensorEntry(std::string_view name,
   if (!dtype_name) {
     return DataLossError(who + ": \"dtype\" is not a string: " + Excerpt(*dtype_e));
   }
-  Result<DType> dtype = ParseSafetensorsDType(*dtype_name);
+  const int sub_bits = SubByteBits(*dtype_name);
+  Result<DType> dtype = sub_bits ? Result<DType>(DType::kUInt8) : ParseSafetensorsDType(*dtype_name);
   if (!dtype.ok()) {
     if (dtype.status().code() == StatusCode::kUnimplemented) {
       return UnimplementedError(who + ": dtype \"" + std::string(*dtype_name) +
@@ -111,6 +123,22 @@ Result<SafetensorsTensorInfo> ParseTensorEntry(std::string_view name,
                          " end before they begin");
   }
 
+  if (sub_bits) {
+    Result<uint64_t> bits = CheckedByteSize(info.shape, static_cast<size_t>(sub_bits));
+    if (!bits.ok()) {
+      return DataLossError(who + ": bit size of shape " + ShapeText(info.shape) + " x " +
+                           std::string(*dtype_name) + " overflows");
+    }
+    if (*bits % 8 != 0 || info.end - info.begin != *bits / 8) {
+      return DataLossError(who + ": data_offsets " + OffsetsText(info.begin, info.end) +
+                           " hold " + std::to_string(info.end - info.begin) + " bytes, but " +
+                           "shape " + ShapeText(info.shape) + " of " + std::string(*dtype_name) +
+                           " needs " + std::to_string(*bits) + " bits" +
+                           (*bits % 8 ? " (not a whole number of bytes)" : ""));
+    }
+    *sub_byte = std::string(*dtype_name);
+    return info;
+  }
   Result<uint64_t> bytes = CheckedByteSize(info.shape, DTypeSize(info.dtype));
   if (!bytes.ok()) {
     return DataLossError(who + ": byte size of shape " + ShapeText(info.shape) + " x " +
@@ -216,6 +244,7 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> firs
   }
   std::unordered_set<std::string_view> names;
   bool have_metadata = false;
+  std::string first_sub_byte;  // "name (dtype)" of the first packed sub-byte tensor
   for (simdjson::dom::key_value_pair kv : obj) {
     if (kv.key == "__metadata__") {
       if (have_metadata) return DataLossError("__metadata__ appears twice");
@@ -226,10 +255,21 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> firs
     if (!names.insert(kv.key).second) {
       return DataLossError("tensor " + Quoted(kv.key) + " appears twice in the header");
     }
-    FC_ASSIGN_OR_RETURN(SafetensorsTensorInfo info, ParseTensorEntry(kv.key, kv.value));
+    std::string sub_byte;
+    FC_ASSIGN_OR_RETURN(SafetensorsTensorInfo info,
+                        ParseTensorEntry(kv.key, kv.value, &sub_byte));
+    if (!sub_byte.empty() && first_sub_byte.empty()) {
+      first_sub_byte = "tensor " + Quoted(kv.key) + " has dtype " + sub_byte;
+    }
     header.tensors.push_back(std::move(info));
   }
   FC_RETURN_IF_ERROR(CheckTiling(header.tensors, file_size - 8 - n, file_size, n));
+  if (!first_sub_byte.empty()) {
+    // The file is valid; fc just has no element type for packed sub-byte floats.
+    return UnimplementedError(first_sub_byte + " (packed sub-byte float, " +
+                              "F4: 2 elements per byte, F6: 4 elements in 3 bytes), which fc "
+                              "does not support yet; the file is otherwise valid");
+  }
   return header;
 }
 

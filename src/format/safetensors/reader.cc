@@ -1,8 +1,12 @@
 // ReadSafetensorsCheckpoint: one file, an HF index directory, or a directory of files.
+#include <algorithm>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "fc/core/box.h"
+#include "fc/core/checked_math.h"
 #include "fc/format/safetensors.h"
 #include "fc/io/file.h"
 #include "src/codec/json_util.h"
@@ -44,6 +48,7 @@ struct Builder {
     file_ids[rel] = static_cast<uint32_t>(index.files.size());
     index.files.push_back(FileInfo{rel, f->size()});
     for (const auto& [k, v] : header.metadata) {
+      if (k == kDcpShardingInfoKey) continue;  // per file; becomes the chunks' offsets
       index.attributes.try_emplace("safetensors.metadata." + k, v);
     }
     return header;
@@ -155,22 +160,128 @@ Result<CheckpointIndex> ReadIndexed(const std::string& dir, const std::string& i
   return std::move(b.index);
 }
 
+// DCP_SHARDING_INFO of one file: tensor name -> saved_offsets.
+Result<std::map<std::string, Shape>> ParseShardingInfo(const std::string& text,
+                                                       const std::string& what) {
+  simdjson::dom::parser parser;
+  FC_ASSIGN_OR_RETURN(simdjson::dom::element root,
+                      json_internal::ParseDocument(
+                          parser, std::as_bytes(std::span<const char>(text.data(), text.size())),
+                          what));
+  simdjson::dom::object obj;
+  if (root.get_object().get(obj) != simdjson::SUCCESS) {
+    return DataLossError(what + " is not a JSON object");
+  }
+  std::map<std::string, Shape> out;
+  for (simdjson::dom::key_value_pair kv : obj) {
+    simdjson::dom::element offsets;
+    std::optional<Shape> shape;
+    if (kv.value["saved_offsets"].get(offsets) != simdjson::SUCCESS ||
+        !(shape = json_internal::GetShape(offsets))) {
+      return DataLossError(what + ": tensor '" + std::string(kv.key) +
+                           "' has no \"saved_offsets\" array of non-negative integers");
+    }
+    if (!out.emplace(std::string(kv.key), std::move(*shape)).second) {
+      return DataLossError(what + ": tensor '" + std::string(kv.key) + "' appears twice");
+    }
+  }
+  return out;
+}
+
 Result<CheckpointIndex> ReadFiles(const std::string& root, const std::vector<std::string>& files) {
   Builder b;
   b.index.format = CheckpointFormat::kSafetensors;
   b.index.root = root;
-  std::unordered_map<std::string, uint32_t> owner;
+  std::unordered_map<std::string, uint32_t> owner;       // unsharded tensors: file
+  std::unordered_map<std::string, size_t> sharded_entry;  // sharded tensors: index entry
+  size_t sharded_files = 0;
   for (const std::string& f : files) {
     FC_ASSIGN_OR_RETURN(SafetensorsHeader h, b.AddFile(f));
     const uint32_t id = b.file_ids[f];
-    for (const SafetensorsTensorInfo& t : h.tensors) {
-      auto [it, inserted] = owner.try_emplace(t.name, id);
-      if (!inserted) {
-        return DataLossError("tensor '" + t.name + "' is stored in both " +
-                             b.index.files[it->second].path + " and " + f);
+    const std::string path = JoinPath(root, f);
+    std::optional<std::map<std::string, Shape>> sharding;
+    for (const auto& [k, v] : h.metadata) {
+      if (k == kDcpShardingInfoKey) {
+        FC_ASSIGN_OR_RETURN(sharding, ParseShardingInfo(v, path + ": " + k));
       }
-      b.index.tensors.push_back(Builder::MakeEntry(h, t, id));
     }
+    if (sharding) ++sharded_files;
+    for (const SafetensorsTensorInfo& t : h.tensors) {
+      if (!sharding) {
+        auto [it, inserted] = owner.try_emplace(t.name, id);
+        if (!inserted || sharded_entry.count(t.name)) {
+          return DataLossError("tensor '" + t.name + "' is stored in both " +
+                               (inserted ? std::string("a sharded file") : b.index.files[it->second].path) +
+                               " and " + f + ", which is not a DCP shard");
+        }
+        b.index.tensors.push_back(Builder::MakeEntry(h, t, id));
+        continue;
+      }
+      // A piece of a tensor saved by several ranks: it lies at saved_offsets.
+      auto off = sharding->find(t.name);
+      if (off == sharding->end()) {
+        return DataLossError(path + ": tensor '" + t.name + "' has no entry in " +
+                             std::string(kDcpShardingInfoKey));
+      }
+      if (off->second.size() != t.shape.size()) {
+        return DataLossError(path + ": tensor '" + t.name + "': saved_offsets " +
+                             Box::Whole(off->second).ToString() + " and shape " +
+                             Box::Whole(t.shape).ToString() + " differ in rank");
+      }
+      if (owner.count(t.name)) {
+        return DataLossError("tensor '" + t.name + "' is stored whole in " +
+                             b.index.files[owner[t.name]].path + " and as a DCP shard in " + f);
+      }
+      TensorEntry piece = Builder::MakeEntry(h, t, id);
+      piece.chunks[0].box = Box{off->second, t.shape};
+      auto [it, inserted] = sharded_entry.try_emplace(t.name, b.index.tensors.size());
+      if (inserted) {
+        b.index.tensors.push_back(std::move(piece));
+        continue;
+      }
+      TensorEntry& e = b.index.tensors[it->second];
+      if (e.dtype != piece.dtype || e.chunks[0].box.rank() != t.shape.size()) {
+        return DataLossError(path + ": tensor '" + t.name + "' is " +
+                             std::string(DTypeSafetensorsName(piece.dtype)) + " of rank " +
+                             std::to_string(t.shape.size()) + " here but " +
+                             std::string(DTypeSafetensorsName(e.dtype)) + " of rank " +
+                             std::to_string(e.chunks[0].box.rank()) + " in " +
+                             b.index.files[e.chunks[0].file].path);
+      }
+      Chunk c = std::move(piece.chunks[0]);
+      for (const Chunk& other : e.chunks) {
+        if (other.box.global_offset == c.box.global_offset &&
+            other.box.local_shape == c.box.local_shape) {
+          c.replica_id = std::max(c.replica_id, other.replica_id + 1);
+        }
+      }
+      e.chunks.push_back(std::move(c));
+    }
+  }
+  // Global shapes of sharded tensors: the end of the furthest piece in each dimension (as
+  // torch's consolidate_safetensors_files does).
+  for (const auto& [name, i] : sharded_entry) {
+    TensorEntry& e = b.index.tensors[i];
+    Shape global(e.chunks[0].box.rank(), 0);
+    for (const Chunk& c : e.chunks) {
+      for (size_t d = 0; d < global.size(); ++d) {
+        int64_t end = 0;
+        if (__builtin_add_overflow(c.box.global_offset[d], c.box.local_shape[d], &end)) {
+          return DataLossError("tensor '" + name + "': piece " + c.box.ToString() + " in " +
+                               b.index.files[c.file].path + " ends beyond 64-bit offsets");
+        }
+        global[d] = std::max(global[d], end);
+      }
+    }
+    FC_RETURN_IF_ERROR_WITH(CheckedNumElements(global).status(), "tensor '" + name + "'");
+    for (const Chunk& c : e.chunks) {
+      FC_RETURN_IF_ERROR_WITH(ValidateBox(c.box, global),
+                              "tensor '" + name + "' in " + b.index.files[c.file].path);
+    }
+    e.global_shape = std::move(global);
+  }
+  if (sharded_files) {
+    b.index.attributes["dcp_sharded_files"] = std::to_string(sharded_files);
   }
   return std::move(b.index);
 }
@@ -208,6 +319,19 @@ Result<CheckpointIndex> ReadSafetensorsCheckpoint(const std::string& path) {
       chosen = indexes.front();
     }
     return ReadIndexed(path, chosen);
+  }
+  if (files.empty()) {
+    // A distributed HuggingFaceStorageWriter save whose consolidated files are not there
+    // (yet): the per-rank shards in sharded/.
+    const std::string sharded = JoinPath(path, std::string(kHfShardedDirName));
+    if (IsDirectory(sharded)) {
+      FC_ASSIGN_OR_RETURN(std::vector<std::string> inner, ListDirectory(sharded));
+      for (const std::string& n : inner) {
+        if (EndsWith(n, ".safetensors") && !IsDirectory(JoinPath(sharded, n))) {
+          files.push_back(std::string(kHfShardedDirName) + "/" + n);
+        }
+      }
+    }
   }
   if (files.empty()) {
     return InvalidArgumentError(path + ": no *.safetensors files and no index");

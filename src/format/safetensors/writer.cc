@@ -29,22 +29,33 @@ void AppendHeaderEntry(JsonWriter& w, const SafetensorsTensorInfo& e) {
   w.EndObject();
 }
 
-// Upstream safetensors' Dtype enum declaration order (tensor.rs), which its writer sorts
-// by (descending). Types of one size are contiguous in it, so this is "alignment first".
+// Upstream safetensors' Dtype enum declaration order (tensor.rs, newest: BOOL, F4, F6_E2M3,
+// F6_E3M2, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, I16, U16, F16, BF16, I32, U32, F32, C64, F64,
+// I64, U64), which its writer sorts by (descending). Types of one size are contiguous in it,
+// so this is "alignment first". The FNUZ types are not in that list as read; they are
+// placed among the 1-byte types after F8_E4M3 (only their order relative to other 1-byte
+// types depends on that choice).
 int ReferenceDTypeRank(DType d) {
   switch (d) {
     case DType::kBool: return 0;
-    case DType::kUInt8: return 1;
-    case DType::kInt8: return 2;
-    case DType::kFloat8E5M2: return 3;
-    case DType::kFloat8E4M3FN: return 4;
-    case DType::kInt16: return 5;
-    case DType::kFloat16: return 7;
-    case DType::kBFloat16: return 8;
-    case DType::kInt32: return 9;
-    case DType::kFloat32: return 11;
-    case DType::kFloat64: return 12;
-    case DType::kInt64: return 13;
+    case DType::kUInt8: return 4;
+    case DType::kInt8: return 5;
+    case DType::kFloat8E5M2: return 6;
+    case DType::kFloat8E4M3FN: return 7;
+    case DType::kFloat8E5M2FNUZ: return 8;
+    case DType::kFloat8E4M3FNUZ: return 9;
+    case DType::kFloat8E8M0FNU: return 10;
+    case DType::kInt16: return 11;
+    case DType::kUInt16: return 12;
+    case DType::kFloat16: return 13;
+    case DType::kBFloat16: return 14;
+    case DType::kInt32: return 15;
+    case DType::kUInt32: return 16;
+    case DType::kFloat32: return 17;
+    case DType::kComplex64: return 18;
+    case DType::kFloat64: return 19;
+    case DType::kInt64: return 20;
+    case DType::kUInt64: return 21;
   }
   return 0;
 }
@@ -53,14 +64,17 @@ std::string PadName(size_t k) { return "@pad" + std::to_string(k); }
 
 }  // namespace
 
+namespace {
+bool ReferenceLess(const SafetensorsTensorSpec& a, const SafetensorsTensorSpec& b) {
+  const int ra = ReferenceDTypeRank(a.dtype);
+  const int rb = ReferenceDTypeRank(b.dtype);
+  if (ra != rb) return ra > rb;
+  return a.name < b.name;
+}
+}  // namespace
+
 void SortLikeSafetensorsReference(std::vector<SafetensorsTensorSpec>& tensors) {
-  std::stable_sort(tensors.begin(), tensors.end(),
-                   [](const SafetensorsTensorSpec& a, const SafetensorsTensorSpec& b) {
-                     const int ra = ReferenceDTypeRank(a.dtype);
-                     const int rb = ReferenceDTypeRank(b.dtype);
-                     if (ra != rb) return ra > rb;
-                     return a.name < b.name;
-                   });
+  std::stable_sort(tensors.begin(), tensors.end(), ReferenceLess);
 }
 
 Result<SafetensorsLayout> ComputeSafetensorsLayout(std::span<const SafetensorsTensorSpec> tensors,
@@ -95,10 +109,23 @@ Result<SafetensorsLayout> ComputeSafetensorsLayout(std::span<const SafetensorsTe
     }
   }
 
+  // File order: the reference writer's (so that every tensor starts at a multiple of its
+  // element size, the buffer being 8-aligned), or the given order.
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (options.order == SafetensorsWriteOptions::Order::kReference && !options.align_each_tensor) {
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return ReferenceLess(tensors[a], tensors[b]);
+    });
+  }
+
   SafetensorsLayout layout;
+  layout.tensor_entry.resize(tensors.size());
+  layout.tensor_bytes.resize(tensors.size());
   uint64_t pos = 0;  // relative to the data buffer, which itself starts aligned
   size_t pads = 0;
-  for (const SafetensorsTensorSpec& t : tensors) {
+  for (size_t ti : order) {
+    const SafetensorsTensorSpec& t = tensors[ti];
     for (int64_t d : t.shape) {
       if (d < 0) {
         return InvalidArgumentError("tensor " + Quoted(t.name) + " has negative extent " +
@@ -124,8 +151,8 @@ Result<SafetensorsLayout> ComputeSafetensorsLayout(std::span<const SafetensorsTe
     if (!end || *end > (uint64_t{1} << 62)) {
       return OutOfRangeError("tensor " + Quoted(t.name) + ": file size overflows");
     }
-    layout.tensor_entry.push_back(layout.entries.size());
-    layout.tensor_bytes.push_back(*bytes);
+    layout.tensor_entry[ti] = layout.entries.size();
+    layout.tensor_bytes[ti] = *bytes;
     layout.entries.push_back(SafetensorsTensorInfo{t.name, t.dtype, t.shape, pos, *end});
     pos = *end;
   }
@@ -177,11 +204,10 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   // From here on the destructor removes the file if anything fails.
   FC_RETURN_IF_ERROR(w->file_->Append(w->layout_.header));
   std::vector<std::byte> zeros;
-  for (size_t i = 0, t = 0; i < w->layout_.entries.size(); ++i) {
-    if (t < w->layout_.tensor_entry.size() && w->layout_.tensor_entry[t] == i) {
-      ++t;
-      continue;
-    }
+  std::vector<bool> is_tensor(w->layout_.entries.size(), false);
+  for (size_t e : w->layout_.tensor_entry) is_tensor[e] = true;
+  for (size_t i = 0; i < w->layout_.entries.size(); ++i) {
+    if (is_tensor[i]) continue;
     const SafetensorsTensorInfo& pad = w->layout_.entries[i];
     zeros.assign(pad.byte_length(), std::byte{0});
     FC_RETURN_IF_ERROR(w->file_->WriteAt(w->layout_.data_start() + pad.begin, zeros));

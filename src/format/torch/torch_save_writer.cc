@@ -29,8 +29,15 @@ std::string_view StorageClassName(DType d) {
     case DType::kBFloat16: return "BFloat16Storage";
     case DType::kFloat32: return "FloatStorage";
     case DType::kFloat64: return "DoubleStorage";
+    case DType::kComplex64: return "ComplexFloatStorage";
     case DType::kFloat8E4M3FN:
-    case DType::kFloat8E5M2: return "UntypedStorage";
+    case DType::kFloat8E5M2:
+    case DType::kUInt16:
+    case DType::kUInt32:
+    case DType::kUInt64:
+    case DType::kFloat8E4M3FNUZ:
+    case DType::kFloat8E5M2FNUZ:
+    case DType::kFloat8E8M0FNU: return "UntypedStorage";
   }
   return "UntypedStorage";
 }
@@ -51,9 +58,8 @@ std::span<const std::byte> Bytes(std::string_view s) {
 
 }  // namespace
 
-bool UsesRebuildTensorV3(DType dtype) {
-  return dtype == DType::kFloat8E4M3FN || dtype == DType::kFloat8E5M2;
-}
+// Types without a typed storage class (torch._utils._rebuild_tensor_v3 with the dtype).
+bool UsesRebuildTensorV3(DType dtype) { return StorageClassName(dtype) == "UntypedStorage"; }
 
 std::string TensorPickle(DType dtype, std::span<const int64_t> sizes) {
   const bool v3 = UsesRebuildTensorV3(dtype);

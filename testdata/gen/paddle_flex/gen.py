@@ -49,6 +49,9 @@ Facts the writers below reproduce from the upstream save path:
     "bfloat16";
   - a flattened shard (is_flattened) is a 1-D array holding [start, stop) of the row-major
     flattening of the block at global_offset with shape local_shape.
+Fixture tp2_safetensors is tp2 saved with save_state_dict(..., safetensors=True): the same
+0.metadata, and each .distcp a safetensors file (testdata/gen/safetensors/stfile.py, reference
+order, no __metadata__) of the rank's arrays, C order, bfloat16 as "U16".
 Not from Paddle, added for reader coverage: `conv.w` in fixture tp2 is a Fortran-order
 array (its pickle has is_fortran=True); np.array(tensor) in Paddle gives C order.
 The paddle tensor names in the name table are plausible guesses; readers ignore them.
@@ -77,10 +80,13 @@ import types
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "safetensors"))
+import stfile  # noqa: E402  (testdata/gen/safetensors/stfile.py)
+
 CURRENT = "paddle.distributed.flex_checkpoint.dcp.metadata"
 OLDER = "paddle.distributed.checkpoint.metadata"
 NAME_TABLE = "StructuredToParameterName@@"
-FIXTURES = ("tp2", "zero_flat", "older")
+FIXTURES = ("tp2", "zero_flat", "older", "tp2_safetensors")
 
 
 # ---------------------------------------------------------------- fake paddle modules
@@ -237,8 +243,20 @@ def paddle_save_object(obj, path):
         pickler.dump(obj)
 
 
-def paddle_save_state_dict(local_state_dict, path):
-    """paddle.save of a dict of tensors: io._build_saved_state_dict + _legacy_save."""
+def paddle_save_state_dict(local_state_dict, path, safetensors=False):
+    """paddle.save of a dict of tensors: io._build_saved_state_dict + _legacy_save, or with
+    safetensors=True (save_state_dict(..., safetensors=True), Paddle PR#74752) a safetensors
+    file of the arrays (C order; bfloat16 as its uint16 bits, "U16"), no name table.
+    [U] the exact __metadata__ Paddle writes is not known; none is written here."""
+    if safetensors:
+        st_names = {"<f4": "F32", "<f2": "F16", "<f8": "F64", "<u2": "U16", "<i8": "I64",
+                    "<i4": "I32", "|i1": "I8", "|u1": "U8", "|b1": "BOOL"}
+        tensors = []
+        for key, val in local_state_dict.items():
+            arr = np.ascontiguousarray(val.data)
+            tensors.append((key, st_names[arr.dtype.str], arr.shape, arr.tobytes()))
+        stfile.write(path, tensors)
+        return
     save_dict, name_table = {}, {}
     for key, val in local_state_dict.items():
         save_dict[key] = np.array(val.data)  # keeps the memory order, like np.array(t.cpu())
@@ -269,7 +287,7 @@ def _all_gather_object(objs):
     return [pickle.loads(pickle.dumps(o)) for o in objs]
 
 
-def save_state_dict_current(rank_state_dicts, ckpt_dir, unique_id=0):
+def save_state_dict_current(rank_state_dicts, ckpt_dir, unique_id=0, safetensors=False):
     """flex_checkpoint/dcp/save_state_dict.py: save_state_dict, run by every rank."""
     os.makedirs(ckpt_dir, exist_ok=True)
     world = len(rank_state_dicts)
@@ -309,7 +327,7 @@ def save_state_dict_current(rank_state_dicts, ckpt_dir, unique_id=0):
             owner = int(fname.split(".")[0].split("_")[0])
             if index in local_storage and owner != rank:
                 local_sd.pop(index.tensor_key)
-        paddle_save_state_dict(local_sd, os.path.join(ckpt_dir, file_name))
+        paddle_save_state_dict(local_sd, os.path.join(ckpt_dir, file_name), safetensors)
 
 
 def _merge_state_dict_metadata(gathered):
@@ -375,7 +393,7 @@ def write_expected(out_dir, tensors):
         np.save(os.path.join(exp, key + ".npy"), np.ascontiguousarray(tensors[key]))
 
 
-def fixture_tp2(out_dir):
+def fixture_tp2(out_dir, safetensors=False):
     linear_w = np.arange(24, dtype=np.float32).reshape(6, 4)
     linear_b = np.array([0.5, -1.0, 2.25, 100.0], dtype=np.float32)
     emb_w = bf16_bits((np.arange(15, dtype=np.float32) - 7.0).reshape(5, 3) * 0.5)
@@ -397,7 +415,8 @@ def fixture_tp2(out_dir):
             sd["conv"] = {"w": whole(np.asfortranarray(conv_w), "float32", "conv2d_0.w_0")}
         return sd
 
-    save_state_dict_current([rank_sd(0), rank_sd(1)], os.path.join(out_dir, "ckpt"))
+    save_state_dict_current([rank_sd(0), rank_sd(1)], os.path.join(out_dir, "ckpt"),
+                            safetensors=safetensors)
     write_expected(out_dir, {"linear.w": linear_w, "linear.b": linear_b, "emb.w": emb_w,
                              "step": step, "conv.w": conv_w, "half.w": half_w})
 
@@ -426,7 +445,8 @@ def fixture_older(out_dir):
     write_expected(out_dir, {"a.w": a_w, "a.b": a_b})
 
 
-WRITERS = {"tp2": fixture_tp2, "zero_flat": fixture_zero_flat, "older": fixture_older}
+WRITERS = {"tp2": fixture_tp2, "zero_flat": fixture_zero_flat, "older": fixture_older,
+           "tp2_safetensors": lambda d: fixture_tp2(d, safetensors=True)}
 
 
 def generate(out_root):
@@ -469,6 +489,22 @@ def _load(path):
     return _CheckUnpickler(io.BytesIO(raw)).load()
 
 
+ST_NUMPY = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "U16": "<u2", "I64": "<i8", "I32": "<i4",
+            "I8": "|i1", "U8": "|u1", "BOOL": "|b1"}
+
+
+def _load_data(path):
+    """A .distcp file: the paddle.save pickle, or (safetensors=True) a safetensors file."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if head[:1] == b"\x80":
+        return _load(path)
+    assert head[8:9] == b"{", path
+    _, tensors = stfile.read(path)
+    return {k: np.frombuffer(raw, dtype=ST_NUMPY[dt]).reshape(shape)
+            for k, (dt, shape, raw) in tensors.items()}
+
+
 def check_fixture(fx_dir):
     ckpt = os.path.join(fx_dir, "ckpt")
     names = sorted(os.listdir(ckpt))
@@ -477,8 +513,10 @@ def check_fixture(fx_dir):
     md = _load(os.path.join(ckpt, md_files[0]))
     module = type(md).__module__
     assert module in (CURRENT, OLDER), module
-    data = {n: _load(os.path.join(ckpt, n)) for n in names if n.endswith(".distcp")}
+    data = {n: _load_data(os.path.join(ckpt, n)) for n in names if n.endswith(".distcp")}
     for n, d in data.items():
+        if NAME_TABLE not in d:  # safetensors form: no name table
+            continue
         table = d[NAME_TABLE]
         assert isinstance(table, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in table.items()), n
@@ -552,6 +590,9 @@ def check(out_root):
     assert conv.flags.f_contiguous and not conv.flags.c_contiguous
     assert "linear.b" in data["0_0.distcp"] and "linear.b" not in data["1_0.distcp"]
     assert data["0_0.distcp"]["emb.w"].dtype == np.uint16
+    md, data, _ = check_fixture(os.path.join(out_root, "tp2_safetensors"))
+    assert all(open(os.path.join(out_root, "tp2_safetensors", "ckpt", n), "rb").read(1) != b"\x80"
+               for n in data)
     md, data, _ = check_fixture(os.path.join(out_root, "zero_flat"))
     assert md.flat_mapping["w.moment1_0"] == ("w.moment1_0",)
     # regenerate and compare byte for byte

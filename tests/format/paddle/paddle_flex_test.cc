@@ -26,7 +26,7 @@ std::string Fixture(const std::string& name) {
 }
 
 TEST_CASE("paddle: fixtures reassemble to the expected values", "[paddle]") {
-  for (const char* name : {"tp2", "zero_flat", "older"}) {
+  for (const char* name : {"tp2", "zero_flat", "older", "tp2_safetensors"}) {
     INFO(name);
     auto index = OpenCheckpoint(Fixture(name) + "/ckpt");
     REQUIRE(index.ok());
@@ -74,19 +74,57 @@ TEST_CASE("paddle: what the tp2 fixture holds", "[paddle]") {
   CHECK(m->chunks[1].flat_range == FlatRange{9, 20});
 }
 
+TEST_CASE("paddle: safetensors-backed data files", "[paddle]") {
+  auto st = ReadPaddleFlexCheckpoint(Fixture("tp2_safetensors") + "/ckpt");
+  REQUIRE(st.ok());
+  auto pk = ReadPaddleFlexCheckpoint(Fixture("tp2") + "/ckpt");
+  REQUIRE(pk.ok());
+  REQUIRE(st->tensors.size() == pk->tensors.size());
+  for (const TensorEntry& t : st->tensors) {
+    INFO(t.key);
+    const TensorEntry* p = pk->FindTensor(t.key);
+    REQUIRE(p != nullptr);
+    CHECK(t.dtype == p->dtype);  // emb.w: "U16" in the file, bfloat16 in the metadata
+    CHECK(t.global_shape == p->global_shape);
+    CHECK(t.chunks.size() == p->chunks.size());
+    CHECK(testing::ReassembleTensor(*st, t) == testing::ReassembleTensor(*pk, *p));
+  }
+  // A dtype that disagrees with the metadata, and a damaged safetensors header.
+  testing::TempDir tmp;
+  const std::string dir = tmp.path();
+  testing::CopyDirectoryFiles(Fixture("tp2_safetensors") + "/ckpt", dir);
+  std::vector<std::byte> bytes = ReadFileBytes(dir + "/0_0.distcp");
+  std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const size_t at = text.find("\"dtype\":\"F32\"");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 13, "\"dtype\":\"I32\"");
+  WriteFileBytes(dir + "/0_0.distcp", std::as_bytes(std::span(text.data(), text.size())));
+  auto wrong = ReadPaddleFlexCheckpoint(dir);
+  REQUIRE_FALSE(wrong.ok());
+  CHECK(wrong.status().code() == StatusCode::kDataLoss);
+  CHECK(wrong.status().message().find("0_0.distcp") != std::string::npos);
+  CHECK(wrong.status().message().find("I32") != std::string::npos);
+  text[8 + 3] = '\x01';  // not JSON any more
+  WriteFileBytes(dir + "/0_0.distcp", std::as_bytes(std::span(text.data(), text.size())));
+  auto broken = ReadPaddleFlexCheckpoint(dir);
+  REQUIRE_FALSE(broken.ok());
+  CHECK(broken.status().code() == StatusCode::kDataLoss);
+  CHECK(broken.status().message().find("0_0.distcp") != std::string::npos);
+}
+
 TEST_CASE("paddle: damaged inputs name the file", "[paddle]") {
   testing::TempDir tmp;
   const std::string dir = tmp.path() + "/ckpt";
   std::filesystem::create_directories(dir);
   testing::CopyDirectoryFiles(Fixture("tp2") + "/ckpt", dir);
-  SECTION("a safetensors-backed shard is refused as unsupported") {
+  SECTION("a safetensors-backed shard whose buffer no tensor covers") {
     std::vector<std::byte> st(16, std::byte{0});
     st[0] = std::byte{2};
     st[8] = std::byte{'{'};
     st[9] = std::byte{'}'};
     WriteFileBytes(dir + "/1_0.distcp", st);
     auto r = ReadPaddleFlexCheckpoint(dir);
-    CHECK(r.status().code() == StatusCode::kUnimplemented);
+    CHECK(r.status().code() == StatusCode::kDataLoss);
     CHECK(r.status().message().find("1_0.distcp") != std::string::npos);
   }
   SECTION("a truncated metadata file") {

@@ -158,8 +158,8 @@ std::vector<BadCase> BadCases() {
                    MakeFile(R"({"t":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})", 4),
                    StatusCode::kDataLoss, "tensor 't': unknown dtype \"F33\""});
   cases.push_back({"known but unsupported dtype",
-                   MakeFile(R"({"t":{"dtype":"U16","shape":[1],"data_offsets":[0,2]}})", 2),
-                   StatusCode::kUnimplemented, "tensor 't': dtype \"U16\" is not supported"});
+                   MakeFile(R"({"t":{"dtype":"C128","shape":[1],"data_offsets":[0,16]}})", 16),
+                   StatusCode::kUnimplemented, "tensor 't': dtype \"C128\" is not supported"});
   cases.push_back({"shape not an array",
                    MakeFile(R"({"t":{"dtype":"F32","shape":4,"data_offsets":[0,16]}})", 16),
                    StatusCode::kDataLoss, "tensor 't': \"shape\" is not an array of non-negative integers: 4"});

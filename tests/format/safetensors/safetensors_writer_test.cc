@@ -196,8 +196,15 @@ TEST_CASE("writer round trip: random tensors, random slab orders", "[safetensors
       read.push_back(e);
     }
     REQUIRE(read.size() == tensors.size());
+    // File order: as given with align_each_tensor, otherwise the reference writer's.
+    std::vector<SafetensorsTensorSpec> file_order = specs;
+    if (!options.align_each_tensor) SortLikeSafetensorsReference(file_order);
+    for (size_t i = 0; i < tensors.size(); ++i) CHECK(read[i].key == file_order[i].name);
     for (size_t i = 0; i < tensors.size(); ++i) {
-      const TensorEntry& e = read[i];
+      auto it = std::find_if(read.begin(), read.end(),
+                             [&](const TensorEntry& r) { return r.key == tensors[i].spec.name; });
+      REQUIRE(it != read.end());
+      const TensorEntry& e = *it;
       CHECK(e.key == tensors[i].spec.name);
       CHECK(e.dtype == tensors[i].spec.dtype);
       CHECK(e.global_shape == tensors[i].spec.shape);
@@ -205,6 +212,7 @@ TEST_CASE("writer round trip: random tensors, random slab orders", "[safetensors
       CHECK(e.chunks[0].box == Box::Whole(tensors[i].spec.shape));
       CHECK(e.chunks[0].byte_length == tensors[i].data.size());
       if (options.align_each_tensor) CHECK(e.chunks[0].byte_offset % 64 == 0);
+      if (!options.align_each_tensor) CHECK(e.chunks[0].byte_offset % DTypeSize(e.dtype) == 0);
       auto got = (*file)->ReadAt(e.chunks[0].byte_offset, e.chunks[0].byte_length);
       FC_REQUIRE_OK(got);
       CHECK(*got == tensors[i].data);
@@ -540,11 +548,13 @@ TEST_CASE("fc's writer + sharding reproduce the Python-written HF sample byte fo
   CHECK(ListNames(out.path()) == ListNames(src));
 }
 
-// Writes a file with one tensor per (name, bytes) pair as U8.
+// Writes a file with one tensor per (name, bytes) pair as U8, in the order given.
 void WriteU8File(const std::string& path, const std::vector<std::string>& names) {
   std::vector<SafetensorsTensorSpec> specs;
   for (const auto& n : names) specs.push_back({n, DType::kUInt8, {2}});
-  auto w = SafetensorsWriter::Create(path, specs);
+  SafetensorsWriteOptions options;
+  options.order = SafetensorsWriteOptions::Order::kAsGiven;
+  auto w = SafetensorsWriter::Create(path, specs, {}, options);
   REQUIRE(w.ok());
   for (size_t i = 0; i < names.size(); ++i) REQUIRE((*w)->WriteTensor(i, Bytes({1, 2})).ok());
   REQUIRE((*w)->Finish().ok());
