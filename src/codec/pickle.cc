@@ -215,10 +215,18 @@ int HexDigit(char c) {
   return -1;
 }
 
+uint64_t TreeBudget(uint64_t input_bytes, const PickleLimits& limits) {
+  const uint64_t scaled = input_bytes > UINT64_MAX / (limits.max_tree_bytes_per_input_byte + 1)
+                              ? UINT64_MAX
+                              : input_bytes * limits.max_tree_bytes_per_input_byte;
+  return scaled > UINT64_MAX - limits.max_tree_bytes_base ? UINT64_MAX
+                                                          : scaled + limits.max_tree_bytes_base;
+}
+
 class Machine {
  public:
   Machine(std::span<const std::byte> data, const PickleLimits& limits)
-      : data_(data), limits_(limits) {}
+      : data_(data), limits_(limits), tree_budget_(TreeBudget(data.size(), limits)) {}
 
   ~Machine() {
     // Break every link that is not part of the returned (checked, depth-bounded) value:
@@ -227,7 +235,7 @@ class Machine {
     // overflow the stack). Every container is still owned by containers_, so clearing
     // never destroys anything recursively.
     for (const MutPtr& n : containers_) {
-      if (!succeeded_ || !visit_.contains(n.get())) {
+      if (!succeeded_ || n->graph_mark != 2) {
         n->items.clear();
         n->entries.clear();
         n->callee.reset();
@@ -309,13 +317,22 @@ class Machine {
     }
   }
 
+  // Approximate heap bytes of the tree being built (nodes, links, string bytes); Run fails
+  // with kResourceExhausted once it passes the budget (checked after every opcode).
+  void Charge(uint64_t bytes) { tree_bytes_ += bytes; }
+
   MutPtr New(Kind kind) {
+    Charge(sizeof(PickleValue) + 32);  // the node, its control block, malloc's header
     auto n = std::make_shared<PickleValue>();
     n->kind = kind;
     if (IsContainer(kind)) containers_.push_back(n);
     return n;
   }
-  void Push(MutPtr n) { stack_.push_back(std::move(n)); }
+  // Every value pushed may become one link of a container (16-32 bytes) or a memo slot.
+  void Push(MutPtr n) {
+    Charge(32);
+    stack_.push_back(std::move(n));
+  }
   size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
   Result<MutPtr> Pop() {
     if (stack_.size() <= floor()) return Error("stack underflow");
@@ -355,6 +372,7 @@ class Machine {
         return Status::Ok();
       }
     }
+    Charge(bytes.size());
     v->str.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     Push(std::move(v));
     return Status::Ok();
@@ -366,15 +384,35 @@ class Machine {
     Push(std::move(g));
     return Status::Ok();
   }
+  // The memo: keys are dense in practice (BINPUT 0, 1, 2, ... or MEMOIZE), so they index a
+  // vector (16 bytes an entry, a hash map costs ~4x that); a key far beyond the vector's
+  // size (a crafted LONG_BINPUT 4000000000) goes to a small map instead.
   Status Memoize(uint64_t key) {
     FC_ASSIGN_OR_RETURN(MutPtr top, Top());
-    memo_[key] = std::move(top);
+    MutPtr* slot = nullptr;
+    if (key < memo_dense_.size()) {
+      slot = &memo_dense_[static_cast<size_t>(key)];
+    } else if (key < 2 * memo_dense_.size() + 4096) {
+      memo_dense_.resize(static_cast<size_t>(key) + 1);
+      slot = &memo_dense_[static_cast<size_t>(key)];
+    } else {
+      slot = &memo_sparse_[key];
+    }
+    if (!*slot) ++memo_count_;
+    *slot = std::move(top);
     return Status::Ok();
   }
   Status MemoGet(uint64_t key) {
-    auto it = memo_.find(key);
-    if (it == memo_.end()) return Error("memo key " + std::to_string(key) + " not defined");
-    Push(it->second);
+    const MutPtr* slot = nullptr;
+    if (key < memo_dense_.size()) {
+      slot = &memo_dense_[static_cast<size_t>(key)];
+    } else if (auto it = memo_sparse_.find(key); it != memo_sparse_.end()) {
+      slot = &it->second;
+    }
+    if (slot == nullptr || !*slot) {
+      return Error("memo key " + std::to_string(key) + " not defined");
+    }
+    Push(*slot);
     return Status::Ok();
   }
   Status ParseDecimalKey(std::string_view line, uint64_t* key) {
@@ -417,9 +455,13 @@ class Machine {
   size_t op_pos_ = 0;
   bool stopped_ = false;
   bool succeeded_ = false;
+  uint64_t tree_budget_;
+  uint64_t tree_bytes_ = 0;
   std::vector<MutPtr> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<uint64_t, MutPtr> memo_;
+  std::vector<MutPtr> memo_dense_;
+  std::unordered_map<uint64_t, MutPtr> memo_sparse_;
+  size_t memo_count_ = 0;  // defined keys (MEMOIZE uses the next one)
   std::vector<MutPtr> containers_;
   // Objects whose BUILD state is a merged dict that only they own (see BUILD).
   std::unordered_map<const PickleValue*, MutPtr> owned_states_;
@@ -427,8 +469,6 @@ class Machine {
   MutPtr bools_[2];
   MutPtr none_;
   MutPtr empty_tuple_;
-  // CheckGraph state: 1 = on the current path, 2 = finished.
-  std::unordered_map<const PickleValue*, uint8_t> visit_;
 };
 
 Status Machine::DecodeQuotedString(std::string_view line, std::string* out) {
@@ -790,10 +830,12 @@ Status Machine::Step(uint8_t op) {
         auto owned = owned_states_.find(target.get());
         if (owned == owned_states_.end()) {
           MutPtr merged = New(Kind::kDict);
+          Charge(32 * target->state->entries.size());
           merged->entries = target->state->entries;
           target->state = merged;
           owned = owned_states_.emplace(target.get(), std::move(merged)).first;
         }
+        Charge(32 * state->entries.size());
         owned->second->entries.insert(owned->second->entries.end(), state->entries.begin(),
                                       state->entries.end());
       } else {
@@ -833,7 +875,7 @@ Status Machine::Step(uint8_t op) {
       return Memoize(key);
     }
     case kMemoize:
-      return Memoize(memo_.size());
+      return Memoize(memo_count_);
     case kBinGet: {
       FC_ASSIGN_OR_RETURN(uint8_t key, ReadLe<uint8_t>());
       return MemoGet(key);
@@ -866,10 +908,10 @@ Status Machine::CheckGraph(const PickleValue* v, size_t depth) {
     return UnimplementedError("pickle: values nested deeper than " +
                               std::to_string(limits_.max_depth) + " levels");
   }
-  uint8_t& mark = visit_[v];
-  if (mark == 2) return Status::Ok();
-  if (mark == 1) return UnimplementedError("pickle: the value contains a reference cycle");
-  mark = 1;
+  // graph_mark: 0 = not seen, 1 = on the current path, 2 = finished.
+  if (v->graph_mark == 2) return Status::Ok();
+  if (v->graph_mark == 1) return UnimplementedError("pickle: the value contains a reference cycle");
+  v->graph_mark = 1;
   for (const auto& c : v->items) FC_RETURN_IF_ERROR(CheckGraph(c.get(), depth + 1));
   for (const auto& [k, val] : v->entries) {
     FC_RETURN_IF_ERROR(CheckGraph(k.get(), depth + 1));
@@ -878,7 +920,7 @@ Status Machine::CheckGraph(const PickleValue* v, size_t depth) {
   for (const PickleValue* c : {v->callee.get(), v->args.get(), v->kwargs.get(), v->state.get()}) {
     FC_RETURN_IF_ERROR(CheckGraph(c, depth + 1));
   }
-  visit_[v] = 2;  // re-lookup: the recursive calls may have rehashed the map
+  v->graph_mark = 2;
   return Status::Ok();
 }
 
@@ -891,6 +933,13 @@ Result<PickleValue> Machine::Run() {
     op_pos_ = pos_;
     op_ = static_cast<uint8_t>(data_[pos_++]);
     FC_RETURN_IF_ERROR(Step(op_));
+    if (tree_bytes_ > tree_budget_) {
+      return ResourceExhaustedError(
+          "pickle: " + OpName(op_) + " at byte " + std::to_string(op_pos_) +
+          ": the values built so far take about " + std::to_string(tree_bytes_ >> 20) +
+          " MiB, more than the " + std::to_string(tree_budget_ >> 20) +
+          " MiB allowed for a " + std::to_string(data_.size()) + "-byte pickle");
+    }
   }
   FC_ASSIGN_OR_RETURN(MutPtr result, Pop());
   FC_RETURN_IF_ERROR(CheckGraph(result.get(), 0));
