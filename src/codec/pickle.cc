@@ -310,11 +310,18 @@ class Machine {
   void PushInt(int64_t value) {
     if (value >= -1 && value < 256) {
       Push(Shared(Kind::kInt, value));
-    } else {
-      MutPtr v = New(Kind::kInt);
-      v->int_value = value;
-      Push(std::move(v));
+      return;
     }
+    // Ints are immutable, and a big .metadata repeats the same offsets and lengths for
+    // every tensor of a layout: one node per distinct value (the map entry costs a fifth
+    // of a node).
+    MutPtr& slot = ints_[value];
+    if (!slot) {
+      Charge(48);  // the map entry
+      slot = New(Kind::kInt);
+      slot->int_value = value;
+    }
+    Push(slot);
   }
 
   // Approximate heap bytes of the tree being built (nodes, links, string bytes); Run fails
@@ -466,6 +473,7 @@ class Machine {
   // Objects whose BUILD state is a merged dict that only they own (see BUILD).
   std::unordered_map<const PickleValue*, MutPtr> owned_states_;
   MutPtr small_ints_[257];
+  std::unordered_map<int64_t, MutPtr> ints_;  // other ints seen (see PushInt)
   MutPtr bools_[2];
   MutPtr none_;
   MutPtr empty_tuple_;

@@ -261,14 +261,20 @@ Status ParseItem(Work& work, const std::string& fqn, const PickleValue& v,
   item->chunks.reserve(chunks->items.size());
   for (size_t i = 0; i < chunks->items.size(); ++i) {
     const PickleValue& c = *chunks->items[i];
-    const std::string what = "chunk " + std::to_string(i);
+    // The context is built only for an error: millions of chunks, no string each.
+    auto what = [i] { return "chunk " + std::to_string(i); };
     if (c.kind != Kind::kObject || ClassName(c) != "ChunkStorageMetadata") {
-      return DataLossError(what + " is not a ChunkStorageMetadata: " + c.DebugString());
+      return DataLossError(what() + " is not a ChunkStorageMetadata: " + c.DebugString());
     }
-    FC_ASSIGN_OR_RETURN(Fields cf, ObjectFields(work, c, what));
+    auto cf = ObjectFields(work, c, "ChunkStorageMetadata");
+    if (!cf.ok()) return cf.status().With(what());
     DcpChunkMetadata chunk;
-    FC_ASSIGN_OR_RETURN(chunk.offsets, SizeValue(work, Field(cf, "offsets"), what + " offsets"));
-    FC_ASSIGN_OR_RETURN(chunk.sizes, SizeValue(work, Field(cf, "sizes"), what + " sizes"));
+    auto offsets = SizeValue(work, Field(*cf, "offsets"), "offsets");
+    if (!offsets.ok()) return offsets.status().With(what());
+    auto sizes = SizeValue(work, Field(*cf, "sizes"), "sizes");
+    if (!sizes.ok()) return sizes.status().With(what());
+    chunk.offsets = std::move(offsets).value();
+    chunk.sizes = std::move(sizes).value();
     item->chunks.push_back(std::move(chunk));
   }
   return Status::Ok();
