@@ -1,10 +1,14 @@
-// ReadTorchDcp: .metadata + per-item zip directories -> CheckpointIndex.
+// ReadTorchDcp: .metadata (+ optionally every item's zip directory) -> CheckpointIndex.
 // Layout and contract: include/fc/format/torch_dcp.h.
 //
-// Each item is a torch.save zip embedded in a .distcp file. Finding a tensor's bytes needs
-// the zip's tail (EOCD + central directory), data.pkl near its start, and the storage
-// record's local header. ItemReader serves those small reads from two cached 4 KiB windows,
-// so a typical item costs two preads however many zip structures are consulted.
+// Each item is a torch.save zip embedded in a .distcp file. Opening checks everything the
+// .metadata says (boxes, storage entries, item ranges inside their files and not
+// overlapping) with hash lookups, and reads no item: with a million chunks, reading two
+// windows per item was two million preads and a million data.pkl parses. Finding a tensor's
+// bytes inside its item (LocateTorchDcpChunk, at open with locate_chunks or on first read
+// through ChunkReader) needs the zip's tail (EOCD + central directory), data.pkl near its
+// start, and the storage record's local header. ItemReader serves those small reads from
+// two cached 4 KiB windows (or the whole item when it is small): one or two preads per item.
 #include <algorithm>
 #include <charconv>
 #include <cstring>
