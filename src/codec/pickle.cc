@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "src/codec/pickle_opcodes.h"
 
@@ -304,6 +305,7 @@ class Machine {
       slot->kind = kind;
       slot->int_value = kind == Kind::kInt ? value : 0;
       slot->bool_value = kind == Kind::kBool && value != 0;
+      interned_.insert(slot.get());
     }
     return slot;
   }
@@ -317,9 +319,10 @@ class Machine {
     // of a node).
     MutPtr& slot = ints_[value];
     if (!slot) {
-      Charge(48);  // the map entry
+      Charge(48 + 32);  // the map entry, the interned_ entry
       slot = New(Kind::kInt);
       slot->int_value = value;
+      interned_.insert(slot.get());
     }
     Push(slot);
   }
@@ -366,9 +369,55 @@ class Machine {
                                          std::make_move_iterator(v.end()));
   }
 
+  // Tuples are immutable too: a small tuple of interned values (a torch.Size's dims, the
+  // args tuple around it) is interned by its items' identities, so the many chunks of a
+  // layout that share offsets or sizes share their tuples.
+  struct TupleKeyHash {
+    size_t operator()(const std::vector<const PickleValue*>& k) const {
+      size_t h = k.size();
+      for (const PickleValue* p : k) h = h * 1000003u ^ std::hash<const PickleValue*>()(p);
+      return h;
+    }
+  };
+  MutPtr MakeTuple(std::vector<MutPtr> items) {
+    bool internable = items.size() <= kInternedTupleMax;
+    for (const MutPtr& i : items) internable = internable && interned_.contains(i.get());
+    if (!internable) {
+      MutPtr t = New(Kind::kTuple);
+      t->items = Freeze(std::move(items));
+      return t;
+    }
+    std::vector<const PickleValue*> key;
+    key.reserve(items.size());
+    for (const MutPtr& i : items) key.push_back(i.get());
+    auto it = tuples_.find(key);
+    if (it != tuples_.end()) return it->second;
+    Charge(64 + 8 * key.size() + 32);  // the map entry, its key, the interned_ entry
+    MutPtr t = New(Kind::kTuple);
+    t->items = Freeze(std::move(items));
+    interned_.insert(t.get());
+    tuples_.emplace(std::move(key), t);
+    return t;
+  }
+
   Status PushString(Kind kind, uint64_t n) {
     const uint64_t offset = pos_;
     FC_ASSIGN_OR_RETURN(auto bytes, Take(n));
+    if (kind == Kind::kStr && n <= kInternedStrMax) {
+      // Strs are immutable: one node per distinct short str. Writers that do not memoize
+      // repeat every attribute name ("offsets", "sizes", ...) once per object.
+      std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      auto it = strs_.find(text);
+      if (it == strs_.end()) {
+        MutPtr v = New(kind);
+        Charge(bytes.size() + 64);  // the string and the map entry
+        v->str.assign(text);
+        interned_.insert(v.get());
+        it = strs_.emplace(std::string_view(v->str), std::move(v)).first;
+      }
+      Push(it->second);
+      return Status::Ok();
+    }
     MutPtr v = New(kind);
     if (kind == Kind::kBytes) {
       v->bytes_offset = offset;
@@ -436,6 +485,9 @@ class Machine {
       return Error(std::string("cannot set items on a ") +
                    std::string(PickleKindName(target->kind)));
     }
+    // Exact capacity for the usual one SETITEMS into an empty dict (growth by doubling
+    // would leave a 3-entry __dict__ room for 4); later batches grow normally.
+    if (target->entries.empty()) target->entries.reserve(kv.size() / 2);
     for (size_t i = 0; i < kv.size(); i += 2) {
       target->entries.emplace_back(std::move(kv[i]), std::move(kv[i + 1]));
     }
@@ -474,6 +526,13 @@ class Machine {
   std::unordered_map<const PickleValue*, MutPtr> owned_states_;
   MutPtr small_ints_[257];
   std::unordered_map<int64_t, MutPtr> ints_;  // other ints seen (see PushInt)
+  static constexpr uint64_t kInternedStrMax = 256;
+  static constexpr size_t kInternedTupleMax = 8;
+  // Values shared by content (never mutated after creation): the singletons, interned ints,
+  // strs and tuples. Only these may go into an interned tuple.
+  std::unordered_set<const PickleValue*> interned_;
+  std::unordered_map<std::vector<const PickleValue*>, MutPtr, TupleKeyHash> tuples_;
+  std::unordered_map<std::string_view, MutPtr> strs_;  // short strs seen; keys view node->str
   MutPtr bools_[2];
   MutPtr none_;
   MutPtr empty_tuple_;
@@ -700,17 +759,21 @@ Status Machine::Step(uint8_t op) {
     case kTuple3: {
       const size_t n = static_cast<size_t>(op - kTuple1) + 1;
       if (stack_.size() < floor() + n) return Error("stack underflow");
-      MutPtr t = New(Kind::kTuple);
-      for (size_t i = stack_.size() - n; i < stack_.size(); ++i) t->items.push_back(stack_[i]);
+      std::vector<MutPtr> items(std::make_move_iterator(stack_.end() - static_cast<ptrdiff_t>(n)),
+                                std::make_move_iterator(stack_.end()));
       stack_.resize(stack_.size() - n);
-      Push(std::move(t));
+      Push(MakeTuple(std::move(items)));
       return Status::Ok();
     }
     case kTuple:
     case kList:
     case kFrozenSet: {
       FC_ASSIGN_OR_RETURN(auto items, PopMark());
-      MutPtr t = New(op == kTuple ? Kind::kTuple : op == kList ? Kind::kList : Kind::kSet);
+      if (op == kTuple) {
+        Push(MakeTuple(std::move(items)));
+        return Status::Ok();
+      }
+      MutPtr t = New(op == kList ? Kind::kList : Kind::kSet);
       t->bool_value = op == kFrozenSet;
       t->items = Freeze(std::move(items));
       Push(std::move(t));
