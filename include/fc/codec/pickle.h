@@ -29,7 +29,9 @@
 // what a kCall of `torch.Size` means) is the caller's job.
 //
 // Sharing: values reached through the memo are shared (the tree is a DAG), exactly as in
-// Python; walk it by reference and do not assume a node has one parent. Reference cycles
+// Python; walk it by reference and do not assume a node has one parent. Immutable values
+// are also shared by content: equal ints, equal strs of up to 256 bytes, and equal tuples
+// of up to 8 such values are one node each (so node identity says nothing about the memo). Reference cycles
 // (a list containing itself) are rejected with kUnimplemented, so every walk terminates.
 //
 // Limits (distrust every size): operand lengths are checked against the remaining input,
@@ -129,9 +131,9 @@ struct PickleLimits {
   // memory map without touching the data pages.
   uint64_t max_inline_bytes = UINT64_MAX;
   // Memory budget of the value tree, counted in bytes (nodes ~250 bytes each, links, string
-  // bytes), not in values: base + per_input_byte * input size. An honest torch DCP
-  // .metadata needs about 35 bytes of tree per input byte; a pickle of nothing but tiny
-  // containers ("]]]]..." ) about 300, which this refuses.
+  // bytes), not in values: base + per_input_byte * input size. A 1M-chunk torch DCP
+  // .metadata (178 MB) needs about 15 bytes of tree per input byte; a pickle of nothing but
+  // tiny containers ("]]]]...") about 300, which this refuses.
   uint64_t max_tree_bytes_per_input_byte = 64;
   uint64_t max_tree_bytes_base = uint64_t{64} << 20;
 };
