@@ -31,8 +31,9 @@
 // Sharing: values reached through the memo are shared (the tree is a DAG), exactly as in
 // Python; walk it by reference and do not assume a node has one parent. Immutable values
 // are also shared by content: equal ints, equal strs of up to 256 bytes, and equal tuples
-// of up to 8 such values are one node each (so node identity says nothing about the memo). Reference cycles
-// (a list containing itself) are rejected with kUnimplemented, so every walk terminates.
+// of up to 8 such values are one node each (so node identity says nothing about the memo).
+// Reference cycles (a list containing itself) are rejected with kUnimplemented, so every
+// walk terminates.
 //
 // Limits (distrust every size): operand lengths are checked against the remaining input,
 // nesting depth of the result is bounded (PickleLimits::max_depth), and the bytes the tree
