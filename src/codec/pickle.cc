@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "src/codec/pickle_opcodes.h"
 
@@ -215,10 +216,18 @@ int HexDigit(char c) {
   return -1;
 }
 
+uint64_t TreeBudget(uint64_t input_bytes, const PickleLimits& limits) {
+  const uint64_t scaled = input_bytes > UINT64_MAX / (limits.max_tree_bytes_per_input_byte + 1)
+                              ? UINT64_MAX
+                              : input_bytes * limits.max_tree_bytes_per_input_byte;
+  return scaled > UINT64_MAX - limits.max_tree_bytes_base ? UINT64_MAX
+                                                          : scaled + limits.max_tree_bytes_base;
+}
+
 class Machine {
  public:
   Machine(std::span<const std::byte> data, const PickleLimits& limits)
-      : data_(data), limits_(limits) {}
+      : data_(data), limits_(limits), tree_budget_(TreeBudget(data.size(), limits)) {}
 
   ~Machine() {
     // Break every link that is not part of the returned (checked, depth-bounded) value:
@@ -227,7 +236,7 @@ class Machine {
     // overflow the stack). Every container is still owned by containers_, so clearing
     // never destroys anything recursively.
     for (const MutPtr& n : containers_) {
-      if (!succeeded_ || !visit_.contains(n.get())) {
+      if (!succeeded_ || n->graph_mark != 2) {
         n->items.clear();
         n->entries.clear();
         n->callee.reset();
@@ -296,26 +305,44 @@ class Machine {
       slot->kind = kind;
       slot->int_value = kind == Kind::kInt ? value : 0;
       slot->bool_value = kind == Kind::kBool && value != 0;
+      interned_.insert(slot.get());
     }
     return slot;
   }
   void PushInt(int64_t value) {
     if (value >= -1 && value < 256) {
       Push(Shared(Kind::kInt, value));
-    } else {
-      MutPtr v = New(Kind::kInt);
-      v->int_value = value;
-      Push(std::move(v));
+      return;
     }
+    // Ints are immutable, and a big .metadata repeats the same offsets and lengths for
+    // every tensor of a layout: one node per distinct value (the map entry costs a fifth
+    // of a node).
+    MutPtr& slot = ints_[value];
+    if (!slot) {
+      Charge(48 + 32);  // the map entry, the interned_ entry
+      slot = New(Kind::kInt);
+      slot->int_value = value;
+      interned_.insert(slot.get());
+    }
+    Push(slot);
   }
 
+  // Approximate heap bytes of the tree being built (nodes, links, string bytes); Run fails
+  // with kResourceExhausted once it passes the budget (checked after every opcode).
+  void Charge(uint64_t bytes) { tree_bytes_ += bytes; }
+
   MutPtr New(Kind kind) {
+    Charge(sizeof(PickleValue) + 32);  // the node, its control block, malloc's header
     auto n = std::make_shared<PickleValue>();
     n->kind = kind;
     if (IsContainer(kind)) containers_.push_back(n);
     return n;
   }
-  void Push(MutPtr n) { stack_.push_back(std::move(n)); }
+  // Every value pushed may become one link of a container (16-32 bytes) or a memo slot.
+  void Push(MutPtr n) {
+    Charge(32);
+    stack_.push_back(std::move(n));
+  }
   size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
   Result<MutPtr> Pop() {
     if (stack_.size() <= floor()) return Error("stack underflow");
@@ -342,9 +369,55 @@ class Machine {
                                          std::make_move_iterator(v.end()));
   }
 
+  // Tuples are immutable too: a small tuple of interned values (a torch.Size's dims, the
+  // args tuple around it) is interned by its items' identities, so the many chunks of a
+  // layout that share offsets or sizes share their tuples.
+  struct TupleKeyHash {
+    size_t operator()(const std::vector<const PickleValue*>& k) const {
+      size_t h = k.size();
+      for (const PickleValue* p : k) h = h * 1000003u ^ std::hash<const PickleValue*>()(p);
+      return h;
+    }
+  };
+  MutPtr MakeTuple(std::vector<MutPtr> items) {
+    bool internable = items.size() <= kInternedTupleMax;
+    for (const MutPtr& i : items) internable = internable && interned_.contains(i.get());
+    if (!internable) {
+      MutPtr t = New(Kind::kTuple);
+      t->items = Freeze(std::move(items));
+      return t;
+    }
+    std::vector<const PickleValue*> key;
+    key.reserve(items.size());
+    for (const MutPtr& i : items) key.push_back(i.get());
+    auto it = tuples_.find(key);
+    if (it != tuples_.end()) return it->second;
+    Charge(64 + 8 * key.size() + 32);  // the map entry, its key, the interned_ entry
+    MutPtr t = New(Kind::kTuple);
+    t->items = Freeze(std::move(items));
+    interned_.insert(t.get());
+    tuples_.emplace(std::move(key), t);
+    return t;
+  }
+
   Status PushString(Kind kind, uint64_t n) {
     const uint64_t offset = pos_;
     FC_ASSIGN_OR_RETURN(auto bytes, Take(n));
+    if (kind == Kind::kStr && n <= kInternedStrMax) {
+      // Strs are immutable: one node per distinct short str. Writers that do not memoize
+      // repeat every attribute name ("offsets", "sizes", ...) once per object.
+      std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      auto it = strs_.find(text);
+      if (it == strs_.end()) {
+        MutPtr v = New(kind);
+        Charge(bytes.size() + 64);  // the string and the map entry
+        v->str.assign(text);
+        interned_.insert(v.get());
+        it = strs_.emplace(std::string_view(v->str), std::move(v)).first;
+      }
+      Push(it->second);
+      return Status::Ok();
+    }
     MutPtr v = New(kind);
     if (kind == Kind::kBytes) {
       v->bytes_offset = offset;
@@ -355,6 +428,7 @@ class Machine {
         return Status::Ok();
       }
     }
+    Charge(bytes.size());
     v->str.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     Push(std::move(v));
     return Status::Ok();
@@ -366,15 +440,35 @@ class Machine {
     Push(std::move(g));
     return Status::Ok();
   }
+  // The memo: keys are dense in practice (BINPUT 0, 1, 2, ... or MEMOIZE), so they index a
+  // vector (16 bytes an entry, a hash map costs ~4x that); a key far beyond the vector's
+  // size (a crafted LONG_BINPUT 4000000000) goes to a small map instead.
   Status Memoize(uint64_t key) {
     FC_ASSIGN_OR_RETURN(MutPtr top, Top());
-    memo_[key] = std::move(top);
+    MutPtr* slot = nullptr;
+    if (key < memo_dense_.size()) {
+      slot = &memo_dense_[static_cast<size_t>(key)];
+    } else if (key < 2 * memo_dense_.size() + 4096) {
+      memo_dense_.resize(static_cast<size_t>(key) + 1);
+      slot = &memo_dense_[static_cast<size_t>(key)];
+    } else {
+      slot = &memo_sparse_[key];
+    }
+    if (!*slot) ++memo_count_;
+    *slot = std::move(top);
     return Status::Ok();
   }
   Status MemoGet(uint64_t key) {
-    auto it = memo_.find(key);
-    if (it == memo_.end()) return Error("memo key " + std::to_string(key) + " not defined");
-    Push(it->second);
+    const MutPtr* slot = nullptr;
+    if (key < memo_dense_.size()) {
+      slot = &memo_dense_[static_cast<size_t>(key)];
+    } else if (auto it = memo_sparse_.find(key); it != memo_sparse_.end()) {
+      slot = &it->second;
+    }
+    if (slot == nullptr || !*slot) {
+      return Error("memo key " + std::to_string(key) + " not defined");
+    }
+    Push(*slot);
     return Status::Ok();
   }
   Status ParseDecimalKey(std::string_view line, uint64_t* key) {
@@ -391,6 +485,9 @@ class Machine {
       return Error(std::string("cannot set items on a ") +
                    std::string(PickleKindName(target->kind)));
     }
+    // Exact capacity for the usual one SETITEMS into an empty dict (growth by doubling
+    // would leave a 3-entry __dict__ room for 4); later batches grow normally.
+    if (target->entries.empty()) target->entries.reserve(kv.size() / 2);
     for (size_t i = 0; i < kv.size(); i += 2) {
       target->entries.emplace_back(std::move(kv[i]), std::move(kv[i + 1]));
     }
@@ -417,18 +514,28 @@ class Machine {
   size_t op_pos_ = 0;
   bool stopped_ = false;
   bool succeeded_ = false;
+  uint64_t tree_budget_;
+  uint64_t tree_bytes_ = 0;
   std::vector<MutPtr> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<uint64_t, MutPtr> memo_;
+  std::vector<MutPtr> memo_dense_;
+  std::unordered_map<uint64_t, MutPtr> memo_sparse_;
+  size_t memo_count_ = 0;  // defined keys (MEMOIZE uses the next one)
   std::vector<MutPtr> containers_;
   // Objects whose BUILD state is a merged dict that only they own (see BUILD).
   std::unordered_map<const PickleValue*, MutPtr> owned_states_;
   MutPtr small_ints_[257];
+  std::unordered_map<int64_t, MutPtr> ints_;  // other ints seen (see PushInt)
+  static constexpr uint64_t kInternedStrMax = 256;
+  static constexpr size_t kInternedTupleMax = 8;
+  // Values shared by content (never mutated after creation): the singletons, interned ints,
+  // strs and tuples. Only these may go into an interned tuple.
+  std::unordered_set<const PickleValue*> interned_;
+  std::unordered_map<std::vector<const PickleValue*>, MutPtr, TupleKeyHash> tuples_;
+  std::unordered_map<std::string_view, MutPtr> strs_;  // short strs seen; keys view node->str
   MutPtr bools_[2];
   MutPtr none_;
   MutPtr empty_tuple_;
-  // CheckGraph state: 1 = on the current path, 2 = finished.
-  std::unordered_map<const PickleValue*, uint8_t> visit_;
 };
 
 Status Machine::DecodeQuotedString(std::string_view line, std::string* out) {
@@ -652,17 +759,21 @@ Status Machine::Step(uint8_t op) {
     case kTuple3: {
       const size_t n = static_cast<size_t>(op - kTuple1) + 1;
       if (stack_.size() < floor() + n) return Error("stack underflow");
-      MutPtr t = New(Kind::kTuple);
-      for (size_t i = stack_.size() - n; i < stack_.size(); ++i) t->items.push_back(stack_[i]);
+      std::vector<MutPtr> items(std::make_move_iterator(stack_.end() - static_cast<ptrdiff_t>(n)),
+                                std::make_move_iterator(stack_.end()));
       stack_.resize(stack_.size() - n);
-      Push(std::move(t));
+      Push(MakeTuple(std::move(items)));
       return Status::Ok();
     }
     case kTuple:
     case kList:
     case kFrozenSet: {
       FC_ASSIGN_OR_RETURN(auto items, PopMark());
-      MutPtr t = New(op == kTuple ? Kind::kTuple : op == kList ? Kind::kList : Kind::kSet);
+      if (op == kTuple) {
+        Push(MakeTuple(std::move(items)));
+        return Status::Ok();
+      }
+      MutPtr t = New(op == kList ? Kind::kList : Kind::kSet);
       t->bool_value = op == kFrozenSet;
       t->items = Freeze(std::move(items));
       Push(std::move(t));
@@ -790,10 +901,12 @@ Status Machine::Step(uint8_t op) {
         auto owned = owned_states_.find(target.get());
         if (owned == owned_states_.end()) {
           MutPtr merged = New(Kind::kDict);
+          Charge(32 * target->state->entries.size());
           merged->entries = target->state->entries;
           target->state = merged;
           owned = owned_states_.emplace(target.get(), std::move(merged)).first;
         }
+        Charge(32 * state->entries.size());
         owned->second->entries.insert(owned->second->entries.end(), state->entries.begin(),
                                       state->entries.end());
       } else {
@@ -833,7 +946,7 @@ Status Machine::Step(uint8_t op) {
       return Memoize(key);
     }
     case kMemoize:
-      return Memoize(memo_.size());
+      return Memoize(memo_count_);
     case kBinGet: {
       FC_ASSIGN_OR_RETURN(uint8_t key, ReadLe<uint8_t>());
       return MemoGet(key);
@@ -866,10 +979,10 @@ Status Machine::CheckGraph(const PickleValue* v, size_t depth) {
     return UnimplementedError("pickle: values nested deeper than " +
                               std::to_string(limits_.max_depth) + " levels");
   }
-  uint8_t& mark = visit_[v];
-  if (mark == 2) return Status::Ok();
-  if (mark == 1) return UnimplementedError("pickle: the value contains a reference cycle");
-  mark = 1;
+  // graph_mark: 0 = not seen, 1 = on the current path, 2 = finished.
+  if (v->graph_mark == 2) return Status::Ok();
+  if (v->graph_mark == 1) return UnimplementedError("pickle: the value contains a reference cycle");
+  v->graph_mark = 1;
   for (const auto& c : v->items) FC_RETURN_IF_ERROR(CheckGraph(c.get(), depth + 1));
   for (const auto& [k, val] : v->entries) {
     FC_RETURN_IF_ERROR(CheckGraph(k.get(), depth + 1));
@@ -878,7 +991,7 @@ Status Machine::CheckGraph(const PickleValue* v, size_t depth) {
   for (const PickleValue* c : {v->callee.get(), v->args.get(), v->kwargs.get(), v->state.get()}) {
     FC_RETURN_IF_ERROR(CheckGraph(c, depth + 1));
   }
-  visit_[v] = 2;  // re-lookup: the recursive calls may have rehashed the map
+  v->graph_mark = 2;
   return Status::Ok();
 }
 
@@ -891,6 +1004,13 @@ Result<PickleValue> Machine::Run() {
     op_pos_ = pos_;
     op_ = static_cast<uint8_t>(data_[pos_++]);
     FC_RETURN_IF_ERROR(Step(op_));
+    if (tree_bytes_ > tree_budget_) {
+      return ResourceExhaustedError(
+          "pickle: " + OpName(op_) + " at byte " + std::to_string(op_pos_) +
+          ": the values built so far take about " + std::to_string(tree_bytes_ >> 20) +
+          " MiB, more than the " + std::to_string(tree_budget_ >> 20) +
+          " MiB allowed for a " + std::to_string(data_.size()) + "-byte pickle");
+    }
   }
   FC_ASSIGN_OR_RETURN(MutPtr result, Pop());
   FC_RETURN_IF_ERROR(CheckGraph(result.get(), 0));

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <iterator>
 
 #include "fc/core/flat_range.h"
+#include "fc/format/torch_dcp.h"
 
 namespace fc {
 namespace {
@@ -43,7 +46,12 @@ std::string ChunkContext(const TensorEntry& tensor, const Chunk& chunk) {
 }  // namespace
 
 ChunkReader::ChunkReader(const CheckpointIndex& index)
-    : index_(index), files_(index.files.size()) {}
+    : index_(index), files_(index.files.size()) {
+  for (const TensorEntry& t : index.tensors) {
+    if (!t.chunks.empty()) chunk_spans_.emplace_back(t.chunks.data(), t.chunks.data() + t.chunks.size());
+  }
+  std::sort(chunk_spans_.begin(), chunk_spans_.end());
+}
 
 Result<const RandomAccessFile*> ChunkReader::File(uint32_t file) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -62,9 +70,55 @@ uint64_t ChunkReader::bytes_read() const {
   return bytes_read_;
 }
 
+Result<ChunkLocation> ChunkReader::LocateUnlocated(const std::string& key, const Chunk& chunk) {
+  auto span = std::upper_bound(
+      chunk_spans_.begin(), chunk_spans_.end(), &chunk,
+      [](const Chunk* c, const std::pair<const Chunk*, const Chunk*>& s) {
+        return std::less<const Chunk*>()(c, s.first);
+      });
+  const bool in_index = span != chunk_spans_.begin() &&
+                        std::less<const Chunk*>()(&chunk, std::prev(span)->second);
+  if (in_index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = located_.find(&chunk);
+    if (it != located_.end()) return it->second;
+  }
+  if (chunk.file >= index_.files.size()) {
+    return InternalError("file index " + std::to_string(chunk.file) + " out of range");
+  }
+  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, File(chunk.file));
+  // Two threads may locate the same chunk at once; both get the same answer.
+  FC_ASSIGN_OR_RETURN(ChunkLocation loc,
+                      LocateTorchDcpChunk(*f, index_.files[chunk.file].path, key, chunk));
+  if (!in_index) return loc;
+  std::lock_guard<std::mutex> lock(mu_);
+  return located_.emplace(&chunk, std::move(loc)).first->second;
+}
+
+Result<ChunkLocation> ChunkReader::Locate(const TensorEntry& tensor, const Chunk& chunk) {
+  if (!chunk.unlocated_item) {
+    return ChunkLocation{chunk.byte_offset, chunk.byte_length, chunk.strides};
+  }
+  return LocateUnlocated(tensor.key, chunk);
+}
+
 Status ChunkReader::ReadChunkBytes(const Chunk& chunk, std::span<std::byte> dst) {
   FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, File(chunk.file));
-  FC_RETURN_IF_ERROR(f->ReadAt(chunk.byte_offset, dst));
+  uint64_t offset = chunk.byte_offset;
+  if (chunk.unlocated_item) {
+    // Find the tensor holding this chunk, for the error messages.
+    const TensorEntry* owner = nullptr;
+    for (const TensorEntry& t : index_.tensors) {
+      if (!t.chunks.empty() && &chunk >= t.chunks.data() &&
+          &chunk < t.chunks.data() + t.chunks.size()) {
+        owner = &t;
+      }
+    }
+    FC_ASSIGN_OR_RETURN(ChunkLocation loc,
+                        LocateUnlocated(owner ? owner->key : std::string("?"), chunk));
+    offset = loc.byte_offset;
+  }
+  FC_RETURN_IF_ERROR(f->ReadAt(offset, dst));
   std::lock_guard<std::mutex> lock(mu_);
   bytes_read_ += dst.size();
   return Status::Ok();
@@ -179,6 +233,16 @@ Status ChunkReader::CopyBoxPiece(const TensorEntry& tensor, const Chunk& chunk,
 Status ChunkReader::CopyChunkRegion(const TensorEntry& tensor, const Chunk& chunk,
                                     const Box& region, void* dst, const Box& dst_box) {
   const size_t esize = DTypeSize(tensor.dtype);
+  // An unlocated chunk (torch DCP) is located once; its region reads then use the place.
+  std::optional<ChunkLocation> found;
+  if (chunk.unlocated_item) {
+    std::optional<Box> overlap = Intersect(chunk.box, region);
+    if (!overlap || overlap->empty()) return Status::Ok();
+    FC_ASSIGN_OR_RETURN(found, LocateUnlocated(tensor.key, chunk));
+  }
+  const uint64_t byte_offset = found ? found->byte_offset : chunk.byte_offset;
+  const uint64_t byte_length = found ? found->byte_length : chunk.byte_length;
+  const Shape& strides = found ? found->strides : chunk.strides;
   if (chunk.flat_range) {
     // The chunk stores a flat range of its box: each decomposed piece is a packed
     // row-major box at a known element offset in the chunk's data.
@@ -189,7 +253,7 @@ Status ChunkReader::CopyChunkRegion(const TensorEntry& tensor, const Chunk& chun
       if (auto overlap = Intersect(piece, region)) {
         FC_RETURN_IF_ERROR_WITH(
             CopyBoxPiece(tensor, chunk, piece,
-                         chunk.byte_offset + static_cast<uint64_t>(element_offset) * esize,
+                         byte_offset + static_cast<uint64_t>(element_offset) * esize,
                          *overlap, dst, dst_box),
             ChunkContext(tensor, chunk));
       }
@@ -199,16 +263,21 @@ Status ChunkReader::CopyChunkRegion(const TensorEntry& tensor, const Chunk& chun
   }
   std::optional<Box> overlap = Intersect(chunk.box, region);
   if (!overlap || overlap->empty()) return Status::Ok();
-  if (chunk.strides.empty()) {
-    return CopyBoxPiece(tensor, chunk, chunk.box, chunk.byte_offset, *overlap, dst, dst_box)
+  if (strides.empty()) {
+    return CopyBoxPiece(tensor, chunk, chunk.box, byte_offset, *overlap, dst, dst_box)
         .With(ChunkContext(tensor, chunk));
   }
   // Strided (e.g. a transposed torch tensor saved without a copy): read the chunk's whole
   // byte span once and gather with strides. Such chunks are rare and small in practice.
-  std::vector<std::byte> buffer(chunk.byte_length);
-  FC_RETURN_IF_ERROR_WITH(ReadChunkBytes(chunk, std::span<std::byte>(buffer)),
+  std::vector<std::byte> buffer(byte_length);
+  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, File(chunk.file));
+  FC_RETURN_IF_ERROR_WITH(f->ReadAt(byte_offset, std::span<std::byte>(buffer)),
                           ChunkContext(tensor, chunk));
-  CopyRegion(buffer.data(), chunk.box, chunk.strides, dst, dst_box, *overlap, esize);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bytes_read_ += byte_length;
+  }
+  CopyRegion(buffer.data(), chunk.box, strides, dst, dst_box, *overlap, esize);
   return Status::Ok();
 }
 

@@ -64,7 +64,9 @@ Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
     FC_ASSIGN_OR_RETURN(format, DetectCheckpointFormat(path));
   }
   switch (format) {
-    case CheckpointFormat::kTorchDcp: return ReadTorchDcp(path);
+    case CheckpointFormat::kTorchDcp:
+      // Items are located on first read (ChunkReader): opening reads only .metadata.
+      return ReadTorchDcp(path, TorchDcpReadOptions{.locate_chunks = false});
     case CheckpointFormat::kSafetensors: return ReadSafetensorsCheckpoint(path);
     case CheckpointFormat::kFcDistcp: return ReadFcDistcp(path);
     case CheckpointFormat::kPaddleFlex: return ReadPaddleFlexCheckpoint(path);

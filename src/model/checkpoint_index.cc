@@ -24,10 +24,7 @@ Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
 }
 
 const TensorEntry* CheckpointIndex::FindTensor(std::string_view key) const {
-  for (const TensorEntry& t : tensors) {
-    if (t.key == key) return &t;
-  }
-  return nullptr;
+  return tensor_lookup.Find(tensors, key);
 }
 
 uint64_t CheckpointIndex::total_file_bytes() const {

@@ -25,10 +25,7 @@ void AppendStoredBoxes(const TargetChunk& chunk, std::vector<Box>* out) {
 }  // namespace
 
 const TargetTensor* TargetLayout::FindTensor(std::string_view key) const {
-  for (const TargetTensor& t : tensors) {
-    if (t.key == key) return &t;
-  }
-  return nullptr;
+  return tensor_lookup.Find(tensors, key);
 }
 
 Status ValidateTargetLayout(const TargetLayout& layout) {

@@ -1,11 +1,13 @@
 #include "fc/ops/inspect.h"
 
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <set>
 #include <sstream>
 
 #include "fc/codec/json_writer.h"
+#include "fc/format/chunk_reader.h"
 #include "fc/format/open.h"
 #include "fc/io/file.h"
 #include "fc/ops/report_format.h"
@@ -83,6 +85,7 @@ void PrintObjects(const CheckpointIndex& index, std::ostream& out) {
 void WriteJson(const CheckpointIndex& index, const std::vector<const TensorEntry*>& tensors,
                const VerifyReport* verify, std::ostream& out) {
   JsonWriter j(JsonWriter::Style::kCompact);
+  ChunkReader reader(index);
   j.BeginObject();
   j.Key("format").String(CheckpointFormatName(index.format));
   j.Key("root").String(index.root);
@@ -114,9 +117,15 @@ void WriteJson(const CheckpointIndex& index, const std::vector<const TensorEntry
       }
       j.Key("replica_id").Int(c.replica_id);
       j.Key("file").String(index.files[c.file].path);
-      j.Key("byte_offset").Uint(c.byte_offset);
-      j.Key("byte_length").Uint(c.byte_length);
-      if (!c.strides.empty()) Ints(j.Key("strides"), c.strides);
+      // Unlocated chunks (torch DCP) are located for the listing; one whose item is corrupt
+      // keeps its item's range and says why.
+      Result<ChunkLocation> place = reader.Locate(*t, c);
+      const ChunkLocation fallback{c.byte_offset, c.byte_length, c.strides};
+      const ChunkLocation& loc = place.ok() ? *place : fallback;
+      j.Key("byte_offset").Uint(loc.byte_offset);
+      j.Key("byte_length").Uint(loc.byte_length);
+      if (!loc.strides.empty()) Ints(j.Key("strides"), loc.strides);
+      if (!place.ok()) j.Key("locate_error").String(place.status().message());
       if (c.xxh3_64) j.Key("xxh3_64").String(HexU64(*c.xxh3_64));
       j.EndObject();
     }
@@ -216,7 +225,16 @@ std::string DescribeSplit(const TensorEntry& tensor) {
     std::string s = "axis " + std::to_string(split_axes[0]) + " in " +
                     std::to_string(sizes.size()) + (SameExtents(sizes) ? " even" : " uneven") +
                     " chunks";
-    if (!SameExtents(sizes)) s += " (" + JoinInts(sizes) + ")";
+    if (!SameExtents(sizes)) {
+      // Up to 8 extents are listed; beyond that only their range, so a 4096-way split
+      // stays one short table cell: "axis 0 in 4096 uneven chunks (1..3 each)".
+      if (sizes.size() <= 8) {
+        s += " (" + JoinInts(sizes) + ")";
+      } else {
+        const auto [lo, hi] = std::minmax_element(sizes.begin(), sizes.end());
+        s += " (" + std::to_string(*lo) + ".." + std::to_string(*hi) + " each)";
+      }
+    }
     if (boxes.size() != sizes.size()) s += ", irregular";
     return s + replicas;
   }

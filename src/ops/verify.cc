@@ -81,22 +81,22 @@ void CheckCoverage(const CheckpointIndex& index, const TensorEntry& t, VerifyRep
 }
 
 // Bytes the chunk's data region must span.
-Result<uint64_t> ExpectedByteLength(const TensorEntry& t, const Chunk& c) {
+Result<uint64_t> ExpectedByteLength(const TensorEntry& t, const Chunk& c, const Shape& strides) {
   const uint64_t esize = DTypeSize(t.dtype);
-  if (c.strides.empty()) {
+  if (strides.empty()) {
     auto n = CheckedMulU(static_cast<uint64_t>(c.stored_elements()), esize);
     if (!n) return OutOfRangeError("byte size overflows");
     return *n;
   }
-  if (c.strides.size() != c.box.rank()) {
-    return DataLossError("strides rank " + std::to_string(c.strides.size()) + " != box rank " +
+  if (strides.size() != c.box.rank()) {
+    return DataLossError("strides rank " + std::to_string(strides.size()) + " != box rank " +
                          std::to_string(c.box.rank()));
   }
   if (c.box.empty()) return uint64_t{0};
   int64_t last = 0;
   for (size_t i = 0; i < c.box.rank(); ++i) {
-    if (c.strides[i] < 0) return DataLossError("negative stride");
-    auto step = CheckedMul(c.box.local_shape[i] - 1, c.strides[i]);
+    if (strides[i] < 0) return DataLossError("negative stride");
+    auto step = CheckedMul(c.box.local_shape[i] - 1, strides[i]);
     if (!step || !(step = CheckedAdd(last, *step))) return OutOfRangeError("stride extent overflows");
     last = *step;
   }
@@ -164,23 +164,32 @@ Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index) {
     for (const Chunk& c : t.chunks) {
       ++report.chunks_checked;
       const std::string what = ChunkName(c);
-      Result<uint64_t> expected = ExpectedByteLength(t, c);
+      // A chunk opened unlocated (torch DCP) is located here: a corrupt item is reported
+      // with its file and tensor (the message names the chunk and item bytes).
+      Result<ChunkLocation> place = reader.Locate(t, c);
+      if (!place.ok()) {
+        report.problems.push_back({c.file < index.files.size() ? index.files[c.file].path : "",
+                                   t.key, place.status().message()});
+        continue;
+      }
+      Result<uint64_t> expected = ExpectedByteLength(t, c, place->strides);
       if (!expected.ok()) {
         report.problems.push_back({"", t.key, what + ": " + expected.status().message()});
         continue;
       }
-      if (*expected > c.byte_length) {
+      if (*expected > place->byte_length) {
         report.problems.push_back(
             {c.file < index.files.size() ? index.files[c.file].path : "", t.key,
              what + ": needs " + std::to_string(*expected) + " bytes of " +
                  std::string(DTypeName(t.dtype)) + ", the metadata gives " +
-                 std::to_string(c.byte_length)});
+                 std::to_string(place->byte_length)});
       }
       const size_t before = report.problems.size();
-      CheckByteRange(index, t.key, what, c.file, c.byte_offset, c.byte_length, report);
+      CheckByteRange(index, t.key, what, c.file, place->byte_offset, place->byte_length,
+                     report);
       if (c.xxh3_64 && report.problems.size() == before) {
-        CheckChecksum(reader, index, t.key, what, c.file, c.byte_offset, c.byte_length,
-                      *c.xxh3_64, report);
+        CheckChecksum(reader, index, t.key, what, c.file, place->byte_offset,
+                      place->byte_length, *c.xxh3_64, report);
       }
     }
   }

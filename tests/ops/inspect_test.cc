@@ -126,3 +126,57 @@ TEST_CASE("inspect --aoa lists the HF tensors of the Megatron example", "[ops]")
 
 }  // namespace
 }  // namespace fc
+
+#include <algorithm>
+
+#include "fc/model/target_layout.h"
+
+namespace fc {
+namespace {
+
+TEST_CASE("inspect: a 4096-way uneven split is one short SPLIT cell", "[inspect][scale]") {
+  TensorEntry t;
+  t.key = "w";
+  t.global_shape = {4096 * 2 + 1000, 16};
+  const int64_t n = 4096, rows = t.global_shape[0];
+  for (int64_t r = 0; r < n; ++r) {
+    Chunk c;
+    c.box = Box{{r * rows / n, 0}, {(r + 1) * rows / n - r * rows / n, 16}};
+    t.chunks.push_back(c);
+  }
+  const std::string split = DescribeSplit(t);
+  CHECK(split == "axis 0 in 4096 uneven chunks (2..3 each)");
+  CHECK(split.size() < 60);
+}
+
+TEST_CASE("FindTensor: hash lookups that survive copies, renames and reordering",
+          "[model][find_tensor]") {
+  CheckpointIndex index;
+  for (int i = 0; i < 1000; ++i) {
+    index.tensors.push_back(TensorEntry{"t" + std::to_string(i), DType::kFloat32, {1}, {}});
+  }
+  REQUIRE(index.FindTensor("t7") == &index.tensors[7]);
+  CHECK(index.FindTensor("missing") == nullptr);
+  index.tensors[7].key = "renamed";  // in place: same vector, same size
+  CHECK(index.FindTensor("t7") == nullptr);
+  REQUIRE(index.FindTensor("renamed") == &index.tensors[7]);
+  std::reverse(index.tensors.begin(), index.tensors.end());
+  REQUIRE(index.FindTensor("t0") == &index.tensors[999]);
+  CheckpointIndex copy = index;
+  REQUIRE(copy.FindTensor("t1") == &copy.tensors[998]);
+  index.tensors.push_back(TensorEntry{"new", DType::kFloat32, {1}, {}});
+  REQUIRE(index.FindTensor("new") == &index.tensors.back());
+
+  TargetLayout a, b;
+  a.tensors.push_back(TargetTensor{"x", std::nullopt, {2}});
+  a.tensors.push_back(TargetTensor{"y", std::nullopt, {3}});
+  b = a;
+  REQUIRE(a.FindTensor("y") == &a.tensors[1]);  // a has a cache, b none: still equal
+  CHECK(a == b);
+  CHECK(b.FindTensor("x") == &b.tensors[0]);
+  b.tensors[0].global_shape = {5};
+  CHECK_FALSE(a == b);
+}
+
+}  // namespace
+}  // namespace fc

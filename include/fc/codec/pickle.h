@@ -29,14 +29,20 @@
 // what a kCall of `torch.Size` means) is the caller's job.
 //
 // Sharing: values reached through the memo are shared (the tree is a DAG), exactly as in
-// Python; walk it by reference and do not assume a node has one parent. Reference cycles
-// (a list containing itself) are rejected with kUnimplemented, so every walk terminates.
+// Python; walk it by reference and do not assume a node has one parent. Immutable values
+// are also shared by content: equal ints, equal strs of up to 256 bytes, and equal tuples
+// of up to 8 such values are one node each (so node identity says nothing about the memo).
+// Reference cycles (a list containing itself) are rejected with kUnimplemented, so every
+// walk terminates.
 //
 // Limits (distrust every size): operand lengths are checked against the remaining input,
-// nesting depth of the result is bounded (PickleLimits::max_depth), and the number of
-// values created is bounded by the input size. Errors are kDataLoss for malformed input
-// ("pickle: BINGET at byte 17: memo key 9 not defined"), kUnimplemented for valid pickles
-// outside the subset above.
+// nesting depth of the result is bounded (PickleLimits::max_depth), and the bytes the tree
+// takes are bounded by a budget proportional to the input size (PickleLimits
+// max_tree_bytes_*). Values reached through the memo are shared, never copied, so a value
+// referenced a million times costs a million links, not a million copies. Errors are
+// kDataLoss for malformed input ("pickle: BINGET at byte 17: memo key 9 not defined"),
+// kUnimplemented for valid pickles outside the subset above, kResourceExhausted past the
+// memory budget.
 //
 // Thread-safety: ParsePickle is a pure function; a parsed tree is immutable and may be read
 // from several threads.
@@ -92,6 +98,8 @@ struct PickleValue {
   // PickleLimits::max_inline_bytes, `str` stays empty and the caller reads it from there.
   uint64_t bytes_offset = 0;
   uint64_t bytes_length = 0;
+  // Scratch for ParsePickle's cycle check; meaningless to callers.
+  mutable uint8_t graph_mark = 0;
 
   bool is_none() const { return kind == Kind::kNone; }
   bool is_int() const { return kind == Kind::kInt; }
@@ -123,12 +131,19 @@ struct PickleLimits {
   // PickleValue::bytes_offset): pickles holding tensor data (paddle.save) are parsed from a
   // memory map without touching the data pages.
   uint64_t max_inline_bytes = UINT64_MAX;
+  // Memory budget of the value tree, counted in bytes (nodes ~250 bytes each, links, string
+  // bytes), not in values: base + per_input_byte * input size. A 1M-chunk torch DCP
+  // .metadata (178 MB) needs about 15 bytes of tree per input byte; a pickle of nothing but
+  // tiny containers ("]]]]...") about 300, which this refuses.
+  uint64_t max_tree_bytes_per_input_byte = 64;
+  uint64_t max_tree_bytes_base = uint64_t{64} << 20;
 };
 
 // Runs the pickle in `data` and returns the value left by STOP.
 // Errors: kDataLoss for malformed or truncated input (message names the opcode and its
 // byte position), kUnimplemented for the unsupported features listed above, a reference
-// cycle, or nesting deeper than limits.max_depth.
+// cycle, or nesting deeper than limits.max_depth; kResourceExhausted when the tree would
+// pass the memory budget (limits.max_tree_bytes_*).
 Result<PickleValue> ParsePickle(std::span<const std::byte> data, const PickleLimits& limits = {});
 
 }  // namespace fc

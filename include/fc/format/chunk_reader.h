@@ -2,14 +2,22 @@
 // a caller's row-major buffer. Understands the three chunk layouts of checkpoint.h (packed
 // row-major, strided, flattened range).
 //
+// Chunks opened without their exact data place (Chunk::unlocated_item, torch DCP) are
+// located on first use (LocateTorchDcpChunk: a couple of small reads of the item) and the
+// place is cached per chunk for the reader's lifetime; a corrupt item is reported then, with
+// the file, tensor and chunk named.
+//
 // Thread-safety: ChunkReader is safe to use from several threads at once (files are opened
-// under a mutex and read with pread).
+// and locations cached under a mutex; reads use pread).
 #ifndef FC_FORMAT_CHUNK_READER_H_
 #define FC_FORMAT_CHUNK_READER_H_
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "fc/core/box.h"
@@ -39,6 +47,11 @@ class ChunkReader {
   // The raw bytes [chunk.byte_offset, + byte_length) (for checksums and copies).
   Status ReadChunkBytes(const Chunk& chunk, std::span<std::byte> dst);
 
+  // Where `chunk` (of `tensor`) keeps its data: its own byte_offset/byte_length/strides, or,
+  // for an unlocated chunk, the place found in its item (cached). Errors: kDataLoss /
+  // kUnimplemented for a corrupt or unsupported item, kIoError.
+  Result<ChunkLocation> Locate(const TensorEntry& tensor, const Chunk& chunk);
+
   // Bytes read from files so far (for progress and benchmarks).
   uint64_t bytes_read() const;
 
@@ -47,9 +60,16 @@ class ChunkReader {
                       uint64_t stored_byte_offset, const Box& piece, void* dst,
                       const Box& dst_box);
 
+  // Locate for an unlocated chunk; `key` names the tensor in errors.
+  Result<ChunkLocation> LocateUnlocated(const std::string& key, const Chunk& chunk);
+
   const CheckpointIndex& index_;
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<RandomAccessFile>> files_;
+  std::unordered_map<const Chunk*, ChunkLocation> located_;  // guarded by mu_
+  // [begin, end) of every tensor's chunk array in index_, sorted: only chunks stored in the
+  // index are cached (a caller's temporary copy could reuse an address).
+  std::vector<std::pair<const Chunk*, const Chunk*>> chunk_spans_;
   uint64_t bytes_read_ = 0;
 };
 

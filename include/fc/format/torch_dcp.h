@@ -49,6 +49,7 @@
 #include "fc/core/status.h"
 #include "fc/model/checkpoint_index.h"
 #include "fc/codec/pickle.h"
+#include "fc/io/file.h"
 
 namespace fc {
 
@@ -102,17 +103,29 @@ struct DcpMetadata {
 // unsupported dtypes / layouts, and for unsupported pickle features.
 Result<DcpMetadata> ParseDcpMetadata(std::span<const std::byte> bytes);
 
+struct TorchDcpReadOptions {
+  // true: read every item's zip directory and data.pkl at open (two small reads per chunk)
+  // and fill byte_offset/byte_length/strides; a corrupt item fails the open.
+  // false: read no item at open. Each chunk gets `unlocated_item` and the item's range as
+  // its byte range (fc/model/checkpoint_index.h); ChunkReader (fc/format/chunk_reader.h)
+  // locates the data on first read with LocateTorchDcpChunk, and a corrupt item is reported
+  // then (with the same message) or by fc-inspect --verify. OpenCheckpoint uses false.
+  bool locate_chunks = true;
+};
+
 // Reads a torch DCP checkpoint directory into a CheckpointIndex:
 //   format kTorchDcp; root = dir; files = every data file referenced, sorted by (rank, n)
 //   for __R_N.distcp names, with sizes; tensors in .metadata order, one Chunk per
-//   ChunkStorageMetadata (byte_offset = absolute position of the first element of the view
-//   in the file, byte_length = bytes from there to the view's last element, strides set
-//   when the stored view is not packed row-major); objects = the bytes items (encoding
-//   kTorchSave, byte range = the item's archive); attributes: "torch_generation" ("1.13" /
+//   ChunkStorageMetadata (located: byte_offset = absolute position of the first element of
+//   the view in the file, byte_length = bytes from there to the view's last element, strides
+//   set when the stored view is not packed row-major; see options.locate_chunks); objects =
+//   the bytes items (encoding kTorchSave, byte range = the item's archive; their zip
+//   directory is always checked at open); attributes: "torch_generation" ("1.13" /
 //   "2"), and when present "dcp_version", "checkpoint_id", "save_id", "mcore_data"
 //   (entry count), "mcore_data.<key>.nd_reformulated_orig_global_shape",
 //   "metadata_extra_fields", "megatron_metadata_json", "megatron_common_pt".
-// Each item's zip directory and (for tensors) data.pkl are read: a few small reads each.
+// Cost: the .metadata parse, hash lookups per chunk, a sort of the item ranges per file;
+// with locate_chunks, a few small reads per chunk.
 // Errors (message: "<file>: tensor '<fqn>' chunk <box>: <what>"):
 //   kNotFound   dir or .metadata missing, a referenced data file missing;
 //   kDataLoss   corrupt .metadata or item, item range outside its file, overlapping items,
@@ -121,7 +134,18 @@ Result<DcpMetadata> ParseDcpMetadata(std::span<const std::byte> bytes);
 //               relative_path escaping dir;
 //   kUnimplemented  see the list above;
 //   kIoError    read failures.
-Result<CheckpointIndex> ReadTorchDcp(const std::string& dir);
+Result<CheckpointIndex> ReadTorchDcp(const std::string& dir,
+                                     const TorchDcpReadOptions& options = {});
+
+// Locates the data of a chunk that ReadTorchDcp left unlocated (chunk.unlocated_item set;
+// [chunk.byte_offset, + byte_length) is its item inside `file`, whose name relative to the
+// checkpoint is `file_name`): reads the item's zip directory and data.pkl (two small reads,
+// one for items up to 16 KiB) and checks the item's dtype and shape against the chunk.
+// Errors: those of ReadTorchDcp for a corrupt item, with the same messages
+// ("<file_name>: tensor '<key>' chunk <box>: item bytes [a, b): ...").
+Result<ChunkLocation> LocateTorchDcpChunk(const RandomAccessFile& file,
+                                          const std::string& file_name,
+                                          const std::string& key, const Chunk& chunk);
 
 }  // namespace fc
 

@@ -14,6 +14,11 @@
 //   - strides empty:   box.num_elements() elements, row-major, packed, little-endian;
 //   - strides set:     element at local index (i0..ik) is at
 //                      byte_offset + (sum_j i_j * strides[j]) * DTypeSize(dtype).
+//   - unlocated_item set (torch DCP opened without reading its items): the data lies
+//                      somewhere inside the container item [byte_offset, + byte_length)
+//                      (a torch.save archive); byte_length is the item's size and strides
+//                      are empty until located. Read such chunks through ChunkReader
+//                      (fc/format/chunk_reader.h), whose Locate finds the exact place.
 //
 // Thread-safety: plain values.
 #ifndef FC_MODEL_CHECKPOINT_INDEX_H_
@@ -23,11 +28,13 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fc/core/box.h"
 #include "fc/core/dtype.h"
 #include "fc/core/flat_range.h"
+#include "fc/model/key_lookup.h"
 
 namespace fc {
 
@@ -47,6 +54,11 @@ struct FileInfo {
   uint64_t size = 0;  // bytes, as seen when the checkpoint was opened
 };
 
+// A chunk whose exact data place inside its container item is found on first read.
+struct UnlocatedItem {
+  DType dtype = DType::kFloat32;  // the tensor's dtype, checked against the item's
+};
+
 struct Chunk {
   Box box;
   std::optional<FlatRange> flat_range;
@@ -56,11 +68,20 @@ struct Chunk {
   uint64_t byte_length = 0;    // bytes of the chunk's data region (see the layout above)
   Shape strides;               // element strides; empty means packed row-major
   std::optional<uint64_t> xxh3_64;  // checksum of [byte_offset, byte_offset + byte_length)
+  std::optional<UnlocatedItem> unlocated_item;  // see the layout above
 
   // Elements actually stored: flat_range size, or box.num_elements().
   int64_t stored_elements() const {
     return flat_range ? flat_range->size() : box.num_elements();
   }
+};
+
+// The exact place of a chunk's data (what a located Chunk carries in byte_offset,
+// byte_length and strides).
+struct ChunkLocation {
+  uint64_t byte_offset = 0;
+  uint64_t byte_length = 0;
+  Shape strides;  // empty: packed row-major
 };
 
 struct TensorEntry {
@@ -93,8 +114,12 @@ struct CheckpointIndex {
   // Format-specific facts worth showing (e.g. "torch_generation" -> "1.13" or "2").
   std::map<std::string, std::string> attributes;
 
+  // The tensor named `key`, or nullptr. O(1) on average (see fc/model/key_lookup.h);
+  // concurrent lookups are safe, a lookup concurrent with a change of `tensors` is not.
   const TensorEntry* FindTensor(std::string_view key) const;
   uint64_t total_file_bytes() const;
+
+  KeyLookupCache tensor_lookup;  // FindTensor's cache; not part of the value
 };
 
 }  // namespace fc

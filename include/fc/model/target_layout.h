@@ -32,6 +32,7 @@
 #include "fc/core/dtype.h"
 #include "fc/core/flat_range.h"
 #include "fc/core/status.h"
+#include "fc/model/key_lookup.h"
 
 namespace fc {
 
@@ -67,8 +68,10 @@ struct TargetLayout {
   std::vector<TargetTensor> tensors;     // unique keys
   std::vector<TargetRank> ranks;         // sorted by rank, unique
 
-  // The tensor named `key`, or nullptr. Linear in the number of tensors.
+  // The tensor named `key`, or nullptr. O(1) on average (see fc/model/key_lookup.h);
+  // concurrent lookups are safe, a lookup concurrent with a change of `tensors` is not.
   const TargetTensor* FindTensor(std::string_view key) const;
+  KeyLookupCache tensor_lookup;  // FindTensor's cache; not part of the value (always ==)
   friend bool operator==(const TargetLayout&, const TargetLayout&) = default;
 };
 

@@ -66,7 +66,13 @@ Result<Fields> ObjectFields(Work& work, const PickleValue& obj, std::string_view
   } else {
     return DataLossError(std::string(what) + " has an unexpected state: " + obj.DebugString());
   }
+  // Objects have a handful of attributes: a linear search beats a hash map (which cost
+  // an allocation per object, millions per big .metadata); many attributes use the map.
+  size_t total = 0;
+  for (const PickleValue* d : dicts) total += d->entries.size();
+  out.reserve(total);
   std::unordered_map<std::string_view, size_t> position;
+  const bool small = total <= 16;
   for (const PickleValue* d : dicts) {
     FC_RETURN_IF_ERROR(work.Charge(d->entries.size()));
     for (const auto& [k, v] : d->entries) {
@@ -75,11 +81,18 @@ Result<Fields> ObjectFields(Work& work, const PickleValue& obj, std::string_view
                              k->DebugString());
       }
       // Later entries win (a second BUILD, or a repeated key).
-      auto [it, inserted] = position.emplace(k->str, out.size());
-      if (inserted) {
+      size_t at = out.size();
+      if (small) {
+        for (size_t i = 0; i < out.size(); ++i) {
+          if (out[i].first == k->str) at = i;
+        }
+      } else {
+        at = position.emplace(k->str, out.size()).first->second;
+      }
+      if (at == out.size()) {
         out.emplace_back(k->str, v);
       } else {
-        out[it->second].second = v;
+        out[at].second = v;
       }
     }
   }
@@ -101,11 +114,15 @@ std::string_view ClassName(const PickleValue& obj) {
   return g ? std::string_view(g->name) : std::string_view();
 }
 
-Result<std::string> Str(const PickleValue* v, std::string_view what) {
+// A string copied out of the tree. The memo lets one big string be referenced from every
+// entry (a 1 MB .metadata naming one 500 KB relative_path 20,000 times would copy 10 GB),
+// so the bytes copied are charged: one unit per 8 bytes.
+Result<std::string> Str(Work& work, const PickleValue* v, std::string_view what) {
   if (v == nullptr || v->kind != Kind::kStr) {
     return DataLossError(std::string(what) + " is not a string: " +
                          (v ? v->DebugString() : std::string("missing")));
   }
+  FC_RETURN_IF_ERROR(work.Charge(v->str.size() / 8));
   return v->str;
 }
 
@@ -244,14 +261,20 @@ Status ParseItem(Work& work, const std::string& fqn, const PickleValue& v,
   item->chunks.reserve(chunks->items.size());
   for (size_t i = 0; i < chunks->items.size(); ++i) {
     const PickleValue& c = *chunks->items[i];
-    const std::string what = "chunk " + std::to_string(i);
+    // The context is built only for an error: millions of chunks, no string each.
+    auto what = [i] { return "chunk " + std::to_string(i); };
     if (c.kind != Kind::kObject || ClassName(c) != "ChunkStorageMetadata") {
-      return DataLossError(what + " is not a ChunkStorageMetadata: " + c.DebugString());
+      return DataLossError(what() + " is not a ChunkStorageMetadata: " + c.DebugString());
     }
-    FC_ASSIGN_OR_RETURN(Fields cf, ObjectFields(work, c, what));
+    auto cf = ObjectFields(work, c, "ChunkStorageMetadata");
+    if (!cf.ok()) return cf.status().With(what());
     DcpChunkMetadata chunk;
-    FC_ASSIGN_OR_RETURN(chunk.offsets, SizeValue(work, Field(cf, "offsets"), what + " offsets"));
-    FC_ASSIGN_OR_RETURN(chunk.sizes, SizeValue(work, Field(cf, "sizes"), what + " sizes"));
+    auto offsets = SizeValue(work, Field(*cf, "offsets"), "offsets");
+    if (!offsets.ok()) return offsets.status().With(what());
+    auto sizes = SizeValue(work, Field(*cf, "sizes"), "sizes");
+    if (!sizes.ok()) return sizes.status().With(what());
+    chunk.offsets = std::move(offsets).value();
+    chunk.sizes = std::move(sizes).value();
     item->chunks.push_back(std::move(chunk));
   }
   return Status::Ok();
@@ -263,7 +286,7 @@ Status ParseStorageEntry(Work& work, const PickleValue& key, const PickleValue& 
     return DataLossError("storage_data key is not a MetadataIndex: " + key.DebugString());
   }
   FC_ASSIGN_OR_RETURN(Fields kf, ObjectFields(work, key, "MetadataIndex"));
-  FC_ASSIGN_OR_RETURN(s->fqn, Str(Field(kf, "fqn"), "MetadataIndex fqn"));
+  FC_ASSIGN_OR_RETURN(s->fqn, Str(work, Field(kf, "fqn"), "MetadataIndex fqn"));
   const std::string ctx = "storage_data['" + s->fqn + "']";
   if (const PickleValue* off = Field(kf, "offset"); off != nullptr && !off->is_none()) {
     FC_ASSIGN_OR_RETURN(s->chunk_offsets, SizeValue(work, off, ctx + " offset"));
@@ -275,7 +298,7 @@ Status ParseStorageEntry(Work& work, const PickleValue& key, const PickleValue& 
     return DataLossError(ctx + " is not a _StorageInfo: " + value.DebugString());
   }
   FC_ASSIGN_OR_RETURN(Fields vf, ObjectFields(work, value, "_StorageInfo"));
-  FC_ASSIGN_OR_RETURN(s->relative_path, Str(Field(vf, "relative_path"), ctx + " relative_path"));
+  FC_ASSIGN_OR_RETURN(s->relative_path, Str(work, Field(vf, "relative_path"), ctx + " relative_path"));
   FC_ASSIGN_OR_RETURN(s->offset, NonNegativeInt(Field(vf, "offset"), ctx + " offset"));
   FC_ASSIGN_OR_RETURN(s->length, NonNegativeInt(Field(vf, "length"), ctx + " length"));
   if (const PickleValue* td = Field(vf, "transform_descriptors"); td != nullptr && !td->is_none()) {

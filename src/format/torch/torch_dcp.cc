@@ -1,10 +1,14 @@
-// ReadTorchDcp: .metadata + per-item zip directories -> CheckpointIndex.
+// ReadTorchDcp: .metadata (+ optionally every item's zip directory) -> CheckpointIndex.
 // Layout and contract: include/fc/format/torch_dcp.h.
 //
-// Each item is a torch.save zip embedded in a .distcp file. Finding a tensor's bytes needs
-// the zip's tail (EOCD + central directory), data.pkl near its start, and the storage
-// record's local header. ItemReader serves those small reads from two cached 4 KiB windows,
-// so a typical item costs two preads however many zip structures are consulted.
+// Each item is a torch.save zip embedded in a .distcp file. Opening checks everything the
+// .metadata says (boxes, storage entries, item ranges inside their files and not
+// overlapping) with hash lookups, and reads no item: with a million chunks, reading two
+// windows per item was two million preads and a million data.pkl parses. Finding a tensor's
+// bytes inside its item (LocateTorchDcpChunk, at open with locate_chunks or on first read
+// through ChunkReader) needs the zip's tail (EOCD + central directory), data.pkl near its
+// start, and the storage record's local header. ItemReader serves those small reads from
+// two cached 4 KiB windows (or the whole item when it is small): one or two preads per item.
 #include <algorithm>
 #include <charconv>
 #include <cstring>
@@ -13,6 +17,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "fc/core/checked_math.h"
 #include "fc/format/torch_dcp.h"
@@ -44,6 +49,9 @@ class ItemReader {
   ItemReader(const RandomAccessFile* file, uint64_t base, uint64_t length)
       : file_(file), base_(base), length_(length) {}
 
+  // Items up to this size are read whole, in one pread, on the first access.
+  static constexpr uint64_t kWholeItemBytes = 16384;
+
   Status Read(uint64_t offset, std::span<std::byte> dst) {
     if (offset > length_ || dst.size() > length_ - offset) {
       return DataLossError("read of item bytes " + Range(offset, offset + dst.size()) +
@@ -56,12 +64,14 @@ class ItemReader {
         return Status::Ok();
       }
     }
-    if (dst.size() > kWindowBytes) return file_->ReadAt(base_ + offset, dst);
+    if (dst.size() > kWindowBytes && length_ > kWholeItemBytes) {
+      return file_->ReadAt(base_ + offset, dst);
+    }
     // Load a window starting at the request (or ending at the item's end, whichever keeps
     // it inside the item); it then also serves the neighbouring small reads.
     Window& w = windows_[next_];
     next_ = 1 - next_;
-    const uint64_t span = std::min(length_, kWindowBytes);
+    const uint64_t span = length_ <= kWholeItemBytes ? length_ : std::min(length_, kWindowBytes);
     w.start = std::min(offset, length_ - span);
     w.bytes.resize(static_cast<size_t>(span));
     w.valid = false;
@@ -134,23 +144,52 @@ Status CheckRelativePath(const std::string& path) {
   return Status::Ok();
 }
 
-struct StorageKey {
-  std::string fqn;
-  std::optional<Shape> offsets;
-  friend bool operator<(const StorageKey& a, const StorageKey& b) {
-    return std::tie(a.fqn, a.offsets) < std::tie(b.fqn, b.offsets);
+// Hash of an offsets list, for the storage_data lookup.
+struct OffsetsHash {
+  size_t operator()(std::span<const int64_t> v) const {
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ v.size();
+    for (int64_t x : v) {
+      h ^= static_cast<uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    }
+    return static_cast<size_t>(h);
+  }
+};
+struct OffsetsEq {
+  bool operator()(std::span<const int64_t> a, std::span<const int64_t> b) const {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
   }
 };
 
-// One item byte range, for the overlap check.
+// storage_data entries of one fqn: the bytes item (no offsets) and the chunks by offsets.
+// Keys view the Shapes inside DcpMetadata::storage, which outlives the lookups.
+struct FqnStorage {
+  const DcpStorageInfo* object = nullptr;
+  std::unordered_map<std::span<const int64_t>, const DcpStorageInfo*, OffsetsHash, OffsetsEq>
+      chunks;
+};
+
+// One item byte range, for the overlap check; the label is built only for an error.
 struct ItemRange {
   uint64_t inclusive_min, exclusive_max;
-  std::string label;
+  const DcpItemMetadata* item;
+  size_t chunk;  // index in item->chunks; unused for objects
 };
+
+std::string ChunkBoxText(const DcpChunkMetadata& cm) {
+  // Box::ToString needs equal ranks; fall back to the raw lists otherwise.
+  if (cm.offsets.size() == cm.sizes.size()) return Box{cm.offsets, cm.sizes}.ToString();
+  return "offsets " + ShapeString(cm.offsets) + " sizes " + ShapeString(cm.sizes);
+}
+
+std::string ItemLabel(const ItemRange& r) {
+  if (!r.item->is_tensor) return "object '" + r.item->fqn + "'";
+  return "tensor '" + r.item->fqn + "' chunk " + ChunkBoxText(r.item->chunks[r.chunk]);
+}
 
 class DcpReader {
  public:
-  explicit DcpReader(std::string dir) : dir_(std::move(dir)) {}
+  DcpReader(std::string dir, TorchDcpReadOptions options)
+      : dir_(std::move(dir)), options_(options) {}
   Result<CheckpointIndex> Read();
 
  private:
@@ -171,13 +210,18 @@ class DcpReader {
     }
     return f;
   }
+  const FqnStorage* StorageOf(const std::string& fqn) const {
+    auto it = storage_.find(fqn);
+    return it == storage_.end() ? nullptr : &it->second;
+  }
   Status ReadTensor(const DcpItemMetadata& item, TensorEntry* out);
   Status ReadObject(const DcpItemMetadata& item, ObjectEntry* out);
   Status CheckOverlaps();
   void AddAttributes(const DcpMetadata& md, CheckpointIndex* index);
 
   std::string dir_;
-  std::map<StorageKey, const DcpStorageInfo*> storage_;
+  TorchDcpReadOptions options_;
+  std::unordered_map<std::string_view, FqnStorage> storage_;  // views DcpMetadata strings
   std::unordered_map<std::string, uint32_t> file_index_;
   std::vector<std::unique_ptr<RandomAccessFile>> files_;
   std::vector<std::vector<ItemRange>> ranges_;  // per file
@@ -187,56 +231,48 @@ Status DcpReader::ReadTensor(const DcpItemMetadata& item, TensorEntry* out) {
   out->key = item.fqn;
   out->dtype = item.dtype;
   out->global_shape = item.size;
-  std::map<Shape, size_t> seen_offsets;
-  for (const DcpChunkMetadata& cm : item.chunks) {
+  out->chunks.reserve(item.chunks.size());
+  const FqnStorage* storage = StorageOf(item.fqn);
+  std::unordered_set<std::span<const int64_t>, OffsetsHash, OffsetsEq> seen_offsets;
+  seen_offsets.reserve(item.chunks.size());
+  for (size_t ci = 0; ci < item.chunks.size(); ++ci) {
+    const DcpChunkMetadata& cm = item.chunks[ci];
+    auto label = [&] { return "tensor '" + item.fqn + "' chunk " + ChunkBoxText(cm); };
     Chunk chunk;
     chunk.box.global_offset = cm.offsets;
     chunk.box.local_shape = cm.sizes;
-    // Box::ToString needs equal ranks; fall back to the raw lists otherwise.
-    const std::string box_text =
-        cm.offsets.size() == cm.sizes.size()
-            ? chunk.box.ToString()
-            : "offsets " + ShapeString(cm.offsets) + " sizes " + ShapeString(cm.sizes);
-    const std::string label = "tensor '" + item.fqn + "' chunk " + box_text;
-    FC_RETURN_IF_ERROR_WITH(ValidateBox(chunk.box, item.size), ".metadata: " + label);
-    if (!seen_offsets.emplace(cm.offsets, 0).second) {
-      return DataLossError(".metadata: " + label + ": two chunks start at offsets " +
+    if (Status v = ValidateBox(chunk.box, item.size); !v.ok()) {
+      return v.With(".metadata: " + label());
+    }
+    if (!seen_offsets.insert(cm.offsets).second) {
+      return DataLossError(".metadata: " + label() + ": two chunks start at offsets " +
                            ShapeString(cm.offsets));
     }
-    auto it = storage_.find(StorageKey{item.fqn, cm.offsets});
-    if (it == storage_.end()) {
-      return DataLossError(".metadata: " + label + ": no storage_data entry for this chunk");
+    const DcpStorageInfo* found = nullptr;
+    if (storage != nullptr) {
+      auto it = storage->chunks.find(cm.offsets);
+      if (it != storage->chunks.end()) found = it->second;
     }
-    const DcpStorageInfo& s = *it->second;
+    if (found == nullptr) {
+      return DataLossError(".metadata: " + label() + ": no storage_data entry for this chunk");
+    }
+    const DcpStorageInfo& s = *found;
     if (!s.transform_descriptors.empty()) {
       std::string d;
       for (const auto& t : s.transform_descriptors) d += (d.empty() ? "" : ", ") + t;
-      return UnimplementedError(s.relative_path + ": " + label +
+      return UnimplementedError(s.relative_path + ": " + label() +
                                 ": stream transforms are not supported (" + d + ")");
     }
     FC_ASSIGN_OR_RETURN(chunk.file, FileIndex(s.relative_path));
-    const std::string ctx = s.relative_path + ": " + label;
-    FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, ItemFile(s, chunk.file).With(ctx));
-    ranges_[chunk.file].push_back({s.offset, s.offset + s.length, label});
-
-    ItemReader reader(f, s.offset, s.length);
-    auto parsed = ParseTorchSaveTensor(s.length, reader.AsZipReadFn());
-    if (!parsed.ok()) {
-      return parsed.status().With(ctx + ": item bytes " + Range(s.offset, s.offset + s.length));
+    if (auto f = ItemFile(s, chunk.file); !f.ok()) {
+      return f.status().With(s.relative_path + ": " + label());
     }
-    const TorchSaveTensor& t = *parsed;
-    if (t.ref.dtype != item.dtype) {
-      return DataLossError(ctx + ": item dtype " + std::string(DTypeName(t.ref.dtype)) +
-                           " != metadata dtype " + std::string(DTypeName(item.dtype)));
-    }
-    if (t.ref.shape != cm.sizes) {
-      return DataLossError(ctx + ": item tensor shape " + ShapeString(t.ref.shape) +
-                           " != chunk sizes " + ShapeString(cm.sizes));
-    }
-    // In range: the view lies inside the storage record, which lies inside the item.
-    chunk.byte_offset = s.offset + t.first_element_offset;
-    chunk.byte_length = t.ref.ViewSpanBytes();
-    if (!t.ref.IsRowMajorContiguous()) chunk.strides = t.ref.strides;
+    ranges_[chunk.file].push_back({s.offset, s.offset + s.length, &item, ci});
+    // The item's range for now; the data's exact place is found by LocateTorchDcpChunk
+    // (at the end of Read with options_.locate_chunks, else on first read).
+    chunk.byte_offset = s.offset;
+    chunk.byte_length = s.length;
+    chunk.unlocated_item = UnlocatedItem{item.dtype};
     out->chunks.push_back(std::move(chunk));
   }
   return Status::Ok();
@@ -246,11 +282,11 @@ Status DcpReader::ReadObject(const DcpItemMetadata& item, ObjectEntry* out) {
   out->key = item.fqn;
   out->encoding = ObjectEncoding::kTorchSave;
   const std::string label = "object '" + item.fqn + "'";
-  auto it = storage_.find(StorageKey{item.fqn, std::nullopt});
-  if (it == storage_.end()) {
+  const FqnStorage* storage = StorageOf(item.fqn);
+  if (storage == nullptr || storage->object == nullptr) {
     return DataLossError(".metadata: " + label + ": no storage_data entry");
   }
-  const DcpStorageInfo& s = *it->second;
+  const DcpStorageInfo& s = *storage->object;
   if (!s.transform_descriptors.empty()) {
     return UnimplementedError(s.relative_path + ": " + label +
                               ": stream transforms are not supported");
@@ -258,7 +294,7 @@ Status DcpReader::ReadObject(const DcpItemMetadata& item, ObjectEntry* out) {
   FC_ASSIGN_OR_RETURN(out->file, FileIndex(s.relative_path));
   const std::string ctx = s.relative_path + ": " + label;
   FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, ItemFile(s, out->file).With(ctx));
-  ranges_[out->file].push_back({s.offset, s.offset + s.length, label});
+  ranges_[out->file].push_back({s.offset, s.offset + s.length, &item, 0});
   // Check the archive's structure now, so a corrupt object fails at open, not at export.
   ItemReader reader(f, s.offset, s.length);
   auto archive = ReadTorchSaveArchive(s.length, reader.AsZipReadFn());
@@ -278,10 +314,10 @@ Status DcpReader::CheckOverlaps() {
     });
     for (size_t i = 1; i < r.size(); ++i) {
       if (r[i].inclusive_min < r[i - 1].exclusive_max) {
-        return DataLossError(Basename(files_[f]->path()) + ": items " + r[i - 1].label + " " +
-                             Range(r[i - 1].inclusive_min, r[i - 1].exclusive_max) + " and " +
-                             r[i].label + " " + Range(r[i].inclusive_min, r[i].exclusive_max) +
-                             " overlap");
+        return DataLossError(Basename(files_[f]->path()) + ": items " + ItemLabel(r[i - 1]) +
+                             " " + Range(r[i - 1].inclusive_min, r[i - 1].exclusive_max) +
+                             " and " + ItemLabel(r[i]) + " " +
+                             Range(r[i].inclusive_min, r[i].exclusive_max) + " overlap");
       }
     }
   }
@@ -341,10 +377,14 @@ Result<CheckpointIndex> DcpReader::Read() {
 
   // Index storage_data and register every referenced file in (rank, n) order.
   std::map<FileOrder, std::string> names;
+  storage_.reserve(md.items.size() + 1);
   for (const DcpStorageInfo& s : md.storage) {
     FC_RETURN_IF_ERROR_WITH(CheckRelativePath(s.relative_path),
                             ".metadata: storage_data['" + s.fqn + "']");
-    if (!storage_.emplace(StorageKey{s.fqn, s.chunk_offsets}, &s).second) {
+    FqnStorage& fs = storage_[s.fqn];
+    const bool fresh = s.chunk_offsets ? fs.chunks.emplace(*s.chunk_offsets, &s).second
+                                       : (fs.object == nullptr ? (fs.object = &s, true) : false);
+    if (!fresh) {
       return DataLossError(".metadata: storage_data has two entries for '" + s.fqn + "'" +
                            (s.chunk_offsets ? " at offsets " + ShapeString(*s.chunk_offsets)
                                             : std::string()));
@@ -352,19 +392,22 @@ Result<CheckpointIndex> DcpReader::Read() {
   }
   // Only files that an item of state_dict_metadata uses; stale entries are ignored.
   std::map<std::string, std::string> first_user;  // file -> label of first item using it
+  auto note_user = [&first_user](const std::string& path, const char* kind,
+                                 const std::string& fqn) {
+    if (first_user.find(path) == first_user.end()) {
+      first_user.emplace(path, std::string(kind) + " '" + fqn + "'");
+    }
+  };
   for (const DcpItemMetadata& item : md.items) {
+    const FqnStorage* fs = StorageOf(item.fqn);
+    if (fs == nullptr) continue;
     if (item.is_tensor) {
       for (const DcpChunkMetadata& c : item.chunks) {
-        auto it = storage_.find(StorageKey{item.fqn, c.offsets});
-        if (it != storage_.end()) {
-          first_user.emplace(it->second->relative_path, "tensor '" + item.fqn + "'");
-        }
+        auto it = fs->chunks.find(c.offsets);
+        if (it != fs->chunks.end()) note_user(it->second->relative_path, "tensor", item.fqn);
       }
-    } else {
-      auto it = storage_.find(StorageKey{item.fqn, std::nullopt});
-      if (it != storage_.end()) {
-        first_user.emplace(it->second->relative_path, "object '" + item.fqn + "'");
-      }
+    } else if (fs->object != nullptr) {
+      note_user(fs->object->relative_path, "object", item.fqn);
     }
   }
   for (const auto& [path, user] : first_user) names.emplace(OrderOf(path), path);
@@ -395,15 +438,64 @@ Result<CheckpointIndex> DcpReader::Read() {
     }
   }
   FC_RETURN_IF_ERROR(CheckOverlaps());
+  if (options_.locate_chunks) {
+    for (TensorEntry& t : index.tensors) {
+      for (Chunk& c : t.chunks) {
+        FC_ASSIGN_OR_RETURN(ChunkLocation loc,
+                            LocateTorchDcpChunk(*files_[c.file], index.files[c.file].path,
+                                                t.key, c));
+        c.byte_offset = loc.byte_offset;
+        c.byte_length = loc.byte_length;
+        c.strides = std::move(loc.strides);
+        c.unlocated_item.reset();
+      }
+    }
+  }
   AddAttributes(md, &index);
   return index;
 }
 
 }  // namespace
 
-Result<CheckpointIndex> ReadTorchDcp(const std::string& dir) {
-  DcpReader reader(dir);
+Result<CheckpointIndex> ReadTorchDcp(const std::string& dir, const TorchDcpReadOptions& options) {
+  DcpReader reader(dir, options);
   return reader.Read();
+}
+
+Result<ChunkLocation> LocateTorchDcpChunk(const RandomAccessFile& file,
+                                          const std::string& file_name,
+                                          const std::string& key, const Chunk& chunk) {
+  const std::string ctx = file_name + ": tensor '" + key + "' chunk " + chunk.box.ToString();
+  if (!chunk.unlocated_item) {
+    return InternalError(ctx + ": the chunk is already located");
+  }
+  const DType dtype = chunk.unlocated_item->dtype;
+  const uint64_t offset = chunk.byte_offset, length = chunk.byte_length;
+  auto end = CheckedAddU(offset, length);
+  if (!end || *end > file.size()) {
+    return DataLossError(ctx + ": item bytes " + Range(offset, offset + length) +
+                         " pass end of file (" + std::to_string(file.size()) + " bytes)");
+  }
+  ItemReader reader(&file, offset, length);
+  auto parsed = ParseTorchSaveTensor(length, reader.AsZipReadFn());
+  if (!parsed.ok()) {
+    return parsed.status().With(ctx + ": item bytes " + Range(offset, offset + length));
+  }
+  const TorchSaveTensor& t = *parsed;
+  if (t.ref.dtype != dtype) {
+    return DataLossError(ctx + ": item dtype " + std::string(DTypeName(t.ref.dtype)) +
+                         " != metadata dtype " + std::string(DTypeName(dtype)));
+  }
+  if (t.ref.shape != chunk.box.local_shape) {
+    return DataLossError(ctx + ": item tensor shape " + ShapeString(t.ref.shape) +
+                         " != chunk sizes " + ShapeString(chunk.box.local_shape));
+  }
+  // In range: the view lies inside the storage record, which lies inside the item.
+  ChunkLocation loc;
+  loc.byte_offset = offset + t.first_element_offset;
+  loc.byte_length = t.ref.ViewSpanBytes();
+  if (!t.ref.IsRowMajorContiguous()) loc.strides = t.ref.strides;
+  return loc;
 }
 
 }  // namespace fc

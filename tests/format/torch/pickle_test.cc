@@ -435,3 +435,65 @@ TEST_CASE("pickle: DebugString is bounded", "[pickle]") {
 
 }  // namespace
 }  // namespace fc
+
+namespace fc {
+namespace {
+
+TEST_CASE("pickle: a memoized string referenced 200k times is shared, not copied",
+          "[pickle][memory]") {
+  // ~512 KB of string and ~1 MB of BINGETs: copying per reference would need 100 GB.
+  const std::string big(512 * 1024, 'p');
+  testing::PickleWriter w;
+  w.Proto(2).Str(big).BinPut(0).Op(0x30 /* POP */).EmptyList().Mark();
+  for (int i = 0; i < 200000; ++i) w.BinGet(0);
+  w.Appends().Stop();
+  auto v = ParsePickle(w.bytes());
+  REQUIRE(v.ok());
+  REQUIRE(v->items.size() == 200000);
+  CHECK(v->items.front()->str.size() == big.size());
+  CHECK(v->items.front().get() == v->items.back().get());  // one node, 200k links
+}
+
+TEST_CASE("pickle: the tree's memory budget counts bytes", "[pickle][memory]") {
+  // 1M empty lists in 1 MB: ~280 MB of nodes, past 64 x 1 MB + 64 MiB.
+  testing::PickleWriter w;
+  w.Proto(2).Mark();
+  for (int i = 0; i < 1000000; ++i) w.EmptyList();
+  w.Op('l').Stop();
+  auto v = ParsePickle(w.bytes());
+  REQUIRE_FALSE(v.ok());
+  CHECK(v.status().code() == StatusCode::kResourceExhausted);
+  CHECK_THAT(v.status().message(), Catch::Contains("MiB allowed"));
+  // The same pickle within a larger budget parses.
+  PickleLimits roomy;
+  roomy.max_tree_bytes_base = uint64_t{1} << 30;
+  auto ok = ParsePickle(w.bytes(), roomy);
+  REQUIRE(ok.ok());
+  CHECK(ok->items.size() == 1000000);
+}
+
+TEST_CASE("pickle: MEMOIZE numbers keys by the memo's size; sparse keys work",
+          "[pickle][memo]") {
+  testing::PickleWriter w;
+  w.Proto(4).EmptyList().Mark();
+  w.ShortStr("a").BinPut(200);  // memo size 1
+  w.ShortStr("b").Memoize();    // key 1
+  w.ShortStr("c");
+  w.Op(0x72 /* LONG_BINPUT */);
+  const uint8_t key[4] = {0x00, 0x00, 0x00, 0xf0};  // 4026531840: far beyond the others
+  w.Raw(std::as_bytes(std::span<const uint8_t>(key)));
+  w.BinGet(1).BinGet(200).Op(0x6a /* LONG_BINGET */).Raw(std::as_bytes(std::span<const uint8_t>(key)));
+  w.Appends().Stop();
+  auto v = ParsePickle(w.bytes());
+  REQUIRE(v.ok());
+  REQUIRE(v->items.size() == 6);
+  CHECK(v->items[3]->str == "b");
+  CHECK(v->items[4]->str == "a");
+  CHECK(v->items[5]->str == "c");
+  testing::PickleWriter bad;
+  bad.Proto(2).BinGet(3).Stop();
+  CHECK(ParsePickle(bad.bytes()).status().code() == StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace fc

@@ -1,11 +1,13 @@
 // The corruption matrix of the torch DCP reader: one damaged copy of a real fixture per
 // validation rule, asserting the status code and that the message names the file, the
 // tensor/object and the offending values.
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 
 #include <catch2/catch.hpp>
 
+#include "fc/format/chunk_reader.h"
 #include "fc/format/torch_dcp.h"
 #include "fc/codec/zip.h"
 #include "tests/format/torch/torch_test_support.h"
@@ -384,6 +386,90 @@ TEST_CASE("torch dcp corruption: memo amplification is bounded", "[torch_dcp][co
   REQUIRE_FALSE(md.ok());
   CHECK(md.status().code() == StatusCode::kDataLoss);
   CHECK_THAT(md.status().message(), Catch::Contains("shares values so heavily"));
+}
+
+
+TEST_CASE("torch dcp corruption: one shared 512 KB string is not copied per reference",
+          "[torch_dcp][corruption][memory]") {
+  // storage_data with 2000 entries whose relative_path is one memoized 512 KB string:
+  // ~0.6 MB of pickle; copying the path per entry would take 1 GB. The pickle keeps it
+  // shared; the DCP reader charges copied bytes and stops early with a clear error.
+  const std::string mod = "torch.distributed.checkpoint.metadata";
+  const std::string big(512 * 1024, 'x');
+  testing::PickleWriter w;
+  w.Proto(4).Str(big).Memoize().Op('0');  // memo 0 = the path; POP
+  w.StackGlobal(mod, "Metadata").EmptyTuple().NewObj().EmptyDict().Mark();
+  w.ShortStr("state_dict_metadata").EmptyDict();
+  w.ShortStr("storage_data").EmptyDict().Mark();
+  for (int i = 0; i < 2000; ++i) {
+    w.StackGlobal(mod, "MetadataIndex").EmptyTuple().NewObj().EmptyDict().Mark();
+    w.ShortStr("fqn").ShortStr("t" + std::to_string(i)).ShortStr("offset").None();
+    w.ShortStr("index").None().SetItems().Build();
+    w.StackGlobal("torch.distributed.checkpoint.filesystem", "_StorageInfo").EmptyTuple();
+    w.NewObj().EmptyDict().Mark().ShortStr("relative_path").BinGet(0);
+    w.ShortStr("offset").Int(0).ShortStr("length").Int(1).SetItems().Build();
+  }
+  w.SetItems().SetItems().Build().Stop();
+  REQUIRE(w.bytes().size() < 1200 * 1024);
+  if (const char* dir = std::getenv("FC_WRITE_SHARED_STRING_DIR")) {
+    // For bench measurements: /usr/bin/time -v fc-inspect $dir.
+    testing::WriteFileBytes(std::string(dir) + "/.metadata", w.bytes());
+  }
+  auto md = ParseDcpMetadata(w.bytes());
+  REQUIRE_FALSE(md.ok());
+  CHECK(md.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(md.status().message(), Catch::Contains("shares values so heavily"));
+  // The same structure with a short path reads.
+  testing::PickleWriter ok;
+  ok.Proto(4).ShortStr("__0_0.distcp").Memoize().Op('0');
+  ok.StackGlobal(mod, "Metadata").EmptyTuple().NewObj().EmptyDict().Mark();
+  ok.ShortStr("state_dict_metadata").EmptyDict();
+  ok.ShortStr("storage_data").EmptyDict().Mark();
+  for (int i = 0; i < 2000; ++i) {
+    ok.StackGlobal(mod, "MetadataIndex").EmptyTuple().NewObj().EmptyDict().Mark();
+    ok.ShortStr("fqn").ShortStr("t" + std::to_string(i)).ShortStr("offset").None();
+    ok.ShortStr("index").None().SetItems().Build();
+    ok.StackGlobal("torch.distributed.checkpoint.filesystem", "_StorageInfo").EmptyTuple();
+    ok.NewObj().EmptyDict().Mark().ShortStr("relative_path").BinGet(0);
+    ok.ShortStr("offset").Int(0).ShortStr("length").Int(1).SetItems().Build();
+  }
+  ok.SetItems().SetItems().Build().Stop();
+  auto good = ParseDcpMetadata(ok.bytes());
+  REQUIRE(good.ok());
+  CHECK(good->storage.size() == 2000);
+  CHECK(good->storage.back().relative_path == "__0_0.distcp");
+}
+
+TEST_CASE("torch dcp corruption: opened lazily, a corrupt item fails at read time",
+          "[torch_dcp][corruption][lazy]") {
+  Damaged d;
+  // Break data.pkl of w's second chunk: the REDUCE of _rebuild_tensor_v2 becomes STOP.
+  auto file = d.Read(d.W1().relative_path);
+  const uint64_t pkl = d.W1().offset + d.DataPklOffset(d.W1());
+  const std::vector<std::byte> rebuild = {std::byte{'_'}, std::byte{'r'}, std::byte{'e'},
+                                          std::byte{'b'}, std::byte{'u'}, std::byte{'i'}};
+  const size_t at = testing::FindBytes(file, rebuild, pkl);
+  REQUIRE(at != std::string::npos);
+  file[at + 1] = std::byte{'X'};  // torch._utils._Xebuild_tensor_v2: not a tensor
+  d.Write(d.W1().relative_path, file);
+  ExpectError(d.dir(), StatusCode::kUnimplemented, {d.W1().relative_path, kW1, "_Xebuild"});
+
+  auto index = ReadTorchDcp(d.dir(), TorchDcpReadOptions{.locate_chunks = false});
+  REQUIRE(index.ok());
+  const TensorEntry* t = index->FindTensor("w");
+  REQUIRE(t != nullptr);
+  ChunkReader reader(*index);
+  std::vector<float> buf(48);
+  const Box whole = Box::Whole(t->global_shape);
+  Status s = Status::Ok();
+  for (const Chunk& c : t->chunks) {
+    Status one = reader.CopyChunkRegion(*t, c, whole, buf.data(), whole);
+    if (!one.ok()) s = one;
+  }
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.message(), Catch::Contains(d.W1().relative_path));
+  CHECK_THAT(s.message(), Catch::Contains(kW1));
+  CHECK_THAT(s.message(), Catch::Contains("_Xebuild"));
 }
 
 }  // namespace

@@ -109,6 +109,58 @@ TEST_CASE("torch dcp: the lead's ChunkReader agrees", "[torch_dcp][chunk_reader]
   }
 }
 
+TEST_CASE("torch dcp: opened without reading items, chunks are located on first read",
+          "[torch_dcp][chunk_reader][lazy]") {
+  for (const char* fixture : kFixtures) {
+    INFO("fixture " << fixture);
+    const std::string dir = TorchFixture(fixture) + "/ckpt";
+    auto eager = ReadTorchDcp(dir);
+    auto lazy = ReadTorchDcp(dir, TorchDcpReadOptions{.locate_chunks = false});
+    REQUIRE(eager.ok());
+    REQUIRE(lazy.ok());
+    REQUIRE(lazy->tensors.size() == eager->tensors.size());
+    auto expected = Expected(fixture);
+    ChunkReader reader(*lazy);
+    for (size_t i = 0; i < lazy->tensors.size(); ++i) {
+      const TensorEntry& t = lazy->tensors[i];
+      const TensorEntry& e = eager->tensors[i];
+      INFO("tensor " << t.key);
+      REQUIRE(t.chunks.size() == e.chunks.size());
+      for (size_t j = 0; j < t.chunks.size(); ++j) {
+        const Chunk& c = t.chunks[j];
+        CHECK(c.unlocated_item.has_value());
+        CHECK_FALSE(e.chunks[j].unlocated_item.has_value());
+        // Before locating: the chunk's range is its whole item, which holds the data.
+        auto place = reader.Locate(t, c);
+        REQUIRE(place.ok());
+        CHECK(place->byte_offset == e.chunks[j].byte_offset);
+        CHECK(place->byte_length == e.chunks[j].byte_length);
+        CHECK(place->strides == e.chunks[j].strides);  // strided views and storage offsets
+        CHECK(place->byte_offset >= c.byte_offset);
+        CHECK(place->byte_offset + place->byte_length <= c.byte_offset + c.byte_length);
+      }
+      // Reads through a fresh reader (locating inside CopyChunkRegion) are bit-exact.
+      ChunkReader fresh(*lazy);
+      const Box whole = Box::Whole(t.global_shape);
+      std::vector<std::byte> buf(static_cast<size_t>(whole.num_elements()) * DTypeSize(t.dtype));
+      for (const Chunk& c : t.chunks) {
+        REQUIRE(fresh.CopyChunkRegion(t, c, whole, buf.data(), whole).ok());
+      }
+      const auto& want = expected.at(t.key).data;
+      REQUIRE(buf.size() == want.size());
+      CHECK(std::memcmp(buf.data(), want.data(), buf.size()) == 0);
+      // ReadChunkBytes locates too.
+      for (size_t j = 0; j < t.chunks.size(); ++j) {
+        std::vector<std::byte> raw(e.chunks[j].byte_length), want_raw(e.chunks[j].byte_length);
+        ChunkReader r2(*lazy), r3(*eager);
+        REQUIRE(r2.ReadChunkBytes(t.chunks[j], raw).ok());
+        REQUIRE(r3.ReadChunkBytes(e.chunks[j], want_raw).ok());
+        CHECK(raw == want_raw);
+      }
+    }
+  }
+}
+
 TEST_CASE("torch dcp: even 2-D split with an object", "[torch_dcp]") {
   auto index = ReadTorchDcp(TorchFixture("even_2d_f32") + "/ckpt");
   REQUIRE(index.ok());
