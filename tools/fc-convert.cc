@@ -60,6 +60,10 @@ int main(int argc, char** argv) {
   app.add_flag("--json", options.json, "with --dry-run: the plan as JSON");
   app.add_option("--memory-budget", budget, "peak memory for tensor data (default: RAM/4)");
   app.add_option("--threads", options.threads, "worker threads (default: cores, at most 8)");
+  bool follow_symlinks = false;
+  app.add_flag("--follow-symlinks", follow_symlinks,
+               "read checkpoint files that are symlinks pointing outside the checkpoint "
+               "directory (refused by default)");
   app.add_flag("-q,--quiet", quiet, "no progress output");
   app.add_flag("-v,--verbose", verbose, "debug logging");
   app.set_version_flag("--version", std::string("fc-convert ") + FC_VERSION);
@@ -71,6 +75,7 @@ int main(int argc, char** argv) {
   }
   const std::string tool = "fc-convert";
   fc::cli::SetUpLogging(tool, quiet, verbose);
+  fc::cli::SetUpIo(follow_symlinks);
   if (!options.dry_run && options.output_dir.empty()) {
     return fc::cli::Finish(tool, fc::InvalidArgumentError("OUT is required unless --dry-run"));
   }
@@ -94,7 +99,7 @@ int main(int argc, char** argv) {
   std::cout.flush();
   if (!summary.ok()) {
     // Every process returns the same error; one report is enough.
-    return lead ? fc::cli::Finish(tool, summary.status()) : fc::ExitCodeFor(summary.status().code());
+    return lead ? fc::cli::Finish(tool, summary.status()) : fc::cli::ExitCode(summary.status());
   }
   if (!options.dry_run && lead) {
     spdlog::info("wrote {} chunks for {} rank(s) ({}), {} object(s), to {}", summary->chunks,

@@ -38,6 +38,10 @@ int main(int argc, char** argv) {
   app.add_option("--objects", options.objects_dir,
                  "write non-tensor objects (iteration, RNG state, ...) as files into this "
                  "directory (default: skip them with a note)");
+  bool follow_symlinks = false;
+  app.add_flag("--follow-symlinks", follow_symlinks,
+               "read checkpoint files that are symlinks pointing outside the checkpoint "
+               "directory (refused by default)");
   app.add_flag("-q,--quiet", quiet, "no progress output");
   app.add_flag("-v,--verbose", verbose, "debug logging");
   app.set_version_flag("--version", std::string("fc-export ") + FC_VERSION);
@@ -49,6 +53,7 @@ int main(int argc, char** argv) {
   }
   const std::string tool = "fc-export";
   fc::cli::SetUpLogging(tool, quiet, verbose);
+  fc::cli::SetUpIo(follow_symlinks);
   if (!format.empty()) {
     auto parsed = fc::ParseCheckpointFormat(format);
     if (!parsed.ok()) return fc::cli::Finish(tool, parsed.status());
@@ -71,7 +76,7 @@ int main(int argc, char** argv) {
   auto summary = fc::RunExport(options);
   if (!summary.ok()) {
     // Every process returns the same error; one report is enough.
-    return lead ? fc::cli::Finish(tool, summary.status()) : fc::ExitCodeFor(summary.status().code());
+    return lead ? fc::cli::Finish(tool, summary.status()) : fc::cli::ExitCode(summary.status());
   }
   if (!lead) return 0;
   spdlog::info("wrote {} tensors ({}) in {} file(s) to {}", summary->tensors,

@@ -16,6 +16,7 @@
 #include "fc/format/open.h"
 #include "fc/format/torch_dcp_writer.h"
 #include "fc/io/file.h"
+#include "fc/io/output_dir.h"
 #include "fc/layout/layout_rules.h"
 #include "fc/layout/target_layout.h"
 #include "fc/ops/report_format.h"
@@ -475,19 +476,6 @@ Status WritePart(const ConvertOptions& options, const ConvertPlan& p,
   return status;
 }
 
-// Removes the shared staging directory unless released (process 0 only).
-class StagingGuard {
- public:
-  explicit StagingGuard(std::string path) : path_(std::move(path)) {}
-  ~StagingGuard() {
-    if (!path_.empty()) AbortFcDistcpStaging(path_);
-  }
-  void Release() { path_.clear(); }
-
- private:
-  std::string path_;
-};
-
 }  // namespace
 
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
@@ -508,20 +496,23 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   for (const RankPlan& r : p->rank_plans) file_bytes.push_back(r.bytes_written);
   const std::vector<std::vector<size_t>> assignment = BalanceByBytes(file_bytes, comm->size());
 
-  // Process 0 makes the staging directory, everyone writes into it, process 0 commits it.
+  // Process 0 claims OUT (lock, checks, a staging directory next to it: fc/io/output_dir.h),
+  // everyone writes into the staging directory, process 0 commits it. Until then, and on
+  // any failure, `output` removes the staging directory.
+  std::unique_ptr<OutputDir> output;
   std::string staging;
   Status made = Status::Ok();
   if (me == 0) {
-    Result<std::string> dir = CreateFcDistcpStagingDir(options.output_dir);
-    if (dir.ok()) {
-      staging = *dir;
+    auto opened = OutputDir::Open(options.output_dir, options.input);
+    if (opened.ok()) {
+      output = std::move(*opened);
+      staging = output->staging();
     } else {
-      made = dir.status();
+      made = opened.status();
     }
   }
   FC_RETURN_IF_ERROR(comm->AllOk(made));
   comm->Broadcast(staging, 0);
-  StagingGuard guard(me == 0 ? staging : std::string());
 
   const std::vector<size_t>& files = assignment[static_cast<size_t>(me)];
   std::unique_ptr<OutputPart> part;
@@ -546,8 +537,8 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     committed = part ? part->Commit(options, *p, staging, messages)
                      : InternalError("process 0 was assigned no target file");
   }
+  if (me == 0 && committed.ok()) output->MarkCommitted();  // the writer renamed it
   FC_RETURN_IF_ERROR(comm->AllOk(committed));
-  guard.Release();
   return p->summary;
 }
 
