@@ -458,7 +458,7 @@ std::string_view FaultOpName(FaultOp op) {
 void FaultInjectingEnv::FailNth(FaultOp op, uint64_t n) {
   armed_n_.store(n);
   armed_op_.store(n == 0 ? -1 : static_cast<int>(op));
-  fired_.store(false);
+  if (n != 0) fired_.store(false);
 }
 
 void FaultInjectingEnv::ResetCounts() {

@@ -87,7 +87,16 @@ Status CommitStagingDir(const std::string& staging, const std::string& out_dir) 
   // Re-check just before the rename: rename(2) silently replaces an empty directory but
   // fails with a bare ENOTEMPTY on a full one; say why.
   FC_RETURN_IF_ERROR(CheckOutputFree(out));
-  return RenameDurably(staging, out);
+  FC_RETURN_IF_ERROR(DefaultEnv()->Rename(staging, out));
+  Status synced = SyncDirectory(Dirname(out));
+  if (!synced.ok()) {
+    // The rename is not known to be durable, and the caller will report a failure: put
+    // the directory back, so that a failed run never leaves an OUT that looks complete.
+    if (Status back = DefaultEnv()->Rename(out, staging); !back.ok()) {
+      spdlog::warn("{}", back.message());
+    }
+  }
+  return synced;
 }
 
 Result<int> SweepDeadStaging(const std::string& out_dir) {

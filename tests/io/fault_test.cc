@@ -74,7 +74,9 @@ void EveryFailurePoint(const std::string& base, const std::function<Status(const
   FaultInjectingEnv env(PosixEnv());
   {
     ScopedEnvOverride scoped(&env);
-    REQUIRE(run(clean_out).ok());
+    Status s = run(clean_out);
+    INFO(s.message());
+    REQUIRE(s.ok());
   }
   const auto clean = Snapshot(clean_out);
   REQUIRE(!clean.empty());
@@ -98,6 +100,7 @@ void EveryFailurePoint(const std::string& base, const std::function<Status(const
         s = run(out);
       }
       env.FailNth(op, 0);
+      INFO(s.message() << " ops " << env.Count(op) << " of " << counts[static_cast<int>(op)]);
       REQUIRE(env.Fired());
       ++points;
       // The run fails with the injected error (no fault is swallowed).
@@ -131,7 +134,7 @@ TEST_CASE("export: every failure point leaves no output and a rerun succeeds", "
   Scratch scratch;
   EveryFailurePoint(scratch.dir, [](const std::string& out) {
     ExportOptions o;
-    o.input = TestData("torch_dcp/even_2d_f32/ckpt");
+    o.input = TestData("torch_dcp/mixed/ckpt");
     o.output_dir = out;
     o.max_shard_bytes = 64;  // several shards + the index
     o.progress = Progress::Mode::kQuiet;
@@ -160,8 +163,8 @@ TEST_CASE("convert to torch DCP: every failure point leaves no output", "[io][fa
   Scratch scratch;
   EveryFailurePoint(scratch.dir, [](const std::string& out) {
     ConvertOptions o;
-    o.input = TestData("fc_distcp/sample");
-    o.target_like = TestData("fc_distcp/sample");
+    o.input = TestData("torch_dcp/mixed/ckpt");
+    o.target_like = TestData("torch_dcp/mixed/ckpt");
     o.output_dir = out;
     o.output_format = ConvertOutputFormat::kTorchDcp;
     o.progress = Progress::Mode::kQuiet;

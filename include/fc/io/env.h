@@ -158,7 +158,7 @@ std::string_view FaultOpName(FaultOp op);
 class FaultInjectingEnv : public Env {
  public:
   explicit FaultInjectingEnv(Env* base) : base_(base) {}
-  // Fails operation number n (1-based) of kind `op`; 0 disarms.
+  // Fails operation number n (1-based) of kind `op`; 0 disarms (Fired() keeps its value).
   void FailNth(FaultOp op, uint64_t n);
   void ShortReads(size_t max_bytes) { short_reads_ = max_bytes; }
   uint64_t Count(FaultOp op) const { return counts_[static_cast<int>(op)].load(); }

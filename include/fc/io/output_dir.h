@@ -38,7 +38,8 @@ Result<std::string> CreateStagingDir(const std::string& out);
 
 // Commits a fully written staging directory: fsync it, re-check that `out` is absent or
 // an empty directory (kFailedPrecondition otherwise), rename it onto `out`, fsync the
-// parent. On error the staging directory is left for the caller to remove.
+// parent (when that fails, the directory is renamed back). On error the staging directory
+// is left for the caller to remove.
 Status CommitStagingDir(const std::string& staging, const std::string& out);
 
 // Removes "<out>.fc-tmp-<pid>-*" directories whose process is dead; returns how many.

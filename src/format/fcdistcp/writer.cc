@@ -66,6 +66,9 @@ Status CommitFcDistcpMetadata(const std::string& out_dir, const std::string& sta
   for (size_t f = 0; f < plan.files.size(); ++f) {
     const std::string path = JoinPath(staging_dir, plan.files[f].name);
     Result<std::unique_ptr<RandomAccessFile>> file = RandomAccessFile::Open(path);
+    if (!file.ok() && file.status().code() != StatusCode::kNotFound) {
+      return file.status().With("committing " + out);  // could not look (I/O error)
+    }
     if (!file.ok()) {
       return DataLossError("committing " + out + ": data file " + plan.files[f].name +
                            " is missing: " + file.status().message());

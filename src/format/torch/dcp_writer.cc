@@ -741,6 +741,7 @@ Status TorchDcpWriter::CommitMetadata() {
     for (size_t f = 0; f < plan_.files.size(); ++f) {
       Result<std::unique_ptr<RandomAccessFile>> file =
           RandomAccessFile::Open(JoinPath(staging_dir_, plan_.files[f].name));
+      if (!file.ok() && file.status().code() != StatusCode::kNotFound) return file.status();
       if (!file.ok()) {
         return DataLossError("data file " + plan_.files[f].name +
                              " is missing: " + file.status().message());
