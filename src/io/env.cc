@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -81,6 +82,21 @@ class PosixReadable : public EnvReadableFile {
   Result<size_t> Read(uint64_t offset, std::span<std::byte> dst) const override {
     for (;;) {
       const ssize_t n = ::pread(fd_, dst.data(), dst.size(), static_cast<off_t>(offset));
+      if (n >= 0) return static_cast<size_t>(n);
+      if (errno == EINTR) continue;
+      return ErrnoError("reading " + path_ + " at " + std::to_string(offset), errno);
+    }
+  }
+  Result<size_t> ReadScattered(uint64_t offset,
+                               std::span<const std::span<std::byte>> buffers) const override {
+    struct iovec iov[64];
+    int count = 0;
+    for (const auto& b : buffers) {
+      if (count == 64 || count == IOV_MAX) break;
+      iov[count++] = {b.data(), b.size()};
+    }
+    for (;;) {
+      const ssize_t n = ::preadv(fd_, iov, count, static_cast<off_t>(offset));
       if (n >= 0) return static_cast<size_t>(n);
       if (errno == EINTR) continue;
       return ErrnoError("reading " + path_ + " at " + std::to_string(offset), errno);
@@ -489,6 +505,15 @@ class FaultReadable : public EnvReadableFile {
       dst = dst.first(env_->short_reads());
     }
     return base_->Read(offset, dst);
+  }
+  Result<size_t> ReadScattered(uint64_t offset,
+                               std::span<const std::span<std::byte>> buffers) const override {
+    FC_RETURN_IF_ERROR(env_->Tick(FaultOp::kRead, path_));
+    if (env_->short_reads() > 0 && !buffers.empty()) {
+      std::span<std::byte> first = buffers.front();
+      return base_->Read(offset, first.first(std::min(first.size(), env_->short_reads())));
+    }
+    return base_->ReadScattered(offset, buffers);
   }
   Result<Mapping> Map() const override {
     FC_RETURN_IF_ERROR(env_->Tick(FaultOp::kRead, path_));

@@ -67,12 +67,29 @@ Status RandomAccessFile::ReadScatteredAt(uint64_t offset,
     return DataLossError(path_ + ": wanted bytes " + RangeText(offset, offset + total) +
                          ", file has " + std::to_string(size_));
   }
-  // One read per buffer: the Env interface has no vectored read. The buffers are slabs of
-  // at least kilobytes in practice, so the extra system calls do not show.
-  uint64_t position = offset;
+  std::vector<std::span<std::byte>> rest;  // what is still to read, in order
   for (const auto& b : buffers) {
-    FC_RETURN_IF_ERROR(ReadAt(position, b));
-    position += b.size();
+    if (!b.empty()) rest.push_back(b);
+  }
+  size_t next = 0;
+  uint64_t position = offset;
+  while (next < rest.size()) {
+    FC_RETURN_IF_ERROR(CheckCancel("reading " + path_));
+    FC_ASSIGN_OR_RETURN(size_t n, file_->ReadScattered(
+                                      position, std::span<const std::span<std::byte>>(rest).subspan(next)));
+    if (n == 0) {
+      return DataLossError(path_ + ": file shrank while reading at " + std::to_string(position));
+    }
+    position += n;
+    while (n > 0) {  // n never exceeds what was asked
+      if (n >= rest[next].size()) {
+        n -= rest[next].size();
+        ++next;
+      } else {
+        rest[next] = rest[next].subspan(n);
+        n = 0;
+      }
+    }
   }
   return Status::Ok();
 }

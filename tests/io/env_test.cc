@@ -86,6 +86,16 @@ TEST_CASE("fault env: fails the Nth operation once; short reads are looped over"
   REQUIRE(all.ok());
   CHECK(Text(*all) == "0123456789");
   CHECK(env.Count(FaultOp::kRead) == 10);
+  // Scattered reads across buffer boundaries, one byte at a time.
+  std::string a(3, '.'), b(0, '.'), c(4, '.');
+  std::vector<std::span<std::byte>> bufs = {
+      std::as_writable_bytes(std::span<char>(a.data(), a.size())),
+      std::as_writable_bytes(std::span<char>(b.data(), b.size())),
+      std::as_writable_bytes(std::span<char>(c.data(), c.size()))};
+  REQUIRE((*f)->ReadScatteredAt(2, bufs).ok());
+  CHECK(a + c == "2345678");
+  env.ShortReads(0);
+  CHECK((*f)->ReadScatteredAt(5, bufs).code() == StatusCode::kDataLoss);
   env.FailNth(FaultOp::kRename, 1);
   CHECK_FALSE(RenameDurably("/d/f", "/d/g").ok());
   CHECK(RenameDurably("/d/f", "/d/g").ok());

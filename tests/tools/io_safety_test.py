@@ -112,16 +112,17 @@ def case_nested():
 
 def big_checkpoint():
     src = os.path.join(tmp, "big")
-    run([MAKE_CKPT, src, "48000000", "2", "256"], limit=300)
+    run([MAKE_CKPT, src, "96000000", "2", "256"], limit=300)
     return src
 
 
 def start_slow(tool, src, out):
-    args = [tool, src, out, "--quiet", "--threads", "1", "--memory-budget", "12KiB"]
+    # Slabs of ~100 elements: a run takes seconds.
+    args = [tool, src, out, "--quiet", "--threads", "1", "--memory-budget", "600"]
     if tool == CONVERT:
         args += ["--preset", "hf-llama", "--tp", "1"]
     else:
-        args += ["--max-shard-size", "8MB"]
+        args += ["--max-shard-size", "8MB", "--dtype", "float32"]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not glob.glob(out + ".fc-tmp-%d-*" % p.pid):

@@ -41,6 +41,13 @@ class EnvReadableFile {
   virtual ~EnvReadableFile() = default;
   virtual uint64_t size() const = 0;
   virtual Result<size_t> Read(uint64_t offset, std::span<std::byte> dst) const = 0;
+  // Reads the file range at `offset` into `buffers` in order (at most the first few);
+  // returns the bytes read, possibly fewer than asked. Default: one Read into the first
+  // buffer. POSIX: preadv, so the kernel copies straight into place.
+  virtual Result<size_t> ReadScattered(uint64_t offset,
+                                       std::span<const std::span<std::byte>> buffers) const {
+    return buffers.empty() ? Result<size_t>(size_t{0}) : Read(offset, buffers.front());
+  }
   // A read-only view of the whole file that stays valid as long as the returned holder
   // lives (mmap for POSIX). `data` may be null for an empty file.
   struct Mapping {
