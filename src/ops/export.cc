@@ -1,7 +1,5 @@
 #include "fc/ops/export.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <regex>
 #include <set>

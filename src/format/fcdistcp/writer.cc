@@ -4,13 +4,9 @@
 // Why a staging directory and not per-file temporary names: the checkpoint is a directory
 // and is complete only as a whole, so the whole directory appears with one rename(2) after
 // everything inside it, metadata last, is on disk. A crash at any point leaves only a
-// "<out>.fc-tmp-XXXXXX" sibling.
-#include <sys/stat.h>
-#include <unistd.h>
+// "<out>.fc-tmp-<pid>-XXXXXX" sibling (the protocol of fc/io/output_dir.h).
 #include <xxhash.h>
 
-#include <cerrno>
-#include <random>
 #include <cstdlib>
 #include <mutex>
 
