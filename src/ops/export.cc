@@ -151,15 +151,19 @@ Status BuildExportPlan(const ExportOptions& options, ExportPlan& p) {
 }
 
 // Process 0, before anyone writes (the output directory is already claimed, OutputDir):
-// objects are dumped when asked for.
-Status PrepareOutput(const ExportOptions& options, const ExportPlan& p) {
+// objects are dumped when asked for; a --objects directory inside OUT goes into the
+// staging directory, so it appears with the export.
+Status PrepareOutput(const ExportOptions& options, const ExportPlan& p, const std::string& staging) {
   if (p.index.objects.empty()) return Status::Ok();
   if (options.objects_dir.empty()) {
     spdlog::info("skipping {} non-tensor object(s) (e.g. '{}'); --objects DIR dumps them",
                  p.index.objects.size(), p.index.objects.front().key);
     return Status::Ok();
   }
-  return DumpObjects(p.index, options.objects_dir).With("--objects");
+  const std::string out = StripTrailingSlashes(options.output_dir) + "/";
+  std::string dir = StripTrailingSlashes(options.objects_dir);
+  if (dir.compare(0, out.size(), out) == 0) dir = JoinPath(staging, dir.substr(out.size()));
+  return DumpObjects(p.index, dir).With("--objects");
 }
 
 // This process's files, written completely under `staging` (not yet renamed into place).
@@ -253,7 +257,7 @@ Result<ExportSummary> RunExport(const ExportOptions& options) {
   }
   FC_RETURN_IF_ERROR(comm->AllOk(claimed));
   comm->Broadcast(staging, 0);
-  FC_RETURN_IF_ERROR(comm->AllOk(me == 0 ? PrepareOutput(options, *p) : Status::Ok()));
+  FC_RETURN_IF_ERROR(comm->AllOk(me == 0 ? PrepareOutput(options, *p, staging) : Status::Ok()));
 
   // Whole files per process, balanced by bytes.
   const HfShardAssignment& shards = p->shards;

@@ -107,6 +107,11 @@ def case_nested():
     run([EXPORT, ckpt, empty, "--quiet"])
     assert os.listdir(empty) == ["model.safetensors"], os.listdir(empty)
     assert not leftovers(empty)
+    # --objects inside OUT: written with the export.
+    withobj = os.path.join(tmp, "withobj")
+    run([EXPORT, ckpt, withobj, "--quiet", "--objects", os.path.join(withobj, "objects")])
+    assert sorted(os.listdir(withobj)) == ["model.safetensors", "objects"], os.listdir(withobj)
+    assert len(os.listdir(os.path.join(withobj, "objects"))) == 3
     print("ok nested")
 
 
