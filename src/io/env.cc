@@ -9,6 +9,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -239,6 +240,8 @@ class Posix : public Env {
     if (rc != 0) return ErrnoError("syncing directory " + dir, e);
     return Status::Ok();
   }
+  Result<std::unique_ptr<EnvFileLock>> LockFile(const std::string& path,
+                                                std::string* holder) override;
   Status RemoveAll(const std::string& path) override {
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
@@ -246,6 +249,55 @@ class Posix : public Env {
     return Status::Ok();
   }
 };
+
+// Why the inode check after flock: a second process may open the lock file just before
+// its holder unlinks it and then lock the unlinked inode; comparing fstat(fd) with
+// stat(path) catches that, and it retries on the new file.
+class PosixLock : public EnvFileLock {
+ public:
+  PosixLock(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixLock() override {
+    ::unlink(path_.c_str());  // while still holding it
+    ::close(fd_);
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+Result<std::unique_ptr<EnvFileLock>> Posix::LockFile(const std::string& path,
+                                                     std::string* holder) {
+  for (int attempt = 0;; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoError("creating lock file " + path, errno);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      char buf[32] = {};
+      const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+      ::close(fd);
+      if (e != EWOULDBLOCK) return ErrnoError("locking " + path, e);
+      std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("?");
+      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+      if (holder) *holder = pid;
+      return FailedPreconditionError(path + ": locked by PID " + pid);
+    }
+    struct stat held, now;
+    if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &now) == 0 &&
+        held.st_ino == now.st_ino && held.st_dev == now.st_dev) {
+      const std::string pid = std::to_string(::getpid()) + "\n";
+      if (::ftruncate(fd, 0) != 0 ||
+          ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+        const int e = errno;
+        ::close(fd);
+        return ErrnoError("writing " + path, e);
+      }
+      return std::unique_ptr<EnvFileLock>(new PosixLock(path, fd));
+    }
+    ::close(fd);
+    if (attempt > 100) return IoError(path + ": lock file keeps changing");
+  }
+}
 
 }  // namespace
 
@@ -439,6 +491,43 @@ Status InMemoryEnv::RemoveAll(const std::string& path) {
   return Status::Ok();
 }
 
+namespace {
+
+class MemLock : public EnvFileLock {
+ public:
+  MemLock(InMemoryEnv* env, std::mutex* mu, std::set<std::string>* locked, std::string path)
+      : env_(env), mu_(mu), locked_(locked), path_(std::move(path)) {}
+  ~MemLock() override {
+    (void)env_->RemoveAll(path_);
+    std::lock_guard<std::mutex> lock(*mu_);
+    locked_->erase(path_);
+  }
+
+ private:
+  InMemoryEnv* env_;
+  std::mutex* mu_;
+  std::set<std::string>* locked_;
+  std::string path_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<EnvFileLock>> InMemoryEnv::LockFile(const std::string& path,
+                                                           std::string* holder) {
+  const std::string p = Norm(path);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!dirs_.count(ParentOf(p))) return NotFoundError("creating lock file " + path + ": no parent");
+    if (locked_.count(p)) {
+      if (holder) *holder = std::to_string(::getpid());
+      return FailedPreconditionError(path + ": locked by PID " + std::to_string(::getpid()));
+    }
+    locked_.insert(p);
+  }
+  FC_RETURN_IF_ERROR(WriteFileForTest(p, std::to_string(::getpid()) + "\n"));
+  return std::unique_ptr<EnvFileLock>(new MemLock(this, &mu_, &locked_, p));
+}
+
 Status InMemoryEnv::WriteFileForTest(const std::string& path, std::string_view bytes) {
   FC_ASSIGN_OR_RETURN(auto f, CreateForWrite(path));
   FC_RETURN_IF_ERROR(f->WriteAt(0, std::as_bytes(std::span<const char>(bytes.data(), bytes.size()))));
@@ -582,6 +671,11 @@ Status FaultInjectingEnv::Rename(const std::string& from, const std::string& to)
 Status FaultInjectingEnv::SyncDirectory(const std::string& dir) {
   FC_RETURN_IF_ERROR(Tick(FaultOp::kSync, dir));
   return base_->SyncDirectory(dir);
+}
+
+Result<std::unique_ptr<EnvFileLock>> FaultInjectingEnv::LockFile(const std::string& path,
+                                                                 std::string* holder) {
+  return base_->LockFile(path, holder);
 }
 
 Status FaultInjectingEnv::RemoveAll(const std::string& path) {

@@ -1,15 +1,10 @@
 // Why the lock file sits next to OUT and not inside it: the commit renames the staging
 // directory onto OUT, which rename(2) allows only while OUT is absent or empty; a lock
-// file inside OUT would make it non-empty. Why flock and not O_EXCL: the kernel drops a
-// flock when its holder dies (even by SIGKILL), so a stale lock file never blocks a rerun.
-// Why the lock file is removed at the end with an inode check on taking it: a second run
-// may open the file just before the holder unlinks it and then lock the unlinked inode;
-// comparing fstat(fd) with stat(path) after flock catches that and retries.
+// file inside OUT would make it non-empty.
 #include "fc/io/output_dir.h"
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -155,35 +150,15 @@ Result<std::unique_ptr<OutputDir>> OutputDir::Open(const std::string& out_dir,
   if (!input.empty()) FC_RETURN_IF_ERROR(CheckOutputNotNested(out, input));
   auto d = std::unique_ptr<OutputDir>(new OutputDir());
   d->out_ = out;
-  d->lock_path_ = out + kLockSuffix;
-  for (int attempt = 0;; ++attempt) {
-    const int fd = ::open(d->lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return ErrnoError("creating lock file " + d->lock_path_, errno);
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      const int e = errno;
-      char buf[32] = {};
-      const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
-      ::close(fd);
-      if (e != EWOULDBLOCK) return ErrnoError("locking " + d->lock_path_, e);
-      std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("?");
-      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
-      return FailedPreconditionError(out + ": output in use by PID " + pid + " (lock " +
-                                     d->lock_path_ + ")");
-    }
-    struct stat held, now;
-    if (::fstat(fd, &held) == 0 && ::stat(d->lock_path_.c_str(), &now) == 0 &&
-        held.st_ino == now.st_ino && held.st_dev == now.st_dev) {
-      d->lock_fd_ = fd;
-      break;
-    }
-    ::close(fd);  // we locked a lock file its owner had just removed; take the new one
-    if (attempt > 100) return IoError(d->lock_path_ + ": lock file keeps changing");
+  const std::string lock_path = out + kLockSuffix;
+  std::string holder;
+  auto lock = DefaultEnv()->LockFile(lock_path, &holder);
+  if (!lock.ok() && lock.status().code() == StatusCode::kFailedPrecondition) {
+    return FailedPreconditionError(out + ": output in use by PID " + holder + " (lock " +
+                                   lock_path + ")");
   }
-  const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(d->lock_fd_, 0) != 0 ||
-      ::pwrite(d->lock_fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
-    return ErrnoError("writing " + d->lock_path_, errno);
-  }
+  if (!lock.ok()) return lock.status();
+  d->lock_ = std::move(*lock);
   FC_RETURN_IF_ERROR(CheckOutputFree(out));
   FC_RETURN_IF_ERROR(SweepDeadStaging(out).status());
   FC_ASSIGN_OR_RETURN(d->staging_, CreateStagingDir(out));
@@ -194,10 +169,7 @@ OutputDir::~OutputDir() {
   if (!committed_ && !staging_.empty()) {
     if (Status s = RemoveAll(staging_); !s.ok()) spdlog::warn("{}", s.message());
   }
-  if (lock_fd_ >= 0) {
-    ::unlink(lock_path_.c_str());  // while still holding it (see the top of the file)
-    ::close(lock_fd_);
-  }
+  lock_.reset();  // removes the lock file, then releases the lock
 }
 
 Status OutputDir::Commit() {

@@ -3,6 +3,8 @@
 // checkpoint without touching the disk.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include "fc/format/chunk_reader.h"
@@ -10,6 +12,7 @@
 #include "fc/format/open.h"
 #include "fc/io/env.h"
 #include "fc/io/file.h"
+#include "fc/ops/export.h"
 
 namespace fc {
 namespace {
@@ -74,6 +77,44 @@ TEST_CASE("in-memory env: the fc distcp writer commits a checkpoint in memory", 
   REQUIRE(index.ok());
   REQUIRE(index->tensors.size() == 1);
   CHECK(index->tensors[0].key == "w");
+}
+
+TEST_CASE("in-memory env: RunExport in memory gives the bytes of a disk export", "[io][env]") {
+  const std::string disk_out = "/tmp/fc-io-memexport-" + std::to_string(getpid());
+  REQUIRE(RemoveAll(disk_out).ok());
+  ExportOptions o;
+  o.input = TestData("torch_dcp/mixed/ckpt");
+  o.output_dir = disk_out;
+  o.max_shard_bytes = 64;
+  o.progress = Progress::Mode::kQuiet;
+  auto on_disk = RunExport(o);
+  REQUIRE(on_disk.ok());
+  REQUIRE(on_disk->files.size() > 2);
+
+  InMemoryEnv mem;
+  CopyIn(TestData("torch_dcp/mixed/ckpt"), mem, "/ckpt");
+  std::vector<std::string> listing;
+  {
+    ScopedEnvOverride scoped(&mem);
+    o.input = "/ckpt";
+    o.output_dir = "/out";
+    auto in_memory = RunExport(o);
+    REQUIRE(in_memory.ok());
+    CHECK(in_memory->files == on_disk->files);
+    auto names = ListDirectory("/");
+    REQUIRE(names.ok());
+    listing = *names;
+  }
+  CHECK(listing == std::vector<std::string>{"ckpt", "out"});  // no staging, no lock file
+  for (const std::string& f : on_disk->files) {
+    INFO(f);
+    auto want = ReadWholeFile(JoinPath(disk_out, f), 1 << 26);
+    REQUIRE(want.ok());
+    auto got = mem.ReadFileForTest(JoinPath("/out", f));
+    REQUIRE(got.ok());
+    CHECK(*got == std::string(reinterpret_cast<const char*>(want->data()), want->size()));
+  }
+  REQUIRE(RemoveAll(disk_out).ok());
 }
 
 }  // namespace

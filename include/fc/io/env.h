@@ -68,6 +68,12 @@ class EnvWritableFile {
   virtual Status Close() = 0;
 };
 
+// A held advisory lock; destroying it removes the lock file and releases the lock.
+class EnvFileLock {
+ public:
+  virtual ~EnvFileLock() = default;
+};
+
 enum class EnvFileType { kMissing, kRegular, kDirectory, kSymlink, kOther };
 
 class Env {
@@ -91,6 +97,12 @@ class Env {
   virtual Status SyncDirectory(const std::string& dir) = 0;
   // Removes a file or a whole tree; a missing path is fine.
   virtual Status RemoveAll(const std::string& path) = 0;
+  // Takes an exclusive lock on the file `path` (created if missing) and writes this
+  // process's PID into it. Errors: kFailedPrecondition when someone else holds it, with
+  // the PID text found in the file in *holder; kIoError. POSIX: flock(2), dropped by the
+  // kernel when the holder dies, so a stale lock file never blocks.
+  virtual Result<std::unique_ptr<EnvFileLock>> LockFile(const std::string& path,
+                                                        std::string* holder) = 0;
 };
 
 // The real file system.
@@ -142,6 +154,8 @@ class InMemoryEnv : public Env {
   Status Rename(const std::string& from, const std::string& to) override;
   Status SyncDirectory(const std::string& dir) override;
   Status RemoveAll(const std::string& path) override;
+  Result<std::unique_ptr<EnvFileLock>> LockFile(const std::string& path,
+                                                std::string* holder) override;
 
   // Test helpers.
   Status WriteFileForTest(const std::string& path, std::string_view bytes);
@@ -152,6 +166,7 @@ class InMemoryEnv : public Env {
   std::mutex mu_;
   std::map<std::string, Contents> files_;
   std::set<std::string> dirs_;
+  std::set<std::string> locked_;
 };
 
 // The operations FaultInjectingEnv counts, each kind on its own counter.
@@ -180,6 +195,8 @@ class FaultInjectingEnv : public Env {
   Status Rename(const std::string& from, const std::string& to) override;
   Status SyncDirectory(const std::string& dir) override;
   Status RemoveAll(const std::string& path) override;
+  Result<std::unique_ptr<EnvFileLock>> LockFile(const std::string& path,
+                                                std::string* holder) override;
 
   // Counts one `op` on `path`; the armed one returns the injected error. (Public for the
   // file wrappers.)

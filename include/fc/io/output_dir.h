@@ -19,8 +19,9 @@
 // removes every "<name>.fc-tmp-<pid>-*" whose process is no longer alive (kill(pid, 0)
 // fails with ESRCH) once it holds the lock.
 //
-// The lock and the path checks use the real file system (flock, realpath) whatever
-// DefaultEnv() is; file creation, renames and removals go through DefaultEnv().
+// Everything goes through DefaultEnv() (the lock: Env::LockFile) except the nesting check,
+// which resolves symlinks with realpath(3) on the real file system (a path that does not
+// exist there is compared as written).
 #ifndef FC_IO_OUTPUT_DIR_H_
 #define FC_IO_OUTPUT_DIR_H_
 
@@ -28,6 +29,7 @@
 #include <string>
 
 #include "fc/core/status.h"
+#include "fc/io/env.h"
 
 namespace fc {
 
@@ -77,8 +79,7 @@ class OutputDir {
   OutputDir() = default;
   std::string out_;
   std::string staging_;
-  std::string lock_path_;
-  int lock_fd_ = -1;
+  std::unique_ptr<EnvFileLock> lock_;
   bool committed_ = false;
 };
 
