@@ -1,8 +1,11 @@
 #include "cli_common.h"
 
+#include "fc/io/env.h"
+
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <csignal>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -49,10 +52,40 @@ Result<uint64_t> ParseSize(const std::string& flag, const std::string& text) {
   return static_cast<uint64_t>(value * multiplier);
 }
 
+namespace {
+
+// Async-signal-safe: stores the signal number; a second signal gets the default action.
+extern "C" void OnStopSignal(int sig) {
+  if (CancelSignal() != 0) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  RequestCancel(sig);
+}
+
+}  // namespace
+
+void SetUpIo(bool follow_symlinks) {
+  SetIoPolicy(IoPolicy{follow_symlinks});
+  struct sigaction sa = {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+int ExitCode(const Status& status) {
+  if (status.ok()) return 0;
+  if (const int sig = CancelSignal(); sig != 0) return 128 + sig;
+  return ExitCodeFor(status.code());
+}
+
 int Finish(const std::string& tool, const Status& status) {
   if (status.ok()) return 0;
   std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), status.message().c_str());
-  return ExitCodeFor(status.code());
+  return ExitCode(status);
 }
 
 }  // namespace fc::cli

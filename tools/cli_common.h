@@ -25,7 +25,16 @@ void SetUpLogging(const std::string& tool, bool quiet, bool verbose);
 // Errors: kInvalidArgument naming `flag` and the text.
 Result<uint64_t> ParseSize(const std::string& flag, const std::string& text);
 
-// Prints "<tool>: error: <message>" to stderr (when not OK) and returns the exit code.
+// Process-wide IO setup, before any file is opened: the read policy (--follow-symlinks,
+// fc/io/env.h IoPolicy) and SIGINT/SIGTERM handlers. The first signal asks the run to stop
+// (RequestCancel: every later file operation fails, the run unwinds and removes its
+// staging directory, and the tool exits 128 + signal); a second one terminates at once.
+void SetUpIo(bool follow_symlinks);
+
+// The exit code for a final status: ExitCodeFor, or 128 + N after signal N stopped the run.
+int ExitCode(const Status& status);
+
+// Prints "<tool>: error: <message>" to stderr (when not OK) and returns ExitCode(status).
 int Finish(const std::string& tool, const Status& status);
 
 }  // namespace fc::cli

@@ -63,6 +63,10 @@ int main(int argc, char** argv) {
                  "buffers, seconds per process) as JSON to this file");
   app.add_option("--memory-budget", budget, "peak memory for tensor data (default: RAM/4)");
   app.add_option("--threads", options.threads, "worker threads (default: cores, at most 8)");
+  bool follow_symlinks = false;
+  app.add_flag("--follow-symlinks", follow_symlinks,
+               "read checkpoint files that are symlinks pointing outside the checkpoint "
+               "directory (refused by default)");
   app.add_flag("-q,--quiet", quiet, "no progress output");
   app.add_flag("-v,--verbose", verbose, "debug logging");
   app.set_version_flag("--version", std::string("fc-convert ") + FC_VERSION);
@@ -77,6 +81,7 @@ int main(int argc, char** argv) {
   if (options.json && !options.dry_run) {
     return fc::cli::Finish(tool, fc::InvalidArgumentError("--json needs --dry-run"));
   }
+  fc::cli::SetUpIo(follow_symlinks);
   if (!options.dry_run && options.output_dir.empty()) {
     return fc::cli::Finish(tool, fc::InvalidArgumentError("OUT is required unless --dry-run"));
   }
@@ -100,7 +105,7 @@ int main(int argc, char** argv) {
   std::cout.flush();
   if (!summary.ok()) {
     // Every process returns the same error; one report is enough.
-    return lead ? fc::cli::Finish(tool, summary.status()) : fc::ExitCodeFor(summary.status().code());
+    return lead ? fc::cli::Finish(tool, summary.status()) : fc::cli::ExitCode(summary.status());
   }
   if (!options.dry_run && lead) {
     spdlog::info("wrote {} chunks for {} rank(s) ({}), {} object(s), to {}", summary->chunks,

@@ -51,6 +51,10 @@ int main(int argc, char** argv) {
                  "(default; the fp32 master weights from the ZeRO optimizer files) or module "
                  "(the 16-bit module weights of the model states)")
       ->check(CLI::IsMember({"fp32", "module"}));
+  bool follow_symlinks = false;
+  app.add_flag("--follow-symlinks", follow_symlinks,
+               "read checkpoint files that are symlinks pointing outside the checkpoint "
+               "directory (refused by default)");
   app.add_flag("-q,--quiet", quiet, "no progress output");
   app.add_flag("-v,--verbose", verbose, "debug logging");
   app.set_version_flag("--version", std::string("fc-export ") + FC_VERSION);
@@ -62,6 +66,7 @@ int main(int argc, char** argv) {
   }
   const std::string tool = "fc-export";
   fc::cli::SetUpLogging(tool, quiet, verbose);
+  fc::cli::SetUpIo(follow_symlinks);
   if (!format.empty()) {
     auto parsed = fc::ParseCheckpointFormat(format);
     if (!parsed.ok()) return fc::cli::Finish(tool, parsed.status());
@@ -87,7 +92,7 @@ int main(int argc, char** argv) {
   auto summary = fc::RunExport(options, std::cout);
   if (!summary.ok()) {
     // Every process returns the same error; one report is enough.
-    return lead ? fc::cli::Finish(tool, summary.status()) : fc::ExitCodeFor(summary.status().code());
+    return lead ? fc::cli::Finish(tool, summary.status()) : fc::cli::ExitCode(summary.status());
   }
   if (!lead || options.dry_run) return 0;
   spdlog::info("wrote {} tensors ({}) in {} file(s) to {}", summary->tensors,

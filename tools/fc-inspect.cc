@@ -19,6 +19,10 @@ int main(int argc, char** argv) {
   app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed");
   app.add_option("--tensors", options.tensor_regex,
                  "only tensors whose key matches this regular expression (ECMAScript, search)");
+  bool follow_symlinks = false;
+  app.add_flag("--follow-symlinks", follow_symlinks,
+               "read checkpoint files that are symlinks pointing outside the checkpoint "
+               "directory (refused by default)");
   app.add_flag("--json", options.json, "machine-readable JSON on stdout");
   app.add_flag("--verify", options.verify,
                "check every element is stored exactly once (replicas aside), chunks lie "
@@ -34,6 +38,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : fc::cli::kUsageExitCode;
   }
   fc::cli::SetUpLogging("fc-inspect", false, false);
+  fc::cli::SetUpIo(follow_symlinks);
   if (!format.empty()) {
     auto parsed = fc::ParseCheckpointFormat(format);
     if (!parsed.ok()) return fc::cli::Finish("fc-inspect", parsed.status());

@@ -1,19 +1,9 @@
 #include "fc/io/file.h"
 #include "fc/io/counters.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/uio.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <climits>
 #include <cstring>
-#include <filesystem>
-#include <system_error>
 
 namespace fc {
 namespace {
@@ -22,64 +12,32 @@ std::string RangeText(uint64_t begin, uint64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
 }
 
-// A descriptor open for reading on a regular file (not a directory), and its size then.
-struct OpenedFile {
-  int fd;
-  uint64_t size;
-};
-
-Result<OpenedFile> OpenRegularFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    if (e == ENOENT) return NotFoundError(path + ": no such file");
-    return ErrnoError("opening " + path, e);
+// After a signal asked the run to stop, no new file operation starts: the run unwinds
+// through its error paths (which remove staging) instead of finishing.
+Status CheckCancel(const std::string& what) {
+  if (const int sig = CancelSignal(); sig != 0) {
+    return IoError(what + ": interrupted (signal " + std::to_string(sig) + ")");
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    return ErrnoError("stat " + path, e);
-  }
-  if (S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    return InvalidArgumentError(path + ": is a directory, expected a file");
-  }
-  return OpenedFile{fd, static_cast<uint64_t>(st.st_size)};
+  return Status::Ok();
 }
 
 }  // namespace
 
-Result<std::unique_ptr<RandomAccessFile>> RandomAccessFile::Open(const std::string& path) {
-  FC_ASSIGN_OR_RETURN(OpenedFile f, OpenRegularFile(path));
-  return std::unique_ptr<RandomAccessFile>(new RandomAccessFile(path, f.fd, f.size));
-}
+RandomAccessFile::RandomAccessFile(std::string path, std::unique_ptr<EnvReadableFile> file)
+    : path_(std::move(path)), file_(std::move(file)), size_(file_->size()) {}
 
-RandomAccessFile::~RandomAccessFile() { ::close(fd_); }
+Result<std::unique_ptr<RandomAccessFile>> RandomAccessFile::Open(const std::string& path) {
+  FC_RETURN_IF_ERROR(CheckCancel("opening " + path));
+  FC_ASSIGN_OR_RETURN(auto f, DefaultEnv()->OpenForRead(path));
+  return std::unique_ptr<RandomAccessFile>(new RandomAccessFile(path, std::move(f)));
+}
 
 Result<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
-  // One descriptor for the size and the mapping, so they describe the same file.
-  FC_ASSIGN_OR_RETURN(OpenedFile f, OpenRegularFile(path));
-  const int fd = f.fd;
-  const uint64_t size = f.size;
-  if (size == 0) {
-    ::close(fd);
-    return std::unique_ptr<MappedFile>(new MappedFile(path, nullptr, 0));
-  }
-  if (size > SIZE_MAX) {
-    ::close(fd);
-    return ResourceExhaustedError(path + ": too large to map");
-  }
-  void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int e = errno;
-  ::close(fd);  // the mapping keeps the file
-  if (p == MAP_FAILED) return ErrnoError("mapping " + path, e);
-  return std::unique_ptr<MappedFile>(
-      new MappedFile(path, static_cast<const std::byte*>(p), static_cast<size_t>(size)));
-}
-
-MappedFile::~MappedFile() {
-  if (size_ > 0) ::munmap(const_cast<std::byte*>(data_), size_);
+  FC_RETURN_IF_ERROR(CheckCancel("opening " + path));
+  // One open file for the size and the mapping, so they describe the same file.
+  FC_ASSIGN_OR_RETURN(auto f, DefaultEnv()->OpenForRead(path));
+  FC_ASSIGN_OR_RETURN(EnvReadableFile::Mapping m, f->Map());
+  return std::unique_ptr<MappedFile>(new MappedFile(path, std::move(m)));
 }
 
 Status RandomAccessFile::ReadAt(uint64_t offset, std::span<std::byte> dst) const {
@@ -90,18 +48,14 @@ Status RandomAccessFile::ReadAt(uint64_t offset, std::span<std::byte> dst) const
   }
   size_t done = 0;
   while (done < dst.size()) {
-    ssize_t n = ::pread(fd_, dst.data() + done, dst.size() - done,
-                        static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("reading " + path_ + " at " + std::to_string(offset + done), errno);
-    }
+    FC_RETURN_IF_ERROR(CheckCancel("reading " + path_));
+    FC_ASSIGN_OR_RETURN(size_t n, file_->Read(offset + done, dst.subspan(done)));
     if (n == 0) {
       return DataLossError(path_ + ": file shrank while reading at " +
                            std::to_string(offset + done));
     }
-    CountRead(static_cast<uint64_t>(n));
-    done += static_cast<size_t>(n);
+    CountRead(n);
+    done += n;
   }
   return Status::Ok();
 }
@@ -115,37 +69,30 @@ Status RandomAccessFile::ReadScatteredAt(uint64_t offset,
     return DataLossError(path_ + ": wanted bytes " + RangeText(offset, offset + total) +
                          ", file has " + std::to_string(size_));
   }
-  std::vector<struct iovec> iov;
-  size_t next = 0;         // first buffer not yet fully read
-  size_t done_in_next = 0; // bytes of buffers[next] already read
+  std::vector<std::span<std::byte>> rest;  // what is still to read, in order
+  for (const auto& b : buffers) {
+    if (!b.empty()) rest.push_back(b);
+  }
+  size_t next = 0;
   uint64_t position = offset;
-  while (next < buffers.size()) {
-    iov.clear();
-    for (size_t i = next; i < buffers.size() && iov.size() < static_cast<size_t>(IOV_MAX); ++i) {
-      const size_t skip = i == next ? done_in_next : 0;
-      iov.push_back({buffers[i].data() + skip, buffers[i].size() - skip});
+  while (next < rest.size()) {
+    FC_RETURN_IF_ERROR(CheckCancel("reading " + path_));
+    FC_ASSIGN_OR_RETURN(size_t n, file_->ReadScattered(
+                                      position, std::span<const std::span<std::byte>>(rest).subspan(next)));
+    if (n == 0) {
+      return DataLossError(path_ + ": file shrank while reading at " + std::to_string(position));
     }
-    ssize_t n = ::preadv(fd_, iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(position));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("reading " + path_ + " at " + std::to_string(position), errno);
-    }
-    if (n == 0) return DataLossError(path_ + ": file shrank while reading at " + std::to_string(position));
-    CountRead(static_cast<uint64_t>(n));
-    position += static_cast<uint64_t>(n);
-    size_t left = static_cast<size_t>(n);
-    while (left > 0 && next < buffers.size()) {
-      const size_t room = buffers[next].size() - done_in_next;
-      if (left >= room) {
-        left -= room;
+    CountRead(n);
+    position += n;
+    while (n > 0) {  // n never exceeds what was asked
+      if (n >= rest[next].size()) {
+        n -= rest[next].size();
         ++next;
-        done_in_next = 0;
       } else {
-        done_in_next += left;
-        left = 0;
+        rest[next] = rest[next].subspan(n);
+        n = 0;
       }
     }
-    while (next < buffers.size() && buffers[next].size() == 0) ++next;
   }
   return Status::Ok();
 }
@@ -171,13 +118,13 @@ Result<std::vector<std::byte>> ReadWholeFile(const std::string& path, uint64_t m
 }
 
 Result<std::unique_ptr<WritableFile>> WritableFile::Create(const std::string& path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("creating " + path, errno);
-  return std::unique_ptr<WritableFile>(new WritableFile(path, fd));
+  FC_RETURN_IF_ERROR(CheckCancel("creating " + path));
+  FC_ASSIGN_OR_RETURN(auto f, DefaultEnv()->CreateForWrite(path));
+  return std::unique_ptr<WritableFile>(new WritableFile(path, std::move(f)));
 }
 
 WritableFile::~WritableFile() {
-  if (fd_ >= 0) ::close(fd_);
+  if (file_) (void)file_->Close();
 }
 
 Status WritableFile::Append(std::span<const std::byte> data) {
@@ -191,62 +138,37 @@ Status WritableFile::Append(std::string_view data) {
 }
 
 Status WritableFile::WriteAt(uint64_t offset, std::span<const std::byte> data) {
-  if (fd_ < 0) return InternalError(path_ + ": write after close");
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::pwrite(fd_, data.data() + done, data.size() - done,
-                         static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("writing " + path_, errno);
-    }
-    if (n == 0) return IoError("writing " + path_ + ": no progress (disk full?)");
-    CountWrite(static_cast<uint64_t>(n));
-    done += static_cast<size_t>(n);
-  }
+  if (!file_) return InternalError(path_ + ": write after close");
+  FC_RETURN_IF_ERROR(CheckCancel("writing " + path_));
+  FC_RETURN_IF_ERROR(file_->WriteAt(offset, data));
+  CountWrite(data.size());
   return Status::Ok();
 }
 
 Status WritableFile::Sync() {
-  if (fd_ < 0) return InternalError(path_ + ": sync after close");
-  if (::fdatasync(fd_) != 0) return ErrnoError("syncing " + path_, errno);
-  return Status::Ok();
+  if (!file_) return InternalError(path_ + ": sync after close");
+  FC_RETURN_IF_ERROR(CheckCancel("syncing " + path_));
+  return file_->Sync();
 }
 
 Status WritableFile::Close() {
-  if (fd_ < 0) return Status::Ok();
-  int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) return ErrnoError("closing " + path_, errno);
-  return Status::Ok();
+  if (!file_) return Status::Ok();
+  Status s = file_->Close();
+  file_.reset();
+  return s;
 }
 
 bool PathExists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
+  return DefaultEnv()->Type(path, /*follow=*/true) != EnvFileType::kMissing;
 }
 
 bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  return DefaultEnv()->Type(path, /*follow=*/true) == EnvFileType::kDirectory;
 }
 
 Result<std::vector<std::string>> ListDirectory(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) {
-    int e = errno;
-    if (e == ENOENT) return NotFoundError(dir + ": no such directory");
-    return ErrnoError("listing " + dir, e);
-  }
-  std::vector<std::string> names;
-  while (struct dirent* ent = ::readdir(d)) {
-    std::string name = ent->d_name;
-    if (name == "." || name == "..") continue;
-    names.push_back(std::move(name));
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
+  FC_RETURN_IF_ERROR(CheckCancel("listing " + dir));
+  return DefaultEnv()->ListDirectory(dir);
 }
 
 std::string JoinPath(const std::string& a, const std::string& b) {
@@ -289,33 +211,29 @@ Status CheckOutputFree(const std::string& dir) {
 }
 
 Status CreateDirectories(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return IoError("creating directory " + dir + ": " + ec.message());
-  return Status::Ok();
+  FC_RETURN_IF_ERROR(CheckCancel("creating directory " + dir));
+  const std::string d = StripTrailingSlashes(dir);
+  if (d.empty() || IsDirectory(d)) return Status::Ok();
+  const std::string parent = Dirname(d);
+  if (parent != d) FC_RETURN_IF_ERROR(CreateDirectories(parent));
+  Status s = DefaultEnv()->CreateDirectory(d);
+  if (!s.ok() && IsDirectory(d)) return Status::Ok();  // made concurrently
+  if (!s.ok() && s.code() == StatusCode::kFailedPrecondition) {
+    return IoError("creating directory " + dir + ": a file is in the way");
+  }
+  return s;
 }
 
-Status RemoveAll(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
-  if (ec) return IoError("removing " + path + ": " + ec.message());
-  return Status::Ok();
-}
+Status RemoveAll(const std::string& path) { return DefaultEnv()->RemoveAll(path); }
 
 Status SyncDirectory(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("opening directory " + dir, errno);
-  int rc = ::fsync(fd);
-  int e = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoError("syncing directory " + dir, e);
-  return Status::Ok();
+  FC_RETURN_IF_ERROR(CheckCancel("syncing directory " + dir));
+  return DefaultEnv()->SyncDirectory(dir);
 }
 
 Status RenameDurably(const std::string& from, const std::string& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0) {
-    return ErrnoError("renaming " + from + " to " + to, errno);
-  }
+  FC_RETURN_IF_ERROR(CheckCancel("renaming " + from));
+  FC_RETURN_IF_ERROR(DefaultEnv()->Rename(from, to));
   return SyncDirectory(Dirname(to));
 }
 

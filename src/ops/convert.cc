@@ -19,6 +19,7 @@
 #include "fc/format/open.h"
 #include "fc/format/torch_dcp_writer.h"
 #include "fc/io/file.h"
+#include "fc/io/output_dir.h"
 #include "fc/layout/layout_rules.h"
 #include "fc/layout/target_layout.h"
 #include "fc/ops/report_format.h"
@@ -436,19 +437,6 @@ Result<ExecuteStats> WritePart(const ConvertOptions& options, const ConvertPlan&
   return Execute(p.plan, reader, sink, eo);
 }
 
-// Removes the shared staging directory unless released (process 0 only).
-class StagingGuard {
- public:
-  explicit StagingGuard(std::string path) : path_(std::move(path)) {}
-  ~StagingGuard() {
-    if (!path_.empty()) AbortFcDistcpStaging(path_);
-  }
-  void Release() { path_.clear(); }
-
- private:
-  std::string path_;
-};
-
 }  // namespace
 
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
@@ -457,32 +445,34 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   const int me = comm->rank();
   // Every process plans (planning reads metadata only); the write plan and the file
   // assignment come out the same everywhere (write items may differ with each machine's
-  // threads and memory, not the files). Agreeing on the outcome keeps a process that failed alone (an
-  // unreadable file) from leaving the others waiting.
+  // threads and memory, not the files). Agreeing on the outcome keeps a process that failed
+  // alone (an unreadable file) from leaving the others waiting.
   auto p = std::make_unique<ConvertPlan>();
   FC_RETURN_IF_ERROR(comm->AllOk(BuildConvertPlan(options, comm->size(), me == 0, *p)));
   if (options.dry_run) {
     if (me == 0) PrintPlan(p->index, p->plan, p->ranks, options, out);
     return p->summary;
   }
-  // Target files shared out by bytes (the plan's assignment); process 0 always has one, so
-  // it can commit.
-
-  // Process 0 makes the staging directory, everyone writes into it, process 0 commits it.
+  // Process 0 claims OUT (lock, checks, a staging directory next to it: fc/io/output_dir.h),
+  // everyone writes into the staging directory, process 0 commits it. Until then, and on
+  // any failure, `output` removes the staging directory.
+  std::unique_ptr<OutputDir> output;
   std::string staging;
   Status made = Status::Ok();
   if (me == 0) {
-    Result<std::string> dir = CreateFcDistcpStagingDir(options.output_dir);
-    if (dir.ok()) {
-      staging = *dir;
+    auto opened = OutputDir::Open(options.output_dir, options.input);
+    if (opened.ok()) {
+      output = std::move(*opened);
+      staging = output->staging();
     } else {
-      made = dir.status();
+      made = opened.status();
     }
   }
   FC_RETURN_IF_ERROR(comm->AllOk(made));
   comm->Broadcast(staging, 0);
-  StagingGuard guard(me == 0 ? staging : std::string());
 
+  // Target files shared out by bytes (the plan's assignment); process 0 always has one, so
+  // it can commit.
   const std::vector<uint32_t>& planned = p->plan.per_process[static_cast<size_t>(me)].files;
   const std::vector<size_t> files(planned.begin(), planned.end());
   std::unique_ptr<OutputPart> part;
@@ -509,8 +499,8 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     committed = part ? part->Commit(options, *p, staging, messages)
                      : InternalError("process 0 was assigned no target file");
   }
+  if (me == 0 && committed.ok()) output->MarkCommitted();  // the writer renamed it
   FC_RETURN_IF_ERROR(comm->AllOk(committed));
-  guard.Release();
   if (!options.stats_file.empty()) {
     FC_RETURN_IF_ERROR(WriteRunStats(options.stats_file, "fc-convert", p->plan.bytes_needed,
                                      meter.Finish(executed.peak_buffer_bytes), *comm));

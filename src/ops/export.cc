@@ -1,7 +1,5 @@
 #include "fc/ops/export.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <regex>
 #include <set>
@@ -18,6 +16,7 @@
 #include "fc/format/open.h"
 #include "fc/format/safetensors.h"
 #include "fc/io/file.h"
+#include "fc/io/output_dir.h"
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
 #include "fc/plan/plan.h"
@@ -76,20 +75,6 @@ Status DumpObjects(const CheckpointIndex& index, const std::string& dir) {
   }
   return Status::Ok();
 }
-
-class StagingDir {
- public:
-  explicit StagingDir(std::string path) : path_(std::move(path)) {}
-  ~StagingDir() {
-    if (!committed_) (void)RemoveAll(path_);
-  }
-  const std::string& path() const { return path_; }
-  void Committed() { committed_ = true; }
-
- private:
-  std::string path_;
-  bool committed_ = false;
-};
 
 // What every process of an export decides from the metadata alone (the same everywhere).
 // Not movable: outputs point into `index`.
@@ -185,24 +170,20 @@ Status BuildExportPlan(const ExportOptions& options, int processes, ExportPlan& 
   return Status::Ok();
 }
 
-// Process 0, before anyone writes: the output directory exists and holds no earlier export;
-// objects are dumped when asked for.
-Status PrepareOutput(const ExportOptions& options, const ExportPlan& p) {
-  FC_RETURN_IF_ERROR(CreateDirectories(options.output_dir));
-  FC_ASSIGN_OR_RETURN(std::vector<std::string> existing, ListDirectory(options.output_dir));
-  for (const std::string& name : existing) {
-    if ((name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos)) {
-      return FailedPreconditionError(options.output_dir + " already holds " + name +
-                                     "; remove the old export or choose another directory");
-    }
-  }
+// Process 0, before anyone writes (the output directory is already claimed, OutputDir):
+// objects are dumped when asked for; a --objects directory inside OUT goes into the
+// staging directory, so it appears with the export.
+Status PrepareOutput(const ExportOptions& options, const ExportPlan& p, const std::string& staging) {
   if (p.index.objects.empty()) return Status::Ok();
   if (options.objects_dir.empty()) {
     spdlog::info("skipping {} non-tensor object(s) (e.g. '{}'); --objects DIR dumps them",
                  p.index.objects.size(), p.index.objects.front().key);
     return Status::Ok();
   }
-  return DumpObjects(p.index, options.objects_dir).With("--objects");
+  const std::string out = StripTrailingSlashes(options.output_dir) + "/";
+  std::string dir = StripTrailingSlashes(options.objects_dir);
+  if (dir.compare(0, out.size(), out) == 0) dir = JoinPath(staging, dir.substr(out.size()));
+  return DumpObjects(p.index, dir).With("--objects");
 }
 
 // --dry-run: a short summary and one line per output file, or the plan as JSON.
@@ -290,51 +271,50 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
     p->summary.tensors = p->outputs.size();
     return p->summary;
   }
-  FC_RETURN_IF_ERROR(comm->AllOk(me == 0 ? PrepareOutput(options, *p) : Status::Ok()));
+  // Process 0 claims OUT (lock, checks, a staging directory next to it: fc/io/output_dir.h);
+  // every process writes its files into that one staging directory; process 0 adds the
+  // index and renames the directory onto OUT, so OUT holds nothing or the whole export.
+  std::unique_ptr<OutputDir> output;
+  std::string staging;
+  Status claimed = Status::Ok();
+  if (me == 0) {
+    auto opened = OutputDir::Open(options.output_dir, options.input);
+    if (opened.ok()) {
+      output = std::move(*opened);
+      staging = output->staging();
+    } else {
+      claimed = opened.status();
+    }
+  }
+  FC_RETURN_IF_ERROR(comm->AllOk(claimed));
+  comm->Broadcast(staging, 0);
+  FC_RETURN_IF_ERROR(comm->AllOk(me == 0 ? PrepareOutput(options, *p, staging) : Status::Ok()));
 
   // Whole files per process, balanced by bytes (the plan's assignment).
   const HfShardAssignment& shards = p->shards;
-  const std::vector<uint32_t>& files = p->plan.per_process[static_cast<size_t>(me)].files;
-  StagingDir staging(JoinPath(options.output_dir, ".fc-export-" + std::to_string(getpid()) +
-                                                      "-" + std::to_string(me)));
   ExecuteStats executed;
-  Status written = CreateDirectories(staging.path());
-  if (written.ok()) {
-    Result<ExecuteStats> run = WriteFiles(options, *p, me, staging.path());
+  Status written = [&]() -> Status {
+    Result<ExecuteStats> run = WriteFiles(options, *p, me, staging);
     meter.InputsDone();
-    if (run.ok()) {
-      executed = *run;
-    } else {
-      written = run.status();
-    }
-  }
+    FC_ASSIGN_OR_RETURN(executed, std::move(run));
+    return Status::Ok();
+  }();
   FC_RETURN_IF_ERROR(comm->AllOk(written));
 
-  // Commit: data files first, the index last, so a directory with an index is complete.
-  Status renamed = Status::Ok();
-  for (uint32_t f : files) {
-    renamed = RenameDurably(JoinPath(staging.path(), shards.file_names[f]),
-                            JoinPath(options.output_dir, shards.file_names[f]));
-    if (!renamed.ok()) break;
-  }
-  FC_RETURN_IF_ERROR(comm->AllOk(renamed));
   p->summary.files = shards.file_names;
-  Status indexed = [&]() -> Status {
-    if (shards.file_names.size() < 2 || me != 0) return Status::Ok();
-    const std::string staged = JoinPath(staging.path(), std::string(kHfIndexFileName));
-    FC_ASSIGN_OR_RETURN(auto out, WritableFile::Create(staged));
-    FC_RETURN_IF_ERROR(out->Append(WriteHfIndexJson(p->tensor_bytes, shards)));
-    FC_RETURN_IF_ERROR(out->Sync());
-    FC_RETURN_IF_ERROR(out->Close());
-    return RenameDurably(staged, JoinPath(options.output_dir, std::string(kHfIndexFileName)));
+  Status committed = [&]() -> Status {
+    if (me != 0) return Status::Ok();
+    if (shards.file_names.size() > 1) {
+      const std::string staged = JoinPath(staging, std::string(kHfIndexFileName));
+      FC_ASSIGN_OR_RETURN(auto index_file, WritableFile::Create(staged));
+      FC_RETURN_IF_ERROR(index_file->Append(WriteHfIndexJson(p->tensor_bytes, shards)));
+      FC_RETURN_IF_ERROR(index_file->Sync());
+      FC_RETURN_IF_ERROR(index_file->Close());
+    }
+    return output->Commit();
   }();
-  FC_RETURN_IF_ERROR(comm->AllOk(indexed));
+  FC_RETURN_IF_ERROR(comm->AllOk(committed));
   if (shards.file_names.size() > 1) p->summary.files.push_back(std::string(kHfIndexFileName));
-  // The export is complete; a leftover (empty) staging directory is only untidy.
-  if (Status removed = RemoveAll(staging.path()); !removed.ok()) {
-    spdlog::warn("could not remove {}: {}", staging.path(), removed.message());
-  }
-  staging.Committed();
   p->summary.tensors = p->outputs.size();
   if (!options.stats_file.empty()) {
     FC_RETURN_IF_ERROR(WriteRunStats(options.stats_file, "fc-export", p->plan.bytes_needed,

@@ -13,8 +13,9 @@
 //
 //    Nothing else belongs in the directory; readers ignore other entries.
 //    A directory is complete exactly when fc.metadata.json exists: writers build the
-//    checkpoint in a sibling staging directory "<ckpt>.fc-tmp-XXXXXX" (XXXXXX: six random
-//    [A-Za-z0-9], created with mkdir(2) mode 0777 & ~umask), write and fsync every data file, write and fsync fc.metadata.json, fsync
+//    checkpoint in a sibling staging directory "<ckpt>.fc-tmp-<pid>-XXXXXX" (<pid>: the
+//    creating process; XXXXXX: six random [A-Za-z0-9]; mkdir(2) mode 0777 & ~umask; the
+//    protocol of fc/io/output_dir.h), write and fsync every data file, write and fsync fc.metadata.json, fsync
 //    the staging directory, and only then rename(2) it to <ckpt> and fsync <ckpt>'s parent.
 //    A crash leaves at most a "*.fc-tmp-*" directory, never a <ckpt> that looks complete.
 //
@@ -279,7 +280,8 @@ struct FcDistcpFileDigests {
 Result<std::string> FcDistcpMetadataJson(const FcDistcpPlan& plan,
                                          std::span<const FcDistcpFileDigests> digests);
 
-// Creates "<out_dir>.fc-tmp-XXXXXX" next to out_dir and returns its path.
+// Creates "<out_dir>.fc-tmp-<pid>-XXXXXX" next to out_dir and returns its path
+// (CreateStagingDir of fc/io/output_dir.h).
 // Errors: kFailedPrecondition when out_dir exists and is not an empty directory;
 // kIoError when the parent is missing or not writable.
 Result<std::string> CreateFcDistcpStagingDir(const std::string& out_dir);

@@ -46,11 +46,12 @@
 //      listed in file order, then in their order within the file; MetadataIndex.index is
 //      that position. _StorageInfo.relative_path is the file name.
 //
-// Atomicity: everything is built in a sibling staging directory "<out_dir>.fc-tmp-XXXXXX"
-// (CreateFcDistcpStagingDir); Finish fsyncs every file, writes and fsyncs .metadata, fsyncs
-// the staging directory and renames it to out_dir. A failed or abandoned writer removes the
-// staging directory it owns (a writer on a shared one removes only its own files; the
-// directory's creator removes the rest): nothing that looks like a complete checkpoint is
+// Atomicity: everything is built in a sibling staging directory
+// "<out_dir>.fc-tmp-<pid>-XXXXXX" (CreateStagingDir, fc/io/output_dir.h); Finish fsyncs
+// every file, writes and fsyncs .metadata, and commits the staging directory onto out_dir
+// (CommitStagingDir). A failed or abandoned writer removes the staging directory it owns
+// (a writer on a shared one removes only its own files; the directory's creator removes
+// the rest): nothing that looks like a complete checkpoint is
 // ever left.
 //
 // CRC-32 of the data/0 records: each slab passed to WriteChunk is CRC'd as it is written;

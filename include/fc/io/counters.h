@@ -12,7 +12,7 @@ namespace fc {
 
 struct IoCounts {
   uint64_t bytes_read = 0;
-  uint64_t read_calls = 0;  // pread/preadv system calls
+  uint64_t read_calls = 0;  // Env reads (a pread or preadv each on POSIX)
   uint64_t bytes_written = 0;
   uint64_t write_calls = 0;
 };

@@ -1,6 +1,10 @@
-// POSIX file access for readers and writers: positional reads, sequential writes, directory
+// File access for readers and writers: positional reads, sequential writes, directory
 // listing, and the atomic-commit helpers writers use so that a failed run never leaves an
-// output that looks complete.
+// output that looks complete. Everything here goes through DefaultEnv() (fc/io/env.h): the
+// real file system unless a test installed another Env. Reads open regular files only
+// (FIFOs, devices, sockets and directories are refused with kInvalidArgument, without
+// blocking), and a symlink resolving outside its directory is refused unless
+// IoPolicy::follow_symlinks. After RequestCancel (a signal), every operation fails.
 //
 // Thread-safety: RandomAccessFile::ReadAt is safe to call concurrently (pread). WritableFile
 // is not thread-safe.
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "fc/core/status.h"
+#include "fc/io/env.h"
 
 namespace fc {
 
@@ -22,7 +27,6 @@ class RandomAccessFile {
  public:
   // Errors: kNotFound when the file does not exist, kIoError otherwise (message names path).
   static Result<std::unique_ptr<RandomAccessFile>> Open(const std::string& path);
-  ~RandomAccessFile();
   RandomAccessFile(const RandomAccessFile&) = delete;
   RandomAccessFile& operator=(const RandomAccessFile&) = delete;
 
@@ -38,10 +42,9 @@ class RandomAccessFile {
   Status ReadScatteredAt(uint64_t offset, std::span<const std::span<std::byte>> buffers) const;
 
  private:
-  RandomAccessFile(std::string path, int fd, uint64_t size)
-      : path_(std::move(path)), fd_(fd), size_(size) {}
+  RandomAccessFile(std::string path, std::unique_ptr<EnvReadableFile> file);
   std::string path_;
-  int fd_;
+  std::unique_ptr<EnvReadableFile> file_;
   uint64_t size_;
 };
 
@@ -53,19 +56,17 @@ class MappedFile {
   // Errors: as RandomAccessFile::Open; kIoError when mmap fails. An empty file maps to an
   // empty span.
   static Result<std::unique_ptr<MappedFile>> Open(const std::string& path);
-  ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
   const std::string& path() const { return path_; }
-  std::span<const std::byte> bytes() const { return {data_, size_}; }
+  std::span<const std::byte> bytes() const { return {mapping_.data, mapping_.size}; }
 
  private:
-  MappedFile(std::string path, const std::byte* data, size_t size)
-      : path_(std::move(path)), data_(data), size_(size) {}
+  MappedFile(std::string path, EnvReadableFile::Mapping mapping)
+      : path_(std::move(path)), mapping_(std::move(mapping)) {}
   std::string path_;
-  const std::byte* data_;
-  size_t size_;
+  EnvReadableFile::Mapping mapping_;
 };
 
 // Reads a whole file, refusing files larger than `max_bytes` (kDataLoss).
@@ -90,9 +91,10 @@ class WritableFile {
   Status Close();
 
  private:
-  WritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  WritableFile(std::string path, std::unique_ptr<EnvWritableFile> file)
+      : path_(std::move(path)), file_(std::move(file)) {}
   std::string path_;
-  int fd_;
+  std::unique_ptr<EnvWritableFile> file_;
   uint64_t written_ = 0;
 };
 

@@ -56,9 +56,11 @@ struct ConvertSummary {
 // returns the same status (a failure is reported as "rank R: ...").
 // Errors: those of opening the input and target; kInvalidArgument for inconsistent targets
 // (shape mismatch, dtype change without a cast) and bad options; kNotFound for a target
-// tensor with no source or a source missing a chunk; kFailedPrecondition when the output
-// exists and is not empty; kIoError for write failures. A failed run leaves no output
-// directory (fc distcp writes into a staging directory renamed at the end).
+// tensor with no source or a source missing a chunk; kInvalidArgument also for an
+// output_dir that is, lies inside or contains the input; kFailedPrecondition when the
+// output exists and is not empty or another run holds its lock; kIoError for write failures
+// and after a signal. A failed run leaves no output directory (OutputDir,
+// fc/io/output_dir.h: a staging directory renamed at the end).
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out);
 
 }  // namespace fc

@@ -21,7 +21,7 @@ namespace fc {
 struct ExportOptions {
   std::string input;                       // checkpoint directory or file
   std::optional<CheckpointFormat> format;  // forced input format
-  std::string output_dir;                  // created if missing; must not hold model files
+  std::string output_dir;                  // must not exist, or be an empty directory
   std::string aoa_file;                    // AOA program (outputs = leaves of the program)
   std::optional<DType> dtype;              // cast floating-point tensors to this type
   uint64_t max_shard_bytes = 5'000'000'000;  // HF "5GB"
@@ -59,11 +59,13 @@ struct ExportSummary {
   uint64_t skipped_optimizer = 0;
 };
 
-// Runs the export. Nothing under output_dir looks complete unless this returns OK: files
-// are staged in output_dir/.fc-export-<pid>/ and renamed into place at the end (index last).
-// Errors: those of opening the input; kNotFound for a missing source chunk or an AOA name
-// that does not exist; kInvalidArgument for bad options; kFailedPrecondition when the output
-// already holds model files; kIoError for write failures (disk full, not writable).
+// Runs the export. output_dir holds nothing or the complete export: it is claimed with
+// OutputDir (fc/io/output_dir.h: lock, staging directory next to it, one rename at the
+// end, index included). Errors: those of opening the input; kNotFound for a missing source
+// chunk or an AOA name that does not exist; kInvalidArgument for bad options and for an
+// output_dir that is, lies inside or contains the input; kFailedPrecondition when the output
+// exists and is not empty, or another run holds its lock; kIoError for write failures (disk
+// full, not writable) and after a signal (RequestCancel).
 Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out);
 
 }  // namespace fc

@@ -4,18 +4,15 @@
 // Why a staging directory and not per-file temporary names: the checkpoint is a directory
 // and is complete only as a whole, so the whole directory appears with one rename(2) after
 // everything inside it, metadata last, is on disk. A crash at any point leaves only a
-// "<out>.fc-tmp-XXXXXX" sibling.
-#include <sys/stat.h>
-#include <unistd.h>
+// "<out>.fc-tmp-<pid>-XXXXXX" sibling (the protocol of fc/io/output_dir.h).
 #include <xxhash.h>
 
-#include <cerrno>
-#include <random>
 #include <cstdlib>
 #include <mutex>
 
 #include "fc/format/fc_distcp.h"
 #include "fc/io/file.h"
+#include "fc/io/output_dir.h"
 #include "src/format/fcdistcp/internal.h"
 
 namespace fc {
@@ -48,24 +45,9 @@ struct FcDistcpWriter::FileState {
 
 FcDistcpWriter::FcDistcpWriter() = default;
 
+// The staging protocol is fc/io/output_dir.h's, shared by every writer.
 Result<std::string> CreateFcDistcpStagingDir(const std::string& out_dir) {
-  const std::string out = StripTrailingSlashes(out_dir);
-  FC_RETURN_IF_ERROR(CheckOutputFree(out));
-  // Not mkdtemp(3): it creates mode 0700, and the renamed checkpoint would keep that. mkdir
-  // with 0777 honours the umask like any other directory the user creates.
-  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  std::random_device device;
-  std::mt19937_64 rng((static_cast<uint64_t>(device()) << 32) ^ device() ^
-                      static_cast<uint64_t>(::getpid()));
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    std::string path = out + ".fc-tmp-";
-    for (int i = 0; i < 6; ++i) path.push_back(kChars[rng() % (sizeof(kChars) - 1)]);
-    if (::mkdir(path.c_str(), 0777) == 0) return path;
-    if (errno != EEXIST) {
-      return ErrnoError("creating staging directory " + path, errno);
-    }
-  }
-  return IoError("creating a staging directory next to " + out + ": all names taken");
+  return CreateStagingDir(out_dir);
 }
 
 void AbortFcDistcpStaging(const std::string& staging_dir) { (void)RemoveAll(staging_dir); }
@@ -80,6 +62,9 @@ Status CommitFcDistcpMetadata(const std::string& out_dir, const std::string& sta
   for (size_t f = 0; f < plan.files.size(); ++f) {
     const std::string path = JoinPath(staging_dir, plan.files[f].name);
     Result<std::unique_ptr<RandomAccessFile>> file = RandomAccessFile::Open(path);
+    if (!file.ok() && file.status().code() != StatusCode::kNotFound) {
+      return file.status().With("committing " + out);  // could not look (I/O error)
+    }
     if (!file.ok()) {
       return DataLossError("committing " + out + ": data file " + plan.files[f].name +
                            " is missing: " + file.status().message());
@@ -95,11 +80,7 @@ Status CommitFcDistcpMetadata(const std::string& out_dir, const std::string& sta
   FC_RETURN_IF_ERROR(w->Append(json));
   FC_RETURN_IF_ERROR(w->Sync());
   FC_RETURN_IF_ERROR(w->Close());
-  FC_RETURN_IF_ERROR(SyncDirectory(staging_dir));
-  // Re-check just before the rename: rename(2) would silently replace an empty directory
-  // (fine) but fails on a non-empty one; say why in fc's words.
-  FC_RETURN_IF_ERROR(CheckOutputFree(out));
-  return RenameDurably(staging_dir, out);
+  return CommitStagingDir(staging_dir, out);
 }
 
 Result<std::unique_ptr<FcDistcpWriter>> FcDistcpWriter::Create(const std::string& out_dir,

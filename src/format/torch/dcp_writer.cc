@@ -23,6 +23,7 @@
 
 #include "fc/core/checked_math.h"
 #include "fc/io/file.h"
+#include "fc/io/output_dir.h"
 #include "fc/codec/pickle_writer.h"
 #include "src/format/torch/torch_save_writer.h"
 #include "fc/codec/zip_writer.h"
@@ -370,7 +371,7 @@ Result<std::unique_ptr<TorchDcpWriter>> TorchDcpWriter::Create(const std::string
   std::unique_ptr<TorchDcpWriter> w(new TorchDcpWriter());
   w->out_dir_ = StripTrailingSlashes(out_dir);
   if (options.staging_dir.empty()) {
-    FC_ASSIGN_OR_RETURN(w->staging_dir_, CreateFcDistcpStagingDir(w->out_dir_));
+    FC_ASSIGN_OR_RETURN(w->staging_dir_, CreateStagingDir(w->out_dir_));
     w->owns_staging_ = true;
   } else {
     w->staging_dir_ = options.staging_dir;
@@ -740,6 +741,7 @@ Status TorchDcpWriter::CommitMetadata() {
     for (size_t f = 0; f < plan_.files.size(); ++f) {
       Result<std::unique_ptr<RandomAccessFile>> file =
           RandomAccessFile::Open(JoinPath(staging_dir_, plan_.files[f].name));
+      if (!file.ok() && file.status().code() != StatusCode::kNotFound) return file.status();
       if (!file.ok()) {
         return DataLossError("data file " + plan_.files[f].name +
                              " is missing: " + file.status().message());
@@ -756,11 +758,7 @@ Status TorchDcpWriter::CommitMetadata() {
     FC_RETURN_IF_ERROR(mf->Append(md));
     FC_RETURN_IF_ERROR(mf->Sync());
     FC_RETURN_IF_ERROR(mf->Close());
-    FC_RETURN_IF_ERROR(SyncDirectory(staging_dir_));
-    // rename(2) replaces an empty directory but fails on a non-empty one; say why in
-    // fc's words.
-    FC_RETURN_IF_ERROR(CheckOutputFree(out_dir_));
-    return RenameDurably(staging_dir_, out_dir_);
+    return CommitStagingDir(staging_dir_, out_dir_);
   }();
   if (!s.ok()) {
     Abort();

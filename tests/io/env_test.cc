@@ -1,0 +1,200 @@
+// InMemoryEnv and FaultInjectingEnv on their own; the POSIX read policy (FIFOs, devices,
+// symlinks out of the directory); OutputDir's lock, nesting checks, sweep and commit.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fc/io/env.h"
+#include "fc/io/file.h"
+#include "fc/io/output_dir.h"
+
+namespace fc {
+namespace {
+
+std::string Text(const std::vector<std::byte>& b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+struct Scratch {
+  Scratch() : dir("/tmp/fc-io-env-" + std::to_string(getpid())) {
+    REQUIRE(RemoveAll(dir).ok());
+    REQUIRE(CreateDirectories(dir).ok());
+  }
+  ~Scratch() { (void)RemoveAll(dir); }
+  std::string dir;
+};
+
+TEST_CASE("in-memory env: files, directories, rename of a tree", "[io][env]") {
+  InMemoryEnv mem;
+  ScopedEnvOverride scoped(&mem);
+  REQUIRE(CreateDirectories("/a/b").ok());
+  CHECK(IsDirectory("/a"));
+  {
+    auto w = WritableFile::Create("/a/b/f");
+    REQUIRE(w.ok());
+    REQUIRE((*w)->Append(std::string_view("hello world")).ok());
+    REQUIRE((*w)->Close().ok());
+  }
+  CHECK_FALSE(WritableFile::Create("/missing/f").ok());
+  auto r = RandomAccessFile::Open("/a/b/f");
+  REQUIRE(r.ok());
+  CHECK((*r)->size() == 11);
+  auto part = (*r)->ReadAt(6, 5);
+  REQUIRE(part.ok());
+  CHECK(Text(*part) == "world");
+  CHECK((*r)->ReadAt(8, 5).status().code() == StatusCode::kDataLoss);
+  auto m = MappedFile::Open("/a/b/f");
+  REQUIRE(m.ok());
+  CHECK((*m)->bytes().size() == 11);
+  CHECK(RandomAccessFile::Open("/a/b").status().code() == StatusCode::kInvalidArgument);
+  CHECK(RandomAccessFile::Open("/a/x").status().code() == StatusCode::kNotFound);
+  REQUIRE(CreateDirectories("/c").ok());
+  REQUIRE(RenameDurably("/a", "/c").ok());  // onto an empty directory
+  CHECK_FALSE(PathExists("/a/b/f"));
+  auto moved = ReadWholeFile("/c/b/f", 100);
+  REQUIRE(moved.ok());
+  CHECK(Text(*moved) == "hello world");
+  REQUIRE(CreateDirectories("/d").ok());
+  CHECK_FALSE(RenameDurably("/d", "/c").ok());  // onto a non-empty directory
+  auto names = ListDirectory("/");
+  REQUIRE(names.ok());
+  CHECK(*names == std::vector<std::string>{"c", "d"});
+  REQUIRE(RemoveAll("/c").ok());
+  CHECK_FALSE(PathExists("/c/b/f"));
+}
+
+TEST_CASE("fault env: fails the Nth operation once; short reads are looped over", "[io][env]") {
+  InMemoryEnv mem;
+  REQUIRE(mem.CreateDirectory("/d").ok());
+  REQUIRE(mem.WriteFileForTest("/d/f", "0123456789").ok());
+  FaultInjectingEnv env(&mem);
+  ScopedEnvOverride scoped(&env);
+  env.FailNth(FaultOp::kRead, 2);
+  auto f = RandomAccessFile::Open("/d/f");
+  REQUIRE(f.ok());
+  CHECK((*f)->ReadAt(0, 3).ok());
+  auto failed = (*f)->ReadAt(0, 3);
+  CHECK(failed.status().code() == StatusCode::kIoError);
+  CHECK(failed.status().message().find("injected fault: read #2 on /d/f") != std::string::npos);
+  CHECK((*f)->ReadAt(0, 3).ok());
+  CHECK(env.Fired());
+  env.FailNth(FaultOp::kRead, 0);
+  env.ShortReads(1);
+  env.ResetCounts();
+  auto all = (*f)->ReadAt(0, 10);
+  REQUIRE(all.ok());
+  CHECK(Text(*all) == "0123456789");
+  CHECK(env.Count(FaultOp::kRead) == 10);
+  // Scattered reads across buffer boundaries, one byte at a time.
+  std::string a(3, '.'), b(0, '.'), c(4, '.');
+  std::vector<std::span<std::byte>> bufs = {
+      std::as_writable_bytes(std::span<char>(a.data(), a.size())),
+      std::as_writable_bytes(std::span<char>(b.data(), b.size())),
+      std::as_writable_bytes(std::span<char>(c.data(), c.size()))};
+  REQUIRE((*f)->ReadScatteredAt(2, bufs).ok());
+  CHECK(a + c == "2345678");
+  env.ShortReads(0);
+  CHECK((*f)->ReadScatteredAt(5, bufs).code() == StatusCode::kDataLoss);
+  env.FailNth(FaultOp::kRename, 1);
+  CHECK_FALSE(RenameDurably("/d/f", "/d/g").ok());
+  CHECK(RenameDurably("/d/f", "/d/g").ok());
+}
+
+TEST_CASE("reads: only regular files; a FIFO does not block", "[io][policy]") {
+  Scratch s;
+  const std::string fifo = JoinPath(s.dir, "fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  auto r = RandomAccessFile::Open(fifo);  // would block without O_NONBLOCK
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  CHECK(r.status().message() == fifo + ": is a FIFO, expected a regular file");
+  CHECK_FALSE(MappedFile::Open(fifo).ok());
+  auto dev = RandomAccessFile::Open("/dev/null");
+  REQUIRE_FALSE(dev.ok());
+  CHECK(dev.status().message().find("character device") != std::string::npos);
+}
+
+TEST_CASE("reads: symlinks out of their directory need follow_symlinks", "[io][policy]") {
+  Scratch s;
+  REQUIRE(CreateDirectories(JoinPath(s.dir, "ckpt")).ok());
+  auto w = WritableFile::Create(JoinPath(s.dir, "outside"));
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Append(std::string_view("x")).ok());
+  REQUIRE((*w)->Close().ok());
+  w = WritableFile::Create(JoinPath(s.dir, "ckpt/inside"));
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Close().ok());
+  REQUIRE(::symlink("../outside", JoinPath(s.dir, "ckpt/out").c_str()) == 0);
+  REQUIRE(::symlink("inside", JoinPath(s.dir, "ckpt/in").c_str()) == 0);
+  CHECK(RandomAccessFile::Open(JoinPath(s.dir, "ckpt/in")).ok());
+  auto refused = RandomAccessFile::Open(JoinPath(s.dir, "ckpt/out"));
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == StatusCode::kInvalidArgument);
+  CHECK(refused.status().message().find("outside the checkpoint directory") != std::string::npos);
+  CHECK(refused.status().message().find("--follow-symlinks") != std::string::npos);
+  SetIoPolicy(IoPolicy{true});
+  CHECK(RandomAccessFile::Open(JoinPath(s.dir, "ckpt/out")).ok());
+  SetIoPolicy(IoPolicy{false});
+}
+
+TEST_CASE("cancel: every later operation fails", "[io][cancel]") {
+  Scratch s;
+  RequestCancel(15);
+  auto w = WritableFile::Create(JoinPath(s.dir, "f"));
+  ResetCancel();
+  REQUIRE_FALSE(w.ok());
+  CHECK(w.status().message().find("interrupted (signal 15)") != std::string::npos);
+}
+
+TEST_CASE("output dir: lock, nesting, sweep, commit", "[io][output]") {
+  Scratch s;
+  const std::string out = JoinPath(s.dir, "out");
+  REQUIRE(CreateDirectories(JoinPath(s.dir, "in/sub")).ok());
+  // Nesting.
+  for (const std::string& bad : {JoinPath(s.dir, "in"), JoinPath(s.dir, "in/sub"),
+                                 JoinPath(s.dir, "in/new/deeper"), s.dir}) {
+    INFO(bad);
+    auto o = OutputDir::Open(bad, JoinPath(s.dir, "in"));
+    REQUIRE_FALSE(o.ok());
+    CHECK(o.status().code() == StatusCode::kInvalidArgument);
+  }
+  // Dead staging is swept, live staging (ours) is kept.
+  const std::string dead = out + ".fc-tmp-999999999-abcdef";
+  const std::string live = out + ".fc-tmp-" + std::to_string(getpid()) + "-abcdef";
+  REQUIRE(CreateDirectories(dead).ok());
+  REQUIRE(CreateDirectories(live).ok());
+  {
+    auto o = OutputDir::Open(out, JoinPath(s.dir, "in"));
+    REQUIRE(o.ok());
+    CHECK_FALSE(PathExists(dead));
+    CHECK(PathExists(live));
+    CHECK(PathExists(out + ".fc-lock"));
+    // A second claim while the first holds the lock.
+    auto second = OutputDir::Open(out, "");
+    REQUIRE_FALSE(second.ok());
+    CHECK(second.status().code() == StatusCode::kFailedPrecondition);
+    CHECK(second.status().message() == out + ": output in use by PID " +
+                                           std::to_string(getpid()) + " (lock " + out +
+                                           ".fc-lock)");
+    auto w = WritableFile::Create(JoinPath((*o)->staging(), "f"));
+    REQUIRE(w.ok());
+    REQUIRE((*w)->Close().ok());
+    CHECK_FALSE(PathExists(out));
+    REQUIRE((*o)->Commit().ok());
+  }
+  CHECK(PathExists(JoinPath(out, "f")));
+  CHECK_FALSE(PathExists(out + ".fc-lock"));
+  REQUIRE(RemoveAll(live).ok());
+  // A full OUT is refused; an abandoned claim leaves nothing.
+  auto again = OutputDir::Open(out, "");
+  CHECK(again.status().code() == StatusCode::kFailedPrecondition);
+  const std::string out2 = JoinPath(s.dir, "out2");
+  { REQUIRE(OutputDir::Open(out2, "").ok()); }
+  auto names = ListDirectory(s.dir);
+  REQUIRE(names.ok());
+  CHECK(*names == std::vector<std::string>{"in", "out"});
+}
+
+}  // namespace
+}  // namespace fc

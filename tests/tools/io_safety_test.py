@@ -1,0 +1,213 @@
+"""The tools' input and output safety, end to end (fc/io/env.h, fc/io/output_dir.h).
+
+usage: io_safety_test.py BUILD_ROOT TESTDATA CASE
+CASE: fifo | symlink | nested | lock | sigterm | sigkill
+"""
+import fcntl
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
+EXPORT = os.path.join(BUILD, "tools", "fc-export")
+INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
+CONVERT = os.path.join(BUILD, "tools", "fc-convert")
+MAKE_CKPT = os.path.join(BUILD, "bench", "make_synthetic_ckpt")
+FIXTURE = os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt")
+tmp = tempfile.mkdtemp(prefix="fc-io-safety-")
+
+
+def run(args, expect=0, limit=60):
+    # Every tool runs under a time limit: a FIFO that made a tool block would show as 124.
+    p = subprocess.run(["timeout", str(limit), *args], capture_output=True, text=True)
+    assert p.returncode != 124, f"{args}: timed out (blocked?)\n{p.stderr}"
+    if expect is not None and p.returncode != expect:
+        raise AssertionError(f"{' '.join(args)}: exit {p.returncode}, expected {expect}\n"
+                             f"stdout: {p.stdout}\nstderr: {p.stderr}")
+    return p
+
+
+def snapshot(d):
+    return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
+
+
+def leftovers(out):
+    return sorted(glob.glob(out + ".fc-tmp-*") + glob.glob(out + ".fc-lock"))
+
+
+def copy_fixture(name):
+    d = os.path.join(tmp, name)
+    shutil.copytree(FIXTURE, d)
+    return d
+
+
+def case_fifo():
+    # A FIFO in place of a data file, and of the metadata: refused with exit 3 naming the
+    # path, without blocking (run() fails on a timeout).
+    for victim in ("__0_0.distcp", ".metadata"):
+        ckpt = copy_fixture("fifo-" + victim.strip("."))
+        path = os.path.join(ckpt, victim)
+        os.remove(path)
+        os.mkfifo(path)
+        out = os.path.join(tmp, "out-fifo-" + victim.strip("."))
+        for args in ([EXPORT, ckpt, out, "--quiet"], [INSPECT, ckpt],
+                     [CONVERT, ckpt, out + "-c", "--quiet", "--target-like", FIXTURE]):
+            p = run(args, expect=3, limit=20)
+            assert "is a FIFO, expected a regular file" in p.stderr and victim in p.stderr, p.stderr
+        assert not os.path.exists(out) and not leftovers(out), leftovers(out)
+    print("ok fifo")
+
+
+def case_symlink():
+    ckpt = copy_fixture("links")
+    outside = os.path.join(tmp, "outside")
+    os.makedirs(outside)
+    # One data file moved out of the checkpoint and linked back; another linked inside.
+    shutil.move(os.path.join(ckpt, "__1_0.distcp"), os.path.join(outside, "__1_0.distcp"))
+    os.symlink(os.path.join(outside, "__1_0.distcp"), os.path.join(ckpt, "__1_0.distcp"))
+    shutil.move(os.path.join(ckpt, "__2_0.distcp"), os.path.join(ckpt, "real_2_0"))
+    os.symlink("real_2_0", os.path.join(ckpt, "__2_0.distcp"))
+    for tool, args in (("fc-inspect", [INSPECT, ckpt, "--verify"]),
+                       ("fc-export", [EXPORT, ckpt, os.path.join(tmp, "links-out"), "--quiet"]),
+                       ("fc-convert", [CONVERT, ckpt, os.path.join(tmp, "links-conv"), "--quiet",
+                                       "--target-like", FIXTURE])):
+        p = run(args, expect=3)
+        assert "outside the checkpoint directory" in p.stderr and "--follow-symlinks" in p.stderr, p.stderr
+        assert "__1_0.distcp" in p.stderr, p.stderr
+        run(args + ["--follow-symlinks"])
+    clean = os.path.join(tmp, "links-clean")
+    run([EXPORT, FIXTURE, clean, "--quiet"])
+    assert snapshot(clean) == snapshot(os.path.join(tmp, "links-out"))
+    print("ok symlink")
+
+
+def case_nested():
+    ckpt = copy_fixture("nest")
+    before = snapshot(ckpt)
+    for out in (ckpt, os.path.join(ckpt, "out"), ckpt + "/", tmp):
+        for args in ([EXPORT, ckpt, out, "--quiet"],
+                     [CONVERT, ckpt, out, "--quiet", "--target-like", FIXTURE]):
+            p = run(args, expect=3)
+            assert "input" in p.stderr, p.stderr
+    assert snapshot(ckpt) == before, "the input changed"
+    # fc-export, like fc-convert, writes only into a new or empty OUT.
+    full = os.path.join(tmp, "full")
+    os.makedirs(full)
+    open(os.path.join(full, "notes.txt"), "w").write("mine")
+    p = run([EXPORT, ckpt, full, "--quiet"], expect=8)
+    assert "not empty" in p.stderr, p.stderr
+    assert os.listdir(full) == ["notes.txt"]
+    empty = os.path.join(tmp, "empty")
+    os.makedirs(empty)
+    run([EXPORT, ckpt, empty, "--quiet"])
+    assert os.listdir(empty) == ["model.safetensors"], os.listdir(empty)
+    assert not leftovers(empty)
+    # --objects inside OUT: written with the export.
+    withobj = os.path.join(tmp, "withobj")
+    run([EXPORT, ckpt, withobj, "--quiet", "--objects", os.path.join(withobj, "objects")])
+    assert sorted(os.listdir(withobj)) == ["model.safetensors", "objects"], os.listdir(withobj)
+    assert len(os.listdir(os.path.join(withobj, "objects"))) == 3
+    print("ok nested")
+
+
+def big_checkpoint():
+    src = os.path.join(tmp, "big")
+    run([MAKE_CKPT, src, "96000000", "2", "256"], limit=300)
+    return src
+
+
+def start_slow(tool, src, out):
+    # Slabs of ~100 elements: a run takes seconds.
+    args = [tool, src, out, "--quiet", "--threads", "1", "--memory-budget", "600"]
+    if tool == CONVERT:
+        args += ["--preset", "hf-llama", "--tp", "1"]
+    else:
+        args += ["--max-shard-size", "8MB", "--dtype", "float32"]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not glob.glob(out + ".fc-tmp-%d-*" % p.pid):
+        assert p.poll() is None, f"{tool} ended before writing: {p.communicate()}"
+        assert time.time() < deadline, "no staging directory appeared"
+        time.sleep(0.02)
+    time.sleep(0.3)  # inside the data writes
+    assert p.poll() is None, f"{tool} finished before the signal; make the input larger"
+    return p
+
+
+def case_lock():
+    ckpt = copy_fixture("lock")
+    out = os.path.join(tmp, "locked")
+    # A lock held by another process (here: this one) is reported with its PID: exit 8.
+    with open(out + ".fc-lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write("%d\n" % os.getpid())
+        f.flush()
+        p = run([EXPORT, ckpt, out, "--quiet"], expect=8)
+        assert "output in use by PID %d" % os.getpid() in p.stderr, p.stderr
+        run([CONVERT, ckpt, out, "--quiet", "--target-like", FIXTURE], expect=8)
+    # A stale lock file (holder gone) does not block.
+    run([EXPORT, ckpt, out, "--quiet"])
+    assert not leftovers(out), leftovers(out)
+    # Two real runs at once: the second one is refused while the first writes.
+    src = big_checkpoint()
+    out2 = os.path.join(tmp, "concurrent")
+    first = start_slow(EXPORT, src, out2)
+    p = run([EXPORT, src, out2, "--quiet"], expect=8)
+    assert "output in use by PID %d" % first.pid in p.stderr, p.stderr
+    first.send_signal(signal.SIGTERM)
+    first.communicate()
+    print("ok lock")
+
+
+def case_sigterm():
+    src = big_checkpoint()
+    for tool in (EXPORT, CONVERT):
+        out = os.path.join(tmp, "term-" + os.path.basename(tool))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            p = start_slow(tool, src, out)
+            p.send_signal(sig)
+            _, err = p.communicate(timeout=60)
+            assert p.returncode == 128 + sig, (p.returncode, err)
+            assert "interrupted" in err, err
+            assert not os.path.exists(out), os.listdir(out)
+            assert not leftovers(out), leftovers(out)
+        # The rerun succeeds.
+        run([tool, src, out, "--quiet"] + (["--preset", "hf-llama", "--tp", "1"] if tool == CONVERT else []),
+            limit=300)
+        assert os.listdir(out) and not leftovers(out)
+    print("ok sigterm")
+
+
+def case_sigkill():
+    src = big_checkpoint()
+    for tool in (EXPORT, CONVERT):
+        out = os.path.join(tmp, "kill-" + os.path.basename(tool))
+        p = start_slow(tool, src, out)
+        p.kill()
+        p.communicate()
+        # OUT does not look complete: absent; the staging stays behind.
+        assert not os.path.exists(out), os.listdir(out)
+        assert glob.glob(out + ".fc-tmp-%d-*" % p.pid)
+        extra = ["--preset", "hf-llama", "--tp", "1"] if tool == CONVERT else ["--max-shard-size", "8MB"]
+        r = run([tool, src, out, *extra], limit=300)
+        assert "which is gone" in r.stderr, r.stderr  # the dead run's staging was swept
+        assert not leftovers(out), leftovers(out)
+        names = os.listdir(out)
+        if tool == EXPORT:
+            assert "model.safetensors.index.json" in names, names
+        else:
+            assert "fc.metadata.json" in names, names
+        run([INSPECT, out, "--verify"], limit=300)
+    print("ok sigkill")
+
+
+try:
+    {"fifo": case_fifo, "symlink": case_symlink, "nested": case_nested, "lock": case_lock,
+     "sigterm": case_sigterm, "sigkill": case_sigkill}[CASE]()
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
