@@ -96,11 +96,19 @@ std::string FormatFloat(double v, bool is_double) {
   if (std::isnan(v)) return std::signbit(v) ? "-nan" : "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char buf[40];
-  for (int precision = 1; precision <= 17; ++precision) {
+  int precision = 1;
+  for (; precision < 17; ++precision) {
     std::snprintf(buf, sizeof buf, "%.*g", precision, v);
     const double back = std::strtod(buf, nullptr);
     if (is_double ? back == v : static_cast<float>(back) == static_cast<float>(v)) break;
   }
+  // %g switches to an exponent once the exponent reaches the precision ("1e+02"); integral
+  // magnitudes below 1e16 read better in full ("100").
+  const double magnitude = std::fabs(v);
+  if (magnitude >= 1 && magnitude < 1e16) {
+    precision = std::max(precision, static_cast<int>(std::floor(std::log10(magnitude))) + 1);
+  }
+  std::snprintf(buf, sizeof buf, "%.*g", precision, v);
   return buf;
 }
 
