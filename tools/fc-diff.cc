@@ -45,8 +45,10 @@ int main(int argc, char** argv) {
   app.add_option("--atol", atol, "absolute tolerance (compare values as float64)");
   app.add_flag("--equal-nan", options.equal_nan, "with --rtol/--atol: NaN equals NaN");
   app.add_option("--include", options.include,
-                 "compare only names matching this glob (*, ?, [a-z]; repeatable)");
-  app.add_option("--exclude", options.exclude, "leave out names matching this glob (repeatable)");
+                 "compare only names matching this glob (*, ?, [a-z]; repeatable)")
+      ->allow_extra_args(false);  // one pattern per flag, so A and B stay positional
+  app.add_option("--exclude", options.exclude, "leave out names matching this glob (repeatable)")
+      ->allow_extra_args(false);
   app.add_option("--memory-budget", budget,
                  "peak memory for tensor data, e.g. 4GB (default: a quarter of RAM)");
   app.add_option("--threads", options.threads, "worker threads (default: cores, at most 8)");

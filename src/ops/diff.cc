@@ -265,9 +265,7 @@ void AppendJsonNumber(std::string& out, double v) {
   } else if (std::isinf(v)) {
     out += v > 0 ? "\"inf\"" : "\"-inf\"";
   } else {
-    char buf[40];
-    std::snprintf(buf, sizeof buf, "%.17g", v);
-    out += buf;
+    out += FormatFloat(v, /*is_double=*/true);  // shortest round-trip text is valid JSON
   }
 }
 

@@ -143,6 +143,9 @@ def case_keys():
     p = diff(a, b, "--atol", "0", expect=1)
     assert "'i'" not in p.stdout, p.stdout
     diff(a, b, "--include", "i", "--atol", "0")
+    # One pattern per flag: the positionals after --include stay A and B.
+    fcio.run([DIFF, "--include", "i", "--include", "w", a, b, "--quiet"], expect=1)
+    fcio.run([DIFF, "--include", "i", a, b, "--quiet", "--atol", "0"], expect=0)
     print("ok keys")
 
 
