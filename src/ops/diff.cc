@@ -427,6 +427,7 @@ Result<DiffReport> RunDiff(const DiffOptions& options) {
   FC_RETURN_IF_ERROR(status);
 
   for (const auto& p : pairs) {
+    report.compared.push_back({p->a->name, p->max_abs, p->max_rel});
     if (p->differing == 0) continue;
     TensorDiff d;
     d.kind = TensorDiff::Kind::kValues;
@@ -488,14 +489,26 @@ void WriteDiffText(const DiffReport& report, std::ostream& out) {
       }
     }
   }
+  std::string largest;
+  if (report.tolerance_mode && !report.compared.empty()) {
+    const TensorStats* abs = &report.compared[0];
+    const TensorStats* rel = &report.compared[0];
+    for (const TensorStats& t : report.compared) {
+      if (t.max_abs_diff > abs->max_abs_diff) abs = &t;
+      if (t.max_rel_diff > rel->max_rel_diff) rel = &t;
+    }
+    largest = "; largest abs diff " + FormatFloat(abs->max_abs_diff, true) + " ('" +
+              abs->name + "'), largest rel diff " + FormatFloat(rel->max_rel_diff, true) +
+              " ('" + rel->name + "')";
+  }
   if (report.equal()) {
     out << "equal: " << report.tensors_compared << " tensors ("
         << HumanBytes(report.bytes_compared) << ") "
-        << (report.tolerance_mode ? "within tolerance" : "bit-identical") << "\n";
+        << (report.tolerance_mode ? "within tolerance" : "bit-identical") << largest << "\n";
   } else {
     out << "different: " << report.differences.size() << " difference(s); "
         << report.tensors_compared << " tensors compared, A has " << report.tensors_a
-        << ", B has " << report.tensors_b << "\n";
+        << ", B has " << report.tensors_b << largest << "\n";
   }
 }
 
@@ -553,6 +566,19 @@ std::string DiffReportJson(const DiffReport& report) {
       o += ",\"max_rel_diff\":";
       AppendJsonNumber(o, d.max_rel_diff);
     }
+    o += '}';
+  }
+  o += "],\"tensors\":[";
+  first = true;
+  for (const TensorStats& t : report.compared) {
+    if (!first) o += ',';
+    first = false;
+    o += "{\"name\":";
+    AppendJsonString(&o, t.name);
+    o += ",\"max_abs_diff\":";
+    AppendJsonNumber(o, t.max_abs_diff);
+    o += ",\"max_rel_diff\":";
+    AppendJsonNumber(o, t.max_rel_diff);
     o += '}';
   }
   o += "]}";

@@ -217,7 +217,15 @@ TEST_CASE("diff: tolerances, NaN and signed zeros", "[diff]") {
   DiffOptions o{.a = a, .b = b};
   o.rtol = 0.02;
   o.equal_nan = true;
-  CHECK(Diff(o).equal());  // |100 - 101| <= 0.02 * 101, |2 - 2.01| <= 0.02 * 2.01
+  r = Diff(o);
+  CHECK(r.equal());  // |100 - 101| <= 0.02 * 101, |2 - 2.01| <= 0.02 * 2.01
+  REQUIRE(r.compared.size() == 2);
+  CHECK(r.compared[0].name == "x");
+  CHECK(r.compared[0].max_abs_diff == Approx(1.0));
+  CHECK(r.compared[0].max_rel_diff == Approx(1.0 / 101));
+  CHECK(r.compared[1].name == "n");
+  CHECK(r.compared[1].max_abs_diff == 0);  // NaN pairs are left out of the maxima
+  CHECK_THAT(Text(r), Catch::Contains("within tolerance; largest abs diff 1 ('x')"));
 
   o.rtol = 0.005;  // 1 > 0.005 * 101 fails; 0.01 <= 0.005 * 2.01 passes
   r = Diff(o);

@@ -167,7 +167,20 @@ def case_json():
     assert d["max_abs_diff"] == "inf" and d["differing_elements"] == 1 and d["elements"] == 6, d
     p = diff(a, a, "--json")
     assert json.loads(p.stdout) == {"equal": True, "mode": "exact", "tensors_a": 2, "tensors_b": 2,
-                                    "tensors_compared": 2, "bytes_compared": 32, "differences": []}, p.stdout
+                                    "tensors_compared": 2, "bytes_compared": 32, "differences": [],
+                                    "tensors": [{"name": "w", "max_abs_diff": 0, "max_rel_diff": 0},
+                                                {"name": "gone", "max_abs_diff": 0, "max_rel_diff": 0}]}, p.stdout
+    # Tolerance mode: the per-tensor maxima of tensors that pass are reported too.
+    w2 = np.arange(6, dtype=np.float32).reshape(2, 3)
+    w2[0, 1] = 1.25
+    c = write_safetensors(os.path.join(tmp, "c.safetensors"), {"w": w2})
+    r = json.loads(diff(b, c, "--json", "--atol", "0.5", "--include", "w", expect=1).stdout)
+    assert [d["name"] for d in r["differences"]] == ["w"], r  # inf vs 3 fails
+    r = json.loads(diff(a, c, "--json", "--atol", "0.5", "--include", "w").stdout)
+    assert r["equal"] and r["mode"] == "tolerance" and r["differences"] == [], r
+    assert r["tensors"] == [{"name": "w", "max_abs_diff": 0.25, "max_rel_diff": 0.2}], r
+    p = diff(a, c, "--atol", "0.5", "--include", "w")
+    assert "within tolerance; largest abs diff 0.25 ('w'), largest rel diff 0.2 ('w')" in p.stdout, p.stdout
     # --quiet alone prints nothing, the exit status says it all.
     p = fcio.run([DIFF, a, b, "--quiet"], expect=1)
     assert p.stdout == "", p.stdout

@@ -82,6 +82,14 @@ struct TensorDiff {
   double max_rel_diff = 0;
 };
 
+// The largest differences seen in one compared tensor (also when it is equal within the
+// tolerance; in exact mode an equal tensor has 0 and 0).
+struct TensorStats {
+  std::string name;
+  double max_abs_diff = 0;
+  double max_rel_diff = 0;
+};
+
 struct DiffReport {
   bool tolerance_mode = false;
   uint64_t tensors_a = 0;        // output tensors of A after the name filter
@@ -89,6 +97,7 @@ struct DiffReport {
   uint64_t tensors_compared = 0;  // on both sides with comparable dtype and shape
   uint64_t bytes_compared = 0;   // bytes of A's tensors whose values were compared
   std::vector<TensorDiff> differences;  // sorted by name (then kind)
+  std::vector<TensorStats> compared;    // every compared tensor, in A's order
 
   bool equal() const { return differences.empty(); }
 };
@@ -106,7 +115,9 @@ Result<DiffReport> RunDiff(const DiffOptions& options);
 //   values differ: 'w' [4, 6] float32: 3 of 24 elements; first at [1, 2]: A=0.5 B=0.25;
 //     max abs diff 0.25, max rel diff 1
 //   only in A: 'x' float32 [4]
-// then a summary line ("12 tensors compared, 2 differ" / "equal: 12 tensors, 3.0 KiB").
+// then a summary line ("different: 2 difference(s); ..." / "equal: 12 tensors (3.0 KiB)
+// bit-identical"); in tolerance mode it also names the largest absolute and relative
+// differences and their tensors.
 void WriteDiffText(const DiffReport& report, std::ostream& out);
 
 // Compact JSON object:
@@ -116,7 +127,8 @@ void WriteDiffText(const DiffReport& report, std::ostream& out);
 //      "dtype_a":...,"dtype_b":...,"shape_a":[...],"shape_b":[...],
 //      (values only:) "elements":N,"differing_elements":N,"first_index":[...],
 //      "first_a":"0.5","first_b":"0.25","first_a_value":0.5,"first_b_value":0.25,
-//      "max_abs_diff":0.25,"max_rel_diff":1}]}
+//      "max_abs_diff":0.25,"max_rel_diff":1}],
+//    "tensors":[{"name":"w","max_abs_diff":0.25,"max_rel_diff":1}]}   (= compared)
 // Members of a side that lacks the tensor are left out. Numbers that are not finite are
 // written as the strings "nan", "inf", "-inf" (JSON has no such numbers).
 std::string DiffReportJson(const DiffReport& report);
