@@ -3,6 +3,7 @@ tolerances, missing keys, dtype mismatches, --json, AOA on one side, bad input.
 
 usage: diff_test.py BUILD_ROOT TESTDATA CASE   (CASE: layouts|values|keys|json|aoa|errors)
 """
+import glob
 import json
 import os
 import shutil
@@ -73,6 +74,16 @@ def case_layouts():
         diff(MEGATRON, out)
         diff(out, hf, "--memory-budget", "4KiB", "--threads", "3")
         print("ok", name)
+    # Other input formats against their exports (optimizer states included on both sides).
+    others = [os.path.join(TESTDATA, "fc_distcp", "sample"),
+              os.path.join(TESTDATA, "safetensors", "hf_sharded")]
+    others += sorted(glob.glob(os.path.join(TESTDATA, "paddle_flex", "*", "ckpt")))
+    for i, src in enumerate(others):
+        out = os.path.join(tmp, f"other{i}")
+        fcio.run([EXPORT, src, out, "--quiet", "--include-optimizer"])
+        p = diff(src, out)
+        assert "bit-identical" in p.stdout, (src, p.stdout)
+        print("ok", src)
     print("ok layouts")
 
 
