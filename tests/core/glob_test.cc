@@ -15,9 +15,8 @@ bool M(const std::string& pattern, const std::string& name) {
   return g->Matches(name);
 }
 
-// Reference matcher: plain recursion (exponential at worst; used on small inputs only).
-// Supports the same syntax through a compiled-free path: * ? literal and [..] via Glob on
-// one atom, so only *, ? and literals here; classes are tested separately.
+// Reference matcher: plain recursion over *, ? and literals (exponential at worst; small
+// inputs only). Classes and escapes are atoms like literals and are tested by example.
 bool Naive(const std::string& p, size_t i, const std::string& s, size_t j) {
   if (i == p.size()) return j == s.size();
   if (p[i] == '*') {
