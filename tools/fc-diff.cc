@@ -1,0 +1,97 @@
+// fc-diff: compare two checkpoints tensor by tensor, whatever their formats and layouts.
+//
+// Exit status follows diff(1): 0 equal, 1 different. Errors keep the codes of the other
+// tools (2 usage ... 10 resource exhausted), except an internal error, which is 1 elsewhere
+// and 12 here.
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "cli_common.h"
+#include "fc/ops/diff.h"
+#include "fc_config.h"
+
+namespace {
+
+constexpr int kDifferentExitCode = 1;
+constexpr int kDiffInternalExitCode = 12;
+
+int FinishWithError(const std::string& tool, const fc::Status& status) {
+  const int code = fc::cli::Finish(tool, status);
+  return status.code() == fc::StatusCode::kInternal ? kDiffInternalExitCode : code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fc::DiffOptions options;
+  std::string format_a, format_b, budget;
+  double rtol = -1, atol = -1;
+  bool quiet = false, verbose = false, json = false;
+  CLI::App app{
+      "fc-diff: compare two checkpoints (any formats and layouts) tensor by tensor, "
+      "optionally through an AOA program on either side. Bit-exact by default (equal dtype, "
+      "shape and bytes); with --rtol/--atol values are compared as float64 "
+      "(|a - b| <= atol + rtol * |b|, B is the reference)."};
+  app.add_option("A", options.a, "first checkpoint (torch DCP, fc distcp, safetensors, Paddle)")
+      ->required();
+  app.add_option("B", options.b, "second checkpoint, the reference for --rtol")->required();
+  app.add_option("--format-a", format_a, "force A's format: torch-dcp, safetensors, fc, paddle");
+  app.add_option("--format-b", format_b, "force B's format: torch-dcp, safetensors, fc, paddle");
+  app.add_option("--aoa-a", options.aoa_a, "AOA program applied to A (see fc-aoa(7))");
+  app.add_option("--aoa-b", options.aoa_b, "AOA program applied to B");
+  app.add_option("--rtol", rtol, "relative tolerance (compare values as float64)");
+  app.add_option("--atol", atol, "absolute tolerance (compare values as float64)");
+  app.add_flag("--equal-nan", options.equal_nan, "with --rtol/--atol: NaN equals NaN");
+  app.add_option("--include", options.include,
+                 "compare only names matching this glob (*, ?, [a-z]; repeatable)")
+      ->allow_extra_args(false);  // one pattern per flag, so A and B stay positional
+  app.add_option("--exclude", options.exclude, "leave out names matching this glob (repeatable)")
+      ->allow_extra_args(false);
+  app.add_option("--memory-budget", budget,
+                 "peak memory for tensor data, e.g. 4GB (default: a quarter of RAM)");
+  app.add_option("--threads", options.threads, "worker threads (default: cores, at most 8)");
+  app.add_flag("--json", json, "print the report as one JSON object on stdout");
+  app.add_flag("-q,--quiet", quiet, "no progress and no text report; only the exit status "
+                                    "(--json is still printed)");
+  app.add_flag("-v,--verbose", verbose, "debug logging");
+  app.set_version_flag("--version", std::string("fc-diff ") + FC_VERSION);
+  app.footer(
+      "Exit status: 0 equal, 1 different, 2 usage, 3 invalid argument, 4 not found,\n"
+      "5 corrupt input, 6 unsupported, 7 I/O error, 8 failed precondition,\n"
+      "9 out of range, 10 resource exhausted, 12 internal error.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : fc::cli::kUsageExitCode;
+  }
+  const std::string tool = "fc-diff";
+  fc::cli::SetUpLogging(tool, quiet, verbose);
+  for (auto [text, target] : {std::pair{&format_a, &options.format_a},
+                              std::pair{&format_b, &options.format_b}}) {
+    if (text->empty()) continue;
+    auto parsed = fc::ParseCheckpointFormat(*text);
+    if (!parsed.ok()) return FinishWithError(tool, parsed.status());
+    *target = *parsed;
+  }
+  // CLI11 fills the doubles only when given; a negative value given by the user is passed
+  // through so that RunDiff rejects it with its message.
+  if (app.count("--rtol")) options.rtol = rtol;
+  if (app.count("--atol")) options.atol = atol;
+  if (!budget.empty()) {
+    auto b = fc::cli::ParseSize("--memory-budget", budget);
+    if (!b.ok()) return FinishWithError(tool, b.status());
+    options.memory_budget = *b;
+  }
+  if (quiet) options.progress = fc::Progress::Mode::kQuiet;
+  auto report = fc::RunDiff(options);
+  if (!report.ok()) return FinishWithError(tool, report.status());
+  if (json) {
+    std::cout << fc::DiffReportJson(*report) << "\n";
+  } else if (!quiet) {
+    fc::WriteDiffText(*report, std::cout);
+  }
+  std::cout.flush();
+  return report->equal() ? 0 : kDifferentExitCode;
+}
