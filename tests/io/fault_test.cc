@@ -6,6 +6,8 @@
 // nothing.
 #include <catch2/catch.hpp>
 
+#include <iostream>
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -139,7 +141,7 @@ TEST_CASE("export: every failure point leaves no output and a rerun succeeds", "
     o.max_shard_bytes = 64;  // several shards + the index
     o.progress = Progress::Mode::kQuiet;
     o.threads = 1;
-    auto r = RunExport(o);
+    auto r = RunExport(o, std::cout);
     if (r.ok()) CHECK(r->files.size() > 2);
     return r.status();
   });

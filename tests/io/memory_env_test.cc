@@ -3,6 +3,8 @@
 // checkpoint without touching the disk.
 #include <catch2/catch.hpp>
 
+#include <iostream>
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -87,7 +89,7 @@ TEST_CASE("in-memory env: RunExport in memory gives the bytes of a disk export",
   o.output_dir = disk_out;
   o.max_shard_bytes = 64;
   o.progress = Progress::Mode::kQuiet;
-  auto on_disk = RunExport(o);
+  auto on_disk = RunExport(o, std::cout);
   REQUIRE(on_disk.ok());
   REQUIRE(on_disk->files.size() > 2);
 
@@ -98,7 +100,7 @@ TEST_CASE("in-memory env: RunExport in memory gives the bytes of a disk export",
     ScopedEnvOverride scoped(&mem);
     o.input = "/ckpt";
     o.output_dir = "/out";
-    auto in_memory = RunExport(o);
+    auto in_memory = RunExport(o, std::cout);
     REQUIRE(in_memory.ok());
     CHECK(in_memory->files == on_disk->files);
     auto names = ListDirectory("/");

@@ -10,6 +10,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <iostream>
+
 #include "fc/core/dtype_convert.h"
 #include "fc/format/safetensors.h"
 #include "fc/io/file.h"
@@ -281,7 +283,7 @@ TEST_CASE("diff: a sharded torch DCP checkpoint against its export", "[diff]") {
   e.input = ckpt;
   e.output_dir = dir.File("hf");
   e.progress = Progress::Mode::kQuiet;
-  REQUIRE(RunExport(e).ok());
+  REQUIRE(RunExport(e, std::cout).ok());
   DiffReport r = Diff({.a = ckpt, .b = e.output_dir});
   INFO(Text(r));
   CHECK(r.equal());
@@ -291,7 +293,7 @@ TEST_CASE("diff: a sharded torch DCP checkpoint against its export", "[diff]") {
   const std::string aoa = Testdata("aoa/megatron_tiny_to_hf_llama.aoa");
   e.output_dir = dir.File("llama");
   e.aoa_file = aoa;
-  REQUIRE(RunExport(e).ok());
+  REQUIRE(RunExport(e, std::cout).ok());
   DiffOptions o{.a = ckpt, .b = e.output_dir};
   o.aoa_a = aoa;
   r = Diff(o);
