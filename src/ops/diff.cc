@@ -497,9 +497,13 @@ void WriteDiffText(const DiffReport& report, std::ostream& out) {
       if (t.max_abs_diff > abs->max_abs_diff) abs = &t;
       if (t.max_rel_diff > rel->max_rel_diff) rel = &t;
     }
-    largest = "; largest abs diff " + FormatFloat(abs->max_abs_diff, true) + " ('" +
-              abs->name + "'), largest rel diff " + FormatFloat(rel->max_rel_diff, true) +
-              " ('" + rel->name + "')";
+    // A tensor is named only when it differs at all: "largest abs diff 0 ('w')" would
+    // single out one of several equal tensors.
+    auto named = [](const TensorStats& t, double v) {
+      return FormatFloat(v, true) + (v > 0 ? " ('" + t.name + "')" : std::string());
+    };
+    largest = "; largest abs diff " + named(*abs, abs->max_abs_diff) + ", largest rel diff " +
+              named(*rel, rel->max_rel_diff);
   }
   if (report.equal()) {
     out << "equal: " << report.tensors_compared << " tensors ("
