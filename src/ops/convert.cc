@@ -61,6 +61,11 @@ Result<TargetLayout> ResolveLayout(const CheckpointIndex& index, const ConvertOp
         "NAME (with --tp/--pp/...), or --target-manifest FILE");
   }
   if (!options.target_like.empty()) {
+    if (StripTrailingSlashes(options.target_like) == StripTrailingSlashes(options.input)) {
+      // Resharding in place of the same layout (a rewrite, a format change): the source's
+      // metadata is already parsed; parsing it again doubles the planning time.
+      return LayoutFromIndex(index).With("--target-like " + options.target_like);
+    }
     FC_ASSIGN_OR_RETURN(CheckpointIndex like, OpenCheckpoint(options.target_like));
     return LayoutFromIndex(like).With("--target-like " + options.target_like);
   }
