@@ -184,6 +184,43 @@ TEST_CASE("AssembleRegion applies pieces with permute, cast, reshape and fill", 
       REQUIRE(out[static_cast<size_t>(i)] == static_cast<float>(flat));
     }
   }
+  SECTION("a block cache: transposed and reshaped pieces read once over many slabs") {
+    SourcePiece t{w, Box::Whole({4, 6}), Box::Whole({6, 4}), {{PieceOp::Kind::kPermute, {}, {}, {}}}};
+    SourcePiece r{w, Box::Whole({4, 6}), Box::Whole({2, 2, 6}),
+                  {{PieceOp::Kind::kReshape, {}, {}, {2, 2, 6}}}};
+    for (const uint64_t capacity : {uint64_t{0}, uint64_t{1} << 20}) {
+      INFO("capacity " << capacity);
+      for (const SourcePiece* piece : {&t, &r}) {
+        const Shape shape = piece->dst_box.local_shape;
+        // The cache knows pieces by address: the pieces' vector must outlive the slabs.
+        const std::vector<SourcePiece> pieces = {*piece};
+        ChunkReader fresh(index);
+        PieceBlockCache cache(capacity);
+        cache.Allow(&pieces[0]);  // the reshape needs no Allow; the transpose does
+        const std::vector<Box> slabs = ContiguousSlabs(Box::Whole(shape), 3);
+        REQUIRE(ParallelFor(slabs.size(), 2, [&](size_t i) -> Status {
+                  std::vector<float> out(static_cast<size_t>(slabs[i].num_elements()), -1);
+                  FC_RETURN_IF_ERROR(AssembleRegion(fresh, "c", pieces, slabs[i],
+                                                    DType::kFloat32, out.data(), &cache));
+                  for (int64_t e = 0; e < slabs[i].num_elements(); ++e) {
+                    Shape idx = Unravel(e, slabs[i].local_shape);
+                    for (size_t a = 0; a < idx.size(); ++a) idx[a] += slabs[i].global_offset[a];
+                    const int64_t flat = piece == &t ? idx[1] * 6 + idx[0] : Ravel(idx, shape);
+                    if (out[static_cast<size_t>(e)] != static_cast<float>(flat)) {
+                      return InternalError("wrong value at " + std::to_string(e));
+                    }
+                  }
+                  return Status::Ok();
+                }).ok());
+        if (capacity > 0) {
+          CHECK(fresh.bytes_read() == 4 * 6 * 4);  // the whole block, once
+          CHECK(cache.peak_bytes() == 4 * 6 * 4);
+        } else {
+          CHECK(fresh.bytes_read() >= 4 * 6 * 4);  // dropped when unused: read again
+        }
+      }
+    }
+  }
   SECTION("cover errors name the target and the box") {
     SourcePiece p{w, {{0, 0}, {2, 6}}, {{0, 0}, {2, 6}}, {}};
     Status missing = PiecesCover("half", {p}, Box::Whole({4, 6}));

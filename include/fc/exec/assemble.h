@@ -50,6 +50,7 @@ Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
 // dtype), kept while regions of the target use them. Bounded: when holding more than
 // `capacity_bytes`, the least recently used blocks no region is using are dropped (and read
 // again if needed later). Thread-safe: concurrent Get calls for one piece compute it once.
+// Pieces are known by address: pass AssembleRegion the same pieces vector every time.
 class PieceBlockCache {
  public:
   explicit PieceBlockCache(uint64_t capacity_bytes) : capacity_(capacity_bytes) {}
