@@ -24,6 +24,7 @@
 #include "fc/layout/target_layout.h"
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
+#include "src/ops/claim_output.h"
 #include "fc/plan/plan.h"
 #include "fc/ops/targets.h"
 
@@ -461,20 +462,10 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   // Process 0 claims OUT (lock, checks, a staging directory next to it: fc/io/output_dir.h),
   // everyone writes into the staging directory, process 0 commits it. Until then, and on
   // any failure, `output` removes the staging directory.
-  std::unique_ptr<OutputDir> output;
-  std::string staging;
-  Status made = Status::Ok();
-  if (me == 0) {
-    auto opened = OutputDir::Open(options.output_dir, options.input);
-    if (opened.ok()) {
-      output = std::move(*opened);
-      staging = output->staging();
-    } else {
-      made = opened.status();
-    }
-  }
-  FC_RETURN_IF_ERROR(comm->AllOk(made));
-  comm->Broadcast(staging, 0);
+  FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
+                      ClaimOutput(options.output_dir, options.input, *comm));
+  std::unique_ptr<OutputDir>& output = claimed.dir;
+  const std::string& staging = claimed.staging;
 
   // Target files shared out by bytes (the plan's assignment); process 0 always has one, so
   // it can commit.

@@ -19,6 +19,7 @@
 #include "fc/io/output_dir.h"
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
+#include "src/ops/claim_output.h"
 #include "fc/plan/plan.h"
 #include "fc/ops/targets.h"
 
@@ -274,20 +275,10 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   // Process 0 claims OUT (lock, checks, a staging directory next to it: fc/io/output_dir.h);
   // every process writes its files into that one staging directory; process 0 adds the
   // index and renames the directory onto OUT, so OUT holds nothing or the whole export.
-  std::unique_ptr<OutputDir> output;
-  std::string staging;
-  Status claimed = Status::Ok();
-  if (me == 0) {
-    auto opened = OutputDir::Open(options.output_dir, options.input);
-    if (opened.ok()) {
-      output = std::move(*opened);
-      staging = output->staging();
-    } else {
-      claimed = opened.status();
-    }
-  }
-  FC_RETURN_IF_ERROR(comm->AllOk(claimed));
-  comm->Broadcast(staging, 0);
+  FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
+                      ClaimOutput(options.output_dir, options.input, *comm));
+  std::unique_ptr<OutputDir>& output = claimed.dir;
+  const std::string& staging = claimed.staging;
   FC_RETURN_IF_ERROR(comm->AllOk(me == 0 ? PrepareOutput(options, *p, staging) : Status::Ok()));
 
   // Whole files per process, balanced by bytes (the plan's assignment).

@@ -1,0 +1,41 @@
+// Private to src/ops: claiming OUT for a multi-process run. Process 0 opens the OutputDir
+// (lock, checks, a staging directory beside OUT: fc/io/output_dir.h) and every process
+// learns the staging path; the outcome is agreed, so a refusal on process 0 stops all.
+#ifndef FC_SRC_OPS_CLAIM_OUTPUT_H_
+#define FC_SRC_OPS_CLAIM_OUTPUT_H_
+
+#include <memory>
+#include <string>
+
+#include "fc/comm/communicator.h"
+#include "fc/core/status.h"
+#include "fc/io/output_dir.h"
+
+namespace fc {
+
+struct ClaimedOutput {
+  std::unique_ptr<OutputDir> dir;  // process 0 only: removes the staging unless committed
+  std::string staging;             // every process
+};
+
+inline Result<ClaimedOutput> ClaimOutput(const std::string& output_dir, const std::string& input,
+                                         Communicator& comm) {
+  ClaimedOutput claimed;
+  Status opened_status = Status::Ok();
+  if (comm.rank() == 0) {
+    auto opened = OutputDir::Open(output_dir, input);
+    if (opened.ok()) {
+      claimed.dir = std::move(*opened);
+      claimed.staging = claimed.dir->staging();
+    } else {
+      opened_status = opened.status();
+    }
+  }
+  FC_RETURN_IF_ERROR(comm.AllOk(opened_status));
+  comm.Broadcast(claimed.staging, 0);
+  return claimed;
+}
+
+}  // namespace fc
+
+#endif  // FC_SRC_OPS_CLAIM_OUTPUT_H_
