@@ -167,6 +167,12 @@ JsonWriter& JsonWriter::Fixed(double value, int decimals) {
   out_.append(buf);
   return *this;
 }
+JsonWriter& JsonWriter::RawValue(std::string_view json) {
+  BeforeValue();
+  while (!json.empty() && (json.back() == '\n' || json.back() == ' ')) json.remove_suffix(1);
+  out_.append(json);
+  return *this;
+}
 JsonWriter& JsonWriter::Bool(bool value) {
   BeforeValue();
   out_.append(value ? "true" : "false");

@@ -75,6 +75,15 @@ std::vector<Box> DecomposeFlatRange(std::span<const int64_t> shape, FlatRange ra
   return out;
 }
 
+std::vector<Box> StoredBoxes(const Box& box, const std::optional<FlatRange>& range) {
+  if (!range) return {box};
+  std::vector<Box> boxes = DecomposeFlatRange(box.local_shape, *range);
+  for (Box& b : boxes) {
+    for (size_t i = 0; i < b.rank(); ++i) b.global_offset[i] += box.global_offset[i];
+  }
+  return boxes;
+}
+
 std::optional<FlatRange> FlatRangeOfBox(std::span<const int64_t> shape, const Box& box) {
   const size_t rank = shape.size();
   if (box.rank() != rank || box.global_offset.size() != rank || !box.SatisfiesInvariants()) {

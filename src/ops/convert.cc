@@ -150,13 +150,9 @@ void PrintPlan(const CheckpointIndex& index, const Plan& plan,
     j.EndArray();
     j.Key("bytes_read").Uint(plan.bytes_needed).Key("bytes_written").Uint(plan.bytes_written);
     j.Key("estimated_peak_memory").Uint(plan.memory.peak);
+    j.Key("plan").RawValue(PlanJson(plan, index, false));
     j.EndObject();
-    std::string text = j.str();
-    // The plan itself as one more member.
-    text.pop_back();
-    text += ",\"plan\":" + PlanJson(plan, index, false);
-    while (!text.empty() && text.back() == '\n') text.pop_back();
-    out << text << "}\n";
+    out << j.str() << "\n";
     return;
   }
   size_t chunks = 0;

@@ -63,22 +63,12 @@ Status BuildSide(const std::string& label, const std::string& path,
   return Status::Ok();
 }
 
+// One element as float64, through the library's conversions (every dtype fc reads but
+// complex64, which tolerance mode refuses before any element is compared).
 double ElementToDouble(DType dtype, const std::byte* p) {
-  switch (dtype) {
-    case DType::kBool: return std::to_integer<uint8_t>(*p) ? 1.0 : 0.0;
-    case DType::kUInt8: return static_cast<double>(std::to_integer<uint8_t>(*p));
-    case DType::kInt8: return static_cast<double>(static_cast<int8_t>(std::to_integer<uint8_t>(*p)));
-    case DType::kInt16: { int16_t v; std::memcpy(&v, p, 2); return v; }
-    case DType::kInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case DType::kInt64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
-    case DType::kFloat16: { uint16_t v; std::memcpy(&v, p, 2); return Float16ToFloat(v); }
-    case DType::kBFloat16: { uint16_t v; std::memcpy(&v, p, 2); return BFloat16ToFloat(v); }
-    case DType::kFloat32: { float v; std::memcpy(&v, p, 4); return v; }
-    case DType::kFloat64: { double v; std::memcpy(&v, p, 8); return v; }
-    case DType::kFloat8E4M3FN: return Float8E4M3FNToFloat(std::to_integer<uint8_t>(*p));
-    case DType::kFloat8E5M2: return Float8E5M2ToFloat(std::to_integer<uint8_t>(*p));
-  }
-  return 0;
+  double v = std::numeric_limits<double>::quiet_NaN();
+  (void)ConvertElements(p, dtype, &v, DType::kFloat64, 1);
+  return v;
 }
 
 std::string ElementBitsHex(DType dtype, const std::byte* p) {
@@ -313,6 +303,12 @@ Result<DiffReport> RunDiff(const DiffOptions& options) {
       continue;
     }
     const OutputTensor& tb = b->outputs[it->second];
+    if (report.tolerance_mode &&
+        (ta.dtype == DType::kComplex64 || tb.dtype == DType::kComplex64)) {
+      return UnimplementedError("tensor '" + ta.name +
+                                "' is complex64: --rtol/--atol compare real values; compare "
+                                "it exactly (without them) or leave it out with --exclude");
+    }
     const bool shape_differs = ta.shape != tb.shape;
     const bool dtype_differs = !report.tolerance_mode && ta.dtype != tb.dtype;
     if (shape_differs || dtype_differs) {

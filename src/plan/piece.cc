@@ -42,6 +42,14 @@ Box SourceSubBox(const SourcePiece& piece, const Box& dst_sub) {
   return src_sub;
 }
 
+bool PieceTransposes(const SourcePiece& piece) {
+  const std::vector<int> view = ViewAxes(piece.ops, piece.src_box.rank());
+  for (size_t i = 0; i < view.size(); ++i) {
+    if (view[i] != static_cast<int>(i)) return true;
+  }
+  return false;
+}
+
 DType PieceDType(const SourcePiece& piece) {
   DType dtype = piece.source ? piece.source->dtype : DType::kFloat32;
   for (const PieceOp& op : piece.ops) {

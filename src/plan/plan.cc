@@ -38,14 +38,7 @@ class SourceTensorIndex {
   explicit SourceTensorIndex(const TensorEntry& tensor) {
     for (const Chunk& c : tensor.chunks) {
       if (c.replica_id != 0) continue;
-      if (!c.flat_range) {
-        entries_.push_back({c.box, c.file});
-        continue;
-      }
-      for (Box b : DecomposeFlatRange(c.box.local_shape, *c.flat_range)) {
-        for (size_t i = 0; i < b.rank(); ++i) b.global_offset[i] += c.box.global_offset[i];
-        entries_.push_back({std::move(b), c.file});
-      }
+      for (Box& b : StoredBoxes(c.box, c.flat_range)) entries_.push_back({std::move(b), c.file});
     }
     std::sort(entries_.begin(), entries_.end(),
               [](const Entry& a, const Entry& b) { return First(a.box) < First(b.box); });
@@ -101,23 +94,6 @@ uint64_t ReshapeBlockBytes(const SourcePiece& p, size_t widest) {
   return static_cast<uint64_t>(p.src_box.num_elements()) * 3 * widest;
 }
 
-// Whether the piece's permutes move any axis.
-bool PieceTransposes(const SourcePiece& p) {
-  std::vector<int> view(p.src_box.rank());
-  for (size_t i = 0; i < view.size(); ++i) view[i] = static_cast<int>(i);
-  for (const PieceOp& op : p.ops) {
-    if (op.kind != PieceOp::Kind::kPermute) continue;
-    const std::vector<int> perm = ResolvePermutation(op, view.size());
-    std::vector<int> next(view.size());
-    for (size_t i = 0; i < view.size(); ++i) next[i] = view[static_cast<size_t>(perm[i])];
-    view = std::move(next);
-  }
-  for (size_t i = 0; i < view.size(); ++i) {
-    if (view[i] != static_cast<int>(i)) return true;
-  }
-  return false;
-}
-
 bool HasStridedChunks(const TensorEntry& t) {
   return std::any_of(t.chunks.begin(), t.chunks.end(),
                      [](const Chunk& c) { return !c.strides.empty(); });
@@ -171,12 +147,7 @@ bool operator==(const PlanTensor& a, const PlanTensor& b) {
 }
 
 std::vector<Box> SlotStoredBoxes(const PlanSlot& slot) {
-  if (!slot.flat_range) return {slot.box};
-  std::vector<Box> boxes = DecomposeFlatRange(slot.box.local_shape, *slot.flat_range);
-  for (Box& b : boxes) {
-    for (size_t i = 0; i < b.rank(); ++i) b.global_offset[i] += slot.box.global_offset[i];
-  }
-  return boxes;
+  return StoredBoxes(slot.box, slot.flat_range);
 }
 
 uint64_t SlotBytes(const PlanSlot& slot, DType dtype) {

@@ -225,6 +225,14 @@ def case_errors():
     diff(a, a, "--memory-budget", "10", expect=10)
     diff(a, a, "--no-such-flag", expect=2)
     fcio.run([DIFF, a], expect=2)
+    # Every newer dtype compares (through the library's conversions); complex64 has no real
+    # value to compare within a tolerance and is refused, naming the tensor.
+    all_dtypes = os.path.join(TESTDATA, "st_dtypes", "all_dtypes.safetensors")
+    diff(all_dtypes, all_dtypes)
+    p = diff(all_dtypes, all_dtypes, "--rtol", "0.1", expect=6)
+    assert "'c64' is complex64" in p.stderr, p.stderr
+    p = diff(all_dtypes, all_dtypes, "--rtol", "0", "--equal-nan", "--exclude", "c64")
+    assert "within tolerance" in p.stdout, p.stdout
     print("ok errors")
 
 

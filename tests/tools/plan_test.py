@@ -152,6 +152,7 @@ def case_dryrun():
     layout = manifest([[([0, 0], [512, 128], None)], [([0, 128], [512, 128], None)]], "dry.json")
     p = fcio.run([CONVERT, SRC, out, "--target-manifest", layout, "--dry-run", "--json"])
     plan = json.loads(p.stdout)
+    fcio.run([CONVERT, SRC, out, "--target-manifest", layout, "--json"], expect=3)
     assert plan["plan"]["format"] == "fc-plan" and plan["plan"]["kind"] == "convert", plan
     assert [r["bytes_read"] for r in plan["ranks"]] == [SRC_BYTES // 2] * 2, plan["ranks"]
     assert not os.path.exists(out)

@@ -58,6 +58,9 @@ class JsonWriter {
   JsonWriter& Uint(uint64_t value);
   // A finite number with `decimals` digits after the point (non-finite values become null).
   JsonWriter& Fixed(double value, int decimals);
+  // A complete JSON value produced elsewhere (e.g. another writer's str()), inserted as is.
+  // Precondition: `json` is one valid JSON value.
+  JsonWriter& RawValue(std::string_view json);
   JsonWriter& Bool(bool value);
   JsonWriter& Null();
 

@@ -39,6 +39,10 @@ std::vector<Box> DecomposeFlatRange(std::span<const int64_t> shape, FlatRange ra
 // The flat range covered by `box` (relative to the block origin) when the box is contiguous
 // in the row-major flattening of `shape`; nullopt otherwise (also when the box does not fit
 // in `shape`). An empty box gives the empty range [0, 0).
+// The boxes, in global coordinates and stored order, whose elements a chunk of `box` stores:
+// the box itself, or its flat range decomposed (DecomposeFlatRange shifted by the box's offset).
+std::vector<Box> StoredBoxes(const Box& box, const std::optional<FlatRange>& range);
+
 std::optional<FlatRange> FlatRangeOfBox(std::span<const int64_t> shape, const Box& box);
 
 // The smallest box containing every element of `range` (Paddle's minimal_nd_slice, with the

@@ -39,6 +39,9 @@ DType PieceDType(const SourcePiece& piece);
 // so such a piece's source block is read whole).
 bool PieceReshapes(const SourcePiece& piece);
 
+// Whether the piece's permutes, taken together, move any axis.
+bool PieceTransposes(const SourcePiece& piece);
+
 // The block of the piece's source that lands on `dst_sub` (a box inside the piece's
 // dst_box): all of src_box when the piece reshapes.
 Box SourceSubBox(const SourcePiece& piece, const Box& dst_sub);
