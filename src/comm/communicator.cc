@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "fc_config.h"
@@ -22,6 +27,134 @@ class SingleProcess final : public Communicator {
   Status AllOk(const Status& local) override { return local; }
   void Broadcast(std::string&, int) override {}
   std::vector<std::string> Gather(const std::string& local, int) override { return {local}; }
+  Status Exchange(std::span<const Message> sends, std::span<const Message> receives) override {
+    if (!sends.empty() || !receives.empty()) {
+      return InvalidArgumentError("a single process has no peer to exchange bytes with");
+    }
+    return Status::Ok();
+  }
+};
+
+Status CheckPeers(std::span<const Communicator::Message> messages, int rank, int size) {
+  for (const Communicator::Message& m : messages) {
+    if (m.peer < 0 || m.peer >= size || m.peer == rank) {
+      return InvalidArgumentError("exchange with peer " + std::to_string(m.peer) + " from rank " +
+                                  std::to_string(rank) + " of " + std::to_string(size));
+    }
+  }
+  return Status::Ok();
+}
+
+// The shared state of an in-process group. Every collective is an all-gather of one string
+// per member: members post, the last one to arrive publishes the round, and the round is
+// closed when every member has taken its copy (two phases, so a fast member cannot post
+// into a round others are still reading).
+class Hub {
+ public:
+  explicit Hub(int size) : size_(size), posted_(static_cast<size_t>(size)) {}
+  int size() const { return size_; }
+
+  std::vector<std::string> AllGather(int rank, std::string mine) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !draining_; });
+    posted_[static_cast<size_t>(rank)] = std::move(mine);
+    if (++arrived_ == size_) {
+      published_ = posted_;
+      draining_ = true;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return draining_; });
+    }
+    std::vector<std::string> all = published_;
+    if (++left_ == size_) {
+      arrived_ = left_ = 0;
+      draining_ = false;
+      cv_.notify_all();
+    }
+    return all;
+  }
+
+  void Post(int from, int to, std::span<const std::byte> bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    mail_[{from, to}].emplace_back(bytes.begin(), bytes.end());
+  }
+
+  Status Take(int from, int to, std::span<std::byte> into) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::deque<std::vector<std::byte>>& box = mail_[{from, to}];
+    if (box.empty() || box.front().size() != into.size()) {
+      return InternalError("in-process exchange: rank " + std::to_string(to) + " expected " +
+                           std::to_string(into.size()) + " bytes from rank " +
+                           std::to_string(from) + ", got " +
+                           (box.empty() ? std::string("nothing")
+                                        : std::to_string(box.front().size())));
+    }
+    if (!into.empty()) std::memcpy(into.data(), box.front().data(), into.size());
+    box.pop_front();
+    return Status::Ok();
+  }
+
+ private:
+  const int size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> posted_;
+  std::vector<std::string> published_;
+  int arrived_ = 0;
+  int left_ = 0;
+  bool draining_ = false;
+  std::map<std::pair<int, int>, std::deque<std::vector<std::byte>>> mail_;
+};
+
+class InProcess final : public Communicator {
+ public:
+  InProcess(std::shared_ptr<Hub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return hub_->size(); }
+
+  Status AllOk(const Status& local) override {
+    std::string mine;
+    if (!local.ok()) {
+      const int code = static_cast<int>(local.code());
+      mine.assign(reinterpret_cast<const char*>(&code), sizeof code);
+      mine += local.message();
+    }
+    const std::vector<std::string> all = hub_->AllGather(rank_, std::move(mine));
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r].empty()) continue;
+      int code = 0;
+      std::memcpy(&code, all[r].data(), sizeof code);
+      return Status(static_cast<StatusCode>(code),
+                    "rank " + std::to_string(r) + ": " + all[r].substr(sizeof code));
+    }
+    return Status::Ok();
+  }
+
+  void Broadcast(std::string& data, int root) override {
+    data = hub_->AllGather(rank_, rank_ == root ? data : std::string())[static_cast<size_t>(root)];
+  }
+
+  std::vector<std::string> Gather(const std::string& local, int root) override {
+    std::vector<std::string> all = hub_->AllGather(rank_, local);
+    if (rank_ != root) all.clear();
+    return all;
+  }
+
+  Status Exchange(std::span<const Message> sends, std::span<const Message> receives) override {
+    Status peers = CheckPeers(sends, rank_, size());
+    if (peers.ok()) peers = CheckPeers(receives, rank_, size());
+    if (peers.ok()) {
+      for (const Message& m : sends) hub_->Post(rank_, m.peer, m.bytes);
+    }
+    // Every member's sends are posted before anyone takes its receives.
+    FC_RETURN_IF_ERROR(AllOk(peers));
+    for (const Message& m : receives) FC_RETURN_IF_ERROR(hub_->Take(m.peer, rank_, m.bytes));
+    return Status::Ok();
+  }
+
+ private:
+  std::shared_ptr<Hub> hub_;
+  int rank_;
 };
 
 bool LaunchedByMpi() {
@@ -32,6 +165,8 @@ bool LaunchedByMpi() {
 #if FC_HAVE_MPI
 // MPI counts are ints: large messages go in pieces of at most 1 GiB.
 constexpr uint64_t kMaxMessage = 1ull << 30;
+// Exchange's messages, apart from Gather's (tag 0).
+constexpr int kExchangeTag = 7;
 
 void BroadcastBytes(char* data, uint64_t size, int root) {
   for (uint64_t done = 0; done < size; done += kMaxMessage) {
@@ -86,6 +221,33 @@ class MpiCommunicator final : public Communicator {
     BroadcastBytes(data.data(), size, root);
   }
 
+  Status Exchange(std::span<const Message> sends, std::span<const Message> receives) override {
+    FC_RETURN_IF_ERROR(CheckPeers(sends, rank_, size_));
+    FC_RETURN_IF_ERROR(CheckPeers(receives, rank_, size_));
+    // Messages over 1 GiB go in parts; a pair's parts and messages keep their order (MPI
+    // orders messages of one tag between two processes), so one tag serves every part.
+    std::vector<MPI_Request> requests;
+    auto post = [&](const Message& m, bool send) {
+      char* data = reinterpret_cast<char*>(m.bytes.data());
+      const uint64_t size = m.bytes.size();
+      for (uint64_t done = 0; done < size; done += kMaxMessage) {
+        const int count = static_cast<int>(std::min(kMaxMessage, size - done));
+        requests.emplace_back();
+        if (send) {
+          MPI_Isend(data + done, count, MPI_BYTE, m.peer, kExchangeTag, MPI_COMM_WORLD,
+                    &requests.back());
+        } else {
+          MPI_Irecv(data + done, count, MPI_BYTE, m.peer, kExchangeTag, MPI_COMM_WORLD,
+                    &requests.back());
+        }
+      }
+    };
+    for (const Message& m : receives) post(m, false);
+    for (const Message& m : sends) post(m, true);
+    MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+    return Status::Ok();
+  }
+
   std::vector<std::string> Gather(const std::string& local, int root) override {
     uint64_t size = local.size();
     std::vector<uint64_t> sizes(rank_ == root ? static_cast<size_t>(size_) : 0);
@@ -119,6 +281,13 @@ class MpiCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> MakeSingleProcessCommunicator() {
   return std::make_unique<SingleProcess>();
+}
+
+std::vector<std::unique_ptr<Communicator>> MakeInProcessGroup(int size) {
+  auto hub = std::make_shared<Hub>(std::max(size, 1));
+  std::vector<std::unique_ptr<Communicator>> group;
+  for (int r = 0; r < hub->size(); ++r) group.push_back(std::make_unique<InProcess>(hub, r));
+  return group;
 }
 
 Communicator& SingleProcessCommunicator() {

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fc/comm/communicator.h"
@@ -53,6 +54,74 @@ TEST_CASE("AllOk reports the lowest failing rank's error everywhere", "[comm]") 
   CHECK(all.code() == fc::StatusCode::kNotFound);
   if (c.size() > 1) {
     CHECK(all.message() == "rank " + std::to_string(failing) + ": no such chunk");
+  }
+}
+
+namespace {
+
+// Every process sends every other one a message of (10 * from + to) bytes, each byte `from`,
+// twice (order per pair is kept), all at once. Returns what was wrong, or "".
+std::string ExchangeAllPairs(fc::Communicator& c) {
+  const int n = c.size();
+  std::vector<std::vector<std::byte>> out, in;
+  std::vector<fc::Communicator::Message> sends, receives;
+  out.reserve(2 * static_cast<size_t>(n));
+  in.reserve(2 * static_cast<size_t>(n));
+  for (int round = 0; round < 2; ++round) {
+    for (int q = 0; q < n; ++q) {
+      if (q == c.rank()) continue;
+      out.emplace_back(static_cast<size_t>(10 * c.rank() + q + round),
+                       static_cast<std::byte>(c.rank() + 16 * round));
+      sends.push_back({q, out.back()});
+      in.emplace_back(static_cast<size_t>(10 * q + c.rank() + round));
+      receives.push_back({q, in.back()});
+    }
+  }
+  if (fc::Status s = c.Exchange(sends, receives); !s.ok()) return s.ToString();
+  for (const fc::Communicator::Message& m : receives) {
+    const size_t round = m.bytes.size() - static_cast<size_t>(10 * m.peer + c.rank());
+    for (std::byte b : m.bytes) {
+      if (b != static_cast<std::byte>(m.peer + 16 * static_cast<int>(round))) {
+        return "rank " + std::to_string(c.rank()) + ": wrong byte from " + std::to_string(m.peer);
+      }
+    }
+  }
+  // A message to oneself is refused (before anything is posted).
+  std::vector<std::byte> self(1);
+  const fc::Communicator::Message to_self{c.rank(), self};
+  if (c.size() == 1 && c.Exchange({&to_self, 1}, {}).ok()) return "exchange with itself accepted";
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Exchange moves every pair's messages at once, in order per pair", "[comm]") {
+  CHECK(ExchangeAllPairs(*g_comm) == "");
+}
+
+TEST_CASE("An in-process group runs the collectives between threads", "[comm]") {
+  for (int n : {1, 2, 4}) {
+    std::vector<std::unique_ptr<fc::Communicator>> group = fc::MakeInProcessGroup(n);
+    std::vector<std::string> problems(static_cast<size_t>(n));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        fc::Communicator& c = *group[static_cast<size_t>(r)];
+        std::string& problem = problems[static_cast<size_t>(r)];
+        std::string data = r == n - 1 ? "from last" : "";
+        c.Broadcast(data, n - 1);
+        if (data != "from last") problem += "broadcast;";
+        const std::vector<std::string> all = c.Gather(std::string(static_cast<size_t>(r), 'x'), 0);
+        if (r == 0 && (all.size() != static_cast<size_t>(n) || all[static_cast<size_t>(n - 1)].size() != static_cast<size_t>(n - 1))) {
+          problem += "gather;";
+        }
+        const fc::Status ok = c.AllOk(r == n - 1 ? fc::NotFoundError("gone") : fc::Status::Ok());
+        if (ok.code() != fc::StatusCode::kNotFound) problem += "allok;";
+        problem += ExchangeAllPairs(c);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < n; ++r) CHECK(problems[static_cast<size_t>(r)] == "");
   }
 }
 

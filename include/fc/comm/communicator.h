@@ -1,11 +1,18 @@
 // Communicator: what fc's tools need from a multi-process run, behind a narrow interface so
 // that no public header includes mpi.h. One process is a Communicator of size 1.
 //
-// Thread-safety: call from the main thread only.
+// Transports: single process; MPI (processes started by mpirun/srun); in-process (a group of
+// communicators for threads of one process, for tests). NCCL is not a transport yet: fc
+// moves checkpoint bytes that live in host memory, so MPI carries them (see README).
+//
+// Thread-safety: call from the main thread only (for an in-process group: each member from
+// its own thread).
 #ifndef FC_COMM_COMMUNICATOR_H_
 #define FC_COMM_COMMUNICATOR_H_
 
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,12 +33,29 @@ class Communicator {
   // Collective: `root` gets every rank's `local` in rank order; other ranks get an empty
   // vector. Bytes are carried as they are (std::string as a byte container).
   virtual std::vector<std::string> Gather(const std::string& local, int root) = 0;
+
+  // One message to or from a peer (never this process itself).
+  struct Message {
+    int peer = 0;
+    std::span<std::byte> bytes;  // sends: read; receives: filled, size known in advance
+  };
+  // Collective in the sense that every process calls it once per exchange round (with
+  // possibly empty lists): posts every receive and send at once, non-blocking, and returns
+  // when all have completed, so that all pairs move at the same time. Each send must be
+  // matched by a receive of the same size on the peer, in the same order per pair.
+  // Errors: kInvalidArgument for a peer out of range or this process itself. A transport
+  // failure (a peer that died) ends the job (MPI's default error handler).
+  virtual Status Exchange(std::span<const Message> sends, std::span<const Message> receives) = 0;
 };
 
 // A communicator of size 1.
 std::unique_ptr<Communicator> MakeSingleProcessCommunicator();
 // A shared one (stateless, safe from any thread), for "no communicator given".
 Communicator& SingleProcessCommunicator();
+
+// `size` communicators that talk through shared memory, one per thread of a test; member r
+// has rank r. The group lives as long as any member.
+std::vector<std::unique_ptr<Communicator>> MakeInProcessGroup(int size);
 
 // MPI when this process was started by mpirun/srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
 // PMIX_RANK set) and fc was built with MPI; a single-process communicator otherwise.
