@@ -35,6 +35,17 @@ class SingleProcess final : public Communicator {
   }
 };
 
+// "rank R: " names the failing process, once: an error that already went through an
+// agreement (every process failing with it) keeps its prefix.
+std::string WithRank(int rank, const std::string& message) {
+  if (message.rfind("rank ", 0) == 0) {
+    size_t i = 5;
+    while (i < message.size() && message[i] >= '0' && message[i] <= '9') ++i;
+    if (i > 5 && message.compare(i, 2, ": ") == 0) return message;
+  }
+  return "rank " + std::to_string(rank) + ": " + message;
+}
+
 Status CheckPeers(std::span<const Communicator::Message> messages, int rank, int size) {
   for (const Communicator::Message& m : messages) {
     if (m.peer < 0 || m.peer >= size || m.peer == rank) {
@@ -125,7 +136,7 @@ class InProcess final : public Communicator {
       int code = 0;
       std::memcpy(&code, all[r].data(), sizeof code);
       return Status(static_cast<StatusCode>(code),
-                    "rank " + std::to_string(r) + ": " + all[r].substr(sizeof code));
+                    WithRank(static_cast<int>(r), all[r].substr(sizeof code)));
     }
     return Status::Ok();
   }
@@ -211,7 +222,7 @@ class MpiCommunicator final : public Communicator {
     if (rank_ == lowest) text.assign(local.message().begin(), local.message().end());
     MPI_Bcast(text.data(), header[1], MPI_CHAR, lowest, MPI_COMM_WORLD);
     return Status(static_cast<StatusCode>(header[0]),
-                  "rank " + std::to_string(lowest) + ": " + std::string(text.begin(), text.end()));
+                  WithRank(lowest, std::string(text.begin(), text.end())));
   }
 
   void Broadcast(std::string& data, int root) override {

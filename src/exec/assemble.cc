@@ -19,18 +19,14 @@ namespace {
 Box ZeroOrigin(const Shape& shape) { return Box{Shape(shape.size(), 0), shape}; }
 
 // Reads `src_sub` of `tensor` (row-major, source dtype) into `out`.
-Status ReadSourceBlock(ChunkReader& reader, const TensorEntry& tensor, const Box& src_sub,
+Status ReadSourceBlock(SourceReader& reader, const TensorEntry& tensor, const Box& src_sub,
                        void* out, const Box& out_box) {
-  for (const Chunk& chunk : tensor.chunks) {
-    if (chunk.replica_id != 0) continue;
-    FC_RETURN_IF_ERROR(reader.CopyChunkRegion(tensor, chunk, src_sub, out, out_box));
-  }
-  return Status::Ok();
+  return reader.Read(tensor, src_sub, out, out_box);
 }
 
 // Reads `src_sub` of the piece's source and applies the piece's ops and the conversion to
 // `dst_dtype`: the result is row-major over the target box the block lands on.
-Result<std::vector<std::byte>> PieceBlock(ChunkReader& reader, const SourcePiece& piece,
+Result<std::vector<std::byte>> PieceBlock(SourceReader& reader, const SourcePiece& piece,
                                           const Box& src_sub, DType dst_dtype,
                                           const std::function<std::string()>& context) {
   const TensorEntry& source = *piece.source;
@@ -80,7 +76,23 @@ Result<std::vector<std::byte>> PieceBlock(ChunkReader& reader, const SourcePiece
 
 }  // namespace
 
+Status FileSourceReader::Read(const TensorEntry& tensor, const Box& src_sub, void* out,
+                              const Box& out_box) {
+  for (const Chunk& chunk : tensor.chunks) {
+    if (chunk.replica_id != 0) continue;
+    FC_RETURN_IF_ERROR(chunks_.CopyChunkRegion(tensor, chunk, src_sub, out, out_box));
+  }
+  return Status::Ok();
+}
+
 Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
+                      const std::vector<SourcePiece>& pieces, const Box& region,
+                      DType dst_dtype, void* dst, PieceBlockCache* cache) {
+  FileSourceReader files(reader);
+  return AssembleRegion(files, target_key, pieces, region, dst_dtype, dst, cache);
+}
+
+Status AssembleRegion(SourceReader& reader, const std::string& target_key,
                       const std::vector<SourcePiece>& pieces, const Box& region,
                       DType dst_dtype, void* dst, PieceBlockCache* cache) {
   const size_t dst_esize = DTypeSize(dst_dtype);

@@ -2,12 +2,57 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <tuple>
 #include <vector>
 
+#include "fc/core/flat_range.h"
 #include "fc/exec/assemble.h"
 #include "fc/exec/parallel.h"
 
 namespace fc {
+namespace {
+
+// Source elements for a round: those other processes sent for this one's items, else the
+// files. A received transfer is found by its chunk and box, the very boxes the planner cut
+// (a stored box of the chunk intersected with the block a piece asks for).
+class ExchangedSourceReader final : public SourceReader {
+ public:
+  explicit ExchangedSourceReader(ChunkReader& chunks) : chunks_(chunks), files_(chunks) {}
+
+  void Clear() { received_.clear(); }
+  void Add(const Chunk* chunk, const Box& box, const std::byte* bytes) {
+    received_[{chunk, box.global_offset, box.local_shape}] = bytes;
+  }
+
+  Status Read(const TensorEntry& tensor, const Box& src_sub, void* out,
+              const Box& out_box) override {
+    if (received_.empty()) return files_.Read(tensor, src_sub, out, out_box);
+    const size_t esize = DTypeSize(tensor.dtype);
+    for (const Chunk& chunk : tensor.chunks) {
+      if (chunk.replica_id != 0) continue;
+      if (!Intersect(chunk.box, src_sub)) continue;
+      for (const Box& stored : StoredBoxes(chunk.box, chunk.flat_range)) {
+        std::optional<Box> part = Intersect(stored, src_sub);
+        if (!part || part->empty()) continue;
+        auto it = received_.find({&chunk, part->global_offset, part->local_shape});
+        if (it != received_.end()) {
+          CopyRegion(it->second, *part, {}, out, out_box, *part, esize);
+        } else {
+          FC_RETURN_IF_ERROR(chunks_.CopyChunkRegion(tensor, chunk, *part, out, out_box));
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  ChunkReader& chunks_;
+  FileSourceReader files_;
+  std::map<std::tuple<const Chunk*, Shape, Shape>, const std::byte*> received_;
+};
+
+}  // namespace
 
 Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& sink,
                              const ExecuteOptions& options) {
@@ -15,31 +60,120 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
   if (options.process < 0 || static_cast<size_t>(options.process) >= plan.per_process.size()) {
     return InternalError("process " + std::to_string(options.process) + " is not in the plan");
   }
-  const ProcessPlan& mine = plan.per_process[static_cast<size_t>(options.process)];
+  const bool exchange = plan.rounds > 0;
+  Communicator* comm = options.comm;
+  if (exchange && (comm == nullptr || comm->rank() != options.process ||
+                   comm->size() != plan.processes)) {
+    return InternalError("a plan with transfers between " + std::to_string(plan.processes) +
+                         " processes needs their communicator");
+  }
+  const int me = options.process;
+  const ProcessPlan& mine = plan.per_process[static_cast<size_t>(me)];
   const int threads = std::max(1, plan.threads);
   // Room for one block per worker: a worker holds at most one while it copies from it.
   PieceBlockCache blocks(plan.memory.block_bytes * static_cast<uint64_t>(threads));
   for (const auto& [t, k] : plan.whole_blocks) blocks.Allow(&plan.tensors[t].pieces[k]);
   std::vector<std::vector<std::byte>> buffers(static_cast<size_t>(threads));
   Progress progress(options.what, mine.bytes_written, options.progress);
-  Status status = ParallelFor(mine.writes.size(), threads, [&](size_t i, int worker) -> Status {
-    const WriteItem& item = plan.writes[mine.writes[i]];
-    const PlanTensor& tensor = plan.tensors[item.tensor];
-    std::vector<std::byte>& buffer = buffers[static_cast<size_t>(worker)];
-    buffer.resize(item.bytes);
-    FC_RETURN_IF_ERROR(AssembleRegion(reader, tensor.name, tensor.pieces, item.region,
-                                      tensor.dtype, buffer.data(), &blocks));
-    FC_RETURN_IF_ERROR(sink.Write(item.file, item.slot, item.byte_offset, buffer));
-    progress.Add(buffer.size());
-    return Status::Ok();
-  });
+  ExchangedSourceReader sources(reader);
+  // Writes this process's items [first, last) of mine.writes.
+  auto write_items = [&](size_t first, size_t last) {
+    return ParallelFor(last - first, threads, [&](size_t i, int worker) -> Status {
+      const WriteItem& item = plan.writes[mine.writes[first + i]];
+      const PlanTensor& tensor = plan.tensors[item.tensor];
+      std::vector<std::byte>& buffer = buffers[static_cast<size_t>(worker)];
+      buffer.resize(item.bytes);
+      FC_RETURN_IF_ERROR(AssembleRegion(sources, tensor.name, tensor.pieces, item.region,
+                                        tensor.dtype, buffer.data(), &blocks));
+      FC_RETURN_IF_ERROR(sink.Write(item.file, item.slot, item.byte_offset, buffer));
+      progress.Add(buffer.size());
+      return Status::Ok();
+    });
+  };
+  ExecuteStats stats;
+  uint64_t exchange_peak = 0;
+  Status status = Status::Ok();
+  if (!exchange) {
+    status = write_items(0, mine.writes.size());
+  } else {
+    size_t next_item = 0;
+    auto transfer = plan.transfers.begin();
+    for (uint32_t round = 0; round < plan.rounds && status.ok(); ++round) {
+      auto round_end = std::find_if(transfer, plan.transfers.end(),
+                                    [&](const Transfer& t) { return t.round != round; });
+      // What this process sends: one message per receiver, transfers in plan order.
+      std::vector<const Transfer*> outgoing;
+      std::map<int, uint64_t> send_bytes, receive_bytes;
+      for (auto t = transfer; t != round_end; ++t) {
+        if (t->reader == me) {
+          outgoing.push_back(&*t);
+          send_bytes[t->writer] += t->bytes;
+        }
+        if (t->writer == me) receive_bytes[t->reader] += t->bytes;
+      }
+      std::map<int, std::vector<std::byte>> send_buffers, receive_buffers;
+      std::vector<uint64_t> offsets(outgoing.size());
+      {
+        std::map<int, uint64_t> at;
+        for (size_t i = 0; i < outgoing.size(); ++i) {
+          offsets[i] = at[outgoing[i]->writer];
+          at[outgoing[i]->writer] += outgoing[i]->bytes;
+        }
+      }
+      for (const auto& [peer, bytes] : send_bytes) send_buffers[peer].resize(bytes);
+      Status read = ParallelFor(outgoing.size(), threads, [&](size_t i) -> Status {
+        const Transfer& t = *outgoing[i];
+        std::byte* into = send_buffers[t.writer].data() + offsets[i];
+        return reader.CopyChunkRegion(*t.source, t.source->chunks[t.chunk], t.box, into, t.box);
+      });
+      status = comm->AllOk(read);
+      if (!status.ok()) break;
+      std::vector<Communicator::Message> sends, receives;
+      for (auto& [peer, bytes] : send_buffers) sends.push_back({peer, bytes});
+      for (const auto& [peer, bytes] : receive_bytes) {
+        receive_buffers[peer].resize(bytes);
+        receives.push_back({peer, receive_buffers[peer]});
+      }
+      uint64_t held = 0;
+      for (const auto& [peer, bytes] : send_bytes) held += bytes;
+      for (const auto& [peer, bytes] : receive_bytes) held += bytes;
+      exchange_peak = std::max(exchange_peak, held);
+      status = comm->Exchange(sends, receives);
+      if (!status.ok()) break;
+      for (const auto& [peer, bytes] : send_bytes) stats.bytes_sent += bytes;
+      for (const auto& [peer, bytes] : receive_bytes) stats.bytes_received += bytes;
+      send_buffers.clear();
+      // Received transfers, unpacked in plan order per sender.
+      sources.Clear();
+      std::map<int, uint64_t> at;
+      for (auto t = transfer; t != round_end; ++t) {
+        if (t->writer != me) continue;
+        uint64_t& offset = at[t->reader];
+        sources.Add(&t->source->chunks[t->chunk], t->box,
+                    receive_buffers[t->reader].data() + offset);
+        offset += t->bytes;
+      }
+      size_t last_item = next_item;
+      while (last_item < mine.writes.size() && plan.writes[mine.writes[last_item]].round == round) {
+        ++last_item;
+      }
+      status = comm->AllOk(write_items(next_item, last_item));
+      next_item = last_item;
+      transfer = round_end;
+    }
+    sources.Clear();
+    if (status.ok() && next_item != mine.writes.size()) {
+      status = InternalError("plan: " + std::to_string(mine.writes.size() - next_item) +
+                             " write items of process " + std::to_string(me) +
+                             " belong to no round");
+    }
+  }
   progress.Finish(status.ok());
   FC_RETURN_IF_ERROR(status);
-  ExecuteStats stats;
   stats.bytes_written = mine.bytes_written;
   uint64_t buffer_bytes = 0;
   for (const std::vector<std::byte>& b : buffers) buffer_bytes += b.capacity();
-  stats.peak_buffer_bytes = buffer_bytes + blocks.peak_bytes();
+  stats.peak_buffer_bytes = buffer_bytes + blocks.peak_bytes() + exchange_peak;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }

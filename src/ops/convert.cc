@@ -403,36 +403,47 @@ class OutputPart {
   std::unique_ptr<TorchDcpWriter> torch_;
 };
 
-// The convert's writers, as the executor's sink.
+// The convert's writers, as the executor's sink (none on a process without target files:
+// it only reads for others).
 class PartSink : public PlanSink {
  public:
-  explicit PartSink(OutputPart& part) : part_(part) {}
+  explicit PartSink(OutputPart* part) : part_(part) {}
   Status Write(uint32_t file, uint32_t slot, uint64_t byte_offset,
                std::span<const std::byte> bytes) override {
-    return part_.WriteChunk(file, slot, byte_offset, bytes);
+    if (part_ == nullptr) return InternalError("write item for a process without target files");
+    return part_->WriteChunk(file, slot, byte_offset, bytes);
   }
 
  private:
-  OutputPart& part_;
+  OutputPart* part_;
 };
 
-// This process's files: objects (with file 0), then its write items through the executor.
-Result<ExecuteStats> WritePart(const ConvertOptions& options, const ConvertPlan& p, int me,
-                               OutputPart& part) {
+// Objects (with file 0), copied byte for byte.
+Status WriteObjects(const ConvertPlan& p, ChunkReader& reader, OutputPart& part) {
+  for (size_t o = 0; o < p.objects.size(); ++o) {
+    const ObjectEntry& obj = *p.objects[o];
+    FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
+    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, f->ReadAt(obj.byte_offset, obj.byte_length));
+    FC_RETURN_IF_ERROR(part.WriteObject(o, bytes));
+  }
+  return Status::Ok();
+}
+
+// This process's files: objects (with file 0), then its write items through the executor,
+// which every process enters (it exchanges data in step), also one without target files.
+Result<ExecuteStats> WritePart(const ConvertOptions& options, const ConvertPlan& p,
+                               Communicator& comm, OutputPart* part) {
+  const int me = comm.rank();
   const std::vector<uint32_t>& files = p.plan.per_process[static_cast<size_t>(me)].files;
   ChunkReader reader(p.index);
-  if (std::find(files.begin(), files.end(), 0u) != files.end()) {
-    for (size_t o = 0; o < p.objects.size(); ++o) {
-      // Objects are copied byte for byte.
-      const ObjectEntry& obj = *p.objects[o];
-      FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
-      FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes,
-                          f->ReadAt(obj.byte_offset, obj.byte_length));
-      FC_RETURN_IF_ERROR(part.WriteObject(o, bytes));
-    }
+  Status objects = Status::Ok();
+  if (part != nullptr && std::find(files.begin(), files.end(), 0u) != files.end()) {
+    objects = WriteObjects(p, reader, *part);
   }
+  FC_RETURN_IF_ERROR(comm.AllOk(objects));
   PartSink sink(part);
   ExecuteOptions eo;
+  eo.comm = &comm;
   eo.process = me;
   eo.what = "converting";
   eo.progress = options.progress;
@@ -471,15 +482,23 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   ExecuteStats executed;
   std::string digests;
   Status written = [&]() -> Status {
-    if (files.empty()) return Status::Ok();  // more processes than target files
-    auto generation = p->index.attributes.find("torch_generation");
-    FC_ASSIGN_OR_RETURN(part, OutputPart::Create(options, *p, staging, files,
-                                                 generation == p->index.attributes.end()
-                                                     ? std::string()
-                                                     : generation->second));
-    FC_ASSIGN_OR_RETURN(executed, WritePart(options, *p, me, *part));
+    Status created = Status::Ok();
+    if (!files.empty()) {  // more processes than target files: this one only reads
+      auto generation = p->index.attributes.find("torch_generation");
+      Result<std::unique_ptr<OutputPart>> made =
+          OutputPart::Create(options, *p, staging, files,
+                             generation == p->index.attributes.end() ? std::string()
+                                                                     : generation->second);
+      if (made.ok()) part = std::move(*made);
+      created = made.status();
+    }
+    // Every process enters WritePart, or none.
+    FC_RETURN_IF_ERROR(comm->AllOk(created));
+    FC_ASSIGN_OR_RETURN(executed, WritePart(options, *p, *comm, part.get()));
     meter.InputsDone();
-    FC_ASSIGN_OR_RETURN(digests, part->FinishDataFiles());
+    if (part) {
+      FC_ASSIGN_OR_RETURN(digests, part->FinishDataFiles());
+    }
     return Status::Ok();
   }();
   // A failed part removes its own files now, before process 0 removes the directory.
@@ -495,7 +514,8 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   FC_RETURN_IF_ERROR(comm->AllOk(committed));
   if (!options.stats_file.empty()) {
     FC_RETURN_IF_ERROR(WriteRunStats(options.stats_file, "fc-convert", p->plan.bytes_needed,
-                                     meter.Finish(executed.peak_buffer_bytes), *comm));
+                                     meter.Finish(executed.peak_buffer_bytes, executed.bytes_sent,
+                                                  executed.bytes_received), *comm));
   }
   return p->summary;
 }

@@ -242,13 +242,16 @@ class ExportSink : public PlanSink {
 };
 
 // This process's files, written completely under `staging` (not yet renamed into place).
-Result<ExecuteStats> WriteFiles(const ExportOptions& options, const ExportPlan& p, int me,
-                                const std::string& staging) {
+Result<ExecuteStats> WriteFiles(const ExportOptions& options, const ExportPlan& p,
+                                Communicator& comm, const std::string& staging) {
+  const int me = comm.rank();
   const std::vector<uint32_t>& files = p.plan.per_process[static_cast<size_t>(me)].files;
   ExportSink sink;
-  FC_RETURN_IF_ERROR(sink.Open(p, files, staging));
+  // Every process enters the executor, or none (it exchanges data in step).
+  FC_RETURN_IF_ERROR(comm.AllOk(sink.Open(p, files, staging)));
   ChunkReader reader(p.index);
   ExecuteOptions eo;
+  eo.comm = &comm;
   eo.process = me;
   eo.what = "exporting";
   eo.progress = options.progress;
@@ -285,7 +288,7 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   const HfShardAssignment& shards = p->shards;
   ExecuteStats executed;
   Status written = [&]() -> Status {
-    Result<ExecuteStats> run = WriteFiles(options, *p, me, staging);
+    Result<ExecuteStats> run = WriteFiles(options, *p, *comm, staging);
     meter.InputsDone();
     FC_ASSIGN_OR_RETURN(executed, std::move(run));
     return Status::Ok();
@@ -309,7 +312,8 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   p->summary.tensors = p->outputs.size();
   if (!options.stats_file.empty()) {
     FC_RETURN_IF_ERROR(WriteRunStats(options.stats_file, "fc-export", p->plan.bytes_needed,
-                                     meter.Finish(executed.peak_buffer_bytes), *comm));
+                                     meter.Finish(executed.peak_buffer_bytes, executed.bytes_sent,
+                                                  executed.bytes_received), *comm));
   }
   return p->summary;
 }

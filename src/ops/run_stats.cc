@@ -29,7 +29,8 @@ RunStatsMeter::RunStatsMeter() : start_counts_(ProcessIoCounts()), start_seconds
 
 void RunStatsMeter::InputsDone() { inputs_done_ = ProcessIoCounts(); }
 
-ProcessRunStats RunStatsMeter::Finish(uint64_t peak_buffer_bytes) const {
+ProcessRunStats RunStatsMeter::Finish(uint64_t peak_buffer_bytes, uint64_t bytes_sent,
+                                      uint64_t bytes_received) const {
   const IoCounts now = ProcessIoCounts();
   const IoCounts reads = inputs_done_.value_or(now);
   ProcessRunStats s;
@@ -38,6 +39,8 @@ ProcessRunStats RunStatsMeter::Finish(uint64_t peak_buffer_bytes) const {
   s.bytes_written = now.bytes_written - start_counts_.bytes_written;
   s.write_calls = now.write_calls - start_counts_.write_calls;
   s.peak_buffer_bytes = peak_buffer_bytes;
+  s.bytes_sent = bytes_sent;
+  s.bytes_received = bytes_received;
   s.seconds = NowSeconds() - start_seconds_;
   return s;
 }

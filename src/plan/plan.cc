@@ -9,6 +9,8 @@
 #include "fc/codec/json_writer.h"
 #include "fc/core/checked_math.h"
 #include "fc/plan/slabs.h"
+#include "src/plan/exchange.h"
+#include "src/plan/source_index.h"
 
 namespace fc {
 namespace {
@@ -29,53 +31,6 @@ std::string HumanSize(uint64_t bytes) {
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
   return buf;
 }
-
-// Where the replica-0 elements of one source tensor are stored: boxes (flat ranges
-// decomposed) sorted by their first offset on axis 0, so that the boxes meeting a query box
-// are found by binary search instead of a scan of every chunk.
-class SourceTensorIndex {
- public:
-  explicit SourceTensorIndex(const TensorEntry& tensor) {
-    for (const Chunk& c : tensor.chunks) {
-      if (c.replica_id != 0) continue;
-      for (Box& b : StoredBoxes(c.box, c.flat_range)) entries_.push_back({std::move(b), c.file});
-    }
-    std::sort(entries_.begin(), entries_.end(),
-              [](const Entry& a, const Entry& b) { return First(a.box) < First(b.box); });
-    for (const Entry& e : entries_) {
-      if (e.box.rank() > 0) max_extent_ = std::max(max_extent_, e.box.local_shape[0]);
-    }
-  }
-
-  // Adds, per file, the element bytes of `query` that the stored boxes hold.
-  void Accumulate(const Box& query, uint64_t esize,
-                  std::map<uint32_t, uint64_t>& bytes_per_file) const {
-    auto first = entries_.begin();
-    auto last = entries_.end();
-    if (query.rank() > 0) {
-      const int64_t lo = query.global_offset[0] - max_extent_ + 1;
-      const int64_t hi = query.global_offset[0] + query.local_shape[0];
-      first = std::lower_bound(entries_.begin(), entries_.end(), lo,
-                               [](const Entry& e, int64_t v) { return First(e.box) < v; });
-      last = std::lower_bound(first, entries_.end(), hi,
-                              [](const Entry& e, int64_t v) { return First(e.box) < v; });
-    }
-    for (auto it = first; it != last; ++it) {
-      if (auto o = Intersect(it->box, query); o && !o->empty()) {
-        bytes_per_file[it->file] += static_cast<uint64_t>(o->num_elements()) * esize;
-      }
-    }
-  }
-
- private:
-  struct Entry {
-    Box box;
-    uint32_t file;
-  };
-  static int64_t First(const Box& b) { return b.rank() ? b.global_offset[0] : 0; }
-  std::vector<Entry> entries_;
-  int64_t max_extent_ = 0;
-};
 
 size_t WidestElement(const PlanTensor& t) {
   size_t widest = DTypeSize(t.dtype);
@@ -102,6 +57,15 @@ bool HasStridedChunks(const TensorEntry& t) {
 Status ValidateRequest(const PlanRequest& r) {
   if (r.threads < 1) return InvalidArgumentError("threads must be at least 1");
   if (r.processes < 1) return InvalidArgumentError("processes must be at least 1");
+  for (const std::vector<int>& seen_by : r.source_visibility) {
+    for (size_t i = 0; i < seen_by.size(); ++i) {
+      if (seen_by[i] < 0 || seen_by[i] >= r.processes || (i > 0 && seen_by[i] <= seen_by[i - 1])) {
+        return InvalidArgumentError("source visibility lists process " +
+                                    std::to_string(seen_by[i]) + " of " +
+                                    std::to_string(r.processes) + " out of order or range");
+      }
+    }
+  }
   for (const PlanRequest::File& f : r.files) {
     for (const PlanSlot& s : f.slots) {
       if (s.tensor >= r.tensors.size()) {
@@ -181,16 +145,20 @@ Result<Plan> BuildPlan(PlanRequest request) {
       }
     }
   }
-  const uint64_t budget = request.memory_budget;
+  // Several processes: half of the budget for the workers, a quarter each for what a
+  // process sends and receives in an exchange round.
+  const uint64_t share = request.processes > 1 ? 2 : 1;
+  const uint64_t budget = request.memory_budget / share;
   auto minimum_for = [&](int threads) {
-    return static_cast<uint64_t>(threads) * (3 * kMinSlabBytes + block_bytes);
+    return static_cast<uint64_t>(threads) * (3 * kMinSlabBytes + block_bytes) * share;
   };
   int threads = request.threads;
-  while (threads > 1 && budget < minimum_for(threads)) --threads;
-  if (budget < minimum_for(1)) {
+  while (threads > 1 && request.memory_budget < minimum_for(threads)) --threads;
+  if (request.memory_budget < minimum_for(1)) {
     std::string why = "3 staging buffers of " + HumanSize(kMinSlabBytes);
     if (block_bytes > 0) why += " and a reshaped source block of " + HumanSize(block_bytes);
-    return ResourceExhaustedError("--memory-budget " + std::to_string(budget) +
+    if (share > 1) why += ", twice over: half of the budget is for the exchange between processes";
+    return ResourceExhaustedError("--memory-budget " + std::to_string(request.memory_budget) +
                                   " is below the " + std::to_string(minimum_for(1)) + " bytes (" +
                                   HumanSize(minimum_for(1)) + ") this plan needs (" + why + ")");
   }
@@ -274,7 +242,7 @@ Result<Plan> BuildPlan(PlanRequest request) {
     const int p = plan.files[plan.writes[w].file].process;
     plan.per_process[static_cast<size_t>(p)].writes.push_back(static_cast<uint32_t>(w));
   }
-  plan.memory.budget = budget;
+  plan.memory.budget = request.memory_budget;
   plan.memory.minimum = minimum_for(1);
   plan.memory.slab_bytes = largest_item;
   plan.memory.block_bytes = block_bytes;
@@ -284,12 +252,7 @@ Result<Plan> BuildPlan(PlanRequest request) {
 
   // Source bytes per target file: every item's pieces, through the interval index; a
   // reshaping piece's whole block counted once per file. A process reads what its files need.
-  std::unordered_map<const TensorEntry*, SourceTensorIndex> indexes;
-  auto index_of = [&](const TensorEntry* t) -> const SourceTensorIndex& {
-    auto it = indexes.find(t);
-    if (it == indexes.end()) it = indexes.emplace(t, SourceTensorIndex(*t)).first;
-    return it->second;
-  };
+  SourceIndexes indexes;
   std::vector<std::map<uint32_t, uint64_t>> file_reads(plan.files.size());
   std::set<std::tuple<uint32_t, uint32_t, size_t>> whole_blocks;  // (file, tensor, piece)
   for (const WriteItem& item : plan.writes) {
@@ -302,9 +265,13 @@ Result<Plan> BuildPlan(PlanRequest request) {
       const bool whole = std::binary_search(plan.whole_blocks.begin(), plan.whole_blocks.end(),
                                             std::pair<uint32_t, uint32_t>(item.tensor, k));
       if (whole && !whole_blocks.insert({item.file, item.tensor, k}).second) continue;
-      index_of(piece.source)
-          .Accumulate(whole ? piece.src_box : SourceSubBox(piece, *dst_sub), DTypeSize(piece.source->dtype),
-                      file_reads[item.file]);
+      const uint64_t esize = DTypeSize(piece.source->dtype);
+      std::map<uint32_t, uint64_t>& into = file_reads[item.file];
+      indexes.Of(piece.source).ForEach(
+          whole ? piece.src_box : SourceSubBox(piece, *dst_sub),
+          [&](const Box& b, uint32_t file, uint32_t) {
+            into[file] += static_cast<uint64_t>(b.num_elements()) * esize;
+          });
     }
   }
   for (ProcessPlan& pp : plan.per_process) {
@@ -321,6 +288,12 @@ Result<Plan> BuildPlan(PlanRequest request) {
     }
     plan.bytes_needed += pp.bytes_read;
   }
+  if (plan.processes > 1) {
+    FC_RETURN_IF_ERROR(PlanExchange(plan, request.source_visibility, request.memory_budget / 4,
+                                    indexes));
+    // The exchange buffers: what a process sends and receives in one round.
+    plan.memory.peak += 2 * plan.memory.round_bytes;
+  }
   return plan;
 }
 
@@ -333,9 +306,14 @@ std::string PlanJson(const Plan& plan, const CheckpointIndex& index, bool detail
   j.Key("memory").BeginObject(true);
   j.Key("budget").Uint(plan.memory.budget).Key("minimum").Uint(plan.memory.minimum);
   j.Key("peak").Uint(plan.memory.peak).Key("slab_bytes").Uint(plan.memory.slab_bytes);
-  j.Key("block_bytes").Uint(plan.memory.block_bytes).EndObject();
+  j.Key("block_bytes").Uint(plan.memory.block_bytes);
+  j.Key("round_bytes").Uint(plan.memory.round_bytes).EndObject();
   j.Key("bytes_needed").Uint(plan.bytes_needed).Key("bytes_written").Uint(plan.bytes_written);
   j.Key("write_items").Uint(plan.writes.size());
+  j.Key("exchange").BeginObject(true);
+  j.Key("rounds").Uint(plan.rounds).Key("rounds_lower_bound").Uint(plan.rounds_lower_bound);
+  j.Key("transfers").Uint(plan.transfers.size());
+  j.Key("read_balance").Fixed(plan.read_balance, 3).EndObject();
   j.Key("tensors").BeginArray();
   for (const PlanTensor& t : plan.tensors) {
     j.BeginObject(true).Key("name").String(t.name).Key("dtype").String(std::string(DTypeName(t.dtype)));
@@ -357,6 +335,7 @@ std::string PlanJson(const Plan& plan, const CheckpointIndex& index, bool detail
     j.BeginObject().Key("process").Int(static_cast<int64_t>(p));
     j.Key("files_written").Uint(pp.files.size()).Key("write_items").Uint(pp.writes.size());
     j.Key("bytes_written").Uint(pp.bytes_written).Key("bytes_read").Uint(pp.bytes_read);
+    j.Key("bytes_sent").Uint(pp.bytes_sent).Key("bytes_received").Uint(pp.bytes_received);
     j.Key("reads").BeginArray();
     for (const SourceFileBytes& r : pp.reads) {
       j.BeginObject(true).Key("file").String(index.files[r.file].path).Key("bytes").Uint(r.bytes);
@@ -371,7 +350,16 @@ std::string PlanJson(const Plan& plan, const CheckpointIndex& index, bool detail
       j.BeginObject(true).Key("file").Uint(w.file).Key("slot").Uint(w.slot);
       j.Key("tensor").String(plan.tensors[w.tensor].name);
       j.Key("region").String(w.region.ToString());
-      j.Key("byte_offset").Uint(w.byte_offset).Key("bytes").Uint(w.bytes).EndObject();
+      j.Key("byte_offset").Uint(w.byte_offset).Key("bytes").Uint(w.bytes);
+      j.Key("round").Uint(w.round).EndObject();
+    }
+    j.EndArray();
+    j.Key("transfers").BeginArray();
+    for (const Transfer& t : plan.transfers) {
+      j.BeginObject(true).Key("round").Uint(t.round).Key("reader").Int(t.reader);
+      j.Key("writer").Int(t.writer).Key("write").Uint(t.write);
+      j.Key("source").String(t.source->key).Key("chunk").Uint(t.chunk);
+      j.Key("box").String(t.box.ToString()).Key("bytes").Uint(t.bytes).EndObject();
     }
     j.EndArray();
   }

@@ -163,7 +163,7 @@ TEST_CASE("plan: source bytes per file match a brute-force count over every chun
     for (const Chunk& c : dst.chunks) r.files.push_back({"t" + std::to_string(c.file), {{0, c.box, std::nullopt}}});
     r.processes = 1 + static_cast<int>(rng() % 3);
     r.threads = 1;
-    r.memory_budget = 3 * 64 + static_cast<uint64_t>(rng() % 4096);
+    r.memory_budget = 2 * 3 * 64 + static_cast<uint64_t>(rng() % 4096);  // P > 1: twice
     auto plan = BuildPlan(r);
     REQUIRE(plan.ok());
     for (size_t f = 0; f < plan->files.size(); ++f) {

@@ -42,9 +42,36 @@ namespace fc {
 // them, so that such a block is read once rather than once per region (nullptr: read per
 // region).
 class PieceBlockCache;
+class SourceReader;
+Status AssembleRegion(SourceReader& reader, const std::string& target_key,
+                      const std::vector<SourcePiece>& pieces, const Box& region,
+                      DType dst_dtype, void* dst, PieceBlockCache* cache = nullptr);
+// The same, reading every source element from the files.
 Status AssembleRegion(ChunkReader& reader, const std::string& target_key,
                       const std::vector<SourcePiece>& pieces, const Box& region,
                       DType dst_dtype, void* dst, PieceBlockCache* cache = nullptr);
+
+// Where AssembleRegion gets source elements: the files, or, in a multi-process run, partly
+// the bytes other processes read and sent (fc/exec/execute.h). Thread-safe.
+class SourceReader {
+ public:
+  virtual ~SourceReader() = default;
+  // Copies the elements of `src_sub` (source coordinates) that the replica-0 chunks of
+  // `tensor` store into `out`, a row-major buffer holding `out_box` (which contains src_sub).
+  virtual Status Read(const TensorEntry& tensor, const Box& src_sub, void* out,
+                      const Box& out_box) = 0;
+};
+
+// Every element from the files, through a ChunkReader.
+class FileSourceReader final : public SourceReader {
+ public:
+  explicit FileSourceReader(ChunkReader& chunks) : chunks_(chunks) {}
+  Status Read(const TensorEntry& tensor, const Box& src_sub, void* out,
+              const Box& out_box) override;
+
+ private:
+  ChunkReader& chunks_;
+};
 
 // Blocks of reshaping pieces (the whole source block after the piece's ops, in the target
 // dtype), kept while regions of the target use them. Bounded: when holding more than

@@ -6,6 +6,15 @@
 // pieces are kept in a PieceBlockCache bounded by the plan's block reservation, so each is
 // read once. The first failing item stops the run (no new items start).
 //
+// With transfers (Plan::rounds > 0, several processes) the run goes round by round, on every
+// process in step: read the round's transfers this process sends (into one message per
+// receiver), agree that every process read its share, exchange all messages at once
+// (Communicator::Exchange), write this process's items of the round with the received
+// elements standing in for the files it does not read, agree that every process wrote. A
+// failure anywhere ends every process's run with that error at the next agreement, so no
+// process waits for one that has given up. Callers agree before calling (every process must
+// enter Execute, or none).
+//
 // Thread-safety: Execute is called from one thread; the sink is called from the workers
 // concurrently (distinct items never overlap).
 #ifndef FC_EXEC_EXECUTE_H_
@@ -15,6 +24,7 @@
 #include <span>
 #include <string>
 
+#include "fc/comm/communicator.h"
 #include "fc/core/status.h"
 #include "fc/exec/progress.h"
 #include "fc/format/chunk_reader.h"
@@ -35,6 +45,8 @@ struct ExecuteOptions {
   int process = 0;             // which ProcessPlan to run
   std::string what = "writing";  // progress label
   Progress::Mode progress = Progress::Mode::kAuto;
+  // Required when the plan has transfers: rank == process, size == the plan's processes.
+  Communicator* comm = nullptr;
 };
 
 struct ExecuteStats {
@@ -42,6 +54,8 @@ struct ExecuteStats {
   uint64_t peak_buffer_bytes = 0;  // most bytes held in worker buffers and blocks at once
                                    // (upper bound: each worker's largest buffer + blocks)
   double seconds = 0;
+  uint64_t bytes_sent = 0;      // tensor bytes this process sent to others
+  uint64_t bytes_received = 0;  // and received from them
 };
 
 Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& sink,

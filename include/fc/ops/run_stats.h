@@ -11,7 +11,8 @@
 // the run to the end of its data path (metadata and tensor data; memory-mapped metadata
 // parsing is not counted, nor are the writer's later rereads of its own output);
 // bytes_written every byte written (data, headers, metadata). bytes_sent/bytes_received are
-// tensor bytes moved between processes: 0 today, since each process reads what it writes.
+// tensor bytes moved between processes, as handed to and taken from the transport
+// (Communicator::Exchange); over a run the sums over processes are equal.
 #ifndef FC_OPS_RUN_STATS_H_
 #define FC_OPS_RUN_STATS_H_
 
@@ -42,7 +43,9 @@ class RunStatsMeter {
   RunStatsMeter();
   // The inputs have been read: reads after this are not counted.
   void InputsDone();
-  ProcessRunStats Finish(uint64_t peak_buffer_bytes) const;
+  // `bytes_sent`/`bytes_received`: what the executor handed to and got from the transport.
+  ProcessRunStats Finish(uint64_t peak_buffer_bytes, uint64_t bytes_sent = 0,
+                         uint64_t bytes_received = 0) const;
 
  private:
   IoCounts start_counts_;

@@ -9,7 +9,11 @@
 //     needed element counted once, through a per-tensor interval index over the source
 //     chunks: no scan of every chunk per item);
 //   - computes the memory the executor needs: the minimum for this plan (below it the plan
-//     is refused with kResourceExhausted naming the minimum) and the expected peak.
+//     is refused with kResourceExhausted naming the minimum) and the expected peak;
+//   - with several processes, decides who reads what (fc/plan/exchange.h describes the
+//     balancer): every needed source element is read by one process that can see its file,
+//     preferably the one writing it; what one process reads for another is a Transfer, sent
+//     in rounds whose bytes per process stay within a share of the budget.
 // Pure: no IO, no MPI. Deterministic: every process of a run builds the same plan.
 //
 // The plan refers to the CheckpointIndex its pieces point into (SourcePiece::source); the
@@ -86,17 +90,39 @@ struct WriteItem {
   Box region;                // target tensor coordinates
   uint64_t byte_offset = 0;  // within the slot's stored bytes
   uint64_t bytes = 0;
+  uint32_t round = 0;        // the exchange round in which it is written (0: no exchange)
 
   friend bool operator==(const WriteItem&, const WriteItem&) = default;
+};
+
+// Source elements that one process reads and sends to another, for one of the receiver's
+// write items: the elements of `box` (source tensor coordinates) that chunk `chunk` of
+// `source` stores, row-major over `box`, in the source dtype. `box` lies inside one of the
+// chunk's stored boxes (StoredBoxes), so all of it is stored there.
+struct Transfer {
+  uint32_t round = 0;
+  int reader = 0;         // reads it from its file and sends it
+  int writer = 0;         // receives it: the process of the write item's file
+  uint32_t write = 0;     // WriteItem index
+  const TensorEntry* source = nullptr;
+  uint32_t chunk = 0;     // index into source->chunks
+  Box box;
+  uint64_t bytes = 0;     // box elements x source element size
+
+  friend bool operator==(const Transfer&, const Transfer&) = default;
 };
 
 
 struct ProcessPlan {
   std::vector<uint32_t> files;        // target files it writes
   std::vector<uint32_t> writes;       // WriteItem indices, in execution order
-  std::vector<SourceFileBytes> reads;  // its files' reads added up, by source file
+  // Source bytes it reads, by source file: for one process, what its files need; with
+  // several, what the balancer gave it (for itself and for others).
+  std::vector<SourceFileBytes> reads;
   uint64_t bytes_read = 0;            // sum of reads
   uint64_t bytes_written = 0;
+  uint64_t bytes_sent = 0;            // Transfers it reads for others
+  uint64_t bytes_received = 0;        // Transfers others read for it
 
   friend bool operator==(const ProcessPlan&, const ProcessPlan&) = default;
 };
@@ -107,6 +133,7 @@ struct PlanMemory {
   uint64_t peak = 0;        // expected peak of the executor's buffers
   uint64_t slab_bytes = 0;  // largest write item, in bytes of its widest element type
   uint64_t block_bytes = 0;  // largest whole source block kept for reshaping pieces
+  uint64_t round_bytes = 0;  // most bytes a process sends, or receives, in one round
 
   friend bool operator==(const PlanMemory&, const PlanMemory&) = default;
 };
@@ -126,6 +153,12 @@ struct Plan {
   std::vector<ProcessPlan> per_process;    // size == processes
   uint64_t bytes_needed = 0;               // source element bytes, each needed element once
   uint64_t bytes_written = 0;              // target tensor bytes
+  // Sorted by (round, reader, writer, write item, chunk): the order both sides pack and
+  // unpack a round's message between two processes.
+  std::vector<Transfer> transfers;
+  uint32_t rounds = 0;               // exchange rounds (0: nothing moves between processes)
+  uint32_t rounds_lower_bound = 0;   // no schedule within round_bytes needs fewer
+  double read_balance = 1.0;         // max / mean of per-process bytes_read
 
   friend bool operator==(const Plan&, const Plan&) = default;
 };
@@ -141,12 +174,18 @@ struct PlanRequest {
   int processes = 1;
   int threads = 1;              // worker threads per process (>= 1)
   uint64_t memory_budget = 0;   // bytes for tensor buffers per process (> 0)
+  // Which processes can read each source file (CheckpointIndex::files index -> increasing
+  // ranks). Empty: every process sees every file. With more than one process, a quarter of
+  // the budget bounds what a process sends in a round, a quarter what it receives, and the
+  // workers get the other half.
+  std::vector<std::vector<int>> source_visibility;
 };
 
 // Builds the plan. Errors: kInvalidArgument for a slot naming a tensor out of range, a box
 // outside its tensor or a flat range outside its box; kResourceExhausted when the budget is
 // below the plan's minimum ("--memory-budget 1000 is below the 3.1 MiB this plan needs: ...");
-// with several threads the thread count is lowered first until the plan fits.
+// with several threads the thread count is lowered first until the plan fits; kNotFound
+// naming the source file when a needed file is visible to no process.
 Result<Plan> BuildPlan(PlanRequest request);
 
 // The stored boxes of a slot, in stored order, in tensor coordinates: the box, or its flat

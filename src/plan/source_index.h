@@ -1,0 +1,81 @@
+// SourceTensorIndex: where the replica-0 elements of one source tensor are stored, as boxes
+// (flat ranges decomposed) sorted by their first offset on axis 0, so that the boxes meeting
+// a query box are found by binary search instead of a scan of every chunk. Private to plan/.
+#ifndef FC_PLAN_SOURCE_INDEX_H_
+#define FC_PLAN_SOURCE_INDEX_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "fc/core/box.h"
+#include "fc/core/flat_range.h"
+#include "fc/model/checkpoint_index.h"
+
+namespace fc {
+
+class SourceTensorIndex {
+ public:
+  explicit SourceTensorIndex(const TensorEntry& tensor) {
+    for (size_t i = 0; i < tensor.chunks.size(); ++i) {
+      const Chunk& c = tensor.chunks[i];
+      if (c.replica_id != 0) continue;
+      for (Box& b : StoredBoxes(c.box, c.flat_range)) {
+        entries_.push_back({std::move(b), c.file, static_cast<uint32_t>(i)});
+      }
+    }
+    // Stable, so that stored boxes of one chunk keep their stored order.
+    std::stable_sort(entries_.begin(), entries_.end(),
+                     [](const Entry& a, const Entry& b) { return First(a.box) < First(b.box); });
+    for (const Entry& e : entries_) {
+      if (e.box.rank() > 0) max_extent_ = std::max(max_extent_, e.box.local_shape[0]);
+    }
+  }
+
+  // Calls fn(overlap, file, chunk index) for every non-empty overlap of `query` with a
+  // stored box, in increasing order of the stored boxes' first axis-0 offset.
+  template <typename Fn>
+  void ForEach(const Box& query, Fn&& fn) const {
+    auto first = entries_.begin();
+    auto last = entries_.end();
+    if (query.rank() > 0) {
+      const int64_t lo = query.global_offset[0] - max_extent_ + 1;
+      const int64_t hi = query.global_offset[0] + query.local_shape[0];
+      first = std::lower_bound(entries_.begin(), entries_.end(), lo,
+                               [](const Entry& e, int64_t v) { return First(e.box) < v; });
+      last = std::lower_bound(first, entries_.end(), hi,
+                              [](const Entry& e, int64_t v) { return First(e.box) < v; });
+    }
+    for (auto it = first; it != last; ++it) {
+      if (auto o = Intersect(it->box, query); o && !o->empty()) fn(*o, it->file, it->chunk);
+    }
+  }
+
+ private:
+  struct Entry {
+    Box box;
+    uint32_t file;
+    uint32_t chunk;
+  };
+  static int64_t First(const Box& b) { return b.rank() ? b.global_offset[0] : 0; }
+  std::vector<Entry> entries_;
+  int64_t max_extent_ = 0;
+};
+
+// Indexes built on first use, one per source tensor.
+class SourceIndexes {
+ public:
+  const SourceTensorIndex& Of(const TensorEntry* t) {
+    auto it = indexes_.find(t);
+    if (it == indexes_.end()) it = indexes_.emplace(t, SourceTensorIndex(*t)).first;
+    return it->second;
+  }
+
+ private:
+  std::unordered_map<const TensorEntry*, SourceTensorIndex> indexes_;
+};
+
+}  // namespace fc
+
+#endif  // FC_PLAN_SOURCE_INDEX_H_
