@@ -58,6 +58,15 @@ int main(int argc, char** argv) {
                "print the plan (per target rank: chunks, bytes written, source files and bytes "
                "read, estimated peak memory) and write nothing");
   app.add_flag("--json", options.json, "with --dry-run: the plan as JSON (fc-plan(5))");
+  std::string simulate_visibility = "per-rank";
+  app.add_option("--simulate-processes", options.simulate_processes,
+                 "with --dry-run: plan for N processes without starting them (reads, "
+                 "transfers, rounds, balance)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--simulate-visibility", simulate_visibility,
+                 "with --simulate-processes: 'per-rank' (each process sees the files of its "
+                 "source ranks, as on node-local disks; default) or 'shared'")
+      ->check(CLI::IsMember({"per-rank", "shared"}));
   app.add_option("--stats", options.stats_file,
                  "after the run, write measured figures (bytes read/written, calls, peak "
                  "buffers, seconds per process) as JSON to this file");
@@ -81,6 +90,10 @@ int main(int argc, char** argv) {
   if (options.json && !options.dry_run) {
     return fc::cli::Finish(tool, fc::InvalidArgumentError("--json needs --dry-run"));
   }
+  if (options.simulate_processes > 0 && !options.dry_run) {
+    return fc::cli::Finish(tool, fc::InvalidArgumentError("--simulate-processes needs --dry-run"));
+  }
+  options.simulate_shared = simulate_visibility == "shared";
   fc::cli::SetUpIo(follow_symlinks);
   if (!options.dry_run && options.output_dir.empty()) {
     return fc::cli::Finish(tool, fc::InvalidArgumentError("OUT is required unless --dry-run"));

@@ -26,6 +26,8 @@ Status CheckCancel(const std::string& what) {
 RandomAccessFile::RandomAccessFile(std::string path, std::unique_ptr<EnvReadableFile> file)
     : path_(std::move(path)), file_(std::move(file)), size_(file_->size()) {}
 
+bool RandomAccessFile::readable_here() const { return file_->readable_here(); }
+
 Result<std::unique_ptr<RandomAccessFile>> RandomAccessFile::Open(const std::string& path) {
   FC_RETURN_IF_ERROR(CheckCancel("opening " + path));
   FC_ASSIGN_OR_RETURN(auto f, DefaultEnv()->OpenForRead(path));

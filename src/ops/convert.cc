@@ -25,6 +25,7 @@
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
 #include "src/ops/claim_output.h"
+#include "src/ops/shared_input.h"
 #include "fc/plan/plan.h"
 #include "fc/ops/targets.h"
 
@@ -191,9 +192,9 @@ struct ConvertPlan {
   ConvertSummary summary;
 };
 
+// `p.index` is open; `visibility` as PlanRequest::source_visibility.
 Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write_manifest,
-                        ConvertPlan& p) {
-  FC_ASSIGN_OR_RETURN(p.index, OpenCheckpoint(options.input, options.format));
+                        std::vector<std::vector<int>> visibility, ConvertPlan& p) {
   const CheckpointIndex& index = p.index;
   std::string aoa_text;
   if (!options.aoa_file.empty()) {
@@ -272,6 +273,8 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
   request.threads = WorkerThreads(options.threads);
   request.memory_budget =
       options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
+  request.source_visibility = std::move(visibility);
+  FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, p.index));
   FC_ASSIGN_OR_RETURN(p.plan, BuildPlan(std::move(request)));
   p.summary.ranks = layout.ranks.size();
   for (const PlanFile& f : p.plan.files) p.summary.chunks += f.slots.size();
@@ -461,7 +464,25 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   // threads and memory, not the files). Agreeing on the outcome keeps a process that failed
   // alone (an unreadable file) from leaving the others waiting.
   auto p = std::make_unique<ConvertPlan>();
-  FC_RETURN_IF_ERROR(comm->AllOk(BuildConvertPlan(options, comm->size(), me == 0, *p)));
+  // The input as every process sees it (fc/ops/shared_input.h), opened everywhere.
+  FC_ASSIGN_OR_RETURN(SharedInput input, ShareInput(options.input, *comm));
+  FC_RETURN_IF_ERROR(comm->AllOk([&]() -> Status {
+    FC_ASSIGN_OR_RETURN(p->index, OpenCheckpoint(input.path, options.format));
+    return Status::Ok();
+  }()));
+  FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,
+                      ShareVisibility(p->index, input, *comm));
+  int processes = comm->size();
+  if (options.dry_run && options.simulate_processes > 0) {
+    if (comm->size() > 1) {
+      return InvalidArgumentError("--simulate-processes plans for processes that are not "
+                                  "started: run it as one process, not under mpirun");
+    }
+    processes = options.simulate_processes;
+    visibility = SimulatedVisibility(p->index, processes, options.simulate_shared);
+  }
+  FC_RETURN_IF_ERROR(comm->AllOk(
+      BuildConvertPlan(options, processes, me == 0, std::move(visibility), *p)));
   if (options.dry_run) {
     if (me == 0) PrintPlan(p->index, p->plan, p->ranks, options, out);
     return p->summary;
@@ -470,7 +491,7 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   // everyone writes into the staging directory, process 0 commits it. Until then, and on
   // any failure, `output` removes the staging directory.
   FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
-                      ClaimOutput(options.output_dir, options.input, *comm));
+                      ClaimOutput(options.output_dir, input.local_path, *comm));
   std::unique_ptr<OutputDir>& output = claimed.dir;
   const std::string& staging = claimed.staging;
 

@@ -20,6 +20,7 @@
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
 #include "src/ops/claim_output.h"
+#include "src/ops/shared_input.h"
 #include "fc/plan/plan.h"
 #include "fc/ops/targets.h"
 
@@ -89,8 +90,9 @@ struct ExportPlan {
   ExportSummary summary;
 };
 
-Status BuildExportPlan(const ExportOptions& options, int processes, ExportPlan& p) {
-  FC_ASSIGN_OR_RETURN(p.index, OpenCheckpoint(options.input, options.format));
+// `p.index` is open; `visibility` as PlanRequest::source_visibility.
+Status BuildExportPlan(const ExportOptions& options, int processes,
+                       std::vector<std::vector<int>> visibility, ExportPlan& p) {
   if (p.index.format == CheckpointFormat::kDeepSpeed) {
     // Plain names: fp32 master weights (default) or the 16-bit module weights.
     FC_ASSIGN_OR_RETURN(DeepSpeedWeights w, ParseDeepSpeedWeights(options.weights.empty()
@@ -167,6 +169,8 @@ Status BuildExportPlan(const ExportOptions& options, int processes, ExportPlan& 
   request.threads = WorkerThreads(options.threads);
   request.memory_budget =
       options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
+  request.source_visibility = std::move(visibility);
+  FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, p.index));
   FC_ASSIGN_OR_RETURN(p.plan, BuildPlan(std::move(request)));
   return Status::Ok();
 }
@@ -269,7 +273,16 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   // Every step that can fail on one process alone ends in an agreement, so that no process
   // waits for one that has given up.
   auto p = std::make_unique<ExportPlan>();
-  FC_RETURN_IF_ERROR(comm->AllOk(BuildExportPlan(options, comm->size(), *p)));
+  // The input as every process sees it (fc/ops/shared_input.h), opened everywhere.
+  FC_ASSIGN_OR_RETURN(SharedInput input, ShareInput(options.input, *comm));
+  FC_RETURN_IF_ERROR(comm->AllOk([&]() -> Status {
+    FC_ASSIGN_OR_RETURN(p->index, OpenCheckpoint(input.path, options.format));
+    return Status::Ok();
+  }()));
+  FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,
+                      ShareVisibility(p->index, input, *comm));
+  FC_RETURN_IF_ERROR(
+      comm->AllOk(BuildExportPlan(options, comm->size(), std::move(visibility), *p)));
   if (options.dry_run) {
     if (me == 0) PrintPlan(*p, options, out);
     p->summary.tensors = p->outputs.size();
@@ -279,7 +292,7 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   // every process writes its files into that one staging directory; process 0 adds the
   // index and renames the directory onto OUT, so OUT holds nothing or the whole export.
   FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
-                      ClaimOutput(options.output_dir, options.input, *comm));
+                      ClaimOutput(options.output_dir, input.local_path, *comm));
   std::unique_ptr<OutputDir>& output = claimed.dir;
   const std::string& staging = claimed.staging;
   FC_RETURN_IF_ERROR(comm->AllOk(me == 0 ? PrepareOutput(options, *p, staging) : Status::Ok()));

@@ -56,6 +56,10 @@ class EnvReadableFile {
     std::shared_ptr<void> holder;  // releases the view
   };
   virtual Result<Mapping> Map() const = 0;
+  // False for a file this process knows only by name and size (it lies on another
+  // process's disk, fc/io/input_view_env.h): every read fails. Readers that check a file's
+  // contents when they open a checkpoint skip such files; whoever reads them checks then.
+  virtual bool readable_here() const { return true; }
 };
 
 // An open file for writing (created or truncated). WriteAt may be called concurrently for

@@ -32,6 +32,8 @@ class RandomAccessFile {
 
   const std::string& path() const { return path_; }
   uint64_t size() const { return size_; }
+  // See EnvReadableFile::readable_here.
+  bool readable_here() const;
 
   // Reads exactly dst.size() bytes at `offset`. Errors: kDataLoss when the range passes the
   // end of the file ("<path>: wanted bytes [a, b), file has N"), kIoError on read errors.

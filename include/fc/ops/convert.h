@@ -33,6 +33,11 @@ struct ConvertOptions {
   ConvertOutputFormat output_format = ConvertOutputFormat::kFcDistcp;
   std::string torch_version;                   // "1.13" or "2"; empty: like a torch source, else 2
   bool dry_run = false;                        // print the plan, write nothing
+  // With dry_run: plan for this many processes without starting them (0: the real count);
+  // each sees the files of its source ranks (rank of a file: the first number in its name,
+  // modulo the processes), or every file when simulate_shared.
+  int simulate_processes = 0;
+  bool simulate_shared = false;
   bool json = false;                           // dry-run plan as JSON
   std::string stats_file;                      // --stats: measured figures as JSON after the run
   uint64_t memory_budget = 0;                  // 0: a quarter of physical memory

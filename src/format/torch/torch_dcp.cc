@@ -295,9 +295,11 @@ Status DcpReader::ReadObject(const DcpItemMetadata& item, ObjectEntry* out) {
   const std::string ctx = s.relative_path + ": " + label;
   FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, ItemFile(s, out->file).With(ctx));
   ranges_[out->file].push_back({s.offset, s.offset + s.length, &item, 0});
-  // Check the archive's structure now, so a corrupt object fails at open, not at export.
+  // Check the archive's structure now, so a corrupt object fails at open, not at export
+  // (by whoever can read it, when it lies on another process's disk).
   ItemReader reader(f, s.offset, s.length);
-  auto archive = ReadTorchSaveArchive(s.length, reader.AsZipReadFn());
+  auto archive = f->readable_here() ? ReadTorchSaveArchive(s.length, reader.AsZipReadFn())
+                                    : Result<TorchSaveArchive>(TorchSaveArchive{});
   if (!archive.ok()) {
     return archive.status().With(ctx + ": item bytes " + Range(s.offset, s.offset + s.length));
   }

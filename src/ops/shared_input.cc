@@ -1,0 +1,345 @@
+#include "src/ops/shared_input.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "fc/io/file.h"
+
+namespace fc {
+namespace {
+
+// Metadata files (small, needed by every process to open the checkpoint) are broadcast;
+// data files stay where they are.
+bool IsMetadataName(const std::string& name) {
+  auto ends_with = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends_with(".metadata") || ends_with(".json") || name == "latest" ||
+         name == "latest_universal";
+}
+constexpr uint64_t kMaxSharedMetadata = uint64_t{4} << 30;
+
+// A tiny length-prefixed encoding for listings sent between processes.
+void PutU64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void PutString(std::string& out, const std::string& s) {
+  PutU64(out, s.size());
+  out += s;
+}
+class Cursor {
+ public:
+  explicit Cursor(const std::string& s) : s_(s) {}
+  bool U64(uint64_t& v) {
+    if (s_.size() - at_ < 8) return false;
+    v = 0;
+    for (int i = 0; i < 8; ++i) {
+      v |= static_cast<uint64_t>(static_cast<unsigned char>(s_[at_ + static_cast<size_t>(i)])) << (8 * i);
+    }
+    at_ += 8;
+    return true;
+  }
+  bool String(std::string& v) {
+    uint64_t n = 0;
+    if (!U64(n) || n > s_.size() - at_) return false;
+    v = s_.substr(at_, n);
+    at_ += n;
+    return true;
+  }
+  bool done() const { return at_ == s_.size(); }
+
+ private:
+  const std::string& s_;
+  size_t at_ = 0;
+};
+
+struct Listed {
+  uint64_t size = 0;
+  std::vector<int> ranks;
+};
+
+std::string Processes(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "process " : "processes ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+// This process's regular files directly in `dir` (nothing when it does not exist here).
+std::string ListLocal(Env* env, const std::string& dir) {
+  std::string out;
+  std::vector<std::pair<std::string, uint64_t>> files;
+  if (env->Type(dir, /*follow=*/true) == EnvFileType::kDirectory) {
+    if (Result<std::vector<std::string>> names = env->ListDirectory(dir); names.ok()) {
+      for (const std::string& name : *names) {
+        const std::string path = JoinPath(dir, name);
+        const EnvFileType type = env->Type(path, /*follow=*/false);
+        if (type != EnvFileType::kRegular && type != EnvFileType::kSymlink) continue;
+        // Opening applies the read policy (no FIFOs, no symlinks out of the directory).
+        if (Result<std::unique_ptr<EnvReadableFile>> f = env->OpenForRead(path); f.ok()) {
+          files.emplace_back(name, (*f)->size());
+        }
+      }
+    }
+  }
+  PutU64(out, files.size());
+  for (const auto& [name, size] : files) {
+    PutString(out, name);
+    PutU64(out, size);
+  }
+  return out;
+}
+
+// Process 0: the union of every listing, or the first conflict.
+Result<std::map<std::string, Listed>> MergeListings(const std::vector<std::string>& listings,
+                                                    const std::string& input) {
+  std::map<std::string, Listed> all;
+  for (size_t r = 0; r < listings.size(); ++r) {
+    Cursor c(listings[r]);
+    uint64_t n = 0;
+    if (!c.U64(n)) return InternalError("file listing of process " + std::to_string(r));
+    for (uint64_t i = 0; i < n; ++i) {
+      std::string name;
+      uint64_t size = 0;
+      if (!c.String(name) || !c.U64(size)) {
+        return InternalError("file listing of process " + std::to_string(r));
+      }
+      Listed& l = all[name];
+      if (!l.ranks.empty() && l.size != size) {
+        return FailedPreconditionError(
+            JoinPath(input, name) + " differs between processes: " + std::to_string(l.size) +
+            " bytes on process " + std::to_string(l.ranks.front()) + ", " + std::to_string(size) +
+            " on process " + std::to_string(r));
+      }
+      l.size = size;
+      l.ranks.push_back(static_cast<int>(r));
+    }
+  }
+  return all;
+}
+
+std::string EncodeUnion(const std::map<std::string, Listed>& all) {
+  std::string out;
+  PutU64(out, all.size());
+  for (const auto& [name, l] : all) {
+    PutString(out, name);
+    PutU64(out, l.size);
+    PutU64(out, l.ranks.size());
+    for (int r : l.ranks) PutU64(out, static_cast<uint64_t>(r));
+  }
+  return out;
+}
+
+Result<std::map<std::string, Listed>> DecodeUnion(const std::string& bytes, int processes) {
+  std::map<std::string, Listed> all;
+  Cursor c(bytes);
+  uint64_t n = 0;
+  if (!c.U64(n)) return InternalError("file union message");
+  for (uint64_t i = 0; i < n; ++i) {
+    std::string name;
+    Listed l;
+    uint64_t count = 0;
+    if (!c.String(name) || !c.U64(l.size) || !c.U64(count) ||
+        count > static_cast<uint64_t>(processes)) {
+      return InternalError("file union message");
+    }
+    for (uint64_t k = 0; k < count; ++k) {
+      uint64_t r = 0;
+      if (!c.U64(r) || r >= static_cast<uint64_t>(processes)) return InternalError("file union message");
+      l.ranks.push_back(static_cast<int>(r));
+    }
+    all.emplace(std::move(name), std::move(l));
+  }
+  return all;
+}
+
+// The index of this process's host among the job's hosts, sorted by name.
+int NodeIndex(Communicator& comm) {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "localhost");
+  std::vector<std::string> hosts = comm.Gather(host, 0);
+  std::string mine_and_all;
+  if (comm.rank() == 0) {
+    std::set<std::string> unique(hosts.begin(), hosts.end());
+    std::vector<std::string> sorted(unique.begin(), unique.end());
+    for (const std::string& h : hosts) {
+      PutU64(mine_and_all, static_cast<uint64_t>(
+                               std::lower_bound(sorted.begin(), sorted.end(), h) - sorted.begin()));
+    }
+  }
+  comm.Broadcast(mine_and_all, 0);
+  Cursor c(mine_and_all);
+  uint64_t node = 0;
+  for (int r = 0; r <= comm.rank(); ++r) c.U64(node);
+  return static_cast<int>(node);
+}
+
+}  // namespace
+
+std::string ExpandInputPath(const std::string& pattern, int rank, int node) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size();) {
+    if (pattern.compare(i, 6, "{rank}") == 0) {
+      out += std::to_string(rank);
+      i += 6;
+    } else if (pattern.compare(i, 6, "{node}") == 0) {
+      out += std::to_string(node);
+      i += 6;
+    } else {
+      out += pattern[i++];
+    }
+  }
+  return out;
+}
+
+Result<SharedInput> ShareInput(const std::string& input, Communicator& comm) {
+  SharedInput shared;
+  shared.path = input;
+  const bool has_rank = input.find("{rank}") != std::string::npos;
+  const bool has_node = input.find("{node}") != std::string::npos;
+  if (comm.size() == 1 && !has_rank && !has_node) {
+    shared.local_path = input;
+    return shared;
+  }
+  Env* base = DefaultEnv();
+  const int node = has_node ? NodeIndex(comm) : 0;
+  shared.local_path = ExpandInputPath(input, comm.rank(), node);
+  // A single file (safetensors): its directory is shared, the name must not vary.
+  std::string logical_root = input;
+  std::string local_root = shared.local_path;
+  Status kind = Status::Ok();
+  if (base->Type(shared.local_path, /*follow=*/true) == EnvFileType::kRegular) {
+    logical_root = Dirname(input);
+    local_root = Dirname(shared.local_path);
+    if (Basename(input) != Basename(shared.local_path)) {
+      kind = InvalidArgumentError(input + ": {rank} and {node} may appear only in the directory part");
+    }
+  }
+  FC_RETURN_IF_ERROR(comm.AllOk(kind));
+
+  // 1-2. Listings, merged by process 0, the union broadcast.
+  const std::vector<std::string> listings = comm.Gather(ListLocal(base, local_root), 0);
+  std::string union_bytes;
+  Status merged = Status::Ok();
+  if (comm.rank() == 0) {
+    Result<std::map<std::string, Listed>> all = MergeListings(listings, logical_root);
+    if (all.ok() && all->empty()) {
+      all = NotFoundError(input + ": no process sees any file there" +
+                          (has_rank || has_node ? " (expanded per process, e.g. '" +
+                                                      shared.local_path + "' on process 0)"
+                                                : std::string()));
+    }
+    if (all.ok()) union_bytes = EncodeUnion(*all);
+    merged = all.status();
+  }
+  FC_RETURN_IF_ERROR(comm.AllOk(merged));
+  comm.Broadcast(union_bytes, 0);
+  FC_ASSIGN_OR_RETURN(auto all, DecodeUnion(union_bytes, comm.size()));
+
+  // 3. Metadata: read once, by the lowest process that has it, and broadcast.
+  std::map<std::string, InputViewEnv::Entry> entries;
+  for (const auto& [name, listed] : all) {
+    InputViewEnv::Entry e;
+    e.size = listed.size;
+    e.local = std::binary_search(listed.ranks.begin(), listed.ranks.end(), comm.rank());
+    e.seen_by = Processes(listed.ranks);
+    if (IsMetadataName(name) && listed.size <= kMaxSharedMetadata) {
+      const int root = listed.ranks.front();
+      std::string message;
+      if (comm.rank() == root) {
+        Result<std::vector<std::byte>> bytes =
+            ReadWholeFile(JoinPath(local_root, name), kMaxSharedMetadata);
+        if (bytes.ok()) {
+          message = "\1" + std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size());
+        } else {
+          message = "\0" + bytes.status().ToString();
+          message[0] = '\0';
+        }
+      }
+      comm.Broadcast(message, root);
+      if (message.empty() || message[0] != '\1') {
+        return IoError("process " + std::to_string(root) + " could not read " +
+                       JoinPath(input, name) + ": " + (message.empty() ? "" : message.substr(1)));
+      }
+      e.bytes = std::make_shared<const std::string>(message.substr(1));
+    }
+    entries.emplace(name, std::move(e));
+  }
+  // 4. The view.
+  shared.view = std::make_unique<InputViewEnv>(base, logical_root, local_root, std::move(entries));
+  shared.scope = std::make_unique<ScopedEnvOverride>(shared.view.get());
+  return shared;
+}
+
+Result<std::vector<std::vector<int>>> ShareVisibility(const CheckpointIndex& index,
+                                                      SharedInput& input, Communicator& comm) {
+  std::vector<std::vector<int>> visibility;
+  if (!input.view) return visibility;
+  std::string mine(index.files.size(), '\0');
+  for (size_t f = 0; f < index.files.size(); ++f) {
+    if (input.view->LocalFile(JoinPath(index.root, index.files[f].path))) mine[f] = '\1';
+  }
+  std::vector<std::string> all = comm.Gather(mine, 0);
+  std::string joined;
+  if (comm.rank() == 0) {
+    for (const std::string& s : all) joined += s;
+  }
+  comm.Broadcast(joined, 0);
+  if (joined.size() != index.files.size() * static_cast<size_t>(comm.size())) {
+    return InternalError("file visibility message of " + std::to_string(joined.size()) + " bytes");
+  }
+  visibility.resize(index.files.size());
+  for (int r = 0; r < comm.size(); ++r) {
+    for (size_t f = 0; f < index.files.size(); ++f) {
+      if (joined[static_cast<size_t>(r) * index.files.size() + f]) visibility[f].push_back(r);
+    }
+  }
+  return visibility;
+}
+
+std::vector<std::vector<int>> SimulatedVisibility(const CheckpointIndex& index, int processes,
+                                                  bool shared) {
+  std::vector<std::vector<int>> visibility;
+  if (shared || processes < 1) return visibility;
+  std::vector<int> everyone(static_cast<size_t>(processes));
+  for (int r = 0; r < processes; ++r) everyone[static_cast<size_t>(r)] = r;
+  for (const FileInfo& f : index.files) {
+    const std::string name = Basename(f.path);
+    const size_t digit = name.find_first_of("0123456789");
+    if (digit == std::string::npos) {
+      visibility.push_back(everyone);
+      continue;
+    }
+    uint64_t rank = 0;
+    for (size_t i = digit; i < name.size() && name[i] >= '0' && name[i] <= '9' && rank < (1u << 30); ++i) {
+      rank = rank * 10 + static_cast<uint64_t>(name[i] - '0');
+    }
+    visibility.push_back({static_cast<int>(rank % static_cast<uint64_t>(processes))});
+  }
+  return visibility;
+}
+
+Status CheckNeededFilesVisible(const PlanRequest& request, const CheckpointIndex& index) {
+  if (request.source_visibility.empty()) return Status::Ok();
+  std::set<const TensorEntry*> seen;
+  for (const PlanTensor& t : request.tensors) {
+    for (const SourcePiece& p : t.pieces) {
+      if (!p.source || !seen.insert(p.source).second) continue;
+      for (const Chunk& c : p.source->chunks) {
+        if (c.replica_id != 0 || c.file >= request.source_visibility.size()) continue;
+        if (request.source_visibility[c.file].empty()) {
+          return NotFoundError(JoinPath(index.root, index.files[c.file].path) +
+                               " (holding '" + p.source->key + "' " + c.box.ToString() +
+                               ") is on no process's disk");
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace fc

@@ -1,0 +1,60 @@
+// A checkpoint read by several processes that may each see only some of its files
+// (node-local disks). Private to ops/.
+//
+// The input path may contain `{rank}` (the process's rank) and `{node}` (the index of its
+// host among the job's hosts, in host-name order), expanded per process; only in the
+// directory part. With one process and no placeholders nothing changes. Otherwise
+// ShareInput (collective):
+//   1. every process lists the regular files of its expansion (names, sizes);
+//   2. process 0 merges the listings (a name with two different sizes is an error naming
+//      both processes) and broadcasts the union;
+//   3. metadata files (`.metadata`, `*.metadata`, `*.json`, `latest`) are read by the lowest
+//      process that has them and broadcast;
+//   4. an InputViewEnv (fc/io/input_view_env.h) installed as DefaultEnv() serves the union
+//      under the input path as given, so every process opens the same checkpoint.
+// ShareVisibility (collective, after the checkpoint is open) says which processes can read
+// each of its files, for the planner.
+#ifndef FC_SRC_OPS_SHARED_INPUT_H_
+#define FC_SRC_OPS_SHARED_INPUT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fc/comm/communicator.h"
+#include "fc/core/status.h"
+#include "fc/io/env.h"
+#include "fc/io/input_view_env.h"
+#include "fc/model/checkpoint_index.h"
+#include "fc/plan/plan.h"
+
+namespace fc {
+
+struct SharedInput {
+  std::string path;        // what to open: the input as given
+  std::string local_path;  // this process's expansion of it
+  std::unique_ptr<InputViewEnv> view;        // null: nothing shared (one process, no placeholders)
+  std::unique_ptr<ScopedEnvOverride> scope;  // installs `view` while it lives
+};
+
+// `pattern` with {rank} and {node} replaced.
+std::string ExpandInputPath(const std::string& pattern, int rank, int node);
+
+Result<SharedInput> ShareInput(const std::string& input, Communicator& comm);
+
+// Per file of `index`: the increasing ranks that can read it; empty when nothing is shared.
+Result<std::vector<std::vector<int>>> ShareVisibility(const CheckpointIndex& index,
+                                                      SharedInput& input, Communicator& comm);
+
+// For a plan of `processes` processes that are not started: every file visible to the
+// process (its source rank mod processes), the source rank being the first number in the
+// file's name (files without one: everyone); `shared`: every file to everyone.
+std::vector<std::vector<int>> SimulatedVisibility(const CheckpointIndex& index, int processes,
+                                                  bool shared);
+
+// kNotFound naming the first file a piece of `request` reads from that no process sees.
+Status CheckNeededFilesVisible(const PlanRequest& request, const CheckpointIndex& index);
+
+}  // namespace fc
+
+#endif  // FC_SRC_OPS_SHARED_INPUT_H_
