@@ -10,6 +10,7 @@
 #include "fc/comm/communicator.h"
 #include "fc/core/checked_math.h"
 #include "fc/core/flat_range.h"
+#include "fc/core/glob.h"
 #include "fc/exec/assemble.h"
 #include "fc/exec/execute.h"
 #include "fc/exec/parallel.h"
@@ -83,6 +84,47 @@ Result<TargetLayout> ResolveLayout(const CheckpointIndex& index, const ConvertOp
   }
   FC_ASSIGN_OR_RETURN(std::vector<TargetTensor> tensors, LogicalTensors(index, options, aoa_text));
   return LayoutFromRules(rules, tensors);
+}
+
+// --include / --exclude on the target: the layout without the tensors left out (and their
+// chunks). Ranks keep their numbers, even when they end up holding no chunk.
+TargetLayout FilterLayout(const TargetLayout& layout, const NameFilter& filter) {
+  TargetLayout kept;
+  for (const TargetTensor& t : layout.tensors) {
+    if (filter.Passes(t.key)) kept.tensors.push_back(t);
+  }
+  for (const TargetRank& r : layout.ranks) {
+    TargetRank rank{r.rank, {}};
+    for (const TargetChunk& c : r.chunks) {
+      if (filter.Passes(c.key)) rank.chunks.push_back(c);
+    }
+    kept.ranks.push_back(std::move(rank));
+  }
+  return kept;
+}
+
+// Warns (unless --quiet) about source tensors the output does not carry: no target tensor
+// reads them (the target layout lacks them, or the AOA program drops them). Tensors left
+// out with --include/--exclude are the user's choice and not listed.
+uint64_t WarnNotCarried(const CheckpointIndex& index, const std::vector<OutputTensor>& targets,
+                        const NameFilter& filter, bool report) {
+  std::set<const TensorEntry*> read;
+  for (const OutputTensor& t : targets) {
+    for (const SourcePiece& piece : t.pieces) read.insert(piece.source);
+  }
+  std::vector<std::string> dropped;
+  for (const TensorEntry& t : index.tensors) {
+    if (!read.count(&t) && filter.Passes(t.key)) dropped.push_back(t.key);
+  }
+  if (report && !dropped.empty()) {
+    constexpr size_t kShown = 5;
+    std::string names;
+    for (size_t i = 0; i < dropped.size() && i < kShown; ++i) names += (i ? ", " : "") + dropped[i];
+    spdlog::warn("{} source tensor(s) are not in the output ({}{}): the target has no tensor "
+                 "that reads them",
+                 dropped.size(), names, dropped.size() > kShown ? ", ..." : "");
+  }
+  return dropped.size();
 }
 
 // Without a program, each target tensor is the source tensor of the same name.
@@ -199,17 +241,38 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
   if (!options.aoa_file.empty()) {
     FC_ASSIGN_OR_RETURN(aoa_text, ReadTextFile(options.aoa_file));
   }
-  FC_ASSIGN_OR_RETURN(TargetLayout layout, ResolveLayout(index, options, aoa_text));
+  FC_ASSIGN_OR_RETURN(NameFilter filter, NameFilter::Compile(options.include, options.exclude));
+  FC_ASSIGN_OR_RETURN(TargetLayout resolved, ResolveLayout(index, options, aoa_text));
+  TargetLayout layout = FilterLayout(resolved, filter);
+  if (layout.tensors.empty()) {
+    return InvalidArgumentError("no target tensor left to write (check --include/--exclude)");
+  }
   if (write_manifest && !options.emit_manifest.empty()) {
     FC_ASSIGN_OR_RETURN(auto file, WritableFile::Create(options.emit_manifest));
     FC_RETURN_IF_ERROR(file->Append(ManifestJson(layout)));
     FC_RETURN_IF_ERROR(file->Close());
+  }
+  if (options.dtype) {
+    // --dtype decides the dtype of every floating-point target tensor (a dtype the target
+    // layout declares included); the plan casts the pieces.
+    for (TargetTensor& t : layout.tensors) {
+      const TensorEntry* src = index.FindTensor(t.key);
+      if ((t.dtype && IsFloating(*t.dtype)) || (!t.dtype && src && IsFloating(src->dtype))) {
+        t.dtype.reset();
+      }
+    }
   }
   if (options.aoa_file.empty()) {
     FC_ASSIGN_OR_RETURN(p.targets, IdentityTargets(index, layout));
   } else {
     FC_ASSIGN_OR_RETURN(p.targets, AoaConvertOutputs(index, aoa_text, options.aoa_file, layout));
   }
+  if (options.dtype) {
+    for (OutputTensor& t : p.targets) {
+      if (IsFloating(t.dtype)) t.dtype = *options.dtype;
+    }
+  }
+  p.summary.dropped = WarnNotCarried(index, p.targets, filter, write_manifest);
   std::map<std::string, const OutputTensor*> by_key;
   std::set<const TensorEntry*> sources;
   for (const OutputTensor& t : p.targets) {

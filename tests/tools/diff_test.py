@@ -67,7 +67,7 @@ def case_layouts():
     diff(sharded, MEGATRON)
     runs = {"tp1": ["--preset", "megatron-gpt", "--tp", "1", "--pp", "1"],
             "tp1-torch": ["--preset", "megatron-gpt", "--tp", "1", "--pp", "1",
-                          "--format", "torch-dcp", "--torch-version", "1.13"]}
+                          "--output-format", "torch-dcp", "--torch-version", "1.13"]}
     for name, flags in runs.items():
         out = os.path.join(tmp, name)
         fcio.run([CONVERT, MEGATRON, out, "--quiet", *flags])
