@@ -117,12 +117,8 @@ uint64_t WarnNotCarried(const CheckpointIndex& index, const std::vector<OutputTe
     if (!read.count(&t) && filter.Passes(t.key)) dropped.push_back(t.key);
   }
   if (report && !dropped.empty()) {
-    constexpr size_t kShown = 5;
-    std::string names;
-    for (size_t i = 0; i < dropped.size() && i < kShown; ++i) names += (i ? ", " : "") + dropped[i];
-    spdlog::warn("{} source tensor(s) are not in the output ({}{}): the target has no tensor "
-                 "that reads them",
-                 dropped.size(), names, dropped.size() > kShown ? ", ..." : "");
+    spdlog::warn("{} source tensor(s) are not in the output (no target tensor reads them): {}",
+                 dropped.size(), FirstNames(dropped));
   }
   return dropped.size();
 }
@@ -210,7 +206,7 @@ void PrintPlan(const CheckpointIndex& index, const Plan& plan,
     const PlanFile& file = plan.files[f];
     std::string from;
     if (file.reads.size() == 1) {
-      from = index.files[file.reads[0].file].path;
+      from = ElideMiddle(index.files[file.reads[0].file].path, 60);
     } else if (!file.reads.empty()) {
       from = std::to_string(file.reads.size()) + " files";
     }

@@ -39,14 +39,6 @@ bool IsOptimizerKey(const std::string& key, const std::vector<std::string>& mark
   return false;
 }
 
-// "3 (a, b, c)" or "12 (a, b, c, d, e, ...)": a count and the first few names.
-std::string CountAndNames(const std::vector<std::string>& names) {
-  constexpr size_t kShown = 5;
-  std::string s = std::to_string(names.size()) + " (";
-  for (size_t i = 0; i < names.size() && i < kShown; ++i) s += (i ? ", " : "") + names[i];
-  return s + (names.size() > kShown ? ", ...)" : ")");
-}
-
 bool EndsWith(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -108,12 +100,12 @@ struct ExportPlan {
 // Warnings for what the source holds and the output will not (shown unless --quiet).
 void WarnNotCarried(const ExportPlan& p) {
   if (!p.skipped_optimizer.empty()) {
-    spdlog::warn("leaving out {} optimizer state tensor(s) (--include-optimizer exports them)",
-                 CountAndNames(p.skipped_optimizer));
+    spdlog::warn("leaving out {} optimizer state tensor(s) (--include-optimizer exports them): {}",
+                 p.skipped_optimizer.size(), FirstNames(p.skipped_optimizer));
   }
   if (!p.dropped_sources.empty()) {
-    spdlog::warn("{} source tensor(s) are in no output of the AOA program",
-                 CountAndNames(p.dropped_sources));
+    spdlog::warn("{} source tensor(s) are in no output of the AOA program: {}",
+                 p.dropped_sources.size(), FirstNames(p.dropped_sources));
   }
 }
 
@@ -245,7 +237,12 @@ void PrintPlan(const ExportPlan& p, const ExportOptions& options, std::ostream& 
       << HumanBytes(plan.bytes_needed) << " to read, " << plan.processes << " process(es) x "
       << plan.threads << " thread(s)\n";
   if (!p.copy_files.empty()) {
-    out << "copy from " << options.copy_from << ": " << CountAndNames(p.copy_files) << "\n";
+    // One line of at most 120 columns, whatever the directory and file names.
+    out << ElideMiddle("copy from " + ElideMiddle(options.copy_from, 50) + ": " +
+                           std::to_string(p.copy_files.size()) + " file(s): " +
+                           FirstNames(p.copy_files),
+                       120)
+        << "\n";
   }
   out << "memory: budget " << HumanBytes(plan.memory.budget) << ", expected peak "
       << HumanBytes(plan.memory.peak) << ", minimum " << HumanBytes(plan.memory.minimum) << "\n";

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "fc/codec/json_writer.h"
+#include "fc/core/glob.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/open.h"
 #include "fc/io/file.h"
