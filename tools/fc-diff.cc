@@ -83,7 +83,12 @@ int main(int argc, char** argv) {
     options.memory_budget = *b;
   }
   if (quiet) options.progress = fc::Progress::Mode::kQuiet;
+  spdlog::debug("comparing {} with {} (reference), {}", options.a, options.b,
+                options.rtol || options.atol ? "within tolerances, as float64" : "bit-exact");
   auto report = fc::RunDiff(options);
+  if (report.ok()) {
+    spdlog::debug("{} tensor(s) compared, {} bytes", report->tensors_compared, report->bytes_compared);
+  }
   if (!report.ok()) return FinishWithError(tool, report.status());
   if (json) {
     std::cout << fc::DiffReportJson(*report) << "\n";

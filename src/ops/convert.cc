@@ -510,6 +510,18 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   // alone (an unreadable file) from leaving the others waiting.
   auto p = std::make_unique<ConvertPlan>();
   FC_RETURN_IF_ERROR(comm->AllOk(BuildConvertPlan(options, comm->size(), me == 0, *p)));
+  if (me == 0) {
+    // -v: what the plan rests on, before any byte is read.
+    spdlog::debug("{}: {}, {} tensor(s), {} object(s) in {} file(s)", options.input,
+                  CheckpointFormatName(p->index.format), p->index.tensors.size(),
+                  p->index.objects.size(), p->index.files.size());
+    for (size_t f = 0; f < p->plan.files.size(); ++f) {
+      const PlanFile& file = p->plan.files[f];
+      spdlog::debug("target rank {} ({}): process {}, {} chunk(s), {}, reads {} source file(s)",
+                    p->ranks[f], file.name, file.process, file.slots.size(), HumanBytes(file.bytes),
+                    file.reads.size());
+    }
+  }
   if (options.dry_run) {
     if (me == 0) PrintPlan(p->index, p->plan, p->ranks, options, out);
     return p->summary;

@@ -340,7 +340,17 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   // waits for one that has given up.
   auto p = std::make_unique<ExportPlan>();
   FC_RETURN_IF_ERROR(comm->AllOk(BuildExportPlan(options, comm->size(), *p)));
-  if (me == 0) WarnNotCarried(*p);
+  if (me == 0) {
+    // -v: what the plan rests on, before any byte is read.
+    spdlog::debug("{}: {}, {} tensor(s), {} object(s) in {} file(s)", options.input,
+                  CheckpointFormatName(p->index.format), p->index.tensors.size(),
+                  p->index.objects.size(), p->index.files.size());
+    for (const PlanFile& f : p->plan.files) {
+      spdlog::debug("output {}: process {}, {} tensor(s), {}, reads {} source file(s)", f.name,
+                    f.process, f.slots.size(), HumanBytes(f.bytes), f.reads.size());
+    }
+    WarnNotCarried(*p);
+  }
   if (!options.copy_from.empty()) {
     Status listed = Status::Ok();
     if (me == 0) {

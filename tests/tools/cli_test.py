@@ -136,6 +136,15 @@ def case_noeffect():
     run([CONVERT, MIXED, "--dry-run", "--preset", "hf-llama", "--tp", "1"])
     run([CONVERT, MIXED, os.path.join(tmp, "t"), "--quiet", "--target-like", MIXED,
          "--output-format", "torch-dcp", "--torch-version", "2"])
+    # -v does what it says: debug lines about the input and the plan.
+    quiet_run = run([EXPORT, MIXED, "--dry-run", os.path.join(tmp, "v")]).stderr
+    verbose = run([EXPORT, MIXED, "--dry-run", os.path.join(tmp, "v"), "-v"]).stderr
+    assert "fc-export: output model.safetensors: process 0" in verbose, verbose
+    assert "output model.safetensors" not in quiet_run, quiet_run
+    verbose = run([CONVERT, MIXED, "--dry-run", "--target-like", MIXED, "-v"]).stderr
+    assert "fc-convert: target rank 0 (" in verbose, verbose
+    verbose = run([DIFF, MIXED, MIXED, "-v"]).stderr
+    assert "fc-diff: comparing " in verbose and "bit-exact" in verbose, verbose
     # The old name of the input-format flag still works.
     run([CONVERT, MIXED, "--dry-run", "--target-like", MIXED, "--input-format", "torch-dcp"])
     # fc-convert's --format is the input format now: the old `--format torch-dcp` meaning the
