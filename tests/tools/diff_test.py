@@ -213,7 +213,7 @@ def case_aoa():
 def case_errors():
     a = write_safetensors(os.path.join(tmp, "a.safetensors"), {"w": np.zeros(4, np.float32)})
     p = diff(a, os.path.join(tmp, "nope"), expect=4)
-    assert p.stderr.startswith("fc-diff: error: B: "), p.stderr
+    assert p.stderr.splitlines()[-1].startswith("fc-diff: error: B: "), p.stderr  # after -v lines
     bad = os.path.join(tmp, "bad.safetensors")
     with open(bad, "wb") as f:
         f.write(open(a, "rb").read()[:-4])  # truncated data
