@@ -106,6 +106,17 @@ def case_exitcodes():
             p = run(args, expect=2)
             assert p.stderr.startswith(tool + ": error: "), (args, p.stderr)
             assert not os.path.exists(out)
+    # A bad value for the same flag: 3 (invalid argument) in every tool that has the flag.
+    for args in ([INSPECT, MIXED, "--format", "nope"], [EXPORT, MIXED, out, "--format", "nope"],
+                 [CONVERT, MIXED, out, "--target-like", MIXED, "--format", "nope"],
+                 [DIFF, MIXED, MIXED, "--format-a", "nope"],
+                 [EXPORT, MIXED, out, "--memory-budget", "lots"],
+                 [CONVERT, MIXED, out, "--target-like", MIXED, "--memory-budget", "lots"],
+                 [DIFF, MIXED, MIXED, "--memory-budget", "lots"]):
+        p = run(args, expect=3)
+        assert p.stderr.startswith(os.path.basename(args[0]) + ": error: "), (args, p.stderr)
+        assert "nope" in p.stderr or "lots" in p.stderr, p.stderr
+        assert not os.path.exists(out)
     # --help and --version exit 0 and print on stdout.
     for tool, path in TOOLS.items():
         assert run([path, "--version"]).stdout.startswith(tool + " "), tool
