@@ -10,7 +10,7 @@
 #   peak RSS of the tool against --memory-budget      (target <= budget + 64 MB)
 # export: to HF safetensors (5GB shards). export-torch: the same, from the same tensors as a
 # PyTorch DCP checkpoint (torch.save items inside .distcp files, written by fc-convert
-# --format torch-dcp), the input most users have. convert: TP 8 -> TP 2 x sharding 2, where
+# --output-format torch-dcp), the input most users have. convert: TP 8 -> TP 2 x sharding 2, where
 # every tensor's TP-2 block is flattened and cut in two ZeRO-1 style ranges (rows cut mid-way).
 # The last run also writes --stats: bytes read / bytes needed is printed with the times.
 set -euo pipefail
@@ -27,7 +27,7 @@ if [[ $mode == export-torch ]]; then
   tsrc="$dir/src-${size_gb}g-torch"
   if [[ ! -f "$tsrc/.metadata" ]]; then
     rm -rf "$tsrc"
-    "$build/tools/fc-convert" "$src" "$tsrc" --target-like "$src" --format torch-dcp \
+    "$build/tools/fc-convert" "$src" "$tsrc" --target-like "$src" --output-format torch-dcp \
         --torch-version 1.13 --quiet
   fi
   src=$tsrc

@@ -18,10 +18,28 @@ const char* ExitCodeHelp() {
          "9 out of range, 10 resource exhausted, 11 verification failed.";
 }
 
+int ParseCommandLine(CLI::App& app, const std::string& tool, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help, --version: printed on stdout, exit 0
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "%s: error: %s\nRun with --help for more information.\n", tool.c_str(),
+                 e.what());
+    return kUsageExitCode;
+  }
+  return -1;
+}
+
+int UsageError(const std::string& tool, const std::string& message) {
+  std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), message.c_str());
+  return kUsageExitCode;
+}
+
 void SetUpLogging(const std::string& tool, bool quiet, bool verbose) {
   auto logger = spdlog::stderr_color_mt(tool);
   logger->set_pattern("%n: %v");
-  logger->set_level(quiet ? spdlog::level::warn
+  logger->set_level(quiet ? spdlog::level::err
                           : verbose ? spdlog::level::debug : spdlog::level::info);
   spdlog::set_default_logger(logger);
 }

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include <CLI/CLI.hpp>
+
 #include "fc/core/status.h"
 
 namespace fc::cli {
@@ -13,11 +15,23 @@ namespace fc::cli {
 // Exit code for a command-line usage error (CLI11 parse failures).
 inline constexpr int kUsageExitCode = 2;
 
+// Parses the command line. Returns -1 when the tool should go on; otherwise the exit code:
+// 0 after --help / --version, kUsageExitCode after a parse error, printed as
+// "<tool>: error: <message>" plus a pointer to --help (the same form in every tool).
+int ParseCommandLine(CLI::App& app, const std::string& tool, int argc, char** argv);
+
+// A flag combination or value the command line cannot mean: prints "<tool>: error: <message>"
+// and returns kUsageExitCode.
+int UsageError(const std::string& tool, const std::string& message);
+
+// Help text for --include / --exclude in every tool.
+inline constexpr const char* kGlobHelp = "glob (* ? [..]), whole name; repeatable";
+
 // The EXIT STATUS table, as printed in --help footers and the man pages.
 const char* ExitCodeHelp();
 
-// Sets spdlog to print "fc-export: message" lines on stderr; quiet drops info lines,
-// verbose enables debug.
+// Sets spdlog to print "fc-export: message" lines on stderr; quiet keeps errors only (no
+// notes, no warnings), verbose enables debug.
 void SetUpLogging(const std::string& tool, bool quiet, bool verbose);
 
 // Parses "5GB" (10^9), "512MiB" (2^20), "64k", "1000" (bytes); case-insensitive units

@@ -13,7 +13,7 @@
 
 int main(int argc, char** argv) {
   fc::ConvertOptions options;
-  std::string format, budget, presets;
+  std::string format, old_input_format, dtype, budget, presets;
   bool quiet = false, verbose = false;
   for (std::string_view p : fc::PresetNames()) presets += (presets.empty() ? "" : ", ") + std::string(p);
   CLI::App app{
@@ -24,7 +24,9 @@ int main(int argc, char** argv) {
   app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors, Paddle FlexCheckpoint)")
       ->required();
   app.add_option("OUT", options.output_dir, "output directory (must not exist, or be empty)");
-  app.add_option("--input-format", format, "force the input format: torch-dcp, safetensors, fc, paddle");
+  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle");
+  // The input-format flag of earlier versions; hidden (no help line), same meaning as --format.
+  app.add_option("--input-format", old_input_format)->group("");
   auto* target = app.add_option_group("target", "where every chunk goes (exactly one)");
   target->add_option("--target-like", options.target_like,
                      "take the chunk layout of this existing checkpoint (metadata only), e.g. "
@@ -42,14 +44,25 @@ int main(int argc, char** argv) {
                  "with --preset: ZeRO-1 sharding degree of flattened optimizer states");
   app.add_option("--ep", options.degrees.ep, "with --preset: expert-parallel degree");
   app.add_option("--aoa", options.aoa_file, "AOA program for structure changes (fc-aoa(7))");
+  app.add_option("--include", options.include,
+                 std::string("write only target tensors whose name matches this ") +
+                     fc::cli::kGlobHelp)
+      ->allow_extra_args(false);  // one pattern per flag, so CKPT and OUT stay positional
+  app.add_option("--exclude", options.exclude,
+                 std::string("leave out target tensors whose name matches this ") +
+                     fc::cli::kGlobHelp)
+      ->allow_extra_args(false);
+  app.add_option("--dtype", dtype,
+                 "cast floating-point target tensors: bfloat16, float16, float32, float64")
+      ->check(CLI::IsMember({"bfloat16", "float16", "float32", "float64"}));
   std::string out_format = "fc";
-  app.add_option("--format", out_format,
+  app.add_option("--output-format", out_format,
                  "output format: fc (fc distcp with checksums, default) or torch-dcp (PyTorch "
                  "DCP that torch's load_state_dict reads; flattened target chunks are not "
                  "possible there)")
       ->check(CLI::IsMember({"fc", "torch-dcp"}));
   app.add_option("--torch-version", options.torch_version,
-                 "with --format torch-dcp: metadata for torch 1.13 or 2 (default: that of a "
+                 "with --output-format torch-dcp: metadata for torch 1.13 or 2 (default: that of a "
                  "torch DCP source, else 2)")
       ->check(CLI::IsMember({"1.13", "2"}));
   app.add_option("--emit-manifest", options.emit_manifest,
@@ -71,33 +84,46 @@ int main(int argc, char** argv) {
                  "after the run, write measured figures (bytes read/written, calls, peak "
                  "buffers, seconds per process) as JSON to this file");
   app.add_option("--memory-budget", budget, "peak memory for tensor data (default: RAM/4)");
-  app.add_option("--threads", options.threads, "worker threads (default: cores, at most 8)");
+  app.add_option("--threads", options.threads, "worker threads (default: cores, at most 8)")
+      ->check(CLI::PositiveNumber);
   bool follow_symlinks = false;
   app.add_flag("--follow-symlinks", follow_symlinks,
                "read checkpoint files that are symlinks pointing outside the checkpoint "
                "directory (refused by default)");
-  app.add_flag("-q,--quiet", quiet, "no progress output");
+  app.add_flag("-q,--quiet", quiet, "no progress, notes or warnings; errors only");
   app.add_flag("-v,--verbose", verbose, "debug logging");
   app.set_version_flag("--version", std::string("fc-convert ") + FC_VERSION);
   app.footer(fc::cli::ExitCodeHelp());
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : fc::cli::kUsageExitCode;
-  }
   const std::string tool = "fc-convert";
-  fc::cli::SetUpLogging(tool, quiet, verbose);
-  if (options.json && !options.dry_run) {
-    return fc::cli::Finish(tool, fc::InvalidArgumentError("--json needs --dry-run"));
-  }
+  if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
+  // Flags that would have no effect are refused rather than ignored.
+  if (options.json && !options.dry_run) return fc::cli::UsageError(tool, "--json needs --dry-run");
   if (options.simulate_processes > 0 && !options.dry_run) {
-    return fc::cli::Finish(tool, fc::InvalidArgumentError("--simulate-processes needs --dry-run"));
+    return fc::cli::UsageError(tool, "--simulate-processes needs --dry-run");
   }
   options.simulate_shared = simulate_visibility == "shared";
-  fc::cli::SetUpIo(follow_symlinks);
   if (!options.dry_run && options.output_dir.empty()) {
-    return fc::cli::Finish(tool, fc::InvalidArgumentError("OUT is required unless --dry-run"));
+    return fc::cli::UsageError(tool, "OUT is required unless --dry-run");
   }
+  if (options.preset.empty()) {
+    for (const char* degree : {"--tp", "--pp", "--dp", "--sharding", "--ep"}) {
+      if (app.count(degree)) {
+        return fc::cli::UsageError(tool, std::string(degree) + " applies to --preset only (the "
+                                   "degrees of --target-like, --target-layout and "
+                                   "--target-manifest come from that target)");
+      }
+    }
+  }
+  if (!options.torch_version.empty() && out_format != "torch-dcp") {
+    return fc::cli::UsageError(tool, "--torch-version applies to --output-format torch-dcp only");
+  }
+  if (!old_input_format.empty()) {
+    if (!format.empty()) return fc::cli::UsageError(tool, "give --format only (--input-format is its old name)");
+    format = old_input_format;
+  }
+  fc::cli::SetUpLogging(tool, quiet, verbose);
+  fc::cli::SetUpIo(follow_symlinks);
+  if (!dtype.empty()) options.dtype = *fc::ParseDType(dtype);
   if (!format.empty()) {
     auto parsed = fc::ParseCheckpointFormat(format);
     if (!parsed.ok()) return fc::cli::Finish(tool, parsed.status());

@@ -45,13 +45,15 @@ int main(int argc, char** argv) {
   app.add_option("--atol", atol, "absolute tolerance (compare values as float64)");
   app.add_flag("--equal-nan", options.equal_nan, "with --rtol/--atol: NaN equals NaN");
   app.add_option("--include", options.include,
-                 "compare only names matching this glob (*, ?, [a-z]; repeatable)")
+                 std::string("compare only names matching this ") + fc::cli::kGlobHelp)
       ->allow_extra_args(false);  // one pattern per flag, so A and B stay positional
-  app.add_option("--exclude", options.exclude, "leave out names matching this glob (repeatable)")
+  app.add_option("--exclude", options.exclude,
+                 std::string("leave out names matching this ") + fc::cli::kGlobHelp)
       ->allow_extra_args(false);
   app.add_option("--memory-budget", budget,
                  "peak memory for tensor data, e.g. 4GB (default: a quarter of RAM)");
-  app.add_option("--threads", options.threads, "worker threads (default: cores, at most 8)");
+  app.add_option("--threads", options.threads, "worker threads (default: cores, at most 8)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--json", json, "print the report as one JSON object on stdout");
   app.add_flag("-q,--quiet", quiet, "no progress and no text report; only the exit status "
                                     "(--json is still printed)");
@@ -61,12 +63,8 @@ int main(int argc, char** argv) {
       "Exit status: 0 equal, 1 different, 2 usage, 3 invalid argument, 4 not found,\n"
       "5 corrupt input, 6 unsupported, 7 I/O error, 8 failed precondition,\n"
       "9 out of range, 10 resource exhausted, 12 internal error.");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : fc::cli::kUsageExitCode;
-  }
   const std::string tool = "fc-diff";
+  if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
   fc::cli::SetUpLogging(tool, quiet, verbose);
   for (auto [text, target] : {std::pair{&format_a, &options.format_a},
                               std::pair{&format_b, &options.format_b}}) {
@@ -85,7 +83,12 @@ int main(int argc, char** argv) {
     options.memory_budget = *b;
   }
   if (quiet) options.progress = fc::Progress::Mode::kQuiet;
+  spdlog::debug("comparing {} with {} (reference), {}", options.a, options.b,
+                options.rtol || options.atol ? "within tolerances, as float64" : "bit-exact");
   auto report = fc::RunDiff(options);
+  if (report.ok()) {
+    spdlog::debug("{} tensor(s) compared, {} bytes", report->tensors_compared, report->bytes_compared);
+  }
   if (!report.ok()) return FinishWithError(tool, report.status());
   if (json) {
     std::cout << fc::DiffReportJson(*report) << "\n";

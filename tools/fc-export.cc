@@ -30,16 +30,25 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bfloat16", "float16", "float32", "float64"}));
   app.add_option("--max-shard-size", max_shard,
                  "largest tensor data per output file, e.g. 5GB (default), 500MB, 2GiB");
-  app.add_option("--include", options.include_regex, "export only names matching this regex");
-  app.add_option("--exclude", options.exclude_regex, "leave out names matching this regex");
+  app.add_option("--include", options.include,
+                 std::string("export only output names matching this ") + fc::cli::kGlobHelp)
+      ->allow_extra_args(false);  // one pattern per flag, so CKPT and OUT stay positional
+  app.add_option("--exclude", options.exclude,
+                 std::string("leave out output names matching this ") + fc::cli::kGlobHelp)
+      ->allow_extra_args(false);
   app.add_flag("--include-optimizer", options.include_optimizer,
                "also export optimizer states (exp_avg, exp_avg_sq, fp32 master weights, ...)");
   app.add_option("--memory-budget", budget,
                  "peak memory for tensor data, e.g. 4GB (default: a quarter of RAM)");
-  app.add_option("--threads", options.threads, "worker threads (default: cores, at most 8)");
+  app.add_option("--threads", options.threads, "worker threads (default: cores, at most 8)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--objects", options.objects_dir,
                  "write non-tensor objects (iteration, RNG state, ...) as files into this "
                  "directory (default: skip them with a note)");
+  app.add_option("--copy-from", options.copy_from,
+                 "copy config.json, generation_config.json, tokenizer files and other small "
+                 "(<= 64 MiB) non-tensor files of this directory (e.g. the original HF model "
+                 "dir) into OUT with the export");
   app.add_flag("--dry-run", options.dry_run,
                "plan only: print output files, bytes to read and write, memory; write nothing");
   app.add_flag("--json", options.json, "with --dry-run: the whole plan as JSON (fc-plan(5))");
@@ -55,25 +64,19 @@ int main(int argc, char** argv) {
   app.add_flag("--follow-symlinks", follow_symlinks,
                "read checkpoint files that are symlinks pointing outside the checkpoint "
                "directory (refused by default)");
-  app.add_flag("-q,--quiet", quiet, "no progress output");
+  app.add_flag("-q,--quiet", quiet, "no progress, notes or warnings; errors only");
   app.add_flag("-v,--verbose", verbose, "debug logging");
   app.set_version_flag("--version", std::string("fc-export ") + FC_VERSION);
   app.footer(fc::cli::ExitCodeHelp());
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : fc::cli::kUsageExitCode;
-  }
   const std::string tool = "fc-export";
+  if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
+  if (options.json && !options.dry_run) return fc::cli::UsageError(tool, "--json needs --dry-run");
   fc::cli::SetUpLogging(tool, quiet, verbose);
   fc::cli::SetUpIo(follow_symlinks);
   if (!format.empty()) {
     auto parsed = fc::ParseCheckpointFormat(format);
     if (!parsed.ok()) return fc::cli::Finish(tool, parsed.status());
     options.format = *parsed;
-  }
-  if (options.json && !options.dry_run) {
-    return fc::cli::Finish(tool, fc::InvalidArgumentError("--json needs --dry-run"));
   }
   if (!dtype.empty()) options.dtype = *fc::ParseDType(dtype);
   auto shard = fc::cli::ParseSize("--max-shard-size", max_shard);

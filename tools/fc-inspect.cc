@@ -17,8 +17,9 @@ int main(int argc, char** argv) {
   app.add_option("CKPT", options.path, "checkpoint directory (or .safetensors file; DeepSpeed: save dir with latest, or a tag dir)")
       ->required();
   app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed");
-  app.add_option("--tensors", options.tensor_regex,
-                 "only tensors whose key matches this regular expression (ECMAScript, search)");
+  app.add_option("--tensors", options.tensors,
+                 "only tensors whose key matches this glob (* ? [..]), whole name, e.g. "
+                 "'*.layers.0.*'");
   bool follow_symlinks = false;
   app.add_flag("--follow-symlinks", follow_symlinks,
                "read checkpoint files that are symlinks pointing outside the checkpoint "
@@ -32,10 +33,14 @@ int main(int argc, char** argv) {
                  "expanded statements and the resulting tensors, reading no tensor bytes");
   app.set_version_flag("--version", std::string("fc-inspect ") + FC_VERSION);
   app.footer(fc::cli::ExitCodeHelp());
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : fc::cli::kUsageExitCode;
+  const std::string tool = "fc-inspect";
+  if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
+  // --aoa previews the program's outputs; the tensor table and the verification are not
+  // printed then, so the flags that shape them would do nothing.
+  if (!options.aoa_file.empty() && (app.count("--tensors") || options.verify)) {
+    return fc::cli::UsageError(tool, std::string(options.verify ? "--verify" : "--tensors") +
+                                         " cannot be combined with --aoa (the AOA preview "
+                                         "lists the program's outputs only)");
   }
   fc::cli::SetUpLogging("fc-inspect", false, false);
   fc::cli::SetUpIo(follow_symlinks);

@@ -1,6 +1,8 @@
 // Private to src/ops: claiming OUT for a multi-process run. Process 0 opens the OutputDir
 // (lock, checks, a staging directory beside OUT: fc/io/output_dir.h) and every process
 // learns the staging path; the outcome is agreed, so a refusal on process 0 stops all.
+// OUT's missing parent directories are created first (like mkdir -p), once OUT is known not
+// to lie inside the input, so a refused run creates nothing there.
 #ifndef FC_SRC_OPS_CLAIM_OUTPUT_H_
 #define FC_SRC_OPS_CLAIM_OUTPUT_H_
 
@@ -9,6 +11,7 @@
 
 #include "fc/comm/communicator.h"
 #include "fc/core/status.h"
+#include "fc/io/file.h"
 #include "fc/io/output_dir.h"
 
 namespace fc {
@@ -23,6 +26,13 @@ inline Result<ClaimedOutput> ClaimOutput(const std::string& output_dir, const st
   ClaimedOutput claimed;
   Status opened_status = Status::Ok();
   if (comm.rank() == 0) {
+    opened_status = CheckOutputNotNested(output_dir, input);
+    const std::string parent = Dirname(StripTrailingSlashes(output_dir));
+    if (opened_status.ok() && !parent.empty() && !IsDirectory(parent)) {
+      opened_status = CreateDirectories(parent);
+    }
+  }
+  if (comm.rank() == 0 && opened_status.ok()) {
     auto opened = OutputDir::Open(output_dir, input);
     if (opened.ok()) {
       claimed.dir = std::move(*opened);

@@ -10,6 +10,7 @@
 #include "fc/comm/communicator.h"
 #include "fc/core/checked_math.h"
 #include "fc/core/flat_range.h"
+#include "fc/core/glob.h"
 #include "fc/exec/assemble.h"
 #include "fc/exec/execute.h"
 #include "fc/exec/parallel.h"
@@ -84,6 +85,43 @@ Result<TargetLayout> ResolveLayout(const CheckpointIndex& index, const ConvertOp
   }
   FC_ASSIGN_OR_RETURN(std::vector<TargetTensor> tensors, LogicalTensors(index, options, aoa_text));
   return LayoutFromRules(rules, tensors);
+}
+
+// --include / --exclude on the target: the layout without the tensors left out (and their
+// chunks). Ranks keep their numbers, even when they end up holding no chunk.
+TargetLayout FilterLayout(const TargetLayout& layout, const NameFilter& filter) {
+  TargetLayout kept;
+  for (const TargetTensor& t : layout.tensors) {
+    if (filter.Passes(t.key)) kept.tensors.push_back(t);
+  }
+  for (const TargetRank& r : layout.ranks) {
+    TargetRank rank{r.rank, {}};
+    for (const TargetChunk& c : r.chunks) {
+      if (filter.Passes(c.key)) rank.chunks.push_back(c);
+    }
+    kept.ranks.push_back(std::move(rank));
+  }
+  return kept;
+}
+
+// Warns (unless --quiet) about source tensors the output does not carry: no target tensor
+// reads them (the target layout lacks them, or the AOA program drops them). Tensors left
+// out with --include/--exclude are the user's choice and not listed.
+uint64_t WarnNotCarried(const CheckpointIndex& index, const std::vector<OutputTensor>& targets,
+                        const NameFilter& filter, bool report) {
+  std::set<const TensorEntry*> read;
+  for (const OutputTensor& t : targets) {
+    for (const SourcePiece& piece : t.pieces) read.insert(piece.source);
+  }
+  std::vector<std::string> dropped;
+  for (const TensorEntry& t : index.tensors) {
+    if (!read.count(&t) && filter.Passes(t.key)) dropped.push_back(t.key);
+  }
+  if (report && !dropped.empty()) {
+    spdlog::warn("{} source tensor(s) are not in the output (no target tensor reads them): {}",
+                 dropped.size(), FirstNames(dropped));
+  }
+  return dropped.size();
 }
 
 // Without a program, each target tensor is the source tensor of the same name.
@@ -169,7 +207,7 @@ void PrintPlan(const CheckpointIndex& index, const Plan& plan,
     const PlanFile& file = plan.files[f];
     std::string from;
     if (file.reads.size() == 1) {
-      from = index.files[file.reads[0].file].path;
+      from = ElideMiddle(index.files[file.reads[0].file].path, 60);
     } else if (!file.reads.empty()) {
       from = std::to_string(file.reads.size()) + " files";
     }
@@ -200,17 +238,38 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
   if (!options.aoa_file.empty()) {
     FC_ASSIGN_OR_RETURN(aoa_text, ReadTextFile(options.aoa_file));
   }
-  FC_ASSIGN_OR_RETURN(TargetLayout layout, ResolveLayout(index, options, aoa_text));
+  FC_ASSIGN_OR_RETURN(NameFilter filter, NameFilter::Compile(options.include, options.exclude));
+  FC_ASSIGN_OR_RETURN(TargetLayout resolved, ResolveLayout(index, options, aoa_text));
+  TargetLayout layout = FilterLayout(resolved, filter);
+  if (layout.tensors.empty()) {
+    return InvalidArgumentError("no target tensor left to write (check --include/--exclude)");
+  }
   if (write_manifest && !options.emit_manifest.empty()) {
     FC_ASSIGN_OR_RETURN(auto file, WritableFile::Create(options.emit_manifest));
     FC_RETURN_IF_ERROR(file->Append(ManifestJson(layout)));
     FC_RETURN_IF_ERROR(file->Close());
+  }
+  if (options.dtype) {
+    // --dtype decides the dtype of every floating-point target tensor (a dtype the target
+    // layout declares included); the plan casts the pieces.
+    for (TargetTensor& t : layout.tensors) {
+      const TensorEntry* src = index.FindTensor(t.key);
+      if ((t.dtype && IsFloating(*t.dtype)) || (!t.dtype && src && IsFloating(src->dtype))) {
+        t.dtype.reset();
+      }
+    }
   }
   if (options.aoa_file.empty()) {
     FC_ASSIGN_OR_RETURN(p.targets, IdentityTargets(index, layout));
   } else {
     FC_ASSIGN_OR_RETURN(p.targets, AoaConvertOutputs(index, aoa_text, options.aoa_file, layout));
   }
+  if (options.dtype) {
+    for (OutputTensor& t : p.targets) {
+      if (IsFloating(t.dtype)) t.dtype = *options.dtype;
+    }
+  }
+  p.summary.dropped = WarnNotCarried(index, p.targets, filter, write_manifest);
   std::map<std::string, const OutputTensor*> by_key;
   std::set<const TensorEntry*> sources;
   for (const OutputTensor& t : p.targets) {
@@ -483,6 +542,18 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   }
   FC_RETURN_IF_ERROR(comm->AllOk(
       BuildConvertPlan(options, processes, me == 0, std::move(visibility), *p)));
+  if (me == 0) {
+    // -v: what the plan rests on, before any byte is read.
+    spdlog::debug("{}: {}, {} tensor(s), {} object(s) in {} file(s)", options.input,
+                  CheckpointFormatName(p->index.format), p->index.tensors.size(),
+                  p->index.objects.size(), p->index.files.size());
+    for (size_t f = 0; f < p->plan.files.size(); ++f) {
+      const PlanFile& file = p->plan.files[f];
+      spdlog::debug("target rank {} ({}): process {}, {} chunk(s), {}, reads {} source file(s)",
+                    p->ranks[f], file.name, file.process, file.slots.size(), HumanBytes(file.bytes),
+                    file.reads.size());
+    }
+  }
   if (options.dry_run) {
     if (me == 0) PrintPlan(p->index, p->plan, p->ranks, options, out);
     return p->summary;

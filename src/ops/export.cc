@@ -1,7 +1,6 @@
 #include "fc/ops/export.h"
 
 #include <algorithm>
-#include <regex>
 #include <set>
 
 #include <spdlog/spdlog.h>
@@ -9,6 +8,7 @@
 #include "fc/comm/communicator.h"
 #include "fc/core/checked_math.h"
 #include "fc/core/flat_range.h"
+#include "fc/core/glob.h"
 #include "fc/exec/execute.h"
 #include "fc/exec/parallel.h"
 #include "fc/format/chunk_reader.h"
@@ -40,13 +40,18 @@ bool IsOptimizerKey(const std::string& key, const std::vector<std::string>& mark
   return false;
 }
 
-Result<std::optional<std::regex>> CompileRegex(const std::string& flag, const std::string& text) {
-  if (text.empty()) return std::optional<std::regex>();
-  try {
-    return std::optional<std::regex>(std::regex(text));
-  } catch (const std::regex_error& e) {
-    return InvalidArgumentError(flag + " '" + text + "': " + e.what());
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Tensor data, indexes and metadata of checkpoints: never copied by --copy-from (the export
+// writes its own), and names the export writes.
+bool IsCheckpointFileName(const std::string& name) {
+  for (std::string_view suffix : {".safetensors", ".bin", ".pt", ".pth", ".distcp", ".index.json",
+                                  ".metadata", ".fc-lock"}) {
+    if (EndsWith(name, suffix)) return true;
   }
+  return name == "fc.metadata.json" || name == kHfIndexFileName;
 }
 
 std::string SafeObjectFileName(const std::string& key) {
@@ -88,7 +93,22 @@ struct ExportPlan {
   std::vector<std::vector<size_t>> file_tensors;  // output indices per file
   Plan plan;                                       // files = shards, slots = tensors
   ExportSummary summary;
+  std::vector<std::string> skipped_optimizer;      // output names left out as optimizer state
+  std::vector<std::string> dropped_sources;        // source tensors no output reads
+  std::vector<std::string> copy_files;             // --copy-from, process 0 only
 };
+
+// Warnings for what the source holds and the output will not (shown unless --quiet).
+void WarnNotCarried(const ExportPlan& p) {
+  if (!p.skipped_optimizer.empty()) {
+    spdlog::warn("leaving out {} optimizer state tensor(s) (--include-optimizer exports them): {}",
+                 p.skipped_optimizer.size(), FirstNames(p.skipped_optimizer));
+  }
+  if (!p.dropped_sources.empty()) {
+    spdlog::warn("{} source tensor(s) are in no output of the AOA program: {}",
+                 p.dropped_sources.size(), FirstNames(p.dropped_sources));
+  }
+}
 
 // `p.index` is open; `visibility` as PlanRequest::source_visibility.
 Status BuildExportPlan(const ExportOptions& options, int processes,
@@ -103,8 +123,7 @@ Status BuildExportPlan(const ExportOptions& options, int processes,
     return InvalidArgumentError("--weights applies to DeepSpeed checkpoints only");
   }
   const CheckpointIndex& index = p.index;
-  FC_ASSIGN_OR_RETURN(auto include, CompileRegex("--include", options.include_regex));
-  FC_ASSIGN_OR_RETURN(auto exclude, CompileRegex("--exclude", options.exclude_regex));
+  FC_ASSIGN_OR_RETURN(NameFilter filter, NameFilter::Compile(options.include, options.exclude));
   const std::vector<std::string>& markers =
       options.optimizer_markers.empty() ? kDefaultOptimizerMarkers : options.optimizer_markers;
 
@@ -117,13 +136,22 @@ Status BuildExportPlan(const ExportOptions& options, int processes,
                                                            text.size()),
                                         options.aoa_file));
   }
+  // Source tensors no output reads (an AOA program removed or consumed them): reported.
+  std::set<const TensorEntry*> read;
+  for (const OutputTensor& t : all) {
+    for (const SourcePiece& piece : t.pieces) read.insert(piece.source);
+  }
+  for (const TensorEntry& t : index.tensors) {
+    if (!read.count(&t)) p.dropped_sources.push_back(t.key);
+  }
+  p.summary.dropped_by_aoa = p.dropped_sources.size();
   for (OutputTensor& t : all) {
     if (!options.include_optimizer && IsOptimizerKey(t.name, markers)) {
       ++p.summary.skipped_optimizer;
+      p.skipped_optimizer.push_back(t.name);
       continue;
     }
-    if (include && !std::regex_search(t.name, *include)) continue;
-    if (exclude && std::regex_search(t.name, *exclude)) continue;
+    if (!filter.Passes(t.name)) continue;
     if (options.dtype && IsFloating(t.dtype)) t.dtype = *options.dtype;
     p.outputs.push_back(std::move(t));
   }
@@ -179,6 +207,16 @@ Status BuildExportPlan(const ExportOptions& options, int processes,
 // objects are dumped when asked for; a --objects directory inside OUT goes into the
 // staging directory, so it appears with the export.
 Status PrepareOutput(const ExportOptions& options, const ExportPlan& p, const std::string& staging) {
+  for (const std::string& name : p.copy_files) {
+    // Read through the IO policy again: the file may have changed since it was listed.
+    const std::string from = JoinPath(options.copy_from, name);
+    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes,
+                        ReadWholeFile(from, kMaxCopyFromBytes).With("--copy-from"));
+    FC_ASSIGN_OR_RETURN(auto out, WritableFile::Create(JoinPath(staging, name)));
+    FC_RETURN_IF_ERROR(out->Append(std::span<const std::byte>(bytes)));
+    FC_RETURN_IF_ERROR(out->Sync());
+    FC_RETURN_IF_ERROR(out->Close());
+  }
   if (p.index.objects.empty()) return Status::Ok();
   if (options.objects_dir.empty()) {
     spdlog::info("skipping {} non-tensor object(s) (e.g. '{}'); --objects DIR dumps them",
@@ -202,6 +240,14 @@ void PrintPlan(const ExportPlan& p, const ExportOptions& options, std::ostream& 
       << " file(s), " << HumanBytes(plan.bytes_written) << " to write, "
       << HumanBytes(plan.bytes_needed) << " to read, " << plan.processes << " process(es) x "
       << plan.threads << " thread(s)\n";
+  if (!p.copy_files.empty()) {
+    // One line of at most 120 columns, whatever the directory and file names.
+    out << ElideMiddle("copy from " + ElideMiddle(options.copy_from, 50) + ": " +
+                           std::to_string(p.copy_files.size()) + " file(s): " +
+                           FirstNames(p.copy_files),
+                       120)
+        << "\n";
+  }
   out << "memory: budget " << HumanBytes(plan.memory.budget) << ", expected peak "
       << HumanBytes(plan.memory.peak) << ", minimum " << HumanBytes(plan.memory.minimum) << "\n";
   TextTable table({"FILE", "PROCESS", "TENSORS", "BYTES", "READ"});
@@ -266,6 +312,33 @@ Result<ExecuteStats> WriteFiles(const ExportOptions& options, const ExportPlan& 
 
 }  // namespace
 
+Result<std::vector<std::string>> CopyFromFiles(const std::string& dir) {
+  Env* env = DefaultEnv();
+  const EnvFileType type = env->Type(dir, /*follow=*/true);
+  if (type == EnvFileType::kMissing) return NotFoundError("--copy-from " + dir + ": no such directory");
+  if (type != EnvFileType::kDirectory) {
+    return InvalidArgumentError("--copy-from " + dir + ": not a directory");
+  }
+  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
+  std::vector<std::string> files;
+  for (const std::string& name : names) {
+    if (name.empty() || name[0] == '.' || IsCheckpointFileName(name)) continue;
+    const std::string path = JoinPath(dir, name);
+    if (env->Type(path, /*follow=*/true) != EnvFileType::kRegular) continue;  // dirs, FIFOs
+    // Opening applies the read policy: a symlink out of `dir` is refused (kInvalidArgument)
+    // unless --follow-symlinks.
+    FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f,
+                        RandomAccessFile::Open(path).With("--copy-from"));
+    if (f->size() > kMaxCopyFromBytes) {
+      spdlog::info("--copy-from: skipping {} ({}, over {})", path, HumanBytes(f->size()),
+                   HumanBytes(kMaxCopyFromBytes));
+      continue;
+    }
+    files.push_back(name);
+  }
+  return files;
+}
+
 Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out) {
   RunStatsMeter meter;
   Communicator* comm = options.comm ? options.comm : &SingleProcessCommunicator();
@@ -283,6 +356,29 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
                       ShareVisibility(p->index, input, *comm));
   FC_RETURN_IF_ERROR(
       comm->AllOk(BuildExportPlan(options, comm->size(), std::move(visibility), *p)));
+  if (me == 0) {
+    // -v: what the plan rests on, before any byte is read.
+    spdlog::debug("{}: {}, {} tensor(s), {} object(s) in {} file(s)", options.input,
+                  CheckpointFormatName(p->index.format), p->index.tensors.size(),
+                  p->index.objects.size(), p->index.files.size());
+    for (const PlanFile& f : p->plan.files) {
+      spdlog::debug("output {}: process {}, {} tensor(s), {}, reads {} source file(s)", f.name,
+                    f.process, f.slots.size(), HumanBytes(f.bytes), f.reads.size());
+    }
+    WarnNotCarried(*p);
+  }
+  if (!options.copy_from.empty()) {
+    Status listed = Status::Ok();
+    if (me == 0) {
+      auto files = CopyFromFiles(options.copy_from);
+      if (files.ok()) {
+        p->copy_files = std::move(*files);
+      } else {
+        listed = files.status();
+      }
+    }
+    FC_RETURN_IF_ERROR(comm->AllOk(listed));
+  }
   if (options.dry_run) {
     if (me == 0) PrintPlan(*p, options, out);
     p->summary.tensors = p->outputs.size();
@@ -322,6 +418,7 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   }();
   FC_RETURN_IF_ERROR(comm->AllOk(committed));
   if (shards.file_names.size() > 1) p->summary.files.push_back(std::string(kHfIndexFileName));
+  p->summary.copied = p->copy_files;
   p->summary.tensors = p->outputs.size();
   if (!options.stats_file.empty()) {
     FC_RETURN_IF_ERROR(WriteRunStats(options.stats_file, "fc-export", p->plan.bytes_needed,

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 
 #include "fc/codec/json_writer.h"
+#include "fc/core/glob.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/open.h"
 #include "fc/io/file.h"
@@ -250,16 +250,12 @@ std::string DescribeSplit(const TensorEntry& tensor) {
 Status RunInspect(const InspectOptions& options, std::ostream& out) {
   FC_ASSIGN_OR_RETURN(CheckpointIndex index, OpenCheckpoint(options.path, options.format));
   std::vector<const TensorEntry*> tensors;
-  std::optional<std::regex> filter;
-  if (!options.tensor_regex.empty()) {
-    try {
-      filter.emplace(options.tensor_regex);
-    } catch (const std::regex_error& e) {
-      return InvalidArgumentError("--tensors '" + options.tensor_regex + "': " + e.what());
-    }
+  std::optional<Glob> filter;
+  if (!options.tensors.empty()) {
+    FC_ASSIGN_OR_RETURN(filter, Glob::Compile(options.tensors).With("--tensors"));
   }
   for (const TensorEntry& t : index.tensors) {
-    if (!filter || std::regex_search(t.key, *filter)) tensors.push_back(&t);
+    if (!filter || filter->Matches(t.key)) tensors.push_back(&t);
   }
   if (!options.aoa_file.empty()) {
     FC_ASSIGN_OR_RETURN(std::vector<std::byte> text, ReadWholeFile(options.aoa_file, 64 << 20));

@@ -19,6 +19,19 @@ std::string HumanBytes(uint64_t bytes) {
   return buf;
 }
 
+std::string ElideMiddle(const std::string& text, size_t max) {
+  if (text.size() <= max || max < 5) return text;
+  const size_t keep = max - 3, head = keep / 3;  // the end of a path says more than its start
+  return text.substr(0, head) + "..." + text.substr(text.size() - (keep - head));
+}
+
+std::string FirstNames(const std::vector<std::string>& names, size_t shown) {
+  std::string s;
+  for (size_t i = 0; i < names.size() && i < shown; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > shown) s += " and " + std::to_string(names.size() - shown) + " more";
+  return s;
+}
+
 std::string HexU64(uint64_t value) {
   char buf[17];
   snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(value));

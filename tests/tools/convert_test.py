@@ -252,7 +252,7 @@ def case_torch():
                "pp4": ["--target-manifest", write_json(manifest(pp4()), "pp4.json")]}
     for name, flags in targets.items():
         out = os.path.join(tmp, "torch-" + name)
-        convert(src, out, *flags, "--format", "torch-dcp", "--torch-version", "1.13")
+        convert(src, out, *flags, "--output-format", "torch-dcp", "--torch-version", "1.13")
         p = fcio.run([sys.executable, check, out, os.path.join(fx, "expected"),
                       "--layout", "saved,resplit"], expect=None)
         if p.returncode == 77:
@@ -263,7 +263,7 @@ def case_torch():
     # Flattened target chunks cannot be expressed in torch DCP: a clear error, no output.
     out = os.path.join(tmp, "torch-flat")
     p = convert(src, out, "--target-manifest", write_json(layout_manifest(tensors, "flat"), "tf.json"),
-                "--format", "torch-dcp", expect=3)
+                "--output-format", "torch-dcp", expect=3)
     assert "flat" in p.stderr, p.stderr
     assert not os.path.exists(out)
 
@@ -293,7 +293,7 @@ def case_mpi():
 
     runs = [("flat", ["--target-manifest", write_json(layout_manifest(tensors, "flat"), "m-flat.json")]),
             ("rows-torch", ["--target-manifest", write_json(layout_manifest(tensors, "rows"), "m-rows.json"),
-                            "--format", "torch-dcp", "--torch-version", "1.13"])]
+                            "--output-format", "torch-dcp", "--torch-version", "1.13"])]
     for label, flags in runs:
         single = os.path.join(tmp, "single-" + label)
         convert(src, single, *flags)
@@ -329,7 +329,7 @@ def case_mpi():
     open(aoa, "w").write("_ -> ghost.weight, shape='[2]', dtype='int8', fill='1000000'\n")
     bad["tensors"][-1]["dtype"] = "int8"
     man = write_json(bad, "ghost8.json")
-    for fmt in (["--format", "fc"], ["--format", "torch-dcp", "--torch-version", "1.13"]):
+    for fmt in (["--output-format", "fc"], ["--output-format", "torch-dcp", "--torch-version", "1.13"]):
         out = os.path.join(tmp, "mpi-overflow")
         p = fcio.run([*mpi, "3", CONVERT, src, out, "--quiet", "--target-manifest", man,
                       "--aoa", aoa, *fmt], expect=3)

@@ -99,14 +99,14 @@ def case_filter():
     exp = fcio.expected_values(fx)
     first = sorted(exp)[0]
     out = os.path.join(tmp, "inc")
-    export(fx, out, "--include", "^" + first + "$")
+    export(fx, out, "--include", first)
     got, _ = fcio.read_hf_dir(out)
     assert sorted(got) == [first], sorted(got)
     out = os.path.join(tmp, "exc")
-    export(fx, out, "--exclude", "^" + first + "$")
+    export(fx, out, "--exclude", first)
     got, _ = fcio.read_hf_dir(out)
     assert first not in got and len(got) == len(exp) - 1
-    p = export(fx, os.path.join(tmp, "none"), "--include", "^nothing$", expect=3)
+    p = export(fx, os.path.join(tmp, "none"), "--include", "nothing", expect=3)
     assert "no tensors to export" in p.stderr, p.stderr
     # Tensors the program adds are written with their fill value in their dtype.
     aoa = os.path.join(tmp, "add.aoa")
@@ -148,7 +148,8 @@ def case_errors():
     assert "not empty" in p.stderr, p.stderr
     # Bad flag values: exit 3 (invalid argument) or 2 (usage).
     export(fx, os.path.join(tmp, "x"), "--max-shard-size", "lots", expect=3)
-    export(fx, os.path.join(tmp, "x"), "--include", "(", expect=3)
+    p = export(fx, os.path.join(tmp, "x"), "--include", "[a-", expect=3)
+    assert "--include" in p.stderr and "[a-" in p.stderr, p.stderr
     export(fx, os.path.join(tmp, "x"), "--dtype", "int3", expect=2)
     # An AOA program naming a tensor that does not exist: exit 3 or 4, name in the message.
     aoa = os.path.join(tmp, "bad.aoa")

@@ -148,11 +148,11 @@ def case_dryrun():
     assert plan["memory"]["budget"] == MiB and plan["memory"]["peak"] <= MiB, plan
     assert plan["per_process"][0]["bytes_read"] == SRC_BYTES, plan
     assert not os.path.exists(out)
-    fcio.run([EXPORT, SRC, out, "--json"], expect=3)
+    fcio.run([EXPORT, SRC, out, "--json"], expect=2)  # a usage error
     layout = manifest([[([0, 0], [512, 128], None)], [([0, 128], [512, 128], None)]], "dry.json")
     p = fcio.run([CONVERT, SRC, out, "--target-manifest", layout, "--dry-run", "--json"])
     plan = json.loads(p.stdout)
-    fcio.run([CONVERT, SRC, out, "--target-manifest", layout, "--json"], expect=3)
+    fcio.run([CONVERT, SRC, out, "--target-manifest", layout, "--json"], expect=2)  # a usage error
     assert plan["plan"]["format"] == "fc-plan" and plan["plan"]["kind"] == "convert", plan
     assert [r["bytes_read"] for r in plan["ranks"]] == [SRC_BYTES // 2] * 2, plan["ranks"]
     assert not os.path.exists(out)

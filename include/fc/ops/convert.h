@@ -7,8 +7,10 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "fc/comm/communicator.h"
+#include "fc/core/dtype.h"
 #include "fc/core/status.h"
 #include "fc/exec/progress.h"
 #include "fc/model/checkpoint_index.h"
@@ -30,6 +32,11 @@ struct ConvertOptions {
   std::string target_manifest;
   std::string emit_manifest;                   // write the resolved per-rank chunk list here
   std::string aoa_file;                        // structure changes (convert mode)
+  // Target tensors kept: globs (fc/core/glob.h) on target names. A tensor left out is in
+  // no rank of the output (nor in --emit-manifest).
+  std::vector<std::string> include;
+  std::vector<std::string> exclude;
+  std::optional<DType> dtype;                  // cast floating-point target tensors to this
   ConvertOutputFormat output_format = ConvertOutputFormat::kFcDistcp;
   std::string torch_version;                   // "1.13" or "2"; empty: like a torch source, else 2
   bool dry_run = false;                        // print the plan, write nothing
@@ -54,6 +61,7 @@ struct ConvertSummary {
   uint64_t chunks = 0;
   uint64_t bytes_written = 0;
   uint64_t objects = 0;
+  uint64_t dropped = 0;  // source tensors the output does not carry (not counting --exclude)
 };
 
 // Plans, then (unless dry_run) writes. The plan (or its JSON) goes to `out` (process 0).

@@ -25,13 +25,16 @@ struct ExportOptions {
   std::string aoa_file;                    // AOA program (outputs = leaves of the program)
   std::optional<DType> dtype;              // cast floating-point tensors to this type
   uint64_t max_shard_bytes = 5'000'000'000;  // HF "5GB"
-  std::string include_regex;               // keep only output names matching (search)
-  std::string exclude_regex;               // drop output names matching (search)
+  std::vector<std::string> include;        // globs (fc/core/glob.h): keep only names matching one
+  std::vector<std::string> exclude;        // globs: drop names matching any
   bool include_optimizer = false;          // optimizer states are left out by default
   std::vector<std::string> optimizer_markers;  // empty: kDefaultOptimizerMarkers
   uint64_t memory_budget = 0;              // bytes; 0: a quarter of physical memory
   int threads = 0;                         // 0: hardware concurrency (at most 8)
   std::string objects_dir;                 // dump non-tensor objects here (else skipped)
+  // Copy the small non-tensor files of this directory (config.json, tokenizer files, ...;
+  // see CopyFromFiles) into OUT with the export. Empty: none.
+  std::string copy_from;
   // DeepSpeed input only: "fp32" (default: fp32 master weights where the optimizer files
   // hold them) or "module" (the 16-bit module weights). See fc/format/deepspeed.h.
   std::string weights;
@@ -51,12 +54,24 @@ struct ExportOptions {
 // ".beta2_pow_acc_0", ".master_weight".
 extern const std::vector<std::string> kDefaultOptimizerMarkers;
 
+// --copy-from: the files of `dir` (top level only, sorted) that go into OUT with an export:
+// regular files (or symlinks to them) of at most kMaxCopyFromBytes that are not tensor data
+// or indexes (*.safetensors, *.bin, *.pt, *.pth, *.distcp, *.index.json, .metadata,
+// *.metadata, fc.metadata.json), not hidden and not named like an export output. Larger
+// files are skipped with a note. Errors: kNotFound / kInvalidArgument when `dir` is not a
+// directory; kInvalidArgument for a symlink resolving outside `dir` unless
+// IoPolicy::follow_symlinks (--follow-symlinks), naming the file.
+inline constexpr uint64_t kMaxCopyFromBytes = 64ull << 20;
+Result<std::vector<std::string>> CopyFromFiles(const std::string& dir);
+
 struct ExportSummary {
   std::vector<std::string> files;  // written, in order (index last when present)
   uint64_t tensors = 0;
   uint64_t tensor_bytes = 0;
   uint64_t skipped_objects = 0;
   uint64_t skipped_optimizer = 0;
+  uint64_t dropped_by_aoa = 0;       // source tensors no output reads (an AOA program's)
+  std::vector<std::string> copied;   // --copy-from files, by name
 };
 
 // Runs the export. output_dir holds nothing or the complete export: it is claimed with

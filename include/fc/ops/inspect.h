@@ -15,7 +15,7 @@ namespace fc {
 struct InspectOptions {
   std::string path;                         // checkpoint directory or file
   std::optional<CheckpointFormat> format;   // forced format; detected when empty
-  std::string tensor_regex;                 // ECMAScript regex; only matching keys (search)
+  std::string tensors;                      // glob (fc/core/glob.h); only matching keys
   bool json = false;                        // machine-readable output
   bool verify = false;                      // check coverage, ranges and checksums
   std::string aoa_file;                     // show the AOA program's expansion and outputs

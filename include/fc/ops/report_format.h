@@ -12,6 +12,12 @@ namespace fc {
 
 // "1.5 GiB", "512 B".
 std::string HumanBytes(uint64_t bytes);
+// `text` itself when it has at most `max` bytes (max >= 5), else its start and end around
+// "...", `max` bytes in all: long paths in a report line that must fit a terminal.
+std::string ElideMiddle(const std::string& text, size_t max);
+// "a, b, c" or "a, b, c, d, e and 7 more": the first `shown` names of a list, for warnings
+// that count what they name.
+std::string FirstNames(const std::vector<std::string>& names, size_t shown = 5);
 // 16 lower-case hex digits.
 std::string HexU64(uint64_t value);
 // Columns padded to the widest cell; the last column is not padded.

@@ -1,0 +1,331 @@
+"""One consistent command line across the fc tools (issue 11): flags in --help and the man
+pages agree, the same mistake gets the same exit code and message form in every tool, flags
+that would have no effect are refused, globs filter names everywhere, warnings name what an
+output leaves out, fc-export --copy-from, and --dry-run lines fit 120 columns.
+
+usage: cli_test.py BUILD_ROOT TESTDATA CASE
+  CASE: helpman|exitcodes|noeffect|globs|warnings|copyfrom|dryrunwidth
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+try:
+    import numpy as np
+    import fcio
+except ImportError as e:
+    print("skipping:", e)
+    sys.exit(77)
+
+BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOLS = {t: os.path.join(BUILD, "tools", t) for t in ("fc-inspect", "fc-export", "fc-convert", "fc-diff")}
+INSPECT, EXPORT, CONVERT, DIFF = (TOOLS[t] for t in ("fc-inspect", "fc-export", "fc-convert", "fc-diff"))
+MIXED = os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt")
+tmp = tempfile.mkdtemp(prefix="fc-cli-test-")
+
+
+def run(args, expect=0):
+    return fcio.run([str(a) for a in args], expect=expect)
+
+
+def keys(ckpt, *flags):
+    return [t["key"] for t in json.loads(run([INSPECT, ckpt, "--json", *flags]).stdout)["tensors"]]
+
+
+def help_flags(tool):
+    """Long flags of the option lines of --help (CLI11: lines starting with spaces, then -x,
+    --flag or --flag)."""
+    out = run([TOOLS[tool], "--help"]).stdout
+    flags = set()
+    for line in out.splitlines():
+        m = re.match(r"\s+(-\w,)?(--[a-z][a-z0-9-]*)", line)
+        if m:
+            flags.add(m.group(2))
+    return flags - {"--help", "--version"}
+
+
+def man_flags(tool):
+    """Long flags named in the SYNOPSIS and on the tag lines of OPTIONS (the line after .TP)."""
+    text = open(os.path.join(SOURCE_ROOT, "man", tool + ".1")).read()
+    section, flags, after_tp = None, set(), False
+    for line in text.splitlines():
+        if line.startswith(".SH"):
+            section = line[4:].strip()
+            continue
+        tagged = section == "OPTIONS" and after_tp
+        after_tp = line.startswith(".TP")
+        if section == "SYNOPSIS" or tagged:
+            for f in re.findall(r"\\-\\-([a-z](?:[a-z0-9]|\\-)*)", line):
+                flags.add("--" + f.replace("\\-", "-"))
+    return flags
+
+
+def case_helpman():
+    for tool in TOOLS:
+        h, m = help_flags(tool), man_flags(tool)
+        assert h, f"{tool}: no flags parsed from --help"
+        assert h == m, (f"{tool}: --help and man/{tool}.1 differ: only in --help: {sorted(h - m)}, "
+                        f"only in the man page: {sorted(m - h)}")
+        # --help names the pattern syntax wherever names are filtered.
+        if "--include" in h or "--tensors" in h:
+            assert "glob (* ? [..])" in run([TOOLS[tool], "--help"]).stdout, tool
+    # fc-convert: --format is the input format (as everywhere), the output --output-format.
+    out = run([CONVERT, "--help"]).stdout
+    assert re.search(r"--format TEXT\s+force the input format", out), out
+    assert "--output-format" in out and "--input-format" not in out, out
+    print("ok helpman")
+
+
+def case_exitcodes():
+    missing = os.path.join(tmp, "no-such-ckpt")
+    out = os.path.join(tmp, "out")
+    for args in ([INSPECT, missing], [EXPORT, missing, out], [CONVERT, missing, out, "--target-like", MIXED],
+                 [DIFF, missing, MIXED], [DIFF, MIXED, missing]):
+        p = run(args, expect=4)
+        tool = os.path.basename(args[0])
+        assert p.stderr.startswith(tool + ": error: ") and "no-such-ckpt" in p.stderr, p.stderr
+        assert not os.path.exists(out)
+    # Usage errors: 2, one "<tool>: error:" line first, in every tool.
+    usage = {
+        "fc-inspect": [[INSPECT, MIXED, "--no-such-flag"], [INSPECT]],
+        "fc-export": [[EXPORT, MIXED, out, "--no-such-flag"], [EXPORT, MIXED], [EXPORT, MIXED, out, "--threads", "0"],
+                      [EXPORT, MIXED, out, "--threads", "-2"], [EXPORT, MIXED, out, "--dtype", "int3"]],
+        "fc-convert": [[CONVERT, MIXED, out, "--no-such-flag", "--target-like", MIXED],
+                       [CONVERT, MIXED, out, "--target-like", MIXED, "--threads", "0"],
+                       [CONVERT, MIXED, out, "--target-like", MIXED, "--output-format", "paddle"]],
+        "fc-diff": [[DIFF, MIXED, MIXED, "--no-such-flag"], [DIFF, MIXED], [DIFF, MIXED, MIXED, "--threads", "-1"]],
+    }
+    for tool, cases in usage.items():
+        for args in cases:
+            p = run(args, expect=2)
+            assert p.stderr.startswith(tool + ": error: "), (args, p.stderr)
+            assert not os.path.exists(out)
+    # A bad value for the same flag: 3 (invalid argument) in every tool that has the flag.
+    for args in ([INSPECT, MIXED, "--format", "nope"], [EXPORT, MIXED, out, "--format", "nope"],
+                 [CONVERT, MIXED, out, "--target-like", MIXED, "--format", "nope"],
+                 [DIFF, MIXED, MIXED, "--format-a", "nope"],
+                 [EXPORT, MIXED, out, "--memory-budget", "lots"],
+                 [CONVERT, MIXED, out, "--target-like", MIXED, "--memory-budget", "lots"],
+                 [DIFF, MIXED, MIXED, "--memory-budget", "lots"]):
+        p = run(args, expect=3)
+        assert p.stderr.startswith(os.path.basename(args[0]) + ": error: "), (args, p.stderr)
+        assert "nope" in p.stderr or "lots" in p.stderr, p.stderr
+        assert not os.path.exists(out)
+    # --help and --version exit 0 and print on stdout.
+    for tool, path in TOOLS.items():
+        assert run([path, "--version"]).stdout.startswith(tool + " "), tool
+    print("ok exitcodes")
+
+
+def case_noeffect():
+    out = os.path.join(tmp, "out")
+    aoa = os.path.join(tmp, "id.aoa")
+    first = keys(MIXED)[0]
+    open(aoa, "w").write(f"{first} -> renamed\n")
+    refused = [
+        ([CONVERT, MIXED, out, "--target-like", MIXED, "--tp", "2"], "--tp applies to --preset only"),
+        ([CONVERT, MIXED, out, "--target-manifest", aoa, "--sharding", "2"], "--sharding applies to --preset"),
+        ([CONVERT, MIXED, out, "--target-like", MIXED, "--torch-version", "2"],
+         "--torch-version applies to --output-format torch-dcp"),
+        ([CONVERT, MIXED, out, "--target-like", MIXED, "--json"], "--json needs --dry-run"),
+        ([CONVERT, MIXED, out, "--target-like", MIXED, "--format", "fc", "--input-format", "fc"], "--input-format"),
+        ([EXPORT, MIXED, out, "--json"], "--json needs --dry-run"),
+        ([INSPECT, MIXED, "--aoa", aoa, "--tensors", "*"], "--tensors cannot be combined with --aoa"),
+        ([INSPECT, MIXED, "--aoa", aoa, "--verify"], "--verify cannot be combined with --aoa"),
+    ]
+    for args, message in refused:
+        p = run(args, expect=2)
+        assert message in p.stderr, (args, p.stderr)
+        assert not os.path.exists(out)
+    # The combinations that do have an effect still work.
+    run([CONVERT, MIXED, "--dry-run", "--preset", "hf-llama", "--tp", "1"])
+    run([CONVERT, MIXED, os.path.join(tmp, "t"), "--quiet", "--target-like", MIXED,
+         "--output-format", "torch-dcp", "--torch-version", "2"])
+    # -v does what it says: debug lines about the input and the plan.
+    quiet_run = run([EXPORT, MIXED, "--dry-run", os.path.join(tmp, "v")]).stderr
+    verbose = run([EXPORT, MIXED, "--dry-run", os.path.join(tmp, "v"), "-v"]).stderr
+    assert "fc-export: output model.safetensors: process 0" in verbose, verbose
+    assert "output model.safetensors" not in quiet_run, quiet_run
+    verbose = run([CONVERT, MIXED, "--dry-run", "--target-like", MIXED, "-v"]).stderr
+    assert "fc-convert: target rank 0 (" in verbose, verbose
+    verbose = run([DIFF, MIXED, MIXED, "-v"]).stderr
+    assert "fc-diff: comparing " in verbose and "bit-exact" in verbose, verbose
+    # The old name of the input-format flag still works.
+    run([CONVERT, MIXED, "--dry-run", "--target-like", MIXED, "--input-format", "torch-dcp"])
+    # fc-convert's --format is the input format now: the old `--format torch-dcp` meaning the
+    # output reads an fc distcp input as torch DCP and fails instead of writing.
+    fc_ckpt = os.path.join(tmp, "as-fc")
+    run([CONVERT, MIXED, fc_ckpt, "--quiet", "--target-like", MIXED])
+    p = run([CONVERT, fc_ckpt, os.path.join(tmp, "bad"), "--target-like", fc_ckpt, "--format", "torch-dcp"],
+            expect=None)
+    assert p.returncode not in (0, 1), p.returncode
+    assert not os.path.exists(os.path.join(tmp, "bad"))
+    print("ok noeffect")
+
+
+def case_globs():
+    all_keys = keys(MIXED)
+    assert len(all_keys) >= 3, all_keys
+    a = all_keys[0]
+    prefix = a.split(".")[0]
+    # fc-inspect --tensors: a glob on the whole key.
+    assert keys(MIXED, "--tensors", a) == [a]
+    assert keys(MIXED, "--tensors", prefix + ".*") == [k for k in all_keys if k.startswith(prefix + ".")]
+    assert keys(MIXED, "--tensors", a[:-1]) == [] or a[:-1] in all_keys  # whole name, not a search
+    p = run([INSPECT, MIXED, "--tensors", "[x"], expect=3)
+    assert p.stderr.startswith("fc-inspect: error: --tensors") and "[x" in p.stderr, p.stderr
+    # fc-export and fc-convert: the same syntax, repeatable.
+    out = os.path.join(tmp, "exp")
+    run([EXPORT, MIXED, out, "--quiet", "--include", all_keys[0], "--include", all_keys[1]])
+    got, _ = fcio.read_hf_dir(out)
+    assert sorted(got) == sorted(all_keys[:2]), sorted(got)
+    conv = os.path.join(tmp, "conv")
+    run([CONVERT, MIXED, conv, "--quiet", "--target-like", MIXED, "--exclude", all_keys[0],
+         "--exclude", all_keys[1]])
+    assert keys(conv) == all_keys[2:], keys(conv)
+    run([INSPECT, conv, "--verify"])
+    # Excluded tensors are in no rank and not in the emitted manifest.
+    man = os.path.join(tmp, "m.json")
+    run([CONVERT, MIXED, "--dry-run", "--target-like", MIXED, "--include", all_keys[0], "--emit-manifest", man])
+    m = json.load(open(man))
+    assert [t["key"] for t in m["tensors"]] == [all_keys[0]], m["tensors"]
+    assert all(c["key"] == all_keys[0] for r in m["ranks"] for c in r["chunks"])
+    p = run([CONVERT, MIXED, os.path.join(tmp, "none"), "--target-like", MIXED, "--include", "nothing*"], expect=3)
+    assert "no target tensor" in p.stderr, p.stderr
+    p = run([CONVERT, MIXED, os.path.join(tmp, "none"), "--target-like", MIXED, "--exclude", "[z-a]"], expect=3)
+    assert "--exclude" in p.stderr, p.stderr
+    # fc-convert --dtype: floating tensors cast, like fc-export --dtype; values agree.
+    bf = os.path.join(tmp, "conv-bf16")
+    run([CONVERT, MIXED, bf, "--quiet", "--target-like", MIXED, "--dtype", "bfloat16"])
+    run([INSPECT, bf, "--verify"])
+    src = {t["key"]: t["dtype"] for t in json.loads(run([INSPECT, MIXED, "--json"]).stdout)["tensors"]}
+    got = {t["key"]: t["dtype"] for t in json.loads(run([INSPECT, bf, "--json"]).stdout)["tensors"]}
+    for k, dt in src.items():
+        want = "bfloat16" if dt in ("float32", "float16", "float64", "bfloat16") else dt
+        assert got[k] == want, (k, dt, got[k])
+    e1, e2 = os.path.join(tmp, "e1"), os.path.join(tmp, "e2")
+    run([EXPORT, bf, e1, "--quiet"])
+    run([EXPORT, MIXED, e2, "--quiet", "--dtype", "bfloat16"])
+    g1, _ = fcio.read_hf_dir(e1)
+    g2, _ = fcio.read_hf_dir(e2)
+    assert sorted(g1) == sorted(g2)
+    for k in g1:
+        assert g1[k][0] == g2[k][0] and np.array_equal(g1[k][1], g2[k][1]), k
+    # A target layout that declares another dtype: --dtype decides.
+    run([CONVERT, bf, os.path.join(tmp, "conv-f32"), "--quiet", "--target-like", MIXED, "--dtype", "float32"])
+    print("ok globs")
+
+
+def case_warnings():
+    all_keys = keys(MIXED)
+    # A target that lacks some source tensors: counted and named, hidden by --quiet.
+    man = os.path.join(tmp, "m.json")
+    run([CONVERT, MIXED, "--dry-run", "--target-like", MIXED, "--exclude", all_keys[0], "--emit-manifest", man])
+    p = run([CONVERT, MIXED, os.path.join(tmp, "c1"), "--target-manifest", man])
+    assert "fc-convert: 1 source tensor(s) are not in the output (no target tensor reads them): " \
+        + all_keys[0] + "\n" in p.stderr, p.stderr
+    p = run([CONVERT, MIXED, os.path.join(tmp, "c2"), "--target-manifest", man, "--quiet"])
+    assert p.stderr == "", p.stderr
+    # --exclude is the user's own choice: not listed.
+    p = run([CONVERT, MIXED, os.path.join(tmp, "c3"), "--target-like", MIXED, "--exclude", all_keys[0]])
+    assert "not in the output" not in p.stderr, p.stderr
+    # Optimizer states left out of an export: counted and named.
+    ds = os.path.join(TESTDATA, "deepspeed", "zero1", "ckpt")
+    opt = [k for k in keys(ds) if k.startswith("optimizer.")]
+    assert opt, keys(ds)
+    p = run([EXPORT, ds, os.path.join(tmp, "e1")])
+    shown = ", ".join(opt[:5]) + (f" and {len(opt) - 5} more" if len(opt) > 5 else "")
+    assert (f"leaving out {len(opt)} optimizer state tensor(s) (--include-optimizer exports them): "
+            f"{shown}\n") in p.stderr, (p.stderr, shown)
+    p = run([EXPORT, ds, os.path.join(tmp, "e2"), "--quiet"])
+    assert p.stderr == "", p.stderr
+    p = run([EXPORT, ds, os.path.join(tmp, "e3"), "--include-optimizer"])
+    assert "leaving out" not in p.stderr, p.stderr
+    # Sources an AOA program's outputs do not read.
+    aoa = os.path.join(tmp, "drop.aoa")
+    open(aoa, "w").write(f"{all_keys[0]} -> _\n")
+    p = run([EXPORT, MIXED, os.path.join(tmp, "e4"), "--aoa", aoa])
+    assert "1 source tensor(s) are in no output of the AOA program: " + all_keys[0] in p.stderr, p.stderr
+    print("ok warnings")
+
+
+def case_copyfrom():
+    hf = os.path.join(tmp, "hf_model")
+    os.makedirs(os.path.join(hf, "subdir"))
+    small = {"config.json": '{"model_type": "llama"}', "generation_config.json": "{}",
+             "tokenizer.json": "{}", "tokenizer_config.json": "{}", "special_tokens_map.json": "{}",
+             "tokenizer.model": "\x00\x01", "vocab.txt": "a\nb\n", "merges.txt": "#v\n", "README.md": "hi"}
+    for name, text in small.items():
+        open(os.path.join(hf, name), "w").write(text)
+    for name in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "x.pt",
+                 "__0_0.distcp", ".metadata", ".hidden", "subdir/config.json"):
+        open(os.path.join(hf, name), "w").write("not copied")
+    with open(os.path.join(hf, "big.dat"), "wb") as f:  # sparse, over 64 MiB
+        f.truncate((64 << 20) + 1)
+    os.symlink("config.json", os.path.join(hf, "config_link.json"))  # inside: fine
+    out = os.path.join(tmp, "out")
+    p = run([EXPORT, MIXED, out, "--dry-run", "--copy-from", hf])
+    assert "copy from" in p.stdout and "config.json" in p.stdout, p.stdout
+    assert not os.path.exists(out)
+    run([EXPORT, MIXED, out, "--quiet", "--copy-from", hf])
+    want = sorted(list(small) + ["config_link.json", "model.safetensors"])
+    assert sorted(os.listdir(out)) == want, sorted(os.listdir(out))
+    for name, text in small.items():
+        assert open(os.path.join(out, name)).read() == text, name
+    assert open(os.path.join(out, "model.safetensors"), "rb").read(1) != b"n"  # the export's own
+    assert not os.path.islink(os.path.join(out, "config_link.json"))
+    # A symlink out of the directory: refused unless --follow-symlinks; nothing written.
+    outside = os.path.join(tmp, "outside.json")
+    open(outside, "w").write('{"o": 1}')
+    os.symlink(outside, os.path.join(hf, "tokenizer_extra.json"))
+    out2 = os.path.join(tmp, "out2")
+    p = run([EXPORT, MIXED, out2, "--quiet", "--copy-from", hf], expect=3)
+    assert p.stderr.startswith("fc-export: error: ") and "tokenizer_extra.json" in p.stderr, p.stderr
+    assert "--follow-symlinks" in p.stderr, p.stderr
+    assert not os.path.exists(out2)
+    run([EXPORT, MIXED, out2, "--quiet", "--copy-from", hf, "--follow-symlinks"])
+    assert open(os.path.join(out2, "tokenizer_extra.json")).read() == '{"o": 1}'
+    # A missing --copy-from directory: 4, before anything is written.
+    out3 = os.path.join(tmp, "out3")
+    p = run([EXPORT, MIXED, out3, "--copy-from", os.path.join(tmp, "nope")], expect=4)
+    assert "--copy-from" in p.stderr, p.stderr
+    assert not os.path.exists(out3)
+    # fc-convert creates OUT's parent directories, like fc-export.
+    deep = os.path.join(tmp, "a", "b", "c", "out")
+    run([CONVERT, MIXED, deep, "--quiet", "--target-like", MIXED])
+    run([INSPECT, deep, "--verify"])
+    deep = os.path.join(tmp, "x", "y", "out")
+    run([EXPORT, MIXED, deep, "--quiet"])
+    assert os.path.exists(os.path.join(deep, "model.safetensors"))
+    print("ok copyfrom")
+
+
+def case_dryrunwidth():
+    ckpts = sorted(d for d in glob.glob(os.path.join(TESTDATA, "torch_dcp", "*", "ckpt")))
+    ckpts += [os.path.join(TESTDATA, "deepspeed", "zero2", "ckpt")]
+    assert len(ckpts) >= 4, ckpts
+    for ckpt in ckpts:
+        runs = [[EXPORT, ckpt, os.path.join(tmp, "o"), "--dry-run", "--max-shard-size", "1k"]]
+        if "deepspeed" not in ckpt:
+            runs.append([CONVERT, ckpt, "--dry-run", "--target-like", ckpt])
+            runs.append([CONVERT, ckpt, "--dry-run", "--preset", "hf-llama", "--tp", "2"])
+        for args in runs:
+            p = run(args, expect=None)
+            if p.returncode != 0:
+                assert "convert" in args[0], (args, p.stderr)  # a preset may not fit a fixture
+                continue
+            for line in p.stdout.splitlines():
+                assert len(line) <= 120, (args, len(line), line)
+    print("ok dryrunwidth")
+
+
+try:
+    globals()["case_" + CASE]()
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
