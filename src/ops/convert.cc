@@ -26,6 +26,7 @@
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
 #include "src/ops/claim_output.h"
+#include "src/ops/plan_report.h"
 #include "src/ops/shared_input.h"
 #include "fc/plan/plan.h"
 #include "fc/ops/targets.h"
@@ -216,6 +217,7 @@ void PrintPlan(const CheckpointIndex& index, const Plan& plan,
                   HumanBytes(file_read(file)), from});
   }
   table.Print(out);
+  PrintProcessReport(plan, out);
 }
 
 // Everything RunConvert decides before writing a byte. Every process of a multi-process

@@ -20,6 +20,7 @@
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
 #include "src/ops/claim_output.h"
+#include "src/ops/plan_report.h"
 #include "src/ops/shared_input.h"
 #include "fc/plan/plan.h"
 #include "fc/ops/targets.h"
@@ -258,6 +259,7 @@ void PrintPlan(const ExportPlan& p, const ExportOptions& options, std::ostream& 
                   HumanBytes(f.bytes), HumanBytes(read)});
   }
   table.Print(out);
+  PrintProcessReport(plan, out);
 }
 
 // The export's writers: one safetensors file per plan file this process writes.

@@ -238,3 +238,124 @@ TEST_CASE("plan: bad requests are refused", "[plan]") {
 
 }  // namespace
 }  // namespace fc
+
+namespace fc {
+namespace {
+
+// The multi-process invariants every plan keeps.
+void CheckExchange(const Plan& plan, const std::vector<std::vector<int>>& visibility) {
+  std::map<std::pair<uint32_t, int>, uint64_t> sent, received;  // (round, process)
+  uint64_t total_sent = 0;
+  for (const Transfer& t : plan.transfers) {
+    CHECK(t.reader != t.writer);
+    CHECK(plan.files[plan.writes[t.write].file].process == t.writer);
+    CHECK(plan.writes[t.write].round == t.round);
+    CHECK(t.round < plan.rounds);
+    const uint32_t file = t.source->chunks[t.chunk].file;
+    if (!visibility.empty()) {
+      const std::vector<int>& seen = visibility[file];
+      CHECK(std::find(seen.begin(), seen.end(), t.reader) != seen.end());
+    }
+    CHECK(t.bytes == static_cast<uint64_t>(t.box.num_elements()) * DTypeSize(t.source->dtype));
+    sent[{t.round, t.reader}] += t.bytes;
+    received[{t.round, t.writer}] += t.bytes;
+    total_sent += t.bytes;
+  }
+  for (const auto& [key, bytes] : sent) CHECK(bytes <= plan.memory.round_bytes);
+  for (const auto& [key, bytes] : received) CHECK(bytes <= plan.memory.round_bytes);
+  uint64_t s = 0, r = 0;
+  for (size_t p = 0; p < plan.per_process.size(); ++p) {
+    const ProcessPlan& pp = plan.per_process[p];
+    s += pp.bytes_sent;
+    r += pp.bytes_received;
+    for (const SourceFileBytes& read : pp.reads) {
+      if (visibility.empty()) continue;
+      const std::vector<int>& seen = visibility[read.file];
+      CHECK(std::find(seen.begin(), seen.end(), static_cast<int>(p)) != seen.end());
+    }
+    for (size_t i = 1; i < pp.writes.size(); ++i) {
+      CHECK(plan.writes[pp.writes[i - 1]].round <= plan.writes[pp.writes[i]].round);
+    }
+  }
+  CHECK(s == total_sent);
+  CHECK(r == total_sent);
+  CHECK(plan.rounds >= plan.rounds_lower_bound);
+}
+
+TEST_CASE("plan: several processes read what they can see, once, balanced, in bounded rounds",
+          "[plan][exchange]") {
+  std::mt19937_64 rng(20261204);
+  for (int iter = 0; iter < 60; ++iter) {
+    INFO("iter " << iter);
+    const Shape shape = {8 + static_cast<int64_t>(rng() % 64), 1 + static_cast<int64_t>(rng() % 9)};
+    const int parts = 1 + static_cast<int>(rng() % 6);
+    const CheckpointIndex index = IndexOf({SplitTensor("w", shape, 0, parts, 0)});
+    PlanRequest r;
+    r.tensors.push_back(Identity(index.tensors[0]));
+    const size_t dst_axis = rng() % 2;
+    const int dst_parts = 1 + static_cast<int>(rng() % std::min<int64_t>(5, shape[dst_axis]));
+    for (const Chunk& c : SplitTensor("w", shape, dst_axis, dst_parts, 0).chunks) {
+      r.files.push_back({"t" + std::to_string(c.file), {{0, c.box, std::nullopt}}});
+    }
+    r.processes = 2 + static_cast<int>(rng() % 3);
+    r.threads = 1;
+    r.memory_budget = 2 * 3 * 64 + static_cast<uint64_t>(rng() % 4096);
+    const bool shared = rng() % 3 == 0;
+    if (!shared) {
+      for (size_t f = 0; f < index.files.size(); ++f) {
+        std::vector<int> seen = {static_cast<int>(f) % r.processes};
+        if (rng() % 2) seen.push_back((static_cast<int>(f) + 1) % r.processes);
+        std::sort(seen.begin(), seen.end());
+        seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+        r.source_visibility.push_back(seen);
+      }
+    }
+    const std::vector<std::vector<int>> visibility = r.source_visibility;
+    auto plan = BuildPlan(r);
+    REQUIRE(plan.ok());
+    CheckExchange(*plan, visibility);
+    // Identity pieces: every needed byte read once, by exactly one process.
+    uint64_t read = 0;
+    for (const ProcessPlan& pp : plan->per_process) read += pp.bytes_read;
+    CHECK(read == plan->bytes_needed);
+    CHECK(read == static_cast<uint64_t>(shape[0] * shape[1]) * 4);
+    // Deterministic.
+    auto again = BuildPlan(r);
+    REQUIRE(again.ok());
+    CHECK(*again == *plan);
+  }
+}
+
+TEST_CASE("plan: with shared files, reads are balanced even when the written bytes are not",
+          "[plan][exchange]") {
+  // 3 equal target files for 2 processes: one writes two thirds; reads move to even out.
+  const CheckpointIndex index = IndexOf({SplitTensor("w", {96, 64}, 0, 8, 0)});
+  PlanRequest r;
+  r.tensors.push_back(Identity(index.tensors[0]));
+  for (int64_t f = 0; f < 3; ++f) r.files.push_back({"t" + std::to_string(f), {{0, Box{{32 * f, 0}, {32, 64}}, std::nullopt}}});
+  r.processes = 2;
+  r.memory_budget = 1 << 20;
+  auto plan = BuildPlan(r);
+  REQUIRE(plan.ok());
+  CHECK(plan->read_balance <= 1.15);
+  CHECK(plan->rounds >= 1);
+  CheckExchange(*plan, {});
+  CHECK(plan->per_process[0].bytes_read + plan->per_process[1].bytes_read == 96 * 64 * 4);
+}
+
+TEST_CASE("plan: a needed file no process sees is refused", "[plan][exchange]") {
+  const CheckpointIndex index = IndexOf({SplitTensor("w", {8, 4}, 0, 2, 0)});
+  PlanRequest r;
+  r.tensors.push_back(Identity(index.tensors[0]));
+  r.files.push_back({"t", {{0, Box::Whole({8, 4}), std::nullopt}}});
+  r.processes = 2;
+  r.memory_budget = 1 << 20;
+  r.source_visibility = {{0}, {}};
+  auto plan = BuildPlan(r);
+  REQUIRE_FALSE(plan.ok());
+  CHECK(plan.status().code() == StatusCode::kNotFound);
+  CHECK(plan.status().message().find("source file #1") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace fc

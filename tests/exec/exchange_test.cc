@@ -1,0 +1,209 @@
+// The multi-process data path without MPI: three "processes" (threads of an in-process
+// communicator group) execute one plan whose source files each lie on one process's disk.
+// Each process's ChunkReader sees only its own files (the others are renamed away in its
+// copy of the index), so a read the balancer did not give it fails. The bytes written must
+// equal a one-process run's, and what was sent must equal what was received.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "fc/comm/communicator.h"
+#include "fc/exec/execute.h"
+#include "fc/format/chunk_reader.h"
+#include "fc/format/fc_distcp.h"
+#include "fc/io/file.h"
+#include "fc/plan/plan.h"
+
+namespace fc {
+namespace {
+
+// Float32 `key` of `shape`, value i at flat index i, one file per box.
+CheckpointIndex WriteArangeFiles(const std::string& dir, const std::string& key,
+                                 const Shape& shape, const std::vector<Box>& boxes) {
+  FcDistcpPlan plan;
+  plan.tensors.push_back({key, DType::kFloat32, shape});
+  for (size_t c = 0; c < boxes.size(); ++c) {
+    plan.files.push_back({FcDistcpFileName(static_cast<int64_t>(c), 0), {}, {}});
+    plan.files.back().chunks.push_back({key, boxes[c], std::nullopt, 0});
+  }
+  auto writer = FcDistcpWriter::Create(dir, plan);
+  REQUIRE(writer.ok());
+  for (size_t c = 0; c < boxes.size(); ++c) {
+    std::vector<float> data(static_cast<size_t>(boxes[c].num_elements()));
+    for (int64_t i = 0; i < boxes[c].num_elements(); ++i) {
+      Shape local = Unravel(i, boxes[c].local_shape);
+      for (size_t a = 0; a < local.size(); ++a) local[a] += boxes[c].global_offset[a];
+      data[static_cast<size_t>(i)] = static_cast<float>(Ravel(local, shape));
+    }
+    REQUIRE((*writer)->WriteChunk(c, 0, 0, std::as_bytes(std::span<const float>(data))).ok());
+  }
+  REQUIRE((*writer)->Finish().ok());
+  auto index = ReadFcDistcp(dir);
+  REQUIRE(index.ok());
+  return std::move(index).value();
+}
+
+// Every write, by (file, slot, offset).
+class MemorySink : public PlanSink {
+ public:
+  Status Write(uint32_t file, uint32_t slot, uint64_t byte_offset,
+               std::span<const std::byte> bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    written_[{file, slot, byte_offset}].assign(bytes.begin(), bytes.end());
+    return Status::Ok();
+  }
+  std::map<std::tuple<uint32_t, uint32_t, uint64_t>, std::vector<std::byte>> written_;
+  std::mutex mu_;
+};
+
+// The bytes of every slot, from the writes (offsets within a slot never overlap).
+std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> Slots(const MemorySink& sink) {
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> slots;
+  for (const auto& [where, bytes] : sink.written_) {
+    auto& s = slots[{std::get<0>(where), std::get<1>(where)}];
+    const uint64_t end = std::get<2>(where) + bytes.size();
+    if (s.size() < end) s.resize(end);
+    std::copy(bytes.begin(), bytes.end(), s.begin() + static_cast<std::ptrdiff_t>(std::get<2>(where)));
+  }
+  return slots;
+}
+
+PlanRequest Request(const CheckpointIndex& index, int processes, uint64_t budget) {
+  const TensorEntry* w = index.FindTensor("w");
+  REQUIRE(w != nullptr);
+  PlanRequest r;
+  r.kind = PlanKind::kConvert;
+  // w as is, and t = w^T (a transposed piece, read whole).
+  SourcePiece same{w, Box::Whole(w->global_shape), Box::Whole(w->global_shape), {}};
+  const Shape t_shape = {w->global_shape[1], w->global_shape[0]};
+  SourcePiece transposed{w, Box::Whole(w->global_shape), Box::Whole(t_shape),
+                         {{PieceOp::Kind::kPermute, {}, {}, {}}}};
+  r.tensors.push_back({"w", DType::kFloat32, w->global_shape, {same}});
+  r.tensors.push_back({"t", DType::kFloat32, t_shape, {transposed}});
+  // Target: w cut into 4 column blocks, t into 2 row blocks, one file each.
+  for (int64_t c = 0; c < 4; ++c) {
+    r.files.push_back({"w" + std::to_string(c), {{0, Box{{0, 3 * c}, {40, 3}}, std::nullopt}}});
+  }
+  for (int64_t c = 0; c < 2; ++c) {
+    r.files.push_back({"t" + std::to_string(c), {{1, Box{{6 * c, 0}, {6, 40}}, std::nullopt}}});
+  }
+  r.processes = processes;
+  r.threads = 2;
+  r.memory_budget = budget;
+  return r;
+}
+
+TEST_CASE("exchange: processes that each see one third of the files write what one process "
+          "writes", "[exec][exchange]") {
+  const std::string dir = "/tmp/fc-exchange-test-" + std::to_string(getpid());
+  REQUIRE(RemoveAll(dir).ok());
+  std::vector<Box> boxes;
+  for (int64_t r = 0; r < 40; r += 8) boxes.push_back(Box{{r, 0}, {8, 12}});
+  const CheckpointIndex index = WriteArangeFiles(dir, "w", {40, 12}, boxes);
+  REQUIRE(index.files.size() == 5);
+
+  // One process: the reference.
+  auto single = BuildPlan(Request(index, 1, 1 << 20));
+  REQUIRE(single.ok());
+  MemorySink reference;
+  {
+    ChunkReader reader(index);
+    ExecuteOptions eo;
+    eo.progress = Progress::Mode::kQuiet;
+    REQUIRE(Execute(*single, reader, reference, eo).ok());
+  }
+
+  const int n = 3;
+  for (uint64_t budget : {uint64_t{1} << 20, uint64_t{1536}}) {
+    INFO("budget " << budget);
+    PlanRequest request = Request(index, n, budget);
+    for (size_t f = 0; f < index.files.size(); ++f) {
+      request.source_visibility.push_back({static_cast<int>(f % n)});
+    }
+    auto plan = BuildPlan(request);
+    REQUIRE(plan.ok());
+    REQUIRE(plan->rounds >= 1);
+    CHECK(plan->rounds >= plan->rounds_lower_bound);
+    if (budget < (1 << 20)) CHECK(plan->rounds > 1);
+    // Each process's copy of the index: files on other disks are renamed away.
+    std::vector<CheckpointIndex> views(n, index);
+    for (int p = 0; p < n; ++p) {
+      for (size_t f = 0; f < index.files.size(); ++f) {
+        if (static_cast<int>(f % n) != p) views[static_cast<size_t>(p)].files[f].path += ".elsewhere";
+      }
+    }
+    std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(n);
+    MemorySink sink;
+    std::vector<Result<ExecuteStats>> results(n, InternalError("not run"));
+    std::vector<std::thread> threads;
+    for (int p = 0; p < n; ++p) {
+      threads.emplace_back([&, p] {
+        ChunkReader reader(views[static_cast<size_t>(p)]);
+        ExecuteOptions eo;
+        eo.process = p;
+        eo.comm = group[static_cast<size_t>(p)].get();
+        eo.progress = Progress::Mode::kQuiet;
+        results[static_cast<size_t>(p)] = Execute(*plan, reader, sink, eo);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    uint64_t sent = 0, received = 0, planned = 0;
+    for (int p = 0; p < n; ++p) {
+      INFO("process " << p);
+      REQUIRE(results[static_cast<size_t>(p)].ok());
+      sent += results[static_cast<size_t>(p)]->bytes_sent;
+      received += results[static_cast<size_t>(p)]->bytes_received;
+      CHECK(results[static_cast<size_t>(p)]->bytes_sent == plan->per_process[static_cast<size_t>(p)].bytes_sent);
+    }
+    for (const Transfer& t : plan->transfers) planned += t.bytes;
+    CHECK(sent == received);
+    CHECK(sent == planned);
+    CHECK(sent > 0);
+    // Same files, slots and bytes as one process (plan file order is the request's).
+    CHECK(Slots(sink) == Slots(reference));
+  }
+
+  SECTION("a process that fails to read ends every process's run with its error") {
+    PlanRequest request = Request(index, n, 1 << 20);
+    for (size_t f = 0; f < index.files.size(); ++f) {
+      request.source_visibility.push_back({static_cast<int>(f % n)});
+    }
+    auto plan = BuildPlan(request);
+    REQUIRE(plan.ok());
+    // Process 1 has lost its files.
+    std::vector<CheckpointIndex> views(n, index);
+    for (int p = 0; p < n; ++p) {
+      for (size_t f = 0; f < index.files.size(); ++f) {
+        if (static_cast<int>(f % n) != p || p == 1) views[static_cast<size_t>(p)].files[f].path += ".gone";
+      }
+    }
+    std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(n);
+    MemorySink sink;
+    std::vector<Status> results(n);
+    std::vector<std::thread> threads;
+    for (int p = 0; p < n; ++p) {
+      threads.emplace_back([&, p] {
+        ChunkReader reader(views[static_cast<size_t>(p)]);
+        ExecuteOptions eo;
+        eo.process = p;
+        eo.comm = group[static_cast<size_t>(p)].get();
+        eo.progress = Progress::Mode::kQuiet;
+        results[static_cast<size_t>(p)] = Execute(*plan, reader, sink, eo).status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int p = 0; p < n; ++p) {
+      INFO("process " << p << ": " << results[static_cast<size_t>(p)].ToString());
+      CHECK(results[static_cast<size_t>(p)].code() == StatusCode::kNotFound);
+      CHECK(results[static_cast<size_t>(p)].message().find("rank 1: ") == 0);
+    }
+  }
+  REQUIRE(RemoveAll(dir).ok());
+}
+
+}  // namespace
+}  // namespace fc
