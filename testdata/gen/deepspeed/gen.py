@@ -49,6 +49,7 @@ import dataclasses
 import enum
 import filecmp
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -133,10 +134,11 @@ def ds_config(stage, bf16):
             "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
 
 
-def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master):
+def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master, same=(), same_seed=0):
     """groups: list of OrderedDict name->shape. Returns (per-rank OSD list, flat bit16 list).
 
-    master: dict name -> fp32 value (filled here)."""
+    master: dict name -> fp32 value (filled here). Params named in `same` take their values
+    from same_seed (equal on every TP rank / pipeline stage: replicated or tied params)."""
     per_rank = [dict(single=[], paddings=[], mappings=[], state={}) for _ in range(dp)]
     flats16 = []
     align = 2 * dp
@@ -148,7 +150,7 @@ def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master):
         off = 0
         for name, shape in shapes.items():
             n = numel(shape)
-            v = values(n, seed + 17 * gi + off)
+            v = values(n, (same_seed if name in same else seed) + 17 * gi + off)
             flat[off:off + n] = v
             master[name] = v.reshape(shape)
             off += n
@@ -243,7 +245,7 @@ def write_save_dir(root):
 
 
 def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
-               frozen=None, tied=None, client=None):
+               frozen=None, tied=None, client=None, same=()):
     root = os.path.join(out, case, "ckpt")
     write_save_dir(root)
     tagdir = os.path.join(root, TAG)
@@ -252,7 +254,7 @@ def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
     for m in range(mp):
         master = {}
         osds, flats16 = zero12_rank_states(groups, dp, seed + 100 * m, stage, bf16_optimizer,
-                                           master)
+                                           master, same, seed)
         module = module_from_flats(groups, flats16, dtype)
         extra = {}
         if frozen:
@@ -269,7 +271,7 @@ def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
             for alias, owner in tied.items():
                 module[alias] = module[owner]  # same tensor: one storage in the file
             extra["shared_params"] = dict(tied)
-        module["norm.running_mean"] = values(4, seed + 900 + m).to(dtype)
+        module["norm.running_mean"] = values(4, seed + 900 + (0 if same else m)).to(dtype)
         if client:
             extra.update(client)
         sd = common_state(module, [collections.OrderedDict(
@@ -344,6 +346,88 @@ def gen_zero3(out, case, dp, subgroups, frozen, seed):
              os.path.join(tagdir, "zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
 
 
+def gen_pp(out, case, dp, stages, seed):
+    """Pipeline (PipelineModule + PipelineEngine), ZeRO-1, tp 1: per stage an
+    mp_rank_XX_model_states.pt with module None, its ZeRO files, and per layer a
+    layer_XX-model_00-model_states.pt holding that layer's state dict (local names).
+
+    stages: list of (param_shapes OrderedDict, [(layer index, {local name: param name})])."""
+    root = os.path.join(out, case, "ckpt")
+    write_save_dir(root)
+    tagdir = os.path.join(root, TAG)
+    tied = set()
+    seen = set()
+    for shapes, _ in stages:
+        for name in shapes:
+            (tied if name in seen else seen).add(name)
+    for m, (shapes, layers) in enumerate(stages):
+        master = {}
+        osds, flats16 = zero12_rank_states([shapes], dp, seed + 100 * m, 1, False, master,
+                                           same=tied, same_seed=seed + 7)
+        module = module_from_flats([shapes], flats16, torch.float16)
+        sd = common_state(None, [collections.OrderedDict(
+            (k, torch.Size(v)) for k, v in shapes.items())], [], dp, 1, 1, False)
+        sd["checkpoint_parallel_dimensions"] = {"pp_degree": len(stages), "tp_degree": 1}
+        save(sd, os.path.join(tagdir, "mp_rank_%02d_model_states.pt" % m))
+        for r, osd in enumerate(osds):
+            save({"optimizer_state_dict": osd, "ds_config": ds_config(1, False),
+                  "ds_version": DS_VERSION},
+                 os.path.join(tagdir, "zero_pp_rank_%d_mp_rank_%02d_optim_states.pt" % (r, m)))
+        for idx, local in layers:
+            # clone_tensors_for_torch_save: each tensor its own storage
+            state = collections.OrderedDict((k, module[v].clone()) for k, v in local.items())
+            save(state, os.path.join(tagdir, "layer_%02d-model_00-model_states.pt" % idx))
+
+
+UCP_INFO = {"universal_checkpoint_version": 0.4,
+            "vocabulary_parameter_patterns": [r"embed\.weight"],
+            "tp_replicated_parameter_patterns": [r"norm\."],
+            "parameter_with_row_parallelism_patterns": [r"dense\.weight"],
+            "parameter_with_2_sub_params_cat_dim_0": [r"mlp\.h_to_4h\.weight"],
+            "original_vocab_size": 7, "padded_vocab_size": 8}
+
+
+def gen_ucp(out, case, source):
+    """ds_to_universal.py (stage <= 2, tp 1, deepspeed.md 5.4) on the `source` case: per
+    param, the fragments named by param_slice_mappings, concatenated by DP rank, as
+    {'param': t, 'cat_dim': 0} in zero/<param>/{fp32,exp_avg,exp_avg_sq}.pt, step.pt the raw
+    step; zero/optimizer_state.pt; the model states copied; latest_universal."""
+    src = os.path.join(out, source, "ckpt", TAG)
+    root = os.path.join(out, case, "ckpt")
+    udir = os.path.join(root, TAG + "_universal")
+    os.makedirs(os.path.join(udir, "zero"), exist_ok=True)
+    names = sorted(os.listdir(src))
+    optim = sorted((n for n in names if n.endswith("_optim_states.pt")),
+                   key=lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0]))
+    states = [load(os.path.join(src, n))["optimizer_state_dict"] for n in optim]
+    model = load(os.path.join(src, "mp_rank_00_model_states.pt"))
+    frags = collections.defaultdict(lambda: collections.defaultdict(list))
+    for s in states:
+        base = s["base_optimizer_state"]["state"]
+        for g, mapping in enumerate(s["param_slice_mappings"]):
+            for name, addr in mapping.items():
+                frags[name]["fp32"].append(
+                    s["single_partition_of_fp32_groups"][g].narrow(0, addr.start, addr.numel))
+                for key in ("exp_avg", "exp_avg_sq"):
+                    frags[name][key].append(base[g][key].narrow(0, addr.start, addr.numel))
+                frags[name]["step"] = base[g]["step"]
+    for g, shapes in enumerate(model["param_shapes"]):
+        for name, shape in shapes.items():
+            d = os.path.join(udir, "zero", name)
+            os.makedirs(d, exist_ok=True)
+            for key in ("fp32", "exp_avg", "exp_avg_sq"):
+                t = torch.cat(frags[name][key]).reshape(shape).clone()
+                torch.save({"param": t, "cat_dim": 0}, os.path.join(d, key + ".pt"))
+            torch.save(frags[name]["step"], os.path.join(d, "step.pt"))
+    osd = {k: v for k, v in states[0].items() if k not in (
+        "base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")}
+    osd["param_groups"] = states[0]["base_optimizer_state"]["param_groups"]
+    torch.save(osd, os.path.join(udir, "zero", "optimizer_state.pt"))
+    shutil.copy(os.path.join(src, "mp_rank_00_model_states.pt"), udir)
+    with open(os.path.join(root, "latest_universal"), "w") as f:
+        f.write(TAG + "_universal")
+
+
 # --- Independent reconstruction (zero_to_fp32's algorithm, on torch.load of the files) -----
 
 def load(path):
@@ -351,65 +435,163 @@ def load(path):
 
 
 def reconstruct(ckpt):
+    if os.path.exists(os.path.join(ckpt, "latest_universal")):
+        return reconstruct_ucp(ckpt)
     with open(os.path.join(ckpt, "latest")) as f:
         tagdir = os.path.join(ckpt, f.read().strip())
     names = sorted(os.listdir(tagdir))
     mp_files = [n for n in names if n.startswith("mp_rank_") and n.endswith("_model_states.pt")]
-    out = collections.OrderedDict()
     if not mp_files:  # stage 3
         return reconstruct_zero3(tagdir, names)
+    if any(n.startswith("layer_") for n in names):
+        return reconstruct_pipeline(tagdir, names, mp_files)
     mp = len(mp_files)
-    for m, mf in enumerate(mp_files):
+    per_rank = [reconstruct_mp(tagdir, names, mf, m) for m, mf in enumerate(mp_files)]
+    info = load(os.path.join(tagdir, mp_files[0])).get("universal_checkpoint_info")
+    if mp > 1 and info:
+        return merge_tp(per_rank, info)
+    out = collections.OrderedDict()
+    for m, sd in enumerate(per_rank):
         pre = "mp_rank_%02d." % m if mp > 1 else ""
-        model = load(os.path.join(tagdir, mf))
-        optim = sorted((n for n in names if n.endswith("_mp_rank_%02d_optim_states.pt" % m)),
-                       key=lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0]))
-        states = [load(os.path.join(tagdir, n))["optimizer_state_dict"] for n in optim]
-        ws = states[0]["partition_count"]
-        assert ws == len(states)
-        module = model["module"]
-        sd = collections.OrderedDict()
-        keys = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict(),
-                "step": collections.OrderedDict()}
-        for g, shapes in enumerate(model["param_shapes"]):
-            # fp32: cat unpadded partitions (bf16 optimizer: strip group_paddings ourselves)
-            parts = []
-            for s in states:
-                p = s["single_partition_of_fp32_groups"][g]
-                if "zero_stage" not in s:
-                    p = p[:p.numel() - s["group_paddings"][g]]
-                parts.append(p)
-            full = torch.cat(parts)
-            opt = {}
-            for key in ("exp_avg", "exp_avg_sq"):
-                opt[key] = torch.cat([
-                    s["base_optimizer_state"]["state"][g][key][
-                        :s["base_optimizer_state"]["state"][g][key].numel() -
-                        s["group_paddings"][g]] for s in states])
-            off = 0
-            for name, shape in shapes.items():
-                n = numel(shape)
-                sd[name] = full[off:off + n].view(shape)
-                for key in ("exp_avg", "exp_avg_sq"):
-                    keys[key][name] = opt[key][off:off + n].view(shape)
-                keys["step"][name] = states[0]["base_optimizer_state"]["state"][g]["step"]
-                off += n
-            align = 2 * ws
-            assert -(-off // align) * align == -(-full.numel() // align) * align
-        for name, shape in (model.get("frozen_param_shapes") or {}).items():
-            sd[name] = model["frozen_param_fragments"][name]
-        for b in model["buffer_names"]:
-            sd[b] = module[b]
-        for alias, owner in model["shared_params"].items():
-            if owner in sd:
-                sd[alias] = sd[owner]
         for k, v in sd.items():
             out[pre + k] = v
-        for k, v in module.items():
-            out[pre + "module." + k] = v
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            for k, v in keys[key].items():
-                out[pre + "optimizer.%s.%s" % (key, k)] = v
+    return out
+
+
+def reconstruct_mp(tagdir, names, mf, m):
+    """zero_to_fp32 (3.3) for one mp rank: fp32 weights, frozen, buffers, aliases, then
+    module.<name> and optimizer.<state>.<name>."""
+    model = load(os.path.join(tagdir, mf))
+    optim = sorted((n for n in names if n.endswith("_mp_rank_%02d_optim_states.pt" % m)),
+                   key=lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0]))
+    states = [load(os.path.join(tagdir, n))["optimizer_state_dict"] for n in optim]
+    ws = states[0]["partition_count"]
+    assert ws == len(states)
+    module = model["module"] or {}
+    sd = collections.OrderedDict()
+    keys = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict(),
+            "step": collections.OrderedDict()}
+    for g, shapes in enumerate(model["param_shapes"]):
+        # fp32: cat unpadded partitions (bf16 optimizer: strip group_paddings ourselves)
+        parts = []
+        for s in states:
+            p = s["single_partition_of_fp32_groups"][g]
+            if "zero_stage" not in s:
+                p = p[:p.numel() - s["group_paddings"][g]]
+            parts.append(p)
+        full = torch.cat(parts)
+        opt = {}
+        for key in ("exp_avg", "exp_avg_sq"):
+            opt[key] = torch.cat([
+                s["base_optimizer_state"]["state"][g][key][
+                    :s["base_optimizer_state"]["state"][g][key].numel() -
+                    s["group_paddings"][g]] for s in states])
+        off = 0
+        for name, shape in shapes.items():
+            n = numel(shape)
+            sd[name] = full[off:off + n].view(shape)
+            for key in ("exp_avg", "exp_avg_sq"):
+                keys[key][name] = opt[key][off:off + n].view(shape)
+            keys["step"][name] = states[0]["base_optimizer_state"]["state"][g]["step"]
+            off += n
+        align = 2 * ws
+        assert -(-off // align) * align == -(-full.numel() // align) * align
+    for name, shape in (model.get("frozen_param_shapes") or {}).items():
+        sd[name] = model["frozen_param_fragments"][name]
+    for b in model["buffer_names"]:
+        sd[b] = module[b]
+    for alias, owner in model["shared_params"].items():
+        if owner in sd:
+            sd[alias] = sd[owner]
+    out = collections.OrderedDict(sd)
+    for k, v in module.items():
+        out["module." + k] = v
+    for key in ("exp_avg", "exp_avg_sq", "step"):
+        for k, v in keys[key].items():
+            out["optimizer.%s.%s" % (key, k)] = v
+    return out
+
+
+def reconstruct_pipeline(tagdir, names, mp_files):
+    """tp 1: the union of the stages (a tied param: the first stage's copy); module weights
+    from the layer files, named "<layer>.<local>" or, for a tied module's layer,
+    "tied_modules.<key>.<local>" (the only param of the stages with that ending)."""
+    out = collections.OrderedDict()
+    for m, mf in enumerate(mp_files):
+        for k, v in reconstruct_mp(tagdir, names, mf, m).items():
+            out.setdefault(k, v)
+    params = [k for k in out if not k.startswith(("module.", "optimizer."))]
+    for n in names:
+        if not n.startswith("layer_"):
+            continue
+        idx = int(n[len("layer_"):].split("-")[0])
+        for local, t in load(os.path.join(tagdir, n)).items():
+            name = "%d.%s" % (idx, local)
+            if name not in params:
+                tied = [p for p in params if p.startswith("tied_modules.") and
+                        p.endswith("." + local) and
+                        "." not in p[len("tied_modules."):-len(local) - 1]]
+                if len(tied) == 1:
+                    name = tied[0]
+            out.setdefault("module." + name, t)
+    return out
+
+
+def merge_tp(per_rank, info):
+    """ds_to_universal.merge_tp_slices (deepspeed.md 5.5) on every key of the TP ranks."""
+    def match(key, name):
+        return any(re.match(p, name) for p in info.get(key, []))
+    out = collections.OrderedDict()
+    for key in per_rank[0]:
+        slices = [sd[key] for sd in per_rank]
+        name = key
+        for pre in ("module.", "optimizer.exp_avg_sq.", "optimizer.exp_avg.", "optimizer.step."):
+            if key.startswith(pre):
+                name = key[len(pre):]
+                break
+        if key.startswith("optimizer.step.") or match("tp_replicated_parameter_patterns", name):
+            out[key] = slices[0]
+            continue
+        if match("parameter_with_2_sub_params_cat_dim_0", name):
+            chunks = [torch.chunk(s, 2, dim=0) for s in slices]
+            param = torch.cat([torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])])
+        else:
+            dim = 1 if match("parameter_with_row_parallelism_patterns", name) else 0
+            param = torch.cat(slices, dim=dim)
+        if match("vocabulary_parameter_patterns", name):
+            param = param[:info["original_vocab_size"]]
+        out[key] = param
+    return out
+
+
+def reconstruct_ucp(ckpt):
+    """A UCP as DeepSpeed's loader sees it: zero/<param>/<state>.pt 'param' values; the
+    rest (frozen, buffers, aliases, module) from the copied model states."""
+    with open(os.path.join(ckpt, "latest_universal")) as f:
+        udir = os.path.join(ckpt, f.read().strip())
+    model = load(os.path.join(udir, "mp_rank_00_model_states.pt"))
+    sd = collections.OrderedDict()
+    opt = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict(),
+           "step": collections.OrderedDict()}
+    for shapes in model["param_shapes"]:
+        for name in shapes:
+            d = os.path.join(udir, "zero", name)
+            sd[name] = load(os.path.join(d, "fp32.pt"))["param"]
+            for key in ("exp_avg", "exp_avg_sq"):
+                opt[key][name] = load(os.path.join(d, key + ".pt"))["param"]
+            opt["step"][name] = load(os.path.join(d, "step.pt"))
+    for name in (model.get("frozen_param_shapes") or {}):
+        sd[name] = model["frozen_param_fragments"][name]
+    for b in model["buffer_names"]:
+        sd[b] = model["module"][b]
+    for alias, owner in model["shared_params"].items():
+        sd[alias] = sd[owner]
+    out = collections.OrderedDict(sd)
+    for k, v in model["module"].items():
+        out["module." + k] = v
+    for key in ("exp_avg", "exp_avg_sq", "step"):
+        for k, v in opt[key].items():
+            out["optimizer.%s.%s" % (key, k)] = v
     return out
 
 
@@ -514,11 +696,29 @@ def generate(out):
               [od(("embed.weight", (5, 3)), ("layer.bias", (3,))),
                od(("layer.weight", (3, 3)), ("head.bias", (1,)))],
               frozen=od(("frozen.weight", (5,))), seed=6)
+    # Pipeline: pp 2 x dp 2; layer 0 and layer 4 are the tied embedding (TiedLayerSpec
+    # 'embed' without forward_fn, saved under both layer indices), layer 3 has no state.
+    gen_pp(out, "pp2", 2, [
+        (od(("tied_modules.embed.weight", (6, 4)), ("1.weight", (4, 4)), ("1.bias", (4,))),
+         [(0, {"weight": "tied_modules.embed.weight"}),
+          (1, {"weight": "1.weight", "bias": "1.bias"})]),
+        (od(("2.weight", (4, 4)), ("2.bias", (4,)), ("tied_modules.embed.weight", (6, 4))),
+         [(2, {"weight": "2.weight", "bias": "2.bias"}),
+          (4, {"weight": "tied_modules.embed.weight"})])], seed=7)
+    # TP 2 with universal_checkpoint_info: vocabulary (padded 8 -> 7 rows), column and row
+    # parallel, two sub-params (SwiGLU-style), replicated (norm.*, equal on both ranks).
+    gen_zero12(out, "tp2_ucp", 1, 2,
+               [od(("embed.weight", (4, 3)), ("layer.weight", (2, 4)), ("layer.bias", (2,)),
+                   ("dense.weight", (4, 2)), ("mlp.h_to_4h.weight", (4, 3)),
+                   ("norm.weight", (4,)))],
+               seed=8, mp=2, same=("norm.weight",),
+               client={"universal_checkpoint_info": UCP_INFO})
+    gen_ucp(out, "ucp", "frozen_tied")
     for c in CASES:
         write_expected(os.path.join(out, c))
 
 
-CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3"]
+CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3", "pp2", "tp2_ucp", "ucp"]
 
 
 def compare_dirs(a, b):
