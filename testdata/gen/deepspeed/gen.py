@@ -538,7 +538,8 @@ def reconstruct_pipeline(tagdir, names, mp_files):
 
 
 def merge_tp(per_rank, info):
-    """ds_to_universal.merge_tp_slices (deepspeed.md 5.5) on every key of the TP ranks."""
+    """ds_to_universal.merge_tp_slices (deepspeed.md 5.5) on every key of the TP ranks, but
+    a param to average keeps its TP copies as mp_rank_XX.<key> (fc computes no values)."""
     def match(key, name):
         return any(re.match(p, name) for p in info.get(key, []))
     out = collections.OrderedDict()
@@ -551,6 +552,10 @@ def merge_tp(per_rank, info):
                 break
         if key.startswith("optimizer.step.") or match("tp_replicated_parameter_patterns", name):
             out[key] = slices[0]
+            continue
+        if match("parameter_to_average_patterns", name):
+            for t, sl in enumerate(slices):
+                out["mp_rank_%02d.%s" % (t, key)] = sl
             continue
         if match("parameter_with_2_sub_params_cat_dim_0", name):
             chunks = [torch.chunk(s, 2, dim=0) for s in slices]
@@ -713,12 +718,17 @@ def generate(out):
                    ("norm.weight", (4,)))],
                seed=8, mp=2, same=("norm.weight",),
                client={"universal_checkpoint_info": UCP_INFO})
+    # An averaged param (parameter_to_average_patterns): fc keeps its TP copies apart.
+    gen_zero12(out, "tp2_avg", 1, 2, [od(("layer.weight", (2, 4)), ("layer.bias", (2,)))],
+               seed=9, mp=2, client={"universal_checkpoint_info": dict(
+                   UCP_INFO, parameter_to_average_patterns=[r"layer\.bias"])})
     gen_ucp(out, "ucp", "frozen_tied")
     for c in CASES:
         write_expected(os.path.join(out, c))
 
 
-CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3", "pp2", "tp2_ucp", "ucp"]
+CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3", "pp2", "tp2_ucp", "tp2_avg",
+         "ucp"]
 
 
 def compare_dirs(a, b):
