@@ -24,7 +24,7 @@ BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 EXPORT = os.path.join(BUILD, "tools", "fc-export")
 INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
 FIXTURES = sorted(glob.glob(os.path.join(TESTDATA, "deepspeed", "*", "ckpt")))
-assert len(FIXTURES) >= 10, FIXTURES
+assert len(FIXTURES) >= 11, FIXTURES
 tmp = tempfile.mkdtemp(prefix="fc-deepspeed-test-")
 
 
@@ -63,7 +63,7 @@ def case_export():
         want = {k: exp.get("module." + k, v) for k, v in exp.items()
                 if not k.startswith("module.") and not k.startswith("optimizer.")}
         check_same(got, want, label + " --weights module")
-        if label not in ("zero3", "pp2"):
+        if label not in ("zero3", "pp2", "pp2_tp2"):
             assert got["embed.weight" if "embed.weight" in got else "layer.weight"][0] in ("F16", "BF16")
         print("ok export", label)
     # A Universal Checkpoint exports exactly what the ZeRO checkpoint it came from does.
@@ -83,7 +83,8 @@ def case_inspect():
     stages = {"zero1": ("1", "zero", "2"), "zero2": ("2", "zero", "3"),
               "bf16": ("1", "bf16_optimizer", "2"), "tp2": ("1", "zero", "2"),
               "frozen_tied": ("2", "zero", "2"), "zero3": ("3", "zero3", "2"),
-              "pp2": ("1", "zero", "2"), "tp2_ucp": ("1", "zero", "2"),
+              "pp2": ("1", "zero", "2"), "pp2_tp2": ("1", "zero", "2"),
+              "tp2_ucp": ("1", "zero", "2"),
               "tp2_avg": ("1", "zero", "2"), "ucp": ("2", "universal", "2")}
     for ckpt in FIXTURES:
         fx = os.path.dirname(ckpt)
@@ -94,8 +95,8 @@ def case_inspect():
         assert a["deepspeed.zero_stage"] == stage, (label, a)
         assert a["deepspeed.optimizer"] == opt, (label, a)
         assert a["deepspeed.dp_degree"] == dp, (label, a)
-        assert a["deepspeed.tp_degree"] == ("2" if label.startswith("tp2") else "1"), (label, a)
-        assert a["deepspeed.pp_degree"] == ("2" if label == "pp2" else "1"), (label, a)
+        assert a["deepspeed.tp_degree"] == ("2" if "tp2" in label else "1"), (label, a)
+        assert a["deepspeed.pp_degree"] == ("2" if label.startswith("pp2") else "1"), (label, a)
         exp = fcio.expected_values(fx)
         assert sorted(t["key"] for t in j["tensors"]) == sorted(exp), label
         dtypes = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}

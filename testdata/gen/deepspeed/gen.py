@@ -23,6 +23,13 @@ Fixtures (each OUT_ROOT/<case>/ckpt is a DeepSpeed save dir with `latest` -> glo
                tied weight (shared_params alias -> owner); ZeroStageEnum pickled the
                Python < 3.11 way, REDUCE (value,) (the other cases: getattr(cls, 'name'))
   zero3        stage 3, fp16, dp 2, two sub-groups, ceil-div per-param padding, a frozen param
+  pp2          pipeline, pp 2 x dp 2: mp_rank_XX (module None) + layer_LL-model_00 files, a
+               tied embedding saved by layers 0 and 4 and trained by both stages
+  pp2_tp2      pipeline x TP, pp 2 x tp 2 x dp 2, universal_checkpoint_info
+  tp2_ucp      tp 2 x dp 2 with universal_checkpoint_info (vocab, column, row, 2 sub-params,
+               replicated)
+  tp2_avg      tp 2 with a parameter_to_average_patterns param (kept per rank by fc)
+  ucp          ds_to_universal.py's output for frozen_tied (latest_universal, zero/<param>/)
 
 The 16-bit module weights of stage 0-2 are views of one flat 16-bit buffer (as DeepSpeed's
 flattened bit16 groups are), so the pickles carry storage offsets; the fp32 partition of
@@ -36,7 +43,8 @@ in-memory values:
 Keys (fc's names, include/fc/format/deepspeed.h): <param> fp32 master weight (frozen params
 and buffers: as stored), module.<param> the module state dict tensor, optimizer.exp_avg.<param>,
 optimizer.exp_avg_sq.<param>, optimizer.step.<param>; with tp > 1 every key is prefixed by
-mp_rank_XX.
+mp_rank_XX. unless the checkpoint carries universal_checkpoint_info (then merged with
+ds_to_universal's merge_tp_slices rules, see merge_tp).
 
 usage: /usr/bin/python3 testdata/gen/deepspeed/gen.py [OUT_ROOT]
        /usr/bin/python3 testdata/gen/deepspeed/gen.py --check [OUT_ROOT]
@@ -346,12 +354,14 @@ def gen_zero3(out, case, dp, subgroups, frozen, seed):
              os.path.join(tagdir, "zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
 
 
-def gen_pp(out, case, dp, stages, seed):
-    """Pipeline (PipelineModule + PipelineEngine), ZeRO-1, tp 1: per stage an
-    mp_rank_XX_model_states.pt with module None, its ZeRO files, and per layer a
-    layer_XX-model_00-model_states.pt holding that layer's state dict (local names).
+def gen_pp(out, case, dp, stages, seed, tp=1, info=None):
+    """Pipeline (PipelineModule + PipelineEngine), ZeRO-1: per (stage, TP rank) an
+    mp_rank_XX_model_states.pt (XX = stage * tp + TP rank, stage-major) with module None and
+    its ZeRO files, and per (layer, TP rank) a layer_LL-model_YY-model_states.pt holding that
+    layer's state dict (local names).
 
-    stages: list of (param_shapes OrderedDict, [(layer index, {local name: param name})])."""
+    stages: list of (param_shapes OrderedDict, [(layer index, {local name: param name})]);
+    the shapes are per TP rank."""
     root = os.path.join(out, case, "ckpt")
     write_save_dir(root)
     tagdir = os.path.join(root, TAG)
@@ -360,23 +370,27 @@ def gen_pp(out, case, dp, stages, seed):
     for shapes, _ in stages:
         for name in shapes:
             (tied if name in seen else seen).add(name)
-    for m, (shapes, layers) in enumerate(stages):
-        master = {}
-        osds, flats16 = zero12_rank_states([shapes], dp, seed + 100 * m, 1, False, master,
-                                           same=tied, same_seed=seed + 7)
-        module = module_from_flats([shapes], flats16, torch.float16)
-        sd = common_state(None, [collections.OrderedDict(
-            (k, torch.Size(v)) for k, v in shapes.items())], [], dp, 1, 1, False)
-        sd["checkpoint_parallel_dimensions"] = {"pp_degree": len(stages), "tp_degree": 1}
-        save(sd, os.path.join(tagdir, "mp_rank_%02d_model_states.pt" % m))
-        for r, osd in enumerate(osds):
-            save({"optimizer_state_dict": osd, "ds_config": ds_config(1, False),
-                  "ds_version": DS_VERSION},
-                 os.path.join(tagdir, "zero_pp_rank_%d_mp_rank_%02d_optim_states.pt" % (r, m)))
-        for idx, local in layers:
-            # clone_tensors_for_torch_save: each tensor its own storage
-            state = collections.OrderedDict((k, module[v].clone()) for k, v in local.items())
-            save(state, os.path.join(tagdir, "layer_%02d-model_00-model_states.pt" % idx))
+    for st, (shapes, layers) in enumerate(stages):
+        for t in range(tp):
+            m = st * tp + t
+            master = {}
+            # A tied param: equal in every stage holding it (per TP rank).
+            osds, flats16 = zero12_rank_states([shapes], dp, seed + 100 * m, 1, False, master,
+                                               same=tied, same_seed=seed + 7 + 50 * t)
+            module = module_from_flats([shapes], flats16, torch.float16)
+            extra = {"universal_checkpoint_info": info} if info else {}
+            sd = common_state(None, [collections.OrderedDict(
+                (k, torch.Size(v)) for k, v in shapes.items())], [], dp, tp, 1, False, **extra)
+            sd["checkpoint_parallel_dimensions"] = {"pp_degree": len(stages), "tp_degree": tp}
+            save(sd, os.path.join(tagdir, "mp_rank_%02d_model_states.pt" % m))
+            for r, osd in enumerate(osds):
+                save({"optimizer_state_dict": osd, "ds_config": ds_config(1, False),
+                      "ds_version": DS_VERSION},
+                     os.path.join(tagdir, "zero_pp_rank_%d_mp_rank_%02d_optim_states.pt" % (r, m)))
+            for idx, local in layers:
+                # clone_tensors_for_torch_save: each tensor its own storage
+                state = collections.OrderedDict((k, module[v].clone()) for k, v in local.items())
+                save(state, os.path.join(tagdir, "layer_%02d-model_%02d-model_states.pt" % (idx, t)))
 
 
 UCP_INFO = {"universal_checkpoint_version": 0.4,
@@ -444,7 +458,12 @@ def reconstruct(ckpt):
     if not mp_files:  # stage 3
         return reconstruct_zero3(tagdir, names)
     if any(n.startswith("layer_") for n in names):
-        return reconstruct_pipeline(tagdir, names, mp_files)
+        tp = len([n for n in names if n.startswith("layer_01-")])
+        info = load(os.path.join(tagdir, mp_files[0])).get("universal_checkpoint_info")
+        per_tp = [reconstruct_pipeline(tagdir, names, mp_files, t, tp) for t in range(tp)]
+        if tp > 1:
+            return merge_tp(per_tp, info)
+        return per_tp[0]
     mp = len(mp_files)
     per_rank = [reconstruct_mp(tagdir, names, mf, m) for m, mf in enumerate(mp_files)]
     info = load(os.path.join(tagdir, mp_files[0])).get("universal_checkpoint_info")
@@ -512,20 +531,23 @@ def reconstruct_mp(tagdir, names, mf, m):
     return out
 
 
-def reconstruct_pipeline(tagdir, names, mp_files):
-    """tp 1: the union of the stages (a tied param: the first stage's copy); module weights
-    from the layer files, named "<layer>.<local>" or, for a tied module's layer,
-    "tied_modules.<key>.<local>" (the only param of the stages with that ending)."""
+def reconstruct_pipeline(tagdir, names, mp_files, t, tp):
+    """TP rank t: the union of the stages (mp_rank = stage * tp + t; a tied param: the first
+    stage's copy); module weights from the layer files of TP rank t, named "<layer>.<local>"
+    or, for a tied module's layer, "tied_modules.<key>.<local>" (the only param of the
+    stages with that ending)."""
     out = collections.OrderedDict()
     for m, mf in enumerate(mp_files):
+        if m % tp != t:
+            continue
         for k, v in reconstruct_mp(tagdir, names, mf, m).items():
             out.setdefault(k, v)
     params = [k for k in out if not k.startswith(("module.", "optimizer."))]
     for n in names:
-        if not n.startswith("layer_"):
+        if not n.startswith("layer_") or not n.endswith("-model_%02d-model_states.pt" % t):
             continue
         idx = int(n[len("layer_"):].split("-")[0])
-        for local, t in load(os.path.join(tagdir, n)).items():
+        for local, v in load(os.path.join(tagdir, n)).items():
             name = "%d.%s" % (idx, local)
             if name not in params:
                 tied = [p for p in params if p.startswith("tied_modules.") and
@@ -533,7 +555,7 @@ def reconstruct_pipeline(tagdir, names, mp_files):
                         "." not in p[len("tied_modules."):-len(local) - 1]]
                 if len(tied) == 1:
                     name = tied[0]
-            out.setdefault("module." + name, t)
+            out.setdefault("module." + name, v)
     return out
 
 
@@ -710,6 +732,23 @@ def generate(out):
         (od(("2.weight", (4, 4)), ("2.bias", (4,)), ("tied_modules.embed.weight", (6, 4))),
          [(2, {"weight": "2.weight", "bias": "2.bias"}),
           (4, {"weight": "tied_modules.embed.weight"})])], seed=7)
+    # Pipeline x TP (Megatron-DeepSpeed GPTModelPipe-like names): pp 2 x tp 2 x dp 2.
+    gen_pp(out, "pp2_tp2", 2, [
+        (od(("tied_modules.embed.word_embeddings.weight", (4, 3)), ("1.dense.weight", (3, 2)),
+            ("1.input_layernorm.weight", (3,))),
+         [(0, {"word_embeddings.weight": "tied_modules.embed.word_embeddings.weight"}),
+          (1, {"dense.weight": "1.dense.weight",
+               "input_layernorm.weight": "1.input_layernorm.weight"})]),
+        (od(("2.mlp.weight", (2, 3)), ("tied_modules.embed.word_embeddings.weight", (4, 3))),
+         [(2, {"mlp.weight": "2.mlp.weight"}),
+          (3, {"word_embeddings.weight": "tied_modules.embed.word_embeddings.weight"})])],
+        seed=10, tp=2, info={
+            "universal_checkpoint_version": 0.4,
+            "vocabulary_parameter_patterns": [r"tied_modules\.embed\.word_embeddings\.weight"],
+            "pipeline_replicated_parameter_patterns": [r"tied_modules\.embed"],
+            "tp_replicated_parameter_patterns": [r"\d+\.input_layernorm"],
+            "parameter_with_row_parallelism_patterns": [r"\d+\.dense\.weight"],
+            "original_vocab_size": 6, "padded_vocab_size": 8})
     # TP 2 with universal_checkpoint_info: vocabulary (padded 8 -> 7 rows), column and row
     # parallel, two sub-params (SwiGLU-style), replicated (norm.*, equal on both ranks).
     gen_zero12(out, "tp2_ucp", 1, 2,
@@ -727,8 +766,8 @@ def generate(out):
         write_expected(os.path.join(out, c))
 
 
-CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3", "pp2", "tp2_ucp", "tp2_avg",
-         "ucp"]
+CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3", "pp2", "pp2_tp2", "tp2_ucp",
+         "tp2_avg", "ucp"]
 
 
 def compare_dirs(a, b):

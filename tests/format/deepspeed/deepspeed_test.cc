@@ -22,7 +22,7 @@ using testing::ReadFileBytes;
 using testing::WriteFileBytes;
 
 const char* kCases[] = {"zero1", "zero2", "bf16",    "tp2",    "frozen_tied",
-                        "zero3", "pp2",   "tp2_ucp", "tp2_avg", "ucp"};
+                        "zero3", "pp2",   "pp2_tp2", "tp2_ucp", "tp2_avg", "ucp"};
 
 std::string Fixture(const std::string& name) {
   const char* root = std::getenv("FC_TESTDATA");
@@ -271,6 +271,14 @@ TEST_CASE("deepspeed: pipeline stages, TP merge and universal checkpoints", "[de
         "layer_00-model_00-model_states.pt");
   CHECK(pp->FindTensor("module.0.weight") == nullptr);
 
+  // Pipeline x TP: mp_rank files stage-major, layer files per TP rank, merged names.
+  auto pt = ReadDeepSpeedCheckpoint(Fixture("pp2_tp2") + "/ckpt");
+  REQUIRE(pt.ok());
+  CHECK(pt->attributes.at("deepspeed.pp_degree") == "2");
+  CHECK(pt->attributes.at("deepspeed.tp_degree") == "2");
+  CHECK(pt->FindTensor("module.tied_modules.embed.word_embeddings.weight")->global_shape ==
+        Shape{6, 3});
+
   auto tp = ReadDeepSpeedCheckpoint(Fixture("tp2_ucp") + "/ckpt");
   REQUIRE(tp.ok());
   CHECK(tp->attributes.at("deepspeed.tp_merge") == "universal_checkpoint_info");
@@ -355,7 +363,7 @@ TEST_CASE("deepspeed: damaged pipeline, TP and UCP inputs", "[deepspeed]") {
 TEST_CASE("deepspeed: byte mutations never crash or give a wrong-sized index", "[deepspeed]") {
   testing::TempDir tmp;
   std::mt19937 rng(12);
-  for (const char* name : {"zero2", "bf16", "zero3"}) {
+  for (const char* name : {"zero2", "bf16", "zero3", "pp2", "tp2_ucp"}) {
     const std::string dir = CopyTag(tmp, name);
     for (const auto& e : std::filesystem::directory_iterator(dir)) {
       const std::string path = e.path().string();
