@@ -24,7 +24,7 @@ BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 EXPORT = os.path.join(BUILD, "tools", "fc-export")
 INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
 FIXTURES = sorted(glob.glob(os.path.join(TESTDATA, "deepspeed", "*", "ckpt")))
-assert len(FIXTURES) >= 11, FIXTURES
+assert len(FIXTURES) >= 12, FIXTURES
 tmp = tempfile.mkdtemp(prefix="fc-deepspeed-test-")
 
 
@@ -85,7 +85,8 @@ def case_inspect():
               "frozen_tied": ("2", "zero", "2"), "zero3": ("3", "zero3", "2"),
               "pp2": ("1", "zero", "2"), "pp2_tp2": ("1", "zero", "2"),
               "tp2_ucp": ("1", "zero", "2"),
-              "tp2_avg": ("1", "zero", "2"), "ucp": ("2", "universal", "2")}
+              "tp2_avg": ("1", "zero", "2"), "ucp": ("2", "universal", "2"),
+              "legacy": ("2", "zero", "2")}
     for ckpt in FIXTURES:
         fx = os.path.dirname(ckpt)
         label = os.path.basename(fx)

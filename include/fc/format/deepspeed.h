@@ -3,8 +3,10 @@
 //
 // Input: the save dir (its `latest` file names the tag directory to read; without `latest`,
 // its `latest_universal` names a Universal Checkpoint) or a tag / UCP dir itself (pass
-// <save_dir>/<tag> to read another tag). Files read, all torch.save zip archives
-// (fc/format/torch_save.h):
+// <save_dir>/<tag> to read another tag). Files read: torch.save zip archives
+// (fc/format/torch_save.h) or legacy torch.save files (checkpoint_serialization: false: five
+// pickles back to back, the last the storage key list, then per storage its int64 element
+// count and raw bytes; storages are addressed in place the same way):
 //   ZeRO 0/1/2 and BF16_Optimizer:
 //     mp_rank_XX_model_states.pt                           one per model-parallel rank XX
 //     [bf16_|fp16_]zero_pp_rank_N_mp_rank_XX_optim_states.pt one per (DP rank N, rank XX)
@@ -81,7 +83,7 @@
 // opaque and listed in deepspeed.opaque_globals; they never make the read fail.
 //
 // Not read (kUnimplemented, exit 6): MoE expert files and per-group partition counts,
-// elastic optimizer state, legacy (non-zip) torch.save files, AutoEP/MiCS/hpZ layouts,
+// elastic optimizer state, big-endian legacy torch.save files, AutoEP/MiCS/hpZ layouts,
 // universal_checkpoint_info patterns RE2 cannot run, autotp_unsupported_parameter_patterns.
 // Checked on read: file count == partition_count, every partition's size against the
 // padding rule, param_slice_mappings against the partition math, each tensor covered exactly

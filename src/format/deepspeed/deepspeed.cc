@@ -304,11 +304,45 @@ struct PtFile {
   std::unique_ptr<RandomAccessFile> file;
   TorchSaveArchive archive;
   PickleValue root;
+  // Legacy (non-zip) files: storage key -> [first byte, + bytes) of its data in the file.
+  bool legacy = false;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> legacy_storages;
 
   Result<Located> Locate(const PV* v, const std::string& what) const {
     if (v == nullptr) return DataLossError(name + ": " + what + " is missing");
     auto ref = DecodeTorchTensor(*v);
     if (!ref.ok()) return ref.status().With(name + ": " + what);
+    uint64_t data_offset = 0;
+    if (legacy) {
+      auto it = legacy_storages.find(ref->storage_key);
+      if (it == legacy_storages.end()) {
+        return DataLossError(name + ": " + what + ": storage '" + ref->storage_key +
+                             "' is not in the file's storage list");
+      }
+      if (it->second.second != ref->storage_bytes) {
+        return DataLossError(name + ": " + what + ": storage '" + ref->storage_key + "' has " +
+                             std::to_string(it->second.second) + " bytes, the pickle says " +
+                             std::to_string(ref->storage_bytes));
+      }
+      data_offset = it->second.first;
+    } else {
+      FC_ASSIGN_OR_RETURN(data_offset, ZipStorage(*ref, what));
+    }
+    Located l;
+    l.dtype = ref->dtype;
+    l.shape = ref->shape;
+    l.strides = ref->strides;
+    l.contiguous = ref->IsRowMajorContiguous();
+    FC_ASSIGN_OR_RETURN(l.numel, CheckedNumElements(l.shape).With(name + ": " + what));
+    // In range: DecodeTorchTensor checked that the view fits the storage.
+    l.first = data_offset + static_cast<uint64_t>(ref->storage_offset) * DTypeSize(l.dtype);
+    l.span = ref->ViewSpanBytes();
+    return l;
+  }
+
+  // The file offset of storage record data/<key> of a zip file.
+  Result<uint64_t> ZipStorage(const TorchTensorRef& ref0, const std::string& what) const {
+    const TorchTensorRef* ref = &ref0;
     const ZipEntry* e = archive.FindRecord("data/" + ref->storage_key);
     if (e == nullptr) {
       return DataLossError(name + ": " + what + ": storage record 'data/" + ref->storage_key +
@@ -327,18 +361,122 @@ struct PtFile {
       return DataLossError(name + ": " + what + ": storage record '" + e->name +
                            "' passes the end of the file");
     }
-    Located l;
-    l.dtype = ref->dtype;
-    l.shape = ref->shape;
-    l.strides = ref->strides;
-    l.contiguous = ref->IsRowMajorContiguous();
-    FC_ASSIGN_OR_RETURN(l.numel, CheckedNumElements(l.shape).With(name + ": " + what));
-    // In range: DecodeTorchTensor checked that the view fits the storage.
-    l.first = e->data_offset + static_cast<uint64_t>(ref->storage_offset) * DTypeSize(l.dtype);
-    l.span = ref->ViewSpanBytes();
-    return l;
+    return e->data_offset;
   }
 };
+
+// Legacy torch.save (_use_new_zipfile_serialization=False; DeepSpeed's
+// checkpoint_serialization: false): five protocol-2 pickles back to back (magic number
+// 0x1950a86a20f9469cfc6c, protocol version 1001, sys_info, the object, the list of storage
+// keys), then per key in that list: its element count (int64 little-endian) and its raw
+// bytes. `head` holds the file's first bytes; kDataLoss when the pickles pass its end.
+Status ReadLegacyHead(std::span<const std::byte> head, PtFile* pt) {
+  size_t pos = 0;
+  std::vector<PickleValue> parts;
+  for (int i = 0; i < 5; ++i) {
+    size_t used = 0;
+    auto v = ParsePickle(head.subspan(pos), PickleLimits{}, &used);
+    if (!v.ok()) return v.status();
+    parts.push_back(std::move(*v));
+    pos += used;
+  }
+  static const char kMagic[] = "\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
+  if (parts[0].kind != PV::Kind::kBigInt || parts[0].str != std::string(kMagic, 10)) {
+    return DataLossError("legacy torch.save magic number is " + parts[0].DebugString());
+  }
+  if (!parts[1].is_int() || parts[1].int_value != 1001) {
+    return UnimplementedError("legacy torch.save protocol version " + parts[1].DebugString() +
+                              " (fc reads 1001)");
+  }
+  if (const PV* le = parts[2].Find("little_endian");
+      le != nullptr && le->kind == PV::Kind::kBool && !le->bool_value) {
+    return UnimplementedError("legacy torch.save written on a big-endian machine");
+  }
+  pt->root = std::move(parts[3]);
+  const auto* keys = ListItems(&parts[4]);
+  if (keys == nullptr) {
+    return DataLossError("legacy torch.save storage key list is " + parts[4].DebugString());
+  }
+  // Each storage's byte size, from the tensors that reference it.
+  std::map<std::string, std::pair<uint64_t, uint64_t>> bytes;  // key -> (bytes, item size)
+  std::unordered_set<const PV*> seen;
+  std::vector<const PV*> stack = {&pt->root};
+  while (!stack.empty()) {
+    const PV* v = stack.back();
+    stack.pop_back();
+    if (v == nullptr || !seen.insert(v).second) continue;
+    if (v->kind == PV::Kind::kCall) {
+      if (auto ref = DecodeTorchTensor(*v); ref.ok()) {
+        auto [it, fresh] = bytes.emplace(
+            ref->storage_key, std::pair<uint64_t, uint64_t>{ref->storage_bytes, DTypeSize(ref->dtype)});
+        if (!fresh && it->second.first != ref->storage_bytes) {
+          return DataLossError("legacy torch.save storage '" + ref->storage_key +
+                               "' has two sizes in the pickle");
+        }
+        continue;
+      }
+    }
+    for (const auto& i : v->items) stack.push_back(i.get());
+    for (const auto& [k, x] : v->entries) {
+      stack.push_back(k.get());
+      stack.push_back(x.get());
+    }
+    for (const PV::Ptr* p : {&v->callee, &v->args, &v->kwargs, &v->state}) {
+      if (*p) stack.push_back(p->get());
+    }
+  }
+  uint64_t off = pos;
+  const uint64_t size = pt->file->size();
+  for (const auto& k : *keys) {
+    auto key = StrOf(k.get());
+    if (!key) return DataLossError("legacy torch.save storage key " + k->DebugString());
+    auto it = bytes.find(*key);
+    if (it == bytes.end()) {
+      return DataLossError("legacy torch.save storage '" + *key + "' is used by no tensor");
+    }
+    if (off > size || size - off < 8) {
+      return DataLossError("legacy torch.save storage '" + *key + "' starts past the end");
+    }
+    std::byte n[8];
+    FC_RETURN_IF_ERROR(pt->file->ReadAt(off, n));
+    uint64_t numel = 0;
+    for (int b = 7; b >= 0; --b) numel = (numel << 8) | static_cast<uint64_t>(n[b]);
+    off += 8;
+    const auto [storage_bytes, item] = it->second;
+    if (size - off < storage_bytes) {
+      return DataLossError("legacy torch.save storage '" + *key + "' (" +
+                           std::to_string(storage_bytes) + " bytes) passes the end of the file");
+    }
+    // The element count written before the data must name the pickle's bytes.
+    if (numel > storage_bytes || numel * item != storage_bytes) {
+      return DataLossError("legacy torch.save storage '" + *key + "' holds " +
+                           std::to_string(numel) + " elements of " + std::to_string(item) +
+                           " bytes, the pickle says " + std::to_string(storage_bytes) + " bytes");
+    }
+    if (!pt->legacy_storages.emplace(*key, std::pair{off, storage_bytes}).second) {
+      return DataLossError("legacy torch.save storage '" + *key + "' listed twice");
+    }
+    off += storage_bytes;
+  }
+  pt->legacy = true;
+  return Status::Ok();
+}
+
+Status ReadLegacy(PtFile* pt) {
+  // The pickles come first; read a growing prefix until they parse.
+  const uint64_t size = pt->file->size();
+  const uint64_t cap = std::min(size, kMaxPickleBytes);
+  uint64_t want = std::min<uint64_t>(cap, uint64_t{1} << 20);
+  for (;;) {
+    std::vector<std::byte> head(static_cast<size_t>(want));
+    FC_RETURN_IF_ERROR(pt->file->ReadAt(0, head));
+    pt->legacy_storages.clear();
+    Status s = ReadLegacyHead(head, pt);
+    if (s.ok()) return s;
+    if (want >= cap) return s.With(pt->name);
+    want = std::min(cap, want * 8);
+  }
+}
 
 Result<std::unique_ptr<PtFile>> OpenPt(const std::string& dir, const std::string& name,
                                        uint32_t index) {
@@ -354,9 +492,8 @@ Result<std::unique_ptr<PtFile>> OpenPt(const std::string& dir, const std::string
     if (magic[0] != std::byte{'P'} || magic[1] != std::byte{'K'}) {
       // Legacy torch.save starts with a pickled magic number (protocol 2: 0x80 0x02).
       if (magic[0] == std::byte{0x80}) {
-        return UnimplementedError(name + ": legacy (non-zip) torch.save file "
-                                  "(checkpoint_serialization: false); fc reads only the zip "
-                                  "format");
+        FC_RETURN_IF_ERROR(ReadLegacy(pt.get()));
+        return pt;
       }
       return DataLossError(name + ": not a torch.save zip archive");
     }

@@ -22,7 +22,8 @@ using testing::ReadFileBytes;
 using testing::WriteFileBytes;
 
 const char* kCases[] = {"zero1", "zero2", "bf16",    "tp2",    "frozen_tied",
-                        "zero3", "pp2",   "pp2_tp2", "tp2_ucp", "tp2_avg", "ucp"};
+                        "zero3", "pp2",   "pp2_tp2", "tp2_ucp", "tp2_avg", "ucp",
+                        "legacy"};
 
 std::string Fixture(const std::string& name) {
   const char* root = std::getenv("FC_TESTDATA");
@@ -241,14 +242,26 @@ TEST_CASE("deepspeed: weights only (no optimizer files) and unsupported inputs",
         testing::ReadNpy(Fixture("zero1") + "/expected/module.embed.weight.npy").data);
   CHECK(index->FindTensor("optimizer.exp_avg.embed.weight") == nullptr);
 
-  // Legacy (non-zip) torch.save: a pickled magic number first.
+  // Legacy (non-zip) torch.save cut inside its magic number: data loss naming the file.
   const std::string legacy = tmp.path() + "/legacy";
   std::filesystem::create_directories(legacy);
   WriteFileBytes(legacy + "/mp_rank_00_model_states.pt", testing::Hex("80028a0a6cfc9c46f920"));
   auto r = ReadDeepSpeedCheckpoint(legacy);
   REQUIRE(!r.ok());
-  CHECK(r.status().code() == StatusCode::kUnimplemented);
-  CHECK_THAT(r.status().message(), Catch::Contains("legacy"));
+  CHECK(r.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(r.status().message(), Catch::Contains("mp_rank_00_model_states.pt"));
+  {  // a legacy file whose last storage is cut short
+    const std::string dir = CopyTag(tmp, "legacy");
+    const std::string f = dir + "/zero_pp_rank_1_mp_rank_00_optim_states.pt";
+    std::vector<std::byte> b = ReadFileBytes(f);
+    b.resize(b.size() - 4);
+    WriteFileBytes(f, b);
+    r = ReadDeepSpeedCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains("zero_pp_rank_1_mp_rank_00_optim_states.pt"));
+    CHECK_THAT(r.status().message(), Catch::Contains("passes the end"));
+  }
 
   // MoE expert files are refused, not misread.
   const std::string moe = CopyTag(tmp, "zero2");
@@ -363,7 +376,7 @@ TEST_CASE("deepspeed: damaged pipeline, TP and UCP inputs", "[deepspeed]") {
 TEST_CASE("deepspeed: byte mutations never crash or give a wrong-sized index", "[deepspeed]") {
   testing::TempDir tmp;
   std::mt19937 rng(12);
-  for (const char* name : {"zero2", "bf16", "zero3", "pp2", "tp2_ucp"}) {
+  for (const char* name : {"zero2", "bf16", "zero3", "pp2", "tp2_ucp", "legacy"}) {
     const std::string dir = CopyTag(tmp, name);
     for (const auto& e : std::filesystem::directory_iterator(dir)) {
       const std::string path = e.path().string();
