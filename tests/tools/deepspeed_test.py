@@ -24,7 +24,7 @@ BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 EXPORT = os.path.join(BUILD, "tools", "fc-export")
 INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
 FIXTURES = sorted(glob.glob(os.path.join(TESTDATA, "deepspeed", "*", "ckpt")))
-assert len(FIXTURES) >= 12, FIXTURES
+assert len(FIXTURES) >= 13, FIXTURES
 tmp = tempfile.mkdtemp(prefix="fc-deepspeed-test-")
 
 
@@ -67,14 +67,15 @@ def case_export():
             assert got["embed.weight" if "embed.weight" in got else "layer.weight"][0] in ("F16", "BF16")
         print("ok export", label)
     # A Universal Checkpoint exports exactly what the ZeRO checkpoint it came from does.
-    for extra in ([], ["--include-optimizer"], ["--weights", "module"]):
+    for extra, (ucp, zero) in [(e, p) for e in ([], ["--include-optimizer"], ["--weights", "module"])
+                               for p in (("ucp", "frozen_tied"), ("ucp_tp2", "tp2_ucp"))]:
         outs = []
-        for label in ("ucp", "frozen_tied"):
+        for label in (ucp, zero):
             out = os.path.join(tmp, "same-" + label + "".join(extra))
             fcio.run([EXPORT, os.path.join(TESTDATA, "deepspeed", label, "ckpt"), out, "--quiet"]
                      + extra)
             outs.append(fcio.read_hf_dir(out)[0])
-        check_same(outs[0], {k: v[1] for k, v in outs[1].items()}, "ucp == frozen_tied " + str(extra))
+        check_same(outs[0], {k: v[1] for k, v in outs[1].items()}, ucp + " == " + zero + str(extra))
         assert all(outs[0][k][0] == outs[1][k][0] for k in outs[0]), extra
     print("ok export ucp == zero")
 
@@ -86,7 +87,7 @@ def case_inspect():
               "pp2": ("1", "zero", "2"), "pp2_tp2": ("1", "zero", "2"),
               "tp2_ucp": ("1", "zero", "2"),
               "tp2_avg": ("1", "zero", "2"), "ucp": ("2", "universal", "2"),
-              "legacy": ("2", "zero", "2")}
+              "ucp_tp2": ("1", "universal", "2"), "legacy": ("2", "zero", "2")}
     for ckpt in FIXTURES:
         fx = os.path.dirname(ckpt)
         label = os.path.basename(fx)
@@ -107,7 +108,7 @@ def case_inspect():
         text = fcio.run([INSPECT, ckpt]).stdout
         assert "deepspeed.zero_stage " + stage in text, text
         # --format deepspeed on the tag dir gives the same tensors.
-        tag = os.path.join(ckpt, "global_step3" + ("_universal" if label == "ucp" else ""))
+        tag = os.path.join(ckpt, "global_step3" + ("_universal" if label.startswith("ucp") else ""))
         j2 = json.loads(fcio.run([INSPECT, tag, "--json", "--format", "deepspeed"]).stdout)
         assert [t["key"] for t in j2["tensors"]] == [t["key"] for t in j["tensors"]], label
         print("ok inspect", label)

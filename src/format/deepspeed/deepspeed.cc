@@ -849,7 +849,8 @@ class Reader {
   Result<Families> MergeTp(std::vector<Families> per_tp, const TpRules* rules);
   Status ReadUniversalParams(const std::vector<std::pair<std::string, Shape>>& order,
                              bool check_shapes, Families* f);
-  Result<const PtFile*> Open(const std::string& rel);
+  // Opens dir_/rel as the index's next file.
+  Result<PtFile*> Open(const std::string& rel);
 
   bool pipeline_ = false;   // layer_* files hold the module weights
   bool universal_ = false;  // a Universal Checkpoint (zero/<param>/*.pt)
@@ -1696,7 +1697,7 @@ Status Reader::ReadUniversalParams(const std::vector<std::pair<std::string, Shap
   return Status::Ok();
 }
 
-Result<const PtFile*> Reader::Open(const std::string& rel) {
+Result<PtFile*> Reader::Open(const std::string& rel) {
   const uint32_t idx = static_cast<uint32_t>(files_.size());
   FC_ASSIGN_OR_RETURN(std::unique_ptr<PtFile> pt, OpenPt(dir_, rel, idx));
   index_.files.push_back(FileInfo{rel, pt->file->size()});
@@ -1743,9 +1744,7 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
       return UnimplementedError(dir + "/" + n + ": MoE expert files are not read yet");
     }
     if (info.kind == FileKind::kOther) continue;
-    FC_ASSIGN_OR_RETURN(const PtFile* opened, Open(n));
-    PtFile* raw = files_.back().get();
-    (void)opened;
+    FC_ASSIGN_OR_RETURN(PtFile* raw, Open(n));
     if (info.kind == FileKind::kPipelineLayer) {
       layers[info.mp].emplace_back(info.layer, raw);
       continue;

@@ -30,6 +30,7 @@ Fixtures (each OUT_ROOT/<case>/ckpt is a DeepSpeed save dir with `latest` -> glo
                replicated)
   tp2_avg      tp 2 with a parameter_to_average_patterns param (kept per rank by fc)
   ucp          ds_to_universal.py's output for frozen_tied (latest_universal, zero/<param>/)
+  ucp_tp2      ds_to_universal.py's output for tp2_ucp (TP slices merged by its rules)
   legacy       like frozen_tied, every file in torch.save's legacy (non-zip) format
 
 The 16-bit module weights of stage 0-2 are views of one flat 16-bit buffer (as DeepSpeed's
@@ -405,43 +406,57 @@ UCP_INFO = {"universal_checkpoint_version": 0.4,
             "original_vocab_size": 7, "padded_vocab_size": 8}
 
 
-def gen_ucp(out, case, source):
-    """ds_to_universal.py (stage <= 2, tp 1, deepspeed.md 5.4) on the `source` case: per
-    param, the fragments named by param_slice_mappings, concatenated by DP rank, as
-    {'param': t, 'cat_dim': 0} in zero/<param>/{fp32,exp_avg,exp_avg_sq}.pt, step.pt the raw
-    step; zero/optimizer_state.pt; the model states copied; latest_universal."""
+def gen_ucp(out, case, source, tp=1):
+    """ds_to_universal.py (stage <= 2, deepspeed.md 5.4/5.5) on the `source` case: per TP
+    rank and param, the fragments named by param_slice_mappings, concatenated by DP rank and
+    reshaped; the TP slices merged by merge_tp_slices (tp > 1); saved as {'param': t,
+    'cat_dim': 0} in zero/<param>/{fp32,exp_avg,exp_avg_sq}.pt, step.pt the raw step;
+    zero/optimizer_state.pt; the model states copied; latest_universal."""
     src = os.path.join(out, source, "ckpt", TAG)
     root = os.path.join(out, case, "ckpt")
     udir = os.path.join(root, TAG + "_universal")
     os.makedirs(os.path.join(udir, "zero"), exist_ok=True)
     names = sorted(os.listdir(src))
-    optim = sorted((n for n in names if n.endswith("_optim_states.pt")),
-                   key=lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0]))
-    states = [load(os.path.join(src, n))["optimizer_state_dict"] for n in optim]
-    model = load(os.path.join(src, "mp_rank_00_model_states.pt"))
-    frags = collections.defaultdict(lambda: collections.defaultdict(list))
-    for s in states:
-        base = s["base_optimizer_state"]["state"]
-        for g, mapping in enumerate(s["param_slice_mappings"]):
-            for name, addr in mapping.items():
-                frags[name]["fp32"].append(
-                    s["single_partition_of_fp32_groups"][g].narrow(0, addr.start, addr.numel))
-                for key in ("exp_avg", "exp_avg_sq"):
-                    frags[name][key].append(base[g][key].narrow(0, addr.start, addr.numel))
-                frags[name]["step"] = base[g]["step"]
-    for g, shapes in enumerate(model["param_shapes"]):
-        for name, shape in shapes.items():
-            d = os.path.join(udir, "zero", name)
-            os.makedirs(d, exist_ok=True)
-            for key in ("fp32", "exp_avg", "exp_avg_sq"):
-                t = torch.cat(frags[name][key]).reshape(shape).clone()
-                torch.save({"param": t, "cat_dim": 0}, os.path.join(d, key + ".pt"))
-            torch.save(frags[name]["step"], os.path.join(d, "step.pt"))
-    osd = {k: v for k, v in states[0].items() if k not in (
-        "base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")}
-    osd["param_groups"] = states[0]["base_optimizer_state"]["param_groups"]
+    per_tp = []
+    for m in range(tp):
+        optim = sorted((n for n in names if n.endswith("_mp_rank_%02d_optim_states.pt" % m)),
+                       key=lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0]))
+        states = [load(os.path.join(src, n))["optimizer_state_dict"] for n in optim]
+        model = load(os.path.join(src, "mp_rank_%02d_model_states.pt" % m))
+        frags = collections.defaultdict(lambda: collections.defaultdict(list))
+        for s in states:
+            base = s["base_optimizer_state"]["state"]
+            for g, mapping in enumerate(s["param_slice_mappings"]):
+                for name, addr in mapping.items():
+                    frags[name]["fp32"].append(
+                        s["single_partition_of_fp32_groups"][g].narrow(0, addr.start, addr.numel))
+                    for key in ("exp_avg", "exp_avg_sq"):
+                        frags[name][key].append(base[g][key].narrow(0, addr.start, addr.numel))
+                    frags[name]["step"] = base[g]["step"]
+        merged = collections.OrderedDict()
+        for g, shapes in enumerate(model["param_shapes"]):
+            for name, shape in shapes.items():
+                for key in ("fp32", "exp_avg", "exp_avg_sq"):
+                    merged["%s/%s" % (name, key)] = torch.cat(frags[name][key]).reshape(shape)
+                merged["%s/step" % name] = frags[name]["step"]
+        per_tp.append(merged)
+        if m == 0:
+            osd = {k: v for k, v in states[0].items() if k not in (
+                "base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")}
+            osd["param_groups"] = states[0]["base_optimizer_state"]["param_groups"]
+            info = model.get("universal_checkpoint_info")
+        shutil.copy(os.path.join(src, "mp_rank_%02d_model_states.pt" % m), udir)
+    for key, value in per_tp[0].items():
+        name, state = key.rsplit("/", 1)
+        d = os.path.join(udir, "zero", name)
+        os.makedirs(d, exist_ok=True)
+        if state == "step":
+            torch.save(value, os.path.join(d, "step.pt"))
+            continue
+        if tp > 1:
+            value = merge_tp([{name: sd[key]} for sd in per_tp], info)[name]
+        torch.save({"param": value.clone(), "cat_dim": 0}, os.path.join(d, state + ".pt"))
     torch.save(osd, os.path.join(udir, "zero", "optimizer_state.pt"))
-    shutil.copy(os.path.join(src, "mp_rank_00_model_states.pt"), udir)
     with open(os.path.join(root, "latest_universal"), "w") as f:
         f.write(TAG + "_universal")
 
@@ -595,12 +610,43 @@ def merge_tp(per_rank, info):
     return out
 
 
+def reconstruct_ucp_tp(udir, model):
+    """TP > 1: zero/<param>/ holds the merged values; the module tensors and buffers of the
+    copied per-rank model states merge by the universal_checkpoint_info rules."""
+    mps = sorted(n for n in os.listdir(udir) if n.startswith("mp_rank_"))
+    per_rank = []
+    for n in mps:
+        m = load(os.path.join(udir, n))
+        sd = collections.OrderedDict((b, m["module"][b]) for b in m["buffer_names"])
+        for k, v in m["module"].items():
+            sd["module." + k] = v
+        per_rank.append(sd)
+    merged = merge_tp(per_rank, model["universal_checkpoint_info"])
+    out = collections.OrderedDict()
+    opt = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict(),
+           "step": collections.OrderedDict()}
+    for shapes in model["param_shapes"]:
+        for name in shapes:
+            d = os.path.join(udir, "zero", name)
+            out[name] = load(os.path.join(d, "fp32.pt"))["param"]
+            for key in ("exp_avg", "exp_avg_sq"):
+                opt[key][name] = load(os.path.join(d, key + ".pt"))["param"]
+            opt["step"][name] = load(os.path.join(d, "step.pt"))
+    out.update(merged)
+    for key in ("exp_avg", "exp_avg_sq", "step"):
+        for k, v in opt[key].items():
+            out["optimizer.%s.%s" % (key, k)] = v
+    return out
+
+
 def reconstruct_ucp(ckpt):
     """A UCP as DeepSpeed's loader sees it: zero/<param>/<state>.pt 'param' values; the
     rest (frozen, buffers, aliases, module) from the copied model states."""
     with open(os.path.join(ckpt, "latest_universal")) as f:
         udir = os.path.join(ckpt, f.read().strip())
     model = load(os.path.join(udir, "mp_rank_00_model_states.pt"))
+    if os.path.exists(os.path.join(udir, "mp_rank_01_model_states.pt")):
+        return reconstruct_ucp_tp(udir, model)
     sd = collections.OrderedDict()
     opt = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict(),
            "step": collections.OrderedDict()}
@@ -766,6 +812,7 @@ def generate(out):
                seed=9, mp=2, client={"universal_checkpoint_info": dict(
                    UCP_INFO, parameter_to_average_patterns=[r"layer\.bias"])})
     gen_ucp(out, "ucp", "frozen_tied")
+    gen_ucp(out, "ucp_tp2", "tp2_ucp", tp=2)
     # checkpoint_serialization: false -> every file in torch.save's legacy format.
     LEGACY[0] = True
     try:
@@ -779,7 +826,7 @@ def generate(out):
 
 
 CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3", "pp2", "pp2_tp2", "tp2_ucp",
-         "tp2_avg", "ucp", "legacy"]
+         "tp2_avg", "ucp", "ucp_tp2", "legacy"]
 
 
 def same_value(x, y):
