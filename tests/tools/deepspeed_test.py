@@ -24,7 +24,7 @@ BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 EXPORT = os.path.join(BUILD, "tools", "fc-export")
 INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
 FIXTURES = sorted(glob.glob(os.path.join(TESTDATA, "deepspeed", "*", "ckpt")))
-assert len(FIXTURES) >= 13, FIXTURES
+assert len(FIXTURES) >= 14, FIXTURES
 tmp = tempfile.mkdtemp(prefix="fc-deepspeed-test-")
 
 
@@ -43,6 +43,13 @@ def case_export():
         exp = fcio.expected_values(fx)
         if label in ("tp2", "tp2_avg"):
             continue  # refused, see case_errors
+        if label == "moe":  # 16-bit weights only (fp32 export refused, see case_errors)
+            out = os.path.join(tmp, label + "-module")
+            fcio.run([EXPORT, ckpt, out, "--quiet", "--weights", "module"])
+            got, _ = fcio.read_hf_dir(out)
+            check_same(got, {k: v for k, v in exp.items() if not k.startswith("module.")}, label)
+            print("ok export", label)
+            continue
         # Default: fp32 master weights under the plain names, optimizer states left out.
         out = os.path.join(tmp, label)
         fcio.run([EXPORT, ckpt, out, "--quiet"])
@@ -87,7 +94,8 @@ def case_inspect():
               "pp2": ("1", "zero", "2"), "pp2_tp2": ("1", "zero", "2"),
               "tp2_ucp": ("1", "zero", "2"),
               "tp2_avg": ("1", "zero", "2"), "ucp": ("2", "universal", "2"),
-              "ucp_tp2": ("1", "universal", "2"), "legacy": ("2", "zero", "2")}
+              "ucp_tp2": ("1", "universal", "2"), "legacy": ("2", "zero", "2"),
+              "moe": ("not read (MoE)", "not read (MoE)", "2")}
     for ckpt in FIXTURES:
         fx = os.path.dirname(ckpt)
         label = os.path.basename(fx)
@@ -121,6 +129,9 @@ def case_errors():
     avg = os.path.join(TESTDATA, "deepspeed", "tp2_avg", "ckpt")
     p = fcio.run([EXPORT, avg, os.path.join(tmp, "tp2_avg"), "--quiet"], expect=6)
     assert "layer.bias" in p.stderr and "parameter_to_average_patterns" in p.stderr, p.stderr
+    moe = os.path.join(TESTDATA, "deepspeed", "moe", "ckpt")
+    p = fcio.run([EXPORT, moe, os.path.join(tmp, "moe"), "--quiet"], expect=6)
+    assert "MoE" in p.stderr and "--weights module" in p.stderr, p.stderr
     # Truncated partition: exit 5 naming the file, no output.
     broken = os.path.join(tmp, "broken")
     shutil.copytree(os.path.join(TESTDATA, "deepspeed", "zero2", "ckpt"), broken)

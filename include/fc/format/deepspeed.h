@@ -15,6 +15,12 @@
 //   Pipeline (PipelineModule): mp_rank_XX_model_states.pt with `module` None, and per layer
 //     layer_LL-model_YY-model_states.pt (or layer_LL-model_states.pt: a topology without a
 //     model axis) holding layer LL's state dict for TP rank YY.
+//   MoE (DeepSpeedEngine._save_moe_checkpoint): layer_L_expert_E_mp_rank_XX_model_states.pt,
+//     one expert's 16-bit weights under their full names, beside the non-expert module of
+//     mp_rank_XX_model_states.pt. Only the module and expert weights are read: the optimizer
+//     files (expp_rank_*, zero_pp_rank_*) are not (expert groups are partitioned over their
+//     own DP size and the model states carry no param_shapes for them); attributes
+//     deepspeed.moe, deepspeed.optimizer "not read (MoE)"; an fp32 export is refused.
 //   Universal Checkpoint (ds_to_universal.py): zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt,
 //     zero/optimizer_state.pt and the copied model states (frozen params, buffers, module).
 // Stage detection (deepspeed.md section 6): `fp32_flat_groups` in the optimizer state ->
@@ -73,6 +79,7 @@
 // deepspeed.tp_degree, deepspeed.pp_degree, deepspeed.ds_version, deepspeed.module_dtype,
 // deepspeed.master_dtype, deepspeed.universal_checkpoint_info (present|absent),
 // deepspeed.tp_merge (TP > 1: universal_checkpoint_info | none ...), deepspeed.tp_unmerged,
+// deepspeed.moe,
 // deepspeed.opaque_globals (pickle globals outside the allow-list, kept as opaque objects:
 // this is the warning).
 //
@@ -82,7 +89,7 @@
 // argparse.Namespace, numpy RNG state); nothing is ever executed. Other globals are kept
 // opaque and listed in deepspeed.opaque_globals; they never make the read fail.
 //
-// Not read (kUnimplemented, exit 6): MoE expert files and per-group partition counts,
+// Not read (kUnimplemented, exit 6): MoE optimizer states and per-group partition counts,
 // elastic optimizer state, big-endian legacy torch.save files, AutoEP/MiCS/hpZ layouts,
 // universal_checkpoint_info patterns RE2 cannot run, autotp_unsupported_parameter_patterns.
 // Checked on read: file count == partition_count, every partition's size against the
@@ -125,8 +132,8 @@ Result<DeepSpeedWeights> ParseDeepSpeedWeights(std::string_view name);
 // as separate copies (safetensors has no sharing).
 // Errors: kUnimplemented when the TP degree is > 1 and the checkpoint has no
 // universal_checkpoint_info (nothing says how the shards concatenate), or when some params
-// were left unmerged (deepspeed.tp_unmerged); kInvalidArgument when the index is not a
-// DeepSpeed one.
+// were left unmerged (deepspeed.tp_unmerged), or for kFp32 of a MoE checkpoint (its fp32
+// master weights are not read); kInvalidArgument when the index is not a DeepSpeed one.
 Status SelectDeepSpeedWeights(DeepSpeedWeights weights, CheckpointIndex* index);
 
 }  // namespace fc

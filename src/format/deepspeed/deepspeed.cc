@@ -44,7 +44,9 @@ bool ParseUint(std::string_view s, int64_t* out) {
   return r.ec == std::errc() && r.ptr == s.data() + s.size();
 }
 
-enum class FileKind { kModelMp, kModelZero3, kOptim, kPipelineLayer, kExpert, kOther };
+enum class FileKind {
+  kModelMp, kModelZero3, kOptim, kPipelineLayer, kExpert, kExpertOptim, kOther
+};
 
 struct NameInfo {
   FileKind kind = FileKind::kOther;
@@ -67,16 +69,36 @@ bool ParsePipelineLayerName(std::string_view n, NameInfo* info) {
   return ParseUint(rest.substr(6), &info->mp);
 }
 
+// layer_L_expert_E_mp_rank_XX_model_states.pt (DeepSpeedEngine._get_expert_ckpt_name): the
+// weights of MoE layer L's global expert E; info->dp carries E.
+bool ParseExpertName(std::string_view n, NameInfo* info) {
+  if (!n.starts_with("layer_") || !n.ends_with("_model_states.pt")) return false;
+  n.remove_prefix(6);
+  n.remove_suffix(16);
+  size_t us = n.find('_');
+  if (us == std::string_view::npos || !ParseUint(n.substr(0, us), &info->layer)) return false;
+  n.remove_prefix(us + 1);
+  if (!n.starts_with("expert_")) return false;
+  n.remove_prefix(7);
+  us = n.find('_');
+  if (us == std::string_view::npos || !ParseUint(n.substr(0, us), &info->dp)) return false;
+  n.remove_prefix(us + 1);
+  return n.starts_with("mp_rank_") && ParseUint(n.substr(8), &info->mp);
+}
+
 // mp_rank_XX_model_states.pt | [bf16_|fp16_]zero_pp_rank_N_mp_rank_XX_{model,optim}_states.pt
 NameInfo ClassifyName(std::string_view n) {
   NameInfo info;
   if (n.starts_with("layer_") && n.ends_with(".pt")) {
-    if (n.find("_expert_") != std::string_view::npos) info.kind = FileKind::kExpert;
-    else if (ParsePipelineLayerName(n, &info)) info.kind = FileKind::kPipelineLayer;
+    if (n.find("_expert_") != std::string_view::npos) {
+      if (ParseExpertName(n, &info)) info.kind = FileKind::kExpert;
+    } else if (ParsePipelineLayerName(n, &info)) {
+      info.kind = FileKind::kPipelineLayer;
+    }
     return info;
   }
-  if (n.starts_with("expp_rank_") && n.ends_with(".pt")) {
-    info.kind = FileKind::kExpert;
+  if (n.starts_with("expp_rank_") && n.ends_with("_optim_states.pt")) {
+    info.kind = FileKind::kExpertOptim;
     return info;
   }
   bool model = false;
@@ -840,6 +862,7 @@ class Reader {
   Status AddFrozenFull(const PtFile& model);
   Status AddFrozenZero3(const std::vector<const PtFile*>& models);
   Status AddModule(const PtFile& model, bool zero3_placeholders);
+  Status AddExpertFiles(const std::vector<const PtFile*>& files);
   Status AddStep(const PtFile& f, const PV* state, int64_t g, const ParamList& params);
   void SetAttr(const std::string& k, const std::string& v, const std::string& where);
 
@@ -1214,6 +1237,35 @@ Status Reader::AddModule(const PtFile& model, bool zero3_placeholders) {
                              v->DebugString() + " is not alias: owner");
       }
       aliases_[*alias] = *owner;
+    }
+  }
+  return Status::Ok();
+}
+
+// MoE expert files: each a state dict of one expert's params under their full names (the
+// global expert id in the name), 16-bit like the module weights.
+Status Reader::AddExpertFiles(const std::vector<const PtFile*>& files) {
+  for (const PtFile* f : files) {
+    const Entries* entries = DictEntries(&f->root);
+    if (entries == nullptr) {
+      return DataLossError(f->name + ": holds " + f->root.DebugString() +
+                           ", expected the expert's state dict");
+    }
+    for (const auto& [k, v] : *entries) {
+      auto name = StrOf(k.get());
+      if (!name) return DataLossError(f->name + ": state dict key " + k->DebugString());
+      if (v->is_none()) continue;
+      FC_ASSIGN_OR_RETURN(Located l, f->Locate(v.get(), "['" + *name + "']"));
+      if (module_.Has("module." + *name)) {
+        return DataLossError(f->name + ": '" + *name + "' is also in another model states or "
+                             "expert file");
+      }
+      if (module_dtype_.empty()) module_dtype_ = std::string(DTypeName(l.dtype));
+      const Chunk c = WholeChunk(l, f->index);
+      FC_RETURN_IF_ERROR(module_.Add("module." + *name, l.dtype, l.shape, c, f->name));
+      if (!weights_.Has(*name) && !frozen_.Has(*name)) {
+        FC_RETURN_IF_ERROR(other_.Add(*name, l.dtype, l.shape, c, f->name));
+      }
     }
   }
   return Status::Ok();
@@ -1738,13 +1790,26 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   std::sort(names.begin(), names.end());
   std::map<int64_t, RankFiles> ranks;
   std::map<int64_t, std::vector<std::pair<int64_t, const PtFile*>>> layers;  // TP rank ->
+  std::map<int64_t, std::vector<const PtFile*>> experts;                        // mp rank ->
+  // MoE (expert files present): the module weights are read, the optimizer files are not.
+  // DeepSpeed's MoE checkpoints partition expert groups over their own data-parallel size
+  // and save no param_shapes for them (zero_to_fp32 cannot read them either).
+  const bool moe = std::any_of(names.begin(), names.end(), [](const std::string& n) {
+    return ClassifyName(n).kind == FileKind::kExpert;
+  });
+  int64_t skipped_optim = 0;
   for (const std::string& n : names) {
     const NameInfo info = ClassifyName(n);
-    if (info.kind == FileKind::kExpert) {
-      return UnimplementedError(dir + "/" + n + ": MoE expert files are not read yet");
-    }
     if (info.kind == FileKind::kOther) continue;
+    if (info.kind == FileKind::kExpertOptim || (moe && info.kind == FileKind::kOptim)) {
+      ++skipped_optim;
+      continue;
+    }
     FC_ASSIGN_OR_RETURN(PtFile* raw, Open(n));
+    if (info.kind == FileKind::kExpert) {
+      experts[info.mp].push_back(raw);
+      continue;
+    }
     if (info.kind == FileKind::kPipelineLayer) {
       layers[info.mp].emplace_back(info.layer, raw);
       continue;
@@ -1817,6 +1882,22 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
     }
   }
   if (universal_) SetAttr("deepspeed.optimizer", "universal", dir);
+  if (skipped_optim > 0 || moe) {
+    if (!moe) {
+      return UnimplementedError(dir + ": expp_rank_*_optim_states.pt (MoE optimizer) without "
+                                "layer_*_expert_* files");
+    }
+    SetAttr("deepspeed.optimizer", "not read (MoE)", dir);
+    SetAttr("deepspeed.zero_stage", "not read (MoE)", dir);
+    if (auto dp = IntOf(first_model ? first_model->root.Find("dp_world_size") : nullptr)) {
+      SetAttr("deepspeed.dp_degree", std::to_string(*dp), first_model->name);
+    }
+    size_t n = 0;
+    for (const auto& [mp, fs] : experts) n += fs.size();
+    index_.attributes["deepspeed.moe"] =
+        std::to_string(n) + " expert files read (16-bit weights); " +
+        std::to_string(skipped_optim) + " optimizer files not read";
+  }
 
   std::vector<Families> per_tp(static_cast<size_t>(tp));
   std::vector<std::set<std::string>> buffer_names(static_cast<size_t>(tp));
@@ -1825,6 +1906,9 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   bool ucp_info = false;
   for (auto& [mp, rf] : ranks) {
     FC_RETURN_IF_ERROR(ReadRank(mp, rf));
+    if (auto e = experts.find(mp); e != experts.end()) {
+      FC_RETURN_IF_ERROR(AddExpertFiles(e->second));
+    }
     const int64_t t = mp % tp;
     FC_RETURN_IF_ERROR(UnionStage(TakeFamilies(),
                                   dir + " pipeline stage " + std::to_string(mp / tp) + " (" +
@@ -1975,6 +2059,12 @@ Status SelectDeepSpeedWeights(DeepSpeedWeights weights, CheckpointIndex* index) 
         "shards concatenate (column/row parallel, vocabulary padding, replicated params); "
         "export refused. fc-inspect shows the per-rank tensors (mp_rank_XX.<name>); a layout "
         "file or AOA program over those names says how to merge them");
+  }
+  if (index->attributes.count("deepspeed.moe") && weights == DeepSpeedWeights::kFp32) {
+    return UnimplementedError(index->root + ": MoE DeepSpeed checkpoint: fc reads its 16-bit "
+                              "module and expert weights only (its optimizer files, which hold "
+                              "the fp32 master weights, are not read); export with --weights "
+                              "module");
   }
   if (auto u = index->attributes.find("deepspeed.tp_unmerged"); u != index->attributes.end()) {
     return UnimplementedError(index->root + ": DeepSpeed TP shards that fc does not merge: " +

@@ -31,6 +31,7 @@ Fixtures (each OUT_ROOT/<case>/ckpt is a DeepSpeed save dir with `latest` -> glo
   tp2_avg      tp 2 with a parameter_to_average_patterns param (kept per rank by fc)
   ucp          ds_to_universal.py's output for frozen_tied (latest_universal, zero/<param>/)
   ucp_tp2      ds_to_universal.py's output for tp2_ucp (TP slices merged by its rules)
+  moe          MoE: non-expert module weights + layer_0_expert_{0,1} files + expp optimizer
   legacy       like frozen_tied, every file in torch.save's legacy (non-zip) format
 
 The 16-bit module weights of stage 0-2 are views of one flat 16-bit buffer (as DeepSpeed's
@@ -398,6 +399,43 @@ def gen_pp(out, case, dp, stages, seed, tp=1, info=None):
                 save(state, os.path.join(tagdir, "layer_%02d-model_%02d-model_states.pt" % (idx, t)))
 
 
+def gen_moe(out, case, seed):
+    """MoE (DeepSpeedEngine._save_moe_checkpoint): mp_rank_00_model_states.pt holds the
+    non-expert module weights (no param_shapes); per MoE layer L and global expert E,
+    layer_L_expert_E_mp_rank_00_model_states.pt holds that expert's state dict under full
+    names; expp_rank_0_mp_rank_00_optim_states.pt the (here: ZeRO, so None) optimizer."""
+    root = os.path.join(out, case, "ckpt")
+    write_save_dir(root)
+    tagdir = os.path.join(root, TAG)
+    module = od(("embed.weight", values(20, seed).reshape(5, 4).half()),
+                ("moe.deepspeed_moe.gate.wg.weight", values(8, seed + 1).reshape(2, 4).half()),
+                ("head.weight", values(12, seed + 2).reshape(3, 4).half()))
+    sd = {"module": module, "lr_scheduler": None, "data_sampler": None, "random_ltd": None,
+          "sparse_tensor_module_names": set(), "skipped_steps": 0, "global_steps": 3,
+          "global_samples": 24, "dp_world_size": 2, "mp_world_size": 1, "num_experts": [2],
+          "ds_config": ds_config(2, False), "ds_version": DS_VERSION}
+    save(sd, os.path.join(tagdir, "mp_rank_00_model_states.pt"))
+    prefix = "moe.deepspeed_moe.experts.deepspeed_experts.%d."
+    for e in range(2):
+        expert = od((prefix % e + "fc.weight", values(16, seed + 10 + e).reshape(4, 4).half()),
+                    (prefix % e + "fc.bias", values(4, seed + 20 + e).half()))
+        save(expert, os.path.join(tagdir, "layer_0_expert_%d_mp_rank_00_model_states.pt" % e))
+    save({"optimizer": None}, os.path.join(tagdir, "expp_rank_0_mp_rank_00_optim_states.pt"))
+
+
+def reconstruct_moe(tagdir, names):
+    """The module weights: the model states' `module` plus every expert file's state dict."""
+    out = collections.OrderedDict()
+    module = collections.OrderedDict(load(os.path.join(tagdir, "mp_rank_00_model_states.pt"))["module"])
+    for n in names:
+        if "_expert_" in n:
+            module.update(load(os.path.join(tagdir, n)))
+    for k, v in module.items():
+        out[k] = v
+        out["module." + k] = v
+    return out
+
+
 UCP_INFO = {"universal_checkpoint_version": 0.4,
             "vocabulary_parameter_patterns": [r"embed\.weight"],
             "tp_replicated_parameter_patterns": [r"norm\."],
@@ -476,6 +514,8 @@ def reconstruct(ckpt):
     mp_files = [n for n in names if n.startswith("mp_rank_") and n.endswith("_model_states.pt")]
     if not mp_files:  # stage 3
         return reconstruct_zero3(tagdir, names)
+    if any("_expert_" in n for n in names):
+        return reconstruct_moe(tagdir, names)
     if any(n.startswith("layer_") for n in names):
         tp = len([n for n in names if n.startswith("layer_01-")])
         info = load(os.path.join(tagdir, mp_files[0])).get("universal_checkpoint_info")
@@ -813,6 +853,7 @@ def generate(out):
                    UCP_INFO, parameter_to_average_patterns=[r"layer\.bias"])})
     gen_ucp(out, "ucp", "frozen_tied")
     gen_ucp(out, "ucp_tp2", "tp2_ucp", tp=2)
+    gen_moe(out, "moe", seed=12)
     # checkpoint_serialization: false -> every file in torch.save's legacy format.
     LEGACY[0] = True
     try:
@@ -826,7 +867,7 @@ def generate(out):
 
 
 CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3", "pp2", "pp2_tp2", "tp2_ucp",
-         "tp2_avg", "ucp", "ucp_tp2", "legacy"]
+         "tp2_avg", "ucp", "ucp_tp2", "moe", "legacy"]
 
 
 def same_value(x, y):

@@ -23,7 +23,7 @@ using testing::WriteFileBytes;
 
 const char* kCases[] = {"zero1", "zero2", "bf16",    "tp2",    "frozen_tied",
                         "zero3", "pp2",   "pp2_tp2", "tp2_ucp", "tp2_avg", "ucp",
-                        "ucp_tp2", "legacy"};
+                        "ucp_tp2", "moe",   "legacy"};
 
 std::string Fixture(const std::string& name) {
   const char* root = std::getenv("FC_TESTDATA");
@@ -263,13 +263,26 @@ TEST_CASE("deepspeed: weights only (no optimizer files) and unsupported inputs",
     CHECK_THAT(r.status().message(), Catch::Contains("passes the end"));
   }
 
-  // MoE expert files are refused, not misread.
-  const std::string moe = CopyTag(tmp, "zero2");
-  WriteFileBytes(moe + "/layer_0_expert_0_mp_rank_00_model_states.pt", testing::AsBytes("PK"));
-  r = ReadDeepSpeedCheckpoint(moe);
+  // MoE: module and expert weights; the optimizer files are not read, fp32 export refused.
+  auto moe = ReadDeepSpeedCheckpoint(Fixture("moe") + "/ckpt");
+  REQUIRE(moe.ok());
+  CHECK(moe->attributes.at("deepspeed.optimizer") == "not read (MoE)");
+  CHECK(moe->FindTensor("moe.deepspeed_moe.experts.deepspeed_experts.1.fc.bias") != nullptr);
+  CheckpointIndex fp32 = *moe;
+  Status s = SelectDeepSpeedWeights(DeepSpeedWeights::kFp32, &fp32);
+  CHECK(s.code() == StatusCode::kUnimplemented);
+  CHECK_THAT(s.message(), Catch::Contains("--weights module"));
+  CHECK(SelectDeepSpeedWeights(DeepSpeedWeights::kModule, &*moe).ok());
+  // The same expert in two files is data loss, not a silent pick.
+  const std::string twice = tmp.path() + "/moe";
+  std::filesystem::create_directories(twice);
+  testing::CopyDirectoryFiles(Fixture("moe") + "/ckpt/global_step3", twice);
+  std::filesystem::copy_file(twice + "/layer_0_expert_0_mp_rank_00_model_states.pt",
+                             twice + "/layer_1_expert_0_mp_rank_00_model_states.pt");
+  r = ReadDeepSpeedCheckpoint(twice);
   REQUIRE(!r.ok());
-  CHECK(r.status().code() == StatusCode::kUnimplemented);
-  CHECK_THAT(r.status().message(), Catch::Contains("expert"));
+  CHECK(r.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(r.status().message(), Catch::Contains("layer_1_expert_0_mp_rank_00_model_states.pt"));
 }
 
 TEST_CASE("deepspeed: pipeline stages, TP merge and universal checkpoints", "[deepspeed]") {
