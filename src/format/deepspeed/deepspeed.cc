@@ -2,11 +2,19 @@
 // Layout, names and contract: include/fc/format/deepspeed.h; file facts:
 // shared/reference/deepspeed.md.
 //
-// Every file is a torch.save zip; its data.pkl is parsed into a value tree (nothing runs)
-// and the tensors are located inside their storage records. The ZeRO flat partitions are
-// never copied: each param's piece of a partition becomes a flattened-range chunk pointing
-// at the partition's bytes, so padding (tail padding for ZeRO-1/2 and BF16_Optimizer,
-// per-param ceil-div padding for ZeRO-3) is simply never addressed.
+// Every file is a torch.save zip or legacy stream; its pickle is parsed into a value tree
+// (nothing runs) and the tensors are located inside their storages. The ZeRO flat
+// partitions are never copied: each param's piece of a partition becomes a flattened-range
+// chunk pointing at the partition's bytes, so padding (tail padding for ZeRO-1/2 and
+// BF16_Optimizer, per-param ceil-div padding for ZeRO-3) is simply never addressed.
+//
+// Each model-parallel rank is read on its own into tensor families (weights, frozen,
+// buffers, other module tensors, module, exp_avg, exp_avg_sq, step); pipeline stages of one
+// TP rank are then united (first stage wins for shared params) and the layer files added;
+// last the TP ranks are merged. A TP merge never touches data either: concatenation along
+// an axis only moves a chunk's box, and the vocabulary cut and the two-sub-param split only
+// narrow a chunk to some rows of its box (RowSlice), which for a flattened range is a
+// sub-range and for a strided block a byte offset.
 #include "fc/format/deepspeed.h"
 
 #include <algorithm>
@@ -363,21 +371,20 @@ struct PtFile {
   }
 
   // The file offset of storage record data/<key> of a zip file.
-  Result<uint64_t> ZipStorage(const TorchTensorRef& ref0, const std::string& what) const {
-    const TorchTensorRef* ref = &ref0;
-    const ZipEntry* e = archive.FindRecord("data/" + ref->storage_key);
+  Result<uint64_t> ZipStorage(const TorchTensorRef& ref, const std::string& what) const {
+    const ZipEntry* e = archive.FindRecord("data/" + ref.storage_key);
     if (e == nullptr) {
-      return DataLossError(name + ": " + what + ": storage record 'data/" + ref->storage_key +
+      return DataLossError(name + ": " + what + ": storage record 'data/" + ref.storage_key +
                            "' is missing");
     }
     if (e->method != 0) {
       return UnimplementedError(name + ": " + what + ": storage record '" + e->name +
                                 "' is compressed");
     }
-    if (e->compressed_size != ref->storage_bytes) {
+    if (e->compressed_size != ref.storage_bytes) {
       return DataLossError(name + ": " + what + ": storage record '" + e->name + "' has " +
                            std::to_string(e->compressed_size) + " bytes, data.pkl says " +
-                           std::to_string(ref->storage_bytes));
+                           std::to_string(ref.storage_bytes));
     }
     if (e->data_exclusive_max() > file->size()) {
       return DataLossError(name + ": " + what + ": storage record '" + e->name +
