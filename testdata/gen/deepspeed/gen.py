@@ -27,7 +27,7 @@ Fixtures (each OUT_ROOT/<case>/ckpt is a DeepSpeed save dir with `latest` -> glo
                tied embedding saved by layers 0 and 4 and trained by both stages
   pp2_tp2      pipeline x TP, pp 2 x tp 2 x dp 2, universal_checkpoint_info
   tp2_ucp      tp 2 x dp 2 with universal_checkpoint_info (vocab, column, row, 2 sub-params,
-               replicated)
+               replicated); two module weights saved column-major (strided views)
   tp2_avg      tp 2 with a parameter_to_average_patterns param (kept per rank by fc)
   ucp          ds_to_universal.py's output for frozen_tied (latest_universal, zero/<param>/)
   ucp_tp2      ds_to_universal.py's output for tp2_ucp (TP slices merged by its rules)
@@ -259,7 +259,7 @@ def write_save_dir(root):
 
 
 def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
-               frozen=None, tied=None, client=None, same=()):
+               frozen=None, tied=None, client=None, same=(), strided=()):
     root = os.path.join(out, case, "ckpt")
     write_save_dir(root)
     tagdir = os.path.join(root, TAG)
@@ -270,6 +270,8 @@ def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
         osds, flats16 = zero12_rank_states(groups, dp, seed + 100 * m, stage, bf16_optimizer,
                                            master, same, seed)
         module = module_from_flats(groups, flats16, dtype)
+        for name in strided:  # same values, column-major in the file (strides (1, rows))
+            module[name] = module[name].t().contiguous().t()
         extra = {}
         if frozen:
             fshapes = collections.OrderedDict()
@@ -845,7 +847,7 @@ def generate(out):
                [od(("embed.weight", (4, 3)), ("layer.weight", (2, 4)), ("layer.bias", (2,)),
                    ("dense.weight", (4, 2)), ("mlp.h_to_4h.weight", (4, 3)),
                    ("norm.weight", (4,)))],
-               seed=8, mp=2, same=("norm.weight",),
+               seed=8, mp=2, same=("norm.weight",), strided=("embed.weight", "mlp.h_to_4h.weight"),
                client={"universal_checkpoint_info": UCP_INFO})
     # An averaged param (parameter_to_average_patterns): fc keeps its TP copies apart.
     gen_zero12(out, "tp2_avg", 1, 2, [od(("layer.weight", (2, 4)), ("layer.bias", (2,)))],
