@@ -31,6 +31,7 @@ Fixtures (each OUT_ROOT/<case>/ckpt is a DeepSpeed save dir with `latest` -> glo
   tp2_avg      tp 2 with a parameter_to_average_patterns param (kept per rank by fc)
   ucp          ds_to_universal.py's output for frozen_tied (latest_universal, zero/<param>/)
   ucp_tp2      ds_to_universal.py's output for tp2_ucp (TP slices merged by its rules)
+  ucp_zero3    ds_to_universal.py's stage-3 output for zero3 (raw 1-D tensors, no step.pt)
   moe          MoE: non-expert module weights + layer_0_expert_{0,1} files + expp optimizer
   legacy       like frozen_tied, every file in torch.save's legacy (non-zip) format
 
@@ -401,6 +402,46 @@ def gen_pp(out, case, dp, stages, seed, tp=1, info=None):
                 save(state, os.path.join(tagdir, "layer_%02d-model_%02d-model_states.pt" % (idx, t)))
 
 
+def gen_ucp_zero3(out, case, source):
+    """ds_to_universal.py for stage 3, tp 1 (deepspeed.md 5.2): per param the raw 1-D tensor
+    (no dict, no step.pt), the cat of every rank's real(r) elements, in fp32.pt, exp_avg.pt,
+    exp_avg_sq.pt; zero/optimizer_state.pt = rank 0's state + param_groups; the per-rank
+    model states copied."""
+    src = os.path.join(out, source, "ckpt", TAG)
+    root = os.path.join(out, case, "ckpt")
+    udir = os.path.join(root, TAG + "_universal")
+    os.makedirs(os.path.join(udir, "zero"), exist_ok=True)
+    names = sorted(os.listdir(src))
+    rank = lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0])  # noqa: E731
+    states = [load(os.path.join(src, n))["optimizer_state_dict"]
+              for n in sorted((n for n in names if n.endswith("_optim_states.pt")), key=rank)]
+    models = sorted((n for n in names if n.endswith("_model_states.pt")), key=rank)
+    shapes = load(os.path.join(src, models[0]))["param_shapes"]
+    ws = len(states)
+    flats = {"fp32": [torch.cat(s["fp32_flat_groups"]) for s in states]}
+    for key in ("exp_avg", "exp_avg_sq"):
+        flats[key] = [torch.cat([s["optimizer_state_dict"]["state"][k][key]
+                                 for k in range(len(s["fp32_flat_groups"]))]) for s in states]
+    off = 0
+    for group in shapes:
+        for name, shape in group.items():
+            n = numel(shape)
+            ps = -(-n // ws)
+            d = os.path.join(udir, "zero", name)
+            os.makedirs(d, exist_ok=True)
+            for key, per_rank in flats.items():
+                parts = [per_rank[r][off:off + max(0, min(ps, n - r * ps))] for r in range(ws)]
+                torch.save(torch.cat(parts).clone(), os.path.join(d, key + ".pt"))
+            off += ps
+    osd = dict(states[0])
+    osd["param_groups"] = states[0]["optimizer_state_dict"]["param_groups"]
+    torch.save(osd, os.path.join(udir, "zero", "optimizer_state.pt"))
+    for n in models:
+        shutil.copy(os.path.join(src, n), udir)
+    with open(os.path.join(root, "latest_universal"), "w") as f:
+        f.write(TAG + "_universal")
+
+
 def gen_moe(out, case, seed):
     """MoE (DeepSpeedEngine._save_moe_checkpoint): mp_rank_00_model_states.pt holds the
     non-expert module weights (no param_shapes); per MoE layer L and global expert E,
@@ -681,11 +722,39 @@ def reconstruct_ucp_tp(udir, model):
     return out
 
 
+def reconstruct_ucp_zero3(udir):
+    """Stage 3: zero/<param>/<state>.pt are raw flat tensors (viewed to param_shapes); frozen
+    params from the per-rank fragments, buffers from rank 0's module."""
+    rank = lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0])  # noqa: E731
+    models = [load(os.path.join(udir, n)) for n in sorted(
+        (n for n in os.listdir(udir) if n.endswith("_model_states.pt")), key=rank)]
+    out = collections.OrderedDict()
+    opt = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict()}
+    for group in models[0]["param_shapes"]:
+        for name, shape in group.items():
+            d = os.path.join(udir, "zero", name)
+            out[name] = load(os.path.join(d, "fp32.pt")).view(shape)
+            for key in opt:
+                opt[key][name] = load(os.path.join(d, key + ".pt")).view(shape)
+    for name, shape in models[0]["frozen_param_shapes"].items():
+        out[name] = torch.cat([m["frozen_param_fragments"][name] for m in models])[
+            :numel(shape)].view(shape)
+    for b in models[0]["buffer_names"]:
+        out[b] = models[0]["module"][b]
+        out["module." + b] = models[0]["module"][b]
+    for key in opt:
+        for k, v in opt[key].items():
+            out["optimizer.%s.%s" % (key, k)] = v
+    return out
+
+
 def reconstruct_ucp(ckpt):
     """A UCP as DeepSpeed's loader sees it: zero/<param>/<state>.pt 'param' values; the
     rest (frozen, buffers, aliases, module) from the copied model states."""
     with open(os.path.join(ckpt, "latest_universal")) as f:
         udir = os.path.join(ckpt, f.read().strip())
+    if not os.path.exists(os.path.join(udir, "mp_rank_00_model_states.pt")):
+        return reconstruct_ucp_zero3(udir)
     model = load(os.path.join(udir, "mp_rank_00_model_states.pt"))
     if os.path.exists(os.path.join(udir, "mp_rank_01_model_states.pt")):
         return reconstruct_ucp_tp(udir, model)
@@ -855,6 +924,7 @@ def generate(out):
                    UCP_INFO, parameter_to_average_patterns=[r"layer\.bias"])})
     gen_ucp(out, "ucp", "frozen_tied")
     gen_ucp(out, "ucp_tp2", "tp2_ucp", tp=2)
+    gen_ucp_zero3(out, "ucp_zero3", "zero3")
     gen_moe(out, "moe", seed=12)
     # checkpoint_serialization: false -> every file in torch.save's legacy format.
     LEGACY[0] = True
@@ -869,7 +939,7 @@ def generate(out):
 
 
 CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3", "pp2", "pp2_tp2", "tp2_ucp",
-         "tp2_avg", "ucp", "ucp_tp2", "moe", "legacy"]
+         "tp2_avg", "ucp", "ucp_tp2", "ucp_zero3", "moe", "legacy"]
 
 
 def same_value(x, y):

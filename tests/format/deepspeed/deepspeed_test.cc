@@ -23,7 +23,7 @@ using testing::WriteFileBytes;
 
 const char* kCases[] = {"zero1", "zero2", "bf16",    "tp2",    "frozen_tied",
                         "zero3", "pp2",   "pp2_tp2", "tp2_ucp", "tp2_avg", "ucp",
-                        "ucp_tp2", "moe",   "legacy"};
+                        "ucp_tp2", "ucp_zero3", "moe", "legacy"};
 
 std::string Fixture(const std::string& name) {
   const char* root = std::getenv("FC_TESTDATA");
