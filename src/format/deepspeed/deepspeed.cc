@@ -1580,7 +1580,8 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
       if (TpRules::Matches(rules->average, name)) {
         why = "parameter_to_average_patterns: the merged value is the mean of the TP copies, "
               "which fc does not compute";
-      } else if (TpRules::Matches(rules->sub_params, name)) {
+      } else if (!TpRules::Matches(rules->two_sub_params, name) &&  // DeepSpeed's order
+                 TpRules::Matches(rules->sub_params, name)) {
         why = "parameter_with_sub_params (fused sub-params) is not merged by fc yet";
       } else if (e0.global_shape.empty()) {
         why = "a 0-d tensor matching no replicated pattern cannot be concatenated";
