@@ -74,9 +74,9 @@ def case_export():
             assert got["embed.weight" if "embed.weight" in got else "layer.weight"][0] in ("F16", "BF16")
         print("ok export", label)
     # A Universal Checkpoint exports exactly what the ZeRO checkpoint it came from does.
+    pairs = (("ucp", "frozen_tied"), ("ucp_tp2", "tp2_ucp"), ("ucp_zero3", "zero3"))
     for extra, (ucp, zero) in [(e, p) for e in ([], ["--include-optimizer"], ["--weights", "module"])
-                               for p in (("ucp", "frozen_tied"), ("ucp_tp2", "tp2_ucp"),
-                                         ("ucp_zero3", "zero3"))]:
+                               for p in pairs]:
         outs = []
         for label in (ucp, zero):
             out = os.path.join(tmp, "same-" + label + "".join(extra))

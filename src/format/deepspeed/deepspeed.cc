@@ -436,8 +436,9 @@ Status ReadLegacyHead(std::span<const std::byte> head, PtFile* pt) {
     if (v == nullptr || !seen.insert(v).second) continue;
     if (v->kind == PV::Kind::kCall) {
       if (auto ref = DecodeTorchTensor(*v); ref.ok()) {
-        auto [it, fresh] = bytes.emplace(
-            ref->storage_key, std::pair<uint64_t, uint64_t>{ref->storage_bytes, DTypeSize(ref->dtype)});
+        auto [it, fresh] = bytes.emplace(ref->storage_key,
+                                         std::pair<uint64_t, uint64_t>{ref->storage_bytes,
+                                                                       DTypeSize(ref->dtype)});
         if (!fresh && it->second.first != ref->storage_bytes) {
           return DataLossError("legacy torch.save storage '" + ref->storage_key +
                                "' has two sizes in the pickle");
@@ -1924,7 +1925,9 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
                                   &per_tp[static_cast<size_t>(t)]));
     const PtFile* m = model_of(rf);
     if (m == nullptr) continue;
-    if (const PV* u = m->root.Find("universal_checkpoint_info"); u && !u->is_none()) ucp_info = true;
+    if (const PV* u = m->root.Find("universal_checkpoint_info"); u && !u->is_none()) {
+      ucp_info = true;
+    }
     if (auto v = StrOf(m->root.Find("ds_version"))) SetAttr("deepspeed.ds_version", *v, m->name);
     if (const auto* b = ListItems(m->root.Find("buffer_names"))) {
       for (const auto& i : *b) {

@@ -399,7 +399,8 @@ def gen_pp(out, case, dp, stages, seed, tp=1, info=None):
             for idx, local in layers:
                 # clone_tensors_for_torch_save: each tensor its own storage
                 state = collections.OrderedDict((k, module[v].clone()) for k, v in local.items())
-                save(state, os.path.join(tagdir, "layer_%02d-model_%02d-model_states.pt" % (idx, t)))
+                save(state, os.path.join(tagdir,
+                                         "layer_%02d-model_%02d-model_states.pt" % (idx, t)))
 
 
 def gen_ucp_zero3(out, case, source):
@@ -469,7 +470,8 @@ def gen_moe(out, case, seed):
 def reconstruct_moe(tagdir, names):
     """The module weights: the model states' `module` plus every expert file's state dict."""
     out = collections.OrderedDict()
-    module = collections.OrderedDict(load(os.path.join(tagdir, "mp_rank_00_model_states.pt"))["module"])
+    module = collections.OrderedDict(
+        load(os.path.join(tagdir, "mp_rank_00_model_states.pt"))["module"])
     for n in names:
         if "_expert_" in n:
             module.update(load(os.path.join(tagdir, n)))
@@ -683,7 +685,8 @@ def merge_tp(per_rank, info):
             continue
         if match("parameter_with_2_sub_params_cat_dim_0", name):
             chunks = [torch.chunk(s, 2, dim=0) for s in slices]
-            param = torch.cat([torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])])
+            param = torch.cat([torch.cat([c[0] for c in chunks]),
+                               torch.cat([c[1] for c in chunks])])
         else:
             dim = 1 if match("parameter_with_row_parallelism_patterns", name) else 0
             param = torch.cat(slices, dim=dim)
