@@ -248,6 +248,7 @@ class Machine {
   }
 
   Result<PickleValue> Run();
+  size_t consumed() const { return pos_; }  // bytes read up to and including STOP
 
  private:
   Status Error(std::string what) const {
@@ -1163,6 +1164,14 @@ std::string PickleValue::DebugString(size_t max_chars) const {
 Result<PickleValue> ParsePickle(std::span<const std::byte> data, const PickleLimits& limits) {
   Machine m(data, limits);
   return m.Run();
+}
+
+Result<PickleValue> ParsePickle(std::span<const std::byte> data, const PickleLimits& limits,
+                                size_t* consumed) {
+  Machine m(data, limits);
+  FC_ASSIGN_OR_RETURN(PickleValue v, m.Run());
+  *consumed = m.consumed();
+  return v;
 }
 
 }  // namespace fc

@@ -24,7 +24,7 @@ BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 EXPORT = os.path.join(BUILD, "tools", "fc-export")
 INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
 FIXTURES = sorted(glob.glob(os.path.join(TESTDATA, "deepspeed", "*", "ckpt")))
-assert len(FIXTURES) >= 6, FIXTURES
+assert len(FIXTURES) >= 15, FIXTURES
 tmp = tempfile.mkdtemp(prefix="fc-deepspeed-test-")
 
 
@@ -41,8 +41,15 @@ def case_export():
         fx = os.path.dirname(ckpt)
         label = os.path.basename(fx)
         exp = fcio.expected_values(fx)
-        if label == "tp2":
+        if label in ("tp2", "tp2_avg"):
             continue  # refused, see case_errors
+        if label == "moe":  # 16-bit weights only (fp32 export refused, see case_errors)
+            out = os.path.join(tmp, label + "-module")
+            fcio.run([EXPORT, ckpt, out, "--quiet", "--weights", "module"])
+            got, _ = fcio.read_hf_dir(out)
+            check_same(got, {k: v for k, v in exp.items() if not k.startswith("module.")}, label)
+            print("ok export", label)
+            continue
         # Default: fp32 master weights under the plain names, optimizer states left out.
         out = os.path.join(tmp, label)
         fcio.run([EXPORT, ckpt, out, "--quiet"])
@@ -63,15 +70,37 @@ def case_export():
         want = {k: exp.get("module." + k, v) for k, v in exp.items()
                 if not k.startswith("module.") and not k.startswith("optimizer.")}
         check_same(got, want, label + " --weights module")
-        if label != "zero3":
+        if label not in ("zero3", "ucp_zero3", "pp2", "pp2_tp2"):
             assert got["embed.weight" if "embed.weight" in got else "layer.weight"][0] in ("F16", "BF16")
         print("ok export", label)
+    # A Universal Checkpoint exports exactly what the ZeRO checkpoint it came from does.
+    pairs = (("ucp", "frozen_tied"), ("ucp_tp2", "tp2_ucp"), ("ucp_zero3", "zero3"))
+    for extra, (ucp, zero) in [(e, p) for e in ([], ["--include-optimizer"], ["--weights", "module"])
+                               for p in pairs]:
+        outs = []
+        for label in (ucp, zero):
+            out = os.path.join(tmp, "same-" + label + "".join(extra))
+            fcio.run([EXPORT, os.path.join(TESTDATA, "deepspeed", label, "ckpt"), out, "--quiet"]
+                     + extra)
+            got = fcio.read_hf_dir(out)[0]
+            if ucp == "ucp_zero3":  # a stage-3 UCP has no step.pt
+                got = {k: v for k, v in got.items() if not k.startswith("optimizer.step.")}
+            outs.append(got)
+        check_same(outs[0], {k: v[1] for k, v in outs[1].items()}, ucp + " == " + zero + str(extra))
+        assert all(outs[0][k][0] == outs[1][k][0] for k in outs[0]), extra
+    print("ok export ucp == zero")
 
 
 def case_inspect():
     stages = {"zero1": ("1", "zero", "2"), "zero2": ("2", "zero", "3"),
               "bf16": ("1", "bf16_optimizer", "2"), "tp2": ("1", "zero", "2"),
-              "frozen_tied": ("2", "zero", "2"), "zero3": ("3", "zero3", "2")}
+              "frozen_tied": ("2", "zero", "2"), "zero3": ("3", "zero3", "2"),
+              "pp2": ("1", "zero", "2"), "pp2_tp2": ("1", "zero", "2"),
+              "tp2_ucp": ("1", "zero", "2"),
+              "tp2_avg": ("1", "zero", "2"), "ucp": ("2", "universal", "2"),
+              "ucp_tp2": ("1", "universal", "2"), "legacy": ("2", "zero", "2"),
+              "ucp_zero3": ("3", "universal", "2"),
+              "moe": ("not read (MoE)", "not read (MoE)", "2")}
     for ckpt in FIXTURES:
         fx = os.path.dirname(ckpt)
         label = os.path.basename(fx)
@@ -81,8 +110,8 @@ def case_inspect():
         assert a["deepspeed.zero_stage"] == stage, (label, a)
         assert a["deepspeed.optimizer"] == opt, (label, a)
         assert a["deepspeed.dp_degree"] == dp, (label, a)
-        assert a["deepspeed.tp_degree"] == ("2" if label == "tp2" else "1"), (label, a)
-        assert a["deepspeed.pp_degree"] == "1", (label, a)
+        assert a["deepspeed.tp_degree"] == ("2" if "tp2" in label else "1"), (label, a)
+        assert a["deepspeed.pp_degree"] == ("2" if label.startswith("pp2") else "1"), (label, a)
         exp = fcio.expected_values(fx)
         assert sorted(t["key"] for t in j["tensors"]) == sorted(exp), label
         dtypes = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
@@ -92,7 +121,7 @@ def case_inspect():
         text = fcio.run([INSPECT, ckpt]).stdout
         assert "deepspeed.zero_stage " + stage in text, text
         # --format deepspeed on the tag dir gives the same tensors.
-        tag = os.path.join(ckpt, "global_step3")
+        tag = os.path.join(ckpt, "global_step3" + ("_universal" if label.startswith("ucp") else ""))
         j2 = json.loads(fcio.run([INSPECT, tag, "--json", "--format", "deepspeed"]).stdout)
         assert [t["key"] for t in j2["tensors"]] == [t["key"] for t in j["tensors"]], label
         print("ok inspect", label)
@@ -101,7 +130,13 @@ def case_inspect():
 def case_errors():
     tp2 = os.path.join(TESTDATA, "deepspeed", "tp2", "ckpt")
     p = fcio.run([EXPORT, tp2, os.path.join(tmp, "tp2"), "--quiet"], expect=6)
-    assert "tensor parallelism" in p.stderr, p.stderr
+    assert "tensor parallelism" in p.stderr and "universal_checkpoint_info" in p.stderr, p.stderr
+    avg = os.path.join(TESTDATA, "deepspeed", "tp2_avg", "ckpt")
+    p = fcio.run([EXPORT, avg, os.path.join(tmp, "tp2_avg"), "--quiet"], expect=6)
+    assert "layer.bias" in p.stderr and "parameter_to_average_patterns" in p.stderr, p.stderr
+    moe = os.path.join(TESTDATA, "deepspeed", "moe", "ckpt")
+    p = fcio.run([EXPORT, moe, os.path.join(tmp, "moe"), "--quiet"], expect=6)
+    assert "MoE" in p.stderr and "--weights module" in p.stderr, p.stderr
     # Truncated partition: exit 5 naming the file, no output.
     broken = os.path.join(tmp, "broken")
     shutil.copytree(os.path.join(TESTDATA, "deepspeed", "zero2", "ckpt"), broken)

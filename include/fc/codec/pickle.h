@@ -145,6 +145,10 @@ struct PickleLimits {
 // cycle, or nesting deeper than limits.max_depth; kResourceExhausted when the tree would
 // pass the memory budget (limits.max_tree_bytes_*).
 Result<PickleValue> ParsePickle(std::span<const std::byte> data, const PickleLimits& limits = {});
+// The same, for a pickle followed by more data (legacy torch.save writes several pickles
+// back to back): *consumed is the pickle's length, up to and including STOP.
+Result<PickleValue> ParsePickle(std::span<const std::byte> data, const PickleLimits& limits,
+                                size_t* consumed);
 
 }  // namespace fc
 

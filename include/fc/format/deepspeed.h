@@ -1,42 +1,87 @@
 // Reading DeepSpeed checkpoint directories (DeepSpeedEngine.save_checkpoint), without
 // DeepSpeed and without running any pickle (shared/reference/deepspeed.md).
 //
-// Input: the save dir (its `latest` file names the tag directory to read) or a tag dir
-// itself (pass <save_dir>/<tag> to read a tag other than `latest`). Files read, all
-// torch.save zip archives (fc/format/torch_save.h):
+// Input: the save dir (its `latest` file names the tag directory to read; without `latest`,
+// its `latest_universal` names a Universal Checkpoint) or a tag / UCP dir itself (pass
+// <save_dir>/<tag> to read another tag). Files read: torch.save zip archives
+// (fc/format/torch_save.h) or legacy torch.save files (checkpoint_serialization: false: five
+// pickles back to back, the last the storage key list, then per storage its int64 element
+// count and raw bytes; storages are addressed in place the same way):
 //   ZeRO 0/1/2 and BF16_Optimizer:
-//     mp_rank_XX_model_states.pt                           one per TP rank XX
-//     [bf16_|fp16_]zero_pp_rank_N_mp_rank_XX_optim_states.pt one per (DP rank N, TP rank XX)
+//     mp_rank_XX_model_states.pt                           one per model-parallel rank XX
+//     [bf16_|fp16_]zero_pp_rank_N_mp_rank_XX_optim_states.pt one per (DP rank N, rank XX)
 //   ZeRO 3:
 //     [bf16_|fp16_]zero_pp_rank_N_mp_rank_XX_model_states.pt + ..._optim_states.pt
+//   Pipeline (PipelineModule): mp_rank_XX_model_states.pt with `module` None, and per layer
+//     layer_LL-model_YY-model_states.pt (or layer_LL-model_states.pt: a topology without a
+//     model axis) holding layer LL's state dict for TP rank YY.
+//   MoE (DeepSpeedEngine._save_moe_checkpoint): layer_L_expert_E_mp_rank_XX_model_states.pt,
+//     one expert's 16-bit weights under their full names, beside the non-expert module of
+//     mp_rank_XX_model_states.pt. Only the module and expert weights are read: the optimizer
+//     files (expp_rank_*, zero_pp_rank_*) are not (expert groups are partitioned over their
+//     own DP size and the model states carry no param_shapes for them); attributes
+//     deepspeed.moe, deepspeed.optimizer "not read (MoE)"; an fp32 export is refused.
+//   Universal Checkpoint (ds_to_universal.py): zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt,
+//     zero/optimizer_state.pt and the copied model states (frozen params, buffers, module).
 // Stage detection (deepspeed.md section 6): `fp32_flat_groups` in the optimizer state ->
 // ZeRO-3; `zero_stage` (ZeroStageEnum 1/2) -> ZeRO-1/2; neither but
 // `single_partition_of_fp32_groups` -> BF16_Optimizer (padded partitions, stage-1 layout).
 // Without optimizer files (stage 0, or weights-only copies) only the module weights exist.
 //
-// Tensor names in the index (with TP degree > 1 every name is prefixed "mp_rank_XX."):
+// Degrees: with layer files, TP = the number of their TP ranks YY; otherwise
+// checkpoint_parallel_dimensions (when saved), else TP = the number of mp_rank ranks. The
+// mp_rank files of a pipeline are stage-major: XX = stage * TP + TP rank.
+//
+// Tensor names in the index:
 //   <param>                     best full weight: the fp32 master weight of a trainable
-//                               param (ZeRO flat partitions, in param_shapes order); for
-//                               frozen params the frozen_param_fragments tensor; buffers and
-//                               other module tensors as saved (16-bit); tied aliases
-//                               (`shared_params` alias -> owner) get the owner's chunks.
-//                               Without optimizer files: the module tensors.
+//                               param (ZeRO flat partitions, in param_shapes order; UCP:
+//                               zero/<param>/fp32.pt); for frozen params the
+//                               frozen_param_fragments tensor; buffers and other module
+//                               tensors as saved (16-bit); tied aliases (`shared_params`
+//                               alias -> owner) get the owner's chunks. Without optimizer
+//                               files: the module tensors.
 //   module.<name>               every non-empty tensor of the model states' `module` (the
-//                               16-bit weights; ZeRO-3: buffers only, params are placeholders)
+//                               16-bit weights; ZeRO-3: buffers only, params are
+//                               placeholders); pipeline: the layer files' tensors, named as
+//                               PipelineModule names them, "<layer>.<local name>", or
+//                               "tied_modules.<key>.<local name>" for a tied module's layer
+//                               (the one param of the optimizer state with that ending)
 //   optimizer.exp_avg.<param>   Adam first moment, master dtype, shape of the param
 //   optimizer.exp_avg_sq.<param>  Adam second moment
 //   optimizer.step.<param>      the param group's step (0-d tensor, one per param, all
-//                               pointing at the step tensor of DP rank 0); a step saved as a
-//                               Python int becomes the attribute deepspeed.step.group<g>.
+//                               pointing at the step tensor of DP rank 0; UCP: step.pt); a
+//                               step saved as a Python int becomes the attribute
+//                               deepspeed.step.group<g> (UCP: deepspeed.step).
+// Pipeline stages: names are the union over the stages; a param held by several stages (a
+// tied module, DeepSpeed's pipeline_replicated_parameter_patterns) is read from the first
+// stage holding it (the other copies are not compared), as ds_to_universal does.
+//
+// TP > 1: with `universal_checkpoint_info` in the model states (of mp_rank 0), every tensor
+// is ONE global tensor merged by deepspeed.md 5.5's rules (patterns are Python regexes,
+// re.match, run by RE2): tp_replicated_parameter_patterns -> TP rank 0's copy (the other
+// ranks' copies are not compared and never averaged); parameter_with_2_sub_params_cat_dim_0
+// -> the first halves of every rank's slice, then the second halves (torch.chunk(2, dim 0));
+// parameter_with_row_parallelism_patterns -> concatenation along dim 1; anything else ->
+// along dim 0; then vocabulary_parameter_patterns -> rows cut to original_vocab_size. A merge
+// only places each rank's chunks at their offset in the global tensor (no data is copied);
+// the step is TP rank 0's. Params matching parameter_to_average_patterns (a mean fc does not
+// compute) or parameter_with_sub_params (fused sub-params, not merged yet) keep their
+// per-rank names mp_rank_YY.<key> and are listed in deepspeed.tp_unmerged. Without
+// universal_checkpoint_info every key is prefixed "mp_rank_YY." (YY: TP rank).
+// Universal Checkpoints are already TP- and DP-merged: their cat_dim / vocab_tensor /
+// sub_param_shape keys are not needed to read them.
 // Every chunk addresses the bytes in place: a flat partition contributes flattened-range
 // chunks (Chunk::flat_range over the param's row-major flattening) of the params it covers;
 // padding is never addressed.
 //
 // Attributes: deepspeed.tag, deepspeed.zero_stage (0-3), deepspeed.optimizer
-// (zero | bf16_optimizer | zero3 | none), deepspeed.dp_degree, deepspeed.tp_degree,
-// deepspeed.pp_degree, deepspeed.ds_version, deepspeed.module_dtype, deepspeed.master_dtype,
-// deepspeed.universal_checkpoint_info (present|absent), deepspeed.opaque_globals (pickle
-// globals outside the allow-list, kept as opaque objects: this is the warning).
+// (zero | bf16_optimizer | zero3 | none | universal), deepspeed.dp_degree,
+// deepspeed.tp_degree, deepspeed.pp_degree, deepspeed.ds_version, deepspeed.module_dtype,
+// deepspeed.master_dtype, deepspeed.universal_checkpoint_info (present|absent),
+// deepspeed.tp_merge (TP > 1: universal_checkpoint_info | none ...), deepspeed.tp_unmerged,
+// deepspeed.moe,
+// deepspeed.opaque_globals (pickle globals outside the allow-list, kept as opaque objects:
+// this is the warning).
 //
 // Pickle globals are interpreted through an allow-list, as plain data (torch tensor rebuild
 // functions and storages, torch.Size, collections.OrderedDict, builtins set/frozenset,
@@ -44,13 +89,13 @@
 // argparse.Namespace, numpy RNG state); nothing is ever executed. Other globals are kept
 // opaque and listed in deepspeed.opaque_globals; they never make the read fail.
 //
-// Not read (kUnimplemented, exit 6): pipeline layer files (layer_XX-model_YY-...) and
-// pp_degree > 1, MoE expert files and per-group partition counts, elastic optimizer state,
-// legacy (non-zip) torch.save files, universal checkpoints (UCP), AutoEP/MiCS/hpZ layouts.
-// TP shards are not merged (the index keeps one set of names per TP rank, and
-// universal_checkpoint_info merge rules are not applied). Checked on read: file count ==
-// partition_count, every partition's size against the padding rule, param_slice_mappings
-// against the partition math, each tensor covered exactly once.
+// Not read (kUnimplemented, exit 6): MoE optimizer states and per-group partition counts,
+// elastic optimizer state, big-endian legacy torch.save files, AutoEP/MiCS/hpZ layouts,
+// universal_checkpoint_info patterns RE2 cannot run, autotp_unsupported_parameter_patterns.
+// Checked on read: file count == partition_count, every partition's size against the
+// padding rule, param_slice_mappings against the partition math, each tensor covered exactly
+// once, TP slices' shapes against their merge rule, pipeline stages agreeing on shared
+// params, degrees against checkpoint_parallel_dimensions.
 // Errors: kNotFound (no tag dir, missing files), kDataLoss (file counts, sizes or offsets
 // that disagree, truncated archives; the message names the file and tensor).
 //
@@ -66,8 +111,9 @@
 
 namespace fc {
 
-// True when `dir` looks like a DeepSpeed save dir (a `latest` file naming a tag dir holding
-// *_model_states.pt) or a tag dir (holding *_model_states.pt / *_optim_states.pt).
+// True when `dir` looks like a DeepSpeed save dir (a `latest` or `latest_universal` file
+// naming a tag dir holding *_model_states.pt), a tag dir (holding *_model_states.pt /
+// *_optim_states.pt) or a Universal Checkpoint dir (zero/ beside the model states).
 bool IsDeepSpeedCheckpointDir(const std::string& dir);
 
 Result<CheckpointIndex> ReadDeepSpeedCheckpoint(const std::string& path);
@@ -84,9 +130,10 @@ Result<DeepSpeedWeights> ParseDeepSpeedWeights(std::string_view name);
 // module.<name> wherever the latter exists (kModule; ZeRO-3 params, which the model states
 // hold only as placeholders, stay fp32). Optimizer names are kept. Tied aliases are written
 // as separate copies (safetensors has no sharing).
-// Errors: kUnimplemented when the TP degree is > 1 (shards are not merged; merging needs
-// universal_checkpoint_info rules that fc does not apply yet); kInvalidArgument when the
-// index is not a DeepSpeed one.
+// Errors: kUnimplemented when the TP degree is > 1 and the checkpoint has no
+// universal_checkpoint_info (nothing says how the shards concatenate), or when some params
+// were left unmerged (deepspeed.tp_unmerged), or for kFp32 of a MoE checkpoint (its fp32
+// master weights are not read); kInvalidArgument when the index is not a DeepSpeed one.
 Status SelectDeepSpeedWeights(DeepSpeedWeights weights, CheckpointIndex* index);
 
 }  // namespace fc

@@ -2,14 +2,23 @@
 // Layout, names and contract: include/fc/format/deepspeed.h; file facts:
 // shared/reference/deepspeed.md.
 //
-// Every file is a torch.save zip; its data.pkl is parsed into a value tree (nothing runs)
-// and the tensors are located inside their storage records. The ZeRO flat partitions are
-// never copied: each param's piece of a partition becomes a flattened-range chunk pointing
-// at the partition's bytes, so padding (tail padding for ZeRO-1/2 and BF16_Optimizer,
-// per-param ceil-div padding for ZeRO-3) is simply never addressed.
+// Every file is a torch.save zip or legacy stream; its pickle is parsed into a value tree
+// (nothing runs) and the tensors are located inside their storages. The ZeRO flat
+// partitions are never copied: each param's piece of a partition becomes a flattened-range
+// chunk pointing at the partition's bytes, so padding (tail padding for ZeRO-1/2 and
+// BF16_Optimizer, per-param ceil-div padding for ZeRO-3) is simply never addressed.
+//
+// Each model-parallel rank is read on its own into tensor families (weights, frozen,
+// buffers, other module tensors, module, exp_avg, exp_avg_sq, step); pipeline stages of one
+// TP rank are then united (first stage wins for shared params) and the layer files added;
+// last the TP ranks are merged. A TP merge never touches data either: concatenation along
+// an axis only moves a chunk's box, and the vocabulary cut and the two-sub-param split only
+// narrow a chunk to some rows of its box (RowSlice), which for a flattened range is a
+// sub-range and for a strided block a byte offset.
 #include "fc/format/deepspeed.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <map>
 #include <memory>
@@ -17,6 +26,8 @@
 #include <string>
 #include <unordered_set>
 #include <vector>
+
+#include <re2/re2.h>
 
 #include "fc/core/checked_math.h"
 #include "fc/format/torch_save.h"
@@ -41,23 +52,61 @@ bool ParseUint(std::string_view s, int64_t* out) {
   return r.ec == std::errc() && r.ptr == s.data() + s.size();
 }
 
-enum class FileKind { kModelMp, kModelZero3, kOptim, kPipelineLayer, kExpert, kOther };
+enum class FileKind {
+  kModelMp, kModelZero3, kOptim, kPipelineLayer, kExpert, kExpertOptim, kOther
+};
 
 struct NameInfo {
   FileKind kind = FileKind::kOther;
   int64_t dp = 0, mp = 0;
+  int64_t layer = 0;  // kPipelineLayer: the global layer index
 };
+
+// layer_XX-model_YY-model_states.pt (YY: TP rank) or layer_XX-model_states.pt (a topology
+// without a model axis: TP rank 0); PipelineModule.ckpt_layer_path.
+bool ParsePipelineLayerName(std::string_view n, NameInfo* info) {
+  if (!n.starts_with("layer_") || !n.ends_with("-model_states.pt")) return false;
+  n.remove_prefix(6);
+  n.remove_suffix(16);
+  const size_t dash = n.find('-');
+  if (!ParseUint(n.substr(0, dash), &info->layer)) return false;
+  info->mp = 0;
+  if (dash == std::string_view::npos) return true;
+  std::string_view rest = n.substr(dash + 1);
+  if (!rest.starts_with("model_")) return false;
+  return ParseUint(rest.substr(6), &info->mp);
+}
+
+// layer_L_expert_E_mp_rank_XX_model_states.pt (DeepSpeedEngine._get_expert_ckpt_name): the
+// weights of MoE layer L's global expert E; info->dp carries E.
+bool ParseExpertName(std::string_view n, NameInfo* info) {
+  if (!n.starts_with("layer_") || !n.ends_with("_model_states.pt")) return false;
+  n.remove_prefix(6);
+  n.remove_suffix(16);
+  size_t us = n.find('_');
+  if (us == std::string_view::npos || !ParseUint(n.substr(0, us), &info->layer)) return false;
+  n.remove_prefix(us + 1);
+  if (!n.starts_with("expert_")) return false;
+  n.remove_prefix(7);
+  us = n.find('_');
+  if (us == std::string_view::npos || !ParseUint(n.substr(0, us), &info->dp)) return false;
+  n.remove_prefix(us + 1);
+  return n.starts_with("mp_rank_") && ParseUint(n.substr(8), &info->mp);
+}
 
 // mp_rank_XX_model_states.pt | [bf16_|fp16_]zero_pp_rank_N_mp_rank_XX_{model,optim}_states.pt
 NameInfo ClassifyName(std::string_view n) {
   NameInfo info;
   if (n.starts_with("layer_") && n.ends_with(".pt")) {
-    info.kind = n.find("_expert_") != std::string_view::npos ? FileKind::kExpert
-                                                             : FileKind::kPipelineLayer;
+    if (n.find("_expert_") != std::string_view::npos) {
+      if (ParseExpertName(n, &info)) info.kind = FileKind::kExpert;
+    } else if (ParsePipelineLayerName(n, &info)) {
+      info.kind = FileKind::kPipelineLayer;
+    }
     return info;
   }
-  if (n.starts_with("expp_rank_") && n.ends_with(".pt")) {
-    info.kind = FileKind::kExpert;
+  if (n.starts_with("expp_rank_") && n.ends_with("_optim_states.pt")) {
+    info.kind = FileKind::kExpertOptim;
     return info;
   }
   bool model = false;
@@ -107,9 +156,9 @@ bool HasStateFiles(const std::string& dir) {
   return false;
 }
 
-// The tag named by <dir>/latest, if that file exists and names a plain subdirectory.
-Result<std::optional<std::string>> LatestTag(const std::string& dir) {
-  const std::string latest = dir + "/latest";
+// The tag named by <dir>/<file> (latest, latest_universal), if that file exists.
+Result<std::optional<std::string>> LatestTag(const std::string& dir, const std::string& file) {
+  const std::string latest = dir + "/" + file;
   if (!PathExists(latest) || IsDirectory(latest)) return std::optional<std::string>();
   FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(latest, 4096));
   std::string tag = Trim(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
@@ -285,28 +334,29 @@ struct PtFile {
   std::unique_ptr<RandomAccessFile> file;
   TorchSaveArchive archive;
   PickleValue root;
+  // Legacy (non-zip) files: storage key -> [first byte, + bytes) of its data in the file.
+  bool legacy = false;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> legacy_storages;
 
   Result<Located> Locate(const PV* v, const std::string& what) const {
     if (v == nullptr) return DataLossError(name + ": " + what + " is missing");
     auto ref = DecodeTorchTensor(*v);
     if (!ref.ok()) return ref.status().With(name + ": " + what);
-    const ZipEntry* e = archive.FindRecord("data/" + ref->storage_key);
-    if (e == nullptr) {
-      return DataLossError(name + ": " + what + ": storage record 'data/" + ref->storage_key +
-                           "' is missing");
-    }
-    if (e->method != 0) {
-      return UnimplementedError(name + ": " + what + ": storage record '" + e->name +
-                                "' is compressed");
-    }
-    if (e->compressed_size != ref->storage_bytes) {
-      return DataLossError(name + ": " + what + ": storage record '" + e->name + "' has " +
-                           std::to_string(e->compressed_size) + " bytes, data.pkl says " +
-                           std::to_string(ref->storage_bytes));
-    }
-    if (e->data_exclusive_max() > file->size()) {
-      return DataLossError(name + ": " + what + ": storage record '" + e->name +
-                           "' passes the end of the file");
+    uint64_t data_offset = 0;
+    if (legacy) {
+      auto it = legacy_storages.find(ref->storage_key);
+      if (it == legacy_storages.end()) {
+        return DataLossError(name + ": " + what + ": storage '" + ref->storage_key +
+                             "' is not in the file's storage list");
+      }
+      if (it->second.second != ref->storage_bytes) {
+        return DataLossError(name + ": " + what + ": storage '" + ref->storage_key + "' has " +
+                             std::to_string(it->second.second) + " bytes, the pickle says " +
+                             std::to_string(ref->storage_bytes));
+      }
+      data_offset = it->second.first;
+    } else {
+      FC_ASSIGN_OR_RETURN(data_offset, ZipStorage(*ref, what));
     }
     Located l;
     l.dtype = ref->dtype;
@@ -315,11 +365,148 @@ struct PtFile {
     l.contiguous = ref->IsRowMajorContiguous();
     FC_ASSIGN_OR_RETURN(l.numel, CheckedNumElements(l.shape).With(name + ": " + what));
     // In range: DecodeTorchTensor checked that the view fits the storage.
-    l.first = e->data_offset + static_cast<uint64_t>(ref->storage_offset) * DTypeSize(l.dtype);
+    l.first = data_offset + static_cast<uint64_t>(ref->storage_offset) * DTypeSize(l.dtype);
     l.span = ref->ViewSpanBytes();
     return l;
   }
+
+  // The file offset of storage record data/<key> of a zip file.
+  Result<uint64_t> ZipStorage(const TorchTensorRef& ref, const std::string& what) const {
+    const ZipEntry* e = archive.FindRecord("data/" + ref.storage_key);
+    if (e == nullptr) {
+      return DataLossError(name + ": " + what + ": storage record 'data/" + ref.storage_key +
+                           "' is missing");
+    }
+    if (e->method != 0) {
+      return UnimplementedError(name + ": " + what + ": storage record '" + e->name +
+                                "' is compressed");
+    }
+    if (e->compressed_size != ref.storage_bytes) {
+      return DataLossError(name + ": " + what + ": storage record '" + e->name + "' has " +
+                           std::to_string(e->compressed_size) + " bytes, data.pkl says " +
+                           std::to_string(ref.storage_bytes));
+    }
+    if (e->data_exclusive_max() > file->size()) {
+      return DataLossError(name + ": " + what + ": storage record '" + e->name +
+                           "' passes the end of the file");
+    }
+    return e->data_offset;
+  }
 };
+
+// Legacy torch.save (_use_new_zipfile_serialization=False; DeepSpeed's
+// checkpoint_serialization: false): five protocol-2 pickles back to back (magic number
+// 0x1950a86a20f9469cfc6c, protocol version 1001, sys_info, the object, the list of storage
+// keys), then per key in that list: its element count (int64 little-endian) and its raw
+// bytes. `head` holds the file's first bytes; kDataLoss when the pickles pass its end.
+Status ReadLegacyHead(std::span<const std::byte> head, PtFile* pt) {
+  size_t pos = 0;
+  std::vector<PickleValue> parts;
+  for (int i = 0; i < 5; ++i) {
+    size_t used = 0;
+    auto v = ParsePickle(head.subspan(pos), PickleLimits{}, &used);
+    if (!v.ok()) return v.status();
+    parts.push_back(std::move(*v));
+    pos += used;
+  }
+  static const char kMagic[] = "\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
+  if (parts[0].kind != PV::Kind::kBigInt || parts[0].str != std::string(kMagic, 10)) {
+    return DataLossError("legacy torch.save magic number is " + parts[0].DebugString());
+  }
+  if (!parts[1].is_int() || parts[1].int_value != 1001) {
+    return UnimplementedError("legacy torch.save protocol version " + parts[1].DebugString() +
+                              " (fc reads 1001)");
+  }
+  if (const PV* le = parts[2].Find("little_endian");
+      le != nullptr && le->kind == PV::Kind::kBool && !le->bool_value) {
+    return UnimplementedError("legacy torch.save written on a big-endian machine");
+  }
+  pt->root = std::move(parts[3]);
+  const auto* keys = ListItems(&parts[4]);
+  if (keys == nullptr) {
+    return DataLossError("legacy torch.save storage key list is " + parts[4].DebugString());
+  }
+  // Each storage's byte size, from the tensors that reference it.
+  std::map<std::string, std::pair<uint64_t, uint64_t>> bytes;  // key -> (bytes, item size)
+  std::unordered_set<const PV*> seen;
+  std::vector<const PV*> stack = {&pt->root};
+  while (!stack.empty()) {
+    const PV* v = stack.back();
+    stack.pop_back();
+    if (v == nullptr || !seen.insert(v).second) continue;
+    if (v->kind == PV::Kind::kCall) {
+      if (auto ref = DecodeTorchTensor(*v); ref.ok()) {
+        auto [it, fresh] = bytes.emplace(ref->storage_key,
+                                         std::pair<uint64_t, uint64_t>{ref->storage_bytes,
+                                                                       DTypeSize(ref->dtype)});
+        if (!fresh && it->second.first != ref->storage_bytes) {
+          return DataLossError("legacy torch.save storage '" + ref->storage_key +
+                               "' has two sizes in the pickle");
+        }
+        continue;
+      }
+    }
+    for (const auto& i : v->items) stack.push_back(i.get());
+    for (const auto& [k, x] : v->entries) {
+      stack.push_back(k.get());
+      stack.push_back(x.get());
+    }
+    for (const PV::Ptr* p : {&v->callee, &v->args, &v->kwargs, &v->state}) {
+      if (*p) stack.push_back(p->get());
+    }
+  }
+  uint64_t off = pos;
+  const uint64_t size = pt->file->size();
+  for (const auto& k : *keys) {
+    auto key = StrOf(k.get());
+    if (!key) return DataLossError("legacy torch.save storage key " + k->DebugString());
+    auto it = bytes.find(*key);
+    if (it == bytes.end()) {
+      return DataLossError("legacy torch.save storage '" + *key + "' is used by no tensor");
+    }
+    if (off > size || size - off < 8) {
+      return DataLossError("legacy torch.save storage '" + *key + "' starts past the end");
+    }
+    std::byte n[8];
+    FC_RETURN_IF_ERROR(pt->file->ReadAt(off, n));
+    uint64_t numel = 0;
+    for (int b = 7; b >= 0; --b) numel = (numel << 8) | static_cast<uint64_t>(n[b]);
+    off += 8;
+    const auto [storage_bytes, item] = it->second;
+    if (size - off < storage_bytes) {
+      return DataLossError("legacy torch.save storage '" + *key + "' (" +
+                           std::to_string(storage_bytes) + " bytes) passes the end of the file");
+    }
+    // The element count written before the data must name the pickle's bytes.
+    if (numel > storage_bytes || numel * item != storage_bytes) {
+      return DataLossError("legacy torch.save storage '" + *key + "' holds " +
+                           std::to_string(numel) + " elements of " + std::to_string(item) +
+                           " bytes, the pickle says " + std::to_string(storage_bytes) + " bytes");
+    }
+    if (!pt->legacy_storages.emplace(*key, std::pair{off, storage_bytes}).second) {
+      return DataLossError("legacy torch.save storage '" + *key + "' listed twice");
+    }
+    off += storage_bytes;
+  }
+  pt->legacy = true;
+  return Status::Ok();
+}
+
+Status ReadLegacy(PtFile* pt) {
+  // The pickles come first; read a growing prefix until they parse.
+  const uint64_t size = pt->file->size();
+  const uint64_t cap = std::min(size, kMaxPickleBytes);
+  uint64_t want = std::min<uint64_t>(cap, uint64_t{1} << 20);
+  for (;;) {
+    std::vector<std::byte> head(static_cast<size_t>(want));
+    FC_RETURN_IF_ERROR(pt->file->ReadAt(0, head));
+    pt->legacy_storages.clear();
+    Status s = ReadLegacyHead(head, pt);
+    if (s.ok()) return s;
+    if (want >= cap) return s.With(pt->name);
+    want = std::min(cap, want * 8);
+  }
+}
 
 Result<std::unique_ptr<PtFile>> OpenPt(const std::string& dir, const std::string& name,
                                        uint32_t index) {
@@ -335,9 +522,8 @@ Result<std::unique_ptr<PtFile>> OpenPt(const std::string& dir, const std::string
     if (magic[0] != std::byte{'P'} || magic[1] != std::byte{'K'}) {
       // Legacy torch.save starts with a pickled magic number (protocol 2: 0x80 0x02).
       if (magic[0] == std::byte{0x80}) {
-        return UnimplementedError(name + ": legacy (non-zip) torch.save file "
-                                  "(checkpoint_serialization: false); fc reads only the zip "
-                                  "format");
+        FC_RETURN_IF_ERROR(ReadLegacy(pt.get()));
+        return pt;
       }
       return DataLossError(name + ": not a torch.save zip archive");
     }
@@ -389,7 +575,12 @@ class Builder {
     t.key = key;
     tensors_.push_back(std::move(t));
   }
-  std::vector<TensorEntry> Take() { return std::move(tensors_); }
+  std::vector<TensorEntry> Take() {
+    pos_.clear();
+    std::vector<TensorEntry> out = std::move(tensors_);
+    tensors_.clear();
+    return out;
+  }
 
  private:
   std::map<std::string, size_t> pos_;
@@ -532,6 +723,140 @@ struct RankFiles {
   std::map<int64_t, PtFile*> model_z3;   // dp -> zero_pp_rank model file (stage 3)
 };
 
+// The index's tensor families, in the order the index lists them.
+enum Family { kWeights, kFrozen, kBuffers, kOther, kModule, kExpAvg, kExpAvgSq, kStep, kFamilies };
+// The key prefix of each family; the rest of the key is the param's name in the model.
+constexpr std::string_view kFamilyPrefix[kFamilies] = {
+    "", "", "", "", "module.", "optimizer.exp_avg.", "optimizer.exp_avg_sq.", "optimizer.step."};
+
+struct Families {
+  std::array<std::vector<TensorEntry>, kFamilies> tensors;
+  std::map<std::string, std::string> aliases;  // shared_params: alias -> owner
+};
+
+// universal_checkpoint_info merge rules (deepspeed.md 5.5/5.6). Patterns are Python regexes
+// applied with re.match (anchored at the start only); RE2 runs them in linear time and
+// refuses what it cannot run (backreferences, lookaround): such a checkpoint is refused.
+struct TpRules {
+  using Patterns = std::vector<std::unique_ptr<re2::RE2>>;
+  Patterns replicated, average, two_sub_params, sub_params, row_parallel, vocabulary;
+  std::optional<int64_t> original_vocab_size;
+  std::string source;  // the file the rules came from
+
+  static bool Matches(const Patterns& ps, const std::string& name) {
+    for (const auto& p : ps) {
+      if (p->Match(name, 0, name.size(), re2::RE2::ANCHOR_START, nullptr, 0)) return true;
+    }
+    return false;
+  }
+};
+
+Result<TpRules> ParseTpRules(const PtFile& model, const PV* info) {
+  TpRules rules;
+  rules.source = model.name;
+  auto patterns = [&](const char* key, TpRules::Patterns* out) -> Status {
+    const PV* v = info->Find(key);
+    if (v == nullptr || v->is_none()) return Status::Ok();
+    const auto* items = ListItems(v);
+    if (items == nullptr) {
+      return DataLossError(model.name + ": universal_checkpoint_info['" + key + "'] is " +
+                           v->DebugString() + ", expected a list of patterns");
+    }
+    for (const auto& i : *items) {
+      const PV* pat = i.get();
+      // parameter_with_sub_params lists SubparamShape(patterns, shape, partition_dim).
+      if (std::string(key) == "parameter_with_sub_params") {
+        const PV* fields = DictEntries(pat) ? pat : pat->state.get();
+        const auto* sub = ListItems(fields ? fields->Find("patterns") : nullptr);
+        if (sub == nullptr) {
+          return DataLossError(model.name + ": universal_checkpoint_info['" + key +
+                               "'] entry " + pat->DebugString() + " has no patterns list");
+        }
+        for (const auto& sp : *sub) {
+          auto text = StrOf(sp.get());
+          if (!text) return DataLossError(model.name + ": sub-param pattern " + sp->DebugString());
+          out->push_back(std::make_unique<re2::RE2>(*text, re2::RE2::Quiet));
+        }
+        continue;
+      }
+      auto text = StrOf(pat);
+      if (!text) {
+        return DataLossError(model.name + ": universal_checkpoint_info['" + key +
+                             "'] entry " + pat->DebugString() + " is not a string");
+      }
+      out->push_back(std::make_unique<re2::RE2>(*text, re2::RE2::Quiet));
+    }
+    for (const auto& p : *out) {
+      if (!p->ok()) {
+        return UnimplementedError(model.name + ": universal_checkpoint_info['" + key +
+                                  "'] pattern '" + p->pattern() + "' is not a regular " +
+                                  "expression fc runs (" + p->error() + ")");
+      }
+    }
+    return Status::Ok();
+  };
+  FC_RETURN_IF_ERROR(patterns("tp_replicated_parameter_patterns", &rules.replicated));
+  FC_RETURN_IF_ERROR(patterns("parameter_to_average_patterns", &rules.average));
+  FC_RETURN_IF_ERROR(patterns("parameter_with_2_sub_params_cat_dim_0", &rules.two_sub_params));
+  FC_RETURN_IF_ERROR(patterns("parameter_with_sub_params", &rules.sub_params));
+  FC_RETURN_IF_ERROR(patterns("parameter_with_row_parallelism_patterns", &rules.row_parallel));
+  FC_RETURN_IF_ERROR(patterns("vocabulary_parameter_patterns", &rules.vocabulary));
+  if (const PV* v = info->Find("original_vocab_size"); v && !v->is_none()) {
+    auto n = IntOf(v);
+    if (!n || *n < 0) {
+      return DataLossError(model.name + ": universal_checkpoint_info['original_vocab_size'] is " +
+                           v->DebugString());
+    }
+    rules.original_vocab_size = n;
+  }
+  if (const PV* v = info->Find("autotp_unsupported_parameter_patterns"); v && !v->is_none()) {
+    const Entries* e = DictEntries(v);
+    if (e != nullptr && !e->empty()) {
+      return UnimplementedError(model.name + ": universal_checkpoint_info lists "
+                                "autotp_unsupported_parameter_patterns " + v->DebugString() +
+                                " (DeepSpeed refuses to merge this checkpoint too)");
+    }
+  }
+  return rules;
+}
+
+// The part of `c` (a chunk of a tensor of rank >= 1) that lies in rows [lo, hi) of dim 0,
+// still addressing the same bytes; nullopt when nothing does.
+std::optional<Chunk> RowSlice(const Chunk& c, int64_t lo, int64_t hi, size_t item) {
+  const int64_t o0 = c.box.global_offset[0], s0 = c.box.local_shape[0];
+  const int64_t a = std::max(lo, o0), b = std::min(hi, o0 + s0);
+  if (a >= b) return std::nullopt;
+  int64_t row = 1;
+  for (size_t d = 1; d < c.box.local_shape.size(); ++d) row *= c.box.local_shape[d];
+  Chunk out = c;
+  out.xxh3_64.reset();
+  out.box.global_offset[0] = a;
+  out.box.local_shape[0] = b - a;
+  if (c.flat_range) {
+    const int64_t r0 = (a - o0) * row, r1 = (b - o0) * row;
+    const int64_t g0 = std::max(c.flat_range->inclusive_min, r0);
+    const int64_t g1 = std::min(c.flat_range->exclusive_max, r1);
+    if (g0 >= g1) return std::nullopt;
+    out.flat_range = FlatRange{g0 - r0, g1 - r0};
+    out.byte_offset += static_cast<uint64_t>(g0 - c.flat_range->inclusive_min) * item;
+    out.byte_length = static_cast<uint64_t>(g1 - g0) * item;
+    return out;
+  }
+  if (c.strides.empty()) {
+    out.byte_offset += static_cast<uint64_t>((a - o0) * row) * item;
+    out.byte_length = static_cast<uint64_t>((b - a) * row) * item;
+    return out;
+  }
+  out.byte_offset += static_cast<uint64_t>((a - o0) * c.strides[0]) * item;
+  int64_t last = 0;
+  for (size_t d = 0; d < out.box.local_shape.size(); ++d) {
+    if (out.box.local_shape[d] == 0) return std::nullopt;
+    last += (out.box.local_shape[d] - 1) * c.strides[d];
+  }
+  out.byte_length = static_cast<uint64_t>(last + 1) * item;
+  return out;
+}
+
 class Reader {
  public:
   Result<CheckpointIndex> Read(const std::string& path);
@@ -542,11 +867,25 @@ class Reader {
                     const std::vector<const PV*>& osds, bool bf16_optimizer);
   Status ReadZero3(const std::vector<const PtFile*>& models,
                    const std::vector<const PtFile*>& optims, const std::vector<const PV*>& osds);
+  Status AddFrozenFull(const PtFile& model);
+  Status AddFrozenZero3(const std::vector<const PtFile*>& models);
   Status AddModule(const PtFile& model, bool zero3_placeholders);
+  Status AddExpertFiles(const std::vector<const PtFile*>& files);
   Status AddStep(const PtFile& f, const PV* state, int64_t g, const ParamList& params);
   void SetAttr(const std::string& k, const std::string& v, const std::string& where);
 
-  std::string prefix_;  // "mp_rank_XX." when tp > 1
+  Families TakeFamilies();
+  Status AddLayerFiles(const std::vector<std::pair<int64_t, const PtFile*>>& layers,
+                       const std::set<std::string>& buffer_names, Families* f);
+  Result<Families> MergeTp(std::vector<Families> per_tp, const TpRules* rules);
+  Status ReadUniversalParams(const std::vector<std::pair<std::string, Shape>>& order,
+                             bool check_shapes, Families* f);
+  // Opens dir_/rel as the index's next file.
+  Result<PtFile*> Open(const std::string& rel);
+
+  bool pipeline_ = false;   // layer_* files hold the module weights
+  bool universal_ = false;  // a Universal Checkpoint (zero/<param>/*.pt)
+  std::vector<std::unique_ptr<PtFile>> files_;
   Builder weights_, frozen_, buffers_, other_, module_, exp_avg_, exp_avg_sq_, step_;
   std::map<std::string, std::string> aliases_;  // alias -> owner (prefixed)
   std::string module_dtype_, master_dtype_;
@@ -573,7 +912,7 @@ Status Reader::AddStep(const PtFile& f, const PV* state, int64_t g, const ParamL
   }
   FC_ASSIGN_OR_RETURN(Located l, f.Locate(st, "step of group " + std::to_string(g)));
   for (const auto& [name, shape] : params) {
-    FC_RETURN_IF_ERROR(step_.Add(prefix_ + "optimizer.step." + name, l.dtype, l.shape,
+    FC_RETURN_IF_ERROR(step_.Add("optimizer.step." + name, l.dtype, l.shape,
                                  WholeChunk(l, f.index), f.name));
   }
   return Status::Ok();
@@ -698,16 +1037,16 @@ Status Reader::ReadZero12(const PtFile& model, const std::vector<const PtFile*>&
         const FlatRange range{lo - off, hi - off};
         const std::string what = f.name + ": param '" + name + "'";
         FC_ASSIGN_OR_RETURN(Chunk c, FlatChunk(p.fp32, f.index, shape, range, lo - left, what));
-        FC_RETURN_IF_ERROR(weights_.Add(prefix_ + name, p.fp32.dtype, shape, c, f.name));
+        FC_RETURN_IF_ERROR(weights_.Add(name, p.fp32.dtype, shape, c, f.name));
         if (p.exp_avg) {
           FC_ASSIGN_OR_RETURN(c, FlatChunk(*p.exp_avg, f.index, shape, range, lo - left, what));
-          FC_RETURN_IF_ERROR(exp_avg_.Add(prefix_ + "optimizer.exp_avg." + name,
+          FC_RETURN_IF_ERROR(exp_avg_.Add("optimizer.exp_avg." + name,
                                           p.exp_avg->dtype, shape, c, f.name));
         }
         if (p.exp_avg_sq) {
           FC_ASSIGN_OR_RETURN(c,
                               FlatChunk(*p.exp_avg_sq, f.index, shape, range, lo - left, what));
-          FC_RETURN_IF_ERROR(exp_avg_sq_.Add(prefix_ + "optimizer.exp_avg_sq." + name,
+          FC_RETURN_IF_ERROR(exp_avg_sq_.Add("optimizer.exp_avg_sq." + name,
                                              p.exp_avg_sq->dtype, shape, c, f.name));
         }
       }
@@ -716,7 +1055,11 @@ Status Reader::ReadZero12(const PtFile& model, const std::vector<const PtFile*>&
     if (ws > 0) FC_RETURN_IF_ERROR(AddStep(*optims[0], parts[0].state, static_cast<int64_t>(g),
                                            groups[g]));
   }
-  // Frozen params (stage 2): full tensors in frozen_param_fragments.
+  return AddFrozenFull(model);
+}
+
+// Frozen params (stage 2): full tensors in frozen_param_fragments.
+Status Reader::AddFrozenFull(const PtFile& model) {
   const Entries* fshapes = DictEntries(model.root.Find("frozen_param_shapes"));
   const PV* frags = model.root.Find("frozen_param_fragments");
   if (fshapes != nullptr) {
@@ -734,7 +1077,7 @@ Status Reader::ReadZero12(const PtFile& model, const std::vector<const PtFile*>&
                              ShapeText(l.shape) + ", frozen_param_shapes says " +
                              ShapeText(*shape));
       }
-      FC_RETURN_IF_ERROR(frozen_.Add(prefix_ + *name, l.dtype, l.shape,
+      FC_RETURN_IF_ERROR(frozen_.Add(*name, l.dtype, l.shape,
                                      WholeChunk(l, model.index), model.name));
     }
   }
@@ -803,22 +1146,27 @@ Status Reader::ReadZero3(const std::vector<const PtFile*>& models,
         const FlatRange range{r * ps, r * ps + real};
         const std::string what = f.name + ": param '" + name + "'";
         FC_ASSIGN_OR_RETURN(Chunk c, FlatChunk(fp32, f.index, shape, range, offs[i], what));
-        FC_RETURN_IF_ERROR(weights_.Add(prefix_ + name, fp32.dtype, shape, c, f.name));
+        FC_RETURN_IF_ERROR(weights_.Add(name, fp32.dtype, shape, c, f.name));
         if (ea) {
           FC_ASSIGN_OR_RETURN(c, FlatChunk(*ea, f.index, shape, range, offs[i], what));
-          FC_RETURN_IF_ERROR(exp_avg_.Add(prefix_ + "optimizer.exp_avg." + name, ea->dtype,
+          FC_RETURN_IF_ERROR(exp_avg_.Add("optimizer.exp_avg." + name, ea->dtype,
                                           shape, c, f.name));
         }
         if (eas) {
           FC_ASSIGN_OR_RETURN(c, FlatChunk(*eas, f.index, shape, range, offs[i], what));
-          FC_RETURN_IF_ERROR(exp_avg_sq_.Add(prefix_ + "optimizer.exp_avg_sq." + name,
+          FC_RETURN_IF_ERROR(exp_avg_sq_.Add("optimizer.exp_avg_sq." + name,
                                              eas->dtype, shape, c, f.name));
         }
       }
       if (r == 0) FC_RETURN_IF_ERROR(AddStep(f, state, static_cast<int64_t>(k), groups[k]));
     }
   }
-  // Frozen params: each rank's model states hold its ceil-div partition (padded).
+  return AddFrozenZero3(models);
+}
+
+// ZeRO-3 frozen params: each rank's model states hold its ceil-div partition (padded).
+Status Reader::AddFrozenZero3(const std::vector<const PtFile*>& models) {
+  const int64_t ws = static_cast<int64_t>(models.size());
   const Entries* fshapes = DictEntries(models[0]->root.Find("frozen_param_shapes"));
   if (fshapes != nullptr) {
     for (const auto& [key, v] : *fshapes) {
@@ -843,7 +1191,7 @@ Status Reader::ReadZero3(const std::vector<const PtFile*>& models,
         if (real == 0) continue;
         FC_ASSIGN_OR_RETURN(Chunk c, FlatChunk(l, m.index, *shape, FlatRange{r * ps, r * ps + real},
                                                0, m.name + ": frozen '" + *name + "'"));
-        FC_RETURN_IF_ERROR(frozen_.Add(prefix_ + *name, l.dtype, *shape, c, m.name));
+        FC_RETURN_IF_ERROR(frozen_.Add(*name, l.dtype, *shape, c, m.name));
       }
     }
   }
@@ -859,8 +1207,10 @@ Status Reader::AddModule(const PtFile& model, bool zero3_placeholders) {
                          ", expected a dict of tensors");
   }
   if (module == nullptr || module->is_none()) {
-    return UnimplementedError(model.name + ": module is None (pipeline checkpoint: weights in "
-                              "layer_* files, not read yet)");
+    if (!pipeline_) {
+      return DataLossError(model.name + ": module is None, but there are no pipeline layer "
+                           "files (layer_XX-model_YY-model_states.pt) holding the weights");
+    }
   }
   std::set<std::string> buffer_names;
   if (const auto* b = ListItems(model.root.Find("buffer_names"))) {
@@ -868,7 +1218,7 @@ Status Reader::AddModule(const PtFile& model, bool zero3_placeholders) {
       if (auto s = StrOf(i.get())) buffer_names.insert(*s);
     }
   }
-  for (const auto& [k, v] : *entries) {
+  for (const auto& [k, v] : entries ? *entries : Entries()) {
     auto name = StrOf(k.get());
     if (!name) return DataLossError(model.name + ": module key " + k->DebugString());
     if (v->is_none()) continue;
@@ -878,8 +1228,8 @@ Status Reader::AddModule(const PtFile& model, bool zero3_placeholders) {
       module_dtype_ = std::string(DTypeName(l.dtype));
     }
     Chunk c = WholeChunk(l, model.index);
-    FC_RETURN_IF_ERROR(module_.Add(prefix_ + "module." + *name, l.dtype, l.shape, c, model.name));
-    const std::string key = prefix_ + *name;
+    FC_RETURN_IF_ERROR(module_.Add("module." + *name, l.dtype, l.shape, c, model.name));
+    const std::string key = *name;
     if (buffer_names.count(*name)) {
       FC_RETURN_IF_ERROR(buffers_.Add(key, l.dtype, l.shape, c, model.name));
     } else if (!weights_.Has(key) && !frozen_.Has(key)) {
@@ -894,7 +1244,36 @@ Status Reader::AddModule(const PtFile& model, bool zero3_placeholders) {
         return DataLossError(model.name + ": shared_params entry " + k->DebugString() + ": " +
                              v->DebugString() + " is not alias: owner");
       }
-      aliases_[prefix_ + *alias] = prefix_ + *owner;
+      aliases_[*alias] = *owner;
+    }
+  }
+  return Status::Ok();
+}
+
+// MoE expert files: each a state dict of one expert's params under their full names (the
+// global expert id in the name), 16-bit like the module weights.
+Status Reader::AddExpertFiles(const std::vector<const PtFile*>& files) {
+  for (const PtFile* f : files) {
+    const Entries* entries = DictEntries(&f->root);
+    if (entries == nullptr) {
+      return DataLossError(f->name + ": holds " + f->root.DebugString() +
+                           ", expected the expert's state dict");
+    }
+    for (const auto& [k, v] : *entries) {
+      auto name = StrOf(k.get());
+      if (!name) return DataLossError(f->name + ": state dict key " + k->DebugString());
+      if (v->is_none()) continue;
+      FC_ASSIGN_OR_RETURN(Located l, f->Locate(v.get(), "['" + *name + "']"));
+      if (module_.Has("module." + *name)) {
+        return DataLossError(f->name + ": '" + *name + "' is also in another model states or "
+                             "expert file");
+      }
+      if (module_dtype_.empty()) module_dtype_ = std::string(DTypeName(l.dtype));
+      const Chunk c = WholeChunk(l, f->index);
+      FC_RETURN_IF_ERROR(module_.Add("module." + *name, l.dtype, l.shape, c, f->name));
+      if (!weights_.Has(*name) && !frozen_.Has(*name)) {
+        FC_RETURN_IF_ERROR(other_.Add(*name, l.dtype, l.shape, c, f->name));
+      }
     }
   }
   return Status::Ok();
@@ -981,6 +1360,20 @@ Status Reader::ReadRank(int64_t mp, RankFiles& rf) {
     FC_RETURN_IF_ERROR(ReadZero3(models, optims, osds));
     return AddModule(*models[0], /*zero3_placeholders=*/true);
   }
+  if (universal_ && rf.model == nullptr && !rf.model_z3.empty()) {
+    // A stage-3 UCP keeps the per-rank model states (frozen fragments, buffers); the
+    // trainable params are in zero/<param>/.
+    std::vector<const PtFile*> models;
+    for (const auto& [dp, f] : rf.model_z3) {
+      if (dp != static_cast<int64_t>(models.size())) {
+        return NotFoundError(dir_ + ": ZeRO-3 model states of DP rank " +
+                             std::to_string(models.size()) + " are missing");
+      }
+      models.push_back(f);
+    }
+    FC_RETURN_IF_ERROR(AddFrozenZero3(models));
+    return AddModule(*models[0], /*zero3_placeholders=*/true);
+  }
   if (rf.model == nullptr && !rf.model_z3.empty()) {
     return NotFoundError(dir_ + ": ZeRO-3 model states without their *_optim_states.pt files "
                          "(the ZeRO-3 weights live only in the optimizer partitions)");
@@ -991,51 +1384,446 @@ Status Reader::ReadRank(int64_t mp, RankFiles& rf) {
   }
   if (!optims.empty()) {
     FC_RETURN_IF_ERROR(ReadZero12(*rf.model, optims, osds, variant == "bf16_optimizer"));
+  } else if (universal_) {
+    FC_RETURN_IF_ERROR(AddFrozenFull(*rf.model));
   }
   return AddModule(*rf.model, false);
+}
+
+Families Reader::TakeFamilies() {
+  Families f;
+  Builder* builders[kFamilies] = {&weights_, &frozen_,  &buffers_,    &other_,
+                                  &module_,  &exp_avg_, &exp_avg_sq_, &step_};
+  for (size_t i = 0; i < kFamilies; ++i) f.tensors[i] = builders[i]->Take();
+  f.aliases = std::move(aliases_);
+  aliases_.clear();
+  return f;
+}
+
+std::string MpName(int64_t mp) {
+  return std::string("mp_rank_") + (mp < 10 ? "0" : "") + std::to_string(mp);
+}
+
+// Pipeline stages hold disjoint layers, except tied modules (DeepSpeed's
+// pipeline_replicated_parameter_patterns), which every stage using them trains and saves:
+// the first stage's copy is kept, as ds_to_universal does.
+Status UnionStage(Families&& from, const std::string& where, Families* into) {
+  for (size_t i = 0; i < kFamilies; ++i) {
+    std::map<std::string, size_t> pos;
+    for (size_t j = 0; j < into->tensors[i].size(); ++j) pos[into->tensors[i][j].key] = j;
+    for (TensorEntry& t : from.tensors[i]) {
+      auto it = pos.find(t.key);
+      if (it != pos.end()) {
+        const TensorEntry& have = into->tensors[i][it->second];
+        if (have.dtype != t.dtype || have.global_shape != t.global_shape) {
+          return DataLossError(where + ": tensor '" + t.key + "' is " +
+                               std::string(DTypeName(t.dtype)) + " " + ShapeText(t.global_shape) +
+                               " here but " + std::string(DTypeName(have.dtype)) + " " +
+                               ShapeText(have.global_shape) + " in an earlier pipeline stage");
+        }
+        continue;
+      }
+      pos[t.key] = into->tensors[i].size();
+      into->tensors[i].push_back(std::move(t));
+    }
+  }
+  for (auto& [alias, owner] : from.aliases) into->aliases.emplace(alias, owner);
+  return Status::Ok();
+}
+
+Status Reader::AddLayerFiles(const std::vector<std::pair<int64_t, const PtFile*>>& layers,
+                             const std::set<std::string>& buffer_names, Families* f) {
+  std::set<std::string> params;  // trainable and frozen names the optimizer files know
+  for (Family i : {kWeights, kFrozen}) {
+    for (const TensorEntry& t : f->tensors[i]) params.insert(t.key);
+  }
+  std::map<std::string, size_t> module_pos;
+  std::set<std::string> buffers, others;
+  for (const TensorEntry& t : f->tensors[kModule]) module_pos[t.key] = 0;
+  for (const TensorEntry& t : f->tensors[kBuffers]) buffers.insert(t.key);
+  for (const TensorEntry& t : f->tensors[kOther]) others.insert(t.key);
+  for (const auto& [layer, file] : layers) {
+    const Entries* entries = DictEntries(&file->root);
+    if (entries == nullptr) {
+      return DataLossError(file->name + ": holds " + file->root.DebugString() +
+                           ", expected the layer's state dict");
+    }
+    for (const auto& [k, v] : *entries) {
+      auto local = StrOf(k.get());
+      if (!local) return DataLossError(file->name + ": state dict key " + k->DebugString());
+      if (v->is_none()) continue;
+      // PipelineModule names a layer's params "<layer index>.<local name>"; a tied module
+      // (TiedLayerSpec without forward_fn) is saved under every layer index using it, and
+      // its params are named "tied_modules.<key>.<local name>".
+      std::string name = std::to_string(layer) + "." + *local;
+      if (!params.empty() && !params.count(name) && !buffer_names.count(name)) {
+        std::string found;
+        int hits = 0;
+        for (const std::string& p : params) {
+          if (!p.starts_with("tied_modules.") || !p.ends_with("." + *local)) continue;
+          const std::string key = p.substr(13, p.size() - 13 - local->size() - 1);
+          if (!key.empty() && key.find('.') == std::string::npos) {
+            found = p;
+            ++hits;
+          }
+        }
+        if (hits == 1) name = found;
+      }
+      FC_ASSIGN_OR_RETURN(Located l, file->Locate(v.get(), "['" + *local + "']"));
+      TensorEntry t;
+      t.key = "module." + name;
+      t.dtype = l.dtype;
+      t.global_shape = l.shape;
+      t.chunks.push_back(WholeChunk(l, file->index));
+      if (auto it = module_pos.find(t.key); it != module_pos.end()) {
+        // A tied module saved again by a later layer index: the first copy is kept.
+        const TensorEntry& have = f->tensors[kModule][it->second];
+        if (have.dtype != t.dtype || have.global_shape != t.global_shape) {
+          return DataLossError(file->name + ": '" + *local + "' (" + name + ") is " +
+                               std::string(DTypeName(t.dtype)) + " " + ShapeText(t.global_shape) +
+                               ", an earlier layer file has " + std::string(DTypeName(have.dtype)) +
+                               " " + ShapeText(have.global_shape));
+        }
+        continue;
+      }
+      module_pos[t.key] = f->tensors[kModule].size();
+      if (module_dtype_.empty() && !buffer_names.count(name)) {
+        module_dtype_ = std::string(DTypeName(l.dtype));
+      }
+      TensorEntry plain = t;
+      plain.key = name;
+      f->tensors[kModule].push_back(std::move(t));
+      if (buffer_names.count(name)) {
+        if (buffers.insert(name).second) f->tensors[kBuffers].push_back(std::move(plain));
+      } else if (!params.count(name) && others.insert(name).second) {
+        f->tensors[kOther].push_back(std::move(plain));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* rules) {
+  const int64_t tp = static_cast<int64_t>(per_tp.size());
+  if (tp == 1) return std::move(per_tp[0]);
+  Families out;
+  if (rules == nullptr) {
+    for (int64_t t = 0; t < tp; ++t) {
+      const std::string pre = MpName(t) + ".";
+      for (size_t i = 0; i < kFamilies; ++i) {
+        for (TensorEntry& e : per_tp[static_cast<size_t>(t)].tensors[i]) {
+          e.key = pre + e.key;
+          out.tensors[i].push_back(std::move(e));
+        }
+      }
+      for (const auto& [a, o] : per_tp[static_cast<size_t>(t)].aliases) {
+        out.aliases[pre + a] = pre + o;
+      }
+    }
+    return out;
+  }
+  std::set<std::string> unmerged;
+  for (size_t i = 0; i < kFamilies; ++i) {
+    std::vector<std::map<std::string, TensorEntry*>> by_rank(static_cast<size_t>(tp));
+    for (int64_t t = 0; t < tp; ++t) {
+      for (TensorEntry& e : per_tp[static_cast<size_t>(t)].tensors[i]) {
+        by_rank[static_cast<size_t>(t)][e.key] = &e;
+      }
+      for (const auto& [k, e] : by_rank[static_cast<size_t>(t)]) {
+        if (!by_rank[0].count(k) && t > 0) {
+          return DataLossError(dir_ + ": tensor '" + k + "' of TP rank " + std::to_string(t) +
+                               " is absent from TP rank 0");
+        }
+      }
+    }
+    for (const TensorEntry& e0 : per_tp[0].tensors[i]) {
+      std::vector<TensorEntry*> parts;
+      for (int64_t t = 0; t < tp; ++t) {
+        auto it = by_rank[static_cast<size_t>(t)].find(e0.key);
+        if (it == by_rank[static_cast<size_t>(t)].end()) {
+          return DataLossError(dir_ + ": tensor '" + e0.key + "' of TP rank 0 is absent from TP "
+                               "rank " + std::to_string(t));
+        }
+        const TensorEntry& e = *it->second;
+        if (e.dtype != e0.dtype || e.global_shape.size() != e0.global_shape.size()) {
+          return DataLossError(dir_ + ": tensor '" + e0.key + "' is " +
+                               std::string(DTypeName(e0.dtype)) + " " + ShapeText(e0.global_shape) +
+                               " on TP rank 0 but " + std::string(DTypeName(e.dtype)) + " " +
+                               ShapeText(e.global_shape) + " on TP rank " + std::to_string(t));
+        }
+        parts.push_back(it->second);
+      }
+      const std::string name = e0.key.substr(kFamilyPrefix[i].size());
+      auto differs_on = [&](size_t except_dim) -> int64_t {
+        for (size_t t = 1; t < parts.size(); ++t) {
+          for (size_t d = 0; d < e0.global_shape.size(); ++d) {
+            if (d != except_dim && parts[t]->global_shape[d] != e0.global_shape[d]) {
+              return static_cast<int64_t>(t);
+            }
+          }
+        }
+        return 0;
+      };
+      auto shape_error = [&](int64_t t, const std::string& rule) {
+        return DataLossError(dir_ + ": TP slices of '" + e0.key + "' (" + rule + ") are " +
+                             ShapeText(e0.global_shape) + " on TP rank 0 and " +
+                             ShapeText(parts[static_cast<size_t>(t)]->global_shape) +
+                             " on TP rank " + std::to_string(t));
+      };
+      if (i == kStep || TpRules::Matches(rules->replicated, name)) {
+        // Replicated across TP (layernorms, the step): TP rank 0's copy. The other copies
+        // are not compared (DeepSpeed asserts they are equal; fc never reads them).
+        if (int64_t t = differs_on(SIZE_MAX)) return shape_error(t, "replicated");
+        out.tensors[i].push_back(std::move(*parts[0]));
+        continue;
+      }
+      std::string why;
+      if (TpRules::Matches(rules->average, name)) {
+        why = "parameter_to_average_patterns: the merged value is the mean of the TP copies, "
+              "which fc does not compute";
+      } else if (!TpRules::Matches(rules->two_sub_params, name) &&  // DeepSpeed's order
+                 TpRules::Matches(rules->sub_params, name)) {
+        why = "parameter_with_sub_params (fused sub-params) is not merged by fc yet";
+      } else if (e0.global_shape.empty()) {
+        why = "a 0-d tensor matching no replicated pattern cannot be concatenated";
+      }
+      if (!why.empty()) {
+        unmerged.insert(name + " (" + why + ")");
+        for (int64_t t = 0; t < tp; ++t) {
+          TensorEntry e = *parts[static_cast<size_t>(t)];
+          e.key = MpName(t) + "." + e.key;
+          out.tensors[i].push_back(std::move(e));
+        }
+        continue;
+      }
+      const size_t item = DTypeSize(e0.dtype);
+      TensorEntry m;
+      m.key = e0.key;
+      m.dtype = e0.dtype;
+      m.global_shape = e0.global_shape;
+      if (TpRules::Matches(rules->two_sub_params, name)) {
+        // Each slice is torch.chunk(slice, 2, dim 0): its first ceil(rows/2) rows belong to
+        // sub-param 0; the merged tensor is all first halves, then all second halves.
+        if (int64_t t = differs_on(0)) return shape_error(t, "2 sub-params along dim 0");
+        int64_t first_total = 0, rows_total = 0;
+        for (const TensorEntry* p : parts) {
+          first_total += (p->global_shape[0] + 1) / 2;
+          rows_total += p->global_shape[0];
+        }
+        int64_t first = 0, second = first_total;
+        for (const TensorEntry* p : parts) {
+          const int64_t rows = p->global_shape[0], half = (rows + 1) / 2;
+          for (const Chunk& c : p->chunks) {
+            if (auto s = RowSlice(c, 0, half, item)) {
+              s->box.global_offset[0] += first;
+              m.chunks.push_back(std::move(*s));
+            }
+            if (auto s = RowSlice(c, half, rows, item)) {
+              s->box.global_offset[0] += second - half;
+              m.chunks.push_back(std::move(*s));
+            }
+          }
+          first += half;
+          second += rows - half;
+        }
+        m.global_shape[0] = rows_total;
+      } else {
+        const size_t d = TpRules::Matches(rules->row_parallel, name) ? 1 : 0;
+        if (d >= e0.global_shape.size()) {
+          return DataLossError(dir_ + ": '" + e0.key + "' has shape " + ShapeText(e0.global_shape) +
+                               ", its TP slices cannot be concatenated along dim " +
+                               std::to_string(d) + " (row-parallel pattern in " + rules->source +
+                               ")");
+        }
+        if (int64_t t = differs_on(d)) {
+          return shape_error(t, "concatenated along dim " + std::to_string(d));
+        }
+        int64_t off = 0;
+        for (const TensorEntry* p : parts) {
+          for (const Chunk& c : p->chunks) {
+            Chunk s = c;
+            s.box.global_offset[d] += off;
+            m.chunks.push_back(std::move(s));
+          }
+          off += p->global_shape[d];
+        }
+        m.global_shape[d] = off;
+      }
+      if (TpRules::Matches(rules->vocabulary, name)) {
+        // Vocabulary padding rows (the tail of the last TP slices) are dropped.
+        if (!rules->original_vocab_size) {
+          return DataLossError(rules->source + ": vocabulary_parameter_patterns matches '" +
+                               name + "' but universal_checkpoint_info has no original_vocab_size");
+        }
+        const int64_t vocab = *rules->original_vocab_size;
+        if (vocab > m.global_shape[0]) {
+          return DataLossError(rules->source + ": original_vocab_size " + std::to_string(vocab) +
+                               " exceeds the " + std::to_string(m.global_shape[0]) +
+                               " merged rows of '" + e0.key + "'");
+        }
+        std::vector<Chunk> kept;
+        for (const Chunk& c : m.chunks) {
+          if (auto s = RowSlice(c, 0, vocab, item)) kept.push_back(std::move(*s));
+        }
+        m.chunks = std::move(kept);
+        m.global_shape[0] = vocab;
+      }
+      out.tensors[i].push_back(std::move(m));
+    }
+  }
+  out.aliases = per_tp[0].aliases;
+  if (!unmerged.empty()) {
+    std::string s;
+    for (const std::string& u : unmerged) s += (s.empty() ? "" : "; ") + u;
+    index_.attributes["deepspeed.tp_unmerged"] = s;
+  }
+  return out;
+}
+
+bool IsUniversalDir(const std::string& dir) {
+  return IsDirectory(dir + "/zero") &&
+         (PathExists(dir + "/zero/optimizer_state.pt") || HasStateFiles(dir));
+}
+
+Status Reader::ReadUniversalParams(const std::vector<std::pair<std::string, Shape>>& order,
+                                   bool check_shapes, Families* f) {
+  const std::string zdir = dir_ + "/zero";
+  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(zdir));
+  std::set<std::string> dirs;
+  for (const std::string& n : names) {
+    if (IsDirectory(zdir + "/" + n)) dirs.insert(n);
+  }
+  std::vector<std::pair<std::string, std::optional<Shape>>> params;
+  for (const auto& [name, shape] : order) {
+    if (!dirs.erase(name)) {
+      return NotFoundError(zdir + "/" + name + "/ is missing (param_shapes lists '" + name + "')");
+    }
+    params.emplace_back(name, shape);
+  }
+  for (const std::string& n : dirs) params.emplace_back(n, std::nullopt);
+  static constexpr std::pair<const char*, Family> kStates[] = {
+      {"fp32", kWeights}, {"exp_avg", kExpAvg}, {"exp_avg_sq", kExpAvgSq}, {"step", kStep}};
+  for (const auto& [name, known] : params) {
+    std::optional<Shape> fp32_shape;
+    for (const auto& [state, family] : kStates) {
+      const std::string rel = "zero/" + name + "/" + state + ".pt";
+      if (!PathExists(dir_ + "/" + rel)) {
+        if (family == kWeights) return NotFoundError(dir_ + "/" + rel + " is missing");
+        continue;
+      }
+      FC_ASSIGN_OR_RETURN(const PtFile* pt, Open(rel));
+      // ds_to_universal saves {'param': tensor, 'cat_dim', ...} (stage <= 2) or the raw
+      // flat tensor (stage 3); step.pt holds the raw step (int or 0-d tensor).
+      const PV* v = &pt->root;
+      if (DictEntries(v) != nullptr) {
+        v = v->Find("param");
+        if (v == nullptr) return DataLossError(rel + ": a dict without 'param'");
+      }
+      if (family == kStep) {
+        if (auto i = IntOf(v)) {
+          SetAttr("deepspeed.step", std::to_string(*i), rel);
+          continue;
+        }
+        if (v->kind == PV::Kind::kFloat) {
+          SetAttr("deepspeed.step", std::to_string(v->float_value), rel);
+          continue;
+        }
+      }
+      FC_ASSIGN_OR_RETURN(Located l, pt->Locate(v, "param"));
+      Shape shape = l.shape;
+      Chunk c = WholeChunk(l, pt->index);
+      if (family != kStep && known && check_shapes && l.shape != *known) {
+        if (l.shape.size() != 1 || l.numel != *CheckedNumElements(*known)) {
+          return DataLossError(rel + ": param has shape " + ShapeText(l.shape) +
+                               ", param_shapes says " + ShapeText(*known));
+        }
+        shape = *known;  // the stage-3 raw form: the flat param
+        FC_ASSIGN_OR_RETURN(c, FlatChunk(l, pt->index, shape, FlatRange{0, l.numel}, 0, rel));
+      }
+      if (family == kWeights) {
+        fp32_shape = shape;
+        master_dtype_ = std::string(DTypeName(l.dtype));
+      } else if (family != kStep && shape != *fp32_shape) {
+        return DataLossError(rel + ": shape " + ShapeText(shape) + ", fp32.pt has " +
+                             ShapeText(*fp32_shape));
+      }
+      TensorEntry t;
+      t.key = std::string(kFamilyPrefix[family]) + name;
+      t.dtype = l.dtype;
+      t.global_shape = shape;
+      t.chunks.push_back(std::move(c));
+      f->tensors[family].push_back(std::move(t));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<PtFile*> Reader::Open(const std::string& rel) {
+  const uint32_t idx = static_cast<uint32_t>(files_.size());
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<PtFile> pt, OpenPt(dir_, rel, idx));
+  index_.files.push_back(FileInfo{rel, pt->file->size()});
+  files_.push_back(std::move(pt));
+  return files_.back().get();
 }
 
 Result<CheckpointIndex> Reader::Read(const std::string& path) {
   if (!IsDirectory(path)) return NotFoundError(path + ": not a directory");
   std::string dir = path;
   std::string tag;
-  FC_ASSIGN_OR_RETURN(std::optional<std::string> latest, LatestTag(path));
-  if (latest && !HasStateFiles(path)) {
-    dir = path + "/" + *latest;
-    tag = *latest;
-    if (!IsDirectory(dir)) {
-      return NotFoundError(path + "/latest names tag '" + *latest + "', but " + dir +
-                           " is not a directory");
+  if (!HasStateFiles(path) && !IsUniversalDir(path)) {
+    // A save dir: `latest` names the tag; a dir holding only a UCP: `latest_universal`.
+    FC_ASSIGN_OR_RETURN(std::optional<std::string> latest, LatestTag(path, "latest"));
+    if (!latest) {
+      FC_ASSIGN_OR_RETURN(latest, LatestTag(path, "latest_universal"));
     }
-  } else {
+    if (latest) {
+      dir = path + "/" + *latest;
+      tag = *latest;
+      if (!IsDirectory(dir)) {
+        return NotFoundError(path + ": the latest file names tag '" + *latest + "', but " + dir +
+                             " is not a directory");
+      }
+    }
+  }
+  if (tag.empty()) {
     std::string p = path;
     while (p.size() > 1 && p.back() == '/') p.pop_back();
     const size_t slash = p.find_last_of('/');
     tag = slash == std::string::npos ? p : p.substr(slash + 1);
   }
   dir_ = dir;
+  universal_ = IsUniversalDir(dir);
   index_.format = CheckpointFormat::kDeepSpeed;
   index_.root = dir;
   FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
   std::sort(names.begin(), names.end());
   std::map<int64_t, RankFiles> ranks;
-  std::vector<std::unique_ptr<PtFile>> files;
+  std::map<int64_t, std::vector<std::pair<int64_t, const PtFile*>>> layers;  // TP rank ->
+  std::map<int64_t, std::vector<const PtFile*>> experts;                        // mp rank ->
+  // MoE (expert files present): the module weights are read, the optimizer files are not.
+  // DeepSpeed's MoE checkpoints partition expert groups over their own data-parallel size
+  // and save no param_shapes for them (zero_to_fp32 cannot read them either).
+  const bool moe = std::any_of(names.begin(), names.end(), [](const std::string& n) {
+    return ClassifyName(n).kind == FileKind::kExpert;
+  });
+  int64_t skipped_optim = 0;
   for (const std::string& n : names) {
     const NameInfo info = ClassifyName(n);
-    if (info.kind == FileKind::kPipelineLayer) {
-      return UnimplementedError(dir + "/" + n + ": pipeline-parallel layer files "
-                                "(layer_XX-model_YY-model_states.pt) are not read yet");
-    }
-    if (info.kind == FileKind::kExpert) {
-      return UnimplementedError(dir + "/" + n + ": MoE expert files are not read yet");
-    }
     if (info.kind == FileKind::kOther) continue;
-    const uint32_t idx = static_cast<uint32_t>(files.size());
-    FC_ASSIGN_OR_RETURN(std::unique_ptr<PtFile> pt, OpenPt(dir, n, idx));
-    index_.files.push_back(FileInfo{n, pt->file->size()});
+    if (info.kind == FileKind::kExpertOptim || (moe && info.kind == FileKind::kOptim)) {
+      ++skipped_optim;
+      continue;
+    }
+    FC_ASSIGN_OR_RETURN(PtFile* raw, Open(n));
+    if (info.kind == FileKind::kExpert) {
+      experts[info.mp].push_back(raw);
+      continue;
+    }
+    if (info.kind == FileKind::kPipelineLayer) {
+      layers[info.mp].emplace_back(info.layer, raw);
+      continue;
+    }
     RankFiles& rf = ranks[info.mp];
-    PtFile* raw = pt.get();
-    files.push_back(std::move(pt));
     if (info.kind == FileKind::kModelMp) rf.model = raw;
     else if (info.kind == FileKind::kModelZero3) rf.model_z3[info.dp] = raw;
     else if (!rf.optim.emplace(info.dp, raw).second) {
@@ -1046,31 +1834,140 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   if (ranks.empty()) {
     return NotFoundError(dir + ": no DeepSpeed *_model_states.pt / *_optim_states.pt files");
   }
-  const int64_t tp = static_cast<int64_t>(ranks.size());
-  if (ranks.rbegin()->first != tp - 1) {
-    return NotFoundError(dir + ": files of mp_rank " + std::to_string(tp - 1) +
+  pipeline_ = !layers.empty();
+  const int64_t mps = static_cast<int64_t>(ranks.size());
+  if (ranks.rbegin()->first != mps - 1) {
+    return NotFoundError(dir + ": files of mp_rank " + std::to_string(mps - 1) +
                          " expected, found mp_rank up to " + std::to_string(ranks.rbegin()->first));
   }
+  auto model_of = [](const RankFiles& rf) -> const PtFile* {
+    return rf.model ? rf.model : (rf.model_z3.empty() ? nullptr : rf.model_z3.begin()->second);
+  };
+  const PtFile* first_model = model_of(ranks.begin()->second);
+  // Degrees (deepspeed.md section 1): TP = the number of layer file TP ranks for a pipeline,
+  // else checkpoint_parallel_dimensions, else one TP rank per mp_rank; the mp_rank files of
+  // a pipeline are ordered stage-major (pp0_tp0, pp0_tp1, ...).
+  std::optional<int64_t> dims_pp, dims_tp;
+  if (first_model != nullptr) {
+    if (const PV* dims = first_model->root.Find("checkpoint_parallel_dimensions")) {
+      dims_pp = IntOf(dims->Find("pp_degree"));
+      dims_tp = IntOf(dims->Find("tp_degree"));
+    }
+  }
+  int64_t tp = mps;
+  if (pipeline_) {
+    tp = static_cast<int64_t>(layers.size());
+    if (layers.rbegin()->first != tp - 1) {
+      return NotFoundError(dir + ": pipeline layer files of TP rank " + std::to_string(tp - 1) +
+                           " expected, found model_" + std::to_string(layers.rbegin()->first));
+    }
+  } else if (dims_tp && *dims_tp >= 1) {
+    tp = *dims_tp;
+  }
+  if (mps % tp != 0) {
+    return DataLossError(dir + ": " + std::to_string(mps) + " mp_rank files do not split into " +
+                         std::to_string(tp) + " TP ranks per pipeline stage");
+  }
+  const int64_t pp = mps / tp;
+  if (dims_pp && dims_tp && (*dims_pp != pp || *dims_tp != tp)) {
+    return DataLossError(first_model->name + ": checkpoint_parallel_dimensions says pp " +
+                         std::to_string(*dims_pp) + " x tp " + std::to_string(*dims_tp) +
+                         ", the files are pp " + std::to_string(pp) + " x tp " +
+                         std::to_string(tp));
+  }
+  if (pp > 1 && !pipeline_ && !universal_) {
+    return DataLossError(dir + ": pipeline degree " + std::to_string(pp) +
+                         " but no layer_XX-model_YY-model_states.pt files");
+  }
+  if (universal_ && PathExists(dir + "/zero/optimizer_state.pt")) {
+    FC_ASSIGN_OR_RETURN(const PtFile* os, Open("zero/optimizer_state.pt"));
+    std::string stage = "unknown";
+    if (os->root.Find("fp32_flat_groups") != nullptr) stage = "3";
+    else if (auto s = IntOf(os->root.Find("zero_stage"))) stage = std::to_string(*s);
+    else if (os->root.Find("group_paddings") != nullptr) stage = "1";  // BF16_Optimizer
+    SetAttr("deepspeed.zero_stage", stage, os->name);
+    if (auto pc = IntOf(os->root.Find("partition_count"))) {
+      SetAttr("deepspeed.dp_degree", std::to_string(*pc), os->name);
+    }
+  }
+  if (universal_) SetAttr("deepspeed.optimizer", "universal", dir);
+  if (skipped_optim > 0 || moe) {
+    if (!moe) {
+      return UnimplementedError(dir + ": expp_rank_*_optim_states.pt (MoE optimizer) without "
+                                "layer_*_expert_* files");
+    }
+    SetAttr("deepspeed.optimizer", "not read (MoE)", dir);
+    SetAttr("deepspeed.zero_stage", "not read (MoE)", dir);
+    if (auto dp = IntOf(first_model ? first_model->root.Find("dp_world_size") : nullptr)) {
+      SetAttr("deepspeed.dp_degree", std::to_string(*dp), first_model->name);
+    }
+    size_t n = 0;
+    for (const auto& [mp, fs] : experts) n += fs.size();
+    index_.attributes["deepspeed.moe"] =
+        std::to_string(n) + " expert files read (16-bit weights); " +
+        std::to_string(skipped_optim) + " optimizer files not read";
+  }
+
+  std::vector<Families> per_tp(static_cast<size_t>(tp));
+  std::vector<std::set<std::string>> buffer_names(static_cast<size_t>(tp));
+  std::vector<std::pair<std::string, Shape>> order;  // UCP: params in param_shapes order
+  std::set<std::string> ordered;
   bool ucp_info = false;
   for (auto& [mp, rf] : ranks) {
-    if (tp > 1) {
-      prefix_ = std::string("mp_rank_") + (mp < 10 ? "0" : "") + std::to_string(mp) + ".";
-    }
     FC_RETURN_IF_ERROR(ReadRank(mp, rf));
-    const PtFile* m = rf.model ? rf.model : (rf.model_z3.empty() ? nullptr : rf.model_z3.begin()->second);
-    if (m != nullptr) {
-      if (const PV* u = m->root.Find("universal_checkpoint_info"); u && !u->is_none()) ucp_info = true;
-      if (auto v = StrOf(m->root.Find("ds_version"))) SetAttr("deepspeed.ds_version", *v, m->name);
-      if (const PV* dims = m->root.Find("checkpoint_parallel_dimensions")) {
-        if (auto pp = IntOf(dims->Find("pp_degree")); pp && *pp != 1) {
-          return UnimplementedError(m->name + ": pp_degree " + std::to_string(*pp) +
-                                    " (pipeline parallelism) is not read yet");
+    if (auto e = experts.find(mp); e != experts.end()) {
+      FC_RETURN_IF_ERROR(AddExpertFiles(e->second));
+    }
+    const int64_t t = mp % tp;
+    FC_RETURN_IF_ERROR(UnionStage(TakeFamilies(),
+                                  dir + " pipeline stage " + std::to_string(mp / tp) + " (" +
+                                      MpName(mp) + ")",
+                                  &per_tp[static_cast<size_t>(t)]));
+    const PtFile* m = model_of(rf);
+    if (m == nullptr) continue;
+    if (const PV* u = m->root.Find("universal_checkpoint_info"); u && !u->is_none()) {
+      ucp_info = true;
+    }
+    if (auto v = StrOf(m->root.Find("ds_version"))) SetAttr("deepspeed.ds_version", *v, m->name);
+    if (const auto* b = ListItems(m->root.Find("buffer_names"))) {
+      for (const auto& i : *b) {
+        if (auto s = StrOf(i.get())) buffer_names[static_cast<size_t>(t)].insert(*s);
+      }
+    }
+    if (universal_) {
+      FC_ASSIGN_OR_RETURN(std::vector<ParamList> groups, ParamShapes(*m));
+      for (const ParamList& g : groups) {
+        for (const auto& [name, shape] : g) {
+          if (ordered.insert(name).second) order.emplace_back(name, shape);
         }
       }
     }
   }
+  for (auto& [t, ls] : layers) {
+    std::sort(ls.begin(), ls.end());
+    FC_RETURN_IF_ERROR(AddLayerFiles(ls, buffer_names[static_cast<size_t>(t)],
+                                     &per_tp[static_cast<size_t>(t)]));
+  }
+  std::optional<TpRules> rules;
+  if (tp > 1 && first_model != nullptr) {
+    const PV* info = first_model->root.Find("universal_checkpoint_info");
+    if (info != nullptr && DictEntries(info) != nullptr) {
+      FC_ASSIGN_OR_RETURN(rules, ParseTpRules(*first_model, info));
+    }
+  }
+  FC_ASSIGN_OR_RETURN(Families all, MergeTp(std::move(per_tp), rules ? &*rules : nullptr));
+  if (universal_) {
+    Families u;
+    FC_RETURN_IF_ERROR(ReadUniversalParams(order, tp == 1, &u));
+    std::set<std::string> have;
+    for (const TensorEntry& t : u.tensors[kWeights]) have.insert(t.key);
+    std::erase_if(all.tensors[kOther], [&](const TensorEntry& t) { return have.count(t.key) > 0; });
+    for (size_t i = 0; i < kFamilies; ++i) {
+      for (TensorEntry& t : u.tensors[i]) all.tensors[i].push_back(std::move(t));
+    }
+  }
   std::set<std::string> opaque;
-  for (const auto& f : files) CollectOpaqueGlobals(f->root, &opaque);
+  for (const auto& f : files_) CollectOpaqueGlobals(f->root, &opaque);
   if (!opaque.empty()) {
     std::string s;
     for (const std::string& g : opaque) s += (s.empty() ? "" : ", ") + g;
@@ -1078,19 +1975,23 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   }
   index_.attributes["deepspeed.tag"] = tag;
   index_.attributes["deepspeed.tp_degree"] = std::to_string(tp);
-  index_.attributes["deepspeed.pp_degree"] = "1";
+  index_.attributes["deepspeed.pp_degree"] = std::to_string(pp);
   index_.attributes["deepspeed.universal_checkpoint_info"] = ucp_info ? "present" : "absent";
+  if (tp > 1) {
+    index_.attributes["deepspeed.tp_merge"] =
+        rules ? "universal_checkpoint_info" : "none (per-rank names mp_rank_XX.<name>)";
+  }
   if (!module_dtype_.empty()) index_.attributes["deepspeed.module_dtype"] = module_dtype_;
   if (!master_dtype_.empty()) index_.attributes["deepspeed.master_dtype"] = master_dtype_;
 
   // Tied aliases get the owner's chunks (weights only; module.* has both names already).
   std::vector<TensorEntry> out;
-  for (Builder* b : {&weights_, &frozen_, &buffers_, &other_}) {
-    for (TensorEntry& t : b->Take()) out.push_back(std::move(t));
+  for (Family i : {kWeights, kFrozen, kBuffers, kOther}) {
+    for (TensorEntry& t : all.tensors[i]) out.push_back(std::move(t));
   }
   std::set<std::string> have;
   for (const TensorEntry& t : out) have.insert(t.key);
-  for (const auto& [alias, owner] : aliases_) {
+  for (const auto& [alias, owner] : all.aliases) {
     if (have.count(alias)) {
       // The alias came in as an "other" module tensor; point it at the owner's weights.
       auto a = std::find_if(out.begin(), out.end(), [&](const TensorEntry& t) { return t.key == alias; });
@@ -1109,8 +2010,8 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
     out.push_back(std::move(copy));
     have.insert(alias);
   }
-  for (Builder* b : {&module_, &exp_avg_, &exp_avg_sq_, &step_}) {
-    for (TensorEntry& t : b->Take()) out.push_back(std::move(t));
+  for (Family i : {kModule, kExpAvg, kExpAvgSq, kStep}) {
+    for (TensorEntry& t : all.tensors[i]) out.push_back(std::move(t));
   }
   // Every element of every tensor is covered exactly once by construction, except when a
   // file lies (e.g. a param listed twice); count elements to catch that.
@@ -1134,8 +2035,12 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
 bool IsDeepSpeedCheckpointDir(const std::string& dir) {
   if (!IsDirectory(dir)) return false;
   if (HasStateFiles(dir)) return true;
-  auto latest = LatestTag(dir);
-  return latest.ok() && latest->has_value() && HasStateFiles(dir + "/" + **latest);
+  if (IsUniversalDir(dir)) return true;
+  for (const char* file : {"latest", "latest_universal"}) {
+    auto latest = LatestTag(dir, file);
+    if (latest.ok() && latest->has_value() && HasStateFiles(dir + "/" + **latest)) return true;
+  }
+  return false;
 }
 
 Result<CheckpointIndex> ReadDeepSpeedCheckpoint(const std::string& path) {
@@ -1156,11 +2061,26 @@ Status SelectDeepSpeedWeights(DeepSpeedWeights weights, CheckpointIndex* index) 
                                 std::string(CheckpointFormatName(index->format)) + ")");
   }
   auto tp = index->attributes.find("deepspeed.tp_degree");
-  if (tp != index->attributes.end() && tp->second != "1") {
+  auto merge = index->attributes.find("deepspeed.tp_merge");
+  if (tp != index->attributes.end() && tp->second != "1" &&
+      (merge == index->attributes.end() || merge->second != "universal_checkpoint_info")) {
     return UnimplementedError(
         index->root + ": DeepSpeed checkpoint with tensor parallelism (tp_degree " + tp->second +
-        "): fc does not merge TP shards yet (needs universal_checkpoint_info rules); export "
-        "refused. fc-inspect shows the per-rank tensors (mp_rank_XX.<name>)");
+        ") but no universal_checkpoint_info in its model states: nothing says how the TP "
+        "shards concatenate (column/row parallel, vocabulary padding, replicated params); "
+        "export refused. fc-inspect shows the per-rank tensors (mp_rank_XX.<name>); a layout "
+        "file or AOA program over those names says how to merge them");
+  }
+  if (index->attributes.count("deepspeed.moe") && weights == DeepSpeedWeights::kFp32) {
+    return UnimplementedError(index->root + ": MoE DeepSpeed checkpoint: fc reads its 16-bit "
+                              "module and expert weights only (its optimizer files, which hold "
+                              "the fp32 master weights, are not read); export with --weights "
+                              "module");
+  }
+  if (auto u = index->attributes.find("deepspeed.tp_unmerged"); u != index->attributes.end()) {
+    return UnimplementedError(index->root + ": DeepSpeed TP shards that fc does not merge: " +
+                              u->second + "; export refused (fc-inspect shows them as "
+                              "mp_rank_XX.<name>)");
   }
   constexpr std::string_view kModule = "module.";
   std::map<std::string, size_t> module_pos;

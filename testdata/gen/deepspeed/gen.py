@@ -23,6 +23,17 @@ Fixtures (each OUT_ROOT/<case>/ckpt is a DeepSpeed save dir with `latest` -> glo
                tied weight (shared_params alias -> owner); ZeroStageEnum pickled the
                Python < 3.11 way, REDUCE (value,) (the other cases: getattr(cls, 'name'))
   zero3        stage 3, fp16, dp 2, two sub-groups, ceil-div per-param padding, a frozen param
+  pp2          pipeline, pp 2 x dp 2: mp_rank_XX (module None) + layer_LL-model_00 files, a
+               tied embedding saved by layers 0 and 4 and trained by both stages
+  pp2_tp2      pipeline x TP, pp 2 x tp 2 x dp 2, universal_checkpoint_info
+  tp2_ucp      tp 2 x dp 2 with universal_checkpoint_info (vocab, column, row, 2 sub-params,
+               replicated); two module weights saved column-major (strided views)
+  tp2_avg      tp 2 with a parameter_to_average_patterns param (kept per rank by fc)
+  ucp          ds_to_universal.py's output for frozen_tied (latest_universal, zero/<param>/)
+  ucp_tp2      ds_to_universal.py's output for tp2_ucp (TP slices merged by its rules)
+  ucp_zero3    ds_to_universal.py's stage-3 output for zero3 (raw 1-D tensors, no step.pt)
+  moe          MoE: non-expert module weights + layer_0_expert_{0,1} files + expp optimizer
+  legacy       like frozen_tied, every file in torch.save's legacy (non-zip) format
 
 The 16-bit module weights of stage 0-2 are views of one flat 16-bit buffer (as DeepSpeed's
 flattened bit16 groups are), so the pickles carry storage offsets; the fp32 partition of
@@ -36,7 +47,8 @@ in-memory values:
 Keys (fc's names, include/fc/format/deepspeed.h): <param> fp32 master weight (frozen params
 and buffers: as stored), module.<param> the module state dict tensor, optimizer.exp_avg.<param>,
 optimizer.exp_avg_sq.<param>, optimizer.step.<param>; with tp > 1 every key is prefixed by
-mp_rank_XX.
+mp_rank_XX. unless the checkpoint carries universal_checkpoint_info (then merged with
+ds_to_universal's merge_tp_slices rules, see merge_tp).
 
 usage: /usr/bin/python3 testdata/gen/deepspeed/gen.py [OUT_ROOT]
        /usr/bin/python3 testdata/gen/deepspeed/gen.py --check [OUT_ROOT]
@@ -49,6 +61,7 @@ import dataclasses
 import enum
 import filecmp
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -133,10 +146,11 @@ def ds_config(stage, bf16):
             "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
 
 
-def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master):
+def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master, same=(), same_seed=0):
     """groups: list of OrderedDict name->shape. Returns (per-rank OSD list, flat bit16 list).
 
-    master: dict name -> fp32 value (filled here)."""
+    master: dict name -> fp32 value (filled here). Params named in `same` take their values
+    from same_seed (equal on every TP rank / pipeline stage: replicated or tied params)."""
     per_rank = [dict(single=[], paddings=[], mappings=[], state={}) for _ in range(dp)]
     flats16 = []
     align = 2 * dp
@@ -148,7 +162,7 @@ def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master):
         off = 0
         for name, shape in shapes.items():
             n = numel(shape)
-            v = values(n, seed + 17 * gi + off)
+            v = values(n, (same_seed if name in same else seed) + 17 * gi + off)
             flat[off:off + n] = v
             master[name] = v.reshape(shape)
             off += n
@@ -231,9 +245,12 @@ def common_state(module, param_shapes, buffer_names, dp, mp, stage, bf16, **extr
     return sd
 
 
+LEGACY = [False]  # True: torch.save's legacy (non-zip) format (checkpoint_serialization false)
+
+
 def save(obj, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save(obj, path)
+    torch.save(obj, path, _use_new_zipfile_serialization=not LEGACY[0])
 
 
 def write_save_dir(root):
@@ -243,7 +260,7 @@ def write_save_dir(root):
 
 
 def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
-               frozen=None, tied=None, client=None):
+               frozen=None, tied=None, client=None, same=(), strided=()):
     root = os.path.join(out, case, "ckpt")
     write_save_dir(root)
     tagdir = os.path.join(root, TAG)
@@ -252,8 +269,10 @@ def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
     for m in range(mp):
         master = {}
         osds, flats16 = zero12_rank_states(groups, dp, seed + 100 * m, stage, bf16_optimizer,
-                                           master)
+                                           master, same, seed)
         module = module_from_flats(groups, flats16, dtype)
+        for name in strided:  # same values, column-major in the file (strides (1, rows))
+            module[name] = module[name].t().contiguous().t()
         extra = {}
         if frozen:
             fshapes = collections.OrderedDict()
@@ -269,7 +288,7 @@ def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
             for alias, owner in tied.items():
                 module[alias] = module[owner]  # same tensor: one storage in the file
             extra["shared_params"] = dict(tied)
-        module["norm.running_mean"] = values(4, seed + 900 + m).to(dtype)
+        module["norm.running_mean"] = values(4, seed + 900 + (0 if same else m)).to(dtype)
         if client:
             extra.update(client)
         sd = common_state(module, [collections.OrderedDict(
@@ -344,6 +363,187 @@ def gen_zero3(out, case, dp, subgroups, frozen, seed):
              os.path.join(tagdir, "zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
 
 
+def gen_pp(out, case, dp, stages, seed, tp=1, info=None):
+    """Pipeline (PipelineModule + PipelineEngine), ZeRO-1: per (stage, TP rank) an
+    mp_rank_XX_model_states.pt (XX = stage * tp + TP rank, stage-major) with module None and
+    its ZeRO files, and per (layer, TP rank) a layer_LL-model_YY-model_states.pt holding that
+    layer's state dict (local names).
+
+    stages: list of (param_shapes OrderedDict, [(layer index, {local name: param name})]);
+    the shapes are per TP rank."""
+    root = os.path.join(out, case, "ckpt")
+    write_save_dir(root)
+    tagdir = os.path.join(root, TAG)
+    tied = set()
+    seen = set()
+    for shapes, _ in stages:
+        for name in shapes:
+            (tied if name in seen else seen).add(name)
+    for st, (shapes, layers) in enumerate(stages):
+        for t in range(tp):
+            m = st * tp + t
+            master = {}
+            # A tied param: equal in every stage holding it (per TP rank).
+            osds, flats16 = zero12_rank_states([shapes], dp, seed + 100 * m, 1, False, master,
+                                               same=tied, same_seed=seed + 7 + 50 * t)
+            module = module_from_flats([shapes], flats16, torch.float16)
+            extra = {"universal_checkpoint_info": info} if info else {}
+            sd = common_state(None, [collections.OrderedDict(
+                (k, torch.Size(v)) for k, v in shapes.items())], [], dp, tp, 1, False, **extra)
+            sd["checkpoint_parallel_dimensions"] = {"pp_degree": len(stages), "tp_degree": tp}
+            save(sd, os.path.join(tagdir, "mp_rank_%02d_model_states.pt" % m))
+            for r, osd in enumerate(osds):
+                save({"optimizer_state_dict": osd, "ds_config": ds_config(1, False),
+                      "ds_version": DS_VERSION},
+                     os.path.join(tagdir, "zero_pp_rank_%d_mp_rank_%02d_optim_states.pt" % (r, m)))
+            for idx, local in layers:
+                # clone_tensors_for_torch_save: each tensor its own storage
+                state = collections.OrderedDict((k, module[v].clone()) for k, v in local.items())
+                save(state, os.path.join(tagdir,
+                                         "layer_%02d-model_%02d-model_states.pt" % (idx, t)))
+
+
+def gen_ucp_zero3(out, case, source):
+    """ds_to_universal.py for stage 3, tp 1 (deepspeed.md 5.2): per param the raw 1-D tensor
+    (no dict, no step.pt), the cat of every rank's real(r) elements, in fp32.pt, exp_avg.pt,
+    exp_avg_sq.pt; zero/optimizer_state.pt = rank 0's state + param_groups; the per-rank
+    model states copied."""
+    src = os.path.join(out, source, "ckpt", TAG)
+    root = os.path.join(out, case, "ckpt")
+    udir = os.path.join(root, TAG + "_universal")
+    os.makedirs(os.path.join(udir, "zero"), exist_ok=True)
+    names = sorted(os.listdir(src))
+    rank = lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0])  # noqa: E731
+    states = [load(os.path.join(src, n))["optimizer_state_dict"]
+              for n in sorted((n for n in names if n.endswith("_optim_states.pt")), key=rank)]
+    models = sorted((n for n in names if n.endswith("_model_states.pt")), key=rank)
+    shapes = load(os.path.join(src, models[0]))["param_shapes"]
+    ws = len(states)
+    flats = {"fp32": [torch.cat(s["fp32_flat_groups"]) for s in states]}
+    for key in ("exp_avg", "exp_avg_sq"):
+        flats[key] = [torch.cat([s["optimizer_state_dict"]["state"][k][key]
+                                 for k in range(len(s["fp32_flat_groups"]))]) for s in states]
+    off = 0
+    for group in shapes:
+        for name, shape in group.items():
+            n = numel(shape)
+            ps = -(-n // ws)
+            d = os.path.join(udir, "zero", name)
+            os.makedirs(d, exist_ok=True)
+            for key, per_rank in flats.items():
+                parts = [per_rank[r][off:off + max(0, min(ps, n - r * ps))] for r in range(ws)]
+                torch.save(torch.cat(parts).clone(), os.path.join(d, key + ".pt"))
+            off += ps
+    osd = dict(states[0])
+    osd["param_groups"] = states[0]["optimizer_state_dict"]["param_groups"]
+    torch.save(osd, os.path.join(udir, "zero", "optimizer_state.pt"))
+    for n in models:
+        shutil.copy(os.path.join(src, n), udir)
+    with open(os.path.join(root, "latest_universal"), "w") as f:
+        f.write(TAG + "_universal")
+
+
+def gen_moe(out, case, seed):
+    """MoE (DeepSpeedEngine._save_moe_checkpoint): mp_rank_00_model_states.pt holds the
+    non-expert module weights (no param_shapes); per MoE layer L and global expert E,
+    layer_L_expert_E_mp_rank_00_model_states.pt holds that expert's state dict under full
+    names; expp_rank_0_mp_rank_00_optim_states.pt the (here: ZeRO, so None) optimizer."""
+    root = os.path.join(out, case, "ckpt")
+    write_save_dir(root)
+    tagdir = os.path.join(root, TAG)
+    module = od(("embed.weight", values(20, seed).reshape(5, 4).half()),
+                ("moe.deepspeed_moe.gate.wg.weight", values(8, seed + 1).reshape(2, 4).half()),
+                ("head.weight", values(12, seed + 2).reshape(3, 4).half()))
+    sd = {"module": module, "lr_scheduler": None, "data_sampler": None, "random_ltd": None,
+          "sparse_tensor_module_names": set(), "skipped_steps": 0, "global_steps": 3,
+          "global_samples": 24, "dp_world_size": 2, "mp_world_size": 1, "num_experts": [2],
+          "ds_config": ds_config(2, False), "ds_version": DS_VERSION}
+    save(sd, os.path.join(tagdir, "mp_rank_00_model_states.pt"))
+    prefix = "moe.deepspeed_moe.experts.deepspeed_experts.%d."
+    for e in range(2):
+        expert = od((prefix % e + "fc.weight", values(16, seed + 10 + e).reshape(4, 4).half()),
+                    (prefix % e + "fc.bias", values(4, seed + 20 + e).half()))
+        save(expert, os.path.join(tagdir, "layer_0_expert_%d_mp_rank_00_model_states.pt" % e))
+    save({"optimizer": None}, os.path.join(tagdir, "expp_rank_0_mp_rank_00_optim_states.pt"))
+
+
+def reconstruct_moe(tagdir, names):
+    """The module weights: the model states' `module` plus every expert file's state dict."""
+    out = collections.OrderedDict()
+    module = collections.OrderedDict(
+        load(os.path.join(tagdir, "mp_rank_00_model_states.pt"))["module"])
+    for n in names:
+        if "_expert_" in n:
+            module.update(load(os.path.join(tagdir, n)))
+    for k, v in module.items():
+        out[k] = v
+        out["module." + k] = v
+    return out
+
+
+UCP_INFO = {"universal_checkpoint_version": 0.4,
+            "vocabulary_parameter_patterns": [r"embed\.weight"],
+            "tp_replicated_parameter_patterns": [r"norm\."],
+            "parameter_with_row_parallelism_patterns": [r"dense\.weight"],
+            "parameter_with_2_sub_params_cat_dim_0": [r"mlp\.h_to_4h\.weight"],
+            "original_vocab_size": 7, "padded_vocab_size": 8}
+
+
+def gen_ucp(out, case, source, tp=1):
+    """ds_to_universal.py (stage <= 2, deepspeed.md 5.4/5.5) on the `source` case: per TP
+    rank and param, the fragments named by param_slice_mappings, concatenated by DP rank and
+    reshaped; the TP slices merged by merge_tp_slices (tp > 1); saved as {'param': t,
+    'cat_dim': 0} in zero/<param>/{fp32,exp_avg,exp_avg_sq}.pt, step.pt the raw step;
+    zero/optimizer_state.pt; the model states copied; latest_universal."""
+    src = os.path.join(out, source, "ckpt", TAG)
+    root = os.path.join(out, case, "ckpt")
+    udir = os.path.join(root, TAG + "_universal")
+    os.makedirs(os.path.join(udir, "zero"), exist_ok=True)
+    names = sorted(os.listdir(src))
+    per_tp = []
+    for m in range(tp):
+        optim = sorted((n for n in names if n.endswith("_mp_rank_%02d_optim_states.pt" % m)),
+                       key=lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0]))
+        states = [load(os.path.join(src, n))["optimizer_state_dict"] for n in optim]
+        model = load(os.path.join(src, "mp_rank_%02d_model_states.pt" % m))
+        frags = collections.defaultdict(lambda: collections.defaultdict(list))
+        for s in states:
+            base = s["base_optimizer_state"]["state"]
+            for g, mapping in enumerate(s["param_slice_mappings"]):
+                for name, addr in mapping.items():
+                    frags[name]["fp32"].append(
+                        s["single_partition_of_fp32_groups"][g].narrow(0, addr.start, addr.numel))
+                    for key in ("exp_avg", "exp_avg_sq"):
+                        frags[name][key].append(base[g][key].narrow(0, addr.start, addr.numel))
+                    frags[name]["step"] = base[g]["step"]
+        merged = collections.OrderedDict()
+        for g, shapes in enumerate(model["param_shapes"]):
+            for name, shape in shapes.items():
+                for key in ("fp32", "exp_avg", "exp_avg_sq"):
+                    merged["%s/%s" % (name, key)] = torch.cat(frags[name][key]).reshape(shape)
+                merged["%s/step" % name] = frags[name]["step"]
+        per_tp.append(merged)
+        if m == 0:
+            osd = {k: v for k, v in states[0].items() if k not in (
+                "base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")}
+            osd["param_groups"] = states[0]["base_optimizer_state"]["param_groups"]
+            info = model.get("universal_checkpoint_info")
+        shutil.copy(os.path.join(src, "mp_rank_%02d_model_states.pt" % m), udir)
+    for key, value in per_tp[0].items():
+        name, state = key.rsplit("/", 1)
+        d = os.path.join(udir, "zero", name)
+        os.makedirs(d, exist_ok=True)
+        if state == "step":
+            torch.save(value, os.path.join(d, "step.pt"))
+            continue
+        if tp > 1:
+            value = merge_tp([{name: sd[key]} for sd in per_tp], info)[name]
+        torch.save({"param": value.clone(), "cat_dim": 0}, os.path.join(d, state + ".pt"))
+    torch.save(osd, os.path.join(udir, "zero", "optimizer_state.pt"))
+    with open(os.path.join(root, "latest_universal"), "w") as f:
+        f.write(TAG + "_universal")
+
+
 # --- Independent reconstruction (zero_to_fp32's algorithm, on torch.load of the files) -----
 
 def load(path):
@@ -351,65 +551,238 @@ def load(path):
 
 
 def reconstruct(ckpt):
+    if os.path.exists(os.path.join(ckpt, "latest_universal")):
+        return reconstruct_ucp(ckpt)
     with open(os.path.join(ckpt, "latest")) as f:
         tagdir = os.path.join(ckpt, f.read().strip())
     names = sorted(os.listdir(tagdir))
     mp_files = [n for n in names if n.startswith("mp_rank_") and n.endswith("_model_states.pt")]
-    out = collections.OrderedDict()
     if not mp_files:  # stage 3
         return reconstruct_zero3(tagdir, names)
+    if any("_expert_" in n for n in names):
+        return reconstruct_moe(tagdir, names)
+    if any(n.startswith("layer_") for n in names):
+        tp = len([n for n in names if n.startswith("layer_01-")])
+        info = load(os.path.join(tagdir, mp_files[0])).get("universal_checkpoint_info")
+        per_tp = [reconstruct_pipeline(tagdir, names, mp_files, t, tp) for t in range(tp)]
+        if tp > 1:
+            return merge_tp(per_tp, info)
+        return per_tp[0]
     mp = len(mp_files)
-    for m, mf in enumerate(mp_files):
+    per_rank = [reconstruct_mp(tagdir, names, mf, m) for m, mf in enumerate(mp_files)]
+    info = load(os.path.join(tagdir, mp_files[0])).get("universal_checkpoint_info")
+    if mp > 1 and info:
+        return merge_tp(per_rank, info)
+    out = collections.OrderedDict()
+    for m, sd in enumerate(per_rank):
         pre = "mp_rank_%02d." % m if mp > 1 else ""
-        model = load(os.path.join(tagdir, mf))
-        optim = sorted((n for n in names if n.endswith("_mp_rank_%02d_optim_states.pt" % m)),
-                       key=lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0]))
-        states = [load(os.path.join(tagdir, n))["optimizer_state_dict"] for n in optim]
-        ws = states[0]["partition_count"]
-        assert ws == len(states)
-        module = model["module"]
-        sd = collections.OrderedDict()
-        keys = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict(),
-                "step": collections.OrderedDict()}
-        for g, shapes in enumerate(model["param_shapes"]):
-            # fp32: cat unpadded partitions (bf16 optimizer: strip group_paddings ourselves)
-            parts = []
-            for s in states:
-                p = s["single_partition_of_fp32_groups"][g]
-                if "zero_stage" not in s:
-                    p = p[:p.numel() - s["group_paddings"][g]]
-                parts.append(p)
-            full = torch.cat(parts)
-            opt = {}
-            for key in ("exp_avg", "exp_avg_sq"):
-                opt[key] = torch.cat([
-                    s["base_optimizer_state"]["state"][g][key][
-                        :s["base_optimizer_state"]["state"][g][key].numel() -
-                        s["group_paddings"][g]] for s in states])
-            off = 0
-            for name, shape in shapes.items():
-                n = numel(shape)
-                sd[name] = full[off:off + n].view(shape)
-                for key in ("exp_avg", "exp_avg_sq"):
-                    keys[key][name] = opt[key][off:off + n].view(shape)
-                keys["step"][name] = states[0]["base_optimizer_state"]["state"][g]["step"]
-                off += n
-            align = 2 * ws
-            assert -(-off // align) * align == -(-full.numel() // align) * align
-        for name, shape in (model.get("frozen_param_shapes") or {}).items():
-            sd[name] = model["frozen_param_fragments"][name]
-        for b in model["buffer_names"]:
-            sd[b] = module[b]
-        for alias, owner in model["shared_params"].items():
-            if owner in sd:
-                sd[alias] = sd[owner]
         for k, v in sd.items():
             out[pre + k] = v
-        for k, v in module.items():
-            out[pre + "module." + k] = v
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            for k, v in keys[key].items():
-                out[pre + "optimizer.%s.%s" % (key, k)] = v
+    return out
+
+
+def reconstruct_mp(tagdir, names, mf, m):
+    """zero_to_fp32 (3.3) for one mp rank: fp32 weights, frozen, buffers, aliases, then
+    module.<name> and optimizer.<state>.<name>."""
+    model = load(os.path.join(tagdir, mf))
+    optim = sorted((n for n in names if n.endswith("_mp_rank_%02d_optim_states.pt" % m)),
+                   key=lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0]))
+    states = [load(os.path.join(tagdir, n))["optimizer_state_dict"] for n in optim]
+    ws = states[0]["partition_count"]
+    assert ws == len(states)
+    module = model["module"] or {}
+    sd = collections.OrderedDict()
+    keys = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict(),
+            "step": collections.OrderedDict()}
+    for g, shapes in enumerate(model["param_shapes"]):
+        # fp32: cat unpadded partitions (bf16 optimizer: strip group_paddings ourselves)
+        parts = []
+        for s in states:
+            p = s["single_partition_of_fp32_groups"][g]
+            if "zero_stage" not in s:
+                p = p[:p.numel() - s["group_paddings"][g]]
+            parts.append(p)
+        full = torch.cat(parts)
+        opt = {}
+        for key in ("exp_avg", "exp_avg_sq"):
+            opt[key] = torch.cat([
+                s["base_optimizer_state"]["state"][g][key][
+                    :s["base_optimizer_state"]["state"][g][key].numel() -
+                    s["group_paddings"][g]] for s in states])
+        off = 0
+        for name, shape in shapes.items():
+            n = numel(shape)
+            sd[name] = full[off:off + n].view(shape)
+            for key in ("exp_avg", "exp_avg_sq"):
+                keys[key][name] = opt[key][off:off + n].view(shape)
+            keys["step"][name] = states[0]["base_optimizer_state"]["state"][g]["step"]
+            off += n
+        align = 2 * ws
+        assert -(-off // align) * align == -(-full.numel() // align) * align
+    for name, shape in (model.get("frozen_param_shapes") or {}).items():
+        sd[name] = model["frozen_param_fragments"][name]
+    for b in model["buffer_names"]:
+        sd[b] = module[b]
+    for alias, owner in model["shared_params"].items():
+        if owner in sd:
+            sd[alias] = sd[owner]
+    out = collections.OrderedDict(sd)
+    for k, v in module.items():
+        out["module." + k] = v
+    for key in ("exp_avg", "exp_avg_sq", "step"):
+        for k, v in keys[key].items():
+            out["optimizer.%s.%s" % (key, k)] = v
+    return out
+
+
+def reconstruct_pipeline(tagdir, names, mp_files, t, tp):
+    """TP rank t: the union of the stages (mp_rank = stage * tp + t; a tied param: the first
+    stage's copy); module weights from the layer files of TP rank t, named "<layer>.<local>"
+    or, for a tied module's layer, "tied_modules.<key>.<local>" (the only param of the
+    stages with that ending)."""
+    out = collections.OrderedDict()
+    for m, mf in enumerate(mp_files):
+        if m % tp != t:
+            continue
+        for k, v in reconstruct_mp(tagdir, names, mf, m).items():
+            out.setdefault(k, v)
+    params = [k for k in out if not k.startswith(("module.", "optimizer."))]
+    for n in names:
+        if not n.startswith("layer_") or not n.endswith("-model_%02d-model_states.pt" % t):
+            continue
+        idx = int(n[len("layer_"):].split("-")[0])
+        for local, v in load(os.path.join(tagdir, n)).items():
+            name = "%d.%s" % (idx, local)
+            if name not in params:
+                tied = [p for p in params if p.startswith("tied_modules.") and
+                        p.endswith("." + local) and
+                        "." not in p[len("tied_modules."):-len(local) - 1]]
+                if len(tied) == 1:
+                    name = tied[0]
+            out.setdefault("module." + name, v)
+    return out
+
+
+def merge_tp(per_rank, info):
+    """ds_to_universal.merge_tp_slices (deepspeed.md 5.5) on every key of the TP ranks, but
+    a param to average keeps its TP copies as mp_rank_XX.<key> (fc computes no values)."""
+    def match(key, name):
+        return any(re.match(p, name) for p in info.get(key, []))
+    out = collections.OrderedDict()
+    for key in per_rank[0]:
+        slices = [sd[key] for sd in per_rank]
+        name = key
+        for pre in ("module.", "optimizer.exp_avg_sq.", "optimizer.exp_avg.", "optimizer.step."):
+            if key.startswith(pre):
+                name = key[len(pre):]
+                break
+        if key.startswith("optimizer.step.") or match("tp_replicated_parameter_patterns", name):
+            out[key] = slices[0]
+            continue
+        if match("parameter_to_average_patterns", name):
+            for t, sl in enumerate(slices):
+                out["mp_rank_%02d.%s" % (t, key)] = sl
+            continue
+        if match("parameter_with_2_sub_params_cat_dim_0", name):
+            chunks = [torch.chunk(s, 2, dim=0) for s in slices]
+            param = torch.cat([torch.cat([c[0] for c in chunks]),
+                               torch.cat([c[1] for c in chunks])])
+        else:
+            dim = 1 if match("parameter_with_row_parallelism_patterns", name) else 0
+            param = torch.cat(slices, dim=dim)
+        if match("vocabulary_parameter_patterns", name):
+            param = param[:info["original_vocab_size"]]
+        out[key] = param
+    return out
+
+
+def reconstruct_ucp_tp(udir, model):
+    """TP > 1: zero/<param>/ holds the merged values; the module tensors and buffers of the
+    copied per-rank model states merge by the universal_checkpoint_info rules."""
+    mps = sorted(n for n in os.listdir(udir) if n.startswith("mp_rank_"))
+    per_rank = []
+    for n in mps:
+        m = load(os.path.join(udir, n))
+        sd = collections.OrderedDict((b, m["module"][b]) for b in m["buffer_names"])
+        for k, v in m["module"].items():
+            sd["module." + k] = v
+        per_rank.append(sd)
+    merged = merge_tp(per_rank, model["universal_checkpoint_info"])
+    out = collections.OrderedDict()
+    opt = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict(),
+           "step": collections.OrderedDict()}
+    for shapes in model["param_shapes"]:
+        for name in shapes:
+            d = os.path.join(udir, "zero", name)
+            out[name] = load(os.path.join(d, "fp32.pt"))["param"]
+            for key in ("exp_avg", "exp_avg_sq"):
+                opt[key][name] = load(os.path.join(d, key + ".pt"))["param"]
+            opt["step"][name] = load(os.path.join(d, "step.pt"))
+    out.update(merged)
+    for key in ("exp_avg", "exp_avg_sq", "step"):
+        for k, v in opt[key].items():
+            out["optimizer.%s.%s" % (key, k)] = v
+    return out
+
+
+def reconstruct_ucp_zero3(udir):
+    """Stage 3: zero/<param>/<state>.pt are raw flat tensors (viewed to param_shapes); frozen
+    params from the per-rank fragments, buffers from rank 0's module."""
+    rank = lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0])  # noqa: E731
+    models = [load(os.path.join(udir, n)) for n in sorted(
+        (n for n in os.listdir(udir) if n.endswith("_model_states.pt")), key=rank)]
+    out = collections.OrderedDict()
+    opt = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict()}
+    for group in models[0]["param_shapes"]:
+        for name, shape in group.items():
+            d = os.path.join(udir, "zero", name)
+            out[name] = load(os.path.join(d, "fp32.pt")).view(shape)
+            for key in opt:
+                opt[key][name] = load(os.path.join(d, key + ".pt")).view(shape)
+    for name, shape in models[0]["frozen_param_shapes"].items():
+        out[name] = torch.cat([m["frozen_param_fragments"][name] for m in models])[
+            :numel(shape)].view(shape)
+    for b in models[0]["buffer_names"]:
+        out[b] = models[0]["module"][b]
+        out["module." + b] = models[0]["module"][b]
+    for key in opt:
+        for k, v in opt[key].items():
+            out["optimizer.%s.%s" % (key, k)] = v
+    return out
+
+
+def reconstruct_ucp(ckpt):
+    """A UCP as DeepSpeed's loader sees it: zero/<param>/<state>.pt 'param' values; the
+    rest (frozen, buffers, aliases, module) from the copied model states."""
+    with open(os.path.join(ckpt, "latest_universal")) as f:
+        udir = os.path.join(ckpt, f.read().strip())
+    if not os.path.exists(os.path.join(udir, "mp_rank_00_model_states.pt")):
+        return reconstruct_ucp_zero3(udir)
+    model = load(os.path.join(udir, "mp_rank_00_model_states.pt"))
+    if os.path.exists(os.path.join(udir, "mp_rank_01_model_states.pt")):
+        return reconstruct_ucp_tp(udir, model)
+    sd = collections.OrderedDict()
+    opt = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict(),
+           "step": collections.OrderedDict()}
+    for shapes in model["param_shapes"]:
+        for name in shapes:
+            d = os.path.join(udir, "zero", name)
+            sd[name] = load(os.path.join(d, "fp32.pt"))["param"]
+            for key in ("exp_avg", "exp_avg_sq"):
+                opt[key][name] = load(os.path.join(d, key + ".pt"))["param"]
+            opt["step"][name] = load(os.path.join(d, "step.pt"))
+    for name in (model.get("frozen_param_shapes") or {}):
+        sd[name] = model["frozen_param_fragments"][name]
+    for b in model["buffer_names"]:
+        sd[b] = model["module"][b]
+    for alias, owner in model["shared_params"].items():
+        sd[alias] = sd[owner]
+    out = collections.OrderedDict(sd)
+    for k, v in model["module"].items():
+        out["module." + k] = v
+    for key in ("exp_avg", "exp_avg_sq", "step"):
+        for k, v in opt[key].items():
+            out["optimizer.%s.%s" % (key, k)] = v
     return out
 
 
@@ -514,11 +887,89 @@ def generate(out):
               [od(("embed.weight", (5, 3)), ("layer.bias", (3,))),
                od(("layer.weight", (3, 3)), ("head.bias", (1,)))],
               frozen=od(("frozen.weight", (5,))), seed=6)
+    # Pipeline: pp 2 x dp 2; layer 0 and layer 4 are the tied embedding (TiedLayerSpec
+    # 'embed' without forward_fn, saved under both layer indices), layer 3 has no state.
+    gen_pp(out, "pp2", 2, [
+        (od(("tied_modules.embed.weight", (6, 4)), ("1.weight", (4, 4)), ("1.bias", (4,))),
+         [(0, {"weight": "tied_modules.embed.weight"}),
+          (1, {"weight": "1.weight", "bias": "1.bias"})]),
+        (od(("2.weight", (4, 4)), ("2.bias", (4,)), ("tied_modules.embed.weight", (6, 4))),
+         [(2, {"weight": "2.weight", "bias": "2.bias"}),
+          (4, {"weight": "tied_modules.embed.weight"})])], seed=7)
+    # Pipeline x TP (Megatron-DeepSpeed GPTModelPipe-like names): pp 2 x tp 2 x dp 2.
+    gen_pp(out, "pp2_tp2", 2, [
+        (od(("tied_modules.embed.word_embeddings.weight", (4, 3)), ("1.dense.weight", (3, 2)),
+            ("1.input_layernorm.weight", (3,))),
+         [(0, {"word_embeddings.weight": "tied_modules.embed.word_embeddings.weight"}),
+          (1, {"dense.weight": "1.dense.weight",
+               "input_layernorm.weight": "1.input_layernorm.weight"})]),
+        (od(("2.mlp.weight", (2, 3)), ("tied_modules.embed.word_embeddings.weight", (4, 3))),
+         [(2, {"mlp.weight": "2.mlp.weight"}),
+          (3, {"word_embeddings.weight": "tied_modules.embed.word_embeddings.weight"})])],
+        seed=10, tp=2, info={
+            "universal_checkpoint_version": 0.4,
+            "vocabulary_parameter_patterns": [r"tied_modules\.embed\.word_embeddings\.weight"],
+            "pipeline_replicated_parameter_patterns": [r"tied_modules\.embed"],
+            "tp_replicated_parameter_patterns": [r"\d+\.input_layernorm"],
+            "parameter_with_row_parallelism_patterns": [r"\d+\.dense\.weight"],
+            "original_vocab_size": 6, "padded_vocab_size": 8})
+    # TP 2 with universal_checkpoint_info: vocabulary (padded 8 -> 7 rows), column and row
+    # parallel, two sub-params (SwiGLU-style), replicated (norm.*, equal on both ranks).
+    gen_zero12(out, "tp2_ucp", 1, 2,
+               [od(("embed.weight", (4, 3)), ("layer.weight", (2, 4)), ("layer.bias", (2,)),
+                   ("dense.weight", (4, 2)), ("mlp.h_to_4h.weight", (4, 3)),
+                   ("norm.weight", (4,)))],
+               seed=8, mp=2, same=("norm.weight",), strided=("embed.weight", "mlp.h_to_4h.weight"),
+               client={"universal_checkpoint_info": UCP_INFO})
+    # An averaged param (parameter_to_average_patterns): fc keeps its TP copies apart.
+    gen_zero12(out, "tp2_avg", 1, 2, [od(("layer.weight", (2, 4)), ("layer.bias", (2,)))],
+               seed=9, mp=2, client={"universal_checkpoint_info": dict(
+                   UCP_INFO, parameter_to_average_patterns=[r"layer\.bias"])})
+    gen_ucp(out, "ucp", "frozen_tied")
+    gen_ucp(out, "ucp_tp2", "tp2_ucp", tp=2)
+    gen_ucp_zero3(out, "ucp_zero3", "zero3")
+    gen_moe(out, "moe", seed=12)
+    # checkpoint_serialization: false -> every file in torch.save's legacy format.
+    LEGACY[0] = True
+    try:
+        gen_zero12(out, "legacy", 2, 2,
+                   [od(("embed.weight", (5, 4)), ("layer.weight", (4, 4)))], seed=11,
+                   frozen=od(("frozen.weight", (3, 4))), tied={"head.weight": "embed.weight"})
+    finally:
+        LEGACY[0] = False
     for c in CASES:
         write_expected(os.path.join(out, c))
 
 
-CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3"]
+CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3", "pp2", "pp2_tp2", "tp2_ucp",
+         "tp2_avg", "ucp", "ucp_tp2", "ucp_zero3", "moe", "legacy"]
+
+
+def same_value(x, y):
+    """Structural equality of two torch.load results (tensors: dtype, shape, bits)."""
+    if isinstance(x, torch.Tensor):
+        return (isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape and
+                torch.equal(x, y) and x.stride() == y.stride() and
+                x.storage_offset() == y.storage_offset())
+    if isinstance(x, dict):
+        return (type(x) is type(y) and list(x) == list(y) and
+                all(same_value(x[k], y[k]) for k in x))
+    if isinstance(x, (list, tuple)):
+        return (type(x) is type(y) and len(x) == len(y) and
+                all(same_value(i, j) for i, j in zip(x, y)))
+    if hasattr(x, "__dict__") and not isinstance(x, type):
+        return type(x) is type(y) and same_value(vars(x), vars(y))
+    return x == y
+
+
+def same_file(pa, pb):
+    if filecmp.cmp(pa, pb, shallow=False):
+        return True
+    # Legacy torch.save names storages by their address (str(storage._cdata)): the bytes
+    # differ from run to run, the loaded values must not.
+    with open(pa, "rb") as f:
+        legacy = pa.endswith(".pt") and f.read(2) == b"\x80\x02"
+    return legacy and same_value(load(pa), load(pb))
 
 
 def compare_dirs(a, b):
@@ -527,7 +978,7 @@ def compare_dirs(a, b):
         for f in files:
             pa = os.path.join(root, f)
             pb = os.path.join(b, os.path.relpath(pa, a))
-            if not os.path.exists(pb) or not filecmp.cmp(pa, pb, shallow=False):
+            if not os.path.exists(pb) or not same_file(pa, pb):
                 bad.append(os.path.relpath(pa, a))
     for root, _, files in os.walk(b):
         for f in files:

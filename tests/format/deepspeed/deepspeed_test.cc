@@ -21,7 +21,9 @@ namespace {
 using testing::ReadFileBytes;
 using testing::WriteFileBytes;
 
-const char* kCases[] = {"zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3"};
+const char* kCases[] = {"zero1", "zero2", "bf16",    "tp2",    "frozen_tied",
+                        "zero3", "pp2",   "pp2_tp2", "tp2_ucp", "tp2_avg", "ucp",
+                        "ucp_tp2", "ucp_zero3", "moe", "legacy"};
 
 std::string Fixture(const std::string& name) {
   const char* root = std::getenv("FC_TESTDATA");
@@ -29,9 +31,12 @@ std::string Fixture(const std::string& name) {
   return std::string(root) + "/deepspeed/" + name;
 }
 
-// Row-major value of `t`, each element written exactly once (checked).
+// Row-major value of `t`, each element written exactly once (checked). Chunks are boxes of
+// the tensor (TP-merged tensors: the per-rank pieces at their offsets), optionally a
+// flattened range over the box.
 std::vector<std::byte> Reassemble(const CheckpointIndex& index, const TensorEntry& t) {
   const size_t item = DTypeSize(t.dtype);
+  const size_t rank = t.global_shape.size();
   int64_t n = 1;
   for (int64_t d : t.global_shape) n *= d;
   std::vector<std::byte> out(static_cast<size_t>(n) * item);
@@ -39,34 +44,34 @@ std::vector<std::byte> Reassemble(const CheckpointIndex& index, const TensorEntr
   for (const Chunk& c : t.chunks) {
     const std::vector<std::byte> file = ReadFileBytes(index.root + "/" + index.files[c.file].path);
     REQUIRE(c.byte_offset + c.byte_length <= file.size());
-    REQUIRE(c.box.global_offset == Shape(t.global_shape.size(), 0));
-    REQUIRE(c.box.local_shape == t.global_shape);
+    REQUIRE(c.box.global_offset.size() == rank);
+    REQUIRE(c.box.local_shape.size() == rank);
+    for (size_t d = 0; d < rank; ++d) {
+      REQUIRE(c.box.global_offset[d] + c.box.local_shape[d] <= t.global_shape[d]);
+    }
+    int64_t box_n = 1;
+    for (int64_t d : c.box.local_shape) box_n *= d;
+    const int64_t lo = c.flat_range ? c.flat_range->inclusive_min : 0;
+    const int64_t hi = c.flat_range ? c.flat_range->exclusive_max : box_n;
     if (c.flat_range) {
       REQUIRE(c.strides.empty());
-      REQUIRE(c.byte_length == static_cast<uint64_t>(c.flat_range->size()) * item);
-      std::memcpy(out.data() + c.flat_range->inclusive_min * item, file.data() + c.byte_offset,
-                  c.byte_length);
-      for (int64_t i = c.flat_range->inclusive_min; i < c.flat_range->exclusive_max; ++i) {
-        ++hits[static_cast<size_t>(i)];
+      REQUIRE(c.byte_length == static_cast<uint64_t>(hi - lo) * item);
+    }
+    for (int64_t i = lo; i < hi; ++i) {
+      // i: row-major position in the box -> local index -> global position and file position.
+      int64_t rem = i, global = 0, pos = 0, gstride = 1, lstride = 1;
+      for (size_t d = rank; d-- > 0;) {
+        const int64_t idx = rem % c.box.local_shape[d];
+        rem /= c.box.local_shape[d];
+        global += (idx + c.box.global_offset[d]) * gstride;
+        gstride *= t.global_shape[d];
+        pos += idx * (c.strides.empty() ? lstride : c.strides[d]);
+        lstride *= c.box.local_shape[d];
       }
-    } else {
-      for (int64_t i = 0; i < n; ++i) {
-        int64_t rem = i, pos = 0;
-        for (size_t d = t.global_shape.size(); d-- > 0;) {
-          const int64_t idx = rem % t.global_shape[d];
-          rem /= t.global_shape[d];
-          int64_t stride = 1;
-          if (!c.strides.empty()) {
-            stride = c.strides[d];
-          } else {
-            for (size_t e = d + 1; e < t.global_shape.size(); ++e) stride *= t.global_shape[e];
-          }
-          pos += idx * stride;
-        }
-        REQUIRE((static_cast<uint64_t>(pos) + 1) * item <= c.byte_length);
-        std::memcpy(out.data() + i * item, file.data() + c.byte_offset + pos * item, item);
-        ++hits[static_cast<size_t>(i)];
-      }
+      if (c.flat_range) pos = i - lo;
+      REQUIRE((static_cast<uint64_t>(pos) + 1) * item <= c.byte_length);
+      std::memcpy(out.data() + global * item, file.data() + c.byte_offset + pos * item, item);
+      ++hits[static_cast<size_t>(global)];
     }
   }
   for (int h : hits) REQUIRE(h == 1);
@@ -237,27 +242,154 @@ TEST_CASE("deepspeed: weights only (no optimizer files) and unsupported inputs",
         testing::ReadNpy(Fixture("zero1") + "/expected/module.embed.weight.npy").data);
   CHECK(index->FindTensor("optimizer.exp_avg.embed.weight") == nullptr);
 
-  // Legacy (non-zip) torch.save: a pickled magic number first.
+  // Legacy (non-zip) torch.save cut inside its magic number: data loss naming the file.
   const std::string legacy = tmp.path() + "/legacy";
   std::filesystem::create_directories(legacy);
   WriteFileBytes(legacy + "/mp_rank_00_model_states.pt", testing::Hex("80028a0a6cfc9c46f920"));
   auto r = ReadDeepSpeedCheckpoint(legacy);
   REQUIRE(!r.ok());
-  CHECK(r.status().code() == StatusCode::kUnimplemented);
-  CHECK_THAT(r.status().message(), Catch::Contains("legacy"));
+  CHECK(r.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(r.status().message(), Catch::Contains("mp_rank_00_model_states.pt"));
+  {  // a legacy file whose last storage is cut short
+    const std::string dir = CopyTag(tmp, "legacy");
+    const std::string f = dir + "/zero_pp_rank_1_mp_rank_00_optim_states.pt";
+    std::vector<std::byte> b = ReadFileBytes(f);
+    b.resize(b.size() - 4);
+    WriteFileBytes(f, b);
+    r = ReadDeepSpeedCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains("zero_pp_rank_1_mp_rank_00_optim_states.pt"));
+    CHECK_THAT(r.status().message(), Catch::Contains("passes the end"));
+  }
 
-  // Pipeline layer files are refused, not misread.
-  const std::string pipe = CopyTag(tmp, "zero2");
-  WriteFileBytes(pipe + "/layer_01-model_00-model_states.pt", testing::AsBytes("PK"));
-  r = ReadDeepSpeedCheckpoint(pipe);
+  // MoE: module and expert weights; the optimizer files are not read, fp32 export refused.
+  auto moe = ReadDeepSpeedCheckpoint(Fixture("moe") + "/ckpt");
+  REQUIRE(moe.ok());
+  CHECK(moe->attributes.at("deepspeed.optimizer") == "not read (MoE)");
+  CHECK(moe->FindTensor("moe.deepspeed_moe.experts.deepspeed_experts.1.fc.bias") != nullptr);
+  CheckpointIndex fp32 = *moe;
+  Status s = SelectDeepSpeedWeights(DeepSpeedWeights::kFp32, &fp32);
+  CHECK(s.code() == StatusCode::kUnimplemented);
+  CHECK_THAT(s.message(), Catch::Contains("--weights module"));
+  CHECK(SelectDeepSpeedWeights(DeepSpeedWeights::kModule, &*moe).ok());
+  // The same expert in two files is data loss, not a silent pick.
+  const std::string twice = tmp.path() + "/moe";
+  std::filesystem::create_directories(twice);
+  testing::CopyDirectoryFiles(Fixture("moe") + "/ckpt/global_step3", twice);
+  std::filesystem::copy_file(twice + "/layer_0_expert_0_mp_rank_00_model_states.pt",
+                             twice + "/layer_1_expert_0_mp_rank_00_model_states.pt");
+  r = ReadDeepSpeedCheckpoint(twice);
   REQUIRE(!r.ok());
-  CHECK(r.status().code() == StatusCode::kUnimplemented);
+  CHECK(r.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(r.status().message(), Catch::Contains("layer_1_expert_0_mp_rank_00_model_states.pt"));
+}
+
+TEST_CASE("deepspeed: pipeline stages, TP merge and universal checkpoints", "[deepspeed]") {
+  auto pp = ReadDeepSpeedCheckpoint(Fixture("pp2") + "/ckpt");
+  REQUIRE(pp.ok());
+  CHECK(pp->attributes.at("deepspeed.pp_degree") == "2");
+  CHECK(pp->attributes.at("deepspeed.tp_degree") == "1");
+  // The tied embedding: trained by both stages, the first stage's partitions (dp 2).
+  CHECK(pp->FindTensor("tied_modules.embed.weight")->chunks.size() == 2);
+  CHECK(pp->FindTensor("module.tied_modules.embed.weight")->chunks.size() == 1);
+  CHECK(pp->files[pp->FindTensor("module.tied_modules.embed.weight")->chunks[0].file].path ==
+        "layer_00-model_00-model_states.pt");
+  CHECK(pp->FindTensor("module.0.weight") == nullptr);
+
+  // Pipeline x TP: mp_rank files stage-major, layer files per TP rank, merged names.
+  auto pt = ReadDeepSpeedCheckpoint(Fixture("pp2_tp2") + "/ckpt");
+  REQUIRE(pt.ok());
+  CHECK(pt->attributes.at("deepspeed.pp_degree") == "2");
+  CHECK(pt->attributes.at("deepspeed.tp_degree") == "2");
+  CHECK(pt->FindTensor("module.tied_modules.embed.word_embeddings.weight")->global_shape ==
+        Shape{6, 3});
+
+  auto tp = ReadDeepSpeedCheckpoint(Fixture("tp2_ucp") + "/ckpt");
+  REQUIRE(tp.ok());
+  CHECK(tp->attributes.at("deepspeed.tp_merge") == "universal_checkpoint_info");
+  CHECK(tp->FindTensor("mp_rank_00.layer.weight") == nullptr);
+  CHECK(tp->FindTensor("embed.weight")->global_shape == Shape{7, 3});  // vocab 8 -> 7
+  CHECK(tp->FindTensor("dense.weight")->global_shape == Shape{4, 4});  // row parallel
+  // Module weights are whole per-rank tensors: the merge only places them.
+  const TensorEntry* dense = tp->FindTensor("module.dense.weight");
+  REQUIRE(dense->chunks.size() == 2);
+  CHECK(dense->chunks[1].box.global_offset == Shape{0, 2});
+  CHECK(tp->FindTensor("module.norm.weight")->chunks.size() == 1);  // replicated: rank 0
+  CheckpointIndex merged = *tp;
+  CHECK(SelectDeepSpeedWeights(DeepSpeedWeights::kFp32, &merged).ok());
+
+  auto avg = ReadDeepSpeedCheckpoint(Fixture("tp2_avg") + "/ckpt");
+  REQUIRE(avg.ok());
+  CHECK_THAT(avg->attributes.at("deepspeed.tp_unmerged"), Catch::Contains("layer.bias"));
+  Status s = SelectDeepSpeedWeights(DeepSpeedWeights::kFp32, &*avg);
+  CHECK(s.code() == StatusCode::kUnimplemented);
+  CHECK_THAT(s.message(), Catch::Contains("parameter_to_average_patterns"));
+
+  // A UCP (save dir with latest_universal, or the UCP dir) holds the values of the ZeRO
+  // checkpoint it was made from.
+  for (const std::string& dir : {Fixture("ucp") + "/ckpt",
+                                Fixture("ucp") + "/ckpt/global_step3_universal"}) {
+    INFO(dir);
+    CHECK(IsDeepSpeedCheckpointDir(dir));
+    auto u = ReadDeepSpeedCheckpoint(dir);
+    REQUIRE(u.ok());
+    CHECK(u->attributes.at("deepspeed.optimizer") == "universal");
+    CHECK(u->attributes.at("deepspeed.zero_stage") == "2");
+    CHECK(u->attributes.at("deepspeed.tag") == "global_step3_universal");
+    std::set<std::string> keys;
+    for (const TensorEntry& t : u->tensors) {
+      INFO(t.key);
+      keys.insert(t.key);
+      const auto want = testing::ReadNpy(Fixture("frozen_tied") + "/expected/" + t.key + ".npy");
+      CHECK(t.global_shape == want.shape);
+      CHECK(Reassemble(*u, t) == want.data);
+    }
+    CHECK(keys.size() == 16);
+  }
+}
+
+TEST_CASE("deepspeed: damaged pipeline, TP and UCP inputs", "[deepspeed]") {
+  testing::TempDir tmp;
+  {  // a layer file that is not a torch.save archive
+    const std::string dir = tmp.path() + "/pp";
+    std::filesystem::create_directories(dir);
+    testing::CopyDirectoryFiles(Fixture("pp2") + "/ckpt/global_step3", dir);
+    WriteFileBytes(dir + "/layer_02-model_00-model_states.pt", testing::AsBytes("PK"));
+    auto r = ReadDeepSpeedCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("layer_02-model_00-model_states.pt"));
+  }
+  {  // TP rank 1 of another model: shapes disagree
+    const std::string dir = tmp.path() + "/tp";
+    std::filesystem::create_directories(dir);
+    testing::CopyDirectoryFiles(Fixture("tp2_ucp") + "/ckpt/global_step3", dir);
+    for (const char* f : {"mp_rank_01_model_states.pt", "zero_pp_rank_0_mp_rank_01_optim_states.pt",
+                          "zero_pp_rank_1_mp_rank_01_optim_states.pt"}) {
+      std::filesystem::copy_file(Fixture("tp2") + "/ckpt/global_step3/" + f, dir + "/" + f,
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+    auto r = ReadDeepSpeedCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains("TP rank"));
+  }
+  {  // a UCP param without its fp32.pt
+    const std::string dir = tmp.path() + "/ucp";
+    std::filesystem::copy(Fixture("ucp") + "/ckpt/global_step3_universal", dir,
+                          std::filesystem::copy_options::recursive);
+    std::filesystem::remove(dir + "/zero/layer.weight/fp32.pt");
+    auto r = ReadDeepSpeedCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kNotFound);
+    CHECK_THAT(r.status().message(), Catch::Contains("zero/layer.weight/fp32.pt"));
+  }
 }
 
 TEST_CASE("deepspeed: byte mutations never crash or give a wrong-sized index", "[deepspeed]") {
   testing::TempDir tmp;
   std::mt19937 rng(12);
-  for (const char* name : {"zero2", "bf16", "zero3"}) {
+  for (const char* name : {"zero2", "bf16", "zero3", "pp2", "tp2_ucp", "legacy"}) {
     const std::string dir = CopyTag(tmp, name);
     for (const auto& e : std::filesystem::directory_iterator(dir)) {
       const std::string path = e.path().string();
