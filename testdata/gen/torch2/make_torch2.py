@@ -27,6 +27,8 @@ fixtures (testdata/torch_dcp/mixed, uneven_1d_bf16) with stand-in classes
                element size (not a byte range).
 
 usage: /usr/bin/python3 make_torch2.py SHARED_TOOLS_DIR TESTDATA_TORCH_DCP_DIR
+  (writes TESTDATA/torch_dcp/{rank_local,zstd,details,safetensors} and
+   TESTDATA/torch_dcp_refused/big_endian)
 """
 import io
 import json
@@ -47,6 +49,7 @@ import torch.distributed._shard.checkpoint  # noqa: F401  (1.13 classes for pick
 import torch2_classes as T
 
 root = sys.argv[2]
+refused = os.path.join(os.path.dirname(os.path.abspath(root)), "torch_dcp_refused")
 
 
 def load_old(name):
@@ -63,8 +66,8 @@ def load_old(name):
     return md, items
 
 
-def fresh(name, src):
-    out = os.path.join(root, name)
+def fresh(name, src, where=None):
+    out = os.path.join(where or root, name)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(os.path.join(out, "ckpt"))
     shutil.copytree(os.path.join(root, src, "expected"), os.path.join(out, "expected"))
@@ -196,7 +199,8 @@ global_metadata(ckpt, items, infos, legacy=True)
 
 old, bitems = load_old("uneven_1d_bf16")
 old_md = old
-ckpt = fresh("big_endian", "uneven_1d_bf16")
+# Outside torch_dcp/ (whose fixtures every export/convert test reads): fc refuses it.
+ckpt = fresh("big_endian", "uneven_1d_bf16", refused)
 infos = write_rank_files(ckpt, bitems, encode=lambda d: rearchive(d, "big", swap=2))
 global_metadata(ckpt, bitems, infos)
 
@@ -256,5 +260,6 @@ for rank, its in sorted(by_rank.items()):
         f.write(safetensors_blob(tensors))
 global_metadata(ckpt, items, infos)
 
-for d in ("rank_local", "zstd", "details", "big_endian", "safetensors"):
+for d in ("rank_local", "zstd", "details", "safetensors"):
     print("wrote", os.path.join(root, d))
+print("wrote", os.path.join(refused, "big_endian"))

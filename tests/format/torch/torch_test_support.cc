@@ -151,8 +151,14 @@ std::vector<std::byte> ReassembleTensor(const CheckpointIndex& index, const Tens
   std::vector<int> covered(static_cast<size_t>(numel), 0);
   const Box whole = Box::Whole(tensor.global_shape);
   const Shape global_strides = RowMajorStrides(tensor.global_shape);
+  // Replicas (replica_id != 0) are written into a copy of the primaries' result, which must
+  // come out unchanged; only primaries count for coverage.
+  std::vector<std::byte> replicas;
+  for (int pass = 0; pass < 2; ++pass) {
+  if (pass == 1) replicas = out;
   for (const Chunk& c : tensor.chunks) {
-    INFO("chunk " << c.box.ToString());
+    if ((c.replica_id != 0) != (pass == 1)) continue;
+    INFO("chunk " << c.box.ToString() << " replica " << c.replica_id);
     REQUIRE(!c.flat_range.has_value());
     REQUIRE(c.file < index.files.size());
     // byte_length must match the layout exactly.
@@ -175,7 +181,9 @@ std::vector<std::byte> ReassembleTensor(const CheckpointIndex& index, const Tens
     const std::vector<std::byte> file =
         ReadFileBytes(index.root + "/" + index.files[c.file].path);
     REQUIRE(file.size() == index.files[c.file].size);
-    CopyRegion(file.data() + c.byte_offset, c.box, c.strides, out.data(), whole, c.box, item);
+    CopyRegion(file.data() + c.byte_offset, c.box, c.strides,
+               pass == 0 ? out.data() : replicas.data(), whole, c.box, item);
+    if (pass == 1) continue;
     // Coverage: every element of the box, once.
     const int64_t n = c.box.num_elements();
     Shape idx(c.box.rank(), 0);
@@ -191,6 +199,8 @@ std::vector<std::byte> ReassembleTensor(const CheckpointIndex& index, const Tens
       }
     }
   }
+  }
+  CHECK((replicas.empty() || replicas == out));
   for (size_t k = 0; k < covered.size(); ++k) {
     INFO("element " << k);
     REQUIRE(covered[k] == 1);
