@@ -426,8 +426,7 @@ Result<ExecuteStats> WritePart(const ConvertOptions& options, const ConvertPlan&
       // Objects are copied byte for byte.
       const ObjectEntry& obj = *p.objects[o];
       FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
-      FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes,
-                          f->ReadAt(obj.byte_offset, obj.byte_length));
+      FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadObjectBytes(*f, obj));
       FC_RETURN_IF_ERROR(part.WriteObject(o, bytes));
     }
   }

@@ -21,8 +21,11 @@
 
 #include "fc/core/checked_math.h"
 #include "fc/format/torch_dcp.h"
+#include "fc/format/safetensors.h"
+#include "fc/format/torch_dcp_transform.h"
 #include "fc/format/torch_save.h"
 #include "fc/io/file.h"
+#include "src/codec/json_util.h"
 
 namespace fc {
 namespace {
@@ -97,6 +100,79 @@ class ItemReader {
   Window windows_[2];
   int next_ = 0;
 };
+
+// SerializationFormat.SAFETENSORS (~2.8+): after the byte items, one safetensors blob that
+// runs to the end of the file; every tensor's _StorageInfo has offset = the blob's start and
+// length = its byte size, so the metadata's ranges overlap and do not locate anything.
+// A torch.save item starts with a zip local header ("PK\3\4"); a blob with its u64 header
+// length and then '{'.
+Result<bool> IsSafetensorsBlob(const RandomAccessFile& file, uint64_t offset) {
+  if (offset > file.size() || file.size() - offset < 9) return false;
+  std::byte head[9];
+  FC_RETURN_IF_ERROR(file.ReadAt(offset, head));
+  if (head[0] == std::byte{'P'} && head[1] == std::byte{'K'} && head[2] == std::byte{3} &&
+      head[3] == std::byte{4}) {
+    return false;
+  }
+  return head[8] == std::byte{'{'};
+}
+
+// The place of `key`'s chunk in the blob at `offset`: found through the blob's own header,
+// checked against its DCP_SHARDING_INFO and the chunk (dtype, sizes, byte size).
+Result<ChunkLocation> LocateInSafetensorsBlob(const RandomAccessFile& file, uint64_t offset,
+                                              const std::string& key, const Chunk& chunk,
+                                              DType dtype) {
+  const uint64_t blob_size = file.size() - offset;
+  std::byte prefix[8];
+  FC_RETURN_IF_ERROR(file.ReadAt(offset, prefix));
+  FC_ASSIGN_OR_RETURN(uint64_t n, ParseSafetensorsHeaderLength(prefix, blob_size));
+  std::vector<std::byte> head(static_cast<size_t>(8 + n));
+  FC_RETURN_IF_ERROR(file.ReadAt(offset, head));
+  FC_ASSIGN_OR_RETURN(SafetensorsHeader h, ParseSafetensorsHeader(head, blob_size));
+  const std::string where = "safetensors blob at byte " + std::to_string(offset);
+  const SafetensorsTensorInfo* info = nullptr;
+  for (const SafetensorsTensorInfo& t : h.tensors) {
+    if (t.name == key) info = &t;
+  }
+  if (info == nullptr) return DataLossError(where + " has no entry '" + key + "'");
+  const std::string* sharding = nullptr;
+  for (const auto& [k, v] : h.metadata) {
+    if (k == kDcpShardingInfoKey) sharding = &v;
+  }
+  if (sharding == nullptr) {
+    return DataLossError(where + " has no " + std::string(kDcpShardingInfoKey) + " metadata");
+  }
+  simdjson::dom::parser parser;
+  FC_ASSIGN_OR_RETURN(
+      simdjson::dom::element root,
+      json_internal::ParseDocument(
+          parser, std::as_bytes(std::span<const char>(sharding->data(), sharding->size())),
+          where + " " + std::string(kDcpShardingInfoKey)));
+  simdjson::dom::element offsets;
+  std::optional<Shape> saved;
+  if (root[key]["saved_offsets"].get(offsets) != simdjson::SUCCESS ||
+      !(saved = json_internal::GetShape(offsets))) {
+    return DataLossError(where + " " + std::string(kDcpShardingInfoKey) + " has no " +
+                         "\"saved_offsets\" array for '" + key + "'");
+  }
+  if (*saved != chunk.box.global_offset) {
+    return DataLossError(where + ": saved_offsets " + ShapeString(*saved) +
+                         " != the chunk's offsets " + ShapeString(chunk.box.global_offset));
+  }
+  if (info->dtype != dtype) {
+    return DataLossError(where + ": entry dtype " + std::string(DTypeName(info->dtype)) +
+                         " != metadata dtype " + std::string(DTypeName(dtype)));
+  }
+  if (info->shape != chunk.box.local_shape) {
+    return DataLossError(where + ": entry shape " + ShapeString(info->shape) +
+                         " != chunk sizes " + ShapeString(chunk.box.local_shape));
+  }
+  if (info->byte_length() != chunk.byte_length) {
+    return DataLossError(where + ": entry holds " + std::to_string(info->byte_length()) +
+                         " bytes, the metadata's length is " + std::to_string(chunk.byte_length));
+  }
+  return ChunkLocation{offset + h.data_start() + info->begin, info->byte_length(), {}};
+}
 
 // Sort key for data files: __<rank>_<n>.distcp by (rank, n), others after, by name.
 struct FileOrder {
@@ -272,21 +348,23 @@ Status DcpReader::ReadTensor(const MergedItem& m, TensorEntry* out) {
       return v.With(mc.source->name + ": " + label());
     }
     const DcpStorageInfo& s = *mc.storage;
-    if (!s.transform_descriptors.empty()) {
-      std::string d;
-      for (const auto& t : s.transform_descriptors) d += (d.empty() ? "" : ", ") + t;
-      return UnimplementedError(s.relative_path + ": " + label() +
-                                ": stream transforms are not supported (" + d + ")");
-    }
     FC_ASSIGN_OR_RETURN(chunk.file, FileIndex(s.relative_path));
     if (auto f = ItemFile(s, chunk.file); !f.ok()) {
       return f.status().With(s.relative_path + ": " + label());
     }
     ranges_[chunk.file].push_back({s.offset, s.offset + s.length, &item, &cm});
     // The item's range for now; the data's exact place is found by LocateTorchDcpChunk
-    // (at the end of Read with options_.locate_chunks, else on first read).
-    chunk.byte_offset = s.offset;
-    chunk.byte_length = s.length;
+    // (at the end of Read with options_.locate_chunks, else on first read). An encoded
+    // item's range is in its decoded bytes, whose size is unknown until decoded: [0, 0).
+    if (!s.transform_descriptors.empty()) {
+      FC_ASSIGN_OR_RETURN(EncodedItem::Codec codec,
+                          CodecForTransformDescriptors(s.transform_descriptors)
+                              .With(s.relative_path + ": " + label()));
+      chunk.encoded_item = EncodedItem{codec, s.offset, s.length};
+    } else {
+      chunk.byte_offset = s.offset;
+      chunk.byte_length = s.length;
+    }
     chunk.unlocated_item = UnlocatedItem{item.dtype};
     out->chunks.push_back(std::move(chunk));
   }
@@ -302,14 +380,27 @@ Status DcpReader::ReadObject(const MergedItem& m, ObjectEntry* out) {
     return DataLossError(m.source->name + ": " + label + ": no storage_data entry");
   }
   const DcpStorageInfo& s = *m.object;
-  if (!s.transform_descriptors.empty()) {
-    return UnimplementedError(s.relative_path + ": " + label +
-                              ": stream transforms are not supported");
-  }
   FC_ASSIGN_OR_RETURN(out->file, FileIndex(s.relative_path));
   const std::string ctx = s.relative_path + ": " + label;
   FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, ItemFile(s, out->file).With(ctx));
   ranges_[out->file].push_back({s.offset, s.offset + s.length, &item, nullptr});
+  if (!s.transform_descriptors.empty()) {
+    // Decoded once at open: its size is the object's, and its archive is checked.
+    FC_ASSIGN_OR_RETURN(EncodedItem::Codec codec,
+                        CodecForTransformDescriptors(s.transform_descriptors).With(ctx));
+    out->encoded_item = EncodedItem{codec, s.offset, s.length};
+    FC_ASSIGN_OR_RETURN(DecodedItemWindows w,
+                        DecodeItemWindows(*f, *out->encoded_item).With(label));
+    auto archive = ReadTorchSaveArchive(
+        w.size, [&w](uint64_t o, std::span<std::byte> dst) { return w.Read(o, dst); });
+    if (!archive.ok()) {
+      return archive.status().With(ctx + ": decoded item of " + std::to_string(w.size) +
+                                   " bytes");
+    }
+    out->byte_offset = 0;
+    out->byte_length = w.size;
+    return Status::Ok();
+  }
   // Check the archive's structure now, so a corrupt object fails at open, not at export.
   ItemReader reader(f, s.offset, s.length);
   auto archive = ReadTorchSaveArchive(s.length, reader.AsZipReadFn());
@@ -327,6 +418,40 @@ Status DcpReader::CheckOverlaps() {
     std::sort(r.begin(), r.end(), [](const ItemRange& a, const ItemRange& b) {
       return a.inclusive_min < b.inclusive_min;
     });
+    // Tensor items sharing a start are the SAFETENSORS serialization's blob (one probe read
+    // tells): one range from the blob's start to the file's end, one entry per fqn.
+    std::vector<ItemRange> merged;
+    merged.reserve(r.size());
+    for (size_t i = 0; i < r.size();) {
+      size_t j = i + 1;
+      while (j < r.size() && r[j].inclusive_min == r[i].inclusive_min) ++j;
+      bool blob = false;
+      if (j - i > 1) {
+        FC_ASSIGN_OR_RETURN(blob, IsSafetensorsBlob(*files_[f], r[i].inclusive_min)
+                                      .With(Basename(files_[f]->path())));
+      }
+      if (!blob) {
+        merged.insert(merged.end(), r.begin() + static_cast<ptrdiff_t>(i),
+                      r.begin() + static_cast<ptrdiff_t>(j));
+        i = j;
+        continue;
+      }
+      std::unordered_set<std::string_view> fqns;
+      for (size_t k = i; k < j; ++k) {
+        if (r[k].chunk == nullptr || !fqns.insert(r[k].item->fqn).second) {
+          return DataLossError(Basename(files_[f]->path()) + ": " + ItemLabel(r[k]) +
+                               " shares the safetensors blob at byte " +
+                               std::to_string(r[i].inclusive_min) +
+                               (r[k].chunk == nullptr ? " although it is an object"
+                                                      : " with another chunk of its tensor"));
+        }
+      }
+      ItemRange whole = r[i];
+      whole.exclusive_max = files_[f]->size();
+      merged.push_back(whole);
+      i = j;
+    }
+    r = std::move(merged);
     for (size_t i = 1; i < r.size(); ++i) {
       if (r[i].inclusive_min < r[i - 1].exclusive_max) {
         return DataLossError(Basename(files_[f]->path()) + ": items " + ItemLabel(r[i - 1]) +
@@ -599,16 +724,35 @@ Result<ChunkLocation> LocateTorchDcpChunk(const RandomAccessFile& file,
     return InternalError(ctx + ": the chunk is already located");
   }
   const DType dtype = chunk.unlocated_item->dtype;
-  const uint64_t offset = chunk.byte_offset, length = chunk.byte_length;
-  auto end = CheckedAddU(offset, length);
-  if (!end || *end > file.size()) {
-    return DataLossError(ctx + ": item bytes " + Range(offset, offset + length) +
-                         " pass end of file (" + std::to_string(file.size()) + " bytes)");
-  }
-  ItemReader reader(&file, offset, length);
-  auto parsed = ParseTorchSaveTensor(length, reader.AsZipReadFn());
-  if (!parsed.ok()) {
-    return parsed.status().With(ctx + ": item bytes " + Range(offset, offset + length));
+  uint64_t offset = chunk.byte_offset, length = chunk.byte_length;
+  Result<TorchSaveTensor> parsed = InternalError("not parsed");
+  if (chunk.encoded_item) {
+    // One decoding pass: the archive's head (data.pkl, the storage record's header) and its
+    // tail (the zip directory). Places are in the decoded item.
+    const EncodedItem& e = *chunk.encoded_item;
+    FC_ASSIGN_OR_RETURN(DecodedItemWindows w, DecodeItemWindows(file, e).With(ctx));
+    offset = 0;
+    length = w.size;
+    parsed = ParseTorchSaveTensor(
+        w.size, [&w](uint64_t o, std::span<std::byte> dst) { return w.Read(o, dst); });
+    if (!parsed.ok()) {
+      return parsed.status().With(ctx + ": encoded item bytes " +
+                                  Range(e.encoded_offset, e.encoded_offset + e.encoded_length) +
+                                  " (" + std::to_string(w.size) + " bytes decoded)");
+    }
+  } else {
+    auto end = CheckedAddU(offset, length);
+    if (!end || *end > file.size()) {
+      return DataLossError(ctx + ": item bytes " + Range(offset, offset + length) +
+                           " pass end of file (" + std::to_string(file.size()) + " bytes)");
+    }
+    FC_ASSIGN_OR_RETURN(bool blob, IsSafetensorsBlob(file, offset).With(ctx));
+    if (blob) return LocateInSafetensorsBlob(file, offset, key, chunk, dtype).With(ctx);
+    ItemReader reader(&file, offset, length);
+    parsed = ParseTorchSaveTensor(length, reader.AsZipReadFn());
+    if (!parsed.ok()) {
+      return parsed.status().With(ctx + ": item bytes " + Range(offset, offset + length));
+    }
   }
   const TorchSaveTensor& t = *parsed;
   if (t.ref.dtype != dtype) {
