@@ -34,9 +34,20 @@
 //      save_id, index hints numbered within the rank); the checkpoint is their union (see
 //      ReadTorchDcp).
 //
-// Not supported (kUnimplemented): non-empty transform_descriptors (compression streams,
-// ~2.7+), the SAFETENSORS serialization format (~2.8+), non-strided layouts, dtypes fc
-// lacks.
+//   5. Stream transforms (~2.7+): an item whose _StorageInfo has transform_descriptors
+//      ["stream.zstd/1"] is stored zstd-compressed (fc/format/torch_dcp_transform.h); its
+//      chunk/object gets Chunk::encoded_item and places inside the decoded item.
+//   6. SerializationFormat.SAFETENSORS (~2.8+): a data file holds the byte items (torch.save
+//      archives) and then one safetensors blob running to the file's end, keyed by fqn, with
+//      __metadata__ DCP_SHARDING_INFO {fqn: {"saved_offsets": [...]}}; every tensor's
+//      _StorageInfo has offset = blob start and length = its byte size, which locate nothing.
+//      Tensor items sharing a start are recognised as a blob (one probe read at open: not a
+//      zip local header, '{' after the u64 length); each chunk is located through the blob's
+//      header, checking saved_offsets, dtype, shape and byte size.
+//   Items of torch >= 2.0 carry a "byteorder" record; "big" is refused (kUnimplemented).
+//
+// Not supported (kUnimplemented): other or stacked transforms (named), big-endian items,
+// non-strided layouts, dtypes fc lacks.
 //
 // Thread-safety: pure functions; ReadTorchDcp opens its own files.
 #ifndef FC_FORMAT_TORCH_DCP_H_
