@@ -60,6 +60,18 @@ for variant in ("rank_local", "zstd", "details", "safetensors"):
         same_dirs(plain, export(conv, f"{variant}-{fmt}-export"), f"{variant} via {fmt}")
     print("ok", variant)
 
+# fc-inspect --json marks the compressed items with their stored range.
+import json  # noqa: E402
+doc = json.loads(run([INSPECT, os.path.join(DCP, "zstd", "ckpt"), "--json"]).stdout)
+for t in doc["tensors"]:
+    for c in t["chunks"]:
+        e = c["encoded_item"]
+        assert e["codec"] == "zstd" and e["length"] > 0, c
+for o in doc["objects"]:
+    assert o["encoded_item"]["codec"] == "zstd" and o["byte_length"] == 431, o
+plain_doc = json.loads(run([INSPECT, os.path.join(DCP, "mixed", "ckpt"), "--json"]).stdout)
+assert all("encoded_item" not in c for t in plain_doc["tensors"] for c in t["chunks"])
+
 # Refusals: exit 6 (unsupported) naming the cause, exit 5 for conflicting rank files.
 p = run([EXPORT, os.path.join(TESTDATA, "torch_dcp_refused", "big_endian", "ckpt"),
          os.path.join(tmp, "be"), "--quiet"], expect=6)
