@@ -360,6 +360,13 @@ class OutputPart {
       } else {
         return InvalidArgumentError("--torch-version '" + version + "': expected 1.13 or 2");
       }
+      if (options.torch_serialization == "safetensors") {
+        wo.serialization = TorchDcpSerialization::kSafetensors;
+      } else if (!options.torch_serialization.empty() &&
+                 options.torch_serialization != "torch-save") {
+        return InvalidArgumentError("--torch-serialization '" + options.torch_serialization +
+                                    "': expected torch-save or safetensors");
+      }
       wo.files = std::move(files);
       wo.staging_dir = staging;
       FC_ASSIGN_OR_RETURN(part->torch_,

@@ -32,6 +32,9 @@ struct ConvertOptions {
   std::string aoa_file;                        // structure changes (convert mode)
   ConvertOutputFormat output_format = ConvertOutputFormat::kFcDistcp;
   std::string torch_version;                   // "1.13" or "2"; empty: like a torch source, else 2
+  // torch DCP output with torch_version 2: "safetensors" writes the SAFETENSORS serialization
+  // (fc/format/torch_dcp_writer.h); empty or "torch-save": one torch.save archive per chunk.
+  std::string torch_serialization;
   bool dry_run = false;                        // print the plan, write nothing
   bool json = false;                           // dry-run plan as JSON
   std::string stats_file;                      // --stats: measured figures as JSON after the run

@@ -60,6 +60,23 @@ for variant in ("rank_local", "zstd", "details", "safetensors"):
         same_dirs(plain, export(conv, f"{variant}-{fmt}-export"), f"{variant} via {fmt}")
     print("ok", variant)
 
+# fc-convert --torch-serialization safetensors (torch ~2.8's SAFETENSORS form) reads back
+# to the same export; torch 1.13 has no such form (exit 3).
+st_out = os.path.join(tmp, "to-safetensors")
+run([CONVERT, os.path.join(DCP, "mixed", "ckpt"), st_out, "--quiet", "--format", "torch-dcp",
+     "--torch-version", "2", "--torch-serialization", "safetensors",
+     "--target-like", os.path.join(DCP, "mixed", "ckpt")])
+got = export(st_out, "to-safetensors-export")
+same_dirs(plain, got, "safetensors serialization")
+same_dirs(plain + ".objects", got + ".objects", "safetensors serialization objects")
+run([INSPECT, st_out, "--verify"])
+first = open(os.path.join(st_out, "__1_0.distcp"), "rb").read()
+assert b'"DCP_SHARDING_INFO":"{\\"grid\\": {\\"saved_offsets\\": [0, 3]}' in first, first[:200]
+run([CONVERT, os.path.join(DCP, "mixed", "ckpt"), os.path.join(tmp, "st113"), "--quiet",
+     "--format", "torch-dcp", "--torch-version", "1.13", "--torch-serialization", "safetensors",
+     "--target-like", os.path.join(DCP, "mixed", "ckpt")], expect=3)
+print("ok safetensors serialization output")
+
 # fc-inspect --json marks the compressed items with their stored range.
 import json  # noqa: E402
 doc = json.loads(run([INSPECT, os.path.join(DCP, "zstd", "ckpt"), "--json"]).stdout)
