@@ -11,9 +11,11 @@
 // those are read.
 //
 // Reads of a byte range of a decoded item decompress as a stream from the item's start and
-// discard everything before the range, so memory stays at zstd's window plus two 128 KiB
-// buffers whatever the item's size; the price is CPU for the skipped prefix (each read of a
-// region decodes the item up to the region's end).
+// discard everything before the range, so memory stays at zstd's window (the frame's own,
+// at most 128 MiB: libzstd refuses larger windows by default) plus two 128 KiB buffers
+// whatever the item's size; the price is CPU for the skipped prefix (each read of a region
+// decodes the item up to the region's end). The decoded size is not bounded beforehand
+// (frames carry none): a hostile item can cost decoding time, never memory.
 //
 // Thread-safety: pure functions; concurrent calls on one RandomAccessFile are fine (pread).
 #ifndef FC_FORMAT_TORCH_DCP_TRANSFORM_H_
