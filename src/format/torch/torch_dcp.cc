@@ -284,6 +284,10 @@ struct MergedItem {
   std::vector<MergedChunk> chunks;       // tensors
   const DcpStorageInfo* object = nullptr;  // bytes items: the first source's entry
   const Source* object_source = nullptr;
+  // Chunk offsets -> (index in `chunks` of the first chunk there, replicas after it).
+  std::unordered_map<std::span<const int64_t>, std::pair<size_t, int64_t>, OffsetsHash,
+                     OffsetsEq>
+      by_offsets;
 };
 
 std::string DTypeAndShape(const DcpItemMetadata& item) {
@@ -566,7 +570,7 @@ Status DcpReader::Merge() {
       auto fs_it = src.storage.find(item.fqn);
       const FqnStorage* fs = fs_it == src.storage.end() ? nullptr : &fs_it->second;
       auto [it, fresh] = by_fqn.emplace(item.fqn, merged_.size());
-      if (fresh) merged_.push_back(MergedItem{&item, &src, {}, nullptr, nullptr});
+      if (fresh) merged_.push_back(MergedItem{&item, &src, {}, nullptr, nullptr, {}});
       MergedItem& m = merged_[it->second];
       const std::string what = (item.is_tensor ? "tensor '" : "object '") + item.fqn + "'";
       if (!fresh) {
@@ -605,21 +609,23 @@ Status DcpReader::Merge() {
           return DataLossError(src.name + ": " + label() +
                                ": no storage_data entry for this chunk");
         }
+        // First chunk stored at these offsets (by any source) and how many stored them.
+        // One source cannot hold replicas (`seen` above): no map then.
         int64_t replica = 0;
-        if (!fresh) {
-          for (const MergedChunk& other : m.chunks) {
-            if (!std::equal(other.meta->offsets.begin(), other.meta->offsets.end(),
-                            cm.offsets.begin(), cm.offsets.end())) {
-              continue;
-            }
-            if (other.meta->sizes != cm.sizes) {
-              return DataLossError(what + " chunk at offsets " + ShapeString(cm.offsets) + ": " +
-                                   other.source->name + " stores sizes " +
-                                   ShapeString(other.meta->sizes) + ", " + src.name +
-                                   " stores sizes " + ShapeString(cm.sizes));
-            }
-            ++replica;
+        if (sources_.size() > 1) {
+          auto [at, first] = m.by_offsets.try_emplace(cm.offsets, m.chunks.size(), 0);
+          if (first) {
+            m.chunks.push_back(MergedChunk{&cm, s, &src, 0});
+            continue;
           }
+          const MergedChunk& other = m.chunks[at->second.first];
+          if (other.meta->sizes != cm.sizes) {
+            return DataLossError(what + " chunk at offsets " + ShapeString(cm.offsets) + ": " +
+                                 other.source->name + " stores sizes " +
+                                 ShapeString(other.meta->sizes) + ", " + src.name +
+                                 " stores sizes " + ShapeString(cm.sizes));
+          }
+          replica = ++at->second.second;
         }
         m.chunks.push_back(MergedChunk{&cm, s, &src, replica});
       }
