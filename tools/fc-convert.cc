@@ -65,6 +65,12 @@ int main(int argc, char** argv) {
                  "with --output-format torch-dcp: metadata for torch 1.13 or 2 (default: that of a "
                  "torch DCP source, else 2)")
       ->check(CLI::IsMember({"1.13", "2"}));
+  app.add_option("--torch-serialization", options.torch_serialization,
+                 "with --output-format torch-dcp --torch-version 2: torch-save (default: one torch.save "
+                 "archive per chunk, what torch's FileSystemReader loads) or safetensors (torch "
+                 "~2.8's SAFETENSORS serialization: one safetensors blob per file, one chunk "
+                 "per tensor per file)")
+      ->check(CLI::IsMember({"torch-save", "safetensors"}));
   app.add_option("--emit-manifest", options.emit_manifest,
                  "write the resolved per-rank chunk list as JSON");
   app.add_flag("--dry-run", options.dry_run,

@@ -7,6 +7,7 @@
 
 #include "fc/core/flat_range.h"
 #include "fc/format/torch_dcp.h"
+#include "fc/format/torch_dcp_transform.h"
 
 namespace fc {
 namespace {
@@ -43,7 +44,23 @@ std::string ChunkContext(const TensorEntry& tensor, const Chunk& chunk) {
   return s;
 }
 
+// Reads `dst` at `offset` of the chunk's data: the file itself, or the decoded item.
+Status ReadStored(const RandomAccessFile& f, const Chunk& chunk, uint64_t offset,
+                  std::span<std::byte> dst) {
+  if (chunk.encoded_item) return ReadDecodedRange(f, *chunk.encoded_item, offset, dst);
+  return f.ReadAt(offset, dst);
+}
+
 }  // namespace
+
+Result<std::vector<std::byte>> ReadObjectBytes(const RandomAccessFile& file,
+                                               const ObjectEntry& object) {
+  if (!object.encoded_item) return file.ReadAt(object.byte_offset, object.byte_length);
+  std::vector<std::byte> bytes(static_cast<size_t>(object.byte_length));
+  FC_RETURN_IF_ERROR_WITH(ReadDecodedRange(file, *object.encoded_item, object.byte_offset, bytes),
+                          "object '" + object.key + "'");
+  return bytes;
+}
 
 ChunkReader::ChunkReader(const CheckpointIndex& index)
     : index_(index), files_(index.files.size()) {
@@ -118,7 +135,7 @@ Status ChunkReader::ReadChunkBytes(const Chunk& chunk, std::span<std::byte> dst)
                         LocateUnlocated(owner ? owner->key : std::string("?"), chunk));
     offset = loc.byte_offset;
   }
-  FC_RETURN_IF_ERROR(f->ReadAt(offset, dst));
+  FC_RETURN_IF_ERROR(ReadStored(*f, chunk, offset, dst));
   std::lock_guard<std::mutex> lock(mu_);
   bytes_read_ += dst.size();
   return Status::Ok();
@@ -133,7 +150,7 @@ Status ChunkReader::CopyBoxPiece(const TensorEntry& tensor, const Chunk& chunk,
   FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, File(chunk.file));
   if (piece.rank() == 0) {
     std::span<std::byte> out(static_cast<std::byte*>(dst), esize);
-    FC_RETURN_IF_ERROR(f->ReadAt(stored_byte_offset, out));
+    FC_RETURN_IF_ERROR(ReadStored(*f, chunk, stored_byte_offset, out));
     std::lock_guard<std::mutex> lock(mu_);
     bytes_read_ += esize;
     return Status::Ok();
@@ -145,11 +162,14 @@ Status ChunkReader::CopyBoxPiece(const TensorEntry& tensor, const Chunk& chunk,
   const uint64_t rows_offset =
       stored_byte_offset + static_cast<uint64_t>(FirstElementOffset(stored_box, rows)) * esize;
   const uint64_t rows_bytes = static_cast<uint64_t>(rows.num_elements()) * esize;
+  // Encoded items are decoded from their start for every read: one read of whole rows,
+  // never many small ones.
+  const bool encoded = chunk.encoded_item.has_value();
   if (ContiguousIn(stored_box, piece) && ContiguousIn(dst_box, piece)) {
     // The piece is whole rows in the file and one run in dst: read straight into place.
     auto* out = static_cast<std::byte*>(dst) + FirstElementOffset(dst_box, piece) * esize;
-    FC_RETURN_IF_ERROR(f->ReadAt(rows_offset, std::span<std::byte>(out, rows_bytes)));
-  } else if (ContiguousIn(stored_box, piece)) {
+    FC_RETURN_IF_ERROR(ReadStored(*f, chunk, rows_offset, std::span<std::byte>(out, rows_bytes)));
+  } else if (ContiguousIn(stored_box, piece) && !encoded) {
     // Whole rows in the file, scattered in dst (e.g. a row-parallel TP chunk): let the
     // kernel scatter them straight into place, one iovec per run contiguous in dst.
     size_t merged = piece.rank();
@@ -193,7 +213,7 @@ Status ChunkReader::CopyBoxPiece(const TensorEntry& tensor, const Chunk& chunk,
     }
     const uint64_t run_bytes = static_cast<uint64_t>(run) * esize;
     const uint64_t piece_bytes = static_cast<uint64_t>(piece.num_elements()) * esize;
-    if (run_bytes >= kMinRunBytes && rows_bytes > piece_bytes + piece_bytes / 20) {
+    if (!encoded && run_bytes >= kMinRunBytes && rows_bytes > piece_bytes + piece_bytes / 20) {
       // Runs long enough to read one by one: read only the piece (each needed byte once)
       // instead of whole rows, which for a column-cut target would read the rows again for
       // every column block.
@@ -222,7 +242,8 @@ Status ChunkReader::CopyBoxPiece(const TensorEntry& tensor, const Chunk& chunk,
     }
     // Not value-initialised: every byte is overwritten by the read.
     std::unique_ptr<std::byte[]> buffer(new std::byte[rows_bytes]);
-    FC_RETURN_IF_ERROR(f->ReadAt(rows_offset, std::span<std::byte>(buffer.get(), rows_bytes)));
+    FC_RETURN_IF_ERROR(
+        ReadStored(*f, chunk, rows_offset, std::span<std::byte>(buffer.get(), rows_bytes)));
     CopyRegion(buffer.get(), rows, {}, dst, dst_box, piece, esize);
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -271,7 +292,7 @@ Status ChunkReader::CopyChunkRegion(const TensorEntry& tensor, const Chunk& chun
   // byte span once and gather with strides. Such chunks are rare and small in practice.
   std::vector<std::byte> buffer(byte_length);
   FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, File(chunk.file));
-  FC_RETURN_IF_ERROR_WITH(f->ReadAt(byte_offset, std::span<std::byte>(buffer)),
+  FC_RETURN_IF_ERROR_WITH(ReadStored(*f, chunk, byte_offset, std::span<std::byte>(buffer)),
                           ChunkContext(tensor, chunk));
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -30,6 +30,7 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
   for (const std::string& n : names) {
     if (n == "fc.metadata.json") return CheckpointFormat::kFcDistcp;
     if (n == ".metadata") return CheckpointFormat::kTorchDcp;
+    if (TorchDcpRankMetadataRank(n)) return CheckpointFormat::kTorchDcp;  // use_collectives=False
     if (EndsWith(n, ".safetensors.index.json")) has_st_index = true;
     if (EndsWith(n, ".safetensors")) has_st = true;
     if (std::regex_match(n, kPaddleMeta)) has_paddle_meta = true;

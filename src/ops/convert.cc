@@ -424,6 +424,13 @@ class OutputPart {
       } else {
         return InvalidArgumentError("--torch-version '" + version + "': expected 1.13 or 2");
       }
+      if (options.torch_serialization == "safetensors") {
+        wo.serialization = TorchDcpSerialization::kSafetensors;
+      } else if (!options.torch_serialization.empty() &&
+                 options.torch_serialization != "torch-save") {
+        return InvalidArgumentError("--torch-serialization '" + options.torch_serialization +
+                                    "': expected torch-save or safetensors");
+      }
       wo.files = std::move(files);
       wo.staging_dir = staging;
       FC_ASSIGN_OR_RETURN(part->torch_,
@@ -487,7 +494,7 @@ Status WriteObjects(const ConvertPlan& p, ChunkReader& reader, OutputPart& part)
   for (size_t o = 0; o < p.objects.size(); ++o) {
     const ObjectEntry& obj = *p.objects[o];
     FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
-    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, f->ReadAt(obj.byte_offset, obj.byte_length));
+    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadObjectBytes(*f, obj));
     FC_RETURN_IF_ERROR(part.WriteObject(o, bytes));
   }
   return Status::Ok();

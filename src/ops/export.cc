@@ -74,7 +74,7 @@ Status DumpObjects(const CheckpointIndex& index, const std::string& dir) {
   ChunkReader reader(index);
   for (const ObjectEntry& o : index.objects) {
     FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(o.file));
-    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, f->ReadAt(o.byte_offset, o.byte_length));
+    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadObjectBytes(*f, o));
     const std::string name = SafeObjectFileName(o.key) +
                              (o.encoding == ObjectEncoding::kTorchSave ? ".pt" : ".bin");
     FC_ASSIGN_OR_RETURN(auto out, WritableFile::Create(JoinPath(dir, name)));

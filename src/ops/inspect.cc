@@ -36,6 +36,16 @@ void Ints(JsonWriter& j, const std::vector<int64_t>& values) {
   j.EndArray();
 }
 
+// An encoded item (torch DCP stream transform): byte_offset/byte_length are then in the
+// decoded item; this gives the stored range.
+void EncodedItemJson(JsonWriter& j, const EncodedItem& e) {
+  j.Key("encoded_item").BeginObject();
+  j.Key("codec").String("zstd");
+  j.Key("offset").Uint(e.encoded_offset);
+  j.Key("length").Uint(e.encoded_length);
+  j.EndObject();
+}
+
 std::string ShapeText(const Shape& shape) { return "[" + JoinInts(shape) + "]"; }
 
 void PrintSummary(const CheckpointIndex& index, const InspectOptions& options,
@@ -125,6 +135,7 @@ void WriteJson(const CheckpointIndex& index, const std::vector<const TensorEntry
       j.Key("byte_offset").Uint(loc.byte_offset);
       j.Key("byte_length").Uint(loc.byte_length);
       if (!loc.strides.empty()) Ints(j.Key("strides"), loc.strides);
+      if (c.encoded_item) EncodedItemJson(j, *c.encoded_item);
       if (!place.ok()) j.Key("locate_error").String(place.status().message());
       if (c.xxh3_64) j.Key("xxh3_64").String(HexU64(*c.xxh3_64));
       j.EndObject();
@@ -141,6 +152,7 @@ void WriteJson(const CheckpointIndex& index, const std::vector<const TensorEntry
     j.Key("file").String(index.files[o.file].path);
     j.Key("byte_offset").Uint(o.byte_offset);
     j.Key("byte_length").Uint(o.byte_length);
+    if (o.encoded_item) EncodedItemJson(j, *o.encoded_item);
     j.EndObject();
   }
   j.EndArray();

@@ -185,8 +185,15 @@ Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index) {
                  std::to_string(place->byte_length)});
       }
       const size_t before = report.problems.size();
-      CheckByteRange(index, t.key, what, c.file, place->byte_offset, place->byte_length,
-                     report);
+      // An encoded item's data place is in the decoded item (checked when located): the
+      // file holds the encoded range.
+      if (c.encoded_item) {
+        CheckByteRange(index, t.key, what, c.file, c.encoded_item->encoded_offset,
+                       c.encoded_item->encoded_length, report);
+      } else {
+        CheckByteRange(index, t.key, what, c.file, place->byte_offset, place->byte_length,
+                       report);
+      }
       if (c.xxh3_64 && report.problems.size() == before) {
         CheckChecksum(reader, index, t.key, what, c.file, place->byte_offset,
                       place->byte_length, *c.xxh3_64, report);
@@ -195,7 +202,12 @@ Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index) {
   }
   for (const ObjectEntry& o : index.objects) {
     const size_t before = report.problems.size();
-    CheckByteRange(index, o.key, "object", o.file, o.byte_offset, o.byte_length, report);
+    if (o.encoded_item) {
+      CheckByteRange(index, o.key, "object", o.file, o.encoded_item->encoded_offset,
+                     o.encoded_item->encoded_length, report);
+    } else {
+      CheckByteRange(index, o.key, "object", o.file, o.byte_offset, o.byte_length, report);
+    }
     if (o.xxh3_64 && report.problems.size() == before) {
       CheckChecksum(reader, index, o.key, "object", o.file, o.byte_offset, o.byte_length,
                     *o.xxh3_64, report);

@@ -7,6 +7,10 @@
 // place is cached per chunk for the reader's lifetime; a corrupt item is reported then, with
 // the file, tensor and chunk named.
 //
+// Chunks of encoded items (Chunk::encoded_item, torch DCP stream transforms) are decoded on
+// each read from the item's start (fc/format/torch_dcp_transform.h): bounded memory, CPU for
+// the skipped prefix; their reads always take whole rows.
+//
 // Thread-safety: ChunkReader is safe to use from several threads at once (files are opened
 // and locations cached under a mutex; reads use pread).
 #ifndef FC_FORMAT_CHUNK_READER_H_
@@ -26,6 +30,11 @@
 #include "fc/io/file.h"
 
 namespace fc {
+
+// The bytes of an object: [byte_offset, + byte_length) of `file`, or of the decoded item
+// when object.encoded_item is set. Errors: kDataLoss / kIoError, naming the file.
+Result<std::vector<std::byte>> ReadObjectBytes(const RandomAccessFile& file,
+                                               const ObjectEntry& object);
 
 class ChunkReader {
  public:

@@ -29,10 +29,25 @@
 //      shape chunk.sizes (possibly strided, possibly with a storage_offset); a bytes item
 //      holds any pickled object.
 //   3. Chunk -> item: the storage_data key with the same fqn and offset == chunk.offsets.
+//   4. Saves without rank coordination (torch ~2.8+, use_collectives=False): no .metadata,
+//      one __<rank>.metadata per rank holding only that rank's items (global sizes, its own
+//      save_id, index hints numbered within the rank); the checkpoint is their union (see
+//      ReadTorchDcp).
 //
-// Not supported (kUnimplemented): non-empty transform_descriptors (compression streams,
-// ~2.7+), per-rank __<rank>.metadata files (use_collectives=False), the SAFETENSORS
-// serialization format (~2.8+), non-strided layouts, dtypes fc lacks.
+//   5. Stream transforms (~2.7+): an item whose _StorageInfo has transform_descriptors
+//      ["stream.zstd/1"] is stored zstd-compressed (fc/format/torch_dcp_transform.h); its
+//      chunk/object gets Chunk::encoded_item and places inside the decoded item.
+//   6. SerializationFormat.SAFETENSORS (~2.8+): a data file holds the byte items (torch.save
+//      archives) and then one safetensors blob running to the file's end, keyed by fqn, with
+//      __metadata__ DCP_SHARDING_INFO {fqn: {"saved_offsets": [...]}}; every tensor's
+//      _StorageInfo has offset = blob start and length = its byte size, which locate nothing.
+//      Tensor items sharing a start are recognised as a blob (one probe read at open: not a
+//      zip local header, '{' after the u64 length); each chunk is located through the blob's
+//      header, checking saved_offsets, dtype, shape and byte size.
+//   Items of torch >= 2.0 carry a "byteorder" record; "big" is refused (kUnimplemented).
+//
+// Not supported (kUnimplemented): other or stacked transforms (named), big-endian items,
+// non-strided layouts, dtypes fc lacks.
 //
 // Thread-safety: pure functions; ReadTorchDcp opens its own files.
 #ifndef FC_FORMAT_TORCH_DCP_H_
@@ -42,6 +57,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fc/core/box.h"
@@ -113,7 +129,16 @@ struct TorchDcpReadOptions {
   bool locate_chunks = true;
 };
 
-// Reads a torch DCP checkpoint directory into a CheckpointIndex:
+// The rank R of a per-rank metadata file name "__R.metadata" (R decimal), else nullopt.
+std::optional<uint64_t> TorchDcpRankMetadataRank(std::string_view name);
+
+// Reads a torch DCP checkpoint directory into a CheckpointIndex. The metadata is
+// <dir>/.metadata or, when that is absent, the union of every <dir>/__R.metadata (rank
+// order): an fqn must have the same kind, dtype and global size in every file that lists
+// it (kDataLoss naming both files otherwise); a chunk box that an earlier file already
+// stores becomes a replica (Chunk::replica_id = number of earlier files storing it); the
+// same chunk offsets with other sizes is kDataLoss naming both files; a bytes item is read
+// from the first file listing it. Result:
 //   format kTorchDcp; root = dir; files = every data file referenced, sorted by (rank, n)
 //   for __R_N.distcp names, with sizes; tensors in .metadata order, one Chunk per
 //   ChunkStorageMetadata (located: byte_offset = absolute position of the first element of
@@ -121,13 +146,15 @@ struct TorchDcpReadOptions {
 //   set when the stored view is not packed row-major; see options.locate_chunks); objects =
 //   the bytes items (encoding kTorchSave, byte range = the item's archive; their zip
 //   directory is always checked at open); attributes: "torch_generation" ("1.13" /
-//   "2"), and when present "dcp_version", "checkpoint_id", "save_id", "mcore_data"
+//   "2"), "rank_local_metadata" (the __R.metadata names, when those were read), and when
+//   present (in the first metadata file) "dcp_version", "checkpoint_id", "save_id", "mcore_data"
 //   (entry count), "mcore_data.<key>.nd_reformulated_orig_global_shape",
 //   "metadata_extra_fields", "megatron_metadata_json", "megatron_common_pt".
 // Cost: the .metadata parse, hash lookups per chunk, a sort of the item ranges per file;
 // with locate_chunks, a few small reads per chunk.
 // Errors (message: "<file>: tensor '<fqn>' chunk <box>: <what>"):
-//   kNotFound   dir or .metadata missing, a referenced data file missing;
+//   kNotFound   dir missing, neither .metadata nor any __R.metadata, a referenced data
+//               file missing;
 //   kDataLoss   corrupt .metadata or item, item range outside its file, overlapping items,
 //               storage record smaller than the view, chunk box outside the tensor, item
 //               shape != chunk sizes, item dtype != metadata dtype, chunk without storage,

@@ -23,6 +23,8 @@
 //            central directory (real sizes and CRC-32s), zip64 EOCD record + locator, EOCD
 //          (the container details, zip64 fields for records >= 4 GiB included, are those
 //          of fc/codec/zip_writer.h, i.e. what torch's miniz writes).
+//      With TorchDcpSerialization::kSafetensors the chunks are instead one safetensors blob
+//      after the objects (see the enum).
 //      Every item's size follows from the plan alone, so every offset is fixed at Create and
 //      chunk bytes are written (pwrite) straight to their final position.
 //   2. <out_dir>/.metadata, pickle protocol 4, written last:
@@ -78,12 +80,25 @@ namespace fc {
 
 enum class TorchGeneration { k1_13, k2 };
 
+// How tensor items are stored (torch's SerializationFormat, ~2.8+).
+enum class TorchDcpSerialization {
+  kTorchSave,   // each chunk its own torch.save archive (every torch release)
+  // After the file's objects, one safetensors blob of its chunks keyed by fqn (one chunk per
+  // tensor per file, k2 only), header padded with spaces to a multiple of 8, __metadata__
+  // {"DCP_SHARDING_INFO": json({fqn: {"saved_offsets": [...]}}), "DCP_VERSION": "1.0",
+  // "format": "pt"}; each chunk's _StorageInfo has offset = the blob's start and length =
+  // its data bytes, as torch writes them. torch's own FileSystemReader does not read this
+  // form (its HF reader and fc do).
+  kSafetensors,
+};
+
 struct TorchDcpWriteOptions {
   TorchGeneration generation = TorchGeneration::k2;
   // k2 only: also write Metadata.storage_meta (StorageMeta{checkpoint_id: out_dir as a str,
   // save_id: a random 32-hex id, load_id: None, modules: []}). Off by default: the class
   // exists from ~2.4, and a .metadata naming it does not unpickle in torch 2.0-2.3.
   bool storage_meta = false;
+  TorchDcpSerialization serialization = TorchDcpSerialization::kTorchSave;
   // Several processes writing one checkpoint, as with FcDistcpWriter (fc_distcp.h): every
   // process creates a writer with the same plan, its own `files` (indices into plan.files;
   // empty = all) and the `staging_dir` one of them made with CreateFcDistcpStagingDir
@@ -106,6 +121,10 @@ struct TorchDcpFileLayout {
   std::vector<TorchDcpItemPlacement> chunks;   // plan order
   std::vector<TorchDcpItemPlacement> objects;  // plan order
   uint64_t file_size = 0;
+  // TorchDcpSerialization::kSafetensors only: the blob's first byte and its u64 length +
+  // JSON header (data follows).
+  uint64_t blob_offset = 0;
+  std::string blob_header;
 };
 
 // Checks a plan for DCP (kInvalidArgument naming the offending item): file names
@@ -114,7 +133,8 @@ struct TorchDcpFileLayout {
 // key is a tensor; boxes inside their tensor; no flat_range; replica_id >= 0; the chunks
 // with replica_id 0 of each tensor do not overlap, start at distinct offsets, and cover the
 // tensor exactly; objects have encoding kTorchSave and a non-zero length; dtypes exist in
-// the generation (no float8 for k1_13); sizes do not overflow.
+// the generation (no float8 for k1_13); sizes do not overflow; with the SAFETENSORS
+// serialization: generation k2 and one stored chunk per tensor per file.
 Status ValidateTorchDcpPlan(const FcDistcpPlan& plan, TorchDcpWriteOptions options = {});
 
 // Item placement for every file of a (valid) plan. Errors: ValidateTorchDcpPlan's.

@@ -113,8 +113,10 @@ struct TorchSaveTensor {
 // Reads a torch.save archive whose object is a single tensor and locates its bytes.
 // Errors: those of ReadTorchSaveArchive, ParsePickle and DecodeTorchTensor, plus kDataLoss
 // when data.pkl exceeds 1 MiB (a single tensor's is ~150 bytes), or the storage record is
-// missing or its size differs from the storage size in data.pkl; kUnimplemented when the
-// record is compressed.
+// missing or its size differs from the storage size in data.pkl, or a "byteorder" record
+// (torch >= 2.0) is neither "little" nor "big"; kUnimplemented when the record is
+// compressed, or when "byteorder" is "big" for a dtype wider than one byte (big-endian
+// storages are refused, not byte-swapped).
 Result<TorchSaveTensor> ParseTorchSaveTensor(uint64_t archive_size, const ZipReadFn& read);
 Result<TorchSaveTensor> ParseTorchSaveTensor(std::span<const std::byte> archive);
 

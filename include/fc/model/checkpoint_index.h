@@ -14,6 +14,12 @@
 //   - strides empty:   box.num_elements() elements, row-major, packed, little-endian;
 //   - strides set:     element at local index (i0..ik) is at
 //                      byte_offset + (sum_j i_j * strides[j]) * DTypeSize(dtype).
+//   - encoded_item set (torch DCP items written through a stream transform, e.g. zstd):
+//                      the file holds the encoded item at [encoded_offset, + encoded_length);
+//                      byte_offset, byte_length and strides (and an unlocated item's range)
+//                      address the *decoded* item, counted from its first byte. Read such
+//                      chunks through ChunkReader, such objects with ReadObjectBytes
+//                      (fc/format/chunk_reader.h).
 //   - unlocated_item set (torch DCP opened without reading its items): the data lies
 //                      somewhere inside the container item [byte_offset, + byte_length)
 //                      (a torch.save archive); byte_length is the item's size and strides
@@ -59,6 +65,14 @@ struct UnlocatedItem {
   DType dtype = DType::kFloat32;  // the tensor's dtype, checked against the item's
 };
 
+// An item stored encoded by a stream codec (see the layout above).
+struct EncodedItem {
+  enum class Codec { kZstd };  // torch DCP "stream.zstd/1"
+  Codec codec = Codec::kZstd;
+  uint64_t encoded_offset = 0;  // in the file
+  uint64_t encoded_length = 0;
+};
+
 struct Chunk {
   Box box;
   std::optional<FlatRange> flat_range;
@@ -69,6 +83,7 @@ struct Chunk {
   Shape strides;               // element strides; empty means packed row-major
   std::optional<uint64_t> xxh3_64;  // checksum of [byte_offset, byte_offset + byte_length)
   std::optional<UnlocatedItem> unlocated_item;  // see the layout above
+  std::optional<EncodedItem> encoded_item;      // see the layout above
 
   // Elements actually stored: flat_range size, or box.num_elements().
   int64_t stored_elements() const {
@@ -103,6 +118,7 @@ struct ObjectEntry {
   uint64_t byte_offset = 0;
   uint64_t byte_length = 0;
   std::optional<uint64_t> xxh3_64;
+  std::optional<EncodedItem> encoded_item;  // set: byte range is in the decoded item
 };
 
 struct CheckpointIndex {

@@ -39,6 +39,9 @@ struct ConvertOptions {
   std::optional<DType> dtype;                  // cast floating-point target tensors to this
   ConvertOutputFormat output_format = ConvertOutputFormat::kFcDistcp;
   std::string torch_version;                   // "1.13" or "2"; empty: like a torch source, else 2
+  // torch DCP output with torch_version 2: "safetensors" writes the SAFETENSORS serialization
+  // (fc/format/torch_dcp_writer.h); empty or "torch-save": one torch.save archive per chunk.
+  std::string torch_serialization;
   bool dry_run = false;                        // print the plan, write nothing
   // With dry_run: plan for this many processes without starting them (0: the real count);
   // each sees the files of its source ranks (rank of a file: the first number in its name,

@@ -24,6 +24,7 @@
 #include "fc/core/checked_math.h"
 #include "fc/io/file.h"
 #include "fc/io/output_dir.h"
+#include "fc/codec/json_writer.h"
 #include "fc/codec/pickle_writer.h"
 #include "src/format/torch/torch_save_writer.h"
 #include "fc/codec/zip_writer.h"
@@ -66,27 +67,7 @@ bool IsDcpFileName(std::string_view name) {
   return canonical(s.substr(0, us)) && canonical(s.substr(us + 1));
 }
 
-bool IsValidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1f) : n == 3 ? (c & 0x0f) : (c & 0x07);
-    for (size_t k = 1; k < n; ++k) {
-      const auto cc = static_cast<uint8_t>(s[i + k]);
-      if ((cc & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF: Python's decoder refuses them.
-    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
-        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) {
-      return false;
-    }
-    i += n;
-  }
-  return true;
-}
+// IsValidUtf8: fc/codec/json_writer.h (Python's decoder's rules).
 
 std::span<const std::byte> AsBytes(std::string_view s) {
   return std::as_bytes(std::span<const char>(s.data(), s.size()));
@@ -254,6 +235,19 @@ Status ValidateTorchDcpPlan(const FcDistcpPlan& plan, TorchDcpWriteOptions optio
       }
       if (c.replica_id == 0) stored[it->second].push_back(&c);
     }
+    if (options.serialization == TorchDcpSerialization::kSafetensors) {
+      if (options.generation != TorchGeneration::k2) {
+        return InvalidArgumentError("the SAFETENSORS serialization exists in torch 2 only");
+      }
+      std::unordered_set<std::string_view> in_file;
+      for (const FcDistcpChunkSpec& c : f.chunks) {
+        if (c.replica_id == 0 && !in_file.insert(c.key).second) {
+          return InvalidArgumentError(ChunkLabel(f, c) + ": a second chunk of its tensor in " +
+                                      "this file; the SAFETENSORS serialization keys the " +
+                                      "file's blob by fqn (one chunk per tensor per file)");
+        }
+      }
+    }
     for (const FcDistcpObjectSpec& o : f.objects) {
       const std::string label = ObjectLabel(f, o);
       if (o.key.empty() || !IsValidUtf8(o.key)) {
@@ -284,6 +278,75 @@ Status ValidateTorchDcpPlan(const FcDistcpPlan& plan, TorchDcpWriteOptions optio
   return Status::Ok();
 }
 
+namespace {
+
+// SerializationFormat.SAFETENSORS: after the objects (ending at `blob_start`), one
+// safetensors blob of the file's stored chunks keyed by fqn, in plan order, header padded
+// with spaces to a multiple of 8, __metadata__ {DCP_SHARDING_INFO, DCP_VERSION "1.0",
+// format "pt"}. Items: offset = blob start, length = data bytes (as torch records them).
+Status LayOutSafetensorsBlob(const FcDistcpFileSpec& spec,
+                             const std::unordered_map<std::string, DType>& dtypes,
+                             uint64_t blob_start, TorchDcpFileLayout* layout) {
+  // json.dumps with Python's default separators, as torch writes it.
+  JsonWriter sharding(JsonWriter::Style::kPretty);
+  sharding.BeginObject(true);
+  for (const FcDistcpChunkSpec& c : spec.chunks) {
+    if (c.replica_id > 0) continue;
+    sharding.Key(c.key).BeginObject(true).Key("saved_offsets").BeginArray(true);
+    for (int64_t o : c.box.global_offset) sharding.Int(o);
+    sharding.EndArray().EndObject();
+  }
+  sharding.EndObject();
+  JsonWriter h;
+  h.BeginObject().Key("__metadata__").BeginObject();
+  h.Key("DCP_SHARDING_INFO").String(sharding.str());
+  h.Key("DCP_VERSION").String("1.0").Key("format").String("pt").EndObject();
+  uint64_t begin = 0;
+  std::vector<uint64_t> begins;
+  for (const FcDistcpChunkSpec& c : spec.chunks) {
+    const DType dtype = dtypes.at(c.key);
+    const uint64_t bytes = static_cast<uint64_t>(c.box.num_elements()) * DTypeSize(dtype);
+    begins.push_back(begin);
+    if (c.replica_id > 0) continue;
+    h.Key(c.key).BeginObject().Key("dtype").String(DTypeSafetensorsName(dtype));
+    h.Key("shape").BeginArray();
+    for (int64_t d : c.box.local_shape) h.Int(d);
+    h.EndArray().Key("data_offsets").BeginArray().Uint(begin).Uint(begin + bytes).EndArray();
+    h.EndObject();
+    begin += bytes;
+  }
+  h.EndObject();
+  std::string json = h.Take();
+  json.append((8 - json.size() % 8) % 8, ' ');
+  const uint64_t data_start = blob_start + 8 + json.size();
+  for (size_t i = 0; i < spec.chunks.size(); ++i) {
+    const FcDistcpChunkSpec& c = spec.chunks[i];
+    TorchDcpItemPlacement p;
+    p.data_length = static_cast<uint64_t>(c.box.num_elements()) * DTypeSize(dtypes.at(c.key));
+    p.written = c.replica_id == 0;
+    if (p.written) {
+      p.item_offset = blob_start;
+      p.item_length = p.data_length;
+      p.data_offset = data_start + begins[i];
+    }
+    layout->chunks.push_back(p);
+  }
+  auto end = CheckedAddU(data_start, begin);
+  if (!end || *end > (uint64_t{1} << 62)) {
+    return InvalidArgumentError(spec.name + ": file offsets overflow");
+  }
+  layout->blob_offset = blob_start;
+  layout->blob_header.resize(8 + json.size());
+  for (int k = 0; k < 8; ++k) {
+    layout->blob_header[k] = static_cast<char>((json.size() >> (8 * k)) & 0xff);
+  }
+  std::copy(json.begin(), json.end(), layout->blob_header.begin() + 8);
+  layout->file_size = *end;
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::vector<TorchDcpFileLayout>> ComputeTorchDcpLayouts(const FcDistcpPlan& plan,
                                                                TorchDcpWriteOptions options) {
   FC_RETURN_IF_ERROR(ValidateTorchDcpPlan(plan, options));
@@ -309,6 +372,10 @@ Result<std::vector<TorchDcpFileLayout>> ComputeTorchDcpLayouts(const FcDistcpPla
       p.item_length = p.data_length = o.byte_length;
       FC_RETURN_IF_ERROR(advance(o.byte_length, ObjectLabel(spec, o)));
       layout.objects.push_back(p);
+    }
+    if (options.serialization == TorchDcpSerialization::kSafetensors) {
+      FC_RETURN_IF_ERROR(LayOutSafetensorsBlob(spec, dtypes, cursor, &layout));
+      continue;
     }
     for (const FcDistcpChunkSpec& c : spec.chunks) {
       const DType dtype = dtypes.at(c.key);
@@ -512,9 +579,13 @@ Status TorchDcpWriter::FinishFile(size_t f) {
   FileState& fs = *files_[f];
   std::unordered_map<std::string, DType> dtypes;
   for (const FcDistcpTensorSpec& t : plan_.tensors) dtypes[t.key] = t.dtype;
+  if (options_.serialization == TorchDcpSerialization::kSafetensors) {
+    FC_RETURN_IF_ERROR(
+        fs.file->WriteAt(layouts_[f].blob_offset, AsBytes(layouts_[f].blob_header)));
+  }
   for (size_t c = 0; c < spec.chunks.size(); ++c) {
     const TorchDcpItemPlacement& p = layouts_[f].chunks[c];
-    if (!p.written) continue;
+    if (!p.written || options_.serialization == TorchDcpSerialization::kSafetensors) continue;
     const ItemState& item = fs.chunks[c];
     const uint32_t data_crc = item.ranges.empty() ? 0 : item.ranges.begin()->second.crc;
     const TensorArchive archive = internal_torch::PlanTensorArchive(

@@ -21,8 +21,11 @@
 
 #include "fc/core/checked_math.h"
 #include "fc/format/torch_dcp.h"
+#include "fc/format/safetensors.h"
+#include "fc/format/torch_dcp_transform.h"
 #include "fc/format/torch_save.h"
 #include "fc/io/file.h"
+#include "src/codec/json_util.h"
 
 namespace fc {
 namespace {
@@ -98,6 +101,79 @@ class ItemReader {
   int next_ = 0;
 };
 
+// SerializationFormat.SAFETENSORS (~2.8+): after the byte items, one safetensors blob that
+// runs to the end of the file; every tensor's _StorageInfo has offset = the blob's start and
+// length = its byte size, so the metadata's ranges overlap and do not locate anything.
+// A torch.save item starts with a zip local header ("PK\3\4"); a blob with its u64 header
+// length and then '{'.
+Result<bool> IsSafetensorsBlob(const RandomAccessFile& file, uint64_t offset) {
+  if (offset > file.size() || file.size() - offset < 9) return false;
+  std::byte head[9];
+  FC_RETURN_IF_ERROR(file.ReadAt(offset, head));
+  if (head[0] == std::byte{'P'} && head[1] == std::byte{'K'} && head[2] == std::byte{3} &&
+      head[3] == std::byte{4}) {
+    return false;
+  }
+  return head[8] == std::byte{'{'};
+}
+
+// The place of `key`'s chunk in the blob at `offset`: found through the blob's own header,
+// checked against its DCP_SHARDING_INFO and the chunk (dtype, sizes, byte size).
+Result<ChunkLocation> LocateInSafetensorsBlob(const RandomAccessFile& file, uint64_t offset,
+                                              const std::string& key, const Chunk& chunk,
+                                              DType dtype) {
+  const uint64_t blob_size = file.size() - offset;
+  std::byte prefix[8];
+  FC_RETURN_IF_ERROR(file.ReadAt(offset, prefix));
+  FC_ASSIGN_OR_RETURN(uint64_t n, ParseSafetensorsHeaderLength(prefix, blob_size));
+  std::vector<std::byte> head(static_cast<size_t>(8 + n));
+  FC_RETURN_IF_ERROR(file.ReadAt(offset, head));
+  FC_ASSIGN_OR_RETURN(SafetensorsHeader h, ParseSafetensorsHeader(head, blob_size));
+  const std::string where = "safetensors blob at byte " + std::to_string(offset);
+  const SafetensorsTensorInfo* info = nullptr;
+  for (const SafetensorsTensorInfo& t : h.tensors) {
+    if (t.name == key) info = &t;
+  }
+  if (info == nullptr) return DataLossError(where + " has no entry '" + key + "'");
+  const std::string* sharding = nullptr;
+  for (const auto& [k, v] : h.metadata) {
+    if (k == kDcpShardingInfoKey) sharding = &v;
+  }
+  if (sharding == nullptr) {
+    return DataLossError(where + " has no " + std::string(kDcpShardingInfoKey) + " metadata");
+  }
+  simdjson::dom::parser parser;
+  FC_ASSIGN_OR_RETURN(
+      simdjson::dom::element root,
+      json_internal::ParseDocument(
+          parser, std::as_bytes(std::span<const char>(sharding->data(), sharding->size())),
+          where + " " + std::string(kDcpShardingInfoKey)));
+  simdjson::dom::element offsets;
+  std::optional<Shape> saved;
+  if (root[key]["saved_offsets"].get(offsets) != simdjson::SUCCESS ||
+      !(saved = json_internal::GetShape(offsets))) {
+    return DataLossError(where + " " + std::string(kDcpShardingInfoKey) + " has no " +
+                         "\"saved_offsets\" array for '" + key + "'");
+  }
+  if (*saved != chunk.box.global_offset) {
+    return DataLossError(where + ": saved_offsets " + ShapeString(*saved) +
+                         " != the chunk's offsets " + ShapeString(chunk.box.global_offset));
+  }
+  if (info->dtype != dtype) {
+    return DataLossError(where + ": entry dtype " + std::string(DTypeName(info->dtype)) +
+                         " != metadata dtype " + std::string(DTypeName(dtype)));
+  }
+  if (info->shape != chunk.box.local_shape) {
+    return DataLossError(where + ": entry shape " + ShapeString(info->shape) +
+                         " != chunk sizes " + ShapeString(chunk.box.local_shape));
+  }
+  if (info->byte_length() != chunk.byte_length) {
+    return DataLossError(where + ": entry holds " + std::to_string(info->byte_length()) +
+                         " bytes, the metadata's length is " + std::to_string(chunk.byte_length));
+  }
+  return ChunkLocation{offset + h.data_start() + info->begin, info->byte_length(), {}};
+}
+
 // Sort key for data files: __<rank>_<n>.distcp by (rank, n), others after, by name.
 struct FileOrder {
   bool parsed = false;
@@ -172,7 +248,7 @@ struct FqnStorage {
 struct ItemRange {
   uint64_t inclusive_min, exclusive_max;
   const DcpItemMetadata* item;
-  size_t chunk;  // index in item->chunks; unused for objects
+  const DcpChunkMetadata* chunk;  // nullptr for objects
 };
 
 std::string ChunkBoxText(const DcpChunkMetadata& cm) {
@@ -183,7 +259,39 @@ std::string ChunkBoxText(const DcpChunkMetadata& cm) {
 
 std::string ItemLabel(const ItemRange& r) {
   if (!r.item->is_tensor) return "object '" + r.item->fqn + "'";
-  return "tensor '" + r.item->fqn + "' chunk " + ChunkBoxText(r.item->chunks[r.chunk]);
+  return "tensor '" + r.item->fqn + "' chunk " + ChunkBoxText(*r.chunk);
+}
+
+// One metadata file: the global `.metadata`, or one rank's `__R.metadata` of a save without
+// rank coordination.
+struct Source {
+  std::string name;  // file name inside the checkpoint directory
+  DcpMetadata md;
+  std::unordered_map<std::string_view, FqnStorage> storage;  // views md's strings
+};
+
+// An item of the union of all sources. Chunks keep the order of the sources (rank order),
+// then of their chunk lists; a chunk whose box another source already stores is a replica.
+struct MergedChunk {
+  const DcpChunkMetadata* meta;
+  const DcpStorageInfo* storage;
+  const Source* source;
+  int64_t replica_id = 0;
+};
+struct MergedItem {
+  const DcpItemMetadata* item;  // as the first source that lists it says
+  const Source* source;
+  std::vector<MergedChunk> chunks;       // tensors
+  const DcpStorageInfo* object = nullptr;  // bytes items: the first source's entry
+  const Source* object_source = nullptr;
+  // Chunk offsets -> (index in `chunks` of the first chunk there, replicas after it).
+  std::unordered_map<std::span<const int64_t>, std::pair<size_t, int64_t>, OffsetsHash,
+                     OffsetsEq>
+      by_offsets;
+};
+
+std::string DTypeAndShape(const DcpItemMetadata& item) {
+  return std::string(DTypeName(item.dtype)) + " " + ShapeString(item.size);
 }
 
 class DcpReader {
@@ -210,91 +318,93 @@ class DcpReader {
     }
     return f;
   }
-  const FqnStorage* StorageOf(const std::string& fqn) const {
-    auto it = storage_.find(fqn);
-    return it == storage_.end() ? nullptr : &it->second;
-  }
-  Status ReadTensor(const DcpItemMetadata& item, TensorEntry* out);
-  Status ReadObject(const DcpItemMetadata& item, ObjectEntry* out);
+  Status LoadSources();
+  Status IndexStorage(Source& src);
+  Status Merge();
+  Status ReadTensor(const MergedItem& m, TensorEntry* out);
+  Status ReadObject(const MergedItem& m, ObjectEntry* out);
   Status CheckOverlaps();
-  void AddAttributes(const DcpMetadata& md, CheckpointIndex* index);
+  void AddAttributes(CheckpointIndex* index);
 
   std::string dir_;
   TorchDcpReadOptions options_;
-  std::unordered_map<std::string_view, FqnStorage> storage_;  // views DcpMetadata strings
+  std::vector<std::unique_ptr<Source>> sources_;  // rank order for rank-local files
+  std::vector<MergedItem> merged_;                // first-appearance order
   std::unordered_map<std::string, uint32_t> file_index_;
   std::vector<std::unique_ptr<RandomAccessFile>> files_;
   std::vector<std::vector<ItemRange>> ranges_;  // per file
 };
 
-Status DcpReader::ReadTensor(const DcpItemMetadata& item, TensorEntry* out) {
+Status DcpReader::ReadTensor(const MergedItem& m, TensorEntry* out) {
+  const DcpItemMetadata& item = *m.item;
   out->key = item.fqn;
   out->dtype = item.dtype;
   out->global_shape = item.size;
-  out->chunks.reserve(item.chunks.size());
-  const FqnStorage* storage = StorageOf(item.fqn);
-  std::unordered_set<std::span<const int64_t>, OffsetsHash, OffsetsEq> seen_offsets;
-  seen_offsets.reserve(item.chunks.size());
-  for (size_t ci = 0; ci < item.chunks.size(); ++ci) {
-    const DcpChunkMetadata& cm = item.chunks[ci];
+  out->chunks.reserve(m.chunks.size());
+  for (const MergedChunk& mc : m.chunks) {
+    const DcpChunkMetadata& cm = *mc.meta;
     auto label = [&] { return "tensor '" + item.fqn + "' chunk " + ChunkBoxText(cm); };
     Chunk chunk;
     chunk.box.global_offset = cm.offsets;
     chunk.box.local_shape = cm.sizes;
+    chunk.replica_id = mc.replica_id;
     if (Status v = ValidateBox(chunk.box, item.size); !v.ok()) {
-      return v.With(".metadata: " + label());
+      return v.With(mc.source->name + ": " + label());
     }
-    if (!seen_offsets.insert(cm.offsets).second) {
-      return DataLossError(".metadata: " + label() + ": two chunks start at offsets " +
-                           ShapeString(cm.offsets));
-    }
-    const DcpStorageInfo* found = nullptr;
-    if (storage != nullptr) {
-      auto it = storage->chunks.find(cm.offsets);
-      if (it != storage->chunks.end()) found = it->second;
-    }
-    if (found == nullptr) {
-      return DataLossError(".metadata: " + label() + ": no storage_data entry for this chunk");
-    }
-    const DcpStorageInfo& s = *found;
-    if (!s.transform_descriptors.empty()) {
-      std::string d;
-      for (const auto& t : s.transform_descriptors) d += (d.empty() ? "" : ", ") + t;
-      return UnimplementedError(s.relative_path + ": " + label() +
-                                ": stream transforms are not supported (" + d + ")");
-    }
+    const DcpStorageInfo& s = *mc.storage;
     FC_ASSIGN_OR_RETURN(chunk.file, FileIndex(s.relative_path));
     if (auto f = ItemFile(s, chunk.file); !f.ok()) {
       return f.status().With(s.relative_path + ": " + label());
     }
-    ranges_[chunk.file].push_back({s.offset, s.offset + s.length, &item, ci});
+    ranges_[chunk.file].push_back({s.offset, s.offset + s.length, &item, &cm});
     // The item's range for now; the data's exact place is found by LocateTorchDcpChunk
-    // (at the end of Read with options_.locate_chunks, else on first read).
-    chunk.byte_offset = s.offset;
-    chunk.byte_length = s.length;
+    // (at the end of Read with options_.locate_chunks, else on first read). An encoded
+    // item's range is in its decoded bytes, whose size is unknown until decoded: [0, 0).
+    if (!s.transform_descriptors.empty()) {
+      FC_ASSIGN_OR_RETURN(EncodedItem::Codec codec,
+                          CodecForTransformDescriptors(s.transform_descriptors)
+                              .With(s.relative_path + ": " + label()));
+      chunk.encoded_item = EncodedItem{codec, s.offset, s.length};
+    } else {
+      chunk.byte_offset = s.offset;
+      chunk.byte_length = s.length;
+    }
     chunk.unlocated_item = UnlocatedItem{item.dtype};
     out->chunks.push_back(std::move(chunk));
   }
   return Status::Ok();
 }
 
-Status DcpReader::ReadObject(const DcpItemMetadata& item, ObjectEntry* out) {
+Status DcpReader::ReadObject(const MergedItem& m, ObjectEntry* out) {
+  const DcpItemMetadata& item = *m.item;
   out->key = item.fqn;
   out->encoding = ObjectEncoding::kTorchSave;
   const std::string label = "object '" + item.fqn + "'";
-  const FqnStorage* storage = StorageOf(item.fqn);
-  if (storage == nullptr || storage->object == nullptr) {
-    return DataLossError(".metadata: " + label + ": no storage_data entry");
+  if (m.object == nullptr) {
+    return DataLossError(m.source->name + ": " + label + ": no storage_data entry");
   }
-  const DcpStorageInfo& s = *storage->object;
-  if (!s.transform_descriptors.empty()) {
-    return UnimplementedError(s.relative_path + ": " + label +
-                              ": stream transforms are not supported");
-  }
+  const DcpStorageInfo& s = *m.object;
   FC_ASSIGN_OR_RETURN(out->file, FileIndex(s.relative_path));
   const std::string ctx = s.relative_path + ": " + label;
   FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, ItemFile(s, out->file).With(ctx));
-  ranges_[out->file].push_back({s.offset, s.offset + s.length, &item, 0});
+  ranges_[out->file].push_back({s.offset, s.offset + s.length, &item, nullptr});
+  if (!s.transform_descriptors.empty()) {
+    // Decoded once at open: its size is the object's, and its archive is checked.
+    FC_ASSIGN_OR_RETURN(EncodedItem::Codec codec,
+                        CodecForTransformDescriptors(s.transform_descriptors).With(ctx));
+    out->encoded_item = EncodedItem{codec, s.offset, s.length};
+    FC_ASSIGN_OR_RETURN(DecodedItemWindows w,
+                        DecodeItemWindows(*f, *out->encoded_item).With(label));
+    auto archive = ReadTorchSaveArchive(
+        w.size, [&w](uint64_t o, std::span<std::byte> dst) { return w.Read(o, dst); });
+    if (!archive.ok()) {
+      return archive.status().With(ctx + ": decoded item of " + std::to_string(w.size) +
+                                   " bytes");
+    }
+    out->byte_offset = 0;
+    out->byte_length = w.size;
+    return Status::Ok();
+  }
   // Check the archive's structure now, so a corrupt object fails at open, not at export
   // (by whoever can read it, when it lies on another process's disk).
   ItemReader reader(f, s.offset, s.length);
@@ -314,6 +424,40 @@ Status DcpReader::CheckOverlaps() {
     std::sort(r.begin(), r.end(), [](const ItemRange& a, const ItemRange& b) {
       return a.inclusive_min < b.inclusive_min;
     });
+    // Tensor items sharing a start are the SAFETENSORS serialization's blob (one probe read
+    // tells): one range from the blob's start to the file's end, one entry per fqn.
+    std::vector<ItemRange> merged;
+    merged.reserve(r.size());
+    for (size_t i = 0; i < r.size();) {
+      size_t j = i + 1;
+      while (j < r.size() && r[j].inclusive_min == r[i].inclusive_min) ++j;
+      bool blob = false;
+      if (j - i > 1) {
+        FC_ASSIGN_OR_RETURN(blob, IsSafetensorsBlob(*files_[f], r[i].inclusive_min)
+                                      .With(Basename(files_[f]->path())));
+      }
+      if (!blob) {
+        merged.insert(merged.end(), r.begin() + static_cast<ptrdiff_t>(i),
+                      r.begin() + static_cast<ptrdiff_t>(j));
+        i = j;
+        continue;
+      }
+      std::unordered_set<std::string_view> fqns;
+      for (size_t k = i; k < j; ++k) {
+        if (r[k].chunk == nullptr || !fqns.insert(r[k].item->fqn).second) {
+          return DataLossError(Basename(files_[f]->path()) + ": " + ItemLabel(r[k]) +
+                               " shares the safetensors blob at byte " +
+                               std::to_string(r[i].inclusive_min) +
+                               (r[k].chunk == nullptr ? " although it is an object"
+                                                      : " with another chunk of its tensor"));
+        }
+      }
+      ItemRange whole = r[i];
+      whole.exclusive_max = files_[f]->size();
+      merged.push_back(whole);
+      i = j;
+    }
+    r = std::move(merged);
     for (size_t i = 1; i < r.size(); ++i) {
       if (r[i].inclusive_min < r[i - 1].exclusive_max) {
         return DataLossError(Basename(files_[f]->path()) + ": items " + ItemLabel(r[i - 1]) +
@@ -326,9 +470,15 @@ Status DcpReader::CheckOverlaps() {
   return Status::Ok();
 }
 
-void DcpReader::AddAttributes(const DcpMetadata& md, CheckpointIndex* index) {
+void DcpReader::AddAttributes(CheckpointIndex* index) {
+  const DcpMetadata& md = sources_.front()->md;
   auto& a = index->attributes;
   a["torch_generation"] = md.generation;
+  if (sources_.size() > 1 || sources_.front()->name != ".metadata") {
+    std::string names;
+    for (const auto& s : sources_) names += (names.empty() ? "" : ", ") + s->name;
+    a["rank_local_metadata"] = names;
+  }
   if (md.version) a["dcp_version"] = *md.version;
   if (md.checkpoint_id) a["checkpoint_id"] = *md.checkpoint_id;
   if (md.save_id) a["save_id"] = *md.save_id;
@@ -359,40 +509,145 @@ void DcpReader::AddAttributes(const DcpMetadata& md, CheckpointIndex* index) {
   if (PathExists(JoinPath(dir_, "common.pt"))) a["megatron_common_pt"] = "present";
 }
 
-Result<CheckpointIndex> DcpReader::Read() {
-  if (!IsDirectory(dir_)) return NotFoundError(dir_ + ": not a directory");
-  const std::string md_path = JoinPath(dir_, ".metadata");
-  if (!PathExists(md_path)) {
-    auto names = ListDirectory(dir_);
-    if (names.ok()) {
-      for (const std::string& n : *names) {
-        if (n.starts_with("__") && n.ends_with(".metadata")) {
-          return UnimplementedError(dir_ + ": per-rank metadata files (" + n +
-                                    ", use_collectives=False) are not supported");
-        }
+// The global .metadata, or else every rank's __R.metadata (in rank order).
+Status DcpReader::LoadSources() {
+  std::vector<std::pair<uint64_t, std::string>> names;
+  if (PathExists(JoinPath(dir_, ".metadata"))) {
+    names.emplace_back(0, ".metadata");
+  } else {
+    auto listed = ListDirectory(dir_);
+    if (listed.ok()) {
+      for (const std::string& n : *listed) {
+        if (auto rank = TorchDcpRankMetadataRank(n)) names.emplace_back(*rank, n);
       }
     }
-    return NotFoundError(md_path + ": not found (not a torch DCP checkpoint?)");
+    if (names.empty()) {
+      return NotFoundError(JoinPath(dir_, ".metadata") +
+                           ": not found, nor any per-rank __<rank>.metadata (not a torch DCP "
+                           "checkpoint?)");
+    }
+    std::sort(names.begin(), names.end());
   }
-  FC_ASSIGN_OR_RETURN(auto md_bytes, ReadWholeFile(md_path, kMaxMetadataBytes));
-  FC_ASSIGN_OR_RETURN(DcpMetadata md, ParseDcpMetadata(md_bytes).With(".metadata"));
+  for (const auto& [rank, name] : names) {
+    FC_ASSIGN_OR_RETURN(auto bytes, ReadWholeFile(JoinPath(dir_, name), kMaxMetadataBytes));
+    auto src = std::make_unique<Source>();
+    src->name = name;
+    FC_ASSIGN_OR_RETURN(src->md, ParseDcpMetadata(bytes).With(name));
+    FC_RETURN_IF_ERROR(IndexStorage(*src));
+    sources_.push_back(std::move(src));
+  }
+  return Status::Ok();
+}
 
-  // Index storage_data and register every referenced file in (rank, n) order.
-  std::map<FileOrder, std::string> names;
-  storage_.reserve(md.items.size() + 1);
-  for (const DcpStorageInfo& s : md.storage) {
+// storage_data of one source by fqn (bytes item, chunks by offsets).
+Status DcpReader::IndexStorage(Source& src) {
+  src.storage.reserve(src.md.items.size() + 1);
+  for (const DcpStorageInfo& s : src.md.storage) {
     FC_RETURN_IF_ERROR_WITH(CheckRelativePath(s.relative_path),
-                            ".metadata: storage_data['" + s.fqn + "']");
-    FqnStorage& fs = storage_[s.fqn];
+                            src.name + ": storage_data['" + s.fqn + "']");
+    FqnStorage& fs = src.storage[s.fqn];
     const bool fresh = s.chunk_offsets ? fs.chunks.emplace(*s.chunk_offsets, &s).second
                                        : (fs.object == nullptr ? (fs.object = &s, true) : false);
     if (!fresh) {
-      return DataLossError(".metadata: storage_data has two entries for '" + s.fqn + "'" +
+      return DataLossError(src.name + ": storage_data has two entries for '" + s.fqn + "'" +
                            (s.chunk_offsets ? " at offsets " + ShapeString(*s.chunk_offsets)
                                             : std::string()));
     }
   }
-  // Only files that an item of state_dict_metadata uses; stale entries are ignored.
+  return Status::Ok();
+}
+
+// The union of the sources' items. A save without rank coordination lists in each rank's
+// file what that rank wrote: a sharded tensor's chunks spread over the files, and values no
+// coordinator deduplicated (plain tensors, non-tensor values) in several. So: the same
+// fqn must have the same kind, dtype and global size everywhere; a chunk box stored by an
+// earlier file again is a replica (replica_id = how many files stored it before); the same
+// offsets with other sizes is a conflict; a bytes item is read from the first file listing
+// it. Partial overlaps between chunks are left to the cover checks of the consumers.
+Status DcpReader::Merge() {
+  std::unordered_map<std::string_view, size_t> by_fqn;
+  for (const auto& src_ptr : sources_) {
+    const Source& src = *src_ptr;
+    for (const DcpItemMetadata& item : src.md.items) {
+      auto fs_it = src.storage.find(item.fqn);
+      const FqnStorage* fs = fs_it == src.storage.end() ? nullptr : &fs_it->second;
+      auto [it, fresh] = by_fqn.emplace(item.fqn, merged_.size());
+      if (fresh) merged_.push_back(MergedItem{&item, &src, {}, nullptr, nullptr, {}});
+      MergedItem& m = merged_[it->second];
+      const std::string what = (item.is_tensor ? "tensor '" : "object '") + item.fqn + "'";
+      if (!fresh) {
+        if (m.item->is_tensor != item.is_tensor) {
+          return DataLossError(what + ": " + m.source->name + " lists it as " +
+                               (m.item->is_tensor ? "a tensor" : "a bytes item") + ", " +
+                               src.name + " as " + (item.is_tensor ? "a tensor" : "a bytes item"));
+        }
+        if (item.is_tensor && (m.item->dtype != item.dtype || m.item->size != item.size)) {
+          return DataLossError(what + ": " + m.source->name + " says " +
+                               DTypeAndShape(*m.item) + ", " + src.name + " says " +
+                               DTypeAndShape(item));
+        }
+      }
+      if (!item.is_tensor) {
+        if (m.object == nullptr && fs != nullptr && fs->object != nullptr) {
+          m.object = fs->object;
+          m.object_source = &src;
+        }
+        continue;
+      }
+      std::unordered_set<std::span<const int64_t>, OffsetsHash, OffsetsEq> seen;
+      seen.reserve(item.chunks.size());
+      for (const DcpChunkMetadata& cm : item.chunks) {
+        auto label = [&] { return what + " chunk " + ChunkBoxText(cm); };
+        if (!seen.insert(cm.offsets).second) {
+          return DataLossError(src.name + ": " + label() + ": two chunks start at offsets " +
+                               ShapeString(cm.offsets));
+        }
+        const DcpStorageInfo* s = nullptr;
+        if (fs != nullptr) {
+          auto c = fs->chunks.find(cm.offsets);
+          if (c != fs->chunks.end()) s = c->second;
+        }
+        if (s == nullptr) {
+          return DataLossError(src.name + ": " + label() +
+                               ": no storage_data entry for this chunk");
+        }
+        // First chunk stored at these offsets (by any source) and how many stored them.
+        // One source cannot hold replicas (`seen` above): no map then.
+        int64_t replica = 0;
+        if (sources_.size() > 1) {
+          auto [at, first] = m.by_offsets.try_emplace(cm.offsets, m.chunks.size(), 0);
+          if (first) {
+            m.chunks.push_back(MergedChunk{&cm, s, &src, 0});
+            continue;
+          }
+          const MergedChunk& other = m.chunks[at->second.first];
+          if (other.meta->sizes != cm.sizes) {
+            return DataLossError(what + " chunk at offsets " + ShapeString(cm.offsets) + ": " +
+                                 other.source->name + " stores sizes " +
+                                 ShapeString(other.meta->sizes) + ", " + src.name +
+                                 " stores sizes " + ShapeString(cm.sizes));
+          }
+          replica = ++at->second.second;
+        }
+        m.chunks.push_back(MergedChunk{&cm, s, &src, replica});
+      }
+    }
+  }
+  for (const MergedItem& m : merged_) {
+    if (!m.item->is_tensor && m.object == nullptr) {
+      return DataLossError(m.source->name + ": object '" + m.item->fqn +
+                           "': no storage_data entry");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<CheckpointIndex> DcpReader::Read() {
+  if (!IsDirectory(dir_)) return NotFoundError(dir_ + ": not a directory");
+  FC_RETURN_IF_ERROR(LoadSources());
+  FC_RETURN_IF_ERROR(Merge());
+
+  // Register every file an item uses (stale storage entries are ignored), in (rank, n) order.
   std::map<std::string, std::string> first_user;  // file -> label of first item using it
   auto note_user = [&first_user](const std::string& path, const char* kind,
                                  const std::string& fqn) {
@@ -400,18 +655,11 @@ Result<CheckpointIndex> DcpReader::Read() {
       first_user.emplace(path, std::string(kind) + " '" + fqn + "'");
     }
   };
-  for (const DcpItemMetadata& item : md.items) {
-    const FqnStorage* fs = StorageOf(item.fqn);
-    if (fs == nullptr) continue;
-    if (item.is_tensor) {
-      for (const DcpChunkMetadata& c : item.chunks) {
-        auto it = fs->chunks.find(c.offsets);
-        if (it != fs->chunks.end()) note_user(it->second->relative_path, "tensor", item.fqn);
-      }
-    } else if (fs->object != nullptr) {
-      note_user(fs->object->relative_path, "object", item.fqn);
-    }
+  for (const MergedItem& m : merged_) {
+    for (const MergedChunk& c : m.chunks) note_user(c.storage->relative_path, "tensor", m.item->fqn);
+    if (m.object != nullptr) note_user(m.object->relative_path, "object", m.item->fqn);
   }
+  std::map<FileOrder, std::string> names;
   for (const auto& [path, user] : first_user) names.emplace(OrderOf(path), path);
 
   CheckpointIndex index;
@@ -428,14 +676,14 @@ Result<CheckpointIndex> DcpReader::Read() {
   }
   ranges_.resize(files_.size());
 
-  for (const DcpItemMetadata& item : md.items) {
-    if (item.is_tensor) {
+  for (const MergedItem& m : merged_) {
+    if (m.item->is_tensor) {
       TensorEntry t;
-      FC_RETURN_IF_ERROR(ReadTensor(item, &t));
+      FC_RETURN_IF_ERROR(ReadTensor(m, &t));
       index.tensors.push_back(std::move(t));
     } else {
       ObjectEntry o;
-      FC_RETURN_IF_ERROR(ReadObject(item, &o));
+      FC_RETURN_IF_ERROR(ReadObject(m, &o));
       index.objects.push_back(std::move(o));
     }
   }
@@ -443,6 +691,7 @@ Result<CheckpointIndex> DcpReader::Read() {
   if (options_.locate_chunks) {
     for (TensorEntry& t : index.tensors) {
       for (Chunk& c : t.chunks) {
+        if (!c.unlocated_item) continue;
         FC_ASSIGN_OR_RETURN(ChunkLocation loc,
                             LocateTorchDcpChunk(*files_[c.file], index.files[c.file].path,
                                                 t.key, c));
@@ -453,11 +702,22 @@ Result<CheckpointIndex> DcpReader::Read() {
       }
     }
   }
-  AddAttributes(md, &index);
+  AddAttributes(&index);
   return index;
 }
 
 }  // namespace
+
+std::optional<uint64_t> TorchDcpRankMetadataRank(std::string_view name) {
+  if (!name.starts_with("__") || !name.ends_with(".metadata")) return std::nullopt;
+  std::string_view digits = name.substr(2, name.size() - 2 - 9);
+  uint64_t rank = 0;
+  auto r = std::from_chars(digits.data(), digits.data() + digits.size(), rank);
+  if (digits.empty() || r.ec != std::errc() || r.ptr != digits.data() + digits.size()) {
+    return std::nullopt;
+  }
+  return rank;
+}
 
 Result<CheckpointIndex> ReadTorchDcp(const std::string& dir, const TorchDcpReadOptions& options) {
   DcpReader reader(dir, options);
@@ -472,16 +732,35 @@ Result<ChunkLocation> LocateTorchDcpChunk(const RandomAccessFile& file,
     return InternalError(ctx + ": the chunk is already located");
   }
   const DType dtype = chunk.unlocated_item->dtype;
-  const uint64_t offset = chunk.byte_offset, length = chunk.byte_length;
-  auto end = CheckedAddU(offset, length);
-  if (!end || *end > file.size()) {
-    return DataLossError(ctx + ": item bytes " + Range(offset, offset + length) +
-                         " pass end of file (" + std::to_string(file.size()) + " bytes)");
-  }
-  ItemReader reader(&file, offset, length);
-  auto parsed = ParseTorchSaveTensor(length, reader.AsZipReadFn());
-  if (!parsed.ok()) {
-    return parsed.status().With(ctx + ": item bytes " + Range(offset, offset + length));
+  uint64_t offset = chunk.byte_offset, length = chunk.byte_length;
+  Result<TorchSaveTensor> parsed = InternalError("not parsed");
+  if (chunk.encoded_item) {
+    // One decoding pass: the archive's head (data.pkl, the storage record's header) and its
+    // tail (the zip directory). Places are in the decoded item.
+    const EncodedItem& e = *chunk.encoded_item;
+    FC_ASSIGN_OR_RETURN(DecodedItemWindows w, DecodeItemWindows(file, e).With(ctx));
+    offset = 0;
+    length = w.size;
+    parsed = ParseTorchSaveTensor(
+        w.size, [&w](uint64_t o, std::span<std::byte> dst) { return w.Read(o, dst); });
+    if (!parsed.ok()) {
+      return parsed.status().With(ctx + ": encoded item bytes " +
+                                  Range(e.encoded_offset, e.encoded_offset + e.encoded_length) +
+                                  " (" + std::to_string(w.size) + " bytes decoded)");
+    }
+  } else {
+    auto end = CheckedAddU(offset, length);
+    if (!end || *end > file.size()) {
+      return DataLossError(ctx + ": item bytes " + Range(offset, offset + length) +
+                           " pass end of file (" + std::to_string(file.size()) + " bytes)");
+    }
+    FC_ASSIGN_OR_RETURN(bool blob, IsSafetensorsBlob(file, offset).With(ctx));
+    if (blob) return LocateInSafetensorsBlob(file, offset, key, chunk, dtype).With(ctx);
+    ItemReader reader(&file, offset, length);
+    parsed = ParseTorchSaveTensor(length, reader.AsZipReadFn());
+    if (!parsed.ok()) {
+      return parsed.status().With(ctx + ": item bytes " + Range(offset, offset + length));
+    }
   }
   const TorchSaveTensor& t = *parsed;
   if (t.ref.dtype != dtype) {

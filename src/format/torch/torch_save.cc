@@ -360,6 +360,25 @@ Result<TorchSaveTensor> ParseTorchSaveTensor(uint64_t archive_size, const ZipRea
                          std::to_string(e->compressed_size) + " bytes, data.pkl says " +
                          std::to_string(t.ref.storage_bytes));
   }
+  // torch >= 2.0 records the writer's byte order; storages are in it. fc reads
+  // little-endian data only (torch.load would byte-swap a "big" archive).
+  if (const ZipEntry* order = archive.FindRecord("byteorder");
+      order != nullptr && DTypeSize(t.ref.dtype) > 1) {
+    if (order->method != 0 || order->compressed_size > 16) {
+      return DataLossError("record '" + order->name + "' is not a short stored string");
+    }
+    std::string text(static_cast<size_t>(order->compressed_size), '\0');
+    FC_RETURN_IF_ERROR(
+        read(order->data_offset, std::as_writable_bytes(std::span<char>(text.data(), text.size()))));
+    if (text == "big") {
+      return UnimplementedError("record '" + order->name + "' says the storages are "
+                                "big-endian; fc reads little-endian torch.save data only");
+    }
+    if (text != "little") {
+      return DataLossError("record '" + order->name + "' is '" + text +
+                           "', neither 'little' nor 'big'");
+    }
+  }
   t.storage_inclusive_min = e->data_offset;
   t.storage_exclusive_max = e->data_exclusive_max();
   // In range: DecodeTorchTensor checked storage_offset * itemsize <= storage bytes.

@@ -25,5 +25,8 @@ done
 rm -rf "$out/strided"
 "$py" "$here/make_strided.py" "$tools" "$out/strided"
 "$py" "$here/emulate_torch2.py" "$tools" "$out/mixed" "$out/torch2_emulated"
+# torch 2.4-2.9 variants of `mixed` (needs the zstd CLI: apt-get install zstd)
+"$py" "$here/../torch2/make_torch2.py" "$tools" "$out"
+find "$here/../torch2" -name __pycache__ -prune -exec rm -rf {} +
 find "$out" -name __pycache__ -prune -exec rm -rf {} +
 du -sh "$out"

@@ -13,6 +13,8 @@
 #include <catch2/catch.hpp>
 
 #include "fc/core/dtype.h"
+#include "fc/format/torch_dcp_transform.h"
+#include "fc/io/file.h"
 
 namespace fc::testing {
 
@@ -151,8 +153,14 @@ std::vector<std::byte> ReassembleTensor(const CheckpointIndex& index, const Tens
   std::vector<int> covered(static_cast<size_t>(numel), 0);
   const Box whole = Box::Whole(tensor.global_shape);
   const Shape global_strides = RowMajorStrides(tensor.global_shape);
+  // Replicas (replica_id != 0) are written into a copy of the primaries' result, which must
+  // come out unchanged; only primaries count for coverage.
+  std::vector<std::byte> replicas;
+  for (int pass = 0; pass < 2; ++pass) {
+  if (pass == 1) replicas = out;
   for (const Chunk& c : tensor.chunks) {
-    INFO("chunk " << c.box.ToString());
+    if ((c.replica_id != 0) != (pass == 1)) continue;
+    INFO("chunk " << c.box.ToString() << " replica " << c.replica_id);
     REQUIRE(!c.flat_range.has_value());
     REQUIRE(c.file < index.files.size());
     // byte_length must match the layout exactly.
@@ -171,11 +179,23 @@ std::vector<std::byte> ReassembleTensor(const CheckpointIndex& index, const Tens
       }
     }
     CHECK(c.byte_length == expected);
-    REQUIRE(c.byte_offset + c.byte_length <= index.files[c.file].size);
-    const std::vector<std::byte> file =
-        ReadFileBytes(index.root + "/" + index.files[c.file].path);
+    std::vector<std::byte> file = ReadFileBytes(index.root + "/" + index.files[c.file].path);
     REQUIRE(file.size() == index.files[c.file].size);
-    CopyRegion(file.data() + c.byte_offset, c.box, c.strides, out.data(), whole, c.box, item);
+    if (c.encoded_item) {  // the chunk's place is in the decoded item: decode it whole
+      auto f = RandomAccessFile::Open(index.root + "/" + index.files[c.file].path);
+      REQUIRE(f.ok());
+      std::vector<std::byte> decoded;
+      auto n = DecodeItem(**f, *c.encoded_item, [&](uint64_t, std::span<const std::byte> b) {
+        decoded.insert(decoded.end(), b.begin(), b.end());
+        return true;
+      });
+      if (!n.ok()) FAIL(n.status().ToString());
+      file = std::move(decoded);
+    }
+    REQUIRE(c.byte_offset + c.byte_length <= file.size());
+    CopyRegion(file.data() + c.byte_offset, c.box, c.strides,
+               pass == 0 ? out.data() : replicas.data(), whole, c.box, item);
+    if (pass == 1) continue;
     // Coverage: every element of the box, once.
     const int64_t n = c.box.num_elements();
     Shape idx(c.box.rank(), 0);
@@ -191,6 +211,8 @@ std::vector<std::byte> ReassembleTensor(const CheckpointIndex& index, const Tens
       }
     }
   }
+  }
+  CHECK((replicas.empty() || replicas == out));
   for (size_t k = 0; k < covered.size(); ++k) {
     INFO("element " << k);
     REQUIRE(covered[k] == 1);

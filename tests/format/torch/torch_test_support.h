@@ -58,8 +58,8 @@ NpyArray ReadNpy(const std::string& path);
 
 // The full row-major value of `tensor`, assembled from its chunks by reading the files of
 // `index` and copying with fc::CopyRegion (honouring strides). Fails the current test if a
-// chunk's byte_length disagrees with its layout or if any element is not covered exactly
-// once.
+// chunk's byte_length disagrees with its layout, if any element is not covered exactly
+// once by the chunks with replica_id 0, or if a replica's bytes differ from theirs.
 std::vector<std::byte> ReassembleTensor(const CheckpointIndex& index, const TensorEntry& tensor);
 
 // --- Writing pickles ---------------------------------------------------------------------

@@ -1,0 +1,114 @@
+"""fc-export, fc-convert and fc-inspect on the torch 2.x DCP variants (issue 13), compared
+bit-exactly with the same tools on the plain torch 1.13 save they were made from
+(testdata/gen/torch2/make_torch2.py: rank_local, zstd, details, safetensors <- mixed), and
+the refusals (big-endian items, unknown transforms, conflicting rank files).
+
+usage: torch_dcp2_cli_test.py BUILD_ROOT TESTDATA
+"""
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+BUILD, TESTDATA = sys.argv[1], sys.argv[2]
+TOOLS = os.path.join(BUILD, "tools")
+EXPORT, CONVERT, INSPECT = (os.path.join(TOOLS, t) for t in ("fc-export", "fc-convert", "fc-inspect"))
+DCP = os.path.join(TESTDATA, "torch_dcp")
+tmp = tempfile.mkdtemp(prefix="fc-torch2-cli-")
+
+
+def run(args, expect=0):
+    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.returncode == expect, f"{args}: exit {p.returncode}, wanted {expect}\n{p.stderr}"
+    return p
+
+
+def export(ckpt, name):
+    out = os.path.join(tmp, name)
+    run([EXPORT, ckpt, out, "--quiet", "--objects", out + ".objects"])
+    return out
+
+
+def same_dirs(a, b, label):
+    names = sorted(os.listdir(a))
+    assert names == sorted(os.listdir(b)), (label, names, sorted(os.listdir(b)))
+    match, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
+    assert not mismatch and not errors, f"{label}: {mismatch} {errors} differ"
+
+
+plain = export(os.path.join(DCP, "mixed", "ckpt"), "plain")
+for variant in ("rank_local", "zstd", "details", "safetensors"):
+    ckpt = os.path.join(DCP, variant, "ckpt")
+    got = export(ckpt, variant)
+    same_dirs(plain, got, variant + " export")
+    if variant == "details":  # re-archived with the recent records: same data.pkl
+        for name in os.listdir(plain + ".objects"):
+            pkl = [zipfile.ZipFile(os.path.join(d, name)).read("archive/data.pkl")
+                   for d in (plain + ".objects", got + ".objects")]
+            assert pkl[0] == pkl[1], (variant, name)
+    else:
+        same_dirs(plain + ".objects", got + ".objects", variant + " objects")
+    run([INSPECT, ckpt, "--verify"])
+    # fc-convert to fc distcp and to torch DCP (2), exported again: the same bytes.
+    for fmt in ("fc", "torch-dcp"):
+        conv = os.path.join(tmp, f"{variant}-{fmt}")
+        run([CONVERT, ckpt, conv, "--quiet", "--output-format", fmt,
+             "--target-like", os.path.join(DCP, "mixed", "ckpt")])
+        same_dirs(plain, export(conv, f"{variant}-{fmt}-export"), f"{variant} via {fmt}")
+    print("ok", variant)
+
+# fc-convert --torch-serialization safetensors (torch ~2.8's SAFETENSORS form) reads back
+# to the same export; torch 1.13 has no such form (exit 3).
+st_out = os.path.join(tmp, "to-safetensors")
+run([CONVERT, os.path.join(DCP, "mixed", "ckpt"), st_out, "--quiet", "--output-format", "torch-dcp",
+     "--torch-version", "2", "--torch-serialization", "safetensors",
+     "--target-like", os.path.join(DCP, "mixed", "ckpt")])
+got = export(st_out, "to-safetensors-export")
+same_dirs(plain, got, "safetensors serialization")
+same_dirs(plain + ".objects", got + ".objects", "safetensors serialization objects")
+run([INSPECT, st_out, "--verify"])
+first = open(os.path.join(st_out, "__1_0.distcp"), "rb").read()
+assert b'"DCP_SHARDING_INFO":"{\\"grid\\": {\\"saved_offsets\\": [0, 3]}' in first, first[:200]
+run([CONVERT, os.path.join(DCP, "mixed", "ckpt"), os.path.join(tmp, "st113"), "--quiet",
+     "--output-format", "torch-dcp", "--torch-version", "1.13", "--torch-serialization", "safetensors",
+     "--target-like", os.path.join(DCP, "mixed", "ckpt")], expect=3)
+print("ok safetensors serialization output")
+
+# fc-inspect --json marks the compressed items with their stored range.
+import json  # noqa: E402
+doc = json.loads(run([INSPECT, os.path.join(DCP, "zstd", "ckpt"), "--json"]).stdout)
+for t in doc["tensors"]:
+    for c in t["chunks"]:
+        e = c["encoded_item"]
+        assert e["codec"] == "zstd" and e["length"] > 0, c
+for o in doc["objects"]:
+    assert o["encoded_item"]["codec"] == "zstd" and o["byte_length"] == 431, o
+plain_doc = json.loads(run([INSPECT, os.path.join(DCP, "mixed", "ckpt"), "--json"]).stdout)
+assert all("encoded_item" not in c for t in plain_doc["tensors"] for c in t["chunks"])
+
+# Refusals: exit 6 (unsupported) naming the cause, exit 5 for conflicting rank files.
+p = run([EXPORT, os.path.join(TESTDATA, "torch_dcp_refused", "big_endian", "ckpt"),
+         os.path.join(tmp, "be"), "--quiet"], expect=6)
+assert "big-endian" in p.stderr, p.stderr
+
+odd = os.path.join(tmp, "odd_transform")
+shutil.copytree(os.path.join(DCP, "zstd", "ckpt"), odd)
+md = open(os.path.join(odd, ".metadata"), "rb").read()
+assert md.count(b"stream.zstd/1") >= 1
+open(os.path.join(odd, ".metadata"), "wb").write(md.replace(b"stream.zstd/1", b"stream.zstx/1"))
+p = run([EXPORT, odd, os.path.join(tmp, "odd"), "--quiet"], expect=6)
+assert "transform 'stream.zstx/1' is not supported" in p.stderr, p.stderr
+p = run([INSPECT, odd], expect=6)
+
+conflict = os.path.join(tmp, "conflict")
+shutil.copytree(os.path.join(DCP, "rank_local", "ckpt"), conflict)
+md = open(os.path.join(conflict, "__2.metadata"), "rb").read()
+assert b"float32" in md
+open(os.path.join(conflict, "__2.metadata"), "wb").write(md.replace(b"float32", b"float16"))
+p = run([INSPECT, conflict], expect=5)
+assert "__0.metadata says float32" in p.stderr and "__2.metadata says float16" in p.stderr, p.stderr
+print("ok refusals")
+shutil.rmtree(tmp, ignore_errors=True)
