@@ -3,7 +3,7 @@
 # Usage: scripts/install-deps.sh [--with-torch]   (--with-torch: PyTorch for interop tests)
 set -euo pipefail
 pkgs=(g++ meson ninja-build pkg-config libcli11-dev libspdlog-dev libsimdjson-dev catch2
-      libxxhash-dev libopenmpi-dev openmpi-bin python3 python3-numpy)
+      libxxhash-dev libre2-dev libopenmpi-dev openmpi-bin python3 python3-numpy)
 if [[ "${1:-}" == "--with-torch" ]]; then
   pkgs+=(python3-torch)
 fi
