@@ -17,7 +17,9 @@ inline constexpr int kUsageExitCode = 2;
 const char* ExitCodeHelp();
 
 // Sets spdlog to print "fc-export: message" lines on stderr; quiet drops info lines,
-// verbose enables debug.
+// verbose enables debug. Also installs the out-of-memory exit: a std::bad_alloc that no
+// code handles (in any thread) prints "<tool>: error: out of memory (std::bad_alloc) ...
+// (exit 10)" and exits with 10 (resource exhausted) instead of aborting.
 void SetUpLogging(const std::string& tool, bool quiet, bool verbose);
 
 // Parses "5GB" (10^9), "512MiB" (2^20), "64k", "1000" (bytes); case-insensitive units

@@ -1,12 +1,17 @@
 #include "fc/format/chunk_reader.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <iterator>
 
 #include "fc/core/flat_range.h"
+#include "fc/format/fc_distcp.h"
 #include "fc/format/torch_dcp.h"
+#include "src/format/fcdistcp/internal.h"
 
 namespace fc {
 namespace {
@@ -43,10 +48,58 @@ std::string ChunkContext(const TensorEntry& tensor, const Chunk& chunk) {
   return s;
 }
 
+std::atomic<bool> g_verify_checksums{true};
+
+struct Xxh3StateDeleter {
+  void operator()(XXH3_state_t* s) const { XXH3_freeState(s); }
+};
+using Xxh3State = std::unique_ptr<XXH3_state_t, Xxh3StateDeleter>;
+
+// Feeds the elements of `box` (inside `dst_box`, whose row-major bytes start at `dst`) to
+// `state` in row-major order of `box`: the order a packed chunk holding `box` has in its file.
+void HashBoxIn(XXH3_state_t* state, const std::byte* dst, const Box& dst_box, const Box& box,
+               size_t esize) {
+  if (box.rank() == 0) {
+    XXH3_64bits_update(state, dst, esize);
+    return;
+  }
+  if (box.empty()) return;
+  // Runs contiguous in dst: the trailing axes `box` covers whole, times the first it does not.
+  size_t merged = box.rank();
+  int64_t run = 1;
+  while (merged > 0) {
+    --merged;
+    run *= box.local_shape[merged];
+    if (box.local_shape[merged] != dst_box.local_shape[merged]) break;
+  }
+  const int64_t runs = box.num_elements() / run;
+  const Shape dst_strides = RowMajorStrides(dst_box.local_shape);
+  const size_t run_bytes = static_cast<size_t>(run) * esize;
+  Shape idx(merged, 0);  // index over the axes before `merged`
+  for (int64_t r = 0; r < runs; ++r) {
+    int64_t element = 0;
+    for (size_t a = 0; a < box.rank(); ++a) {
+      const int64_t i = a < merged ? idx[a] : 0;
+      element += (box.global_offset[a] - dst_box.global_offset[a] + i) * dst_strides[a];
+    }
+    XXH3_64bits_update(state, dst + element * static_cast<int64_t>(esize), run_bytes);
+    for (size_t a = merged; a-- > 0;) {
+      if (++idx[a] < box.local_shape[a]) break;
+      idx[a] = 0;
+    }
+  }
+}
+
 }  // namespace
 
+void SetDefaultVerifyChecksums(bool verify) { g_verify_checksums.store(verify); }
+bool DefaultVerifyChecksums() { return g_verify_checksums.load(); }
+
 ChunkReader::ChunkReader(const CheckpointIndex& index)
-    : index_(index), files_(index.files.size()) {
+    : ChunkReader(index, ChunkReaderOptions{.verify_checksums = DefaultVerifyChecksums()}) {}
+
+ChunkReader::ChunkReader(const CheckpointIndex& index, ChunkReaderOptions options)
+    : index_(index), files_(index.files.size()), options_(options) {
   for (const TensorEntry& t : index.tensors) {
     if (!t.chunks.empty()) chunk_spans_.emplace_back(t.chunks.data(), t.chunks.data() + t.chunks.size());
   }
@@ -70,14 +123,70 @@ uint64_t ChunkReader::bytes_read() const {
   return bytes_read_;
 }
 
-Result<ChunkLocation> ChunkReader::LocateUnlocated(const std::string& key, const Chunk& chunk) {
+uint64_t ChunkReader::verify_bytes_read() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return verify_bytes_read_;
+}
+
+uint64_t ChunkReader::chunks_verified() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return chunks_verified_;
+}
+
+bool ChunkReader::InIndex(const Chunk& chunk) const {
   auto span = std::upper_bound(
       chunk_spans_.begin(), chunk_spans_.end(), &chunk,
       [](const Chunk* c, const std::pair<const Chunk*, const Chunk*>& s) {
         return std::less<const Chunk*>()(c, s.first);
       });
-  const bool in_index = span != chunk_spans_.begin() &&
-                        std::less<const Chunk*>()(&chunk, std::prev(span)->second);
+  return span != chunk_spans_.begin() &&
+         std::less<const Chunk*>()(&chunk, std::prev(span)->second);
+}
+
+bool ChunkReader::NeedsVerification(const Chunk& chunk) const {
+  if (!options_.verify_checksums || !chunk.xxh3_64) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return verified_.count(&chunk) == 0;
+}
+
+void ChunkReader::MarkVerified(const Chunk& chunk) {
+  const bool in_index = InIndex(chunk);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++chunks_verified_;
+  // A caller's temporary copy is verified on every read (its address could be reused).
+  if (in_index) verified_.insert(&chunk);
+}
+
+Status ChunkReader::CheckDigest(const TensorEntry& tensor, const Chunk& chunk,
+                                uint64_t actual) const {
+  if (actual == *chunk.xxh3_64) return Status::Ok();
+  const std::string file =
+      chunk.file < index_.files.size() ? index_.files[chunk.file].path : std::string("?");
+  return DataLossError(file + ": " + ChunkContext(tensor, chunk) + " bytes [" +
+                       std::to_string(chunk.byte_offset) + ", " +
+                       std::to_string(chunk.byte_offset + chunk.byte_length) +
+                       "): checksum mismatch: xxh3-64 of the bytes is " + fcdistcp_internal::Hex64(actual) +
+                       ", the metadata says " + fcdistcp_internal::Hex64(*chunk.xxh3_64) +
+                       " (damaged data; --no-verify-checksums reads it anyway)");
+}
+
+Status ChunkReader::VerifyFromFile(const TensorEntry& tensor, const Chunk& chunk) {
+  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, File(chunk.file));
+  FC_ASSIGN_OR_RETURN(uint64_t actual,
+                      Xxh3OfFileRange(*f, chunk.byte_offset, chunk.byte_length)
+                          .With(index_.files[chunk.file].path + ": " +
+                                ChunkContext(tensor, chunk)));
+  FC_RETURN_IF_ERROR(CheckDigest(tensor, chunk, actual));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    verify_bytes_read_ += chunk.byte_length;
+  }
+  MarkVerified(chunk);
+  return Status::Ok();
+}
+
+Result<ChunkLocation> ChunkReader::LocateUnlocated(const std::string& key, const Chunk& chunk) {
+  const bool in_index = InIndex(chunk);
   if (in_index) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = located_.find(&chunk);
@@ -232,6 +341,43 @@ Status ChunkReader::CopyBoxPiece(const TensorEntry& tensor, const Chunk& chunk,
 
 Status ChunkReader::CopyChunkRegion(const TensorEntry& tensor, const Chunk& chunk,
                                     const Box& region, void* dst, const Box& dst_box) {
+  if (NeedsVerification(chunk)) {
+    std::optional<Box> overlap = Intersect(chunk.box, region);
+    if (!overlap || overlap->empty()) return Status::Ok();
+    // Checksummed chunks (fc distcp) are packed: row-major, or a flat range of their box.
+    if (chunk.unlocated_item || !chunk.strides.empty()) {
+      return InternalError(ChunkContext(tensor, chunk) +
+                           ": a checksummed chunk must be located and packed");
+    }
+    if (!Contains(region, chunk.box)) {
+      // A part of the chunk: verify all of it from the file first.
+      FC_RETURN_IF_ERROR(VerifyFromFile(tensor, chunk));
+      return CopyUnverified(tensor, chunk, region, dst, dst_box);
+    }
+    // The whole chunk: copy, then hash what was copied, in the chunk's byte order.
+    FC_RETURN_IF_ERROR(CopyUnverified(tensor, chunk, region, dst, dst_box));
+    Xxh3State state(XXH3_createState());
+    if (!state) return ResourceExhaustedError("out of memory for an XXH3 state");
+    XXH3_64bits_reset(state.get());
+    const size_t esize = DTypeSize(tensor.dtype);
+    const auto* bytes = static_cast<const std::byte*>(dst);
+    if (chunk.flat_range) {
+      for (Box piece : DecomposeFlatRange(chunk.box.local_shape, *chunk.flat_range)) {
+        for (size_t i = 0; i < piece.rank(); ++i) piece.global_offset[i] += chunk.box.global_offset[i];
+        HashBoxIn(state.get(), bytes, dst_box, piece, esize);
+      }
+    } else {
+      HashBoxIn(state.get(), bytes, dst_box, chunk.box, esize);
+    }
+    FC_RETURN_IF_ERROR(CheckDigest(tensor, chunk, XXH3_64bits_digest(state.get())));
+    MarkVerified(chunk);
+    return Status::Ok();
+  }
+  return CopyUnverified(tensor, chunk, region, dst, dst_box);
+}
+
+Status ChunkReader::CopyUnverified(const TensorEntry& tensor, const Chunk& chunk,
+                                   const Box& region, void* dst, const Box& dst_box) {
   const size_t esize = DTypeSize(tensor.dtype);
   // An unlocated chunk (torch DCP) is located once; its region reads then use the place.
   std::optional<ChunkLocation> found;

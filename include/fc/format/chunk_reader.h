@@ -7,6 +7,14 @@
 // place is cached per chunk for the reader's lifetime; a corrupt item is reported then, with
 // the file, tensor and chunk named.
 //
+// Checksums: a chunk that carries an xxh3_64 (fc distcp) is verified the first time any of
+// its bytes are read through CopyChunkRegion, and remembered as verified for the reader's
+// lifetime. When that first read covers the whole chunk, the bytes just copied are hashed in
+// place (no second read); otherwise the whole chunk is hashed from its file first (reads in
+// 4 MiB slabs, counted in verify_bytes_read(), not in bytes_read()). A mismatch is kDataLoss
+// naming the file, tensor and chunk, e.g. "__1_0.distcp: tensor 'w' chunk [4, 8) x [0, 6):
+// checksum mismatch: xxh3-64 of the bytes is ..., the metadata says ...".
+//
 // Thread-safety: ChunkReader is safe to use from several threads at once (files are opened
 // and locations cached under a mutex; reads use pread).
 #ifndef FC_FORMAT_CHUNK_READER_H_
@@ -17,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -27,10 +36,22 @@
 
 namespace fc {
 
+struct ChunkReaderOptions {
+  // Verify chunk checksums on read (see above). Default: DefaultVerifyChecksums().
+  bool verify_checksums = true;
+};
+
+// The process-wide default of ChunkReaderOptions::verify_checksums for readers constructed
+// without options (true unless a tool was given --no-verify-checksums). Set it before
+// constructing readers; reading it is thread-safe.
+void SetDefaultVerifyChecksums(bool verify);
+bool DefaultVerifyChecksums();
+
 class ChunkReader {
  public:
-  // `index` must outlive the reader.
+  // `index` must outlive the reader. Verifies checksums when DefaultVerifyChecksums().
   explicit ChunkReader(const CheckpointIndex& index);
+  ChunkReader(const CheckpointIndex& index, ChunkReaderOptions options);
 
   // The open file `files[file]` of the index (opened on first use).
   Result<const RandomAccessFile*> File(uint32_t file);
@@ -44,7 +65,8 @@ class ChunkReader {
   Status CopyChunkRegion(const TensorEntry& tensor, const Chunk& chunk, const Box& region,
                          void* dst, const Box& dst_box);
 
-  // The raw bytes [chunk.byte_offset, + byte_length) (for checksums and copies).
+  // The raw bytes [chunk.byte_offset, + byte_length) (for checksums and copies); not
+  // verified against the chunk's checksum (its callers compute checksums themselves).
   Status ReadChunkBytes(const Chunk& chunk, std::span<std::byte> dst);
 
   // Where `chunk` (of `tensor`) keeps its data: its own byte_offset/byte_length/strides, or,
@@ -54,14 +76,32 @@ class ChunkReader {
 
   // Bytes read from files so far (for progress and benchmarks).
   uint64_t bytes_read() const;
+  // Bytes read only to verify checksums (a chunk whose first read was partial).
+  uint64_t verify_bytes_read() const;
+  // Chunks verified so far.
+  uint64_t chunks_verified() const;
 
  private:
   Status CopyBoxPiece(const TensorEntry& tensor, const Chunk& chunk, const Box& stored_box,
                       uint64_t stored_byte_offset, const Box& piece, void* dst,
                       const Box& dst_box);
 
+  // CopyChunkRegion without checksum verification.
+  Status CopyUnverified(const TensorEntry& tensor, const Chunk& chunk, const Box& region,
+                        void* dst, const Box& dst_box);
+
   // Locate for an unlocated chunk; `key` names the tensor in errors.
   Result<ChunkLocation> LocateUnlocated(const std::string& key, const Chunk& chunk);
+
+  // Whether `chunk` is one of the index's own chunks (not a caller's copy).
+  bool InIndex(const Chunk& chunk) const;
+  // True when `chunk` has a checksum, verification is on and it was not verified yet.
+  bool NeedsVerification(const Chunk& chunk) const;
+  void MarkVerified(const Chunk& chunk);
+  // kDataLoss naming file, tensor and chunk unless `actual` is the chunk's checksum.
+  Status CheckDigest(const TensorEntry& tensor, const Chunk& chunk, uint64_t actual) const;
+  // Hashes the chunk's bytes from its file and checks them.
+  Status VerifyFromFile(const TensorEntry& tensor, const Chunk& chunk);
 
   const CheckpointIndex& index_;
   mutable std::mutex mu_;
@@ -71,6 +111,10 @@ class ChunkReader {
   // index are cached (a caller's temporary copy could reuse an address).
   std::vector<std::pair<const Chunk*, const Chunk*>> chunk_spans_;
   uint64_t bytes_read_ = 0;
+  const ChunkReaderOptions options_;
+  std::unordered_set<const Chunk*> verified_;  // guarded by mu_; index chunks only
+  uint64_t verify_bytes_read_ = 0;             // guarded by mu_
+  uint64_t chunks_verified_ = 0;               // guarded by mu_
 };
 
 }  // namespace fc
