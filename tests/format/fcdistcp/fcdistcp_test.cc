@@ -448,11 +448,28 @@ TEST_CASE("ChunkReader verifies checksums on read", "[fcdistcp]") {
     CHECK(reader.chunks_verified() == 4);
     CHECK(reader.verify_bytes_read() == 0);
   }
-  SECTION("intact data read in parts first: the chunk is hashed from its file once") {
+  SECTION("intact data read in rows: hashed as copied, skipped rows from the file") {
+    ChunkReader reader(*good, ChunkReaderOptions{.verify_checksums = true});
+    const Chunk& c = embed.chunks[1];  // rows [4, 8), 16 bytes a row
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{4, 0}, {1, 4}}, dst.data(), wide));
+    CHECK(reader.chunks_verified() == 0);  // 1 row of 4 hashed so far
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{6, 0}, {2, 4}}, dst.data(), wide));
+    CHECK(reader.chunks_verified() == 1);   // row 5 came from the file
+    CHECK(reader.verify_bytes_read() == 16);
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{5, 0}, {1, 4}}, dst.data(), wide));
+    CHECK(reader.verify_bytes_read() == 16);
+    // Rows of the other chunk, never all read: FinishVerification hashes the rest.
+    const Chunk& c0 = embed.chunks[0];
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c0, Box{{0, 0}, {2, 4}}, dst.data(), wide));
+    CHECK(reader.chunks_verified() == 1);
+    FC_REQUIRE_OK(reader.FinishVerification());
+    CHECK(reader.chunks_verified() == 2);
+    CHECK(reader.verify_bytes_read() == 16 + 32);
+  }
+  SECTION("a column cut is verified from the file before it is used") {
     ChunkReader reader(*good, ChunkReaderOptions{.verify_checksums = true});
     const Chunk& c = embed.chunks[1];
-    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{5, 0}, {1, 4}}, dst.data(), wide));
-    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{6, 0}, {2, 4}}, dst.data(), wide));
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{4, 1}, {4, 2}}, dst.data(), wide));
     CHECK(reader.chunks_verified() == 1);
     CHECK(reader.verify_bytes_read() == c.byte_length);
   }
@@ -489,6 +506,18 @@ TEST_CASE("ChunkReader verifies checksums on read", "[fcdistcp]") {
     ChunkReader reader(*bad, ChunkReaderOptions{.verify_checksums = true});
     Status s = reader.CopyChunkRegion(bad_embed, bad_embed.chunks[1], Box{{7, 0}, {1, 4}},
                                       dst.data(), wide);
+    CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK_THAT(s.message(), Catch::Matchers::StartsWith(embed_name));
+    ChunkReader columns(*bad, ChunkReaderOptions{.verify_checksums = true});
+    s = columns.CopyChunkRegion(bad_embed, bad_embed.chunks[1], Box{{4, 2}, {4, 2}},
+                                dst.data(), wide);
+    CHECK(s.code() == StatusCode::kDataLoss);
+  }
+  SECTION("the damaged row read alone: FinishVerification refuses it") {
+    ChunkReader reader(*bad, ChunkReaderOptions{.verify_checksums = true});
+    FC_EXPECT_OK(reader.CopyChunkRegion(bad_embed, bad_embed.chunks[1], Box{{4, 0}, {1, 4}},
+                                        dst.data(), wide));
+    Status s = reader.FinishVerification();
     CHECK(s.code() == StatusCode::kDataLoss);
     CHECK_THAT(s.message(), Catch::Matchers::StartsWith(embed_name));
   }
