@@ -269,6 +269,64 @@ Status ChunkReader::StreamRows(const TensorEntry& tensor, const Chunk& chunk,
   return Status::Ok();
 }
 
+Status ChunkReader::CopyRowsHashing(const TensorEntry& tensor, const Chunk& chunk,
+                                    const Box& rows, void* dst, const Box& dst_box,
+                                    void* xxh3_state) {
+  auto* state = static_cast<XXH3_state_t*>(xxh3_state);
+  // Batches small enough to be hashed while they are still in the CPU cache (hashing a
+  // multi-MiB block after the copy costs a second trip through memory).
+  constexpr uint64_t kBatchBytes = 256u << 10;
+  const size_t esize = DTypeSize(tensor.dtype);
+  const uint64_t row_bytes =
+      static_cast<uint64_t>(chunk.box.num_elements() / chunk.box.local_shape[0]) * esize;
+  const int64_t batch_rows =
+      static_cast<int64_t>(std::max<uint64_t>(1, kBatchBytes / std::max<uint64_t>(1, row_bytes)));
+  for (int64_t r = 0; r < rows.local_shape[0]; r += batch_rows) {
+    Box batch = rows;
+    batch.global_offset[0] += r;
+    batch.local_shape[0] = std::min(batch_rows, rows.local_shape[0] - r);
+    FC_RETURN_IF_ERROR(CopyUnverified(tensor, chunk, batch, dst, dst_box));
+    HashBoxIn(state, static_cast<const std::byte*>(dst), dst_box, batch, esize);
+  }
+  return Status::Ok();
+}
+
+Result<bool> ChunkReader::StreamRowsInOrder(const TensorEntry& tensor, const Chunk& chunk,
+                                            const Box& overlap, void* dst,
+                                            const Box& dst_box) {
+  const size_t esize = DTypeSize(tensor.dtype);
+  const uint64_t row_bytes =
+      static_cast<uint64_t>(chunk.box.num_elements() / chunk.box.local_shape[0]) * esize;
+  const uint64_t begin =
+      static_cast<uint64_t>(overlap.global_offset[0] - chunk.box.global_offset[0]) * row_bytes;
+  const uint64_t end = begin + static_cast<uint64_t>(overlap.local_shape[0]) * row_bytes;
+  std::shared_ptr<ChunkStream> stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (verified_.count(&chunk) != 0) return false;
+    auto it = streams_.find(&chunk);
+    if (it != streams_.end()) {
+      stream = it->second;
+    } else if (begin == 0) {
+      stream = std::make_shared<ChunkStream>();
+      stream->tensor = &tensor;
+      stream->chunk = &chunk;
+      stream->state.reset(XXH3_createState());
+      if (!stream->state) return ResourceExhaustedError("out of memory for an XXH3 state");
+      XXH3_64bits_reset(stream->state.get());
+      streams_.emplace(&chunk, stream);
+    } else {
+      return false;
+    }
+  }
+  std::lock_guard<std::mutex> lock(stream->mu);
+  if (stream->done || stream->hashed != begin) return false;
+  FC_RETURN_IF_ERROR(CopyRowsHashing(tensor, chunk, overlap, dst, dst_box, stream->state.get()));
+  stream->hashed = end;
+  if (stream->hashed == chunk.byte_length) FC_RETURN_IF_ERROR(CompleteStream(*stream));
+  return true;
+}
+
 Status ChunkReader::FinishVerification() {
   std::vector<std::shared_ptr<ChunkStream>> open;
   {
@@ -467,15 +525,25 @@ Status ChunkReader::CopyChunkRegion(const TensorEntry& tensor, const Chunk& chun
         return CopyUnverified(tensor, chunk, region, dst, dst_box);
       }
       // Whole rows: hash them as copied (the rest at the latest in FinishVerification).
+      if (Result<bool> done = StreamRowsInOrder(tensor, chunk, *overlap, dst, dst_box);
+          !done.ok() || *done) {
+        return done.status();
+      }
       FC_RETURN_IF_ERROR(CopyUnverified(tensor, chunk, region, dst, dst_box));
       return StreamRows(tensor, chunk, *overlap, dst, dst_box);
     }
     // The whole chunk: copy, then hash what was copied, in the chunk's byte order.
-    FC_RETURN_IF_ERROR(CopyUnverified(tensor, chunk, region, dst, dst_box));
     Xxh3State state(XXH3_createState());
     if (!state) return ResourceExhaustedError("out of memory for an XXH3 state");
     XXH3_64bits_reset(state.get());
     const size_t esize = DTypeSize(tensor.dtype);
+    if (!chunk.flat_range && chunk.box.rank() > 0) {
+      FC_RETURN_IF_ERROR(CopyRowsHashing(tensor, chunk, chunk.box, dst, dst_box, state.get()));
+      FC_RETURN_IF_ERROR(CheckDigest(tensor, chunk, XXH3_64bits_digest(state.get())));
+      MarkVerified(chunk);
+      return Status::Ok();
+    }
+    FC_RETURN_IF_ERROR(CopyUnverified(tensor, chunk, region, dst, dst_box));
     const auto* bytes = static_cast<const std::byte*>(dst);
     if (chunk.flat_range) {
       for (Box piece : DecomposeFlatRange(chunk.box.local_shape, *chunk.flat_range)) {

@@ -117,6 +117,15 @@ class ChunkReader {
   // running hash (see above); checks the digest when the chunk is complete.
   Status StreamRows(const TensorEntry& tensor, const Chunk& chunk, const Box& overlap,
                     const void* dst, const Box& dst_box);
+  // When `overlap` (whole rows) is the next part of the chunk's running hash: copies it in
+  // cache-sized batches, hashing each as it lands, and returns true. False: not in order
+  // (nothing copied).
+  Result<bool> StreamRowsInOrder(const TensorEntry& tensor, const Chunk& chunk,
+                                 const Box& overlap, void* dst, const Box& dst_box);
+  // Copies `rows` (whole rows of `chunk`) in batches, feeding each to `xxh3_state` (an
+  // XXH3_state_t; opaque here, the source inlines xxHash under renamed types).
+  Status CopyRowsHashing(const TensorEntry& tensor, const Chunk& chunk, const Box& rows,
+                         void* dst, const Box& dst_box, void* xxh3_state);
   struct ChunkStream;
   // Appends [from, to) of the chunk's bytes, read from its file, to the stream.
   Status HashFromFile(ChunkStream& stream, uint64_t from, uint64_t to);
