@@ -59,6 +59,20 @@ def case_damaged():
     # The damage was copied, under fresh checksums: only because it was asked for.
     run([INSPECT, out, "--verify"], expect=0)
 
+    # A damaged object: fc-convert refuses to copy it, naming it.
+    objckpt = os.path.join(tmp, "fc-obj")
+    run([CONVERT, FIXTURE, objckpt, "--quiet", "--target-like", FIXTURE])
+    obj = json.load(open(os.path.join(objckpt, "fc.metadata.json")))["objects"][0]
+    path = os.path.join(objckpt, obj["file"])
+    data = bytearray(open(path, "rb").read())
+    data[obj["byte_offset"] + obj["byte_length"] - 1] ^= 0x01
+    open(path, "wb").write(data)
+    p = run([CONVERT, objckpt, os.path.join(tmp, "obj-out"), "--quiet", "--target-like", objckpt],
+            expect=5)
+    assert f"{obj['file']}: object '{obj['key']}': checksum mismatch" in p.stderr, p.stderr
+    run([CONVERT, objckpt, os.path.join(tmp, "obj-out2"), "--quiet", "--target-like", objckpt,
+         "--no-verify-checksums"])
+
     refused(run([DIFF, ckpt, FIXTURE, "--quiet"], expect=5), "fc-diff")
     run([DIFF, ckpt, FIXTURE, "--quiet", "--no-verify-checksums"], expect=1)  # differs
     # fc-inspect --verify names it as before (exit 11), and intact copies pass everywhere.
