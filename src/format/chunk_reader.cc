@@ -168,8 +168,9 @@ Status ChunkReader::CheckDigest(const TensorEntry& tensor, const Chunk& chunk,
   return DataLossError(file + ": " + ChunkContext(tensor, chunk) + " bytes [" +
                        std::to_string(chunk.byte_offset) + ", " +
                        std::to_string(chunk.byte_offset + chunk.byte_length) +
-                       "): checksum mismatch: xxh3-64 of the bytes is " + fcdistcp_internal::Hex64(actual) +
-                       ", the metadata says " + fcdistcp_internal::Hex64(*chunk.xxh3_64) +
+                       "): checksum mismatch: xxh3-64 of the bytes is " +
+                       fcdistcp_internal::Hex64(actual) + ", the metadata says " +
+                       fcdistcp_internal::Hex64(*chunk.xxh3_64) +
                        " (damaged data; --no-verify-checksums reads it anyway)");
 }
 
