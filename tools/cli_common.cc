@@ -5,10 +5,15 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <csignal>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <new>
 
 namespace fc::cli {
 
@@ -36,7 +41,44 @@ int UsageError(const std::string& tool, const std::string& message) {
   return kUsageExitCode;
 }
 
+namespace {
+
+// The out-of-memory message, built before it is needed (printing it must not allocate).
+char g_oom_message[256];
+size_t g_oom_message_size = 0;
+std::terminate_handler g_previous_terminate = nullptr;
+
+// std::terminate handler: an uncaught std::bad_alloc (main thread or a worker) is exit 10;
+// anything else goes on to the previous handler (message and abort).
+[[noreturn]] void OnTerminate() {
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::bad_alloc&) {
+      [[maybe_unused]] ssize_t n = write(STDERR_FILENO, g_oom_message, g_oom_message_size);
+      _exit(10);
+    } catch (...) {
+    }
+  }
+  if (g_previous_terminate) g_previous_terminate();
+  std::abort();
+}
+
+void SetUpOutOfMemoryExit(const std::string& tool) {
+  const int n = std::snprintf(
+      g_oom_message, sizeof(g_oom_message),
+      "%s: error: out of memory (std::bad_alloc): the input needs more memory than the "
+      "process may use; lower --memory-budget or --threads, or run with more memory "
+      "(exit 10)\n",
+      tool.c_str());
+  g_oom_message_size = n < 0 ? 0 : std::min<size_t>(static_cast<size_t>(n), sizeof(g_oom_message) - 1);
+  g_previous_terminate = std::set_terminate(OnTerminate);
+}
+
+}  // namespace
+
 void SetUpLogging(const std::string& tool, bool quiet, bool verbose) {
+  SetUpOutOfMemoryExit(tool);
   auto logger = spdlog::stderr_color_mt(tool);
   logger->set_pattern("%n: %v");
   logger->set_level(quiet ? spdlog::level::err

@@ -32,6 +32,8 @@ const char* ExitCodeHelp();
 
 // Sets spdlog to print "fc-export: message" lines on stderr; quiet keeps errors only (no
 // notes, no warnings), verbose enables debug.
+// code handles (in any thread) prints "<tool>: error: out of memory (std::bad_alloc) ...
+// (exit 10)" and exits with 10 (resource exhausted) instead of aborting.
 void SetUpLogging(const std::string& tool, bool quiet, bool verbose);
 
 // Parses "5GB" (10^9), "512MiB" (2^20), "64k", "1000" (bytes); case-insensitive units

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "cli_common.h"
+#include "fc/format/chunk_reader.h"
 #include "fc/comm/communicator.h"
 #include "fc/layout/layout_rules.h"
 #include "fc/ops/convert.h"
@@ -98,6 +99,10 @@ int main(int argc, char** argv) {
                "directory (refused by default)");
   app.add_flag("-q,--quiet", quiet, "no progress, notes or warnings; errors only");
   app.add_flag("-v,--verbose", verbose, "debug logging");
+  bool no_verify_checksums = false;
+  app.add_flag("--no-verify-checksums", no_verify_checksums,
+               "fc distcp input: read chunks without checking their xxh3-64 checksums "
+               "(checked by default on every read; a mismatch is exit 5)");
   app.set_version_flag("--version", std::string("fc-convert ") + FC_VERSION);
   app.footer(fc::cli::ExitCodeHelp());
   const std::string tool = "fc-convert";
@@ -128,6 +133,7 @@ int main(int argc, char** argv) {
     format = old_input_format;
   }
   fc::cli::SetUpLogging(tool, quiet, verbose);
+  fc::SetDefaultVerifyChecksums(!no_verify_checksums);
   fc::cli::SetUpIo(follow_symlinks);
   if (!dtype.empty()) options.dtype = *fc::ParseDType(dtype);
   if (!format.empty()) {

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli_common.h"
+#include "fc/format/chunk_reader.h"
 #include "fc/ops/diff.h"
 #include "fc_config.h"
 
@@ -58,6 +59,10 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "no progress and no text report; only the exit status "
                                     "(--json is still printed)");
   app.add_flag("-v,--verbose", verbose, "debug logging");
+  bool no_verify_checksums = false;
+  app.add_flag("--no-verify-checksums", no_verify_checksums,
+               "fc distcp input: read chunks without checking their xxh3-64 checksums "
+               "(checked by default on every read; a mismatch is exit 5)");
   app.set_version_flag("--version", std::string("fc-diff ") + FC_VERSION);
   app.footer(
       "Exit status: 0 equal, 1 different, 2 usage, 3 invalid argument, 4 not found,\n"
@@ -66,6 +71,7 @@ int main(int argc, char** argv) {
   const std::string tool = "fc-diff";
   if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
   fc::cli::SetUpLogging(tool, quiet, verbose);
+  fc::SetDefaultVerifyChecksums(!no_verify_checksums);
   for (auto [text, target] : {std::pair{&format_a, &options.format_a},
                               std::pair{&format_b, &options.format_b}}) {
     if (text->empty()) continue;

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli_common.h"
+#include "fc/format/chunk_reader.h"
 #include "fc/comm/communicator.h"
 #include "fc/ops/export.h"
 #include "fc/ops/report_format.h"
@@ -66,12 +67,17 @@ int main(int argc, char** argv) {
                "directory (refused by default)");
   app.add_flag("-q,--quiet", quiet, "no progress, notes or warnings; errors only");
   app.add_flag("-v,--verbose", verbose, "debug logging");
+  bool no_verify_checksums = false;
+  app.add_flag("--no-verify-checksums", no_verify_checksums,
+               "fc distcp input: read chunks without checking their xxh3-64 checksums "
+               "(checked by default on every read; a mismatch is exit 5)");
   app.set_version_flag("--version", std::string("fc-export ") + FC_VERSION);
   app.footer(fc::cli::ExitCodeHelp());
   const std::string tool = "fc-export";
   if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
   if (options.json && !options.dry_run) return fc::cli::UsageError(tool, "--json needs --dry-run");
   fc::cli::SetUpLogging(tool, quiet, verbose);
+  fc::SetDefaultVerifyChecksums(!no_verify_checksums);
   fc::cli::SetUpIo(follow_symlinks);
   if (!format.empty()) {
     auto parsed = fc::ParseCheckpointFormat(format);

@@ -95,6 +95,8 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
   Status status = Status::Ok();
   if (!exchange) {
     status = write_items(0, mine.writes.size());
+    // Chunks read only in part have their checksums completed here, before anything commits.
+    if (status.ok()) status = reader.FinishVerification();
   } else {
     size_t next_item = 0;
     auto transfer = plan.transfers.begin();
@@ -167,6 +169,9 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
                              " write items of process " + std::to_string(me) +
                              " belong to no round");
     }
+    // Checksums of chunks read only in part, completed (and agreed on) before anything
+    // commits; every process gets here, failed or not, unless a round already failed.
+    if (status.ok()) status = comm->AllOk(reader.FinishVerification());
   }
   progress.Finish(status.ok());
   FC_RETURN_IF_ERROR(status);

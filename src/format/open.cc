@@ -1,6 +1,6 @@
 #include "fc/format/open.h"
 
-#include <regex>
+#include <algorithm>
 
 #include "fc/format/deepspeed.h"
 #include "fc/format/fc_distcp.h"
@@ -16,6 +16,14 @@ bool EndsWith(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Paddle's "<id>.metadata": a decimal id (by hand; no std::regex on names from the disk).
+bool IsPaddleMetadataName(const std::string& n) {
+  constexpr std::string_view kSuffix = ".metadata";
+  return n.size() > kSuffix.size() && EndsWith(n, kSuffix) &&
+         std::all_of(n.begin(), n.end() - kSuffix.size(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
 }  // namespace
 
 Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
@@ -26,14 +34,13 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
   }
   FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(path));
   bool has_st = false, has_st_index = false, has_paddle_meta = false, has_pt = false;
-  static const std::regex kPaddleMeta(R"(\d+\.metadata)");
   for (const std::string& n : names) {
     if (n == "fc.metadata.json") return CheckpointFormat::kFcDistcp;
     if (n == ".metadata") return CheckpointFormat::kTorchDcp;
     if (TorchDcpRankMetadataRank(n)) return CheckpointFormat::kTorchDcp;  // use_collectives=False
     if (EndsWith(n, ".safetensors.index.json")) has_st_index = true;
     if (EndsWith(n, ".safetensors")) has_st = true;
-    if (std::regex_match(n, kPaddleMeta)) has_paddle_meta = true;
+    if (IsPaddleMetadataName(n)) has_paddle_meta = true;
     if (EndsWith(n, ".pt")) has_pt = true;
   }
   if (has_st_index || has_st) return CheckpointFormat::kSafetensors;

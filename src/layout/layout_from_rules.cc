@@ -7,7 +7,6 @@
 // list is in tensor order without sorting.
 #include <algorithm>
 #include <map>
-#include <regex>
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
@@ -53,23 +52,39 @@ std::optional<int64_t> ParseIndex(const std::string& s) {
   return v;
 }
 
+// Group 1 of the first match of `re` in `subject`; nullopt when `re` does not match (an
+// unmatched group reads as empty).
+std::optional<std::string_view> SearchGroup1(const layout_internal::Pattern& re,
+                                             std::string_view subject) {
+  re2::StringPiece groups[2];
+  if (!re->Match(subject, 0, subject.size(), re2::RE2::UNANCHORED, groups, 2)) {
+    return std::nullopt;
+  }
+  return std::string_view(groups[1].data() == nullptr ? "" : groups[1].data(), groups[1].size());
+}
+
+bool Search(const layout_internal::Pattern& re, std::string_view subject) {
+  return re2::RE2::PartialMatch(subject, *re);
+}
+
 // Group 1 of the first match of `re` in `subject` as an index; nullopt when `re` does not
 // match. `what` names the rule for errors.
-Result<std::optional<int64_t>> MatchIndex(const std::regex& re, const std::string& subject,
-                                          const TargetTensor& t, std::string_view what) {
-  std::smatch m;
-  if (!std::regex_search(subject, m, re)) return std::optional<int64_t>();
-  std::optional<int64_t> v = m[1].matched ? ParseIndex(m[1].str()) : std::nullopt;
+Result<std::optional<int64_t>> MatchIndex(const layout_internal::Pattern& re,
+                                          const std::string& subject, const TargetTensor& t,
+                                          std::string_view what) {
+  std::optional<std::string_view> g = SearchGroup1(re, subject);
+  if (!g) return std::optional<int64_t>();
+  std::optional<int64_t> v = ParseIndex(std::string(*g));
   if (!v) {
     return InvalidArgumentError(Describe(t) + ": " + std::string(what) + " group 1 '" +
-                                m[1].str() + "' is not a decimal index");
+                                std::string(*g) + "' is not a decimal index");
   }
   return v;
 }
 
-bool AnySearch(const std::vector<std::regex>& res, const std::string& s) {
+bool AnySearch(const std::vector<layout_internal::Pattern>& res, const std::string& s) {
   return std::any_of(res.begin(), res.end(),
-                     [&](const std::regex& re) { return std::regex_search(s, re); });
+                     [&](const layout_internal::Pattern& re) { return Search(re, s); });
 }
 
 Box Block(const TargetTensor& t, const Placement& p, int64_t tp_rank) {
@@ -85,7 +100,7 @@ Box Block(const TargetTensor& t, const Placement& p, int64_t tp_rank) {
 Status PlaceTensorParallel(const LayoutRules& rules, const CompiledRules& re,
                            const TargetTensor& t, Placement& p) {
   for (size_t k = 0; k < re.tensor_parallel.size(); ++k) {
-    if (!std::regex_search(p.subject, re.tensor_parallel[k])) continue;
+    if (!Search(re.tensor_parallel[k], p.subject)) continue;
     const TensorParallelRule& rule = rules.tensor_parallel[k];
     if (rule.axis >= static_cast<int64_t>(t.global_shape.size())) {
       return InvalidArgumentError(Describe(t) + ": tensor_parallel rule '" + rule.regex +
@@ -127,7 +142,7 @@ Status PlaceStages(const LayoutRules& rules, const CompiledRules& re,
   std::vector<std::optional<int64_t>> layer(tensors.size());
   int64_t max_layer = -1;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    FC_ASSIGN_OR_RETURN(layer[i], MatchIndex(*re.layer, place[i].subject, tensors[i],
+    FC_ASSIGN_OR_RETURN(layer[i], MatchIndex(re.layer, place[i].subject, tensors[i],
                                              "pipeline.layer_regex"));
     if (layer[i]) max_layer = std::max(max_layer, *layer[i]);
   }
@@ -181,7 +196,7 @@ Status PlaceExperts(const LayoutRules& rules, const CompiledRules& re,
   std::vector<std::optional<int64_t>> expert(tensors.size());
   int64_t max_expert = -1;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    FC_ASSIGN_OR_RETURN(expert[i], MatchIndex(*re.expert, place[i].subject, tensors[i],
+    FC_ASSIGN_OR_RETURN(expert[i], MatchIndex(re.expert, place[i].subject, tensors[i],
                                               "experts.regex"));
     if (expert[i]) max_expert = std::max(max_expert, *expert[i]);
   }
@@ -284,15 +299,15 @@ Result<TargetLayout> LayoutFromRules(const LayoutRules& rules,
   for (size_t i = 0; i < tensors.size(); ++i) {
     Placement& p = place[i];
     p.subject = tensors[i].key;
-    for (const std::regex& state : re.states) {
-      std::smatch m;
-      if (!std::regex_search(tensors[i].key, m, state)) continue;
-      if (!m[1].matched || m[1].length() == 0) {
+    for (const layout_internal::Pattern& state : re.states) {
+      std::optional<std::string_view> g = SearchGroup1(state, tensors[i].key);
+      if (!g) continue;
+      if (g->empty()) {
         return InvalidArgumentError(Describe(tensors[i]) +
                                     ": zero.states regex matched, but its group 1 (the "
                                     "parameter name) is empty");
       }
-      p.subject = m[1].str();
+      p.subject = std::string(*g);
       auto [it, inserted] = param_ids.try_emplace(p.subject, static_cast<int64_t>(rep.size()));
       if (inserted) {
         rep.push_back(i);

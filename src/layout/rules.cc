@@ -1,4 +1,4 @@
-// Layout rules: degrees and rank numbering, validation (regex compilation), the rules JSON
+// Layout rules: degrees and rank numbering, validation (RE2 compilation), the rules JSON
 // (parse and print) and the built-in presets. LayoutFromRules is in layout_from_rules.cc.
 #include <simdjson.h>
 
@@ -17,29 +17,43 @@ constexpr int64_t kMaxAlign = int64_t{1} << 32;
 using layout_internal::CompiledRules;
 using layout_internal::JsonContext;
 
-// `what` names the rule in messages ("tensor_parallel[2].regex").
-Result<std::regex> Compile(const std::string& what, const std::string& pattern,
-                           bool needs_group) {
-  std::regex re;
-  try {
-    re = std::regex(pattern, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    return InvalidArgumentError(what + " '" + pattern + "': " + e.what());
-  }
-  if (needs_group && re.mark_count() < 1) {
-    return InvalidArgumentError(what + " '" + pattern +
-                                "': needs a capture group (group 1 is the index or name)");
-  }
-  return re;
+// The pattern as quoted in messages: whole when short, otherwise its start and its length.
+std::string QuotePattern(const std::string& pattern) {
+  constexpr size_t kShown = 80;
+  if (pattern.size() <= kShown) return "'" + pattern + "'";
+  return "'" + pattern.substr(0, kShown) + "...' (" + std::to_string(pattern.size()) + " bytes)";
 }
 
-Result<std::vector<std::regex>> CompileAll(const std::string& what,
-                                           const std::vector<std::string>& patterns,
-                                           bool needs_group) {
-  std::vector<std::regex> out;
+// `what` names the rule in messages ("tensor_parallel[2].regex"). RE2 syntax; the length and
+// compile-memory caps keep a hostile rules file from costing more than a few MiB.
+Result<layout_internal::Pattern> Compile(const std::string& what, const std::string& pattern,
+                                         bool needs_group) {
+  using layout_internal::kMaxPatternBytes;
+  if (pattern.size() > kMaxPatternBytes) {
+    return InvalidArgumentError(what + " " + QuotePattern(pattern) + ": longer than " +
+                                std::to_string(kMaxPatternBytes) + " bytes");
+  }
+  re2::RE2::Options options;
+  options.set_log_errors(false);
+  options.set_max_mem(layout_internal::kMaxPatternMemory);
+  auto re = std::make_shared<const re2::RE2>(pattern, options);
+  if (!re->ok()) {
+    return InvalidArgumentError(what + " " + QuotePattern(pattern) + ": " + re->error());
+  }
+  if (needs_group && re->NumberOfCapturingGroups() < 1) {
+    return InvalidArgumentError(what + " " + QuotePattern(pattern) +
+                                ": needs a capture group (group 1 is the index or name)");
+  }
+  return layout_internal::Pattern(std::move(re));
+}
+
+Result<std::vector<layout_internal::Pattern>> CompileAll(const std::string& what,
+                                                         const std::vector<std::string>& patterns,
+                                                         bool needs_group) {
+  std::vector<layout_internal::Pattern> out;
   for (size_t i = 0; i < patterns.size(); ++i) {
-    FC_ASSIGN_OR_RETURN(std::regex re, Compile(what + "[" + std::to_string(i) + "]",
-                                               patterns[i], needs_group));
+    FC_ASSIGN_OR_RETURN(layout_internal::Pattern re,
+                        Compile(what + "[" + std::to_string(i) + "]", patterns[i], needs_group));
     out.push_back(std::move(re));
   }
   return out;
@@ -313,7 +327,7 @@ Result<CompiledRules> CompileRules(const LayoutRules& rules) {
   for (size_t i = 0; i < rules.tensor_parallel.size(); ++i) {
     const TensorParallelRule& r = rules.tensor_parallel[i];
     const std::string what = "tensor_parallel[" + std::to_string(i) + "]";
-    FC_ASSIGN_OR_RETURN(std::regex re, Compile(what + ".regex", r.regex, false));
+    FC_ASSIGN_OR_RETURN(layout_internal::Pattern re, Compile(what + ".regex", r.regex, false));
     c.tensor_parallel.push_back(std::move(re));
     if (r.axis < 0) {
       return InvalidArgumentError(what + ".axis " + std::to_string(r.axis) + " must be >= 0");

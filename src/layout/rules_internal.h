@@ -3,22 +3,34 @@
 #ifndef FC_SRC_LAYOUT_RULES_INTERNAL_H_
 #define FC_SRC_LAYOUT_RULES_INTERNAL_H_
 
+#include <memory>
 #include <optional>
-#include <regex>
 #include <vector>
+
+#include <re2/re2.h>
 
 #include "fc/layout/layout_rules.h"
 
 namespace fc::layout_internal {
 
+// A compiled rule pattern. RE2 (linear-time, bounded memory) rather than std::regex: the
+// patterns come from users and are matched against names from checkpoint files, and
+// std::regex backtracks exponentially and recurses once per character. RE2 objects cannot be
+// copied or moved, hence the shared_ptr.
+using Pattern = std::shared_ptr<const re2::RE2>;
+
+// Longest accepted pattern and the compile-memory cap per pattern (RE2's max_mem).
+inline constexpr size_t kMaxPatternBytes = 4096;
+inline constexpr int64_t kMaxPatternMemory = int64_t{8} << 20;
+
 struct CompiledRules {
-  std::vector<std::regex> tensor_parallel;  // parallel to LayoutRules::tensor_parallel
-  std::optional<std::regex> layer;
-  std::vector<std::regex> first_stage;
-  std::vector<std::regex> last_stage;
-  std::optional<std::regex> expert;
-  std::vector<std::regex> states;
-  std::vector<std::regex> per_rank_replicas;
+  std::vector<Pattern> tensor_parallel;  // parallel to LayoutRules::tensor_parallel
+  Pattern layer;                         // null: no pipeline section
+  std::vector<Pattern> first_stage;
+  std::vector<Pattern> last_stage;
+  Pattern expert;                        // null: no experts section
+  std::vector<Pattern> states;
+  std::vector<Pattern> per_rank_replicas;
 };
 
 // ValidateLayoutRules's checks, keeping the compiled regexes.

@@ -495,6 +495,16 @@ Status WriteObjects(const ConvertPlan& p, ChunkReader& reader, OutputPart& part)
     const ObjectEntry& obj = *p.objects[o];
     FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
     FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadObjectBytes(*f, obj));
+    if (obj.xxh3_64 && DefaultVerifyChecksums()) {
+      // As ChunkReader does for chunks (fc-distcp(5), CHECKSUMS).
+      FC_ASSIGN_OR_RETURN(uint64_t sum, Xxh3OfFileRange(*f, obj.byte_offset, obj.byte_length));
+      if (sum != *obj.xxh3_64) {
+        return DataLossError(p.index.files[obj.file].path + ": object '" + obj.key +
+                             "': checksum mismatch: xxh3-64 of the bytes is " + HexU64(sum) +
+                             ", the metadata says " + HexU64(*obj.xxh3_64) +
+                             " (damaged data; --no-verify-checksums reads it anyway)");
+      }
+    }
     FC_RETURN_IF_ERROR(part.WriteObject(o, bytes));
   }
   return Status::Ok();

@@ -419,6 +419,9 @@ Result<DiffReport> RunDiff(const DiffOptions& options) {
     }
     return Status::Ok();
   });
+  // Checksums of chunks read only in part (fc distcp), before any result is reported.
+  if (status.ok()) status = reader_a.FinishVerification().With("A");
+  if (status.ok()) status = reader_b.FinishVerification().With("B");
   progress.Finish(status.ok());
   FC_RETURN_IF_ERROR(status);
 

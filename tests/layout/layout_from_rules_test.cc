@@ -1,5 +1,7 @@
 // LayoutFromRules: hand-checked placements (presets, uneven splits, pipeline, experts,
 // replicas) and error cases.
+#include <chrono>
+
 #include "tests/layout/test_util.h"
 
 namespace fc {
@@ -107,6 +109,60 @@ TEST_CASE("per_rank_replicas stores every copy with replica ids in rank order", 
   RequireNone(l, 1, key);
   // Not matched: stored once.
   RequireNone(l, 3, "decoder.final_layernorm.weight");
+}
+
+// Rule patterns are RE2: linear in the subject, bounded in memory. Each of these took
+// exponential time or overflowed the stack with std::regex.
+TEST_CASE("Hostile rule patterns and names finish fast", "[layout]") {
+  const auto start = std::chrono::steady_clock::now();
+  SECTION("catastrophic backtracking: (a+)+$ against 'aaaa...!'") {
+    LayoutRules rules;
+    rules.degrees.tp = 2;
+    rules.tensor_parallel.push_back({"(a+)+$", 0, std::nullopt});
+    rules.per_rank_replicas = {"(x*)*y", "(a|aa)+$"};
+    // With std::regex, 40 a's already take minutes (2^40 paths).
+    const std::string hostile = std::string(5000, 'a') + "!";
+    const TargetLayout l = Layout(rules, {layout_testing::T(hostile, {4}),
+                                          layout_testing::T(std::string(5000, 'x'), {4})});
+    RequireNone(l, 1, std::string(5000, 'x'));  // not split, not replicated: rank 0 only
+    CHECK(l.ranks.size() == 2);
+  }
+  SECTION("a 100k-character tensor name (std::regex recursed once per character)") {
+    LayoutRules rules = Preset("megatron-gpt", {.tp = 2});
+    rules.tensor_parallel.push_back({"^(?:a|b)*\\.w$", 0, std::nullopt});
+    const std::string name = std::string(100000, 'a') + ".w";
+    const TargetLayout l = Layout(rules, {layout_testing::T(name, {4})});
+    RequireBox(l, 1, name, B({2}, {2}));
+  }
+  SECTION("2000 nested groups (within 4 KiB) compile and match without recursion") {
+    const std::string deep = std::string(2000, '(') + "a" + std::string(2000, ')') + "$";
+    LayoutRules rules;
+    rules.degrees.tp = 2;
+    rules.tensor_parallel.push_back({deep, 0, std::nullopt});
+    const TargetLayout l = Layout(rules, {layout_testing::T("w.a", {4})});
+    RequireBox(l, 1, "w.a", B({2}, {2}));
+  }
+  SECTION("a pattern over 4 KiB is refused naming the rule") {
+    LayoutRules rules;
+    rules.pipeline = PipelineRules{};
+    rules.pipeline->layer_regex = "(\\d+)" + std::string(5000, 'x');
+    Status s = ValidateLayoutRules(rules);
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(s.message(), Catch::Contains("pipeline.layer_regex '(\\d+)xxx"));
+    CHECK_THAT(s.message(), Catch::Contains("(5005 bytes): longer than 4096 bytes"));
+  }
+  SECTION("a pattern whose automaton exceeds the memory cap is refused") {
+    // 1000 nested counted repetitions: RE2 refuses it at compile time (bad repetition or
+    // pattern too large), std::regex would try to build it.
+    LayoutRules rules;
+    rules.per_rank_replicas = {"((a{100}){100}){100}"};
+    Status s = ValidateLayoutRules(rules);
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(s.message(), Catch::Contains("per_rank_replicas[0] '((a{100}){100}){100}': "));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(seconds < 5.0);
 }
 
 TEST_CASE("hf-llama preset, TP2 x DP2: the dp copy is not stored unless asked", "[layout]") {

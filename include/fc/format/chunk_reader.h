@@ -10,6 +10,19 @@
 // Chunks of encoded items (Chunk::encoded_item, torch DCP stream transforms) are decoded on
 // each read from the item's start (fc/format/torch_dcp_transform.h): bounded memory, CPU for
 // the skipped prefix; their reads always take whole rows.
+// Checksums: a chunk that carries an xxh3_64 (fc distcp) is verified from the bytes
+// CopyChunkRegion copies, and remembered as verified for the reader's lifetime:
+//   - a read of the whole chunk hashes what it copied (no second read);
+//   - reads of whole rows (axis 0) of a row-major chunk are hashed as they come, in the
+//     chunk's byte order; rows skipped or read out of order (other threads) are hashed from
+//     the file when the stream reaches them; the digest is checked when the last row is in;
+//   - other partial reads (column cuts, parts of flattened ranges) hash the chunk from its
+//     file before the first part is used.
+// Extra reads are counted in verify_bytes_read(), not in bytes_read(). A chunk read only in
+// part is finished by FinishVerification, which callers that read in parts (Execute, fc-diff)
+// call before they trust what they copied. A mismatch is kDataLoss naming the file, tensor and
+// chunk, e.g. "1_0.distcp: tensor 'w' chunk [4, 8) x [0, 6) bytes [384, 408): checksum
+// mismatch: xxh3-64 of the bytes is ..., the metadata says ...".
 //
 // Thread-safety: ChunkReader is safe to use from several threads at once (files are opened
 // and locations cached under a mutex; reads use pread).
@@ -21,6 +34,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -35,11 +49,22 @@ namespace fc {
 // when object.encoded_item is set. Errors: kDataLoss / kIoError, naming the file.
 Result<std::vector<std::byte>> ReadObjectBytes(const RandomAccessFile& file,
                                                const ObjectEntry& object);
+struct ChunkReaderOptions {
+  // Verify chunk checksums on read (see above). Default: DefaultVerifyChecksums().
+  bool verify_checksums = true;
+};
+
+// The process-wide default of ChunkReaderOptions::verify_checksums for readers constructed
+// without options (true unless a tool was given --no-verify-checksums). Set it before
+// constructing readers; reading it is thread-safe.
+void SetDefaultVerifyChecksums(bool verify);
+bool DefaultVerifyChecksums();
 
 class ChunkReader {
  public:
-  // `index` must outlive the reader.
+  // `index` must outlive the reader. Verifies checksums when DefaultVerifyChecksums().
   explicit ChunkReader(const CheckpointIndex& index);
+  ChunkReader(const CheckpointIndex& index, ChunkReaderOptions options);
 
   // The open file `files[file]` of the index (opened on first use).
   Result<const RandomAccessFile*> File(uint32_t file);
@@ -53,7 +78,8 @@ class ChunkReader {
   Status CopyChunkRegion(const TensorEntry& tensor, const Chunk& chunk, const Box& region,
                          void* dst, const Box& dst_box);
 
-  // The raw bytes [chunk.byte_offset, + byte_length) (for checksums and copies).
+  // The raw bytes [chunk.byte_offset, + byte_length) (for checksums and copies); not
+  // verified against the chunk's checksum (its callers compute checksums themselves).
   Status ReadChunkBytes(const Chunk& chunk, std::span<std::byte> dst);
 
   // Where `chunk` (of `tensor`) keeps its data: its own byte_offset/byte_length/strides, or,
@@ -61,16 +87,57 @@ class ChunkReader {
   // kUnimplemented for a corrupt or unsupported item, kIoError.
   Result<ChunkLocation> Locate(const TensorEntry& tensor, const Chunk& chunk);
 
+  // Completes the verification of every chunk read so far only in part (hashing its unread
+  // bytes from its file) and checks the digests. Errors: the first mismatch (kDataLoss), or
+  // a read error.
+  Status FinishVerification();
+
   // Bytes read from files so far (for progress and benchmarks).
   uint64_t bytes_read() const;
+  // Bytes read only to verify checksums (a chunk whose first read was partial).
+  uint64_t verify_bytes_read() const;
+  // Chunks verified so far.
+  uint64_t chunks_verified() const;
 
  private:
   Status CopyBoxPiece(const TensorEntry& tensor, const Chunk& chunk, const Box& stored_box,
                       uint64_t stored_byte_offset, const Box& piece, void* dst,
                       const Box& dst_box);
 
+  // CopyChunkRegion without checksum verification.
+  Status CopyUnverified(const TensorEntry& tensor, const Chunk& chunk, const Box& region,
+                        void* dst, const Box& dst_box);
+
   // Locate for an unlocated chunk; `key` names the tensor in errors.
   Result<ChunkLocation> LocateUnlocated(const std::string& key, const Chunk& chunk);
+
+  // Whether `chunk` is one of the index's own chunks (not a caller's copy).
+  bool InIndex(const Chunk& chunk) const;
+  // True when `chunk` has a checksum, verification is on and it was not verified yet.
+  bool NeedsVerification(const Chunk& chunk) const;
+  void MarkVerified(const Chunk& chunk);
+  // kDataLoss naming file, tensor and chunk unless `actual` is the chunk's checksum.
+  Status CheckDigest(const TensorEntry& tensor, const Chunk& chunk, uint64_t actual) const;
+  // Hashes the chunk's bytes from its file and checks them.
+  Status VerifyFromFile(const TensorEntry& tensor, const Chunk& chunk);
+  // After `overlap` (whole rows of `chunk`) was copied into `dst`: feeds it to the chunk's
+  // running hash (see above); checks the digest when the chunk is complete.
+  Status StreamRows(const TensorEntry& tensor, const Chunk& chunk, const Box& overlap,
+                    const void* dst, const Box& dst_box);
+  // When `overlap` (whole rows) is the next part of the chunk's running hash: copies it in
+  // cache-sized batches, hashing each as it lands, and returns true. False: not in order
+  // (nothing copied).
+  Result<bool> StreamRowsInOrder(const TensorEntry& tensor, const Chunk& chunk,
+                                 const Box& overlap, void* dst, const Box& dst_box);
+  // Copies `rows` (whole rows of `chunk`) in batches, feeding each to `xxh3_state` (an
+  // XXH3_state_t; opaque here, the source inlines xxHash under renamed types).
+  Status CopyRowsHashing(const TensorEntry& tensor, const Chunk& chunk, const Box& rows,
+                         void* dst, const Box& dst_box, void* xxh3_state);
+  struct ChunkStream;
+  // Appends [from, to) of the chunk's bytes, read from its file, to the stream.
+  Status HashFromFile(ChunkStream& stream, uint64_t from, uint64_t to);
+  // Digest check once the stream holds every byte of its chunk.
+  Status CompleteStream(ChunkStream& stream);
 
   const CheckpointIndex& index_;
   mutable std::mutex mu_;
@@ -80,6 +147,13 @@ class ChunkReader {
   // index are cached (a caller's temporary copy could reuse an address).
   std::vector<std::pair<const Chunk*, const Chunk*>> chunk_spans_;
   uint64_t bytes_read_ = 0;
+  const ChunkReaderOptions options_;
+  std::unordered_set<const Chunk*> verified_;  // guarded by mu_; index chunks only
+  uint64_t verify_bytes_read_ = 0;             // guarded by mu_
+  uint64_t chunks_verified_ = 0;               // guarded by mu_
+  // Running hashes of chunks read in rows, until complete; guarded by mu_ (each stream
+  // by its own mutex).
+  std::unordered_map<const Chunk*, std::shared_ptr<ChunkStream>> streams_;
 };
 
 }  // namespace fc

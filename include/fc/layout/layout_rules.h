@@ -13,7 +13,8 @@
 //
 // WHAT A RANK HOLDS. Every tensor is placed by the rules matched against its parameter
 // name: for a ZeRO state (a key matched by a `zero.states` regex) that is capture group 1
-// of the regex, otherwise the key itself. All regexes are ECMAScript (std::regex), searched
+// of the regex, otherwise the key itself. All regexes are RE2 syntax (linear-time matching;
+// no backreferences or lookaround; at most 4096 bytes and 8 MiB compiled each), searched
 // (not anchored: use ^ and $ to anchor); in each list the first matching rule wins.
 //   - Tensor parallelism: the first `tensor_parallel` rule that matches splits `axis` into
 //     tp contiguous blocks, block i going to tp_rank i. A tensor no rule matches is
@@ -176,7 +177,8 @@ struct LayoutRules {
 // layer, expert and state regexes have a capture group), axes >= 0, alignments in
 // [1, 2^32], layers_per_stage has pp entries >= 0 (and sums to num_layers when both are
 // set), a pipeline section exists when pp > 1. Errors: kInvalidArgument naming the rule, e.g.
-// "tensor_parallel[2].regex 'a(': <std::regex message>".
+// "tensor_parallel[2].regex 'a(': <RE2 message>"; a pattern over 4096 bytes or one whose
+// compiled form exceeds 8 MiB is refused the same way.
 Status ValidateLayoutRules(const LayoutRules& rules);
 
 // Parses a rules file (schema in man/fc-layout.5) and validates it (ValidateLayoutRules).

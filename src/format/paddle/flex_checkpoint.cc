@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <map>
+#include <string_view>
 #include <optional>
-#include <regex>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -205,28 +205,49 @@ Result<DType> SafetensorsArrayDType(DType stored, std::optional<DType> declared,
   return stored;
 }
 
-std::vector<std::string> Matches(const std::vector<std::string>& names, const std::regex& re) {
-  std::vector<std::string> out;
-  for (const std::string& n : names) {
-    if (std::regex_match(n, re)) out.push_back(n);
+// Names are parsed by hand, not with std::regex: a storage-key file name comes from the
+// metadata, and std::regex recurses once per character (a 30k-character name overflowed the
+// stack).
+bool AllDigits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// "<id>.metadata" with a decimal id.
+bool IsMetadataName(std::string_view n) {
+  constexpr std::string_view kSuffix = ".metadata";
+  return n.size() > kSuffix.size() && n.substr(n.size() - kSuffix.size()) == kSuffix &&
+         AllDigits(n.substr(0, n.size() - kSuffix.size()));
+}
+
+// "<rank>_<id>.distcp" with decimal rank and id: the id's digits, or nullopt.
+std::optional<std::string_view> DataFileId(std::string_view n) {
+  constexpr std::string_view kSuffix = ".distcp";
+  if (n.size() <= kSuffix.size() || n.substr(n.size() - kSuffix.size()) != kSuffix) {
+    return std::nullopt;
   }
-  return out;
+  const std::string_view stem = n.substr(0, n.size() - kSuffix.size());
+  const size_t underscore = stem.find('_');
+  if (underscore == std::string_view::npos) return std::nullopt;
+  const std::string_view rank = stem.substr(0, underscore), id = stem.substr(underscore + 1);
+  if (!AllDigits(rank) || !AllDigits(id)) return std::nullopt;
+  return id;
 }
 
 }  // namespace
 
 Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
   FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
-  static const std::regex kMeta(R"((\d+)\.metadata)");
-  static const std::regex kData(R"((\d+)_(\d+)\.distcp)");
-  const std::vector<std::string> metas = Matches(names, kMeta);
+  std::vector<std::string> metas;
+  for (const std::string& n : names) {
+    if (IsMetadataName(n)) metas.push_back(n);
+  }
   if (metas.empty()) return NotFoundError(dir + ": no <id>.metadata file");
   // Paddle's unique_id: the largest id among the data files.
   int64_t unique_id = -1;
   for (const std::string& n : names) {
-    std::smatch m;
-    if (std::regex_match(n, m, kData) && m[2].length() < 16) {
-      unique_id = std::max<int64_t>(unique_id, std::stoll(m[2].str()));
+    std::optional<std::string_view> id = DataFileId(n);
+    if (id && id->size() < 16) {
+      unique_id = std::max<int64_t>(unique_id, std::stoll(std::string(*id)));
     }
   }
   std::string meta_name = metas.size() == 1 ? metas.front() : std::string();
@@ -262,8 +283,8 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
     if (key == nullptr || key->kind != Kind::kStr) return DataLossError(what + ": no tensor_key");
     FC_ASSIGN_OR_RETURN(Shape offset, IntTuple(Get(idx, "global_offset"), what + " global_offset"));
     FC_ASSIGN_OR_RETURN(std::optional<FlatRange> flat, FlatRangeField(idx, what));
-    if (v->kind != Kind::kStr || !std::regex_match(v->str, kData)) {
-      return DataLossError(what + ": file name " + v->DebugString() + " is not <rank>_<id>.distcp");
+    if (v->kind != Kind::kStr || !DataFileId(v->str)) {
+      return DataLossError(what + ": file name " + v->DebugString(80) + " is not <rank>_<id>.distcp");
     }
     const PickleValue* replica = Get(idx, "replica_id");
     if (!IsNone(replica) && replica->kind != Kind::kInt) {

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "fc/format/chunk_reader.h"
 #include "fc/format/fc_distcp.h"
 #include "fc/format/safetensors.h"
 #include "fc/io/file.h"
@@ -413,6 +414,144 @@ TEST_CASE("a flipped byte: ReadFcDistcp succeeds, VerifyChunkChecksums names the
   CHECK_THAT(s.message(), Catch::Matchers::Contains(
                               "tensor 'optim.exp_avg' chunk [0, 8) x [0, 4) flat [0, 13) in 0_0.distcp"));
   CHECK_THAT(s.message(), Catch::Matchers::Contains("object 'rng_state' in 1_0.distcp"));
+}
+
+// ChunkReader checks each chunk's xxh3_64 on its first read: whole reads hash what was
+// copied (row-major, scattered into a wider buffer, flattened ranges), partial reads hash the
+// chunk from its file first; a mismatch is kDataLoss naming file, tensor and chunk.
+TEST_CASE("ChunkReader verifies checksums on read", "[fcdistcp]") {
+  TempDir tmp;
+  const std::string out = tmp.Join("ckpt");
+  FC_REQUIRE_OK(fcdistcp_sample::WriteFcDistcpSample(out));
+  auto good = ReadFcDistcp(out);
+  FC_REQUIRE_OK(good);
+  const TensorEntry& embed = *good->FindTensor("model.embed.weight");
+  const TensorEntry& adam = *good->FindTensor("optim.exp_avg");
+  const Box whole{{0, 0}, {8, 4}};
+  const Box wide{{0, 0}, {8, 6}};  // rows of 6: every chunk row lands scattered
+  std::vector<float> dst(8 * 6, 0.f);
+
+  SECTION("intact data: each chunk is verified once, whole reads cost no extra read") {
+    ChunkReader reader(*good, ChunkReaderOptions{.verify_checksums = true});
+    for (const TensorEntry* t : {&embed, &adam}) {
+      for (const Chunk& c : t->chunks) {
+        FC_REQUIRE_OK(reader.CopyChunkRegion(*t, c, whole, dst.data(), wide));
+      }
+    }
+    CHECK(reader.chunks_verified() == 4);
+    CHECK(reader.verify_bytes_read() == 0);
+    CHECK(dst[1 * 6 + 2] == static_cast<float>(fcdistcp_sample::SampleValue("optim.exp_avg", 6)));
+    // Read again, in parts: already verified, nothing more is hashed or read.
+    for (const Chunk& c : embed.chunks) {
+      FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{3, 1}, {2, 2}}, dst.data(), wide));
+    }
+    CHECK(reader.chunks_verified() == 4);
+    CHECK(reader.verify_bytes_read() == 0);
+  }
+  SECTION("intact data read in rows: hashed as copied, skipped rows from the file") {
+    ChunkReader reader(*good, ChunkReaderOptions{.verify_checksums = true});
+    const Chunk& c = embed.chunks[1];  // rows [4, 8), 16 bytes a row
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{4, 0}, {1, 4}}, dst.data(), wide));
+    CHECK(reader.chunks_verified() == 0);  // 1 row of 4 hashed so far
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{6, 0}, {2, 4}}, dst.data(), wide));
+    CHECK(reader.chunks_verified() == 1);   // row 5 came from the file
+    CHECK(reader.verify_bytes_read() == 16);
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{5, 0}, {1, 4}}, dst.data(), wide));
+    CHECK(reader.verify_bytes_read() == 16);
+    // Rows of the other chunk, never all read: FinishVerification hashes the rest.
+    const Chunk& c0 = embed.chunks[0];
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c0, Box{{0, 0}, {2, 4}}, dst.data(), wide));
+    CHECK(reader.chunks_verified() == 1);
+    FC_REQUIRE_OK(reader.FinishVerification());
+    CHECK(reader.chunks_verified() == 2);
+    CHECK(reader.verify_bytes_read() == 16 + 32);
+  }
+  SECTION("a column cut is verified from the file before it is used") {
+    ChunkReader reader(*good, ChunkReaderOptions{.verify_checksums = true});
+    const Chunk& c = embed.chunks[1];
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{4, 1}, {4, 2}}, dst.data(), wide));
+    CHECK(reader.chunks_verified() == 1);
+    CHECK(reader.verify_bytes_read() == c.byte_length);
+  }
+
+  // Damage: one byte of embed's second chunk, one of the first flattened chunk.
+  const Chunk& victim = embed.chunks[1];
+  const Chunk& flat = adam.chunks[0];
+  {
+    std::vector<std::byte> bytes = ReadAll(JoinPath(out, "1_0.distcp"));
+    bytes[victim.byte_offset + 5] ^= std::byte{0x10};
+    WriteAll(JoinPath(out, "1_0.distcp"), bytes);
+    bytes = ReadAll(JoinPath(out, "0_0.distcp"));
+    bytes[flat.byte_offset + flat.byte_length - 1] ^= std::byte{1};
+    WriteAll(JoinPath(out, "0_0.distcp"), bytes);
+  }
+  auto bad = ReadFcDistcp(out);
+  FC_REQUIRE_OK(bad);
+  const TensorEntry& bad_embed = *bad->FindTensor("model.embed.weight");
+  const TensorEntry& bad_adam = *bad->FindTensor("optim.exp_avg");
+  const std::string embed_name = "1_0.distcp: tensor 'model.embed.weight' chunk [4, 8) x [0, 4)";
+
+  SECTION("a whole read of a damaged chunk") {
+    ChunkReader reader(*bad, ChunkReaderOptions{.verify_checksums = true});
+    FC_EXPECT_OK(reader.CopyChunkRegion(bad_embed, bad_embed.chunks[0], whole, dst.data(), wide));
+    Status s = reader.CopyChunkRegion(bad_embed, bad_embed.chunks[1], whole, dst.data(), wide);
+    CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK_THAT(s.message(), Catch::Matchers::StartsWith(embed_name));
+    CHECK_THAT(s.message(), Catch::Matchers::Contains("checksum mismatch: xxh3-64 of the bytes is "));
+    // Still refused on the next read: a failed chunk is not remembered as verified.
+    s = reader.CopyChunkRegion(bad_embed, bad_embed.chunks[1], whole, dst.data(), wide);
+    CHECK(s.code() == StatusCode::kDataLoss);
+  }
+  SECTION("a partial read of a damaged chunk (bytes away from the damage)") {
+    ChunkReader reader(*bad, ChunkReaderOptions{.verify_checksums = true});
+    Status s = reader.CopyChunkRegion(bad_embed, bad_embed.chunks[1], Box{{7, 0}, {1, 4}},
+                                      dst.data(), wide);
+    CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK_THAT(s.message(), Catch::Matchers::StartsWith(embed_name));
+    ChunkReader columns(*bad, ChunkReaderOptions{.verify_checksums = true});
+    s = columns.CopyChunkRegion(bad_embed, bad_embed.chunks[1], Box{{4, 2}, {4, 2}},
+                                dst.data(), wide);
+    CHECK(s.code() == StatusCode::kDataLoss);
+  }
+  SECTION("the damaged row read alone: FinishVerification refuses it") {
+    ChunkReader reader(*bad, ChunkReaderOptions{.verify_checksums = true});
+    FC_EXPECT_OK(reader.CopyChunkRegion(bad_embed, bad_embed.chunks[1], Box{{4, 0}, {1, 4}},
+                                        dst.data(), wide));
+    Status s = reader.FinishVerification();
+    CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK_THAT(s.message(), Catch::Matchers::StartsWith(embed_name));
+  }
+  SECTION("a damaged flattened chunk, read whole and in part") {
+    ChunkReader reader(*bad, ChunkReaderOptions{.verify_checksums = true});
+    FC_EXPECT_OK(reader.CopyChunkRegion(bad_adam, bad_adam.chunks[1], whole, dst.data(), wide));
+    Status s = reader.CopyChunkRegion(bad_adam, bad_adam.chunks[0], whole, dst.data(), wide);
+    CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK_THAT(s.message(), Catch::Matchers::StartsWith(
+                                "0_0.distcp: tensor 'optim.exp_avg' chunk [0, 8) x [0, 4) flat [0, 13)"));
+    ChunkReader again(*bad, ChunkReaderOptions{.verify_checksums = true});
+    s = again.CopyChunkRegion(bad_adam, bad_adam.chunks[0], Box{{0, 0}, {1, 4}}, dst.data(), wide);
+    CHECK(s.code() == StatusCode::kDataLoss);
+  }
+  SECTION("verification off: the damaged bytes are read as they are") {
+    ChunkReader reader(*bad, ChunkReaderOptions{.verify_checksums = false});
+    FC_EXPECT_OK(reader.CopyChunkRegion(bad_embed, bad_embed.chunks[1], whole, dst.data(), wide));
+    CHECK(reader.chunks_verified() == 0);
+    // Byte 5 of the chunk is byte 1 of element (4, 1).
+    const float expected = static_cast<float>(fcdistcp_sample::SampleValue("model.embed.weight", 17));
+    CHECK(dst[4 * 6 + 1] != expected);
+    CHECK(dst[4 * 6 + 2] ==
+          static_cast<float>(fcdistcp_sample::SampleValue("model.embed.weight", 18)));
+  }
+  SECTION("the process-wide default (the tools' --no-verify-checksums)") {
+    CHECK(DefaultVerifyChecksums());
+    SetDefaultVerifyChecksums(false);
+    ChunkReader off(*bad);
+    SetDefaultVerifyChecksums(true);
+    ChunkReader on(*bad);
+    FC_EXPECT_OK(off.CopyChunkRegion(bad_embed, bad_embed.chunks[1], whole, dst.data(), wide));
+    CHECK(on.CopyChunkRegion(bad_embed, bad_embed.chunks[1], whole, dst.data(), wide).code() ==
+          StatusCode::kDataLoss);
+  }
 }
 
 TEST_CASE("Xxh3OfFileRange matches one-shot XXH3 across slab boundaries", "[fcdistcp]") {

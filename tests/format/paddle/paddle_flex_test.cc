@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -158,6 +159,48 @@ TEST_CASE("paddle: damaged inputs name the file", "[paddle]") {
   SECTION("no metadata at all") {
     std::filesystem::remove(dir + "/0.metadata");
     CHECK(ReadPaddleFlexCheckpoint(dir).status().code() == StatusCode::kNotFound);
+  }
+}
+
+// The metadata's storage value naming rank 1's file (SHORT_BINUNICODE "1_0.distcp") replaced by
+// a BINUNICODE string `name`. Frames only bound what follows them, so the longer string
+// needs no other change.
+std::vector<std::byte> WithDataFileName(const std::vector<std::byte>& meta, const std::string& name) {
+  const std::string from = std::string("\x8c\x0a") + "1_0.distcp";
+  const std::string text(reinterpret_cast<const char*>(meta.data()), meta.size());
+  const size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  std::string op = "X";
+  for (int i = 0; i < 4; ++i) op += static_cast<char>((name.size() >> (8 * i)) & 0xff);
+  const std::string out = text.substr(0, at) + op + name + text.substr(at + from.size());
+  std::vector<std::byte> bytes(out.size());
+  std::memcpy(bytes.data(), out.data(), out.size());
+  return bytes;
+}
+
+TEST_CASE("paddle: a 30k-character data file name is refused, not a crash", "[paddle]") {
+  // std::regex recursed once per character here and overflowed the stack (SIGSEGV).
+  testing::TempDir tmp;
+  const std::string dir = tmp.path() + "/ckpt";
+  std::filesystem::create_directories(dir);
+  testing::CopyDirectoryFiles(Fixture("tp2") + "/ckpt", dir);
+  const auto original = ReadFileBytes(dir + "/0.metadata");
+  SECTION("digits that never reach the '_<id>.distcp' form") {
+    WriteFileBytes(dir + "/0.metadata",
+                   WithDataFileName(original, std::string(30000, '1') + "x_0.distcp"));
+    auto r = ReadPaddleFlexCheckpoint(dir);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK(r.status().message().find("is not <rank>_<id>.distcp") != std::string::npos);
+    CHECK(r.status().message().find("0.metadata") != std::string::npos);
+    CHECK(r.status().message().size() < 2000);  // the name is shortened in the message
+  }
+  SECTION("a well-formed name of 30k digits: no such file") {
+    WriteFileBytes(dir + "/0.metadata",
+                   WithDataFileName(original, std::string(30000, '1') + "_0.distcp"));
+    auto r = ReadPaddleFlexCheckpoint(dir);
+    REQUIRE_FALSE(r.ok());
+    INFO(r.status().message().substr(0, 300));
   }
 }
 
