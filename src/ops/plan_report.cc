@@ -16,10 +16,10 @@ void PrintProcessReport(const Plan& plan, std::ostream& out) {
   std::snprintf(balance, sizeof balance, "%.3f", plan.read_balance);
   uint64_t moved = 0;
   for (const ProcessPlan& pp : plan.per_process) moved += pp.bytes_sent;
-  out << "exchange: " << HumanBytes(moved) << " between processes in " << plan.rounds
-      << " round(s) (lower bound " << plan.rounds_lower_bound << ", "
-      << HumanBytes(plan.memory.round_bytes) << " per process and round), "
-      << plan.transfers.size() << " transfer(s); read balance " << balance << " (max/mean)\n";
+  out << "exchange: " << HumanBytes(moved) << " in " << plan.transfers.size()
+      << " transfer(s), " << plan.rounds << " round(s) (lower bound " << plan.rounds_lower_bound
+      << ", " << HumanBytes(plan.memory.round_bytes) << " per process and round)\n";
+  out << "read balance: " << balance << " (most bytes read by a process / mean)\n";
   std::vector<size_t> order(plan.per_process.size());
   std::iota(order.begin(), order.end(), 0);
   constexpr size_t kAll = 32, kShown = 16;

@@ -1,0 +1,190 @@
+"""The distributed data path end to end, under mpirun (issue 10): a checkpoint whose files are
+spread over per-process directories (`{rank}` in the input path, as node-local disks would
+hold them) converts and exports to the same bytes as one process on the whole directory;
+--stats shows every needed byte read once, by one process, and as many bytes received as
+sent; a shared directory gives the same bytes with balanced reads; a file on no process's
+disk and a killed process fail cleanly.
+
+usage: distributed_test.py BUILD_ROOT TESTDATA CASE   (CASE: split|shared|errors)
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+import fcio  # noqa: E402
+
+BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
+EXPORT = os.path.join(BUILD, "tools", "fc-export")
+CONVERT = os.path.join(BUILD, "tools", "fc-convert")
+INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
+MAKE = os.path.join(BUILD, "bench", "make_synthetic_ckpt")
+MPIRUN = shutil.which("mpirun")
+if not MPIRUN:
+    print("skipping: no mpirun")
+    sys.exit(77)
+MPI = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np"]
+MiB = 1 << 20
+tmp = tempfile.mkdtemp(prefix="fc-dist-test-")
+
+
+def same_tree(a, b, label):
+    fa, fb = sorted(os.listdir(a)), sorted(os.listdir(b))
+    assert fa == fb, (label, fa, fb)
+    for f in fa:
+        with open(os.path.join(a, f), "rb") as x, open(os.path.join(b, f), "rb") as y:
+            assert x.read() == y.read(), (label, f)
+
+
+def source():
+    """A TP-8 fc distcp checkpoint of about 4 MB (8 data files) and a target layout over 3
+    ranks that cuts every tensor into uneven row blocks (every target needs every source rank)."""
+    src = os.path.join(tmp, "src")
+    fcio.run([MAKE, src, str(4 * MiB), "8", "256"])
+    info = json.loads(fcio.run([INSPECT, src, "--json"]).stdout)
+    ranks = [{"rank": r, "chunks": []} for r in range(3)]
+    for t in info["tensors"]:
+        shape = t["global_shape"]
+        cuts = [0, shape[0] // 3, shape[0] - shape[0] // 4, shape[0]]
+        for r in range(3):
+            ranks[r]["chunks"].append({"key": t["key"], "global_offset": [cuts[r]] + [0] * (len(shape) - 1),
+                                       "local_shape": [cuts[r + 1] - cuts[r]] + shape[1:],
+                                       "flattened_range": None, "replica_id": 0})
+    manifest = {"format": "fc-layout-manifest", "version": 1, "tensors": [{"key": t["key"], "dtype": t["dtype"], "global_shape": t["global_shape"]}
+                            for t in info["tensors"]], "ranks": ranks}
+    layout = os.path.join(tmp, "rows3.json")
+    json.dump(manifest, open(layout, "w"))
+    return src, layout
+
+
+def split(src, np_):
+    """src's files over per-process directories split-R/ckpt_{r}: data file k on process
+    k % np_, the metadata on process 0 only. Returns the input pattern."""
+    base = os.path.join(tmp, f"split-{np_}")
+    for r in range(np_):
+        os.makedirs(os.path.join(base, f"ckpt_{r}"))
+    data = sorted(f for f in os.listdir(src) if f.endswith(".distcp"))
+    for k, f in enumerate(data):
+        shutil.copy(os.path.join(src, f), os.path.join(base, f"ckpt_{k % np_}", f))
+    for f in os.listdir(src):
+        if not f.endswith(".distcp"):
+            shutil.copy(os.path.join(src, f), os.path.join(base, "ckpt_0", f))
+    return os.path.join(base, "ckpt_{rank}")
+
+
+def stats(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def check_stats(s, label, moved):
+    read = sum(p["bytes_read"] for p in s["processes"])
+    sent = sum(p["bytes_sent"] for p in s["processes"])
+    received = sum(p["bytes_received"] for p in s["processes"])
+    needed = s["bytes_needed"]
+    assert sent == received, f"{label}: sent {sent} != received {received}"
+    if moved:
+        assert sent > 0, f"{label}: nothing moved between processes"
+    # Every needed byte read once (metadata reads on top: at most 1 MiB here).
+    assert needed <= read <= needed + MiB, f"{label}: read {read} for {needed} needed"
+    print(f"ok {label}: read {read} / needed {needed}, sent {sent} = received {received}")
+    return s
+
+
+def jobs(layout):
+    return [("convert", CONVERT, ["--target-manifest", layout]),
+            ("export", EXPORT, ["--max-shard-size", "1MB"])]
+
+
+def case_split():
+    src, layout = source()
+    for name, tool, flags in jobs(layout):
+        single = os.path.join(tmp, f"{name}-single")
+        fcio.run([tool, src, single, "--quiet", *flags])
+        for np_ in (2, 3, 4):
+            pattern = split(src, np_) if name == "convert" else os.path.join(tmp, f"split-{np_}", "ckpt_{rank}")
+            for budget in ("64MiB", "256KiB"):  # one round; many rounds
+                out = os.path.join(tmp, f"{name}-{np_}-{budget}")
+                st = out + ".stats.json"
+                # Read-once is measured without checksum verification, which rereads chunks
+                # whose rows were read out of order (README, known limits); verified below.
+                fcio.run([*MPI, str(np_), tool, pattern, out, "--quiet", "--memory-budget", budget,
+                          "--stats", st, "--no-verify-checksums", *flags])
+                same_tree(single, out, f"{name} np {np_} budget {budget}")
+                check_stats(stats(st), f"{name} np {np_} {budget} split", moved=True)
+        # With checksums verified (the default): the same bytes.
+        out = os.path.join(tmp, f"{name}-3-verified")
+        fcio.run([*MPI, "3", tool, os.path.join(tmp, "split-3", "ckpt_{rank}"), out, "--quiet",
+                  "--memory-budget", "256KiB", *flags])
+        same_tree(single, out, f"{name} np 3 verified")
+        # The dry run under mpirun shows the exchange: several rounds with the small budget.
+        p = fcio.run([*MPI, "3", tool, os.path.join(tmp, "split-3", "ckpt_{rank}"),
+                      os.path.join(tmp, "never"), "--dry-run", "--json", "--memory-budget", "256KiB", *flags])
+        plan = json.loads(p.stdout)
+        plan = plan.get("plan", plan)
+        assert plan["exchange"]["rounds"] > 1, plan["exchange"]
+        assert plan["exchange"]["rounds"] >= plan["exchange"]["rounds_lower_bound"], plan["exchange"]
+        assert not os.path.exists(os.path.join(tmp, "never"))
+        p = fcio.run([*MPI, "3", tool, os.path.join(tmp, "split-3", "ckpt_{rank}"), "--dry-run",
+                      "--memory-budget", "256KiB", *flags] + ([] if name == "convert" else [os.path.join(tmp, "never")]))
+        assert "exchange:" in p.stdout and "read balance" in p.stdout, p.stdout
+        assert max(len(line) for line in p.stdout.splitlines()) <= 120, p.stdout
+    print("ok split")
+
+
+def case_shared():
+    src, layout = source()
+    for name, tool, flags in jobs(layout):
+        single = os.path.join(tmp, f"{name}-single")
+        fcio.run([tool, src, single, "--quiet", *flags])
+        for np_ in (2, 3):
+            out = os.path.join(tmp, f"{name}-shared-{np_}")
+            st = out + ".stats.json"
+            fcio.run([*MPI, str(np_), tool, src, out, "--quiet", "--stats", st,
+                      "--no-verify-checksums", *flags])
+            same_tree(single, out, f"{name} shared np {np_}")
+            s = check_stats(stats(st), f"{name} np {np_} shared", moved=False)
+            reads = [p["bytes_read"] for p in s["processes"]]
+            balance = max(reads) * len(reads) / sum(reads)
+            # The planner's bound is 1.15 on tensor bytes; metadata (read by one process) on top.
+            assert balance <= 1.2, f"{name} np {np_}: read balance {balance:.3f} ({reads})"
+            print(f"ok {name} np {np_} shared: read balance {balance:.3f}")
+
+
+def case_errors():
+    src, layout = source()
+    pattern = split(src, 3)
+    # A data file on no process's disk: exit 4 naming it, one message, nothing written.
+    gone = os.path.join(tmp, "split-3", "ckpt_1", "1_0.distcp")
+    os.rename(gone, gone + ".away")
+    for name, tool, flags in jobs(layout):
+        out = os.path.join(tmp, f"{name}-missing")
+        p = fcio.run([*MPI, "3", tool, pattern, out, "--quiet", *flags], expect=4)
+        assert "1_0.distcp" in p.stderr and p.stderr.count(f"fc-{name}: error") == 1, p.stderr
+        assert not os.path.exists(out) and not [n for n in os.listdir(tmp) if ".fc-tmp-" in n]
+    os.rename(gone + ".away", gone)
+    # A process killed mid-run (SIGKILL, rank 1, one second in, many small rounds): every
+    # process ends, mpirun fails, OUT does not appear; the next run on OUT succeeds.
+    out = os.path.join(tmp, "killed")
+    big = os.path.join(tmp, "big")
+    fcio.run([MAKE, big, str(48 * MiB), "8", "512"])
+    bigpattern = split(big, 3)
+    killer = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 1; kill -KILL $$) & fi; exec "$@"')
+    cmd = [*MPI, "3", "sh", "-c", killer, "sh", CONVERT, bigpattern, out, "--quiet",
+           "--memory-budget", "64KiB", "--threads", "1", "--target-like", big]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0, "the killed run reported success (it ran in under a second?)"
+    assert not os.path.exists(out), os.listdir(out)
+    fcio.run([*MPI, "3", CONVERT, bigpattern, out, "--quiet", "--target-like", big])
+    assert not [n for n in os.listdir(tmp) if ".fc-tmp-" in n], os.listdir(tmp)
+    fcio.run([INSPECT, out, "--verify"])
+    print("ok errors")
+
+
+try:
+    {"split": case_split, "shared": case_shared, "errors": case_errors}[CASE]()
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
