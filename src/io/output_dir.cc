@@ -10,6 +10,8 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <random>
 
@@ -51,7 +53,19 @@ std::string ResolveLoosely(const std::string& path) {
 
 bool ProcessAlive(pid_t pid) {
   if (pid <= 0) return true;  // not ours to judge
-  return ::kill(pid, 0) == 0 || errno != ESRCH;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  // A zombie (killed, not yet reaped: e.g. a rank mpirun killed a moment ago) is gone too.
+  // Linux: the state is the field after the ")" that ends the command name in /proc/PID/stat.
+  if (FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r")) {
+    char buf[512];
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    buf[n] = '\0';
+    if (const char* close = std::strrchr(buf, ')'); close != nullptr && close[1] == ' ') {
+      return close[2] != 'Z' && close[2] != 'X';
+    }
+  }
+  return true;
 }
 
 }  // namespace

@@ -60,10 +60,10 @@ def source():
     return src, layout
 
 
-def split(src, np_):
+def split(src, np_, name="split"):
     """src's files over per-process directories split-R/ckpt_{r}: data file k on process
     k % np_, the metadata on process 0 only. Returns the input pattern."""
-    base = os.path.join(tmp, f"split-{np_}")
+    base = os.path.join(tmp, f"{name}-{np_}")
     for r in range(np_):
         os.makedirs(os.path.join(base, f"ckpt_{r}"))
     data = sorted(f for f in os.listdir(src) if f.endswith(".distcp"))
@@ -166,15 +166,17 @@ def case_errors():
         assert "1_0.distcp" in p.stderr and p.stderr.count(f"fc-{name}: error") == 1, p.stderr
         assert not os.path.exists(out) and not [n for n in os.listdir(tmp) if ".fc-tmp-" in n]
     os.rename(gone + ".away", gone)
-    # A process killed mid-run (SIGKILL, rank 1, one second in, many small rounds): every
-    # process ends, mpirun fails, OUT does not appear; the next run on OUT succeeds.
+    # A process killed mid-run (SIGKILL, rank 1, as soon as the staging directory exists,
+    # that is, while the processes read and exchange): every process ends, mpirun fails, OUT
+    # does not appear; the next run on OUT succeeds.
     out = os.path.join(tmp, "killed")
     big = os.path.join(tmp, "big")
     fcio.run([MAKE, big, str(48 * MiB), "8", "512"])
-    bigpattern = split(big, 3)
-    killer = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 1; kill -KILL $$) & fi; exec "$@"')
-    cmd = [*MPI, "3", "sh", "-c", killer, "sh", CONVERT, bigpattern, out, "--quiet",
-           "--memory-budget", "64KiB", "--threads", "1", "--target-like", big]
+    bigpattern = split(big, 3, "bigsplit")
+    killer = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (while ! ls -d "$OUT".fc-tmp-* '
+              '>/dev/null 2>&1; do sleep 0.01; done; kill -KILL $$) & fi; exec "$@"')
+    cmd = [*MPI, "3", "-x", "OUT=" + out, "sh", "-c", killer, "sh", CONVERT, bigpattern, out,
+           "--quiet", "--memory-budget", "64KiB", "--threads", "1", "--target-like", big]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode != 0, "the killed run reported success (it ran in under a second?)"
     assert not os.path.exists(out), os.listdir(out)
