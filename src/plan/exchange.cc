@@ -130,17 +130,18 @@ Status PlanExchange(Plan& plan, const std::vector<std::vector<int>>& visibility,
 
   // 4. Rounds. The cap admits the largest single item (all its blocks included).
   uint64_t cap = std::max<uint64_t>(round_budget, 1);
-  std::vector<uint64_t> item_out(P);
+  std::map<int, uint64_t> item_out;
   for (size_t w = 0; w < plan.writes.size(); ++w) {
     uint64_t in = 0;
-    std::fill(item_out.begin(), item_out.end(), 0);
+    item_out.clear();
     for (uint32_t i : item_needs[w]) {
       const Need& n = needs[i];
       if (n.reader == n.writer) continue;
       in += n.bytes;
-      item_out[static_cast<size_t>(n.reader)] += n.bytes;
+      item_out[n.reader] += n.bytes;
     }
-    cap = std::max({cap, in, *std::max_element(item_out.begin(), item_out.end())});
+    cap = std::max(cap, in);
+    for (const auto& [reader, bytes] : item_out) cap = std::max(cap, bytes);
   }
   std::vector<size_t> next(P, 0);
   std::vector<uint64_t> sent(P), received(P);

@@ -54,6 +54,70 @@ bool HasStridedChunks(const TensorEntry& t) {
                      [](const Chunk& c) { return !c.strides.empty(); });
 }
 
+// Target files to processes. Without visibility: balanced by bytes (BalanceByBytes). With
+// it, largest file first, to the process that can read most of the file's source bytes
+// itself among those that stay within 1.10 x the mean bytes written (ties: least loaded,
+// then lowest rank), so that little moves between processes; process 0 always gets a file
+// (it commits the output).
+std::vector<std::vector<size_t>> AssignFiles(
+    const std::vector<uint64_t>& file_bytes,
+    const std::vector<std::map<uint32_t, uint64_t>>& file_reads,
+    const std::vector<std::vector<int>>& visibility, int processes) {
+  if (visibility.empty() || processes < 2) return BalanceByBytes(file_bytes, processes);
+  const auto P = static_cast<size_t>(processes);
+  uint64_t total = 0, largest = 0;
+  for (uint64_t b : file_bytes) {
+    total += b;
+    largest = std::max(largest, b);
+  }
+  const double limit = std::max(1.10 * static_cast<double>(total) / static_cast<double>(P),
+                                static_cast<double>(largest));
+  std::vector<size_t> order(file_bytes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return file_bytes[a] > file_bytes[b]; });
+  std::vector<std::vector<size_t>> assignment(P);
+  std::vector<uint64_t> load(P, 0);
+  std::map<int, uint64_t> local;
+  for (size_t f : order) {
+    local.clear();
+    for (const auto& [source, bytes] : file_reads[f]) {
+      if (source >= visibility.size()) continue;
+      for (int q : visibility[source]) local[q] += bytes;
+    }
+    int best = -1;
+    auto better = [&](int q, int than) {
+      if (than < 0) return true;
+      const uint64_t lq = local.count(q) ? local[q] : 0, lt = local.count(than) ? local[than] : 0;
+      if (lq != lt) return lq > lt;
+      return load[static_cast<size_t>(q)] < load[static_cast<size_t>(than)];
+    };
+    for (int q = 0; q < processes; ++q) {
+      if (static_cast<double>(load[static_cast<size_t>(q)] + file_bytes[f]) > limit) continue;
+      if (better(q, best)) best = q;
+    }
+    if (best < 0) {  // nobody under the limit: the least loaded
+      best = 0;
+      for (int q = 1; q < processes; ++q) {
+        if (load[static_cast<size_t>(q)] < load[static_cast<size_t>(best)]) best = q;
+      }
+    }
+    assignment[static_cast<size_t>(best)].push_back(f);
+    load[static_cast<size_t>(best)] += file_bytes[f];
+  }
+  if (assignment[0].empty() && !file_bytes.empty()) {
+    // Process 0 commits: it takes the smallest file of the process with the most files.
+    size_t from = 0;
+    for (size_t q = 1; q < P; ++q) {
+      if (assignment[q].size() > assignment[from].size()) from = q;
+    }
+    assignment[0].push_back(assignment[from].back());
+    assignment[from].pop_back();
+  }
+  for (std::vector<size_t>& files : assignment) std::sort(files.begin(), files.end());
+  return assignment;
+}
+
 Status ValidateRequest(const PlanRequest& r) {
   if (r.threads < 1) return InvalidArgumentError("threads must be at least 1");
   if (r.processes < 1) return InvalidArgumentError("processes must be at least 1");
@@ -177,7 +241,7 @@ Result<Plan> BuildPlan(PlanRequest request) {
   const uint64_t per_worker = budget / static_cast<uint64_t>(threads) - block_bytes;
   const uint64_t slab_limit = std::min<uint64_t>(kMaxSlabBytes, per_worker / 3);
 
-  // Files, balanced between processes by bytes.
+  // Target files (shared out between processes below, once their source reads are known).
   std::vector<uint64_t> file_bytes;
   for (PlanRequest::File& f : request.files) {
     PlanFile pf;
@@ -187,15 +251,6 @@ Result<Plan> BuildPlan(PlanRequest request) {
     plan.bytes_written += pf.bytes;
     file_bytes.push_back(pf.bytes);
     plan.files.push_back(std::move(pf));
-  }
-  const std::vector<std::vector<size_t>> assignment = BalanceByBytes(file_bytes, plan.processes);
-  plan.per_process.resize(static_cast<size_t>(plan.processes));
-  for (size_t p = 0; p < assignment.size(); ++p) {
-    for (size_t f : assignment[p]) {
-      plan.files[f].process = static_cast<int>(p);
-      plan.per_process[p].files.push_back(static_cast<uint32_t>(f));
-      plan.per_process[p].bytes_written += plan.files[f].bytes;
-    }
   }
 
   // Write items: every slot cut into slabs contiguous in its stored order.
@@ -238,10 +293,6 @@ Result<Plan> BuildPlan(PlanRequest request) {
   // it is held; within a tensor, in file and stored order (checksums stream in order).
   std::stable_sort(plan.writes.begin(), plan.writes.end(),
                    [](const WriteItem& a, const WriteItem& b) { return a.tensor < b.tensor; });
-  for (size_t w = 0; w < plan.writes.size(); ++w) {
-    const int p = plan.files[plan.writes[w].file].process;
-    plan.per_process[static_cast<size_t>(p)].writes.push_back(static_cast<uint32_t>(w));
-  }
   plan.memory.budget = request.memory_budget;
   plan.memory.minimum = minimum_for(1);
   plan.memory.slab_bytes = largest_item;
@@ -273,6 +324,22 @@ Result<Plan> BuildPlan(PlanRequest request) {
             into[file] += static_cast<uint64_t>(b.num_elements()) * esize;
           });
     }
+  }
+  // Files to processes: balanced by bytes; with visibility, each to a process that sees
+  // most of what it reads (AssignFiles).
+  const std::vector<std::vector<size_t>> assignment =
+      AssignFiles(file_bytes, file_reads, request.source_visibility, plan.processes);
+  plan.per_process.resize(static_cast<size_t>(plan.processes));
+  for (size_t p = 0; p < assignment.size(); ++p) {
+    for (size_t f : assignment[p]) {
+      plan.files[f].process = static_cast<int>(p);
+      plan.per_process[p].files.push_back(static_cast<uint32_t>(f));
+      plan.per_process[p].bytes_written += plan.files[f].bytes;
+    }
+  }
+  for (size_t w = 0; w < plan.writes.size(); ++w) {
+    const int p = plan.files[plan.writes[w].file].process;
+    plan.per_process[static_cast<size_t>(p)].writes.push_back(static_cast<uint32_t>(w));
   }
   for (ProcessPlan& pp : plan.per_process) {
     std::map<uint32_t, uint64_t> reads;
