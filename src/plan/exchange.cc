@@ -148,6 +148,7 @@ Status PlanExchange(Plan& plan, const std::vector<std::vector<int>>& visibility,
   std::vector<int> delivered(static_cast<size_t>(wholes), -1);  // round a block last went in
   std::vector<uint64_t> total_sent(P, 0), total_received(P, 0);
   uint32_t round = 0;
+  uint64_t most_in_round = 0;  // what a process sends or receives in its busiest round
   bool any_transfer = false;
   auto remaining = [&] {
     for (size_t p = 0; p < P; ++p) {
@@ -211,6 +212,7 @@ Status PlanExchange(Plan& plan, const std::vector<std::vector<int>>& visibility,
         ++next[p];
       }
     }
+    for (size_t p = 0; p < P; ++p) most_in_round = std::max({most_in_round, sent[p], received[p]});
     ++round;
   }
   std::stable_sort(plan.transfers.begin(), plan.transfers.end(),
@@ -228,7 +230,7 @@ Status PlanExchange(Plan& plan, const std::vector<std::vector<int>>& visibility,
     plan.rounds_lower_bound = 0;
     for (WriteItem& w : plan.writes) w.round = 0;
   }
-  plan.memory.round_bytes = any_transfer ? cap : 0;
+  plan.memory.round_bytes = any_transfer ? most_in_round : 0;
   for (size_t p = 0; p < P; ++p) {
     ProcessPlan& pp = plan.per_process[p];
     pp.reads.clear();
