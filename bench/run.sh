@@ -2,7 +2,7 @@
 # fc-export / fc-convert throughput and memory against `cp -r` of the same source, in the
 # same run.
 #
-# usage: bench/run.sh export|export-torch|convert [SIZE_GB=1] [RUNS=3] [BUDGET=512MiB] [BUILD=build]
+# usage: bench/run.sh export|export-torch|convert|convert-np2 [SIZE_GB=1] [RUNS=3] [BUDGET=512MiB] [BUILD=build]
 # Writes a synthetic TP-8 bfloat16 fc distcp checkpoint of SIZE_GB under $BENCH_DIR
 # (default /tmp/fc-bench), warms the page cache, then times RUNS copies with cp -r and RUNS
 # runs of the tool (median of each), and reports:
@@ -12,6 +12,8 @@
 # PyTorch DCP checkpoint (torch.save items inside .distcp files, written by fc-convert
 # --output-format torch-dcp), the input most users have. convert: TP 8 -> TP 2 x sharding 2, where
 # every tensor's TP-2 block is flattened and cut in two ZeRO-1 style ranges (rows cut mid-way).
+# convert-np2: the same convert under `mpirun -np 2`, against the one-process convert as the
+# baseline instead of cp (ratio = np 1 time / np 2 time; target >= 1/1.1), same output bytes.
 # The last run also writes --stats: bytes read / bytes needed is printed with the times.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +35,7 @@ if [[ $mode == export-torch ]]; then
   src=$tsrc
 fi
 cat "$src"/* "$src"/.metadata > /dev/null 2>&1 || true   # warm cache
-if [[ $mode == convert ]]; then
+if [[ $mode == convert || $mode == convert-np2 ]]; then
   "$build/tools/fc-inspect" "$src" --json > "$dir/src.json"
   python3 - "$dir/src.json" "$dir/tp2-zero2.json" <<'PY'
 import json, sys
@@ -58,14 +60,27 @@ median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 cp_times=(); fc_times=(); rss=()
 for i in $(seq "$runs"); do
   rm -rf "$dir/cp-out" "$dir/fc-out"; sync
-  t0=$(date +%s.%N); cp -r "$src" "$dir/cp-out"; sync; t1=$(date +%s.%N)
+  t0=$(date +%s.%N)
+  if [[ $mode == convert-np2 ]]; then
+    "$build/tools/fc-convert" "$src" "$dir/cp-out" --target-manifest "$dir/tp2-zero2.json" \
+        --memory-budget "$budget" --quiet
+  else
+    cp -r "$src" "$dir/cp-out"
+  fi
+  sync; t1=$(date +%s.%N)
   cp_times+=("$(echo "$t1 - $t0" | bc)")
-  rm -rf "$dir/cp-out"; sync
+  [[ $mode == convert-np2 ]] || { rm -rf "$dir/cp-out"; sync; }
   t0=$(date +%s.%N)
   stats=(); [[ $i == "$runs" ]] && stats=(--stats "$dir/stats.json")
   if [[ $mode == export || $mode == export-torch ]]; then
     /usr/bin/time -f "%M" -o "$dir/rss.txt" "$build/tools/fc-export" "$src" "$dir/fc-out" \
         --memory-budget "$budget" --quiet "${stats[@]}"
+  elif [[ $mode == convert-np2 ]]; then
+    /usr/bin/time -f "%M" -o "$dir/rss.txt" mpirun --allow-run-as-root --oversubscribe -np 2 \
+        "$build/tools/fc-convert" "$src" "$dir/fc-out" --target-manifest "$dir/tp2-zero2.json" \
+        --memory-budget "$budget" --quiet "${stats[@]}"
+    diff -r "$dir/cp-out" "$dir/fc-out" >/dev/null || { echo "np 2 output differs from np 1"; exit 1; }
+    rm -rf "$dir/cp-out"
   else
     /usr/bin/time -f "%M" -o "$dir/rss.txt" "$build/tools/fc-convert" "$src" "$dir/fc-out" \
         --target-manifest "$dir/tp2-zero2.json" --memory-budget "$budget" --quiet "${stats[@]}"
@@ -94,7 +109,7 @@ print(f"bytes read / bytes needed: {read} / {s['bytes_needed']} = {read / max(1,
 b, cp, fc, rss_kb, budget = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 print(f"source: {b/1e9:.2f} GB; runs cp: {sys.argv[6]} s; fc: {sys.argv[7]} s")
 print(f"cp -r median {cp:.2f} s ({b/cp/1e9:.2f} GB/s); tool median {fc:.2f} s ({b/fc/1e9:.2f} GB/s)")
-print(f"ratio (cp time / tool time): {cp/fc:.2f}   target >= 0.7")
+print(f"ratio (baseline time / tool time): {cp/fc:.2f}   (baseline: cp -r + sync, or np 1 for convert-np2)")
 print(f"peak RSS {rss_kb/1024:.0f} MiB; budget {budget/2**20:.0f} MiB; "
       f"over budget by {(rss_kb*1024-budget)/2**20:.0f} MiB   target <= 64 MiB")
 PY

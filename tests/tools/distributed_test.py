@@ -132,6 +132,30 @@ def case_split():
                       "--memory-budget", "256KiB", *flags] + ([] if name == "convert" else [os.path.join(tmp, "never")]))
         assert "exchange:" in p.stdout and "read balance" in p.stdout, p.stdout
         assert max(len(line) for line in p.stdout.splitlines()) <= 120, p.stdout
+    # A ZeRO-flattened source (flat ranges that cut rows) split over processes, back to rows.
+    flat = os.path.join(tmp, "flat")
+    info = json.loads(fcio.run([INSPECT, src, "--json"]).stdout)
+    ranks = [{"rank": r, "chunks": []} for r in range(4)]
+    for t in info["tensors"]:
+        n = t["global_shape"][0] * t["global_shape"][1]
+        cuts = [0, n // 4 + 3, n // 2 + 7, 3 * n // 4 + 1, n]
+        for r in range(4):
+            ranks[r]["chunks"].append({"key": t["key"], "global_offset": [0, 0],
+                                       "local_shape": t["global_shape"],
+                                       "flattened_range": [cuts[r], cuts[r + 1]], "replica_id": 0})
+    flat_layout = os.path.join(tmp, "flat4.json")
+    json.dump({"format": "fc-layout-manifest", "version": 1, "ranks": ranks,
+               "tensors": [{"key": t["key"], "dtype": t["dtype"], "global_shape": t["global_shape"]}
+                           for t in info["tensors"]]}, open(flat_layout, "w"))
+    fcio.run([CONVERT, src, flat, "--quiet", "--target-manifest", flat_layout])
+    single = os.path.join(tmp, "from-flat-single")
+    fcio.run([CONVERT, flat, single, "--quiet", "--target-manifest", layout])
+    out = os.path.join(tmp, "from-flat-3")
+    st = out + ".stats.json"
+    fcio.run([*MPI, "3", CONVERT, split(flat, 3, "flatsplit"), out, "--quiet", "--memory-budget",
+              "256KiB", "--stats", st, "--no-verify-checksums", "--target-manifest", layout])
+    same_tree(single, out, "flat source np 3")
+    check_stats(stats(st), "flat source np 3 split", moved=True)
     print("ok split")
 
 
