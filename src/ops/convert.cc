@@ -230,6 +230,7 @@ struct ConvertPlan {
   Plan plan;                                // files = target ranks, slots = their chunks
   std::vector<int64_t> ranks;               // target rank of each plan file
   ConvertSummary summary;
+  std::vector<std::vector<int>> visibility;  // which processes see each source file (empty: all)
 };
 
 // `p.index` is open; `visibility` as PlanRequest::source_visibility.
@@ -334,6 +335,7 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
   request.threads = WorkerThreads(options.threads);
   request.memory_budget =
       options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
+  p.visibility = visibility;
   request.source_visibility = std::move(visibility);
   FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, p.index));
   FC_ASSIGN_OR_RETURN(p.plan, BuildPlan(std::move(request)));
@@ -490,22 +492,56 @@ class PartSink : public PlanSink {
 };
 
 // Objects (with file 0), copied byte for byte.
-Status WriteObjects(const ConvertPlan& p, ChunkReader& reader, OutputPart& part) {
+// Object `o`'s bytes, checked against its checksum.
+Result<std::vector<std::byte>> ReadObject(const ConvertPlan& p, ChunkReader& reader, size_t o) {
+  const ObjectEntry& obj = *p.objects[o];
+  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
+  FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadObjectBytes(*f, obj));
+  if (obj.xxh3_64 && DefaultVerifyChecksums()) {
+    // As ChunkReader does for chunks (fc-distcp(5), CHECKSUMS).
+    FC_ASSIGN_OR_RETURN(uint64_t sum, Xxh3OfFileRange(*f, obj.byte_offset, obj.byte_length));
+    if (sum != *obj.xxh3_64) {
+      return DataLossError(p.index.files[obj.file].path + ": object '" + obj.key +
+                           "': checksum mismatch: xxh3-64 of the bytes is " + HexU64(sum) +
+                           ", the metadata says " + HexU64(*obj.xxh3_64) +
+                           " (damaged data; --no-verify-checksums reads it anyway)");
+    }
+  }
+  return bytes;
+}
+
+// Objects go into target file 0. Collective: with every file visible everywhere its writer
+// reads them; otherwise each is read by the lowest process that sees its file and sent to
+// the writer of file 0 (objects are small: iteration counters, RNG states, configs).
+Status WriteObjects(const ConvertPlan& p, ChunkReader& reader, OutputPart* part,
+                    Communicator& comm) {
+  if (p.objects.empty() || p.plan.files.empty()) return Status::Ok();
+  const int me = comm.rank();
+  const int writer = p.plan.files[0].process;
   for (size_t o = 0; o < p.objects.size(); ++o) {
-    const ObjectEntry& obj = *p.objects[o];
-    FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
-    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadObjectBytes(*f, obj));
-    if (obj.xxh3_64 && DefaultVerifyChecksums()) {
-      // As ChunkReader does for chunks (fc-distcp(5), CHECKSUMS).
-      FC_ASSIGN_OR_RETURN(uint64_t sum, Xxh3OfFileRange(*f, obj.byte_offset, obj.byte_length));
-      if (sum != *obj.xxh3_64) {
-        return DataLossError(p.index.files[obj.file].path + ": object '" + obj.key +
-                             "': checksum mismatch: xxh3-64 of the bytes is " + HexU64(sum) +
-                             ", the metadata says " + HexU64(*obj.xxh3_64) +
-                             " (damaged data; --no-verify-checksums reads it anyway)");
+    const uint32_t file = p.objects[o]->file;
+    const int reader_rank = p.visibility.empty() || file >= p.visibility.size() ||
+                                    p.visibility[file].empty()
+                                ? writer
+                                : p.visibility[file].front();
+    Result<std::vector<std::byte>> bytes = std::vector<std::byte>();
+    if (me == reader_rank) bytes = ReadObject(p, reader, o);
+    FC_RETURN_IF_ERROR(comm.AllOk(bytes.status()));
+    if (reader_rank != writer) {
+      std::string message;
+      if (me == reader_rank) message.assign(reinterpret_cast<const char*>(bytes->data()), bytes->size());
+      comm.Broadcast(message, reader_rank);
+      if (me == writer) {
+        const auto* data = reinterpret_cast<const std::byte*>(message.data());
+        bytes = std::vector<std::byte>(data, data + message.size());
       }
     }
-    FC_RETURN_IF_ERROR(part.WriteObject(o, bytes));
+    Status written = Status::Ok();
+    if (me == writer) {
+      written = part ? part->WriteObject(o, *bytes)
+                     : InternalError("the writer of target file 0 has no output part");
+    }
+    FC_RETURN_IF_ERROR(comm.AllOk(written));
   }
   return Status::Ok();
 }
@@ -515,13 +551,8 @@ Status WriteObjects(const ConvertPlan& p, ChunkReader& reader, OutputPart& part)
 Result<ExecuteStats> WritePart(const ConvertOptions& options, const ConvertPlan& p,
                                Communicator& comm, OutputPart* part) {
   const int me = comm.rank();
-  const std::vector<uint32_t>& files = p.plan.per_process[static_cast<size_t>(me)].files;
   ChunkReader reader(p.index);
-  Status objects = Status::Ok();
-  if (part != nullptr && std::find(files.begin(), files.end(), 0u) != files.end()) {
-    objects = WriteObjects(p, reader, *part);
-  }
-  FC_RETURN_IF_ERROR(comm.AllOk(objects));
+  FC_RETURN_IF_ERROR(WriteObjects(p, reader, part, comm));
   PartSink sink(part);
   ExecuteOptions eo;
   eo.comm = &comm;

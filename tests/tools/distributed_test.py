@@ -156,6 +156,20 @@ def case_split():
               "256KiB", "--stats", st, "--no-verify-checksums", "--target-manifest", layout])
     same_tree(single, out, "flat source np 3")
     check_stats(stats(st), "flat source np 3 split", moved=True)
+    # torch DCP with non-tensor objects, its .metadata on the last process only: the objects
+    # are read where they lie and sent to the writer of target file 0.
+    mixed = os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt")
+    base = os.path.join(tmp, "mixed-3")
+    for r in range(3):
+        os.makedirs(os.path.join(base, f"c{r}"))
+    for k, f in enumerate(sorted(os.listdir(mixed))):
+        dest = 2 if f == ".metadata" else k % 3
+        shutil.copy(os.path.join(mixed, f), os.path.join(base, f"c{dest}", f))
+    single = os.path.join(tmp, "mixed-single")
+    fcio.run([CONVERT, mixed, single, "--quiet", "--target-like", mixed])
+    out = os.path.join(tmp, "mixed-np3")
+    fcio.run([*MPI, "3", CONVERT, os.path.join(base, "c{rank}"), out, "--quiet", "--target-like", mixed])
+    same_tree(single, out, "torch DCP with objects np 3")
     print("ok split")
 
 
