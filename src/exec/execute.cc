@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -74,7 +75,10 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
   PieceBlockCache blocks(plan.memory.block_bytes * static_cast<uint64_t>(threads));
   for (const auto& [t, k] : plan.whole_blocks) blocks.Allow(&plan.tensors[t].pieces[k]);
   std::vector<std::vector<std::byte>> buffers(static_cast<size_t>(threads));
-  Progress progress(options.what, mine.bytes_written, options.progress);
+  // With an exchange, process 0 shows the whole job: others' bytes arrive after each round.
+  Progress progress(exchange && me == 0 ? options.what + " (all processes)" : options.what,
+                    exchange && me == 0 ? plan.bytes_written : mine.bytes_written,
+                    options.progress);
   ExchangedSourceReader sources(reader);
   // Writes this process's items [first, last) of mine.writes.
   auto write_items = [&](size_t first, size_t last) {
@@ -99,6 +103,7 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
     if (status.ok()) status = reader.FinishVerification();
   } else {
     size_t next_item = 0;
+    uint64_t others_reported = 0;  // process 0: other processes' bytes shown so far
     auto transfer = plan.transfers.begin();
     for (uint32_t round = 0; round < plan.rounds && status.ok(); ++round) {
       auto round_end = std::find_if(transfer, plan.transfers.end(),
@@ -161,6 +166,23 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
       }
       status = comm->AllOk(write_items(next_item, last_item));
       next_item = last_item;
+      if (status.ok()) {
+        // Whole-job progress: every process's bytes written so far, to process 0.
+        uint64_t done = 0;
+        for (size_t i = 0; i < next_item; ++i) done += plan.writes[mine.writes[i]].bytes;
+        const std::vector<std::string> all =
+            comm->Gather(std::string(reinterpret_cast<const char*>(&done), sizeof done), 0);
+        uint64_t others = 0;
+        for (size_t r = 1; r < all.size(); ++r) {
+          uint64_t v = 0;
+          if (all[r].size() == sizeof v) std::memcpy(&v, all[r].data(), sizeof v);
+          others += v;
+        }
+        if (me == 0 && others > others_reported) {
+          progress.Add(others - others_reported);
+          others_reported = others;
+        }
+      }
       transfer = round_end;
     }
     sources.Clear();
