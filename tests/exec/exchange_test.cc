@@ -97,6 +97,27 @@ PlanRequest Request(const CheckpointIndex& index, int processes, uint64_t budget
   return r;
 }
 
+// Runs `plan` on an in-process group, process p reading through views[p].
+std::vector<Result<ExecuteStats>> RunGroup(const Plan& plan, const std::vector<CheckpointIndex>& views,
+                                           PlanSink& sink) {
+  const int n = static_cast<int>(views.size());
+  std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(n);
+  std::vector<Result<ExecuteStats>> results(static_cast<size_t>(n), InternalError("not run"));
+  std::vector<std::thread> threads;
+  for (int p = 0; p < n; ++p) {
+    threads.emplace_back([&, p] {
+      ChunkReader reader(views[static_cast<size_t>(p)]);
+      ExecuteOptions eo;
+      eo.process = p;
+      eo.comm = group[static_cast<size_t>(p)].get();
+      eo.progress = Progress::Mode::kQuiet;
+      results[static_cast<size_t>(p)] = Execute(plan, reader, sink, eo);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
 TEST_CASE("exchange: processes that each see one third of the files write what one process "
           "writes", "[exec][exchange]") {
   const std::string dir = "/tmp/fc-exchange-test-" + std::to_string(getpid());
@@ -136,21 +157,8 @@ TEST_CASE("exchange: processes that each see one third of the files write what o
         if (static_cast<int>(f % n) != p) views[static_cast<size_t>(p)].files[f].path += ".elsewhere";
       }
     }
-    std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(n);
     MemorySink sink;
-    std::vector<Result<ExecuteStats>> results(n, InternalError("not run"));
-    std::vector<std::thread> threads;
-    for (int p = 0; p < n; ++p) {
-      threads.emplace_back([&, p] {
-        ChunkReader reader(views[static_cast<size_t>(p)]);
-        ExecuteOptions eo;
-        eo.process = p;
-        eo.comm = group[static_cast<size_t>(p)].get();
-        eo.progress = Progress::Mode::kQuiet;
-        results[static_cast<size_t>(p)] = Execute(*plan, reader, sink, eo);
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    const std::vector<Result<ExecuteStats>> results = RunGroup(*plan, views, sink);
     uint64_t sent = 0, received = 0, planned = 0;
     for (int p = 0; p < n; ++p) {
       INFO("process " << p);
@@ -181,21 +189,9 @@ TEST_CASE("exchange: processes that each see one third of the files write what o
         if (static_cast<int>(f % n) != p || p == 1) views[static_cast<size_t>(p)].files[f].path += ".gone";
       }
     }
-    std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(n);
     MemorySink sink;
-    std::vector<Status> results(n);
-    std::vector<std::thread> threads;
-    for (int p = 0; p < n; ++p) {
-      threads.emplace_back([&, p] {
-        ChunkReader reader(views[static_cast<size_t>(p)]);
-        ExecuteOptions eo;
-        eo.process = p;
-        eo.comm = group[static_cast<size_t>(p)].get();
-        eo.progress = Progress::Mode::kQuiet;
-        results[static_cast<size_t>(p)] = Execute(*plan, reader, sink, eo).status();
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    std::vector<Status> results;
+    for (const Result<ExecuteStats>& r : RunGroup(*plan, views, sink)) results.push_back(r.status());
     for (int p = 0; p < n; ++p) {
       INFO("process " << p << ": " << results[static_cast<size_t>(p)].ToString());
       CHECK(results[static_cast<size_t>(p)].code() == StatusCode::kNotFound);
