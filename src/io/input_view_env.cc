@@ -110,7 +110,12 @@ Result<std::unique_ptr<EnvWritableFile>> InputViewEnv::CreateForWrite(const std:
 }
 
 EnvFileType InputViewEnv::Type(const std::string& path, bool follow) {
-  if (IsRoot(path)) return EnvFileType::kDirectory;
+  if (IsRoot(path)) {
+    // A directory when some process has files there or this one has the directory (its
+    // subdirectories are its own); missing otherwise, so that opening says "not found".
+    if (!entries_.empty()) return EnvFileType::kDirectory;
+    return base_->Type(local_root_, follow);
+  }
   const std::string name = EntryName(path);
   if (!name.empty() && entries_.count(name)) return EnvFileType::kRegular;
   return base_->Type(Local(path), follow);

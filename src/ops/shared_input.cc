@@ -227,12 +227,6 @@ Result<SharedInput> ShareInput(const std::string& input, Communicator& comm) {
   Status merged = Status::Ok();
   if (comm.rank() == 0) {
     Result<std::map<std::string, Listed>> all = MergeListings(listings, logical_root);
-    if (all.ok() && all->empty()) {
-      all = NotFoundError(input + ": no process sees any file there" +
-                          (has_rank || has_node ? " (expanded per process, e.g. '" +
-                                                      shared.local_path + "' on process 0)"
-                                                : std::string()));
-    }
     if (all.ok()) union_bytes = EncodeUnion(*all);
     merged = all.status();
   }
