@@ -190,6 +190,14 @@ def case_shared():
             # The planner's bound is 1.15 on tensor bytes; metadata (read by one process) on top.
             assert balance <= 1.2, f"{name} np {np_}: read balance {balance:.3f} ({reads})"
             print(f"ok {name} np {np_} shared: read balance {balance:.3f}")
+    # Other formats on a shared directory (metadata broadcast, files in subdirectories).
+    for rel in (("hf_dcp", "sharded_only"), ("deepspeed", "pp2", "ckpt"), ("torch_dcp", "mixed", "ckpt")):
+        ckpt = os.path.join(TESTDATA, *rel)
+        single, multi = os.path.join(tmp, "-".join(rel) + "-1"), os.path.join(tmp, "-".join(rel) + "-2")
+        fcio.run([EXPORT, ckpt, single, "--quiet", "--include-optimizer"])
+        fcio.run([*MPI, "2", EXPORT, ckpt, multi, "--quiet", "--include-optimizer"])
+        same_tree(single, multi, "/".join(rel))
+        print(f"ok {'/'.join(rel)} np 2 shared")
 
 
 def case_errors():
