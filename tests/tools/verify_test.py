@@ -54,24 +54,24 @@ def case_fcdistcp():
         data = bytearray(open(path, "rb").read())
         data[c["byte_offset"] + c["byte_length"] // 2] ^= 0x10
         open(path, "wb").write(data)
-        damaged.append((c["file"], f"'{t['key']}'", str(c["global_offset"][0]
-                                                       if c["global_offset"] else ""),
-                        "xxh3-64 of the bytes is"))
+        damaged.append((c["file"], t["key"], "xxh3-64 of the bytes is"))
     assert len(damaged) == 3, damaged
     check_reported(ckpt, damaged, 3)
 
 
 def case_torchdcp():
-    # Three item files of the torch DCP fixture cut short: each chunk's bytes pass the end of
-    # its file, and all three are reported.
+    # Three item files of the torch DCP fixture with their torch.save archive damaged (zip
+    # signature zeroed): each chunk fails to be located, and all three are reported.
+    # (Item ranges past the end of a file are refused when the checkpoint is opened, exit 5.)
     ckpt = os.path.join(tmp, "dcp")
     subprocess.run(["cp", "-r", MIXED, ckpt], check=True)
     names = sorted(f for f in os.listdir(ckpt) if f.endswith(".distcp"))
     sizes = {f: os.path.getsize(os.path.join(ckpt, f)) for f in names}
     # The three largest items (tensor data; objects are small pickles).
-    cut = sorted(names, key=lambda f: -sizes[f])[:3]
+    cut = sorted(names, key=lambda f: (-sizes[f], f))[:3]
     for f in cut:
-        os.truncate(os.path.join(ckpt, f), sizes[f] // 2)
+        with open(os.path.join(ckpt, f), "r+b") as g:
+            g.write(bytes(4))
     check_reported(ckpt, [(f,) for f in cut], 3)
 
 
