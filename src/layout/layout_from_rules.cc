@@ -432,7 +432,9 @@ Status CheckRulesFit(const LayoutRules& rules, std::span<const TargetTensor> ten
       first_unmatched = t.key;
     }
   }
-  if (!patterns.empty() && matched == 0 && first_unmatched) {
+  // One rank: nothing is split or placed, whatever the rules say (`--preset X --tp 1` is how
+  // a checkpoint is merged into one file), so only more ranks need the rules to fit.
+  if (rules.degrees.world_size() > 1 && !patterns.empty() && matched == 0 && first_unmatched) {
     return InvalidArgumentError("the rules match no tensor (first unmatched key '" +
                                 *first_unmatched + "')");
   }

@@ -68,8 +68,12 @@ def case_preset():
     key = re.search(r"first unmatched key '([^']+)'", line).group(1)
     expected = os.listdir(os.path.join(os.path.dirname(MEGATRON), "expected"))
     assert key + ".npy" in expected, (key, expected)
-    # Also with tp = pp = 1, where nothing would be split at all.
-    same_refusal([MEGATRON, "--preset", "hf-llama", "--quiet"], 3, ["--preset hf-llama"])
+    # Also with pp = 2 (before: every tensor "matched no pipeline rule", naming no preset).
+    same_refusal([MEGATRON, "--preset", "hf-llama", "--pp", "2", "--quiet"], 3,
+                 ["--preset hf-llama"])
+    # With one rank nothing is split: any preset merges into one file (as before).
+    run([CONVERT, MEGATRON, os.path.join(tmp, "dry"), "--preset", "hf-llama", "--tp", "1",
+         "--dry-run", "--quiet"])
     # The right preset plans.
     run([CONVERT, MEGATRON, os.path.join(tmp, "dry"), "--preset", "megatron-gpt", "--tp", "2",
          "--pp", "2", "--dry-run", "--quiet"])
