@@ -351,12 +351,14 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
     plan.files.front().objects.push_back({o.key, o.encoding, o.byte_length});
   }
   if (torch_out) {
-    // The torch DCP writer's checks (no flattened ranges, chunks that tile each tensor,
+    // The writer's checks (torch DCP: no flattened ranges, chunks that tile each tensor,
     // dtypes of the torch generation, ...) run on the plan here, so that --dry-run refuses
     // what the real run would, with the same message, before any output exists.
     FC_ASSIGN_OR_RETURN(TorchDcpWriteOptions wo,
                         TorchWriteOptions(options, SourceTorchGeneration(index)));
     FC_RETURN_IF_ERROR(ValidateTorchDcpPlan(plan, wo));
+  } else {
+    FC_RETURN_IF_ERROR(ValidateFcDistcpPlan(plan));
   }
 
   PlanRequest request;
@@ -603,6 +605,13 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     }
   }
   if (options.dry_run) {
+    // OUT as the real run would claim it (not nested with the input, absent or empty), with
+    // its message; no lock is taken and nothing is created.
+    FC_RETURN_IF_ERROR(comm->AllOk([&]() -> Status {
+      if (me != 0 || options.output_dir.empty()) return Status::Ok();
+      FC_RETURN_IF_ERROR(CheckOutputNotNested(options.output_dir, input.local_path));
+      return CheckOutputFree(StripTrailingSlashes(options.output_dir));
+    }()));
     if (me == 0) PrintPlan(p->index, p->plan, p->ranks, options, out);
     return p->summary;
   }

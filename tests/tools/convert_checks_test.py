@@ -2,7 +2,7 @@
 exits with the same code and message as the real run, and neither leaves an output.
 
 usage: convert_checks_test.py BUILD_ROOT TESTDATA CASE
-CASE: torchflat | preset | emptyrank
+CASE: torchflat | preset | emptyrank | outdir
 """
 import json
 import os
@@ -94,5 +94,29 @@ def case_emptyrank():
     assert "embedding" not in line.split("first key no rule matches")[1], line
 
 
-{"torchflat": case_torchflat, "preset": case_preset, "emptyrank": case_emptyrank}[CASE]()
+def case_outdir():
+    # OUT checked as the real run claims it: not empty (exit 8), the input itself or inside
+    # it (exit 3); the dry run leaves it as it was.
+    mixed = os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt")
+    full = os.path.join(tmp, "full")
+    os.makedirs(full)
+    open(os.path.join(full, "keep"), "w").close()
+    for out, code, needle in ((full, 8, "output directory exists and is not empty"),
+                              (mixed, 3, "output is the input"),
+                              (os.path.join(mixed, "sub"), 3, "inside the input")):
+        args = [mixed, out, "--target-like", mixed, "--quiet"]
+        dry = run([CONVERT, *args, "--dry-run"], expect=code)
+        real = run([CONVERT, *args], expect=code)
+        assert error_line(dry) == error_line(real) and needle in error_line(dry), \
+            (dry.stderr, real.stderr)
+    assert os.listdir(full) == ["keep"], os.listdir(full)
+    assert not os.path.exists(os.path.join(mixed, "sub"))
+    # An empty or absent OUT plans.
+    os.remove(os.path.join(full, "keep"))
+    run([CONVERT, mixed, full, "--target-like", mixed, "--dry-run"])
+    run([CONVERT, mixed, os.path.join(tmp, "absent"), "--target-like", mixed, "--dry-run"])
+
+
+{"torchflat": case_torchflat, "preset": case_preset, "emptyrank": case_emptyrank,
+ "outdir": case_outdir}[CASE]()
 print("ok")
