@@ -34,8 +34,10 @@ struct VerifyReport {
 // Runs every check on every file, tensor, chunk and object, and reports every problem found
 // (not only the first): coverage gaps and overlaps per tensor, chunks outside their tensor,
 // byte ranges past the end of their file or too short for their elements, unreadable items,
-// checksum mismatches. A chunk whose bytes lie outside the file is not hashed. Errors only for failures to run the checks themselves (e.g. a data file
-// that cannot be opened is a problem in the report, not an error).
+// checksum mismatches. A chunk whose bytes lie outside the file is not hashed. Problems a
+// format's reader refuses when the checkpoint is opened never reach this (the open fails).
+// Errors only for failures to run the checks themselves (e.g. a data file that cannot be
+// opened is a problem in the report, not an error).
 Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index);
 
 }  // namespace fc
