@@ -414,4 +414,40 @@ Result<TargetLayout> LayoutFromRules(const LayoutRules& rules,
   return layout;
 }
 
+Status CheckRulesFit(const LayoutRules& rules, std::span<const TargetTensor> tensors,
+                     const TargetLayout& layout) {
+  FC_ASSIGN_OR_RETURN(CompiledRules re, layout_internal::CompileRules(rules));
+  std::vector<layout_internal::Pattern> patterns = re.tensor_parallel;
+  for (const layout_internal::Pattern& p : {re.layer, re.expert}) {
+    if (p) patterns.push_back(p);
+  }
+  patterns.insert(patterns.end(), re.first_stage.begin(), re.first_stage.end());
+  patterns.insert(patterns.end(), re.last_stage.begin(), re.last_stage.end());
+  size_t matched = 0;
+  std::optional<std::string> first_unmatched;
+  for (const TargetTensor& t : tensors) {
+    if (AnySearch(patterns, t.key)) {
+      ++matched;
+    } else if (!first_unmatched) {
+      first_unmatched = t.key;
+    }
+  }
+  // One rank: nothing is split or placed, whatever the rules say (`--preset X --tp 1` is how
+  // a checkpoint is merged into one file), so only more ranks need the rules to fit.
+  if (rules.degrees.world_size() > 1 && !patterns.empty() && matched == 0 && first_unmatched) {
+    return InvalidArgumentError("the rules match no tensor (first unmatched key '" +
+                                *first_unmatched + "')");
+  }
+  for (const TargetRank& r : layout.ranks) {
+    if (!r.chunks.empty()) continue;
+    const RankCoordinates c = RankCoordinatesOf(rules.degrees, r.rank);
+    std::string what = "target rank " + std::to_string(r.rank) + " (tp " + std::to_string(c.tp) +
+                       ", pp " + std::to_string(c.pp) + ", dp " + std::to_string(c.dp) +
+                       ", sharding " + std::to_string(c.sharding) + ") holds no tensor";
+    if (first_unmatched) what += "; first key no rule matches: '" + *first_unmatched + "'";
+    return InvalidArgumentError(what);
+  }
+  return Status::Ok();
+}
+
 }  // namespace fc

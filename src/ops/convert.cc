@@ -85,7 +85,14 @@ Result<TargetLayout> ResolveLayout(const CheckpointIndex& index, const ConvertOp
     FC_ASSIGN_OR_RETURN(rules, PresetRules(options.preset, options.degrees));
   }
   FC_ASSIGN_OR_RETURN(std::vector<TargetTensor> tensors, LogicalTensors(index, options, aoa_text));
-  return LayoutFromRules(rules, tensors);
+  const std::string which = options.preset.empty()
+                                ? "--target-layout " + options.target_layout_file
+                                : "--preset " + options.preset;
+  FC_ASSIGN_OR_RETURN(TargetLayout layout, LayoutFromRules(rules, tensors).With(which));
+  // Rules for another model, or degrees that leave a rank without data, are refused rather
+  // than written as a checkpoint of replicas and empty files.
+  FC_RETURN_IF_ERROR(CheckRulesFit(rules, tensors, layout).With(which));
+  return layout;
 }
 
 // --include / --exclude on the target: the layout without the tensors left out (and their
@@ -233,6 +240,36 @@ struct ConvertPlan {
   std::vector<std::vector<int>> visibility;  // which processes see each source file (empty: all)
 };
 
+// --torch-version (default: the source's torch generation, else 2) and
+// --torch-serialization as writer options.
+Result<TorchDcpWriteOptions> TorchWriteOptions(const ConvertOptions& options,
+                                               const std::string& source_torch_generation) {
+  TorchDcpWriteOptions wo;
+  std::string version = options.torch_version;
+  if (version.empty()) version = source_torch_generation;
+  if (version.empty()) version = "2";
+  if (version == "1.13") {
+    wo.generation = TorchGeneration::k1_13;
+  } else if (version == "2") {
+    wo.generation = TorchGeneration::k2;
+  } else {
+    return InvalidArgumentError("--torch-version '" + version + "': expected 1.13 or 2");
+  }
+  if (options.torch_serialization == "safetensors") {
+    wo.serialization = TorchDcpSerialization::kSafetensors;
+  } else if (!options.torch_serialization.empty() &&
+             options.torch_serialization != "torch-save") {
+    return InvalidArgumentError("--torch-serialization '" + options.torch_serialization +
+                                "': expected torch-save or safetensors");
+  }
+  return wo;
+}
+
+std::string SourceTorchGeneration(const CheckpointIndex& index) {
+  auto it = index.attributes.find("torch_generation");
+  return it == index.attributes.end() ? std::string() : it->second;
+}
+
 // `p.index` is open; `visibility` as PlanRequest::source_visibility.
 Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write_manifest,
                         std::vector<std::vector<int>> visibility, ConvertPlan& p) {
@@ -313,6 +350,16 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
     }
     p.objects.push_back(&o);
     plan.files.front().objects.push_back({o.key, o.encoding, o.byte_length});
+  }
+  if (torch_out) {
+    // The writer's checks (torch DCP: no flattened ranges, chunks that tile each tensor,
+    // dtypes of the torch generation, ...) run on the plan here, so that --dry-run refuses
+    // what the real run would, with the same message, before any output exists.
+    FC_ASSIGN_OR_RETURN(TorchDcpWriteOptions wo,
+                        TorchWriteOptions(options, SourceTorchGeneration(index)));
+    FC_RETURN_IF_ERROR(ValidateTorchDcpPlan(plan, wo));
+  } else {
+    FC_RETURN_IF_ERROR(ValidateFcDistcpPlan(plan));
   }
 
   PlanRequest request;
@@ -415,24 +462,8 @@ class OutputPart {
                                                     const std::string& source_torch_generation) {
     auto part = std::unique_ptr<OutputPart>(new OutputPart());
     if (options.output_format == ConvertOutputFormat::kTorchDcp) {
-      TorchDcpWriteOptions wo;
-      std::string version = options.torch_version;
-      if (version.empty()) version = source_torch_generation;
-      if (version.empty()) version = "2";
-      if (version == "1.13") {
-        wo.generation = TorchGeneration::k1_13;
-      } else if (version == "2") {
-        wo.generation = TorchGeneration::k2;
-      } else {
-        return InvalidArgumentError("--torch-version '" + version + "': expected 1.13 or 2");
-      }
-      if (options.torch_serialization == "safetensors") {
-        wo.serialization = TorchDcpSerialization::kSafetensors;
-      } else if (!options.torch_serialization.empty() &&
-                 options.torch_serialization != "torch-save") {
-        return InvalidArgumentError("--torch-serialization '" + options.torch_serialization +
-                                    "': expected torch-save or safetensors");
-      }
+      FC_ASSIGN_OR_RETURN(TorchDcpWriteOptions wo,
+                          TorchWriteOptions(options, source_torch_generation));
       wo.files = std::move(files);
       wo.staging_dir = staging;
       FC_ASSIGN_OR_RETURN(part->torch_,
@@ -605,6 +636,13 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     }
   }
   if (options.dry_run) {
+    // OUT as the real run would claim it (not nested with the input, absent or empty), with
+    // its message; no lock is taken and nothing is created.
+    FC_RETURN_IF_ERROR(comm->AllOk([&]() -> Status {
+      if (me != 0 || options.output_dir.empty()) return Status::Ok();
+      FC_RETURN_IF_ERROR(CheckOutputNotNested(options.output_dir, input.local_path));
+      return CheckOutputFree(StripTrailingSlashes(options.output_dir));
+    }()));
     if (me == 0) PrintPlan(p->index, p->plan, p->ranks, options, out);
     return p->summary;
   }

@@ -162,6 +162,7 @@ void WriteJson(const CheckpointIndex& index, const std::vector<const TensorEntry
     j.Key("tensors_checked").Uint(verify->tensors_checked);
     j.Key("chunks_checked").Uint(verify->chunks_checked);
     j.Key("checksums_checked").Uint(verify->checksums_checked);
+    j.Key("problem_count").Uint(verify->problem_count);  // "problems" lists the first 1000
     j.Key("problems").BeginArray();
     for (const VerifyProblem& p : verify->problems) {
       j.BeginObject().Key("file").String(p.file).Key("key").String(p.key);
@@ -292,22 +293,23 @@ Status RunInspect(const InspectOptions& options, std::ostream& out) {
             << " chunks, every element stored exactly once; " << report->checksums_checked
             << " checksums (" << HumanBytes(report->bytes_hashed) << ") match\n";
       } else {
-        out << report->problems.size() << " problem(s)\n";
-        int shown = 0;
+        out << report->problem_count << " problem(s)\n";
+        uint64_t shown = 0;
         for (const VerifyProblem& p : report->problems) {
-          if (shown++ == options.max_problems) {
-            out << "  ... and " << report->problems.size() - options.max_problems << " more\n";
-            break;
-          }
+          if (shown == static_cast<uint64_t>(std::max(options.max_problems, 0))) break;
           out << "  " << ProblemLine(p) << "\n";
+          ++shown;
+        }
+        if (shown < report->problem_count) {
+          out << "  ... and " << report->problem_count - shown << " more\n";
         }
       }
     }
   }
   if (report && !report->problems.empty()) {
     std::string first = ProblemLine(report->problems.front());
-    if (report->problems.size() > 1) {
-      first += " (and " + std::to_string(report->problems.size() - 1) + " more)";
+    if (report->problem_count > 1) {
+      first += " (and " + std::to_string(report->problem_count - 1) + " more)";
     }
     return VerifyFailedError(options.path + ": " + first);
   }

@@ -1,6 +1,7 @@
 #include "fc/ops/verify.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "fc/core/box_cover.h"
 #include "fc/core/checked_math.h"
@@ -12,6 +13,11 @@
 namespace fc {
 namespace {
 
+// Every problem goes through here: counted always, listed up to kMaxListedProblems.
+void Add(VerifyReport& report, VerifyProblem problem) {
+  ++report.problem_count;
+  if (report.problems.size() < kMaxListedProblems) report.problems.push_back(std::move(problem));
+}
 
 std::string ChunkName(const Chunk& chunk) {
   std::string s = "chunk " + chunk.box.ToString();
@@ -32,7 +38,7 @@ std::vector<Box> StoredBoxes(const Chunk& chunk) {
 
 void CheckCoverage(const CheckpointIndex& index, const TensorEntry& t, VerifyReport& report) {
   auto problem = [&](const std::string& file, std::string what) {
-    report.problems.push_back({file, t.key, std::move(what)});
+    Add(report, {file, t.key, std::move(what)});
   };
   Result<int64_t> numel = CheckedNumElements(t.global_shape);
   if (!numel.ok()) {
@@ -58,7 +64,7 @@ void CheckCoverage(const CheckpointIndex& index, const TensorEntry& t, VerifyRep
       if (!p.empty()) pieces.push_back(std::move(p));
     }
   }
-  const CoverReport cover = CheckCover(Box::Whole(t.global_shape), std::move(pieces));
+  const CoverReport cover = CheckCover(Box::Whole(t.global_shape), pieces);
   for (const auto& [a, b] : cover.overlaps) {
     if (auto o = Intersect(a, b)) {
       problem("", "elements " + o->ToString() + " stored twice (" + a.ToString() + " and " +
@@ -69,12 +75,26 @@ void CheckCoverage(const CheckpointIndex& index, const TensorEntry& t, VerifyRep
     problem("", std::to_string(cover.overlap_count - cover.overlaps.size()) +
                     " more overlapping pairs");
   }
-  if (cover.overlap_count == 0 && cover.covered_elements < cover.whole_elements) {
-    std::string what = "only " + std::to_string(cover.covered_elements) + " of " +
-                       std::to_string(cover.whole_elements) + " elements stored";
-    if (!cover.missing.empty()) {
+  // Gaps are measured on pieces that do not overlap; a tensor with overlaps gets a second
+  // pass without exact duplicates (a chunk listed twice where another is missing), so both
+  // problems are reported. Other overlaps leave its gaps unmeasured.
+  const CoverReport* gaps = cover.overlap_count == 0 ? &cover : nullptr;
+  CoverReport distinct;
+  if (cover.overlap_count > 0) {
+    auto less = [](const Box& a, const Box& b) {
+      return std::tie(a.global_offset, a.local_shape) < std::tie(b.global_offset, b.local_shape);
+    };
+    std::sort(pieces.begin(), pieces.end(), less);
+    pieces.erase(std::unique(pieces.begin(), pieces.end()), pieces.end());
+    distinct = CheckCover(Box::Whole(t.global_shape), std::move(pieces));
+    if (distinct.overlap_count == 0) gaps = &distinct;
+  }
+  if (gaps && gaps->covered_elements < gaps->whole_elements) {
+    std::string what = "only " + std::to_string(gaps->covered_elements) + " of " +
+                       std::to_string(gaps->whole_elements) + " elements stored";
+    if (!gaps->missing.empty()) {
       what += "; missing";
-      for (const Box& m : cover.missing) what += " " + m.ToString();
+      for (const Box& m : gaps->missing) what += " " + m.ToString();
     }
     problem("", what);
   }
@@ -108,14 +128,14 @@ Result<uint64_t> ExpectedByteLength(const TensorEntry& t, const Chunk& c, const 
 void CheckByteRange(const CheckpointIndex& index, const std::string& key, const std::string& what,
                     uint32_t file, uint64_t offset, uint64_t length, VerifyReport& report) {
   if (file >= index.files.size()) {
-    report.problems.push_back({"", key, what + ": file index " + std::to_string(file) +
+    Add(report, {"", key, what + ": file index " + std::to_string(file) +
                                             " out of range"});
     return;
   }
   const FileInfo& f = index.files[file];
   auto end = CheckedAddU(offset, length);
   if (!end || *end > f.size) {
-    report.problems.push_back(
+    Add(report,
         {f.path, key, what + ": bytes [" + std::to_string(offset) + ", " +
                           (end ? std::to_string(*end) : std::string("overflow")) +
                           ") pass the end of the file (" + std::to_string(f.size) + " bytes)"});
@@ -136,9 +156,9 @@ void CheckChecksum(ChunkReader& reader, const CheckpointIndex& index, const std:
     ++report.checksums_checked;
   }
   if (!got.ok()) {
-    report.problems.push_back({path, key, what + ": " + got.status().message()});
+    Add(report, {path, key, what + ": " + got.status().message()});
   } else if (*got != expected) {
-    report.problems.push_back({path, key, what + ": xxh3-64 of the bytes is " + Hex(*got) +
+    Add(report, {path, key, what + ": xxh3-64 of the bytes is " + Hex(*got) +
                                               ", the metadata says " + Hex(expected)});
   }
 }
@@ -151,9 +171,9 @@ Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index) {
   for (uint32_t i = 0; i < index.files.size(); ++i) {
     Result<const RandomAccessFile*> f = reader.File(i);
     if (!f.ok()) {
-      report.problems.push_back({index.files[i].path, "", f.status().message()});
+      Add(report, {index.files[i].path, "", f.status().message()});
     } else if ((*f)->size() != index.files[i].size) {
-      report.problems.push_back({index.files[i].path, "", "file is " +
+      Add(report, {index.files[i].path, "", "file is " +
                                  std::to_string((*f)->size()) + " bytes, was " +
                                  std::to_string(index.files[i].size) + " when opened"});
     }
@@ -168,23 +188,23 @@ Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index) {
       // with its file and tensor (the message names the chunk and item bytes).
       Result<ChunkLocation> place = reader.Locate(t, c);
       if (!place.ok()) {
-        report.problems.push_back({c.file < index.files.size() ? index.files[c.file].path : "",
+        Add(report, {c.file < index.files.size() ? index.files[c.file].path : "",
                                    t.key, place.status().message()});
         continue;
       }
       Result<uint64_t> expected = ExpectedByteLength(t, c, place->strides);
       if (!expected.ok()) {
-        report.problems.push_back({"", t.key, what + ": " + expected.status().message()});
+        Add(report, {"", t.key, what + ": " + expected.status().message()});
         continue;
       }
       if (*expected > place->byte_length) {
-        report.problems.push_back(
+        Add(report,
             {c.file < index.files.size() ? index.files[c.file].path : "", t.key,
              what + ": needs " + std::to_string(*expected) + " bytes of " +
                  std::string(DTypeName(t.dtype)) + ", the metadata gives " +
                  std::to_string(place->byte_length)});
       }
-      const size_t before = report.problems.size();
+      const uint64_t before = report.problem_count;
       // An encoded item's data place is in the decoded item (checked when located): the
       // file holds the encoded range.
       if (c.encoded_item) {
@@ -194,21 +214,21 @@ Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index) {
         CheckByteRange(index, t.key, what, c.file, place->byte_offset, place->byte_length,
                        report);
       }
-      if (c.xxh3_64 && report.problems.size() == before) {
+      if (c.xxh3_64 && report.problem_count == before) {
         CheckChecksum(reader, index, t.key, what, c.file, place->byte_offset,
                       place->byte_length, *c.xxh3_64, report);
       }
     }
   }
   for (const ObjectEntry& o : index.objects) {
-    const size_t before = report.problems.size();
+    const uint64_t before = report.problem_count;
     if (o.encoded_item) {
       CheckByteRange(index, o.key, "object", o.file, o.encoded_item->encoded_offset,
                      o.encoded_item->encoded_length, report);
     } else {
       CheckByteRange(index, o.key, "object", o.file, o.byte_offset, o.byte_length, report);
     }
-    if (o.xxh3_64 && report.problems.size() == before) {
+    if (o.xxh3_64 && report.problem_count == before) {
       CheckChecksum(reader, index, o.key, "object", o.file, o.byte_offset, o.byte_length,
                     *o.xxh3_64, report);
     }

@@ -335,3 +335,36 @@ TEST_CASE("LayoutFromRules errors", "[layout]") {
 
 }  // namespace
 }  // namespace fc
+
+namespace fc {
+namespace {
+
+TEST_CASE("CheckRulesFit: rules of another model or an empty rank are refused", "[layout]") {
+  const auto megatron = layout_testing::MegatronModel(2, 8, 16, 32);
+  // The right preset fits, at any degrees.
+  for (ParallelDegrees d : {ParallelDegrees{.tp = 2, .pp = 2}, ParallelDegrees{}}) {
+    const LayoutRules rules = Preset("megatron-gpt", d);
+    const TargetLayout l = Layout(rules, megatron);
+    CHECK(CheckRulesFit(rules, megatron, l).ok());
+  }
+  // hf-llama names no Megatron tensor: refused with two ranks, fine with one (a merge).
+  const LayoutRules llama2 = Preset("hf-llama", {.tp = 2});
+  Status s = CheckRulesFit(llama2, megatron, Layout(llama2, megatron));
+  REQUIRE(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("the rules match no tensor (first unmatched key '" +
+                                          megatron.front().key + "')"));
+  const LayoutRules llama1 = Preset("hf-llama", {});
+  CHECK(CheckRulesFit(llama1, megatron, Layout(llama1, megatron)).ok());
+  // Stage 1 gets nothing when the layer regex matches no layer and the rest goes first.
+  LayoutRules stage0 = Preset("megatron-gpt", {.pp = 2});
+  stage0.pipeline->layer_regex = R"((?:^|\.)blocks\.(\d+)\.)";
+  stage0.pipeline->last_stage.clear();
+  stage0.pipeline->other = OtherStage::kFirst;
+  s = CheckRulesFit(stage0, megatron, Layout(stage0, megatron));
+  REQUIRE(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("target rank 1 (tp 0, pp 1, dp 0, sharding 0) holds "
+                                          "no tensor; first key no rule matches: '"));
+}
+
+}  // namespace
+}  // namespace fc

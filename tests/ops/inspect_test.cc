@@ -8,6 +8,7 @@
 
 #include "fc/io/file.h"
 #include "fc/ops/inspect.h"
+#include "fc/ops/verify.h"
 
 namespace fc {
 namespace {
@@ -106,6 +107,61 @@ TEST_CASE("inspect --verify passes on fixtures and names each kind of problem", 
   CHECK_THAT(s.message(), Catch::Contains(data_file) && Catch::Contains("xxh3-64"));
   CHECK_THAT(text, Catch::Contains("1 problem(s)"));
   REQUIRE(RemoveAll(dir).ok());
+}
+
+// An index over a real data file (so every chunk's bytes can be located and read), with
+// coverage problems made in memory.
+CheckpointIndex IndexOverSample() {
+  CheckpointIndex index;
+  index.root = Testdata("fc_distcp/sample");
+  index.files.push_back({"0_0.distcp", 904});
+  return index;
+}
+
+Chunk Chunk1d(int64_t offset, int64_t n) {
+  Chunk c;
+  c.box = Box{{offset}, {n}};
+  c.byte_length = static_cast<uint64_t>(n) * 4;
+  return c;
+}
+
+TEST_CASE("verify reports a duplicated chunk and the gap it hides, and every tensor", "[ops]") {
+  CheckpointIndex index = IndexOverSample();
+  TensorEntry a;
+  a.key = "a";
+  a.global_shape = {8};
+  a.chunks = {Chunk1d(0, 4), Chunk1d(0, 4)};  // [4, 8) missing, [0, 4) listed twice
+  TensorEntry b;
+  b.key = "b";
+  b.global_shape = {4};
+  b.chunks = {Chunk1d(0, 2)};  // [2, 4) missing
+  index.tensors = {a, b};
+  Result<VerifyReport> r = VerifyCheckpoint(index);
+  REQUIRE(r.ok());
+  REQUIRE(r->problem_count == 3);
+  REQUIRE(r->problems.size() == 3);
+  CHECK(r->problems[0].key == "a");
+  CHECK_THAT(r->problems[0].what, Catch::Contains("stored twice"));
+  CHECK(r->problems[1].key == "a");
+  CHECK_THAT(r->problems[1].what, Catch::Contains("only 4 of 8 elements stored; missing [4, 8)"));
+  CHECK(r->problems[2].key == "b");
+  CHECK_THAT(r->problems[2].what, Catch::Contains("only 2 of 4 elements stored"));
+}
+
+TEST_CASE("verify counts every problem and lists up to its cap", "[ops]") {
+  CheckpointIndex index = IndexOverSample();
+  for (int i = 0; i < 1200; ++i) {
+    TensorEntry t;
+    t.key = "t" + std::to_string(i);
+    t.global_shape = {2};
+    t.chunks = {Chunk1d(5, 1)};  // outside its tensor, and the tensor has no element stored
+    index.tensors.push_back(std::move(t));
+  }
+  Result<VerifyReport> r = VerifyCheckpoint(index);
+  REQUIRE(r.ok());
+  CHECK(r->problem_count == 2400);
+  CHECK(r->problems.size() == kMaxListedProblems);
+  CHECK(r->problems.back().key == "t499");
 }
 
 TEST_CASE("inspect --aoa lists the HF tensors of the Megatron example", "[ops]") {

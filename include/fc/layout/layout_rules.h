@@ -228,6 +228,18 @@ std::vector<std::string_view> PresetNames();
 Result<TargetLayout> LayoutFromRules(const LayoutRules& rules,
                                      std::span<const TargetTensor> tensors);
 
+// Whether rules fit a model, for a layout LayoutFromRules made from them (`layout`) and the
+// tensors it was made of. The rules do not fit when they have patterns (tensor_parallel,
+// pipeline layer_regex / first_stage / last_stage, experts regex) and none of them finds any
+// tensor key (rules for another model family) while there is more than one rank, or when a
+// rank of `layout` holds no chunk. With one rank (all degrees 1) any rules fit: the layout is
+// every tensor whole on rank 0.
+// Errors: kInvalidArgument "the rules match no tensor (first unmatched key 'K')" or "target
+// rank R (tp T, pp P, dp D, sharding S) holds no tensor" (+ "; first key no rule matches:
+// 'K'" when there is one); the caller adds which rules (the preset or the file).
+Status CheckRulesFit(const LayoutRules& rules, std::span<const TargetTensor> tensors,
+                     const TargetLayout& layout);
+
 }  // namespace fc
 
 #endif  // FC_LAYOUT_LAYOUT_RULES_H_

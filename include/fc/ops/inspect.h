@@ -19,7 +19,7 @@ struct InspectOptions {
   bool json = false;                        // machine-readable output
   bool verify = false;                      // check coverage, ranges and checksums
   std::string aoa_file;                     // show the AOA program's expansion and outputs
-  int max_problems = 20;                    // verify: problems listed before "... and N more"
+  int max_problems = 100;                   // verify: problems listed before "... and N more"
 };
 
 // Writes the report to `out`. With verify, returns kVerifyFailed (after printing every

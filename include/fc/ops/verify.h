@@ -18,16 +18,26 @@ struct VerifyProblem {
   std::string what;     // one line, with the box and values
 };
 
+// The most problems a report lists; problem_count goes on counting beyond it, so a badly
+// damaged checkpoint of a million chunks yields a bounded report ("... and N more").
+inline constexpr size_t kMaxListedProblems = 1000;
+
 struct VerifyReport {
-  std::vector<VerifyProblem> problems;
+  std::vector<VerifyProblem> problems;  // every problem found, in order, up to the cap
+  uint64_t problem_count = 0;           // all problems found (>= problems.size())
   uint64_t tensors_checked = 0;
   uint64_t chunks_checked = 0;
   uint64_t checksums_checked = 0;
   uint64_t bytes_hashed = 0;
 };
 
-// Runs every check. Errors only for failures to run the checks themselves (e.g. a data file
-// that cannot be opened is a problem in the report, not an error).
+// Runs every check on every file, tensor, chunk and object, and reports every problem found
+// (not only the first): coverage gaps and overlaps per tensor, chunks outside their tensor,
+// byte ranges past the end of their file or too short for their elements, unreadable items,
+// checksum mismatches. A chunk whose bytes lie outside the file is not hashed. Problems a
+// format's reader refuses when the checkpoint is opened never reach this (the open fails).
+// Errors only for failures to run the checks themselves (e.g. a data file that cannot be
+// opened is a problem in the report, not an error).
 Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index);
 
 }  // namespace fc
