@@ -36,43 +36,30 @@ Status PlanExchange(Plan& plan, const std::vector<std::vector<int>>& visibility,
   for (size_t p = 0; p < P; ++p) {
     for (uint32_t w : plan.per_process[p].writes) {
       const WriteItem& item = plan.writes[w];
-      const PlanTensor& tensor = plan.tensors[item.tensor];
-      for (uint32_t k = 0; k < tensor.pieces.size(); ++k) {
-        const SourcePiece& piece = tensor.pieces[k];
-        if (!piece.source) continue;
-        std::optional<Box> dst_sub = Intersect(piece.dst_box, item.region);
-        if (!dst_sub || dst_sub->empty()) continue;
-        const bool whole = std::binary_search(plan.whole_blocks.begin(), plan.whole_blocks.end(),
-                                              std::pair<uint32_t, uint32_t>(item.tensor, k));
-        std::vector<uint32_t>& mine = item_needs[w];
-        if (whole) {
-          auto key = std::make_tuple(static_cast<int>(p), item.tensor, k);
-          auto it = whole_needs.find(key);
-          if (it == whole_needs.end()) {
-            std::vector<uint32_t> made;
-            const int id = wholes++;
-            indexes.Of(piece.source).ForEach(piece.src_box, [&](const Box& b, uint32_t file,
-                                                                 uint32_t chunk) {
-              made.push_back(static_cast<uint32_t>(needs.size()));
-              needs.push_back({piece.source, chunk, file, b,
-                               static_cast<uint64_t>(b.num_elements()) *
-                                   DTypeSize(piece.source->dtype),
-                               static_cast<int>(p), id, -1});
-            });
-            it = whole_needs.emplace(key, std::move(made)).first;
-          }
-          mine.insert(mine.end(), it->second.begin(), it->second.end());
-          continue;
+      std::vector<uint32_t>& mine = item_needs[w];
+      ForEachItemSource(plan, item, [&](uint32_t k, const SourcePiece& piece, bool whole,
+                                        const Box& src) {
+        auto add = [&](std::vector<uint32_t>& into, int whole_id) {
+          indexes.Of(piece.source).ForEach(src, [&](const Box& b, uint32_t file, uint32_t chunk) {
+            into.push_back(static_cast<uint32_t>(needs.size()));
+            needs.push_back({piece.source, chunk, file, b,
+                             static_cast<uint64_t>(b.num_elements()) * DTypeSize(piece.source->dtype),
+                             static_cast<int>(p), whole_id, -1});
+          });
+        };
+        if (!whole) {
+          add(mine, -1);
+          return;
         }
-        indexes.Of(piece.source).ForEach(SourceSubBox(piece, *dst_sub),
-                                         [&](const Box& b, uint32_t file, uint32_t chunk) {
-          mine.push_back(static_cast<uint32_t>(needs.size()));
-          needs.push_back({piece.source, chunk, file, b,
-                           static_cast<uint64_t>(b.num_elements()) *
-                               DTypeSize(piece.source->dtype),
-                           static_cast<int>(p), -1, -1});
-        });
-      }
+        auto key = std::make_tuple(static_cast<int>(p), item.tensor, k);
+        auto it = whole_needs.find(key);
+        if (it == whole_needs.end()) {
+          std::vector<uint32_t> made;
+          add(made, wholes++);
+          it = whole_needs.emplace(key, std::move(made)).first;
+        }
+        mine.insert(mine.end(), it->second.begin(), it->second.end());
+      });
     }
   }
 

@@ -307,23 +307,15 @@ Result<Plan> BuildPlan(PlanRequest request) {
   std::vector<std::map<uint32_t, uint64_t>> file_reads(plan.files.size());
   std::set<std::tuple<uint32_t, uint32_t, size_t>> whole_blocks;  // (file, tensor, piece)
   for (const WriteItem& item : plan.writes) {
-    const PlanTensor& tensor = plan.tensors[item.tensor];
-    for (size_t k = 0; k < tensor.pieces.size(); ++k) {
-      const SourcePiece& piece = tensor.pieces[k];
-      if (!piece.source) continue;
-      std::optional<Box> dst_sub = Intersect(piece.dst_box, item.region);
-      if (!dst_sub || dst_sub->empty()) continue;
-      const bool whole = std::binary_search(plan.whole_blocks.begin(), plan.whole_blocks.end(),
-                                            std::pair<uint32_t, uint32_t>(item.tensor, k));
-      if (whole && !whole_blocks.insert({item.file, item.tensor, k}).second) continue;
+    ForEachItemSource(plan, item, [&](uint32_t k, const SourcePiece& piece, bool whole,
+                                      const Box& src) {
+      if (whole && !whole_blocks.insert({item.file, item.tensor, k}).second) return;
       const uint64_t esize = DTypeSize(piece.source->dtype);
       std::map<uint32_t, uint64_t>& into = file_reads[item.file];
-      indexes.Of(piece.source).ForEach(
-          whole ? piece.src_box : SourceSubBox(piece, *dst_sub),
-          [&](const Box& b, uint32_t file, uint32_t) {
-            into[file] += static_cast<uint64_t>(b.num_elements()) * esize;
-          });
-    }
+      indexes.Of(piece.source).ForEach(src, [&](const Box& b, uint32_t file, uint32_t) {
+        into[file] += static_cast<uint64_t>(b.num_elements()) * esize;
+      });
+    });
   }
   // Files to processes: balanced by bytes; with visibility, each to a process that sees
   // most of what it reads (AssignFiles).

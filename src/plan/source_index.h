@@ -12,6 +12,7 @@
 #include "fc/core/box.h"
 #include "fc/core/flat_range.h"
 #include "fc/model/checkpoint_index.h"
+#include "fc/plan/plan.h"
 
 namespace fc {
 
@@ -75,6 +76,24 @@ class SourceIndexes {
  private:
   std::unordered_map<const TensorEntry*, SourceTensorIndex> indexes_;
 };
+
+// Calls fn(k, piece, whole) for every piece k of the item's tensor that has a source and
+// overlaps the item's region; `whole` when the executor reads the piece's whole block
+// (plan.whole_blocks), and then the source box read is piece.src_box, else the sub-box that
+// lands on the item (SourceSubBox), passed as the last argument.
+template <typename Fn>
+void ForEachItemSource(const Plan& plan, const WriteItem& item, Fn&& fn) {
+  const PlanTensor& tensor = plan.tensors[item.tensor];
+  for (uint32_t k = 0; k < tensor.pieces.size(); ++k) {
+    const SourcePiece& piece = tensor.pieces[k];
+    if (!piece.source) continue;
+    std::optional<Box> dst_sub = Intersect(piece.dst_box, item.region);
+    if (!dst_sub || dst_sub->empty()) continue;
+    const bool whole = std::binary_search(plan.whole_blocks.begin(), plan.whole_blocks.end(),
+                                          std::pair<uint32_t, uint32_t>(item.tensor, k));
+    fn(k, piece, whole, whole ? piece.src_box : SourceSubBox(piece, *dst_sub));
+  }
+}
 
 }  // namespace fc
 
