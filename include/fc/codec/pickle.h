@@ -143,7 +143,7 @@ struct PickleLimits {
   uint64_t max_inline_bytes = UINT64_MAX;
   // Memory budget of the value tree, counted in bytes (nodes ~220 bytes each, links, string
   // bytes), not in values: base + per_input_byte * input size. A 1M-chunk torch DCP
-  // .metadata (178 MB) needs about 15 bytes of tree per input byte; a pickle of nothing but
+  // .metadata (178 MB) needs about 10 bytes of tree per input byte; a pickle of nothing but
   // tiny containers ("]]]]...") about 300, which this refuses.
   uint64_t max_tree_bytes_per_input_byte = 64;
   uint64_t max_tree_bytes_base = uint64_t{64} << 20;
