@@ -10,12 +10,13 @@
 //   container it created and clears their children when parsing fails.
 #include "fc/codec/pickle.h"
 
+#include <array>
 #include <bit>
 #include <charconv>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "src/codec/pickle_opcodes.h"
 
@@ -23,6 +24,9 @@ namespace fc {
 namespace {
 
 using Kind = PickleValue::Kind;
+// A node with its make_shared control block and malloc's header fits a 224-byte chunk
+// (libstdc++); a 1M-chunk torch .metadata holds about 6M of them.
+static_assert(sizeof(PickleValue) <= 200, "PickleValue grew: big .metadata files pay per node");
 using MutPtr = std::shared_ptr<PickleValue>;
 
 using enum internal_torch::PickleOp;
@@ -306,7 +310,7 @@ class Machine {
       slot->kind = kind;
       slot->int_value = kind == Kind::kInt ? value : 0;
       slot->bool_value = kind == Kind::kBool && value != 0;
-      interned_.insert(slot.get());
+      slot->content_shared = true;
     }
     return slot;
   }
@@ -320,10 +324,10 @@ class Machine {
     // of a node).
     MutPtr& slot = ints_[value];
     if (!slot) {
-      Charge(48 + 32);  // the map entry, the interned_ entry
+      Charge(48);  // the map entry
       slot = New(Kind::kInt);
       slot->int_value = value;
-      interned_.insert(slot.get());
+      slot->content_shared = true;
     }
     Push(slot);
   }
@@ -373,31 +377,49 @@ class Machine {
   // Tuples are immutable too: a small tuple of interned values (a torch.Size's dims, the
   // args tuple around it) is interned by its items' identities, so the many chunks of a
   // layout that share offsets or sizes share their tuples.
+  // The key is the items' identities, inline: a lookup that finds the tuple allocates
+  // nothing (a big .metadata makes hundreds of thousands of such tuples).
+  static constexpr size_t kInternedTupleMax = 8;
+  struct TupleKey {
+    std::array<const PickleValue*, kInternedTupleMax> items{};
+    size_t size = 0;
+    bool operator==(const TupleKey&) const = default;
+  };
   struct TupleKeyHash {
-    size_t operator()(const std::vector<const PickleValue*>& k) const {
-      size_t h = k.size();
-      for (const PickleValue* p : k) h = h * 1000003u ^ std::hash<const PickleValue*>()(p);
+    size_t operator()(const TupleKey& k) const {
+      size_t h = k.size;
+      for (size_t i = 0; i < k.size; ++i) {
+        h = h * 1000003u ^ std::hash<const PickleValue*>()(k.items[i]);
+      }
       return h;
     }
   };
-  MutPtr MakeTuple(std::vector<MutPtr> items) {
+  // Pops the top `n` values into a tuple.
+  Result<MutPtr> PopTuple(size_t n) {
+    if (stack_.size() < floor() + n) return Error("stack underflow");
+    const auto first = stack_.end() - static_cast<ptrdiff_t>(n);
+    MutPtr t = MakeTuple(std::span<MutPtr>(first, stack_.end()));
+    stack_.erase(first, stack_.end());
+    return t;
+  }
+  MutPtr MakeTuple(std::span<MutPtr> items) {
     bool internable = items.size() <= kInternedTupleMax;
-    for (const MutPtr& i : items) internable = internable && interned_.contains(i.get());
+    for (const MutPtr& i : items) internable = internable && i->content_shared;
     if (!internable) {
       MutPtr t = New(Kind::kTuple);
-      t->items = Freeze(std::move(items));
+      t->items.assign(std::make_move_iterator(items.begin()), std::make_move_iterator(items.end()));
       return t;
     }
-    std::vector<const PickleValue*> key;
-    key.reserve(items.size());
-    for (const MutPtr& i : items) key.push_back(i.get());
+    TupleKey key;
+    key.size = items.size();
+    for (size_t i = 0; i < items.size(); ++i) key.items[i] = items[i].get();
     auto it = tuples_.find(key);
     if (it != tuples_.end()) return it->second;
-    Charge(64 + 8 * key.size() + 32);  // the map entry, its key, the interned_ entry
+    Charge(sizeof(TupleKey) + 48);  // the map entry
     MutPtr t = New(Kind::kTuple);
-    t->items = Freeze(std::move(items));
-    interned_.insert(t.get());
-    tuples_.emplace(std::move(key), t);
+    t->items.assign(std::make_move_iterator(items.begin()), std::make_move_iterator(items.end()));
+    t->content_shared = true;
+    tuples_.emplace(key, t);
     return t;
   }
 
@@ -413,7 +435,7 @@ class Machine {
         MutPtr v = New(kind);
         Charge(bytes.size() + 64);  // the string and the map entry
         v->str.assign(text);
-        interned_.insert(v.get());
+        v->content_shared = true;
         it = strs_.emplace(std::string_view(v->str), std::move(v)).first;
       }
       Push(it->second);
@@ -434,18 +456,64 @@ class Machine {
     Push(std::move(v));
     return Status::Ok();
   }
+  // Globals are immutable (no opcode fills one): one node per distinct module and name.
   Status PushGlobal(std::string module, std::string name) {
-    MutPtr g = New(Kind::kGlobal);
-    g->str = std::move(module);
-    g->name = std::move(name);
-    Push(std::move(g));
+    std::string key = module + '\n' + name;
+    MutPtr& slot = globals_[key];
+    if (!slot) {
+      Charge(64 + key.size() + module.size() + name.size());  // the map entry, the strings
+      slot = New(Kind::kGlobal);
+      slot->str = std::move(module);
+      slot->name = std::move(name);
+      slot->content_shared = true;
+    }
+    Push(slot);
     return Status::Ok();
+  }
+  // REDUCE of a shared callable on a shared args tuple (torch.Size((8, 6)), repeated for
+  // every chunk of a big .metadata) is shared by content too, until something could
+  // observe or change its identity: an opcode that fills the top of the stack (BUILD,
+  // SETITEM(S), APPEND(S)), memoizes it (later GETs must see the filled object) or
+  // duplicates it. Those first replace a shared call on top of the stack by a private copy
+  // (UnshareTop); a shared call that is no longer on the stack can be reached only
+  // through values that are themselves immutable.
+  MutPtr MakeCall(MutPtr callee, MutPtr args) {
+    if (!callee->content_shared || !args->content_shared) {
+      MutPtr c = New(Kind::kCall);
+      c->callee = std::move(callee);
+      c->args = std::move(args);
+      return c;
+    }
+    MutPtr& slot = calls_[{callee.get(), args.get()}];
+    if (!slot) {
+      Charge(48);  // the map entry
+      slot = New(Kind::kCall);
+      slot->callee = std::move(callee);
+      slot->args = std::move(args);
+      slot->content_shared = true;
+    }
+    return slot;
+  }
+  Status UnshareTop() {
+    if (stack_.size() <= floor()) return Error("stack underflow");
+    MutPtr& top = stack_.back();
+    if (top->kind == Kind::kCall && top->content_shared) {
+      MutPtr c = New(Kind::kCall);
+      c->callee = top->callee;
+      c->args = top->args;
+      top = std::move(c);
+    }
+    return Status::Ok();
+  }
+  Result<MutPtr> TopMutable() {
+    FC_RETURN_IF_ERROR(UnshareTop());
+    return stack_.back();
   }
   // The memo: keys are dense in practice (BINPUT 0, 1, 2, ... or MEMOIZE), so they index a
   // vector (16 bytes an entry, a hash map costs ~4x that); a key far beyond the vector's
   // size (a crafted LONG_BINPUT 4000000000) goes to a small map instead.
   Status Memoize(uint64_t key) {
-    FC_ASSIGN_OR_RETURN(MutPtr top, Top());
+    FC_ASSIGN_OR_RETURN(MutPtr top, TopMutable());
     MutPtr* slot = nullptr;
     if (key < memo_dense_.size()) {
       slot = &memo_dense_[static_cast<size_t>(key)];
@@ -522,17 +590,26 @@ class Machine {
   std::vector<MutPtr> memo_dense_;
   std::unordered_map<uint64_t, MutPtr> memo_sparse_;
   size_t memo_count_ = 0;  // defined keys (MEMOIZE uses the next one)
-  std::vector<MutPtr> containers_;
+  // A deque: at millions of containers a vector's doubling would briefly hold the old and
+  // the new array (3x the links) at the peak of the parse.
+  std::deque<MutPtr> containers_;
   // Objects whose BUILD state is a merged dict that only they own (see BUILD).
   std::unordered_map<const PickleValue*, MutPtr> owned_states_;
   MutPtr small_ints_[257];
   std::unordered_map<int64_t, MutPtr> ints_;  // other ints seen (see PushInt)
   static constexpr uint64_t kInternedStrMax = 256;
-  static constexpr size_t kInternedTupleMax = 8;
-  // Values shared by content (never mutated after creation): the singletons, interned ints,
-  // strs and tuples. Only these may go into an interned tuple.
-  std::unordered_set<const PickleValue*> interned_;
-  std::unordered_map<std::vector<const PickleValue*>, MutPtr, TupleKeyHash> tuples_;
+  // Values shared by content carry PickleValue::content_shared (never mutated after
+  // creation: the singletons, interned ints, strs, globals, tuples and calls). Only these
+  // may go into an interned tuple or call.
+  struct PairHash {
+    size_t operator()(const std::pair<const PickleValue*, const PickleValue*>& k) const {
+      return std::hash<const PickleValue*>()(k.first) * 1000003u ^
+             std::hash<const PickleValue*>()(k.second);
+    }
+  };
+  std::unordered_map<std::pair<const PickleValue*, const PickleValue*>, MutPtr, PairHash> calls_;
+  std::unordered_map<std::string, MutPtr> globals_;  // key: module '\n' name
+  std::unordered_map<TupleKey, MutPtr, TupleKeyHash> tuples_;
   std::unordered_map<std::string_view, MutPtr> strs_;  // short strs seen; keys view node->str
   MutPtr bools_[2];
   MutPtr none_;
@@ -629,7 +706,7 @@ Status Machine::Step(uint8_t op) {
     case kPopMark:
       return PopMark().status();
     case kDup: {
-      FC_ASSIGN_OR_RETURN(MutPtr top, Top());
+      FC_ASSIGN_OR_RETURN(MutPtr top, TopMutable());
       Push(std::move(top));
       return Status::Ok();
     }
@@ -758,12 +835,8 @@ Status Machine::Step(uint8_t op) {
     case kTuple1:
     case kTuple2:
     case kTuple3: {
-      const size_t n = static_cast<size_t>(op - kTuple1) + 1;
-      if (stack_.size() < floor() + n) return Error("stack underflow");
-      std::vector<MutPtr> items(std::make_move_iterator(stack_.end() - static_cast<ptrdiff_t>(n)),
-                                std::make_move_iterator(stack_.end()));
-      stack_.resize(stack_.size() - n);
-      Push(MakeTuple(std::move(items)));
+      FC_ASSIGN_OR_RETURN(MutPtr t, PopTuple(static_cast<size_t>(op - kTuple1) + 1));
+      Push(std::move(t));
       return Status::Ok();
     }
     case kTuple:
@@ -771,7 +844,7 @@ Status Machine::Step(uint8_t op) {
     case kFrozenSet: {
       FC_ASSIGN_OR_RETURN(auto items, PopMark());
       if (op == kTuple) {
-        Push(MakeTuple(std::move(items)));
+        Push(MakeTuple(std::span<MutPtr>(items)));
         return Status::Ok();
       }
       MutPtr t = New(op == kList ? Kind::kList : Kind::kSet);
@@ -789,14 +862,14 @@ Status Machine::Step(uint8_t op) {
     }
     case kAppend: {
       FC_ASSIGN_OR_RETURN(MutPtr v, Pop());
-      FC_ASSIGN_OR_RETURN(MutPtr target, Top());
+      FC_ASSIGN_OR_RETURN(MutPtr target, TopMutable());
       std::vector<MutPtr> one;
       one.push_back(std::move(v));
       return AddItems(target, std::move(one));
     }
     case kAppends: {
       FC_ASSIGN_OR_RETURN(auto items, PopMark());
-      FC_ASSIGN_OR_RETURN(MutPtr target, Top());
+      FC_ASSIGN_OR_RETURN(MutPtr target, TopMutable());
       return AddItems(target, std::move(items));
     }
     case kAddItems: {
@@ -811,7 +884,7 @@ Status Machine::Step(uint8_t op) {
     case kSetItem: {
       FC_ASSIGN_OR_RETURN(MutPtr value, Pop());
       FC_ASSIGN_OR_RETURN(MutPtr key, Pop());
-      FC_ASSIGN_OR_RETURN(MutPtr target, Top());
+      FC_ASSIGN_OR_RETURN(MutPtr target, TopMutable());
       std::vector<MutPtr> kv;
       kv.push_back(std::move(key));
       kv.push_back(std::move(value));
@@ -819,7 +892,7 @@ Status Machine::Step(uint8_t op) {
     }
     case kSetItems: {
       FC_ASSIGN_OR_RETURN(auto items, PopMark());
-      FC_ASSIGN_OR_RETURN(MutPtr target, Top());
+      FC_ASSIGN_OR_RETURN(MutPtr target, TopMutable());
       return AddEntries(target, std::move(items));
     }
     case kGlobal: {
@@ -839,10 +912,7 @@ Status Machine::Step(uint8_t op) {
       FC_ASSIGN_OR_RETURN(MutPtr args, Pop());
       FC_ASSIGN_OR_RETURN(MutPtr callee, Pop());
       if (args->kind != Kind::kTuple) return Error("REDUCE arguments are not a tuple");
-      MutPtr c = New(Kind::kCall);
-      c->callee = std::move(callee);
-      c->args = std::move(args);
-      Push(std::move(c));
+      Push(MakeCall(std::move(callee), std::move(args)));
       return Status::Ok();
     }
     case kNewObj:
@@ -891,7 +961,7 @@ Status Machine::Step(uint8_t op) {
     }
     case kBuild: {
       FC_ASSIGN_OR_RETURN(MutPtr state, Pop());
-      FC_ASSIGN_OR_RETURN(MutPtr target, Top());
+      FC_ASSIGN_OR_RETURN(MutPtr target, TopMutable());
       if (target->kind != Kind::kObject && target->kind != Kind::kCall) {
         return Error(std::string("cannot BUILD a ") + std::string(PickleKindName(target->kind)));
       }

@@ -30,8 +30,11 @@
 //
 // Sharing: values reached through the memo are shared (the tree is a DAG), exactly as in
 // Python; walk it by reference and do not assume a node has one parent. Immutable values
-// are also shared by content: equal ints, equal strs of up to 256 bytes, and equal tuples
-// of up to 8 such values are one node each (so node identity says nothing about the memo).
+// are also shared by content: equal ints, equal strs of up to 256 bytes, equal globals,
+// equal tuples of up to 8 such values, and equal REDUCE calls of such a callable on such
+// an args tuple (torch.Size((8, 6))) are one node each (so node identity says nothing
+// about the memo). A shared call that is later memoized, duplicated or filled (BUILD,
+// SETITEM(S), APPEND(S)) is copied first, so what a caller sees is exactly Python's value.
 // Reference cycles (a list containing itself) are rejected with kUnimplemented, so every
 // walk terminates.
 //
@@ -63,7 +66,7 @@
 namespace fc {
 
 struct PickleValue {
-  enum class Kind {
+  enum class Kind : uint8_t {
     kNone,
     kBool,
     kInt,     // fits int64: int_value
@@ -82,10 +85,19 @@ struct PickleValue {
   };
   using Ptr = std::shared_ptr<const PickleValue>;
 
+  // Layout: a big .metadata holds millions of nodes, so the scalars are packed (kind and
+  // flags share one word; a node is an int, a float or bytes, never two of them).
   Kind kind = Kind::kNone;
   bool bool_value = false;
-  int64_t int_value = 0;
-  double float_value = 0.0;
+  // Scratch for ParsePickle's cycle check; meaningless to callers.
+  mutable uint8_t graph_mark = 0;
+  // Set by ParsePickle on values it shares by content (see Sharing); meaningless to callers.
+  bool content_shared = false;
+  union {
+    int64_t int_value = 0;  // kInt
+    double float_value;     // kFloat
+    uint64_t bytes_offset;  // kBytes, see below
+  };
   std::string str;
   std::string name;
   std::vector<Ptr> items;
@@ -94,12 +106,10 @@ struct PickleValue {
   Ptr args;
   Ptr kwargs;
   Ptr state;
-  // kBytes: where the payload lies in the parsed input. When it is longer than
-  // PickleLimits::max_inline_bytes, `str` stays empty and the caller reads it from there.
-  uint64_t bytes_offset = 0;
+  // kBytes: where the payload lies in the parsed input (bytes_offset, above, and
+  // bytes_length). When it is longer than PickleLimits::max_inline_bytes, `str` stays empty
+  // and the caller reads it from there.
   uint64_t bytes_length = 0;
-  // Scratch for ParsePickle's cycle check; meaningless to callers.
-  mutable uint8_t graph_mark = 0;
 
   bool is_none() const { return kind == Kind::kNone; }
   bool is_int() const { return kind == Kind::kInt; }
@@ -131,9 +141,9 @@ struct PickleLimits {
   // PickleValue::bytes_offset): pickles holding tensor data (paddle.save) are parsed from a
   // memory map without touching the data pages.
   uint64_t max_inline_bytes = UINT64_MAX;
-  // Memory budget of the value tree, counted in bytes (nodes ~250 bytes each, links, string
+  // Memory budget of the value tree, counted in bytes (nodes ~220 bytes each, links, string
   // bytes), not in values: base + per_input_byte * input size. A 1M-chunk torch DCP
-  // .metadata (178 MB) needs about 15 bytes of tree per input byte; a pickle of nothing but
+  // .metadata (178 MB) needs about 10 bytes of tree per input byte; a pickle of nothing but
   // tiny containers ("]]]]...") about 300, which this refuses.
   uint64_t max_tree_bytes_per_input_byte = 64;
   uint64_t max_tree_bytes_base = uint64_t{64} << 20;

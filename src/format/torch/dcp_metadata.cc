@@ -22,7 +22,9 @@ using Kind = PickleValue::Kind;
 constexpr std::string_view kModule113 = "torch.distributed._shard.checkpoint.metadata";
 constexpr std::string_view kModule2 = "torch.distributed.checkpoint.metadata";
 
-using Fields = std::vector<std::pair<std::string_view, PickleValue::Ptr>>;
+// Attribute name -> the link in the tree that holds its value. The links are borrowed from
+// the (immutable) tree, so collecting millions of objects' fields costs no reference counts.
+using Fields = std::vector<std::pair<std::string_view, const PickleValue::Ptr*>>;
 
 // The memo lets a crafted file reuse one big value in many places (a 100k-entry dict as the
 // state of 100k objects), so walking the tree can cost far more than the file's size. Every
@@ -90,9 +92,9 @@ Result<Fields> ObjectFields(Work& work, const PickleValue& obj, std::string_view
         at = position.emplace(k->str, out.size()).first->second;
       }
       if (at == out.size()) {
-        out.emplace_back(k->str, v);
+        out.emplace_back(k->str, &v);
       } else {
-        out[at].second = v;
+        out[at].second = &v;
       }
     }
   }
@@ -101,12 +103,15 @@ Result<Fields> ObjectFields(Work& work, const PickleValue& obj, std::string_view
 
 PickleValue::Ptr FieldPtr(const Fields& fields, std::string_view name) {
   for (const auto& [k, v] : fields) {
-    if (k == name) return v;
+    if (k == name) return *v;
   }
   return nullptr;
 }
 const PickleValue* Field(const Fields& fields, std::string_view name) {
-  return FieldPtr(fields, name).get();
+  for (const auto& [k, v] : fields) {
+    if (k == name) return v->get();
+  }
+  return nullptr;
 }
 
 std::string_view ClassName(const PickleValue& obj) {
@@ -370,7 +375,8 @@ Result<DcpMetadata> ParseDcpMetadata(std::span<const std::byte> bytes) {
   if (PickleValue::Ptr p = FieldPtr(fields, "planner_data"); p != nullptr && !p->is_none()) {
     md.planner_data = std::move(p);
   }
-  for (const auto& [name, v] : fields) {
+  for (const auto& [name, link] : fields) {
+    const PickleValue::Ptr& v = *link;
     if (name == "state_dict_metadata" || name == "storage_data" || name == "planner_data") {
       continue;
     }

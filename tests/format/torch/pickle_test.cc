@@ -439,6 +439,75 @@ TEST_CASE("pickle: DebugString is bounded", "[pickle]") {
 namespace fc {
 namespace {
 
+TEST_CASE("pickle: equal calls are shared until filled, memoized or duplicated",
+          "[pickle][memory]") {
+  // Two torch.Size((8, 6)) built separately: immutable, one node.
+  PickleWriter sizes;
+  sizes.Proto(2).Mark();
+  for (int i = 0; i < 2; ++i) {
+    sizes.Global("torch", "Size").Int(8).Int(6).Tuple2().Tuple1().Reduce();
+  }
+  sizes.Op('t').Stop();
+  auto v = Parse(sizes.bytes());
+  REQUIRE(v.ok());
+  REQUIRE(v->items.size() == 2);
+  CHECK(v->items[0].get() == v->items[1].get());
+  CHECK(v->DebugString() == "(torch.Size((8, 6)), torch.Size((8, 6)))");
+
+  // OrderedDict() twice, the second filled by SETITEMS: the first stays empty.
+  PickleWriter filled;
+  filled.Proto(2).Mark();
+  filled.Global("collections", "OrderedDict").EmptyTuple().Reduce();
+  filled.Global("collections", "OrderedDict").EmptyTuple().Reduce();
+  filled.Mark().ShortStr("k").Int(1).SetItems();
+  filled.Global("collections", "OrderedDict").EmptyTuple().Reduce();
+  filled.ShortStr("j").Int(2).SetItem();
+  filled.Op('t').Stop();
+  v = Parse(filled.bytes());
+  REQUIRE(v.ok());
+  REQUIRE(v->items.size() == 3);
+  CHECK(v->items[0]->entries.empty());
+  CHECK(v->items[1]->Find("k")->int_value == 1);
+  CHECK(v->items[1]->Find("j") == nullptr);
+  CHECK(v->items[2]->Find("j")->int_value == 2);
+  CHECK(v->items[2]->Find("k") == nullptr);
+  CHECK(v->DebugString() == "(collections.OrderedDict(), collections.OrderedDict(), "
+                            "collections.OrderedDict())");
+
+  // Memoized, then filled: a later GET sees the filled value; an equal call made
+  // before the memo does not.
+  PickleWriter memo;
+  memo.Proto(2).Global("collections", "OrderedDict").EmptyTuple().Reduce();
+  memo.Global("collections", "OrderedDict").EmptyTuple().Reduce().BinPut(0);
+  memo.ShortStr("k").Int(3).SetItem().Op('0' /* POP */).BinGet(0).Tuple2().Stop();
+  v = Parse(memo.bytes());
+  REQUIRE(v.ok());
+  REQUIRE(v->items.size() == 2);
+  CHECK(v->items[0]->entries.empty());
+  REQUIRE(v->items[1]->Find("k") != nullptr);
+  CHECK(v->items[1]->Find("k")->int_value == 3);
+
+  // DUP then BUILD on the top: both stack entries are the one object, as in Python.
+  PickleWriter dup;
+  dup.Proto(2).Global("m", "C").EmptyTuple().Reduce().Op('2' /* DUP */);
+  dup.EmptyDict().ShortStr("a").Int(4).SetItem().Build().Tuple2().Stop();
+  v = Parse(dup.bytes());
+  REQUIRE(v.ok());
+  REQUIRE(v->items.size() == 2);
+  CHECK(v->items[0].get() == v->items[1].get());
+  REQUIRE(v->items[0]->state);
+  CHECK(v->items[0]->state->Find("a")->int_value == 4);
+
+  // BUILD on a shared call leaves the other equal call without state.
+  PickleWriter build;
+  build.Proto(2).Global("m", "C").EmptyTuple().Reduce();
+  build.Global("m", "C").EmptyTuple().Reduce().EmptyDict().Build().Tuple2().Stop();
+  v = Parse(build.bytes());
+  REQUIRE(v.ok());
+  CHECK(v->items[0]->state == nullptr);
+  CHECK(v->items[1]->state != nullptr);
+}
+
 TEST_CASE("pickle: a memoized string referenced 200k times is shared, not copied",
           "[pickle][memory]") {
   // ~512 KB of string and ~1 MB of BINGETs: copying per reference would need 100 GB.
