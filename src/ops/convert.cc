@@ -593,6 +593,15 @@ Result<ExecuteStats> WritePart(const ConvertOptions& options, const ConvertPlan&
   return Execute(p.plan, reader, sink, eo);
 }
 
+// The options every process plans with: threads and budget agreed (AgreeOnResources).
+ConvertOptions PlannedWith(const ConvertOptions& options, Communicator& comm) {
+  ConvertOptions planned = options;
+  const PlanResources r = AgreeOnResources(options.threads, options.memory_budget, comm);
+  planned.threads = r.threads;
+  planned.memory_budget = r.memory_budget;
+  return planned;
+}
+
 }  // namespace
 
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
@@ -622,7 +631,8 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     visibility = SimulatedVisibility(p->index, processes, options.simulate_shared);
   }
   FC_RETURN_IF_ERROR(comm->AllOk(
-      BuildConvertPlan(options, processes, me == 0, std::move(visibility), *p)));
+      BuildConvertPlan(PlannedWith(options, *comm), processes, me == 0, std::move(visibility),
+                       *p)));
   if (me == 0) {
     // -v: what the plan rests on, before any byte is read.
     spdlog::debug("{}: {}, {} tensor(s), {} object(s) in {} file(s)", options.input,

@@ -312,6 +312,15 @@ Result<ExecuteStats> WriteFiles(const ExportOptions& options, const ExportPlan& 
   return stats;
 }
 
+// The options every process plans with: threads and budget agreed (AgreeOnResources).
+ExportOptions PlannedWith(const ExportOptions& options, Communicator& comm) {
+  ExportOptions planned = options;
+  const PlanResources r = AgreeOnResources(options.threads, options.memory_budget, comm);
+  planned.threads = r.threads;
+  planned.memory_budget = r.memory_budget;
+  return planned;
+}
+
 }  // namespace
 
 Result<std::vector<std::string>> CopyFromFiles(const std::string& dir) {
@@ -357,7 +366,8 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,
                       ShareVisibility(p->index, input, *comm));
   FC_RETURN_IF_ERROR(
-      comm->AllOk(BuildExportPlan(options, comm->size(), std::move(visibility), *p)));
+      comm->AllOk(BuildExportPlan(PlannedWith(options, *comm), comm->size(),
+                                  std::move(visibility), *p)));
   if (me == 0) {
     // -v: what the plan rests on, before any byte is read.
     spdlog::debug("{}: {}, {} tensor(s), {} object(s) in {} file(s)", options.input,

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "fc/exec/parallel.h"
 #include "fc/io/file.h"
 
 namespace fc {
@@ -293,6 +294,34 @@ Result<std::vector<std::vector<int>>> ShareVisibility(const CheckpointIndex& ind
     }
   }
   return visibility;
+}
+
+PlanResources AgreeOnResources(int requested_threads, uint64_t requested_budget,
+                               Communicator& comm) {
+  PlanResources r;
+  std::string message;
+  if (comm.rank() == 0) {
+    uint64_t local = 1;
+    if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); v != nullptr && comm.size() > 1) {
+      local = std::clamp<uint64_t>(std::strtoull(v, nullptr, 10), 1, 4096);
+    }
+    const uint64_t threads =
+        requested_threads > 0
+            ? static_cast<uint64_t>(requested_threads)
+            : std::max<uint64_t>(1, static_cast<uint64_t>(WorkerThreads(0)) / local);
+    const uint64_t budget =
+        requested_budget > 0 ? requested_budget : PhysicalMemoryBytes() / 4 / local;
+    PutU64(message, threads);
+    PutU64(message, budget);
+  }
+  comm.Broadcast(message, 0);
+  Cursor c(message);
+  uint64_t threads = 1, budget = 0;
+  c.U64(threads);
+  c.U64(budget);
+  r.threads = static_cast<int>(std::clamp<uint64_t>(threads, 1, 1024));
+  r.memory_budget = budget;
+  return r;
 }
 
 std::vector<std::vector<int>> SimulatedVisibility(const CheckpointIndex& index, int processes,

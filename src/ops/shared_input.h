@@ -52,6 +52,18 @@ Result<std::vector<std::vector<int>>> ShareVisibility(const CheckpointIndex& ind
 std::vector<std::vector<int>> SimulatedVisibility(const CheckpointIndex& index, int processes,
                                                   bool shared);
 
+// Collective: the worker threads and memory budget every process plans with. Plans must be
+// identical on every process (they exchange data by them) while machines may differ, so
+// process 0 decides: the requested values, or by default the cores (at most 8) and a quarter
+// of the memory of its machine, each shared among the processes on that machine
+// (OMPI_COMM_WORLD_LOCAL_SIZE).
+struct PlanResources {
+  int threads = 1;
+  uint64_t memory_budget = 0;
+};
+PlanResources AgreeOnResources(int requested_threads, uint64_t requested_budget,
+                               Communicator& comm);
+
 // kNotFound naming the first file a piece of `request` reads from that no process sees.
 Status CheckNeededFilesVisible(const PlanRequest& request, const CheckpointIndex& index);
 
