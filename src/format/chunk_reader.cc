@@ -66,16 +66,11 @@ struct Xxh3StateDeleter {
 };
 using Xxh3State = std::unique_ptr<XXH3_state_t, Xxh3StateDeleter>;
 
-// Feeds the elements of `box` (inside `dst_box`, whose row-major bytes start at `dst`) to
-// `state` in row-major order of `box`: the order a packed chunk holding `box` has in its file.
-void HashBoxIn(XXH3_state_t* state, const std::byte* dst, const Box& dst_box, const Box& box,
-               size_t esize) {
-  if (box.rank() == 0) {
-    XXH3_64bits_update(state, dst, esize);
-    return;
-  }
-  if (box.empty()) return;
-  // Runs contiguous in dst: the trailing axes `box` covers whole, times the first it does not.
+// Calls fn(byte offset in dst, bytes) for the runs of `box` that are contiguous in `dst_box`
+// (row-major, elements of `esize` bytes; box inside dst_box), in the
+// row-major order of `box`: the trailing axes `box` covers whole, times the first it does not.
+template <typename Fn>
+void ForEachRunIn(const Box& dst_box, const Box& box, size_t esize, Fn&& fn) {
   size_t merged = box.rank();
   int64_t run = 1;
   while (merged > 0) {
@@ -93,12 +88,26 @@ void HashBoxIn(XXH3_state_t* state, const std::byte* dst, const Box& dst_box, co
       const int64_t i = a < merged ? idx[a] : 0;
       element += (box.global_offset[a] - dst_box.global_offset[a] + i) * dst_strides[a];
     }
-    XXH3_64bits_update(state, dst + element * static_cast<int64_t>(esize), run_bytes);
+    fn(static_cast<size_t>(element) * esize, run_bytes);
     for (size_t a = merged; a-- > 0;) {
       if (++idx[a] < box.local_shape[a]) break;
       idx[a] = 0;
     }
   }
+}
+
+// Feeds the elements of `box` (inside `dst_box`, whose row-major bytes start at `dst`) to
+// `state` in row-major order of `box`: the order a packed chunk holding `box` has in its file.
+void HashBoxIn(XXH3_state_t* state, const std::byte* dst, const Box& dst_box, const Box& box,
+               size_t esize) {
+  if (box.rank() == 0) {
+    XXH3_64bits_update(state, dst, esize);
+    return;
+  }
+  if (box.empty()) return;
+  ForEachRunIn(dst_box, box, esize, [&](size_t offset, size_t bytes) {
+    XXH3_64bits_update(state, dst + offset, bytes);
+  });
 }
 
 }  // namespace
@@ -445,32 +454,11 @@ Status ChunkReader::CopyBoxPiece(const TensorEntry& tensor, const Chunk& chunk,
   } else if (ContiguousIn(stored_box, piece) && !encoded) {
     // Whole rows in the file, scattered in dst (e.g. a row-parallel TP chunk): let the
     // kernel scatter them straight into place, one iovec per run contiguous in dst.
-    size_t merged = piece.rank();
-    int64_t run = 1;
-    while (merged > 0) {
-      --merged;
-      run *= piece.local_shape[merged];
-      if (piece.local_shape[merged] != dst_box.local_shape[merged]) break;
-    }
-    const int64_t runs = piece.num_elements() / run;
-    const Shape dst_strides = RowMajorStrides(dst_box.local_shape);
     std::vector<std::span<std::byte>> buffers;
-    buffers.reserve(static_cast<size_t>(runs));
-    Shape idx(merged, 0);  // index over the axes before `merged`
     auto* base = static_cast<std::byte*>(dst);
-    for (int64_t r = 0; r < runs; ++r) {
-      int64_t element = 0;
-      for (size_t a = 0; a < piece.rank(); ++a) {
-        const int64_t i = a < merged ? idx[a] : 0;
-        element += (piece.global_offset[a] - dst_box.global_offset[a] + i) * dst_strides[a];
-      }
-      buffers.emplace_back(base + element * static_cast<int64_t>(esize),
-                           static_cast<size_t>(run) * esize);
-      for (size_t a = merged; a-- > 0;) {
-        if (++idx[a] < piece.local_shape[a]) break;
-        idx[a] = 0;
-      }
-    }
+    ForEachRunIn(dst_box, piece, esize, [&](size_t offset, size_t bytes) {
+      buffers.emplace_back(base + offset, bytes);
+    });
     FC_RETURN_IF_ERROR(f->ReadScatteredAt(
         stored_byte_offset + static_cast<uint64_t>(FirstElementOffset(stored_box, piece)) * esize,
         buffers));
