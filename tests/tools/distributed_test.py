@@ -212,6 +212,25 @@ def case_errors():
         assert "1_0.distcp" in p.stderr and p.stderr.count(f"fc-{name}: error") == 1, p.stderr
         assert not os.path.exists(out) and not [n for n in os.listdir(tmp) if ".fc-tmp-" in n]
     os.rename(gone + ".away", gone)
+    # The same file name with two sizes on two disks: refused naming both processes (exit 8).
+    clash = os.path.join(tmp, "split-3", "ckpt_2", "1_0.distcp")
+    with open(gone, "rb") as f:
+        open(clash, "wb").write(f.read() + b"x")
+    p = fcio.run([*MPI, "3", CONVERT, pattern, os.path.join(tmp, "clash"), "--quiet",
+                  "--target-manifest", layout], expect=8)
+    assert "1_0.distcp differs between processes" in p.stderr and "process 1" in p.stderr \
+        and "process 2" in p.stderr, p.stderr
+    assert not os.path.exists(os.path.join(tmp, "clash"))
+    os.remove(clash)
+    # --simulate-processes: only with --dry-run (usage, exit 2), and not under mpirun (exit 3).
+    p = fcio.run([CONVERT, src, os.path.join(tmp, "sim"), "--simulate-processes", "4",
+                  "--target-manifest", layout], expect=2)
+    assert "--simulate-processes needs --dry-run" in p.stderr, p.stderr
+    p = fcio.run([*MPI, "2", CONVERT, src, "--dry-run", "--simulate-processes", "4",
+                  "--target-manifest", layout], expect=3)
+    assert "not under mpirun" in p.stderr and p.stderr.count("fc-convert: error") == 1, p.stderr
+    p = fcio.run([CONVERT, src, "--dry-run", "--simulate-processes", "4", "--target-manifest", layout])
+    assert "exchange:" in p.stdout and "read balance" in p.stdout, p.stdout
     # A process killed mid-run (SIGKILL, rank 1, as soon as the staging directory exists,
     # that is, while the processes read and exchange): every process ends, mpirun fails, OUT
     # does not appear; the next run on OUT succeeds.
