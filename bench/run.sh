@@ -14,6 +14,9 @@
 # every tensor's TP-2 block is flattened and cut in two ZeRO-1 style ranges (rows cut mid-way).
 # convert-np2: the same convert under `mpirun -np 2`, against the one-process convert as the
 # baseline instead of cp (ratio = np 1 time / np 2 time; target >= 1/1.1), same output bytes.
+# On one machine mpirun gets the shared-memory transport (FC_BENCH_MPI_ARGS, default
+# "--mca pml ob1 --mca btl self,vader": Open MPI's default probes network transports first,
+# which adds about 0.25 s to MPI_Init here).
 # The last run also writes --stats: bytes read / bytes needed is printed with the times.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,7 +79,9 @@ for i in $(seq "$runs"); do
     /usr/bin/time -f "%M" -o "$dir/rss.txt" "$build/tools/fc-export" "$src" "$dir/fc-out" \
         --memory-budget "$budget" --quiet "${stats[@]}"
   elif [[ $mode == convert-np2 ]]; then
-    /usr/bin/time -f "%M" -o "$dir/rss.txt" mpirun --allow-run-as-root --oversubscribe -np 2 \
+    # shellcheck disable=SC2086
+    /usr/bin/time -f "%M" -o "$dir/rss.txt" mpirun --allow-run-as-root --oversubscribe \
+        ${FC_BENCH_MPI_ARGS---mca pml ob1 --mca btl self,vader} -np 2 \
         "$build/tools/fc-convert" "$src" "$dir/fc-out" --target-manifest "$dir/tp2-zero2.json" \
         --memory-budget "$budget" --quiet "${stats[@]}"
   else
