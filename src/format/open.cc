@@ -1,9 +1,8 @@
 #include "fc/format/open.h"
 
-#include <algorithm>
-
 #include "fc/format/deepspeed.h"
 #include "fc/format/fc_distcp.h"
+#include "fc/format/file_names.h"
 #include "fc/format/paddle_flex.h"
 #include "fc/format/safetensors.h"
 #include "fc/format/torch_dcp.h"
@@ -16,12 +15,9 @@ bool EndsWith(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// Paddle's "<id>.metadata": a decimal id (by hand; no std::regex on names from the disk).
+// Paddle's "<id>.metadata".
 bool IsPaddleMetadataName(const std::string& n) {
-  constexpr std::string_view kSuffix = ".metadata";
-  return n.size() > kSuffix.size() && EndsWith(n, kSuffix) &&
-         std::all_of(n.begin(), n.end() - kSuffix.size(),
-                     [](char c) { return c >= '0' && c <= '9'; });
+  return MatchNumberedName(n, "#.metadata").has_value();
 }
 
 }  // namespace

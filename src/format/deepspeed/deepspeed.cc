@@ -30,6 +30,7 @@
 #include <re2/re2.h>
 
 #include "fc/core/checked_math.h"
+#include "fc/format/file_names.h"
 #include "fc/format/torch_save.h"
 #include "fc/io/file.h"
 
@@ -46,12 +47,6 @@ std::string ShapeText(const Shape& s) {
 
 // --- File names ------------------------------------------------------------------------
 
-bool ParseUint(std::string_view s, int64_t* out) {
-  if (s.empty() || s.size() > 9) return false;
-  auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return r.ec == std::errc() && r.ptr == s.data() + s.size();
-}
-
 enum class FileKind {
   kModelMp, kModelZero3, kOptim, kPipelineLayer, kExpert, kExpertOptim, kOther
 };
@@ -62,46 +57,43 @@ struct NameInfo {
   int64_t layer = 0;  // kPipelineLayer: the global layer index
 };
 
-// layer_XX-model_YY-model_states.pt (YY: TP rank) or layer_XX-model_states.pt (a topology
-// without a model axis: TP rank 0); PipelineModule.ckpt_layer_path.
-bool ParsePipelineLayerName(std::string_view n, NameInfo* info) {
-  if (!n.starts_with("layer_") || !n.ends_with("-model_states.pt")) return false;
-  n.remove_prefix(6);
-  n.remove_suffix(16);
-  const size_t dash = n.find('-');
-  if (!ParseUint(n.substr(0, dash), &info->layer)) return false;
-  info->mp = 0;
-  if (dash == std::string_view::npos) return true;
-  std::string_view rest = n.substr(dash + 1);
-  if (!rest.starts_with("model_")) return false;
-  return ParseUint(rest.substr(6), &info->mp);
+// Ranks and layers in DeepSpeed names stay below 1e9: larger numbers are not a DeepSpeed
+// file (and would size tables later).
+std::optional<NumberedName> MatchName(std::string_view n, std::string_view pattern) {
+  std::optional<NumberedName> m = MatchNumberedName(n, pattern);
+  for (size_t i = 0; m && i < m->count; ++i) {
+    if ((*m)[i] >= 1'000'000'000) return std::nullopt;
+  }
+  return m;
 }
 
-// layer_L_expert_E_mp_rank_XX_model_states.pt (DeepSpeedEngine._get_expert_ckpt_name): the
-// weights of MoE layer L's global expert E; info->dp carries E.
-bool ParseExpertName(std::string_view n, NameInfo* info) {
-  if (!n.starts_with("layer_") || !n.ends_with("_model_states.pt")) return false;
-  n.remove_prefix(6);
-  n.remove_suffix(16);
-  size_t us = n.find('_');
-  if (us == std::string_view::npos || !ParseUint(n.substr(0, us), &info->layer)) return false;
-  n.remove_prefix(us + 1);
-  if (!n.starts_with("expert_")) return false;
-  n.remove_prefix(7);
-  us = n.find('_');
-  if (us == std::string_view::npos || !ParseUint(n.substr(0, us), &info->dp)) return false;
-  n.remove_prefix(us + 1);
-  return n.starts_with("mp_rank_") && ParseUint(n.substr(8), &info->mp);
-}
-
-// mp_rank_XX_model_states.pt | [bf16_|fp16_]zero_pp_rank_N_mp_rank_XX_{model,optim}_states.pt
+// Names, after DeepSpeed's checkpoint naming functions:
+//   layer_XX-model_YY-model_states.pt, layer_XX-model_states.pt (no model axis: TP rank 0)
+//                                          PipelineModule.ckpt_layer_path
+//   layer_L_expert_E_mp_rank_XX_model_states.pt   MoE layer L's global expert E (dp carries E)
+//   mp_rank_XX_model_states.pt | [bf16_|fp16_]zero_pp_rank_N_mp_rank_XX_{model,optim}_states.pt
+//   expp_rank_*_optim_states.pt                   MoE optimizer states (not read)
 NameInfo ClassifyName(std::string_view n) {
   NameInfo info;
-  if (n.starts_with("layer_") && n.ends_with(".pt")) {
-    if (n.find("_expert_") != std::string_view::npos) {
-      if (ParseExpertName(n, &info)) info.kind = FileKind::kExpert;
-    } else if (ParsePipelineLayerName(n, &info)) {
-      info.kind = FileKind::kPipelineLayer;
+  auto as = [&](FileKind kind, std::string_view pattern, int64_t* a, int64_t* b) {
+    std::optional<NumberedName> m = MatchName(n, pattern);
+    if (!m) return false;
+    info.kind = kind;
+    *a = static_cast<int64_t>((*m)[0]);
+    if (b) *b = static_cast<int64_t>((*m)[1]);
+    return true;
+  };
+  if (n.starts_with("layer_")) {
+    if (as(FileKind::kPipelineLayer, "layer_#-model_states.pt", &info.layer, nullptr) ||
+        as(FileKind::kPipelineLayer, "layer_#-model_#-model_states.pt", &info.layer, &info.mp)) {
+      return info;
+    }
+    if (std::optional<NumberedName> m =
+            MatchName(n, "layer_#_expert_#_mp_rank_#_model_states.pt")) {
+      info.kind = FileKind::kExpert;
+      info.layer = static_cast<int64_t>((*m)[0]);
+      info.dp = static_cast<int64_t>((*m)[1]);
+      info.mp = static_cast<int64_t>((*m)[2]);
     }
     return info;
   }
@@ -109,29 +101,13 @@ NameInfo ClassifyName(std::string_view n) {
     info.kind = FileKind::kExpertOptim;
     return info;
   }
-  bool model = false;
-  if (n.ends_with("_model_states.pt")) {
-    model = true;
-    n.remove_suffix(16);
-  } else if (n.ends_with("_optim_states.pt")) {
-    n.remove_suffix(16);
-  } else {
+  if (n.starts_with("bf16_") || n.starts_with("fp16_")) n.remove_prefix(5);
+  if (as(FileKind::kModelMp, "mp_rank_#_model_states.pt", &info.mp, nullptr) ||
+      as(FileKind::kModelZero3, "zero_pp_rank_#_mp_rank_#_model_states.pt", &info.dp, &info.mp) ||
+      as(FileKind::kOptim, "zero_pp_rank_#_mp_rank_#_optim_states.pt", &info.dp, &info.mp)) {
     return info;
   }
-  if (n.starts_with("bf16_")) n.remove_prefix(5);
-  else if (n.starts_with("fp16_")) n.remove_prefix(5);
-  bool zero = false;
-  if (n.starts_with("zero_pp_rank_")) {
-    n.remove_prefix(13);
-    const size_t us = n.find('_');
-    if (us == std::string_view::npos || !ParseUint(n.substr(0, us), &info.dp)) return info;
-    n.remove_prefix(us + 1);
-    zero = true;
-  }
-  if (!n.starts_with("mp_rank_") || !ParseUint(n.substr(8), &info.mp)) return info;
-  if (model) info.kind = zero ? FileKind::kModelZero3 : FileKind::kModelMp;
-  else if (zero) info.kind = FileKind::kOptim;
-  return info;
+  return NameInfo{};
 }
 
 std::string Trim(std::string s) {

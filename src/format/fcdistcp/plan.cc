@@ -6,19 +6,12 @@
 
 #include "fc/core/checked_math.h"
 #include "fc/format/fc_distcp.h"
+#include "fc/format/file_names.h"
 #include "fc/codec/json_writer.h"
 #include "src/format/fcdistcp/internal.h"
 
 namespace fc {
 namespace {
-
-bool IsDecimal(std::string_view s) {
-  if (s.empty() || (s.size() > 1 && s[0] == '0') || s.size() > 18) return false;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-  }
-  return true;
-}
 
 void AppendShape(JsonWriter& w, std::span<const int64_t> shape) {
   w.BeginArray(true);
@@ -31,14 +24,9 @@ void AppendShape(JsonWriter& w, std::span<const int64_t> shape) {
 namespace fcdistcp_internal {
 
 bool IsWriterFileName(std::string_view name) {
-  constexpr std::string_view kSuffix = ".distcp";
-  if (name.size() <= kSuffix.size() || name.substr(name.size() - kSuffix.size()) != kSuffix) {
-    return false;
-  }
-  std::string_view stem = name.substr(0, name.size() - kSuffix.size());
-  size_t us = stem.find('_');
-  if (us == std::string_view::npos) return false;
-  return IsDecimal(stem.substr(0, us)) && IsDecimal(stem.substr(us + 1));
+  // "<rank>_<n>.distcp" written canonically (no leading zeros: one name per file).
+  std::optional<NumberedName> m = MatchNumberedName(name, "#_#.distcp");
+  return m && name == std::to_string((*m)[0]) + "_" + std::to_string((*m)[1]) + ".distcp";
 }
 
 std::string ChunkEntryName(std::string_view key, size_t chunk_index) {

@@ -19,6 +19,7 @@
 #include "fc/core/checked_math.h"
 #include "fc/core/dtype.h"
 #include "fc/codec/pickle.h"
+#include "fc/format/file_names.h"
 #include "fc/format/safetensors.h"
 #include "fc/io/file.h"
 
@@ -205,32 +206,16 @@ Result<DType> SafetensorsArrayDType(DType stored, std::optional<DType> declared,
   return stored;
 }
 
-// Names are parsed by hand, not with std::regex: a storage-key file name comes from the
-// metadata, and std::regex recurses once per character (a 30k-character name overflowed the
-// stack).
-bool AllDigits(std::string_view s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
+// "<id>.metadata" with a decimal id. (Names are matched by hand, not with std::regex: a
+// storage-key file name comes from the metadata, and std::regex recursed once per character;
+// a 30k-character name overflowed the stack.)
+bool IsMetadataName(std::string_view n) { return MatchNumberedName(n, "#.metadata").has_value(); }
 
-// "<id>.metadata" with a decimal id.
-bool IsMetadataName(std::string_view n) {
-  constexpr std::string_view kSuffix = ".metadata";
-  return n.size() > kSuffix.size() && n.substr(n.size() - kSuffix.size()) == kSuffix &&
-         AllDigits(n.substr(0, n.size() - kSuffix.size()));
-}
-
-// "<rank>_<id>.distcp" with decimal rank and id: the id's digits, or nullopt.
-std::optional<std::string_view> DataFileId(std::string_view n) {
-  constexpr std::string_view kSuffix = ".distcp";
-  if (n.size() <= kSuffix.size() || n.substr(n.size() - kSuffix.size()) != kSuffix) {
-    return std::nullopt;
-  }
-  const std::string_view stem = n.substr(0, n.size() - kSuffix.size());
-  const size_t underscore = stem.find('_');
-  if (underscore == std::string_view::npos) return std::nullopt;
-  const std::string_view rank = stem.substr(0, underscore), id = stem.substr(underscore + 1);
-  if (!AllDigits(rank) || !AllDigits(id)) return std::nullopt;
-  return id;
+// "<rank>_<id>.distcp" with decimal rank and id: the id, or nullopt.
+std::optional<uint64_t> DataFileId(std::string_view n) {
+  std::optional<NumberedName> m = MatchNumberedName(n, "#_#.distcp");
+  if (!m) return std::nullopt;
+  return (*m)[1];
 }
 
 }  // namespace
@@ -245,9 +230,8 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
   // Paddle's unique_id: the largest id among the data files.
   int64_t unique_id = -1;
   for (const std::string& n : names) {
-    std::optional<std::string_view> id = DataFileId(n);
-    if (id && id->size() < 16) {
-      unique_id = std::max<int64_t>(unique_id, std::stoll(std::string(*id)));
+    if (std::optional<uint64_t> id = DataFileId(n)) {
+      unique_id = std::max(unique_id, static_cast<int64_t>(*id));  // < 1e18: fits
     }
   }
   std::string meta_name = metas.size() == 1 ? metas.front() : std::string();

@@ -20,6 +20,7 @@
 #include <unordered_set>
 
 #include "fc/core/checked_math.h"
+#include "fc/format/file_names.h"
 #include "fc/format/torch_dcp.h"
 #include "fc/format/safetensors.h"
 #include "fc/format/torch_dcp_transform.h"
@@ -191,15 +192,11 @@ struct FileOrder {
 FileOrder OrderOf(const std::string& name) {
   FileOrder o;
   o.name = name;
-  std::string_view s = name;
-  if (!s.starts_with("__") || !s.ends_with(".distcp")) return o;
-  s = s.substr(2, s.size() - 2 - 7);
-  const size_t us = s.find('_');
-  if (us == std::string_view::npos) return o;
-  auto r1 = std::from_chars(s.data(), s.data() + us, o.rank);
-  auto r2 = std::from_chars(s.data() + us + 1, s.data() + s.size(), o.n);
-  o.parsed = r1.ec == std::errc() && r1.ptr == s.data() + us && r2.ec == std::errc() &&
-             r2.ptr == s.data() + s.size();
+  if (std::optional<NumberedName> m = MatchNumberedName(name, "__#_#.distcp")) {
+    o.parsed = true;
+    o.rank = (*m)[0];
+    o.n = (*m)[1];
+  }
   return o;
 }
 
@@ -709,14 +706,9 @@ Result<CheckpointIndex> DcpReader::Read() {
 }  // namespace
 
 std::optional<uint64_t> TorchDcpRankMetadataRank(std::string_view name) {
-  if (!name.starts_with("__") || !name.ends_with(".metadata")) return std::nullopt;
-  std::string_view digits = name.substr(2, name.size() - 2 - 9);
-  uint64_t rank = 0;
-  auto r = std::from_chars(digits.data(), digits.data() + digits.size(), rank);
-  if (digits.empty() || r.ec != std::errc() || r.ptr != digits.data() + digits.size()) {
-    return std::nullopt;
-  }
-  return rank;
+  std::optional<NumberedName> m = MatchNumberedName(name, "__#.metadata");
+  if (!m) return std::nullopt;
+  return (*m)[0];
 }
 
 Result<CheckpointIndex> ReadTorchDcp(const std::string& dir, const TorchDcpReadOptions& options) {
