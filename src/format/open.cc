@@ -1,5 +1,9 @@
 #include "fc/format/open.h"
 
+#include <algorithm>
+#include <string_view>
+#include <vector>
+
 #include "fc/format/deepspeed.h"
 #include "fc/format/fc_distcp.h"
 #include "fc/format/file_names.h"
@@ -20,6 +24,69 @@ bool IsPaddleMetadataName(const std::string& n) {
   return MatchNumberedName(n, "#.metadata").has_value();
 }
 
+// A directory's listing, and the questions detectors ask of it.
+struct Listing {
+  const std::string& dir;
+  const std::vector<std::string>& names;
+  bool Has(std::string_view name) const {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  }
+  template <typename Pred>
+  bool Any(Pred pred) const {
+    return std::any_of(names.begin(), names.end(), [&](const std::string& n) { return pred(n); });
+  }
+};
+
+Result<bool> IsFcDistcp(const Listing& l) { return l.Has("fc.metadata.json"); }
+
+Result<bool> IsTorchDcp(const Listing& l) {
+  // .metadata, or per-rank __R.metadata files (saves without rank coordination).
+  return l.Has(".metadata") ||
+         l.Any([](const std::string& n) { return TorchDcpRankMetadataRank(n).has_value(); });
+}
+
+Result<bool> IsSafetensorsDir(const Listing& l) {
+  if (l.Any([](const std::string& n) { return EndsWith(n, ".safetensors"); })) return true;
+  if (l.Any([](const std::string& n) { return EndsWith(n, ".safetensors.index.json"); })) return true;
+  // torch HuggingFaceStorageWriter distributed save: per-rank shards only in sharded/.
+  const std::string sharded = JoinPath(l.dir, std::string(kHfShardedDirName));
+  if (!IsDirectory(sharded)) return false;
+  FC_ASSIGN_OR_RETURN(std::vector<std::string> inner, ListDirectory(sharded));
+  return std::any_of(inner.begin(), inner.end(),
+                     [](const std::string& n) { return EndsWith(n, ".safetensors"); });
+}
+
+Result<bool> IsPaddleFlex(const Listing& l) {
+  return l.Any(IsPaddleMetadataName);
+}
+
+Result<bool> IsDeepSpeed(const Listing& l) { return IsDeepSpeedCheckpointDir(l.dir); }
+
+Result<CheckpointIndex> OpenTorchDcp(const std::string& path) {
+  // Items are located on first read (ChunkReader): opening reads only .metadata.
+  return ReadTorchDcp(path, TorchDcpReadOptions{.locate_chunks = false});
+}
+
+// The input formats: how each is recognised and opened. Detection asks them in this order and
+// takes the first that says yes (a torch DCP directory may also hold *.safetensors, a Paddle
+// safetensors save has <id>.metadata beside its .safetensors files, ...).
+struct InputFormat {
+  CheckpointFormat format;
+  Result<bool> (*detect)(const Listing&);
+  Result<CheckpointIndex> (*open)(const std::string& path);
+  std::string_view looks_for;  // what detection looks for, for the "nothing found" message
+};
+
+constexpr InputFormat kInputFormats[] = {
+    {CheckpointFormat::kFcDistcp, IsFcDistcp, ReadFcDistcp, "fc.metadata.json"},
+    {CheckpointFormat::kTorchDcp, IsTorchDcp, OpenTorchDcp, ".metadata or __R.metadata"},
+    {CheckpointFormat::kSafetensors, IsSafetensorsDir, ReadSafetensorsCheckpoint,
+     "*.safetensors.index.json, *.safetensors"},
+    {CheckpointFormat::kPaddleFlex, IsPaddleFlex, ReadPaddleFlexCheckpoint, "<id>.metadata"},
+    {CheckpointFormat::kDeepSpeed, IsDeepSpeed, ReadDeepSpeedCheckpoint,
+     "DeepSpeed latest / *_model_states.pt"},
+};
+
 }  // namespace
 
 Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
@@ -29,34 +96,18 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
     return InvalidArgumentError(path + ": not a checkpoint directory or .safetensors file");
   }
   FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(path));
-  bool has_st = false, has_st_index = false, has_paddle_meta = false, has_pt = false;
-  for (const std::string& n : names) {
-    if (n == "fc.metadata.json") return CheckpointFormat::kFcDistcp;
-    if (n == ".metadata") return CheckpointFormat::kTorchDcp;
-    if (TorchDcpRankMetadataRank(n)) return CheckpointFormat::kTorchDcp;  // use_collectives=False
-    if (EndsWith(n, ".safetensors.index.json")) has_st_index = true;
-    if (EndsWith(n, ".safetensors")) has_st = true;
-    if (IsPaddleMetadataName(n)) has_paddle_meta = true;
-    if (EndsWith(n, ".pt")) has_pt = true;
+  const Listing listing{path, names};
+  std::string looked_for;
+  for (const InputFormat& f : kInputFormats) {
+    FC_ASSIGN_OR_RETURN(bool found, f.detect(listing));
+    if (found) return f.format;
+    looked_for += (looked_for.empty() ? "" : ", ") + std::string(f.looks_for);
   }
-  if (has_st_index || has_st) return CheckpointFormat::kSafetensors;
-  // torch HuggingFaceStorageWriter distributed save: per-rank shards only in sharded/.
-  if (IsDirectory(JoinPath(path, std::string(kHfShardedDirName)))) {
-    FC_ASSIGN_OR_RETURN(std::vector<std::string> inner,
-                        ListDirectory(JoinPath(path, std::string(kHfShardedDirName))));
-    for (const std::string& n : inner) {
-      if (EndsWith(n, ".safetensors")) return CheckpointFormat::kSafetensors;
-    }
-  }
-  if (has_paddle_meta) return CheckpointFormat::kPaddleFlex;
-  if (IsDeepSpeedCheckpointDir(path)) return CheckpointFormat::kDeepSpeed;
-  if (has_pt) {
+  if (listing.Any([](const std::string& n) { return EndsWith(n, ".pt"); })) {
     return UnimplementedError(path + ": holds torch.save .pt files that are not a DeepSpeed "
                               "checkpoint (legacy Megatron?); fc does not read those yet");
   }
-  return InvalidArgumentError(path + ": no checkpoint found (looked for fc.metadata.json, "
-                              ".metadata, *.safetensors.index.json, *.safetensors, "
-                              "<id>.metadata, DeepSpeed latest / *_model_states.pt)");
+  return InvalidArgumentError(path + ": no checkpoint found (looked for " + looked_for + ")");
 }
 
 Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
@@ -67,14 +118,8 @@ Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
   } else {
     FC_ASSIGN_OR_RETURN(format, DetectCheckpointFormat(path));
   }
-  switch (format) {
-    case CheckpointFormat::kTorchDcp:
-      // Items are located on first read (ChunkReader): opening reads only .metadata.
-      return ReadTorchDcp(path, TorchDcpReadOptions{.locate_chunks = false});
-    case CheckpointFormat::kSafetensors: return ReadSafetensorsCheckpoint(path);
-    case CheckpointFormat::kFcDistcp: return ReadFcDistcp(path);
-    case CheckpointFormat::kPaddleFlex: return ReadPaddleFlexCheckpoint(path);
-    case CheckpointFormat::kDeepSpeed: return ReadDeepSpeedCheckpoint(path);
+  for (const InputFormat& f : kInputFormats) {
+    if (f.format == format) return f.open(path);
   }
   return InternalError("unhandled checkpoint format");
 }

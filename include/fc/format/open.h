@@ -11,7 +11,8 @@
 
 namespace fc {
 
-// Detection rules, first match wins:
+// Detection rules (one table of input formats in open.cc: how each is recognised and
+// opened), first match wins:
 //   a file named *.safetensors                         -> safetensors
 //   a directory with fc.metadata.json                  -> fc distcp
 //   a directory with .metadata (torch DCP, Megatron torch_dist) -> torch DCP
