@@ -5,24 +5,14 @@
 #include <chrono>
 #include <cstdio>
 
+#include "fc/core/human_bytes.h"
+
 namespace fc {
 namespace {
 
 double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-std::string Bytes(double b) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  char buf[32];
-  snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, kUnits[u]);
-  return buf;
 }
 
 std::string Duration(double s) {
@@ -73,8 +63,8 @@ void Progress::Draw(bool final_line, bool ok) {
   const double done = static_cast<double>(done_.load(std::memory_order_relaxed));
   const double rate = elapsed > 0 ? done / elapsed : 0;
   const double fraction = total_ > 0 ? done / static_cast<double>(total_) : 1.0;
-  std::string line = what_ + ": " + Bytes(done) + " / " + Bytes(static_cast<double>(total_)) +
-                     ", " + Bytes(rate) + "/s";
+  std::string line = what_ + ": " + HumanBytes(static_cast<uint64_t>(done)) + " / " +
+                     HumanBytes(total_) + ", " + HumanBytes(static_cast<uint64_t>(rate)) + "/s";
   if (final_line) {
     line += ok ? ", done in " : ", stopped after ";
     line += Duration(elapsed);

@@ -5,20 +5,6 @@
 
 namespace fc {
 
-std::string HumanBytes(uint64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  if (bytes < 1024) return std::to_string(bytes) + " B";
-  double v = static_cast<double>(bytes);
-  int unit = 0;
-  while (v >= 1024 && unit < 5) {
-    v /= 1024;
-    ++unit;
-  }
-  char buf[32];
-  snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[unit]);
-  return buf;
-}
-
 std::string ElideMiddle(const std::string& text, size_t max) {
   if (text.size() <= max || max < 5) return text;
   const size_t keep = max - 3, head = keep / 3;  // the end of a path says more than its start

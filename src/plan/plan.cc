@@ -8,6 +8,7 @@
 
 #include "fc/codec/json_writer.h"
 #include "fc/core/checked_math.h"
+#include "fc/core/human_bytes.h"
 #include "fc/plan/slabs.h"
 #include "src/plan/exchange.h"
 #include "src/plan/source_index.h"
@@ -18,19 +19,6 @@ namespace {
 // The smallest write item the planner cuts, in bytes of the widest element type involved
 // (tiny budgets work, slowly: each item costs a few system calls).
 constexpr uint64_t kMinSlabBytes = 64;
-
-std::string HumanSize(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
 
 size_t WidestElement(const PlanTensor& t) {
   size_t widest = DTypeSize(t.dtype);
@@ -219,12 +207,12 @@ Result<Plan> BuildPlan(PlanRequest request) {
   int threads = request.threads;
   while (threads > 1 && request.memory_budget < minimum_for(threads)) --threads;
   if (request.memory_budget < minimum_for(1)) {
-    std::string why = "3 staging buffers of " + HumanSize(kMinSlabBytes);
-    if (block_bytes > 0) why += " and a reshaped source block of " + HumanSize(block_bytes);
+    std::string why = "3 staging buffers of " + HumanBytes(kMinSlabBytes);
+    if (block_bytes > 0) why += " and a reshaped source block of " + HumanBytes(block_bytes);
     if (share > 1) why += ", twice over: half of the budget is for the exchange between processes";
     return ResourceExhaustedError("--memory-budget " + std::to_string(request.memory_budget) +
                                   " is below the " + std::to_string(minimum_for(1)) + " bytes (" +
-                                  HumanSize(minimum_for(1)) + ") this plan needs (" + why + ")");
+                                  HumanBytes(minimum_for(1)) + ") this plan needs (" + why + ")");
   }
   plan.threads = threads;
   // Transposed and strided pieces are read whole when the block fits in half of a worker's

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "fc/core/human_bytes.h"  // HumanBytes, for the reports
+
 namespace fc {
 
-// "1.5 GiB", "512 B".
-std::string HumanBytes(uint64_t bytes);
 // `text` itself when it has at most `max` bytes (max >= 5), else its start and end around
 // "...", `max` bytes in all: long paths in a report line that must fit a terminal.
 std::string ElideMiddle(const std::string& text, size_t max);
