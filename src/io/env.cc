@@ -331,28 +331,6 @@ std::string Norm(std::string p) {
   return p;
 }
 
-class MemReadable : public EnvReadableFile {
- public:
-  explicit MemReadable(std::shared_ptr<std::vector<std::byte>> bytes) : bytes_(std::move(bytes)) {}
-  uint64_t size() const override { return bytes_->size(); }
-  Result<size_t> Read(uint64_t offset, std::span<std::byte> dst) const override {
-    if (offset >= bytes_->size()) return size_t{0};
-    const size_t n = std::min<uint64_t>(dst.size(), bytes_->size() - offset);
-    std::memcpy(dst.data(), bytes_->data() + offset, n);
-    return n;
-  }
-  Result<Mapping> Map() const override {
-    Mapping m;
-    m.data = bytes_->data();
-    m.size = bytes_->size();
-    m.holder = bytes_;
-    return m;
-  }
-
- private:
-  std::shared_ptr<std::vector<std::byte>> bytes_;  // a snapshot: writers replace, not edit
-};
-
 class MemWritable : public EnvWritableFile {
  public:
   MemWritable(std::mutex* mu, std::shared_ptr<std::vector<std::byte>> bytes)
@@ -390,8 +368,8 @@ Result<std::unique_ptr<EnvReadableFile>> InMemoryEnv::OpenForRead(const std::str
   auto it = files_.find(p);
   if (it == files_.end()) return NotFoundError(path + ": no such file");
   // Readers see the bytes as of now.
-  return std::unique_ptr<EnvReadableFile>(
-      new MemReadable(std::make_shared<std::vector<std::byte>>(*it->second)));
+  auto snapshot = std::make_shared<const std::vector<std::byte>>(*it->second);
+  return NewMemoryReadableFile(*snapshot, snapshot);
 }
 
 Result<std::unique_ptr<EnvWritableFile>> InMemoryEnv::CreateForWrite(const std::string& path) {
@@ -683,6 +661,40 @@ Status FaultInjectingEnv::RemoveAll(const std::string& path) {
   // the tests check that staging goes away. (Arm kRemove to test that path.)
   FC_RETURN_IF_ERROR(Tick(FaultOp::kRemove, path));
   return base_->RemoveAll(path);
+}
+
+
+namespace {
+
+class MemoryReadableFile final : public EnvReadableFile {
+ public:
+  MemoryReadableFile(std::span<const std::byte> bytes, std::shared_ptr<const void> holder)
+      : bytes_(bytes), holder_(std::move(holder)) {}
+  uint64_t size() const override { return bytes_.size(); }
+  Result<size_t> Read(uint64_t offset, std::span<std::byte> dst) const override {
+    if (offset >= bytes_.size()) return size_t{0};
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(dst.size(), bytes_.size() - offset));
+    if (n > 0) std::memcpy(dst.data(), bytes_.data() + offset, n);
+    return n;
+  }
+  Result<Mapping> Map() const override {
+    Mapping m;
+    m.data = bytes_.data();
+    m.size = bytes_.size();
+    m.holder = std::const_pointer_cast<void>(holder_);
+    return m;
+  }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::shared_ptr<const void> holder_;
+};
+
+}  // namespace
+
+std::unique_ptr<EnvReadableFile> NewMemoryReadableFile(std::span<const std::byte> bytes,
+                                                       std::shared_ptr<const void> holder) {
+  return std::make_unique<MemoryReadableFile>(bytes, std::move(holder));
 }
 
 }  // namespace fc

@@ -12,28 +12,6 @@ std::string StripSlashes(std::string p) {
   return p;
 }
 
-class SharedBytesFile final : public EnvReadableFile {
- public:
-  explicit SharedBytesFile(std::shared_ptr<const std::string> bytes) : bytes_(std::move(bytes)) {}
-  uint64_t size() const override { return bytes_->size(); }
-  Result<size_t> Read(uint64_t offset, std::span<std::byte> dst) const override {
-    if (offset >= bytes_->size()) return size_t{0};
-    const size_t n = std::min<uint64_t>(dst.size(), bytes_->size() - offset);
-    std::memcpy(dst.data(), bytes_->data() + offset, n);
-    return n;
-  }
-  Result<Mapping> Map() const override {
-    Mapping m;
-    m.data = reinterpret_cast<const std::byte*>(bytes_->data());
-    m.size = bytes_->size();
-    m.holder = std::const_pointer_cast<std::string>(bytes_);
-    return m;
-  }
-
- private:
-  std::shared_ptr<const std::string> bytes_;
-};
-
 // A file on another process's disk: its size is known, its bytes are not here.
 class ElsewhereFile final : public EnvReadableFile {
  public:
@@ -100,7 +78,10 @@ Result<std::unique_ptr<EnvReadableFile>> InputViewEnv::OpenForRead(const std::st
   auto it = name.empty() ? entries_.end() : entries_.find(name);
   if (it == entries_.end()) return base_->OpenForRead(Local(path));
   const Entry& e = it->second;
-  if (e.bytes) return std::unique_ptr<EnvReadableFile>(new SharedBytesFile(e.bytes));
+  if (e.bytes) {
+    return NewMemoryReadableFile(std::as_bytes(std::span(e.bytes->data(), e.bytes->size())),
+                                 e.bytes);
+  }
   if (e.local) return base_->OpenForRead(Local(path));
   return std::unique_ptr<EnvReadableFile>(new ElsewhereFile(path, e.size, e.seen_by));
 }

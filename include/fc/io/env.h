@@ -62,6 +62,12 @@ class EnvReadableFile {
   virtual bool readable_here() const { return true; }
 };
 
+// A readable file over `bytes` in memory, which `holder` keeps alive (and unchanged) for as
+// long as the file or a Map() of it lives: in-memory files (InMemoryEnv) and metadata bytes
+// shared among processes (fc/io/input_view_env.h).
+std::unique_ptr<EnvReadableFile> NewMemoryReadableFile(std::span<const std::byte> bytes,
+                                                       std::shared_ptr<const void> holder);
+
 // An open file for writing (created or truncated). WriteAt may be called concurrently for
 // disjoint ranges.
 class EnvWritableFile {
