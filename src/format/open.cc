@@ -4,6 +4,7 @@
 
 #include "fc/format/deepspeed.h"
 #include "fc/format/fc_distcp.h"
+#include "fc/format/megatron.h"
 #include "fc/format/paddle_flex.h"
 #include "fc/format/safetensors.h"
 #include "fc/format/torch_dcp.h"
@@ -54,13 +55,16 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
   }
   if (has_paddle_meta) return CheckpointFormat::kPaddleFlex;
   if (IsDeepSpeedCheckpointDir(path)) return CheckpointFormat::kDeepSpeed;
+  if (IsMegatronLegacyCheckpointDir(path)) return CheckpointFormat::kMegatronLegacy;
   if (has_pt) {
-    return UnimplementedError(path + ": holds torch.save .pt files that are not a DeepSpeed "
-                              "checkpoint (legacy Megatron?); fc does not read those yet");
+    return UnimplementedError(path + ": holds torch.save .pt files that are neither a "
+                              "DeepSpeed nor a Megatron legacy checkpoint; fc does not read "
+                              "those");
   }
   return InvalidArgumentError(path + ": no checkpoint found (looked for fc.metadata.json, "
                               ".metadata, *.safetensors.index.json, *.safetensors, "
-                              "<id>.metadata, DeepSpeed latest / *_model_states.pt)");
+                              "<id>.metadata, DeepSpeed latest / *_model_states.pt, Megatron "
+                              "latest_checkpointed_iteration.txt / mp_rank_*/model_optim_rng.pt)");
 }
 
 Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
@@ -79,6 +83,7 @@ Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
     case CheckpointFormat::kFcDistcp: return ReadFcDistcp(path);
     case CheckpointFormat::kPaddleFlex: return ReadPaddleFlexCheckpoint(path);
     case CheckpointFormat::kDeepSpeed: return ReadDeepSpeedCheckpoint(path);
+    case CheckpointFormat::kMegatronLegacy: return ReadMegatronLegacyCheckpoint(path);
   }
   return InternalError("unhandled checkpoint format");
 }

@@ -31,6 +31,8 @@ FULL tensor, C order, bfloat16 as uint16 bits, the names fc gives them):
                 (model0/model1), Float16 optimizer state
   moe_tp2_ep2   local names, 2 layers, 4 experts, TP 2 x EP 2 (mp_rank_TT_EEE), layer 0 a
                 SequentialMLP (local_experts.I), layer 1 TEGroupedMLP names (weightI)
+  no_swiglu_arg gpt_tp2_pp2's tensors at TP 2 x PP 1, args without `swiglu` (fc refuses to
+                merge linear_fc1); no expected/
 
 usage: /usr/bin/python3 testdata/gen/megatron/gen_legacy.py [OUT_ROOT]
        /usr/bin/python3 testdata/gen/megatron/gen_legacy.py --check [OUT_ROOT]
@@ -239,7 +241,7 @@ def float16_optimizer(sd):
 
 
 def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=None, ep=1,
-                     experts=0, optimizer=None, release=False):
+                     experts=0, optimizer=None, release=False, drop_args=()):
     os.makedirs(out, exist_ok=True)
     sub = "release" if release else "iter_%07d" % iteration
     with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -254,6 +256,8 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
             chunks_of[p][(p, v)] = (lo, lo + per, p == 0 and v == 0, p == pp - 1 and v == nv - 1)
     args = make_args(num_layers=layers, swiglu=swiglu, tp=tp, pp=pp, vpp=vpp, ep=ep,
                      experts=experts, te=te, distopt=optimizer == "distributed")
+    for a in drop_args:
+        delattr(args, a)
     for p in range(pp):
         for e in range(ep):
             for r in range(tp):
@@ -306,7 +310,7 @@ def write_expected(case_dir, full):
         np.save(os.path.join(d, k + ".npy"), to_numpy(v))
 
 
-CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2"]
+CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "no_swiglu_arg"]
 
 
 def generate(out):
@@ -327,6 +331,9 @@ def generate(out):
     write_checkpoint(os.path.join(out, "moe_tp2_ep2", "ckpt"), moe, tp=2, pp=1, layers=2,
                      swiglu=False, te=False, ep=2, experts=4, iteration=5, optimizer="float16")
     write_expected(os.path.join(out, "moe_tp2_ep2"), moe)
+    # args without `swiglu` at TP 2: fc cannot tell how linear_fc1 splits (refused).
+    write_checkpoint(os.path.join(out, "no_swiglu_arg", "ckpt"), gpt, tp=2, pp=1, layers=2,
+                     swiglu=True, te=True, drop_args=("swiglu",))
 
 
 def compare_dirs(a, b):
