@@ -30,7 +30,9 @@ FULL tensor, C order, bfloat16 as uint16 bits, the names fc gives them):
   gpt_pp2_vpp2  local (non-TE) names, 4 layers, no swiglu, TP 1 x PP 2 x virtual PP 2
                 (model0/model1), Float16 optimizer state
   moe_tp2_ep2   local names, 2 layers, 4 experts, TP 2 x EP 2 (mp_rank_TT_EEE), layer 0 a
-                SequentialMLP (local_experts.I), layer 1 TEGroupedMLP names (weightI)
+                SequentialMLP (local_experts.I), layer 1 TEGroupedMLP names (weightI), and
+                decoder.layers.1.mlp.custom_scale, a name outside fc's TP table (expected
+                per rank as mp_rank_TT.<name>)
   no_swiglu_arg gpt_tp2_pp2's tensors at TP 2 x PP 1, args without `swiglu` (fc refuses to
                 merge linear_fc1); no expected/
 
@@ -81,7 +83,7 @@ def values(shape, seed):
     return torch.randn(*shape, generator=g, dtype=torch.float32).to(torch.bfloat16)
 
 
-def gpt_full(layers, te, swiglu, seed, experts=0, grouped_layers=()):
+def gpt_full(layers, te, swiglu, seed, experts=0, grouped_layers=(), unknown=None):
     """{name: full bf16 tensor} of a tiny Megatron-Core GPT (global layer numbers)."""
     full = collections.OrderedDict()
     s = [seed]
@@ -121,6 +123,8 @@ def gpt_full(layers, te, swiglu, seed, experts=0, grouped_layers=()):
             add(p + "mlp.linear_fc1.weight", (fc1_rows, HIDDEN))
             add(p + "mlp.linear_fc2.weight", (HIDDEN, FFN))
             add(p + "mlp.linear_fc2.bias", (HIDDEN,))
+    if unknown:
+        add(unknown, (2, 4))  # a name outside fc's TP table: saved whole by every TP rank
     add("decoder.final_layernorm.weight", (HIDDEN,))
     add("output_layer.weight", (VOCAB, HIDDEN))
     return full
@@ -303,11 +307,14 @@ def to_numpy(t):
     return t.numpy()
 
 
-def write_expected(case_dir, full):
+def write_expected(case_dir, full, per_rank=(), tp=1):
+    """per_rank: names fc does not merge (outside its TP table): one mp_rank_TT.<name> each."""
     d = os.path.join(case_dir, "expected")
     os.makedirs(d, exist_ok=True)
     for k, v in full.items():
-        np.save(os.path.join(d, k + ".npy"), to_numpy(v))
+        keys = ["mp_rank_%02d.%s" % (r, k) for r in range(tp)] if k in per_rank else [k]
+        for key in keys:
+            np.save(os.path.join(d, key + ".npy"), to_numpy(v))
 
 
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "no_swiglu_arg"]
@@ -327,10 +334,12 @@ def generate(out):
     write_checkpoint(os.path.join(out, "gpt_pp2_vpp2", "ckpt"), vp, tp=1, pp=2, layers=4,
                      swiglu=False, te=False, vpp=2, iteration=7, optimizer="float16")
     write_expected(os.path.join(out, "gpt_pp2_vpp2"), vp)
-    moe = gpt_full(2, te=False, swiglu=False, seed=90, experts=4, grouped_layers=(1,))
+    unknown = "decoder.layers.1.mlp.custom_scale"
+    moe = gpt_full(2, te=False, swiglu=False, seed=90, experts=4, grouped_layers=(1,),
+                   unknown=unknown)
     write_checkpoint(os.path.join(out, "moe_tp2_ep2", "ckpt"), moe, tp=2, pp=1, layers=2,
                      swiglu=False, te=False, ep=2, experts=4, iteration=5, optimizer="float16")
-    write_expected(os.path.join(out, "moe_tp2_ep2"), moe)
+    write_expected(os.path.join(out, "moe_tp2_ep2"), moe, per_rank=(unknown,), tp=2)
     # args without `swiglu` at TP 2: fc cannot tell how linear_fc1 splits (refused).
     write_checkpoint(os.path.join(out, "no_swiglu_arg", "ckpt"), gpt, tp=2, pp=1, layers=2,
                      swiglu=True, te=True, drop_args=("swiglu",))

@@ -133,6 +133,9 @@ TEST_CASE("megatron: attributes, degrees and directory resolution", "[megatron]"
   CHECK(m->attributes.at("megatron.ep_degree") == "2");
   CHECK(m->attributes.at("megatron.pp_degree") == "1");  // mp_rank_TT_EEE, told apart by args
   CHECK(m->FindTensor("decoder.layers.1.mlp.experts.linear_fc1.weight3") != nullptr);
+  // A name outside the TP table stays per rank and is listed.
+  CHECK(m->attributes.at("megatron.tp_unmerged") == "decoder.layers.1.mlp.custom_scale");
+  CHECK(m->FindTensor("mp_rank_01.decoder.layers.1.mlp.custom_scale") != nullptr);
 
   CHECK(ParseCheckpointFormat("megatron-legacy").value() == CheckpointFormat::kMegatronLegacy);
   CHECK(CheckpointFormatName(CheckpointFormat::kMegatronLegacy) == "megatron-legacy");
