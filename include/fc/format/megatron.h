@@ -7,7 +7,9 @@
 // <save_dir>/iter_NNNNNNN to read another iteration). Files, one per rank:
 //   mp_rank_TT/model_optim_rng.pt              PP = 1, EP = 1
 //   mp_rank_TT_PPP/model_optim_rng.pt          PP > 1
-//   mp_rank_TT_EEE/model_optim_rng.pt          PP = 1, EP > 1 (told apart from _PPP by args)
+//   mp_rank_TT_EEE/model_optim_rng.pt          PP = 1, EP > 1 (told apart from _PPP by args:
+//                                              _EEE when pipeline_model_parallel_size <= 1
+//                                              and expert_model_parallel_size > 1, else _PPP)
 //   mp_rank_TT_PPP_EEE/model_optim_rng.pt      PP > 1, EP > 1
 //   distrib_optim.pt beside it (distributed optimizer): listed, not read (see below).
 // TT: TP rank (2 digits), PPP: pipeline stage, EEE: expert-parallel rank (3 digits). The

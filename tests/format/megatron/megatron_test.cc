@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <set>
 
 #include "fc/format/open.h"
@@ -206,6 +207,44 @@ TEST_CASE("megatron: refusals name what is wrong", "[megatron]") {
     CHECK(r.status().code() == StatusCode::kUnimplemented);
     CHECK_THAT(r.status().message(), Catch::Contains("decoder.layers.0.mlp.linear_fc1.weight"));
     CHECK_THAT(r.status().message(), Catch::Contains("swiglu"));
+  }
+}
+
+TEST_CASE("megatron: byte mutations never crash or give a wrong-sized index", "[megatron]") {
+  testing::TempDir tmp;
+  std::mt19937 rng(5);
+  for (const char* name : {"gpt_tp2_pp2", "moe_tp2_ep2"}) {
+    const std::string dir = CopySave(tmp, name);
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+      if (e.path().filename() == "model_optim_rng.pt") files.push_back(e.path().string());
+    }
+    REQUIRE(files.size() == 4);
+    for (const std::string& path : {files[0], files[3]}) {
+      const std::vector<std::byte> orig = ReadFileBytes(path);
+      for (int i = 0; i < 150; ++i) {
+        std::vector<std::byte> b = orig;
+        const size_t pos = rng() % b.size();
+        b[pos] = static_cast<std::byte>(rng() & 0xff);
+        WriteFileBytes(path, b);
+        auto r = ReadMegatronLegacyCheckpoint(dir);
+        if (!r.ok()) {
+          CHECK(r.status().code() != StatusCode::kInternal);
+          continue;
+        }
+        for (const TensorEntry& t : r->tensors) {
+          int64_t covered = 0;
+          for (const Chunk& c : t.chunks) {
+            covered += c.stored_elements();
+            CHECK(c.byte_offset + c.byte_length <= r->files[c.file].size);
+          }
+          int64_t n = 1;
+          for (int64_t d : t.global_shape) n *= d;
+          CHECK(covered == n);
+        }
+      }
+      WriteFileBytes(path, orig);
+    }
   }
 }
 
