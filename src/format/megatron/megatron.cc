@@ -771,6 +771,10 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
                                    "virtual pipeline chunks (model0, model1, ...)"));
   } else {
     vpp = 1;
+    if (auto v = ArgInt("virtual_pipeline_model_parallel_size"); v && *v > 1) {
+      return DataLossError(args_file_ + ": args.virtual_pipeline_model_parallel_size is " +
+                           std::to_string(*v) + ", but the file holds one 'model' state dict");
+    }
   }
   auto model_key = [&](int64_t v) { return virtual_pp ? "model" + std::to_string(v) : std::string("model"); };
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::vector<Piece>> pieces;  // p, e, t, v
