@@ -23,7 +23,7 @@ BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 EXPORT = os.path.join(BUILD, "tools", "fc-export")
 INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
 ROOT = os.path.join(TESTDATA, "megatron_legacy")
-CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2"]
+CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2"]
 tmp = tempfile.mkdtemp(prefix="fc-megatron-test-")
 
 
@@ -61,7 +61,8 @@ def case_inspect():
     want = {"gpt_tp2_pp2": ("3", "2", "2", "1", "iter_0000003"),
             "gpt_tp1": ("3", "1", "1", "1", "release"),
             "gpt_pp2_vpp2": ("7", "1", "2", "1", "iter_0000007"),
-            "moe_tp2_ep2": ("5", "2", "1", "2", "iter_0000005")}
+            "moe_tp2_ep2": ("5", "2", "1", "2", "iter_0000005"),
+            "legacy_tp2_pp2": ("9", "2", "2", "1", "iter_0000009")}
     for label in CASES:
         ckpt = os.path.join(ROOT, label, "ckpt")
         j = json.loads(fcio.run([INSPECT, ckpt, "--json"]).stdout)

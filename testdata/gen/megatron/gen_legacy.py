@@ -33,6 +33,9 @@ FULL tensor, C order, bfloat16 as uint16 bits, the names fc gives them):
                 SequentialMLP (local_experts.I), layer 1 TEGroupedMLP names (weightI), and
                 decoder.layers.1.mlp.custom_scale, a name outside fc's TP table (expected
                 per rank as mp_rank_TT.<name>)
+  legacy_tp2_pp2 pre-Core Megatron names (language_model.{embedding,encoder,output_layer}
+                nested dicts; query_key_value, dense, dense_h_to_4h (swiglu), dense_4h_to_h),
+                TP 2 x PP 2
   no_swiglu_arg gpt_tp2_pp2's tensors at TP 2 x PP 1, args without `swiglu` (fc refuses to
                 merge linear_fc1); no expected/
 
@@ -134,10 +137,11 @@ def role(name):
     """Megatron's split dim of a param: 0 (column), 1 (row) or None (replicated)."""
     parts = name.split(".")
     module, param = parts[-2], parts[-1].rstrip("0123456789")
-    if module in ("word_embeddings", "output_layer", "linear_qkv", "linear_fc1") and \
-            param in ("weight", "bias"):
+    if module in ("word_embeddings", "output_layer", "linear_qkv", "linear_fc1",
+                  "query_key_value", "dense_h_to_4h") and param in ("weight", "bias"):
         return 0
-    if module in ("linear_proj", "linear_fc2") and param == "weight":
+    if (module in ("linear_proj", "linear_fc2", "dense_4h_to_h") or
+            (module == "dense" and parts[-3] == "self_attention")) and param == "weight":
         return 1
     return None
 
@@ -146,7 +150,7 @@ def tp_slice(name, t, tp, r, swiglu):
     d = role(name)
     if d is None:
         return t.clone()
-    if d == 0 and swiglu and ".linear_fc1." in name:
+    if d == 0 and swiglu and (".linear_fc1." in name or ".dense_h_to_4h." in name):
         gate, up = t.chunk(2, dim=0)
         return torch.cat([gate.chunk(tp, dim=0)[r], up.chunk(tp, dim=0)[r]]).clone()
     piece = t.chunk(tp, dim=d)[r]
@@ -184,10 +188,9 @@ def rank_state_dict(full, tp, r, swiglu, layers, chunks, ep, e_rank, experts, te
         for name, t in full.items():
             li, l = layer_of(name)
             if li is None:
-                if name.startswith("embedding.") and not first:
+                if "embedding." in name and not first:
                     continue
-                if (name.startswith("output_layer.") or name.startswith("decoder.final")) \
-                        and not last:
+                if ("output_layer." in name or "final_layernorm." in name) and not last:
                     continue
                 sd[name] = tp_slice(name, t, tp, r, swiglu)
                 continue
@@ -208,6 +211,47 @@ def rank_state_dict(full, tp, r, swiglu, layers, chunks, ep, e_rank, experts, te
             if te and local_name.endswith("linear_qkv.weight"):
                 sd[local_name.replace(".weight", "._extra_state")] = io.BytesIO()
         out[(stage, v)] = sd
+    return out
+
+
+def legacy_gpt_full(layers, seed):
+    """Pre-Core Megatron GPT (megatron/legacy/model) names, flattened as fc names them."""
+    full = collections.OrderedDict()
+    s = [seed]
+
+    def add(name, shape):
+        s[0] += 1
+        full[name] = values(shape, s[0])
+
+    add("language_model.embedding.word_embeddings.weight", (VOCAB, HIDDEN))
+    for l in range(layers):
+        p = "language_model.encoder.layers.%d." % l
+        add(p + "input_layernorm.weight", (HIDDEN,))
+        add(p + "self_attention.query_key_value.weight", (3 * HIDDEN, HIDDEN))
+        add(p + "self_attention.dense.weight", (HIDDEN, HIDDEN))
+        add(p + "self_attention.dense.bias", (HIDDEN,))
+        add(p + "post_attention_layernorm.weight", (HIDDEN,))
+        add(p + "mlp.dense_h_to_4h.weight", (2 * FFN, HIDDEN))
+        add(p + "mlp.dense_4h_to_h.weight", (HIDDEN, FFN))
+    add("language_model.encoder.final_layernorm.weight", (HIDDEN,))
+    add("language_model.output_layer.weight", (VOCAB, HIDDEN))
+    return full
+
+
+def nest_legacy(sd):
+    """The pre-Core state dict's nesting: language_model -> embedding / encoder / output_layer
+    dicts; the encoder's own keys stay dotted ("layers.0.input_layernorm.weight")."""
+    out = collections.OrderedDict()
+    for name, t in sd.items():
+        parts = name.split(".")
+        if parts[:2] == ["language_model", "encoder"]:
+            path, leaf = parts[:2], ".".join(parts[2:])
+        else:
+            path, leaf = parts[:-1], parts[-1]
+        d = out
+        for p in path:
+            d = d.setdefault(p, collections.OrderedDict())
+        d[leaf] = t
     return out
 
 
@@ -245,7 +289,7 @@ def float16_optimizer(sd):
 
 
 def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=None, ep=1,
-                     experts=0, optimizer=None, release=False, drop_args=()):
+                     experts=0, optimizer=None, release=False, drop_args=(), nest=None):
     os.makedirs(out, exist_ok=True)
     sub = "release" if release else "iter_%07d" % iteration
     with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -274,6 +318,8 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
                 os.makedirs(d, exist_ok=True)
                 sds = rank_state_dict(full, tp, r, swiglu, layers, chunks_of[p], ep, e, experts, te)
                 state = {"args": args, "checkpoint_version": 3.0, "iteration": iteration}
+                if nest:
+                    sds = {c: nest(sd) for c, sd in sds.items()}
                 if vpp:
                     for (_, v), sd in sds.items():
                         state["model%d" % v] = sd
@@ -317,7 +363,8 @@ def write_expected(case_dir, full, per_rank=(), tp=1):
             np.save(os.path.join(d, key + ".npy"), to_numpy(v))
 
 
-CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "no_swiglu_arg"]
+CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
+         "no_swiglu_arg"]
 
 
 def generate(out):
@@ -340,6 +387,10 @@ def generate(out):
     write_checkpoint(os.path.join(out, "moe_tp2_ep2", "ckpt"), moe, tp=2, pp=1, layers=2,
                      swiglu=False, te=False, ep=2, experts=4, iteration=5, optimizer="float16")
     write_expected(os.path.join(out, "moe_tp2_ep2"), moe, per_rank=(unknown,), tp=2)
+    old = legacy_gpt_full(2, seed=120)
+    write_checkpoint(os.path.join(out, "legacy_tp2_pp2", "ckpt"), old, tp=2, pp=2, layers=2,
+                     swiglu=True, te=False, iteration=9, nest=nest_legacy)
+    write_expected(os.path.join(out, "legacy_tp2_pp2"), old)
     # args without `swiglu` at TP 2: fc cannot tell how linear_fc1 splits (refused).
     write_checkpoint(os.path.join(out, "no_swiglu_arg", "ckpt"), gpt, tp=2, pp=1, layers=2,
                      swiglu=True, te=True, drop_args=("swiglu",))
