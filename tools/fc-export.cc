@@ -20,10 +20,10 @@ int main(int argc, char** argv) {
       "HuggingFace safetensors: model.safetensors, or model-0000i-of-0000N.safetensors plus "
       "model.safetensors.index.json. Streams under a memory budget; output files appear only "
       "when complete."};
-  app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors, Paddle FlexCheckpoint, DeepSpeed save or tag dir)")
+  app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors, Paddle FlexCheckpoint, DeepSpeed save or tag dir, Megatron legacy save or iter dir)")
       ->required();
   app.add_option("OUT", options.output_dir, "output directory (created if missing)")->required();
-  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed");
+  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
   app.add_option("--aoa", options.aoa_file,
                  "AOA program: rename/split/merge/transpose/cast tensors on the way out "
                  "(see fc-aoa(7)); outputs are the leaves of the program");

@@ -14,9 +14,9 @@ int main(int argc, char** argv) {
       "fc-inspect: print the tensors, dtypes, shapes, chunk layout and files of a "
       "distributed checkpoint (PyTorch DCP incl. Megatron torch_dist, safetensors or HF "
       "sharded safetensors, fc distcp); verify it; preview an AOA program on it."};
-  app.add_option("CKPT", options.path, "checkpoint directory (or .safetensors file; DeepSpeed: save dir with latest, or a tag dir)")
+  app.add_option("CKPT", options.path, "checkpoint directory (or .safetensors file; DeepSpeed: save dir with latest, or a tag dir; Megatron legacy: save dir with latest_checkpointed_iteration.txt, or an iter dir)")
       ->required();
-  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed");
+  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
   app.add_option("--tensors", options.tensors,
                  "only tensors whose key matches this glob (* ? [..]), whole name, e.g. "
                  "'*.layers.0.*'");

@@ -7,6 +7,7 @@
 #include "fc/format/deepspeed.h"
 #include "fc/format/fc_distcp.h"
 #include "fc/format/file_names.h"
+#include "fc/format/megatron.h"
 #include "fc/format/paddle_flex.h"
 #include "fc/format/safetensors.h"
 #include "fc/format/torch_dcp.h"
@@ -62,6 +63,8 @@ Result<bool> IsPaddleFlex(const Listing& l) {
 
 Result<bool> IsDeepSpeed(const Listing& l) { return IsDeepSpeedCheckpointDir(l.dir); }
 
+Result<bool> IsMegatronLegacy(const Listing& l) { return IsMegatronLegacyCheckpointDir(l.dir); }
+
 Result<CheckpointIndex> OpenTorchDcp(const std::string& path) {
   // Items are located on first read (ChunkReader): opening reads only .metadata.
   return ReadTorchDcp(path, TorchDcpReadOptions{.locate_chunks = false});
@@ -85,6 +88,8 @@ constexpr InputFormat kInputFormats[] = {
     {CheckpointFormat::kPaddleFlex, IsPaddleFlex, ReadPaddleFlexCheckpoint, "<id>.metadata"},
     {CheckpointFormat::kDeepSpeed, IsDeepSpeed, ReadDeepSpeedCheckpoint,
      "DeepSpeed latest / *_model_states.pt"},
+    {CheckpointFormat::kMegatronLegacy, IsMegatronLegacy, ReadMegatronLegacyCheckpoint,
+     "Megatron latest_checkpointed_iteration.txt / mp_rank_*/model_optim_rng.pt"},
 };
 
 }  // namespace
@@ -104,8 +109,9 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
     looked_for += (looked_for.empty() ? "" : ", ") + std::string(f.looks_for);
   }
   if (listing.Any([](const std::string& n) { return EndsWith(n, ".pt"); })) {
-    return UnimplementedError(path + ": holds torch.save .pt files that are not a DeepSpeed "
-                              "checkpoint (legacy Megatron?); fc does not read those yet");
+    return UnimplementedError(path + ": holds torch.save .pt files that are neither a "
+                              "DeepSpeed nor a Megatron legacy checkpoint; fc does not read "
+                              "those");
   }
   return InvalidArgumentError(path + ": no checkpoint found (looked for " + looked_for + ")");
 }

@@ -9,6 +9,7 @@ std::string_view CheckpointFormatName(CheckpointFormat format) {
     case CheckpointFormat::kFcDistcp: return "fc";
     case CheckpointFormat::kPaddleFlex: return "paddle";
     case CheckpointFormat::kDeepSpeed: return "deepspeed";
+    case CheckpointFormat::kMegatronLegacy: return "megatron-legacy";
   }
   return "unknown";
 }
@@ -19,8 +20,10 @@ Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
   if (name == "fc" || name == "fc-distcp") return CheckpointFormat::kFcDistcp;
   if (name == "paddle" || name == "paddle-flex") return CheckpointFormat::kPaddleFlex;
   if (name == "deepspeed" || name == "ds") return CheckpointFormat::kDeepSpeed;
+  if (name == "megatron-legacy" || name == "megatron") return CheckpointFormat::kMegatronLegacy;
   return InvalidArgumentError("unknown checkpoint format '" + std::string(name) +
-                              "' (expected torch-dcp, safetensors, fc, paddle or deepspeed)");
+                              "' (expected torch-dcp, safetensors, fc, paddle, deepspeed or "
+                              "megatron-legacy)");
 }
 
 const TensorEntry* CheckpointIndex::FindTensor(std::string_view key) const {

@@ -19,8 +19,10 @@ namespace fc {
 //   a directory with *.safetensors.index.json or *.safetensors  -> safetensors
 //   a directory with <id>.metadata                     -> Paddle FlexCheckpoint
 //   a DeepSpeed save dir (latest -> tag dir) or tag dir (*_model_states.pt) -> deepspeed
+//   a Megatron save dir (latest_checkpointed_iteration.txt -> iter dir) or iter dir
+//   (mp_rank_*/model_optim_rng.pt)                     -> megatron-legacy
 // Errors: kNotFound (path missing), kUnimplemented for recognised but unsupported layouts
-// (other "*.pt" directories, e.g. legacy Megatron), kInvalidArgument
+// (other "*.pt" directories), kInvalidArgument
 // when nothing is recognised (the message lists what was looked for).
 Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path);
 

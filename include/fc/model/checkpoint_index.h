@@ -50,6 +50,7 @@ enum class CheckpointFormat {
   kFcDistcp,     // fc's native format (fc.metadata.json + R_N.distcp)
   kPaddleFlex,   // PaddlePaddle FlexCheckpoint (<id>.metadata + <rank>_<id>.distcp pickles)
   kDeepSpeed,    // DeepSpeed save/tag dir (mp_rank_XX_model_states.pt, *_optim_states.pt)
+  kMegatronLegacy,  // Megatron-LM iter_NNNNNNN/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt
 };
 
 std::string_view CheckpointFormatName(CheckpointFormat format);  // "torch-dcp", ...

@@ -1,0 +1,108 @@
+// Reading Megatron-LM legacy checkpoints (one torch.save per model-parallel rank), without
+// Megatron and without running any pickle (shared/reference/formats-recent.md, "Megatron
+// legacy").
+//
+// Input: the save dir (its latest_checkpointed_iteration.txt holds an iteration number N ->
+// iter_{N:07d}, or "release" -> release/) or an iteration / release dir itself (pass
+// <save_dir>/iter_NNNNNNN to read another iteration). Files, one per rank:
+//   mp_rank_TT/model_optim_rng.pt              PP = 1, EP = 1
+//   mp_rank_TT_PPP/model_optim_rng.pt          PP > 1
+//   mp_rank_TT_EEE/model_optim_rng.pt          PP = 1, EP > 1 (told apart from _PPP by args:
+//                                              _EEE when pipeline_model_parallel_size <= 1
+//                                              and expert_model_parallel_size > 1, else _PPP)
+//   mp_rank_TT_PPP_EEE/model_optim_rng.pt      PP > 1, EP > 1
+//   distrib_optim.pt beside it (distributed optimizer): listed, not read (see below).
+// TT: TP rank (2 digits), PPP: pipeline stage, EEE: expert-parallel rank (3 digits). The
+// ranks must form a full TP x PP x EP grid (a missing one: kNotFound naming its file).
+// Each file is a torch.save zip (torch >= 1.6); legacy (non-zip) torch.save files are
+// refused (kUnimplemented). Its pickle (generate_state_dict) holds:
+//   args                  argparse.Namespace, read as plain data: tensor/pipeline/expert
+//                         _model_parallel_size, virtual_pipeline_model_parallel_size,
+//                         num_layers, num_experts, swiglu, expert_tensor_parallel_size
+//   checkpoint_version, iteration
+//   model | model0, model1, ...   the rank's state dict (nested dicts are flattened with
+//                         "."); model<v>: virtual pipeline chunk v
+//   optimizer, opt_param_scheduler, rng_state, ...: not read (see below)
+// Degrees come from the directory names and must agree with args (kDataLoss, naming both).
+//
+// GLOBAL TENSORS. Every model tensor is exposed once under its global name:
+//   Pipeline: the layer number after the first "layers" component is local to the stage
+//   (and virtual chunk); it becomes offset + local, where offset counts the layers of the
+//   chunks before it in Megatron's order (chunk v of stage p follows all chunks v' < v, and
+//   chunk v of the stages before p): for an even split that is num_layers / (pp * vpp) *
+//   (v * pp + p). The total must equal args.num_layers. Other tensors (embedding,
+//   final_layernorm, output_layer) are read from the first stage holding them.
+//   Experts: "...experts.local_experts.I.<rest>" (SequentialMLP) and
+//   "...experts.<module>.weightI" / ".biasI" (TEGroupedMLP) of EP rank e become expert
+//   e * L + I, L = num_experts / EP (or the local count when args has no num_experts).
+//   Tensors outside the experts are read from EP rank 0 (the other copies are not compared).
+//   Tensor parallelism: the built-in table below, keyed on the last two name components
+//   (<module>.<param>, digits at the end of param ignored), Megatron-Core GPT names of the
+//   local and Transformer-Engine layers, and the legacy (pre-Core) names:
+//     column, concatenated along dim 0:
+//       word_embeddings.weight, output_layer.weight (vocabulary rows, padding kept),
+//       linear_qkv.{weight,bias}, query_key_value.{weight,bias},
+//       linear_fc1.{weight,bias}, dense_h_to_4h.{weight,bias}  (SwiGLU: see below)
+//     row, concatenated along dim 1:
+//       linear_proj.weight, linear_fc2.weight, dense_4h_to_h.weight,
+//       <attention>.dense.weight (<attention>: self_attention, inter_attention, attention)
+//     replicated, TP rank 0's copy (the others are not compared):
+//       *norm*.* (input_layernorm, pre_mlp_layernorm, final_layernorm, q_layernorm, ...),
+//       *.layer_norm_weight / *.layer_norm_bias (TE fused norms), linear_proj.bias,
+//       linear_fc2.bias, dense_4h_to_h.bias, <attention>.dense.bias, router.*,
+//       position_embeddings.weight
+//   SwiGLU (args.swiglu true): each TP rank's linear_fc1 / dense_h_to_4h holds
+//   [gate_r; up_r]; the global tensor is the gate halves of all ranks, then the up halves
+//   (Megatron's checkpoint converters' order, and what a TP 1 checkpoint holds). With TP > 1
+//   and args lacking `swiglu`, reading fails (kUnimplemented, naming the param).
+//   Names outside the table, with TP > 1, are not merged: they stay per rank as
+//   "mp_rank_TT.<name>" and are listed in megatron.tp_unmerged. The table is built in; no
+//   layout file overrides it yet.
+//   Skipped: TE "_extra_state" entries (FP8 metadata, usually io.BytesIO), non-tensor values.
+// A merge only places each rank's bytes at their offset in the global tensor (chunks
+// address the torch.save storage records in place, strides and storage offsets honoured;
+// the SwiGLU split narrows a chunk to rows of its box); nothing is copied.
+//
+// Attributes: megatron.iteration, megatron.checkpoint_dir (iter_NNNNNNN | release),
+// megatron.checkpoint_version, megatron.tp_degree, megatron.pp_degree, megatron.ep_degree,
+// megatron.vpp_degree, megatron.num_layers, megatron.swiglu (true|false|unknown),
+// megatron.tp_merge, megatron.tp_unmerged, megatron.optimizer (what was found, "not read"),
+// megatron.distrib_optim ("N files, not read"), megatron.skipped (how many _extra_state /
+// non-tensor entries), megatron.opaque_globals (pickle globals outside the allow-list, kept
+// as opaque objects: this is the warning).
+//
+// Pickle globals are interpreted through an allow-list as plain data (torch tensor rebuild
+// functions and storages, torch dtypes, torch.Size, collections.OrderedDict,
+// argparse.Namespace, numpy RNG state, builtins set/frozenset, _codecs.encode); nothing is
+// ever executed. Other globals (Megatron enums, io.BytesIO, ...) are kept opaque and listed
+// in megatron.opaque_globals; they never make the read fail.
+//
+// Not read: the optimizer states (the Float16 optimizer's state is keyed by param index in
+// Megatron's param-group order, and distrib_optim.pt's flat buffers by the bucket layout of
+// the distributed optimizer; neither file says which param a position belongs to), the RNG
+// states and the scheduler. checkpoint_version < 2.0 (the old QKV ordering) is refused
+// (kUnimplemented), as is expert_tensor_parallel_size != tensor_model_parallel_size.
+// Errors: kNotFound (no iteration dir, a missing rank dir or file), kDataLoss (degrees, layer
+// counts, shapes or iterations that disagree; truncated archives; the message names the file
+// and tensor).
+//
+// Thread-safety: pure functions.
+#ifndef FC_FORMAT_MEGATRON_H_
+#define FC_FORMAT_MEGATRON_H_
+
+#include <string>
+
+#include "fc/core/status.h"
+#include "fc/model/checkpoint_index.h"
+
+namespace fc {
+
+// True when `dir` is a Megatron legacy save dir (latest_checkpointed_iteration.txt naming a
+// dir that holds mp_rank_* dirs) or iteration dir (mp_rank_*/model_optim_rng.pt).
+bool IsMegatronLegacyCheckpointDir(const std::string& dir);
+
+Result<CheckpointIndex> ReadMegatronLegacyCheckpoint(const std::string& path);
+
+}  // namespace fc
+
+#endif  // FC_FORMAT_MEGATRON_H_

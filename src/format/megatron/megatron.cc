@@ -1,0 +1,964 @@
+// ReadMegatronLegacyCheckpoint: Megatron-LM iter_NNNNNNN / release dirs -> CheckpointIndex.
+// Layout, names, the TP table and the contract: include/fc/format/megatron.h; file facts:
+// shared/reference/formats-recent.md ("Megatron legacy").
+//
+// Every rank file is a torch.save zip; its data.pkl is parsed into a value tree (nothing
+// runs) and each state-dict tensor is located inside its storage record. The reader then
+// renames (pipeline layer offsets, expert numbers), keeps one copy of what EP ranks and
+// pipeline stages share, and merges the TP ranks by placing each rank's bytes at their
+// offset in the global tensor: concatenation only moves a chunk's box; the SwiGLU split
+// narrows a chunk to some rows of its piece (a byte offset, the strides unchanged). No
+// tensor data is read or copied when opening.
+#include "fc/format/megatron.h"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "fc/core/checked_math.h"
+#include "fc/format/file_names.h"
+#include "fc/format/torch_save.h"
+#include "fc/io/file.h"
+
+namespace fc {
+namespace {
+
+using PV = PickleValue;
+using Entries = std::vector<std::pair<PV::Ptr, PV::Ptr>>;
+
+constexpr uint64_t kMaxPickleBytes = uint64_t{256} << 20;
+constexpr std::string_view kLatestFile = "latest_checkpointed_iteration.txt";
+constexpr std::string_view kRankFile = "model_optim_rng.pt";
+constexpr std::string_view kDistribOptimFile = "distrib_optim.pt";
+
+std::string ShapeText(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+bool ParseUint(std::string_view s, int64_t* out) {
+  if (s.empty() || s.size() > 12) return false;
+  auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return r.ec == std::errc() && r.ptr == s.data() + s.size() && *out >= 0;
+}
+
+std::vector<std::string_view> Split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t p = s.find(sep, start);
+    out.push_back(s.substr(start, p == std::string_view::npos ? std::string_view::npos : p - start));
+    if (p == std::string_view::npos) return out;
+    start = p + 1;
+  }
+}
+
+std::string Join(const std::vector<std::string_view>& parts) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) out += '.';
+    out += parts[i];
+  }
+  return out;
+}
+
+// "mp_rank_TT[_PPP][_EEE]" -> its numbers (1 to 3), or empty when the name is another one.
+std::vector<int64_t> RankNumbers(std::string_view n) {
+  for (std::string_view pattern : {"mp_rank_#", "mp_rank_#_#", "mp_rank_#_#_#"}) {
+    std::optional<NumberedName> m = MatchNumberedName(n, pattern);
+    if (!m) continue;
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < m->count; ++i) {
+      if ((*m)[i] >= 1'000'000'000'000) return {};  // as ParseUint: 12 digits at most
+      out.push_back(static_cast<int64_t>((*m)[i]));
+    }
+    return out;
+  }
+  return {};
+}
+
+bool HasRankDirs(const std::string& dir) {
+  auto names = ListDirectory(dir);
+  if (!names.ok()) return false;
+  for (const std::string& n : *names) {
+    if (!RankNumbers(n).empty() && PathExists(dir + "/" + n + "/" + std::string(kRankFile))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string Trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' ||
+                        s.back() == '\t')) {
+    s.pop_back();
+  }
+  size_t i = 0;
+  while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;
+  return s.substr(i);
+}
+
+// The dir named by <save>/latest_checkpointed_iteration.txt ("release" or a number), if
+// that file exists.
+Result<std::optional<std::string>> LatestIterationDir(const std::string& save) {
+  const std::string latest = save + "/" + std::string(kLatestFile);
+  if (!PathExists(latest) || IsDirectory(latest)) return std::optional<std::string>();
+  FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(latest, 4096));
+  const std::string text =
+      Trim(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  if (text == "release") return std::optional<std::string>("release");
+  int64_t iteration = 0;
+  if (!ParseUint(text, &iteration)) {
+    return DataLossError(latest + ": '" + text.substr(0, 64) +
+                         "' is neither an iteration number nor \"release\"");
+  }
+  std::string digits = std::to_string(iteration);
+  if (digits.size() < 7) digits.insert(0, 7 - digits.size(), '0');
+  return std::optional<std::string>("iter_" + digits);
+}
+
+// --- Pickle values -----------------------------------------------------------------------
+
+const Entries* DictEntries(const PV* v) {
+  if (v == nullptr) return nullptr;
+  if (v->kind == PV::Kind::kDict) return &v->entries;
+  if (v->kind == PV::Kind::kCall || v->kind == PV::Kind::kObject) {
+    const PV* g = v->CalleeGlobal();
+    if (g != nullptr && g->IsGlobal("collections", "OrderedDict")) return &v->entries;
+  }
+  return nullptr;
+}
+
+std::optional<int64_t> IntOf(const PV* v) {
+  if (v == nullptr) return std::nullopt;
+  if (v->is_int()) return v->int_value;
+  return std::nullopt;
+}
+
+std::optional<bool> BoolOf(const PV* v) {
+  if (v == nullptr || v->kind != PV::Kind::kBool) return std::nullopt;
+  return v->bool_value;
+}
+
+// Python's repr of a float the way Megatron writes checkpoint_version (3.0 -> "3.0").
+std::string FloatText(double d) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof(buf), d);
+  std::string s(buf, r.ptr);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+// The allow-list: globals whose meaning fc knows; anything else is kept as an opaque node
+// and reported in megatron.opaque_globals.
+bool AllowedGlobal(const std::string& module, const std::string& name) {
+  static const std::set<std::pair<std::string, std::string>> kAllowed = {
+      {"collections", "OrderedDict"},
+      {"torch", "Size"},
+      {"torch", "device"},
+      {"__builtin__", "set"}, {"builtins", "set"},
+      {"__builtin__", "frozenset"}, {"builtins", "frozenset"},
+      {"__builtin__", "bytes"}, {"builtins", "bytes"},
+      // getattr(SomeEnum, 'member'): an Enum member pickled by Python >= 3.11; never called,
+      // and the enum class itself is reported when it is not allowed.
+      {"__builtin__", "getattr"}, {"builtins", "getattr"},
+      {"argparse", "Namespace"},
+      // Protocol 2 writes bytes objects (numpy RNG key arrays) as _codecs.encode(str, enc).
+      {"_codecs", "encode"},
+      {"numpy.core.multiarray", "_reconstruct"},
+      {"numpy._core.multiarray", "_reconstruct"},
+      {"numpy.core.multiarray", "scalar"},
+      {"numpy._core.multiarray", "scalar"},
+      {"numpy", "ndarray"},
+      {"numpy", "dtype"},
+  };
+  if (kAllowed.count({module, name})) return true;
+  if (module == "torch._utils" && name.starts_with("_rebuild_")) return true;
+  if (module == "torch._tensor" && name == "_rebuild_from_type_v2") return true;
+  if (module == "torch" && (name.ends_with("Storage") || name == "Tensor")) return true;
+  if (module == "torch" && TorchDTypeFromName(name).ok()) return true;  // params_dtype
+  return false;
+}
+
+void CollectOpaqueGlobals(const PV& root, std::set<std::string>* out) {
+  std::unordered_set<const PV*> seen;
+  std::vector<const PV*> stack = {&root};
+  while (!stack.empty()) {
+    const PV* v = stack.back();
+    stack.pop_back();
+    if (v == nullptr || !seen.insert(v).second) continue;
+    if (v->kind == PV::Kind::kGlobal && !AllowedGlobal(v->str, v->name)) {
+      out->insert(v->str + "." + v->name);
+    }
+    for (const auto& i : v->items) stack.push_back(i.get());
+    for (const auto& [k, x] : v->entries) {
+      stack.push_back(k.get());
+      stack.push_back(x.get());
+    }
+    for (const PV::Ptr* p : {&v->callee, &v->args, &v->kwargs, &v->state}) {
+      if (*p) stack.push_back(p->get());
+    }
+  }
+}
+
+// A value pickled by torch.save for a tensor: REDUCE of a torch rebuild function.
+bool LooksLikeTensor(const PV& v) {
+  const PV* g = v.CalleeGlobal();
+  return v.kind == PV::Kind::kCall && g != nullptr &&
+         (g->str == "torch._utils" || g->str == "torch._tensor");
+}
+
+// --- Rank files --------------------------------------------------------------------------
+
+struct Located {
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  Shape strides;  // always set, in elements
+  bool contiguous = true;
+  uint64_t first = 0;  // absolute file offset of element (0, ..., 0)
+  uint32_t file = 0;
+  std::string where;  // "<file>: <name>" for messages
+};
+
+struct RankFile {
+  int64_t tp = 0, pp = 0, ep = 0;
+  std::string rel;  // relative to the iteration dir
+  uint32_t index = 0;
+  std::unique_ptr<RandomAccessFile> file;
+  TorchSaveArchive archive;
+  PickleValue root;
+
+  Result<Located> Locate(const PV& v, const std::string& what) const {
+    auto ref = DecodeTorchTensor(v);
+    if (!ref.ok()) return ref.status().With(rel + ": " + what);
+    const ZipEntry* e = archive.FindRecord("data/" + ref->storage_key);
+    if (e == nullptr) {
+      return DataLossError(rel + ": " + what + ": storage record 'data/" + ref->storage_key +
+                           "' is missing");
+    }
+    if (e->method != 0) {
+      return UnimplementedError(rel + ": " + what + ": storage record '" + e->name +
+                                "' is compressed");
+    }
+    if (e->compressed_size != ref->storage_bytes) {
+      return DataLossError(rel + ": " + what + ": storage record '" + e->name + "' has " +
+                           std::to_string(e->compressed_size) + " bytes, data.pkl says " +
+                           std::to_string(ref->storage_bytes));
+    }
+    if (e->data_exclusive_max() > file->size()) {
+      return DataLossError(rel + ": " + what + ": storage record '" + e->name +
+                           "' passes the end of the file");
+    }
+    Located l;
+    l.dtype = ref->dtype;
+    l.shape = ref->shape;
+    l.strides = ref->strides;
+    l.contiguous = ref->IsRowMajorContiguous();
+    // In range: DecodeTorchTensor checked that the view fits the storage.
+    l.first = e->data_offset + static_cast<uint64_t>(ref->storage_offset) * DTypeSize(l.dtype);
+    l.file = index;
+    l.where = rel + ": " + what;
+    return l;
+  }
+};
+
+Result<std::unique_ptr<RankFile>> OpenRankFile(const std::string& dir, const std::string& rel,
+                                               uint32_t index) {
+  auto rf = std::make_unique<RankFile>();
+  rf->rel = rel;
+  rf->index = index;
+  FC_ASSIGN_OR_RETURN(rf->file, RandomAccessFile::Open(dir + "/" + rel));
+  const RandomAccessFile* f = rf->file.get();
+  ZipReadFn read = [f](uint64_t off, std::span<std::byte> dst) { return f->ReadAt(off, dst); };
+  if (f->size() >= 2) {
+    std::byte magic[2];
+    FC_RETURN_IF_ERROR(f->ReadAt(0, magic));
+    if (magic[0] == std::byte{0x80}) {
+      return UnimplementedError(rel + ": a legacy (non-zip) torch.save file "
+                                "(_use_new_zipfile_serialization=False); fc reads Megatron "
+                                "checkpoints saved as torch.save zips (torch >= 1.6)");
+    }
+  }
+  auto archive = ReadTorchSaveArchive(f->size(), read);
+  if (!archive.ok()) return archive.status().With(rel);
+  rf->archive = std::move(*archive);
+  auto root = ReadTorchSavePickle(rf->archive, read, kMaxPickleBytes);
+  if (!root.ok()) return root.status().With(rel);
+  rf->root = std::move(*root);
+  if (DictEntries(&rf->root) == nullptr) {
+    return DataLossError(rel + ": the saved object is " + rf->root.DebugString() +
+                         ", expected Megatron's state dict (a dict with args, model, ...)");
+  }
+  return rf;
+}
+
+// args: an argparse.Namespace (NEWOBJ + BUILD of its __dict__) or a plain dict.
+const PV* ArgsDict(const RankFile& f) {
+  const PV* a = f.root.Find("args");
+  if (a == nullptr) return nullptr;
+  if (DictEntries(a) != nullptr) return a;
+  const PV* g = a->CalleeGlobal();
+  if (g != nullptr && g->IsGlobal("argparse", "Namespace") && a->state &&
+      DictEntries(a->state.get()) != nullptr) {
+    return a->state.get();
+  }
+  return nullptr;
+}
+
+// --- Names -------------------------------------------------------------------------------
+
+// The role of a param in tensor parallelism (the built-in table of megatron.h).
+enum class Role { kColumn, kRow, kReplicated, kUnknown };
+
+struct RoleInfo {
+  Role role = Role::kUnknown;
+  bool gated = false;  // linear_fc1 / dense_h_to_4h: two halves per rank with SwiGLU
+};
+
+RoleInfo RoleOf(std::string_view name) {
+  const std::vector<std::string_view> parts = Split(name, '.');
+  std::string_view param = parts.back();
+  while (!param.empty() && param.back() >= '0' && param.back() <= '9') param.remove_suffix(1);
+  const std::string_view module = parts.size() >= 2 ? parts[parts.size() - 2] : "";
+  const std::string_view outer = parts.size() >= 3 ? parts[parts.size() - 3] : "";
+  const bool weight = param == "weight", wb = weight || param == "bias";
+  auto any = [](std::string_view m, std::initializer_list<std::string_view> set) {
+    return std::find(set.begin(), set.end(), m) != set.end();
+  };
+  if (weight && any(module, {"word_embeddings", "output_layer"})) return {Role::kColumn, false};
+  if (wb && any(module, {"linear_qkv", "query_key_value"})) return {Role::kColumn, false};
+  if (wb && any(module, {"linear_fc1", "dense_h_to_4h"})) return {Role::kColumn, true};
+  const bool attn_dense =
+      module == "dense" && any(outer, {"self_attention", "inter_attention", "attention"});
+  if (attn_dense || any(module, {"linear_proj", "linear_fc2", "dense_4h_to_h"})) {
+    if (weight) return {Role::kRow, false};
+    if (param == "bias") return {Role::kReplicated, false};
+    return {};
+  }
+  if (param == "layer_norm_weight" || param == "layer_norm_bias") return {Role::kReplicated, false};
+  if (module.find("norm") != std::string_view::npos) return {Role::kReplicated, false};
+  if (module == "router") return {Role::kReplicated, false};
+  if (weight && module == "position_embeddings") return {Role::kReplicated, false};
+  return {};
+}
+
+// Position of the local layer number in `parts` (the component after the first "layers").
+std::optional<size_t> LayerComponent(const std::vector<std::string_view>& parts) {
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    int64_t v = 0;
+    if (parts[i] == "layers" && ParseUint(parts[i + 1], &v)) return i + 1;
+  }
+  return std::nullopt;
+}
+
+// The local expert number of an expert tensor: component index and, for a TEGroupedMLP
+// param (weightI / biasI), the length of its non-digit stem.
+struct ExpertPos {
+  size_t component = 0;
+  size_t stem = 0;  // 0: the whole component is the number (local_experts.I)
+  int64_t local = 0;
+};
+
+std::optional<ExpertPos> ExpertOf(const std::vector<std::string_view>& parts) {
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    int64_t v = 0;
+    if (parts[i] == "local_experts" && ParseUint(parts[i + 1], &v)) return ExpertPos{i + 1, 0, v};
+  }
+  if (std::find(parts.begin(), parts.end(), "experts") == parts.end()) return std::nullopt;
+  std::string_view last = parts.back();
+  size_t stem = last.size();
+  while (stem > 0 && last[stem - 1] >= '0' && last[stem - 1] <= '9') --stem;
+  int64_t v = 0;
+  if (stem == last.size() || stem == 0 || !ParseUint(last.substr(stem), &v)) return std::nullopt;
+  const std::string_view s = last.substr(0, stem);
+  if (s != "weight" && s != "bias") return std::nullopt;
+  return ExpertPos{parts.size() - 1, stem, v};
+}
+
+// One state-dict tensor of one rank file.
+struct Piece {
+  std::string name;  // as saved (local layer and expert numbers)
+  const PV* value = nullptr;
+};
+
+// Flattens a (possibly nested) state dict into tensors; counts what is skipped.
+Status FlattenStateDict(const RankFile& f, const PV& dict, const std::string& prefix, int depth,
+                        std::vector<Piece>* out, int64_t* skipped) {
+  if (depth > 16) return DataLossError(f.rel + ": state dict nested deeper than 16 levels");
+  for (const auto& [k, v] : *DictEntries(&dict)) {
+    if (!k || !k->is_str() || !v) {
+      ++*skipped;
+      continue;
+    }
+    const std::string name = prefix.empty() ? k->str : prefix + "." + k->str;
+    if (name.ends_with("._extra_state") || name == "_extra_state") {
+      ++*skipped;
+      continue;
+    }
+    if (LooksLikeTensor(*v)) {
+      out->push_back(Piece{name, v.get()});
+    } else if (DictEntries(v.get()) != nullptr) {
+      FC_RETURN_IF_ERROR(FlattenStateDict(f, *v, name, depth + 1, out, skipped));
+    } else {
+      ++*skipped;
+    }
+  }
+  return Status::Ok();
+}
+
+// --- The reader --------------------------------------------------------------------------
+
+struct Degrees {
+  int64_t tp = 1, pp = 1, ep = 1;
+};
+
+class Reader {
+ public:
+  Result<CheckpointIndex> Read(const std::string& path);
+
+ private:
+  Result<std::string> ResolveDir(const std::string& path);
+  std::optional<int64_t> ArgInt(const char* key) const {
+    return args_ ? IntOf(args_->Find(key)) : std::nullopt;
+  }
+  Status CheckDegree(const char* key, int64_t found, const std::string& what) const;
+  Status MergeTp(const std::vector<std::string>& order,
+                 const std::vector<std::map<std::string, Located>>& per_tp,
+                 std::optional<bool> swiglu);
+
+  std::string dir_;
+  CheckpointIndex index_;
+  std::vector<std::unique_ptr<RankFile>> files_;
+  const PV* args_ = nullptr;
+  std::string args_file_;
+  std::set<std::string> unmerged_;
+};
+
+Result<std::string> Reader::ResolveDir(const std::string& path) {
+  if (!IsDirectory(path)) return NotFoundError(path + ": not a directory");
+  if (HasRankDirs(path)) return path;
+  FC_ASSIGN_OR_RETURN(std::optional<std::string> sub, LatestIterationDir(path));
+  if (!sub) {
+    return NotFoundError(path + ": neither a Megatron iteration dir (mp_rank_*/" +
+                         std::string(kRankFile) + ") nor a save dir (" +
+                         std::string(kLatestFile) + ")");
+  }
+  const std::string dir = path + "/" + *sub;
+  if (!IsDirectory(dir)) {
+    return NotFoundError(path + "/" + std::string(kLatestFile) + " names '" + *sub + "', but " +
+                         dir + " is not a directory");
+  }
+  return dir;
+}
+
+Status Reader::CheckDegree(const char* key, int64_t found, const std::string& what) const {
+  const auto v = ArgInt(key);
+  if (!v) return Status::Ok();
+  const int64_t want = std::max<int64_t>(*v, 1);
+  if (want != found) {
+    return DataLossError(args_file_ + ": args." + key + " is " + std::to_string(*v) + ", but " +
+                         dir_ + " holds " + std::to_string(found) + " " + what);
+  }
+  return Status::Ok();
+}
+
+// Chunk of rows [lo, hi) (of dim 0) of a located piece, placed at `offset` in the global
+// tensor.
+Chunk PieceChunk(const Located& l, int64_t lo, int64_t hi, Shape offset) {
+  const size_t item = DTypeSize(l.dtype);
+  Chunk c;
+  c.file = l.file;
+  c.box.global_offset = std::move(offset);
+  c.box.local_shape = l.shape;
+  if (!l.shape.empty()) c.box.local_shape[0] = hi - lo;
+  const int64_t row_stride = l.shape.empty() ? 0 : l.strides[0];
+  c.byte_offset = l.first + static_cast<uint64_t>(lo * row_stride) * item;
+  if (l.contiguous) {
+    c.byte_length = static_cast<uint64_t>(c.box.num_elements()) * item;
+    return c;
+  }
+  c.strides = l.strides;
+  // The view's span: (sum_j (n_j - 1) * stride_j + 1) elements; none for an empty box.
+  if (c.box.num_elements() == 0) {
+    c.byte_length = 0;
+    return c;
+  }
+  int64_t span = 1;
+  for (size_t d = 0; d < c.box.local_shape.size(); ++d) {
+    span += (c.box.local_shape[d] - 1) * c.strides[d];
+  }
+  c.byte_length = static_cast<uint64_t>(span) * item;
+  return c;
+}
+
+Status Reader::MergeTp(const std::vector<std::string>& order,
+                       const std::vector<std::map<std::string, Located>>& per_tp,
+                       std::optional<bool> swiglu) {
+  const int64_t tp = static_cast<int64_t>(per_tp.size());
+  for (int64_t t = 1; t < tp; ++t) {
+    for (const auto& [name, l] : per_tp[static_cast<size_t>(t)]) {
+      if (!per_tp[0].count(name)) {
+        return DataLossError(l.where + " is absent from TP rank 0");
+      }
+    }
+  }
+  for (const std::string& name : order) {
+    std::vector<const Located*> parts;
+    for (int64_t t = 0; t < tp; ++t) {
+      auto it = per_tp[static_cast<size_t>(t)].find(name);
+      if (it == per_tp[static_cast<size_t>(t)].end()) {
+        return DataLossError(per_tp[0].at(name).where + " is absent from TP rank " +
+                             std::to_string(t));
+      }
+      const Located& l = it->second;
+      if (!parts.empty() && (l.dtype != parts[0]->dtype || l.shape.size() != parts[0]->shape.size())) {
+        return DataLossError(l.where + " is " + std::string(DTypeName(l.dtype)) + " " +
+                             ShapeText(l.shape) + ", TP rank 0's is " +
+                             std::string(DTypeName(parts[0]->dtype)) + " " +
+                             ShapeText(parts[0]->shape));
+      }
+      parts.push_back(&l);
+    }
+    const Located& l0 = *parts[0];
+    TensorEntry e;
+    e.key = name;
+    e.dtype = l0.dtype;
+    e.global_shape = l0.shape;
+    const Shape zero(l0.shape.size(), 0);
+    RoleInfo role = tp == 1 ? RoleInfo{Role::kReplicated, false} : RoleOf(name);
+    if (role.role != Role::kReplicated && l0.shape.empty()) role = {};
+    if (role.role == Role::kRow && l0.shape.size() < 2) role = {};
+    auto differs = [&](size_t except) -> const Located* {
+      for (const Located* p : parts) {
+        for (size_t d = 0; d < l0.shape.size(); ++d) {
+          if (d != except && p->shape[d] != l0.shape[d]) return p;
+        }
+      }
+      return nullptr;
+    };
+    auto shape_error = [&](const Located* p, const std::string& rule) {
+      return DataLossError(p->where + " is " + ShapeText(p->shape) + ", TP rank 0's " +
+                           ShapeText(l0.shape) + " (" + rule + ")");
+    };
+    if (role.role == Role::kUnknown) {
+      // Not in the table: nothing says how the ranks' copies combine; keep them apart.
+      unmerged_.insert(name);
+      for (int64_t t = 0; t < tp; ++t) {
+        const Located& l = *parts[static_cast<size_t>(t)];
+        TensorEntry r;
+        std::string tt = std::to_string(t);
+        if (tt.size() < 2) tt.insert(0, 2 - tt.size(), '0');
+        r.key = "mp_rank_" + tt + "." + name;
+        r.dtype = l.dtype;
+        r.global_shape = l.shape;
+        r.chunks.push_back(PieceChunk(l, 0, l.shape.empty() ? 0 : l.shape[0], zero));
+        index_.tensors.push_back(std::move(r));
+      }
+      continue;
+    }
+    if (role.role == Role::kReplicated) {
+      if (const Located* p = differs(SIZE_MAX)) return shape_error(p, "replicated across TP");
+      e.chunks.push_back(PieceChunk(l0, 0, l0.shape.empty() ? 0 : l0.shape[0], zero));
+    } else if (role.role == Role::kColumn && role.gated && !swiglu) {
+      return UnimplementedError(l0.where + ": args has no 'swiglu', so fc cannot tell whether "
+                                "each TP rank holds [gate_r; up_r] halves (SwiGLU) or one "
+                                "slice; refusing to merge '" + name + "'");
+    } else if (role.role == Role::kColumn && role.gated && *swiglu) {
+      // SwiGLU: rank r holds [gate_r; up_r]; global = [gate_0 .. gate_{tp-1}; up_0 .. up_{tp-1}].
+      if (const Located* p = differs(0)) return shape_error(p, "SwiGLU halves along dim 0");
+      const int64_t rows = l0.shape[0];
+      if (rows % 2 != 0) {
+        return DataLossError(l0.where + " has " + std::to_string(rows) +
+                             " rows; with swiglu each TP rank holds two equal halves");
+      }
+      const int64_t half = rows / 2;
+      for (int64_t t = 0; t < tp; ++t) {
+        Shape gate = zero, up = zero;
+        gate[0] = t * half;
+        up[0] = tp * half + t * half;
+        e.chunks.push_back(PieceChunk(*parts[static_cast<size_t>(t)], 0, half, gate));
+        e.chunks.push_back(PieceChunk(*parts[static_cast<size_t>(t)], half, rows, up));
+      }
+      e.global_shape[0] = rows * tp;
+    } else {
+      const size_t d = role.role == Role::kRow ? 1 : 0;
+      if (const Located* p = differs(d)) {
+        return shape_error(p, "concatenated along dim " + std::to_string(d));
+      }
+      int64_t off = 0;
+      for (const Located* p : parts) {
+        Shape o = zero;
+        o[d] = off;
+        e.chunks.push_back(PieceChunk(*p, 0, p->shape[0], o));
+        const auto next = CheckedAdd(off, p->shape[d]);
+        if (!next) return OutOfRangeError(p->where + ": merged extent overflows");
+        off = *next;
+      }
+      e.global_shape[d] = off;
+    }
+    index_.tensors.push_back(std::move(e));
+  }
+  return Status::Ok();
+}
+
+Result<CheckpointIndex> Reader::Read(const std::string& path) {
+  FC_ASSIGN_OR_RETURN(dir_, ResolveDir(path));
+  index_.format = CheckpointFormat::kMegatronLegacy;
+  index_.root = dir_;
+  {
+    std::string p = dir_;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    const size_t slash = p.find_last_of('/');
+    index_.attributes["megatron.checkpoint_dir"] = slash == std::string::npos ? p : p.substr(slash + 1);
+  }
+  // Rank dirs: all with the same number of indices.
+  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
+  std::sort(names.begin(), names.end());
+  std::vector<std::pair<std::string, std::vector<int64_t>>> dirs;
+  for (const std::string& n : names) {
+    std::vector<int64_t> nums = RankNumbers(n);
+    if (nums.empty() || !IsDirectory(dir_ + "/" + n)) continue;
+    if (!dirs.empty() && dirs[0].second.size() != nums.size()) {
+      return DataLossError(dir_ + ": rank dirs " + dirs[0].first + " and " + n +
+                           " name different numbers of parallel ranks");
+    }
+    dirs.emplace_back(n, std::move(nums));
+  }
+  if (dirs.empty()) return NotFoundError(dir_ + ": no mp_rank_* directories");
+  // The first rank's args decide what a second index means (_PPP or _EEE).
+  const std::string first_rel = dirs[0].first + "/" + std::string(kRankFile);
+  if (!PathExists(dir_ + "/" + first_rel)) return NotFoundError(dir_ + "/" + first_rel + ": missing");
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<RankFile> first, OpenRankFile(dir_, first_rel, 0));
+  files_.push_back(std::move(first));
+  args_ = ArgsDict(*files_[0]);
+  args_file_ = first_rel;
+  const size_t k = dirs[0].second.size();
+  bool second_is_ep = false;
+  if (k == 2) {
+    const int64_t pp_arg = ArgInt("pipeline_model_parallel_size").value_or(0);
+    const int64_t ep_arg = ArgInt("expert_model_parallel_size").value_or(0);
+    second_is_ep = pp_arg <= 1 && ep_arg > 1;
+  }
+  Degrees deg;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::string> by_rank;
+  for (const auto& [n, nums] : dirs) {
+    const int64_t t = nums[0];
+    const int64_t p = k == 3 || (k == 2 && !second_is_ep) ? nums[1] : 0;
+    const int64_t e = k == 3 ? nums[2] : (k == 2 && second_is_ep ? nums[1] : 0);
+    if (t >= 100000 || p >= 100000 || e >= 100000) {
+      return DataLossError(dir_ + "/" + n + ": rank number out of range");
+    }
+    deg.tp = std::max(deg.tp, t + 1);
+    deg.pp = std::max(deg.pp, p + 1);
+    deg.ep = std::max(deg.ep, e + 1);
+    by_rank[{t, p, e}] = n;
+  }
+  // A full grid; the name of a missing rank follows Megatron's get_checkpoint_name.
+  auto rank_dir_name = [&](int64_t t, int64_t p, int64_t e) {
+    auto pad = [](int64_t v, size_t w) {
+      std::string s = std::to_string(v);
+      if (s.size() < w) s.insert(0, w - s.size(), '0');
+      return s;
+    };
+    std::string n = "mp_rank_" + pad(t, 2);
+    if (k == 3 || (k == 2 && !second_is_ep)) n += "_" + pad(p, 3);
+    if (k == 3 || (k == 2 && second_is_ep)) n += "_" + pad(e, 3);
+    return n;
+  };
+  for (int64_t p = 0; p < deg.pp; ++p) {
+    for (int64_t e = 0; e < deg.ep; ++e) {
+      for (int64_t t = 0; t < deg.tp; ++t) {
+        auto it = by_rank.find({t, p, e});
+        const std::string n = it == by_rank.end() ? rank_dir_name(t, p, e) : it->second;
+        const std::string rel = n + "/" + std::string(kRankFile);
+        if (!PathExists(dir_ + "/" + rel)) {
+          return NotFoundError(dir_ + "/" + rel + ": missing (the rank dirs present make a TP " +
+                               std::to_string(deg.tp) + " x PP " + std::to_string(deg.pp) +
+                               " x EP " + std::to_string(deg.ep) + " grid)");
+        }
+      }
+    }
+  }
+  FC_RETURN_IF_ERROR(CheckDegree("tensor_model_parallel_size", deg.tp, "TP ranks (mp_rank_TT)"));
+  FC_RETURN_IF_ERROR(CheckDegree("pipeline_model_parallel_size", deg.pp, "pipeline stages"));
+  FC_RETURN_IF_ERROR(CheckDegree("expert_model_parallel_size", deg.ep, "expert-parallel ranks"));
+  if (auto etp = ArgInt("expert_tensor_parallel_size"); etp && *etp != deg.tp && deg.ep > 1) {
+    return UnimplementedError(args_file_ + ": expert_tensor_parallel_size " + std::to_string(*etp) +
+                              " differs from the TP degree " + std::to_string(deg.tp) +
+                              "; fc does not read that layout yet");
+  }
+
+  // Open every rank file (grid order: stage, expert rank, TP rank).
+  std::map<std::tuple<int64_t, int64_t, int64_t>, const RankFile*> grid;
+  int64_t distrib_optim = 0;
+  for (int64_t p = 0; p < deg.pp; ++p) {
+    for (int64_t e = 0; e < deg.ep; ++e) {
+      for (int64_t t = 0; t < deg.tp; ++t) {
+        const std::string n = by_rank.at({t, p, e});
+        const std::string rel = n + "/" + std::string(kRankFile);
+        RankFile* f = nullptr;
+        if (rel == first_rel) {
+          f = files_[0].get();
+        } else {
+          FC_ASSIGN_OR_RETURN(std::unique_ptr<RankFile> opened,
+                              OpenRankFile(dir_, rel, static_cast<uint32_t>(files_.size())));
+          files_.push_back(std::move(opened));
+          f = files_.back().get();
+        }
+        f->tp = t;
+        f->pp = p;
+        f->ep = e;
+        grid[{p, e, t}] = f;
+        if (PathExists(dir_ + "/" + n + "/" + std::string(kDistribOptimFile))) ++distrib_optim;
+      }
+    }
+  }
+  // Files are listed in the order they were opened (file index == position).
+  std::sort(files_.begin(), files_.end(),
+            [](const auto& a, const auto& b) { return a->index < b->index; });
+  for (const auto& f : files_) index_.files.push_back(FileInfo{f->rel, f->file->size()});
+
+  // iteration and checkpoint_version: the same in every file.
+  std::optional<int64_t> iteration;
+  std::string version;
+  for (const auto& f : files_) {
+    const auto it = IntOf(f->root.Find("iteration"));
+    if (it && iteration && *it != *iteration) {
+      return DataLossError(f->rel + ": iteration " + std::to_string(*it) + ", " + args_file_ +
+                           ": " + std::to_string(*iteration));
+    }
+    if (it) iteration = it;
+    std::string v;
+    if (const PV* cv = f->root.Find("checkpoint_version")) {
+      if (cv->kind == PV::Kind::kFloat) v = FloatText(cv->float_value);
+      else if (cv->is_int()) v = FloatText(static_cast<double>(cv->int_value));
+      if (!v.empty() && ((cv->kind == PV::Kind::kFloat && cv->float_value < 2.0) ||
+                         (cv->is_int() && cv->int_value < 2))) {
+        return UnimplementedError(f->rel + ": checkpoint_version " + v + " (< 2.0: the old QKV "
+                                  "ordering that Megatron's fix_query_key_value_ordering "
+                                  "rewrites on load); fc does not read it");
+      }
+    }
+    if (!version.empty() && v != version) {
+      return DataLossError(f->rel + ": checkpoint_version " + v + ", " + args_file_ + ": " +
+                           version);
+    }
+    version = v;
+  }
+  if (iteration) index_.attributes["megatron.iteration"] = std::to_string(*iteration);
+  index_.attributes["megatron.checkpoint_version"] = version.empty() ? "absent" : version;
+  if (iteration && index_.attributes["megatron.checkpoint_dir"].starts_with("iter_")) {
+    int64_t named = -1;
+    ParseUint(std::string_view(index_.attributes["megatron.checkpoint_dir"]).substr(5), &named);
+    if (named != *iteration) {
+      return DataLossError(args_file_ + ": iteration " + std::to_string(*iteration) +
+                           ", but the directory is " + index_.attributes["megatron.checkpoint_dir"]);
+    }
+  }
+
+  // Model chunks: model, or model0..model{V-1} (virtual pipeline).
+  int64_t vpp = 0;
+  const bool virtual_pp = files_[0]->root.Find("model") == nullptr;
+  if (virtual_pp) {
+    while (files_[0]->root.Find("model" + std::to_string(vpp)) != nullptr) ++vpp;
+    if (vpp == 0) return DataLossError(args_file_ + ": no 'model' (or 'model0') state dict");
+    FC_RETURN_IF_ERROR(CheckDegree("virtual_pipeline_model_parallel_size", vpp,
+                                   "virtual pipeline chunks (model0, model1, ...)"));
+  } else {
+    vpp = 1;
+    if (auto v = ArgInt("virtual_pipeline_model_parallel_size"); v && *v > 1) {
+      return DataLossError(args_file_ + ": args.virtual_pipeline_model_parallel_size is " +
+                           std::to_string(*v) + ", but the file holds one 'model' state dict");
+    }
+  }
+  auto model_key = [&](int64_t v) { return virtual_pp ? "model" + std::to_string(v) : std::string("model"); };
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::vector<Piece>> pieces;  // p, e, t, v
+  int64_t skipped = 0;
+  for (const auto& [pet, f] : grid) {
+    for (int64_t v = 0; v < vpp; ++v) {
+      const PV* m = f->root.Find(model_key(v));
+      if (m == nullptr || DictEntries(m) == nullptr) {
+        return DataLossError(f->rel + ": '" + model_key(v) + "' is " +
+                             (m ? m->DebugString() : std::string("missing")) +
+                             ", expected the model's state dict");
+      }
+      auto& list = pieces[{std::get<0>(pet), std::get<1>(pet), std::get<2>(pet), v}];
+      FC_RETURN_IF_ERROR(FlattenStateDict(*f, *m, "", 0, &list, &skipped));
+    }
+  }
+
+  // Layer offsets: chunk v of stage p follows chunks (v' < v, any stage) and (v, p' < p).
+  std::map<std::pair<int64_t, int64_t>, int64_t> offset;  // (v, p) -> first global layer
+  int64_t layers = 0;
+  for (int64_t v = 0; v < vpp; ++v) {
+    for (int64_t p = 0; p < deg.pp; ++p) {
+      std::set<int64_t> local;
+      for (const Piece& pc : pieces.at({p, 0, 0, v})) {
+        const auto parts = Split(pc.name, '.');
+        if (auto li = LayerComponent(parts)) {
+          int64_t n = 0;
+          ParseUint(parts[*li], &n);
+          local.insert(n);
+        }
+      }
+      if (!local.empty() && (*local.begin() != 0 || *local.rbegin() + 1 != static_cast<int64_t>(local.size()))) {
+        return DataLossError(grid.at({p, 0, 0})->rel + ": " + model_key(v) +
+                             " layer numbers are not 0.." + std::to_string(local.size() - 1) +
+                             " (found up to " + std::to_string(*local.rbegin()) + ")");
+      }
+      offset[{v, p}] = layers;
+      layers += static_cast<int64_t>(local.size());
+    }
+  }
+  if (auto nl = ArgInt("num_layers"); nl && layers > 0 && *nl != layers) {
+    return DataLossError(args_file_ + ": args.num_layers is " + std::to_string(*nl) + ", but the " +
+                         std::to_string(deg.pp * vpp) + " pipeline chunks hold " +
+                         std::to_string(layers) + " layers");
+  }
+  const std::optional<int64_t> num_experts = ArgInt("num_experts");
+  if (num_experts && *num_experts > 0 && *num_experts % deg.ep != 0) {
+    return DataLossError(args_file_ + ": args.num_experts " + std::to_string(*num_experts) +
+                         " is not divisible by the " + std::to_string(deg.ep) +
+                         " expert-parallel ranks");
+  }
+
+  // Global names, per TP rank; the first stage / EP rank 0 copy of a shared tensor wins.
+  std::vector<std::map<std::string, Located>> per_tp(static_cast<size_t>(deg.tp));
+  std::vector<std::string> order;
+  for (int64_t v = 0; v < vpp; ++v) {
+    for (int64_t p = 0; p < deg.pp; ++p) {
+      for (int64_t e = 0; e < deg.ep; ++e) {
+        for (int64_t t = 0; t < deg.tp; ++t) {
+          const RankFile& f = *grid.at({p, e, t});
+          const std::vector<Piece>& list = pieces.at({p, e, t, v});
+          // Local experts per EP rank: num_experts / EP, else as many as this rank holds.
+          int64_t local_experts = num_experts && *num_experts > 0 ? *num_experts / deg.ep : 0;
+          if (local_experts == 0) {
+            for (const Piece& pc : list) {
+              if (auto x = ExpertOf(Split(pc.name, '.'))) {
+                local_experts = std::max(local_experts, x->local + 1);
+              }
+            }
+          }
+          for (const Piece& pc : list) {
+            std::vector<std::string_view> parts = Split(pc.name, '.');
+            std::string layer_text, expert_text;
+            if (auto li = LayerComponent(parts)) {
+              int64_t n = 0;
+              ParseUint(parts[*li], &n);
+              layer_text = std::to_string(offset.at({v, p}) + n);
+              parts[*li] = layer_text;
+            }
+            const auto x = ExpertOf(parts);
+            if (x) {
+              if (x->local >= local_experts) {
+                return DataLossError(f.rel + ": '" + pc.name + "' is local expert " +
+                                     std::to_string(x->local) + ", but each of the " +
+                                     std::to_string(deg.ep) + " EP ranks holds " +
+                                     std::to_string(local_experts) + " (args.num_experts)");
+              }
+              expert_text = std::string(parts[x->component].substr(0, x->stem)) +
+                            std::to_string(e * local_experts + x->local);
+              parts[x->component] = expert_text;
+            } else if (e > 0) {
+              continue;  // a copy of EP rank 0's tensor
+            }
+            const std::string name = Join(parts);
+            auto& mine = per_tp[static_cast<size_t>(t)];
+            FC_ASSIGN_OR_RETURN(Located l, f.Locate(*pc.value, "'" + pc.name + "'"));
+            if (auto it = mine.find(name); it != mine.end()) {
+              // Held by several stages (tied or shared): the first stage's copy is read.
+              if (it->second.dtype != l.dtype || it->second.shape != l.shape) {
+                return DataLossError(l.where + " (global name '" + name + "') is " +
+                                     std::string(DTypeName(l.dtype)) + " " + ShapeText(l.shape) +
+                                     ", " + it->second.where + " is " +
+                                     std::string(DTypeName(it->second.dtype)) + " " +
+                                     ShapeText(it->second.shape));
+              }
+              continue;
+            }
+            if (t == 0) order.push_back(name);
+            mine.emplace(name, std::move(l));
+          }
+        }
+      }
+    }
+  }
+
+  const PV* swiglu_v = args_ ? args_->Find("swiglu") : nullptr;
+  const std::optional<bool> swiglu = BoolOf(swiglu_v);
+  FC_RETURN_IF_ERROR(MergeTp(order, per_tp, swiglu));
+
+  // Every element of every tensor is covered exactly once by construction; count to be sure.
+  for (const TensorEntry& t : index_.tensors) {
+    int64_t covered = 0;
+    for (const Chunk& c : t.chunks) covered += c.stored_elements();
+    FC_ASSIGN_OR_RETURN(const int64_t want, CheckedNumElements(t.global_shape));
+    if (covered != want) {
+      return DataLossError(dir_ + ": tensor '" + t.key + "' has " + std::to_string(covered) +
+                           " elements in its chunks, shape " + ShapeText(t.global_shape) +
+                           " needs " + std::to_string(want));
+    }
+  }
+
+  auto& a = index_.attributes;
+  a["megatron.tp_degree"] = std::to_string(deg.tp);
+  a["megatron.pp_degree"] = std::to_string(deg.pp);
+  a["megatron.ep_degree"] = std::to_string(deg.ep);
+  a["megatron.vpp_degree"] = std::to_string(vpp);
+  a["megatron.num_layers"] = std::to_string(layers);
+  a["megatron.swiglu"] = swiglu ? (*swiglu ? "true" : "false") : "unknown";
+  if (deg.tp > 1) a["megatron.tp_merge"] = "built-in Megatron-Core GPT table";
+  if (!unmerged_.empty()) {
+    std::string s;
+    for (const std::string& u : unmerged_) s += (s.empty() ? "" : ", ") + u;
+    a["megatron.tp_unmerged"] = s;
+  }
+  if (skipped > 0) {
+    a["megatron.skipped"] = std::to_string(skipped) + " non-tensor / _extra_state entries";
+  }
+  const PV* opt = files_[0]->root.Find("optimizer");
+  if (opt == nullptr || opt->is_none()) {
+    a["megatron.optimizer"] = "absent";
+  } else if (opt->Find("param_state_sharding_type") != nullptr || distrib_optim > 0) {
+    a["megatron.optimizer"] = "distributed optimizer, not read";
+  } else if (opt->Find("fp32_from_fp16_params") != nullptr) {
+    a["megatron.optimizer"] = "Float16 optimizer (fp32_from_fp16_params), not read";
+  } else {
+    a["megatron.optimizer"] = "present, not read";
+  }
+  if (distrib_optim > 0) {
+    a["megatron.distrib_optim"] = std::to_string(distrib_optim) + " files, not read";
+  }
+  std::set<std::string> opaque;
+  for (const auto& f : files_) CollectOpaqueGlobals(f->root, &opaque);
+  if (!opaque.empty()) {
+    std::string s;
+    for (const std::string& g : opaque) s += (s.empty() ? "" : ", ") + g;
+    a["megatron.opaque_globals"] = s;
+  }
+  return std::move(index_);
+}
+
+}  // namespace
+
+bool IsMegatronLegacyCheckpointDir(const std::string& dir) {
+  if (!IsDirectory(dir)) return false;
+  if (HasRankDirs(dir)) return true;
+  auto sub = LatestIterationDir(dir);
+  return sub.ok() && sub->has_value() && HasRankDirs(dir + "/" + **sub);
+}
+
+Result<CheckpointIndex> ReadMegatronLegacyCheckpoint(const std::string& path) {
+  Reader reader;
+  return reader.Read(path);
+}
+
+}  // namespace fc

@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""Write tiny Megatron-LM legacy checkpoints (torch.save per rank, `model_optim_rng.pt`) with
+Debian's torch 1.13 (/usr/bin/python3), without Megatron (it is not installed here), laid out
+as shared/reference/formats-recent.md ("Megatron legacy") says:
+
+  <save dir>/latest_checkpointed_iteration.txt     "3" or "release"
+  <save dir>/iter_0000003/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt   (+ distrib_optim.pt)
+  <save dir>/release/mp_rank_TT/model_optim_rng.pt
+
+Each model_optim_rng.pt is generate_state_dict's dict: args (a real argparse.Namespace),
+checkpoint_version 3.0, iteration, model (or model0, model1 for virtual pipeline stages: the
+rank's state dict, layer numbers local to the stage), optimizer, opt_param_scheduler,
+rng_state (random / numpy / torch RNG states), num_floating_point_operations_so_far.
+Megatron classes are stand-ins registered under their real module names, so the pickles name
+them (megatron.core.transformer.enums.AttnBackend: an unknown global fc keeps opaque);
+Transformer-Engine `_extra_state` entries are io.BytesIO objects, as TE < 1.13 saves them.
+
+The rank tensors are cut from FULL tensors by Megatron's rules (what its checkpoint
+converters, tools/checkpoint, undo): column-parallel (linear_qkv, linear_fc1, word_embeddings,
+output_layer) split along dim 0, row-parallel (linear_proj, linear_fc2) along dim 1, the rest
+replicated; with swiglu, linear_fc1 = [gate; up] and TP rank r holds [gate_r; up_r]. Most
+rank tensors are contiguous clones (as Megatron saves them); linear_fc2.weight is saved as a
+strided view of the full tensor (the file then holds the full storage) to exercise strides.
+
+Fixtures (OUT_ROOT/<case>/ckpt is the save dir; OUT_ROOT/<case>/expected/<name>.npy is every
+FULL tensor, C order, bfloat16 as uint16 bits, the names fc gives them):
+  gpt_tp2_pp2   Megatron-Core GPT, TE names, 2 layers, hidden 8, swiglu, TP 2 x PP 2, iteration
+                3, bf16, distributed optimizer (distrib_optim.pt beside each file)
+  gpt_tp1       the same full tensors at TP 1 x PP 1 as a `release` dir, no optimizer
+  gpt_pp2_vpp2  local (non-TE) names, 4 layers, no swiglu, TP 1 x PP 2 x virtual PP 2
+                (model0/model1), Float16 optimizer state
+  moe_tp2_ep2   local names, 2 layers, 4 experts, TP 2 x EP 2 (mp_rank_TT_EEE), layer 0 a
+                SequentialMLP (local_experts.I), layer 1 TEGroupedMLP names (weightI), and
+                decoder.layers.1.mlp.custom_scale, a name outside fc's TP table (expected
+                per rank as mp_rank_TT.<name>)
+  legacy_tp2_pp2 pre-Core Megatron names (language_model.{embedding,encoder,output_layer}
+                nested dicts; query_key_value, dense, dense_h_to_4h (swiglu), dense_4h_to_h),
+                TP 2 x PP 2
+  no_swiglu_arg gpt_tp2_pp2's tensors at TP 2 x PP 1, args without `swiglu` (fc refuses to
+                merge linear_fc1); no expected/
+
+usage: /usr/bin/python3 testdata/gen/megatron/gen_legacy.py [OUT_ROOT]
+       /usr/bin/python3 testdata/gen/megatron/gen_legacy.py --check [OUT_ROOT]
+OUT_ROOT defaults to testdata/megatron_legacy; --check regenerates into a temporary
+directory and compares every file byte for byte.
+"""
+import argparse
+import collections
+import enum
+import filecmp
+import io
+import os
+import random
+import shutil
+import sys
+import tempfile
+import types
+
+import numpy as np
+import torch
+
+
+def _fake_module(name):
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        n = ".".join(parts[:i])
+        if n not in sys.modules:
+            sys.modules[n] = types.ModuleType(n)
+    return sys.modules[name]
+
+
+class AttnBackend(enum.Enum):
+    flash = 1
+    fused = 2
+    auto = 5
+
+
+AttnBackend.__module__ = "megatron.core.transformer.enums"
+_fake_module("megatron.core.transformer.enums").AttnBackend = AttnBackend
+
+HIDDEN, HEADS, FFN, VOCAB = 8, 2, 12, 16
+
+
+def values(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float32).to(torch.bfloat16)
+
+
+def gpt_full(layers, te, swiglu, seed, experts=0, grouped_layers=(), unknown=None):
+    """{name: full bf16 tensor} of a tiny Megatron-Core GPT (global layer numbers)."""
+    full = collections.OrderedDict()
+    s = [seed]
+
+    def add(name, shape):
+        s[0] += 1
+        full[name] = values(shape, s[0])
+
+    add("embedding.word_embeddings.weight", (VOCAB, HIDDEN))
+    fc1_rows = 2 * FFN if swiglu else FFN
+    for l in range(layers):
+        p = "decoder.layers.%d." % l
+        if te:
+            add(p + "self_attention.linear_qkv.layer_norm_weight", (HIDDEN,))
+        else:
+            add(p + "input_layernorm.weight", (HIDDEN,))
+            add(p + "input_layernorm.bias", (HIDDEN,))
+        add(p + "self_attention.linear_qkv.weight", (3 * HIDDEN, HIDDEN))
+        add(p + "self_attention.linear_qkv.bias", (3 * HIDDEN,))
+        add(p + "self_attention.linear_proj.weight", (HIDDEN, HIDDEN))
+        add(p + "self_attention.linear_proj.bias", (HIDDEN,))
+        if te:
+            add(p + "mlp.linear_fc1.layer_norm_weight", (HIDDEN,))
+        else:
+            add(p + "pre_mlp_layernorm.weight", (HIDDEN,))
+        if experts:
+            add(p + "mlp.router.weight", (experts, HIDDEN))
+            for e in range(experts):
+                if l in grouped_layers:
+                    add(p + "mlp.experts.linear_fc1.weight%d" % e, (fc1_rows, HIDDEN))
+                    add(p + "mlp.experts.linear_fc2.weight%d" % e, (HIDDEN, FFN))
+                else:
+                    q = p + "mlp.experts.local_experts.%d." % e
+                    add(q + "linear_fc1.weight", (fc1_rows, HIDDEN))
+                    add(q + "linear_fc2.weight", (HIDDEN, FFN))
+        else:
+            add(p + "mlp.linear_fc1.weight", (fc1_rows, HIDDEN))
+            add(p + "mlp.linear_fc2.weight", (HIDDEN, FFN))
+            add(p + "mlp.linear_fc2.bias", (HIDDEN,))
+    if unknown:
+        add(unknown, (2, 4))  # a name outside fc's TP table: saved whole by every TP rank
+    add("decoder.final_layernorm.weight", (HIDDEN,))
+    add("output_layer.weight", (VOCAB, HIDDEN))
+    return full
+
+
+def role(name):
+    """Megatron's split dim of a param: 0 (column), 1 (row) or None (replicated)."""
+    parts = name.split(".")
+    module, param = parts[-2], parts[-1].rstrip("0123456789")
+    if module in ("word_embeddings", "output_layer", "linear_qkv", "linear_fc1",
+                  "query_key_value", "dense_h_to_4h") and param in ("weight", "bias"):
+        return 0
+    if (module in ("linear_proj", "linear_fc2", "dense_4h_to_h") or
+            (module == "dense" and parts[-3] == "self_attention")) and param == "weight":
+        return 1
+    return None
+
+
+def tp_slice(name, t, tp, r, swiglu):
+    d = role(name)
+    if d is None:
+        return t.clone()
+    if d == 0 and swiglu and (".linear_fc1." in name or ".dense_h_to_4h." in name):
+        gate, up = t.chunk(2, dim=0)
+        return torch.cat([gate.chunk(tp, dim=0)[r], up.chunk(tp, dim=0)[r]]).clone()
+    piece = t.chunk(tp, dim=d)[r]
+    if name.endswith("linear_fc2.weight") and tp > 1:
+        return piece  # a strided view of the full tensor (the file holds the full storage)
+    return piece.clone()
+
+
+def layer_of(name):
+    parts = name.split(".")
+    if "layers" in parts:
+        i = parts.index("layers")
+        return i, int(parts[i + 1])
+    return None, None
+
+
+def expert_of(name):
+    parts = name.split(".")
+    if "local_experts" in parts:
+        i = parts.index("local_experts")
+        return ("local", i + 1, int(parts[i + 1]))
+    if "experts" in parts and parts[-1].rstrip("0123456789") != parts[-1]:
+        p = parts[-1]
+        stem = p.rstrip("0123456789")
+        return ("grouped", len(parts) - 1, int(p[len(stem):]))
+    return None
+
+
+def rank_state_dict(full, tp, r, swiglu, layers, chunks, ep, e_rank, experts, te):
+    """{chunk: state dict} of TP rank r, EP rank e_rank for each (stage, virtual chunk)."""
+    out = {}
+    per = layers // len(chunks) if chunks else layers
+    for (stage, v), (lo, hi, first, last) in chunks.items():
+        sd = collections.OrderedDict()
+        for name, t in full.items():
+            li, l = layer_of(name)
+            if li is None:
+                if "embedding." in name and not first:
+                    continue
+                if ("output_layer." in name or "final_layernorm." in name) and not last:
+                    continue
+                sd[name] = tp_slice(name, t, tp, r, swiglu)
+                continue
+            if not lo <= l < hi:
+                continue
+            parts = name.split(".")
+            parts[li + 1] = str(l - lo)
+            ex = expert_of(name)
+            if ex is not None:
+                kind, pos, e = ex
+                local = experts // ep
+                if e // local != e_rank:
+                    continue
+                stem = parts[pos].rstrip("0123456789") if kind == "grouped" else ""
+                parts[pos] = stem + str(e % local)
+            local_name = ".".join(parts)
+            sd[local_name] = tp_slice(name, t, tp, r, swiglu)
+            if te and local_name.endswith("linear_qkv.weight"):
+                sd[local_name.replace(".weight", "._extra_state")] = io.BytesIO()
+        out[(stage, v)] = sd
+    return out
+
+
+def legacy_gpt_full(layers, seed):
+    """Pre-Core Megatron GPT (megatron/legacy/model) names, flattened as fc names them."""
+    full = collections.OrderedDict()
+    s = [seed]
+
+    def add(name, shape):
+        s[0] += 1
+        full[name] = values(shape, s[0])
+
+    add("language_model.embedding.word_embeddings.weight", (VOCAB, HIDDEN))
+    for l in range(layers):
+        p = "language_model.encoder.layers.%d." % l
+        add(p + "input_layernorm.weight", (HIDDEN,))
+        add(p + "self_attention.query_key_value.weight", (3 * HIDDEN, HIDDEN))
+        add(p + "self_attention.dense.weight", (HIDDEN, HIDDEN))
+        add(p + "self_attention.dense.bias", (HIDDEN,))
+        add(p + "post_attention_layernorm.weight", (HIDDEN,))
+        add(p + "mlp.dense_h_to_4h.weight", (2 * FFN, HIDDEN))
+        add(p + "mlp.dense_4h_to_h.weight", (HIDDEN, FFN))
+    add("language_model.encoder.final_layernorm.weight", (HIDDEN,))
+    add("language_model.output_layer.weight", (VOCAB, HIDDEN))
+    return full
+
+
+def nest_legacy(sd):
+    """The pre-Core state dict's nesting: language_model -> embedding / encoder / output_layer
+    dicts; the encoder's own keys stay dotted ("layers.0.input_layernorm.weight")."""
+    out = collections.OrderedDict()
+    for name, t in sd.items():
+        parts = name.split(".")
+        if parts[:2] == ["language_model", "encoder"]:
+            path, leaf = parts[:2], ".".join(parts[2:])
+        else:
+            path, leaf = parts[:-1], parts[-1]
+        d = out
+        for p in path:
+            d = d.setdefault(p, collections.OrderedDict())
+        d[leaf] = t
+    return out
+
+
+def make_args(**kw):
+    a = argparse.Namespace(
+        num_layers=kw["num_layers"], hidden_size=HIDDEN, ffn_hidden_size=FFN,
+        num_attention_heads=HEADS, padded_vocab_size=VOCAB, swiglu=kw["swiglu"],
+        tensor_model_parallel_size=kw["tp"], pipeline_model_parallel_size=kw["pp"],
+        virtual_pipeline_model_parallel_size=kw.get("vpp"),
+        expert_model_parallel_size=kw.get("ep", 1), num_experts=kw.get("experts") or None,
+        transformer_impl="transformer_engine" if kw["te"] else "local",
+        use_distributed_optimizer=kw.get("distopt", False), bf16=True, fp16=False,
+        params_dtype=torch.bfloat16, untie_embeddings_and_output_weights=True,
+        attention_backend=AttnBackend.auto, iteration=3, data_parallel_size=1)
+    return a
+
+
+def rng_state(seed):
+    random.seed(seed)
+    return [{"random_rng_state": random.getstate(),
+             "np_rng_state": np.random.RandomState(seed).get_state(),
+             "torch_rng_state": torch.Generator().manual_seed(seed).get_state()[:64].clone(),
+             "cuda_rng_state": None, "rng_tracker_states": {}}]
+
+
+def float16_optimizer(sd):
+    params = [t for t in sd.values() if isinstance(t, torch.Tensor)]
+    return {"optimizer": {"state": {i: {"step": 3, "exp_avg": torch.zeros(p.shape),
+                                        "exp_avg_sq": torch.ones(p.shape)}
+                                    for i, p in enumerate(params[:2])},
+                          "param_groups": [{"lr": 1e-4, "weight_decay": 0.1,
+                                            "params": list(range(len(params)))}]},
+            "grad_scaler": None,
+            "fp32_from_fp16_params": [[p.float() for p in params[:2]]]}
+
+
+def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=None, ep=1,
+                     experts=0, optimizer=None, release=False, drop_args=(), nest=None):
+    os.makedirs(out, exist_ok=True)
+    sub = "release" if release else "iter_%07d" % iteration
+    with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("release" if release else str(iteration))
+    nv = vpp or 1
+    per = layers // (pp * nv)
+    chunks_of = {}
+    for p in range(pp):
+        chunks_of[p] = collections.OrderedDict()
+        for v in range(nv):
+            lo = v * (layers // nv) + p * per
+            chunks_of[p][(p, v)] = (lo, lo + per, p == 0 and v == 0, p == pp - 1 and v == nv - 1)
+    args = make_args(num_layers=layers, swiglu=swiglu, tp=tp, pp=pp, vpp=vpp, ep=ep,
+                     experts=experts, te=te, distopt=optimizer == "distributed")
+    for a in drop_args:
+        delattr(args, a)
+    for p in range(pp):
+        for e in range(ep):
+            for r in range(tp):
+                name = "mp_rank_%02d" % r
+                if pp > 1:
+                    name += "_%03d" % p
+                if ep > 1:
+                    name += "_%03d" % e
+                d = os.path.join(out, sub, name)
+                os.makedirs(d, exist_ok=True)
+                sds = rank_state_dict(full, tp, r, swiglu, layers, chunks_of[p], ep, e, experts, te)
+                state = {"args": args, "checkpoint_version": 3.0, "iteration": iteration}
+                if nest:
+                    sds = {c: nest(sd) for c, sd in sds.items()}
+                if vpp:
+                    for (_, v), sd in sds.items():
+                        state["model%d" % v] = sd
+                else:
+                    state["model"] = sds[(p, 0)]
+                if optimizer == "float16":
+                    state["optimizer"] = float16_optimizer(sds[(p, 0)])
+                    state["opt_param_scheduler"] = {"max_lr": 1e-4, "num_steps": 3}
+                elif optimizer == "distributed":
+                    state["optimizer"] = {"param_state_sharding_type": "dp_zero_gather_scatter",
+                                          "optimizer": {"param_groups": []}}
+                    state["opt_param_scheduler"] = {"max_lr": 1e-4, "num_steps": 3}
+                    n = sum(t.numel() for t in sds[(p, 0)].values()
+                            if isinstance(t, torch.Tensor))
+                    torch.save({"buckets_coalesced": True,
+                                0: {(torch.bfloat16, torch.float32): {
+                                    "param": torch.zeros(n), "exp_avg": torch.zeros(n),
+                                    "exp_avg_sq": torch.zeros(n), "numel_unpadded": n}},
+                                "per_bucket_numel": [[n]], "per_bucket_numel_unpadded": [[n]]},
+                               os.path.join(d, "distrib_optim.pt"))
+                if optimizer is not None:
+                    state["rng_state"] = rng_state(100 + r + 10 * p + 100 * e)
+                    state["num_floating_point_operations_so_far"] = 12345
+                torch.save(state, os.path.join(d, "model_optim_rng.pt"))
+
+
+def to_numpy(t):
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def write_expected(case_dir, full, per_rank=(), tp=1):
+    """per_rank: names fc does not merge (outside its TP table): one mp_rank_TT.<name> each."""
+    d = os.path.join(case_dir, "expected")
+    os.makedirs(d, exist_ok=True)
+    for k, v in full.items():
+        keys = ["mp_rank_%02d.%s" % (r, k) for r in range(tp)] if k in per_rank else [k]
+        for key in keys:
+            np.save(os.path.join(d, key + ".npy"), to_numpy(v))
+
+
+CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
+         "no_swiglu_arg"]
+
+
+def generate(out):
+    for c in CASES:
+        shutil.rmtree(os.path.join(out, c), ignore_errors=True)
+    gpt = gpt_full(2, te=True, swiglu=True, seed=1)
+    write_checkpoint(os.path.join(out, "gpt_tp2_pp2", "ckpt"), gpt, tp=2, pp=2, layers=2,
+                     swiglu=True, te=True, optimizer="distributed")
+    write_expected(os.path.join(out, "gpt_tp2_pp2"), gpt)
+    write_checkpoint(os.path.join(out, "gpt_tp1", "ckpt"), gpt, tp=1, pp=1, layers=2,
+                     swiglu=True, te=True, release=True)
+    write_expected(os.path.join(out, "gpt_tp1"), gpt)
+    vp = gpt_full(4, te=False, swiglu=False, seed=50)
+    write_checkpoint(os.path.join(out, "gpt_pp2_vpp2", "ckpt"), vp, tp=1, pp=2, layers=4,
+                     swiglu=False, te=False, vpp=2, iteration=7, optimizer="float16")
+    write_expected(os.path.join(out, "gpt_pp2_vpp2"), vp)
+    unknown = "decoder.layers.1.mlp.custom_scale"
+    moe = gpt_full(2, te=False, swiglu=False, seed=90, experts=4, grouped_layers=(1,),
+                   unknown=unknown)
+    write_checkpoint(os.path.join(out, "moe_tp2_ep2", "ckpt"), moe, tp=2, pp=1, layers=2,
+                     swiglu=False, te=False, ep=2, experts=4, iteration=5, optimizer="float16")
+    write_expected(os.path.join(out, "moe_tp2_ep2"), moe, per_rank=(unknown,), tp=2)
+    old = legacy_gpt_full(2, seed=120)
+    write_checkpoint(os.path.join(out, "legacy_tp2_pp2", "ckpt"), old, tp=2, pp=2, layers=2,
+                     swiglu=True, te=False, iteration=9, nest=nest_legacy)
+    write_expected(os.path.join(out, "legacy_tp2_pp2"), old)
+    # args without `swiglu` at TP 2: fc cannot tell how linear_fc1 splits (refused).
+    write_checkpoint(os.path.join(out, "no_swiglu_arg", "ckpt"), gpt, tp=2, pp=1, layers=2,
+                     swiglu=True, te=True, drop_args=("swiglu",))
+
+
+def compare_dirs(a, b):
+    bad = []
+    for root, _, files in os.walk(a):
+        for f in files:
+            pa = os.path.join(root, f)
+            pb = os.path.join(b, os.path.relpath(pa, a))
+            if not os.path.exists(pb) or not filecmp.cmp(pa, pb, shallow=False):
+                bad.append(os.path.relpath(pa, a))
+    for root, _, files in os.walk(b):
+        for f in files:
+            pb = os.path.join(root, f)
+            if not os.path.exists(os.path.join(a, os.path.relpath(pb, b))):
+                bad.append(os.path.relpath(pb, b) + " (extra)")
+    return bad
+
+
+def main():
+    args = sys.argv[1:]
+    check = "--check" in args
+    args = [a for a in args if a != "--check"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = args[0] if args else os.path.normpath(os.path.join(here, "..", "..", "megatron_legacy"))
+    if not check:
+        generate(out)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(tmp)
+        bad = []
+        for c in CASES:
+            bad += [c + "/" + p for p in compare_dirs(os.path.join(tmp, c), os.path.join(out, c))]
+    if bad:
+        print("fixtures differ from the generator:\n  " + "\n  ".join(bad))
+        return 1
+    print("megatron legacy fixtures match the generator (%d cases)" % len(CASES))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

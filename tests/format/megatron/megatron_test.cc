@@ -1,0 +1,253 @@
+// ReadMegatronLegacyCheckpoint on the torch 1.13 fixtures (testdata/megatron_legacy, written
+// by testdata/gen/megatron/gen_legacy.py): every global tensor, reassembled from its chunks
+// by reading the rank files, equals the full tensor the generator cut the ranks from;
+// attributes; damaged or inconsistent inputs are refused naming the file.
+#include "fc/format/megatron.h"
+
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "fc/format/open.h"
+#include "tests/format/torch/torch_test_support.h"
+
+namespace fc {
+namespace {
+
+using testing::ReadFileBytes;
+using testing::WriteFileBytes;
+
+std::string Fixture(const std::string& name) {
+  const char* root = std::getenv("FC_TESTDATA");
+  REQUIRE(root != nullptr);
+  return std::string(root) + "/megatron_legacy/" + name;
+}
+
+// Row-major value of `t`, each element written exactly once (checked). Chunks are boxes of
+// the tensor, with strides when the rank's tensor was saved as a strided view.
+std::vector<std::byte> Reassemble(const CheckpointIndex& index, const TensorEntry& t) {
+  const size_t item = DTypeSize(t.dtype);
+  const size_t rank = t.global_shape.size();
+  int64_t n = 1;
+  for (int64_t d : t.global_shape) n *= d;
+  std::vector<std::byte> out(static_cast<size_t>(n) * item);
+  std::vector<int> hits(static_cast<size_t>(n), 0);
+  for (const Chunk& c : t.chunks) {
+    REQUIRE(!c.flat_range);
+    const std::vector<std::byte> file = ReadFileBytes(index.root + "/" + index.files[c.file].path);
+    REQUIRE(c.byte_offset + c.byte_length <= file.size());
+    REQUIRE(c.box.global_offset.size() == rank);
+    REQUIRE(c.box.local_shape.size() == rank);
+    for (size_t d = 0; d < rank; ++d) {
+      REQUIRE(c.box.global_offset[d] + c.box.local_shape[d] <= t.global_shape[d]);
+    }
+    const int64_t box_n = c.box.num_elements();
+    for (int64_t i = 0; i < box_n; ++i) {
+      int64_t rem = i, global = 0, pos = 0, gstride = 1, lstride = 1;
+      for (size_t d = rank; d-- > 0;) {
+        const int64_t idx = rem % c.box.local_shape[d];
+        rem /= c.box.local_shape[d];
+        global += (idx + c.box.global_offset[d]) * gstride;
+        gstride *= t.global_shape[d];
+        pos += idx * (c.strides.empty() ? lstride : c.strides[d]);
+        lstride *= c.box.local_shape[d];
+      }
+      REQUIRE((static_cast<uint64_t>(pos) + 1) * item <= c.byte_length);
+      std::memcpy(out.data() + global * item, file.data() + c.byte_offset + pos * item, item);
+      ++hits[static_cast<size_t>(global)];
+    }
+  }
+  for (int h : hits) REQUIRE(h == 1);
+  return out;
+}
+
+TEST_CASE("megatron: fixtures reassemble to the full tensors", "[megatron]") {
+  for (const char* name :
+       {"gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2"}) {
+    INFO(name);
+    auto index = OpenCheckpoint(Fixture(name) + "/ckpt");
+    REQUIRE(index.ok());
+    CHECK(index->format == CheckpointFormat::kMegatronLegacy);
+    std::set<std::string> expected;
+    for (const auto& e : std::filesystem::directory_iterator(Fixture(name) + "/expected")) {
+      std::string f = e.path().filename().string();
+      expected.insert(f.substr(0, f.size() - 4));
+    }
+    std::set<std::string> got;
+    for (const TensorEntry& t : index->tensors) got.insert(t.key);
+    CHECK(got == expected);
+    for (const TensorEntry& t : index->tensors) {
+      INFO(t.key);
+      const testing::NpyArray want =
+          testing::ReadNpy(Fixture(name) + "/expected/" + t.key + ".npy");
+      CHECK(t.dtype == DType::kBFloat16);
+      CHECK(t.global_shape == want.shape);
+      CHECK(Reassemble(*index, t) == want.data);
+    }
+  }
+}
+
+TEST_CASE("megatron: attributes, degrees and directory resolution", "[megatron]") {
+  auto g = ReadMegatronLegacyCheckpoint(Fixture("gpt_tp2_pp2") + "/ckpt");
+  REQUIRE(g.ok());
+  const auto& a = g->attributes;
+  CHECK(a.at("megatron.iteration") == "3");
+  CHECK(a.at("megatron.checkpoint_dir") == "iter_0000003");
+  CHECK(a.at("megatron.checkpoint_version") == "3.0");
+  CHECK(a.at("megatron.tp_degree") == "2");
+  CHECK(a.at("megatron.pp_degree") == "2");
+  CHECK(a.at("megatron.ep_degree") == "1");
+  CHECK(a.at("megatron.swiglu") == "true");
+  CHECK(a.at("megatron.distrib_optim") == "4 files, not read");
+  CHECK(a.count("megatron.tp_unmerged") == 0);
+  // Unknown classes are kept opaque and reported, not refused.
+  CHECK(a.at("megatron.opaque_globals") ==
+        "_io.BytesIO, megatron.core.transformer.enums.AttnBackend");
+  CHECK(g->files.size() == 4);
+  CHECK(g->files[0].path == "mp_rank_00_000/model_optim_rng.pt");
+  // SwiGLU: 2 halves per TP rank; the strided fc2 view keeps its strides.
+  CHECK(g->FindTensor("decoder.layers.1.mlp.linear_fc1.weight")->chunks.size() == 4);
+  CHECK(!g->FindTensor("decoder.layers.1.mlp.linear_fc2.weight")->chunks[0].strides.empty());
+
+  // An iteration dir directly, and the release dir through the latest file.
+  auto it = OpenCheckpoint(Fixture("gpt_tp2_pp2") + "/ckpt/iter_0000003");
+  REQUIRE(it.ok());
+  CHECK(it->tensors.size() == g->tensors.size());
+  auto r = ReadMegatronLegacyCheckpoint(Fixture("gpt_tp1") + "/ckpt");
+  REQUIRE(r.ok());
+  CHECK(r->attributes.at("megatron.checkpoint_dir") == "release");
+  CHECK(r->attributes.at("megatron.optimizer") == "absent");
+  CHECK(r->attributes.count("megatron.tp_merge") == 0);
+
+  auto v = ReadMegatronLegacyCheckpoint(Fixture("gpt_pp2_vpp2") + "/ckpt");
+  REQUIRE(v.ok());
+  CHECK(v->attributes.at("megatron.vpp_degree") == "2");
+  CHECK(v->attributes.at("megatron.num_layers") == "4");
+  CHECK(v->attributes.at("megatron.optimizer") ==
+        "Float16 optimizer (fp32_from_fp16_params), not read");
+
+  auto m = ReadMegatronLegacyCheckpoint(Fixture("moe_tp2_ep2") + "/ckpt");
+  REQUIRE(m.ok());
+  CHECK(m->attributes.at("megatron.ep_degree") == "2");
+  CHECK(m->attributes.at("megatron.pp_degree") == "1");  // mp_rank_TT_EEE, told apart by args
+  CHECK(m->FindTensor("decoder.layers.1.mlp.experts.linear_fc1.weight3") != nullptr);
+  // A name outside the TP table stays per rank and is listed.
+  CHECK(m->attributes.at("megatron.tp_unmerged") == "decoder.layers.1.mlp.custom_scale");
+  CHECK(m->FindTensor("mp_rank_01.decoder.layers.1.mlp.custom_scale") != nullptr);
+
+  CHECK(ParseCheckpointFormat("megatron-legacy").value() == CheckpointFormat::kMegatronLegacy);
+  CHECK(CheckpointFormatName(CheckpointFormat::kMegatronLegacy) == "megatron-legacy");
+  CHECK(IsMegatronLegacyCheckpointDir(Fixture("gpt_tp1") + "/ckpt"));
+  CHECK(!IsMegatronLegacyCheckpointDir(Fixture("gpt_tp1")));
+}
+
+// A copy of fixture `name`'s save dir in a temp dir.
+std::string CopySave(const testing::TempDir& tmp, const std::string& name) {
+  static int copies = 0;
+  const std::string dir = tmp.path() + "/" + name + "_" + std::to_string(copies++);
+  std::filesystem::copy(Fixture(name) + "/ckpt", dir, std::filesystem::copy_options::recursive);
+  return dir;
+}
+
+TEST_CASE("megatron: refusals name what is wrong", "[megatron]") {
+  testing::TempDir tmp;
+  {  // a missing rank dir: not found, naming it
+    const std::string dir = CopySave(tmp, "gpt_tp2_pp2");
+    std::filesystem::remove_all(dir + "/iter_0000003/mp_rank_01_001");
+    auto r = ReadMegatronLegacyCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kNotFound);
+    CHECK_THAT(r.status().message(), Catch::Contains("mp_rank_01_001/model_optim_rng.pt"));
+  }
+  {  // dirs of TP 1 while args say TP 2: data loss naming both
+    const std::string dir = CopySave(tmp, "moe_tp2_ep2");
+    std::filesystem::rename(dir, dir + "_x");
+    std::filesystem::create_directories(dir + "/iter_0000005");
+    std::filesystem::copy(dir + "_x/iter_0000005/mp_rank_00_000", dir + "/iter_0000005/mp_rank_00_000");
+    std::filesystem::copy(dir + "_x/iter_0000005/mp_rank_00_001", dir + "/iter_0000005/mp_rank_00_001");
+    auto r = ReadMegatronLegacyCheckpoint(dir + "/iter_0000005");
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains("tensor_model_parallel_size is 2"));
+  }
+  {  // the latest file names a missing iteration
+    const std::string dir = CopySave(tmp, "gpt_tp1");
+    WriteFileBytes(dir + "/latest_checkpointed_iteration.txt", testing::AsBytes("42\n"));
+    auto r = ReadMegatronLegacyCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kNotFound);
+    CHECK_THAT(r.status().message(), Catch::Contains("iter_0000042"));
+  }
+  {  // an iteration dir renamed: the files' iteration disagrees
+    const std::string dir = CopySave(tmp, "gpt_pp2_vpp2");
+    std::filesystem::rename(dir + "/iter_0000007", dir + "/iter_0000008");
+    WriteFileBytes(dir + "/latest_checkpointed_iteration.txt", testing::AsBytes("8"));
+    auto r = ReadMegatronLegacyCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains("iter_0000008"));
+  }
+  {  // a truncated rank file: data loss naming it
+    const std::string dir = CopySave(tmp, "gpt_tp1");
+    const std::string f = dir + "/release/mp_rank_00/model_optim_rng.pt";
+    std::vector<std::byte> b = ReadFileBytes(f);
+    b.resize(b.size() / 2);
+    WriteFileBytes(f, b);
+    auto r = ReadMegatronLegacyCheckpoint(dir);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains("mp_rank_00/model_optim_rng.pt"));
+  }
+  {  // TP 2 without args.swiglu: linear_fc1 cannot be merged
+    auto r = ReadMegatronLegacyCheckpoint(Fixture("no_swiglu_arg") + "/ckpt");
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == StatusCode::kUnimplemented);
+    CHECK_THAT(r.status().message(), Catch::Contains("decoder.layers.0.mlp.linear_fc1.weight"));
+    CHECK_THAT(r.status().message(), Catch::Contains("swiglu"));
+  }
+}
+
+TEST_CASE("megatron: byte mutations never crash or give a wrong-sized index", "[megatron]") {
+  testing::TempDir tmp;
+  std::mt19937 rng(5);
+  for (const char* name : {"gpt_tp2_pp2", "moe_tp2_ep2"}) {
+    const std::string dir = CopySave(tmp, name);
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+      if (e.path().filename() == "model_optim_rng.pt") files.push_back(e.path().string());
+    }
+    REQUIRE(files.size() == 4);
+    for (const std::string& path : {files[0], files[3]}) {
+      const std::vector<std::byte> orig = ReadFileBytes(path);
+      for (int i = 0; i < 150; ++i) {
+        std::vector<std::byte> b = orig;
+        const size_t pos = rng() % b.size();
+        b[pos] = static_cast<std::byte>(rng() & 0xff);
+        WriteFileBytes(path, b);
+        auto r = ReadMegatronLegacyCheckpoint(dir);
+        if (!r.ok()) {
+          CHECK(r.status().code() != StatusCode::kInternal);
+          continue;
+        }
+        for (const TensorEntry& t : r->tensors) {
+          int64_t covered = 0;
+          for (const Chunk& c : t.chunks) {
+            covered += c.stored_elements();
+            CHECK(c.byte_offset + c.byte_length <= r->files[c.file].size);
+          }
+          int64_t n = 1;
+          for (int64_t d : t.global_shape) n *= d;
+          CHECK(covered == n);
+        }
+      }
+      WriteFileBytes(path, orig);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fc

@@ -1,0 +1,122 @@
+"""fc-inspect and fc-export on the Megatron legacy fixtures (testdata/megatron_legacy, torch
+1.13 files written by testdata/gen/megatron/gen_legacy.py), read back with an independent
+safetensors reader (fcio: json + numpy) and compared element by element with the full tensors
+the generator cut the ranks from (expected/*.npy).
+
+usage: megatron_test.py BUILD_ROOT TESTDATA CASE   (CASE: export|inspect|errors)
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+try:
+    import numpy as np
+    import fcio
+except ImportError as e:  # numpy missing: the independent reader cannot run
+    print("skipping:", e)
+    sys.exit(77)
+
+BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
+EXPORT = os.path.join(BUILD, "tools", "fc-export")
+INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
+ROOT = os.path.join(TESTDATA, "megatron_legacy")
+CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2"]
+tmp = tempfile.mkdtemp(prefix="fc-megatron-test-")
+
+
+def check_same(got, expected, label):
+    assert sorted(got) == sorted(expected), (label, sorted(set(got) ^ set(expected)))
+    for name, want in expected.items():
+        dt, arr = got[name]
+        assert dt == "BF16", (label, name, dt)
+        assert tuple(arr.shape) == tuple(want.shape), (label, name, arr.shape, want.shape)
+        assert np.array_equal(fcio.bits(arr), fcio.bits(want)), f"{label}: {name} differs"
+
+
+def case_export():
+    for label in CASES:
+        fx = os.path.join(ROOT, label)
+        out = os.path.join(tmp, label)
+        fcio.run([EXPORT, os.path.join(fx, "ckpt"), out, "--quiet"])
+        got, _ = fcio.read_hf_dir(out)
+        check_same(got, fcio.expected_values(fx), label)
+        print("ok export", label)
+    # TP 2 x PP 2 (SwiGLU halves merged, stage-local layers renumbered) exports exactly what
+    # the TP 1 release checkpoint of the same full tensors does, byte for byte.
+    a = open(os.path.join(tmp, "gpt_tp2_pp2", "model.safetensors"), "rb").read()
+    b = open(os.path.join(tmp, "gpt_tp1", "model.safetensors"), "rb").read()
+    assert a == b, "TP2xPP2 and TP1 exports differ"
+    # An iteration dir given directly, with --format.
+    out = os.path.join(tmp, "iterdir")
+    fcio.run([EXPORT, os.path.join(ROOT, "gpt_tp2_pp2", "ckpt", "iter_0000003"), out, "--quiet",
+              "--format", "megatron-legacy"])
+    assert open(os.path.join(out, "model.safetensors"), "rb").read() == a
+    print("ok export tp2xpp2 == tp1")
+
+
+def case_inspect():
+    want = {"gpt_tp2_pp2": ("3", "2", "2", "1", "iter_0000003"),
+            "gpt_tp1": ("3", "1", "1", "1", "release"),
+            "gpt_pp2_vpp2": ("7", "1", "2", "1", "iter_0000007"),
+            "moe_tp2_ep2": ("5", "2", "1", "2", "iter_0000005"),
+            "legacy_tp2_pp2": ("9", "2", "2", "1", "iter_0000009")}
+    for label in CASES:
+        ckpt = os.path.join(ROOT, label, "ckpt")
+        j = json.loads(fcio.run([INSPECT, ckpt, "--json"]).stdout)
+        a = j["attributes"]
+        it, tp, pp, ep, d = want[label]
+        assert j["format"] == "megatron-legacy", j["format"]
+        assert (a["megatron.iteration"], a["megatron.tp_degree"], a["megatron.pp_degree"],
+                a["megatron.ep_degree"], a["megatron.checkpoint_dir"]) == want[label], (label, a)
+        assert a["megatron.checkpoint_version"] == "3.0", (label, a)
+        exp = fcio.expected_values(os.path.join(ROOT, label))
+        assert sorted(t["key"] for t in j["tensors"]) == sorted(exp), label
+        for t in j["tensors"]:
+            assert t["global_shape"] == list(exp[t["key"]].shape), (label, t)
+        text = fcio.run([INSPECT, ckpt]).stdout
+        for s in ("megatron-legacy", "megatron.iteration " + it, "megatron.tp_degree " + tp,
+                  "megatron.pp_degree " + pp, "megatron.ep_degree " + ep,
+                  "megatron.checkpoint_version 3.0"):
+            assert s in text, (label, s, text)
+        print("ok inspect", label)
+    text = fcio.run([INSPECT, os.path.join(ROOT, "gpt_tp2_pp2", "ckpt")]).stdout
+    assert "megatron.swiglu true" in text and "megatron.distrib_optim 4 files, not read" in text
+    assert "megatron.core.transformer.enums.AttnBackend" in text, text  # opaque, reported
+
+
+def case_errors():
+    save = os.path.join(tmp, "missing")
+    shutil.copytree(os.path.join(ROOT, "gpt_tp2_pp2", "ckpt"), save)
+    shutil.rmtree(os.path.join(save, "iter_0000003", "mp_rank_01_001"))
+    for tool in (INSPECT, EXPORT):
+        args = [tool, save] + ([os.path.join(tmp, "out")] if tool == EXPORT else [])
+        p = fcio.run(args, expect=4)
+        assert "mp_rank_01_001/model_optim_rng.pt" in p.stderr, p.stderr
+    assert not os.path.exists(os.path.join(tmp, "out", "model.safetensors"))
+    # Dirs of one TP rank while args say TP 2: corrupt input (exit 5) naming the arg.
+    save = os.path.join(tmp, "mismatch")
+    shutil.copytree(os.path.join(ROOT, "gpt_tp2_pp2", "ckpt"), save)
+    for d in ("mp_rank_01_000", "mp_rank_01_001"):
+        shutil.rmtree(os.path.join(save, "iter_0000003", d))
+    p = fcio.run([INSPECT, save], expect=5)
+    assert "tensor_model_parallel_size is 2" in p.stderr, p.stderr
+    # args without swiglu at TP 2: linear_fc1 is refused (exit 6) naming it.
+    p = fcio.run([EXPORT, os.path.join(ROOT, "no_swiglu_arg", "ckpt"), os.path.join(tmp, "o2"),
+                  "--quiet"], expect=6)
+    assert "linear_fc1.weight" in p.stderr and "swiglu" in p.stderr, p.stderr
+    # latest_checkpointed_iteration.txt naming a missing iteration: not found.
+    save = os.path.join(tmp, "latest")
+    shutil.copytree(os.path.join(ROOT, "gpt_tp1", "ckpt"), save)
+    open(os.path.join(save, "latest_checkpointed_iteration.txt"), "w").write("9")
+    p = fcio.run([INSPECT, save, "--format", "megatron-legacy"], expect=4)
+    assert "iter_0000009" in p.stderr, p.stderr
+    print("ok errors")
+
+
+try:
+    globals()["case_" + CASE]()
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
