@@ -119,6 +119,7 @@ def stand_in_loads(raw):
 
 
 def check_v2_metadata():
+    import json
     import pathlib
     import pickletools
     import uuid
@@ -131,15 +132,23 @@ def check_v2_metadata():
         run([CONVERT, src, out, "--quiet", "--output-format", "torch-dcp", "--torch-version",
              version, "--target-like", src])
         raw = open(os.path.join(out, ".metadata"), "rb").read()
-        globals_ = set()
-        strings = []
+        # Class references, following the memo (a module string is memoized once).
+        globals_, memo, pushed = set(), [], []
         for op, arg, _ in pickletools.genops(raw):
             if op.name in ("SHORT_BINUNICODE", "BINUNICODE"):
-                strings.append(arg)
+                pushed.append(arg)
+            elif op.name in ("BINGET", "LONG_BINGET"):
+                pushed.append(memo[arg])
+            elif op.name == "MEMOIZE":
+                memo.append(pushed[-1])
             elif op.name == "STACK_GLOBAL":
-                globals_.add(tuple(strings[-2:]))
+                globals_.add((pushed[-2], pushed[-1]))
+                pushed.append(None)
             elif op.name == "GLOBAL":
                 globals_.add(tuple(arg.split(" ", 1)))
+                pushed.append(None)
+            else:
+                pushed.append(None)
         md = stand_in_loads(raw)
         MD = "torch.distributed.checkpoint.metadata"
         cls = lambda v: (type(v).__module__, type(v).__name__)  # noqa: E731
@@ -150,11 +159,14 @@ def check_v2_metadata():
             assert cls(k) == (MD, "MetadataIndex"), cls(k)
             assert cls(v) == ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), cls(v)
             assert list(v.__dict__) == ["relative_path", "offset", "length"], v.__dict__
-        props = [m.properties for m in md.state_dict_metadata.values()
-                 if cls(m) == (MD, "TensorStorageMetadata")]
-        assert len(props) == 2 and all(p.state[0] in ("torch.float32", "torch.bfloat16")
-                                       and p.state[1:3] == ("torch.strided", False)
-                                       for p in props), [p.state for p in props]
+        want = {t["key"]: "torch." + t["dtype"] for t in
+                json.loads(run([INSPECT, src, "--json"]).stdout)["tensors"]}
+        got = {k: m.properties for k, m in md.state_dict_metadata.items()
+               if cls(m) == (MD, "TensorStorageMetadata")}
+        assert {k: p.state[0] for k, p in got.items()} == want, (got, want)
+        props = list(got.values())
+        assert all(p.state[1:3] == ("torch.strided", False) and p.state[4] is False
+                   for p in props), [p.state for p in props]
         if version == "2":
             assert all(cls(p) == (MD, "TensorProperties") for p in props)
             assert all(p.state[3] == (MD + "._MEM_FORMAT_ENCODING", 0) for p in props)
