@@ -229,6 +229,12 @@ Status ValidateTorchDcpPlan(const FcDistcpPlan& plan, TorchDcpWriteOptions optio
     if (!tensor_index.emplace(t.key, i).second) {
       return InvalidArgumentError("tensor " + Quoted(t.key) + " is listed twice");
     }
+    if (IsPacked(t.dtype)) {
+      return InvalidArgumentError("tensor " + Quoted(t.key) + ": dtype " +
+                                  std::string(DTypeName(t.dtype)) + " (safetensors " +
+                                  std::string(DTypeSafetensorsName(t.dtype)) +
+                                  ") cannot be written to torch DCP by fc");
+    }
     if (options.generation == TorchGeneration::k1_13 &&
         internal_torch::UsesRebuildTensorV3(t.dtype)) {
       return InvalidArgumentError("tensor " + Quoted(t.key) + ": torch 1.13 has no dtype " +
