@@ -329,9 +329,9 @@ TEST_CASE("safetensors: the writer stores packed types with the header's value c
                                               {"f", DType::kBool, {1}}};
   auto layout = ComputeSafetensorsLayout(specs, {{"format", "pt"}}, {});
   REQUIRE(layout.ok());
-  CHECK(layout->header.find(R"("a":{"dtype":"F4","shape":[4,8],"data_offsets":[8,24]})") !=
+  CHECK(layout->header.find(R"("a":{"dtype":"F4","shape":[4,8],"data_offsets":[17,33]})") !=
         std::string::npos);
-  CHECK(layout->header.find(R"("b":{"dtype":"F6_E3M2","shape":[3,4],"data_offsets":[24,33]})") !=
+  CHECK(layout->header.find(R"("b":{"dtype":"F6_E3M2","shape":[3,4],"data_offsets":[8,17]})") !=
         std::string::npos);
   // Reference order: F32, F6_E3M2, F4, BOOL.
   CHECK(layout->entries[0].name == "x");
