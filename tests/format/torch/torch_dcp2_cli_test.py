@@ -222,6 +222,32 @@ p = run([EXPORT, odd, os.path.join(tmp, "odd"), "--quiet"], expect=6)
 assert "transform 'stream.zstx/1' is not supported" in p.stderr, p.stderr
 p = run([INSPECT, odd], expect=6)
 
+# A zstd item overwritten in place by a decompression bomb of the same length (RLE blocks
+# of 128 KiB, far more than the chunk's bytes + 64 KiB): exit 5 naming file, tensor and the
+# cap, without decoding (or holding) the claimed size.
+import resource  # noqa: E402
+bomb_dir = os.path.join(tmp, "bomb")
+shutil.copytree(os.path.join(DCP, "zstd", "ckpt"), bomb_dir)
+md = stand_in_loads(open(os.path.join(bomb_dir, ".metadata"), "rb").read())
+info = next(v for k, v in md.storage_data.items() if k.fqn == "grid")
+L = info.length
+k = (L - 9) // 4
+assert k >= 1, L
+frame = (0xFD2FB528).to_bytes(4, "little") + bytes([0, 7 << 3])
+for _ in range(k):
+    frame += ((128 * 1024 << 3) | (1 << 1)).to_bytes(3, "little") + b"\x42"  # RLE, not last
+r = L - len(frame) - 3
+frame += ((r << 3) | 1).to_bytes(3, "little") + b"\x00" * r  # raw, last
+assert len(frame) == L
+with open(os.path.join(bomb_dir, info.relative_path), "r+b") as f:
+    f.seek(info.offset)
+    f.write(frame)
+p = run([EXPORT, bomb_dir, os.path.join(tmp, "bomb-out"), "--quiet"], expect=5)
+assert "tensor 'grid'" in p.stderr and info.relative_path in p.stderr, p.stderr
+assert "decodes to more than" in p.stderr and "tensor bytes" in p.stderr, p.stderr
+assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 512 * 1024, "child RSS"
+print("ok zstd bomb")
+
 conflict = os.path.join(tmp, "conflict")
 shutil.copytree(os.path.join(DCP, "rank_local", "ckpt"), conflict)
 md = open(os.path.join(conflict, "__2.metadata"), "rb").read()
