@@ -63,9 +63,11 @@ int main(int argc, char** argv) {
                  "possible there)")
       ->check(CLI::IsMember({"fc", "torch-dcp"}));
   app.add_option("--torch-version", options.torch_version,
-                 "with --output-format torch-dcp: metadata for torch 1.13 or 2 (default: that of a "
-                 "torch DCP source, else 2)")
-      ->check(CLI::IsMember({"1.13", "2"}));
+                 "with --output-format torch-dcp: metadata for torch 1.13, 2.0 (torch 2.0-2.3: "
+                 "no storage_meta, no version) or 2 (torch 2.4+: storage_meta and version "
+                 "\"1.0.0\", as current torch writes) (default: that of a torch DCP source, "
+                 "else 2)")
+      ->check(CLI::IsMember({"1.13", "2.0", "2"}));
   app.add_option("--torch-serialization", options.torch_serialization,
                  "with --output-format torch-dcp --torch-version 2: torch-save (default: one torch.save "
                  "archive per chunk, what torch's FileSystemReader loads) or safetensors (torch "

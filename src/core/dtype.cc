@@ -13,7 +13,10 @@ size_t DTypeSize(DType dtype) {
     case DType::kFloat8E5M2:
     case DType::kFloat8E4M3FNUZ:
     case DType::kFloat8E5M2FNUZ:
-    case DType::kFloat8E8M0FNU: return 1;
+    case DType::kFloat8E8M0FNU:
+    case DType::kFloat4E2M1FNx2: return 1;
+    case DType::kFloat6E2M3FNx4:
+    case DType::kFloat6E3M2FNx4: return 3;
     case DType::kInt16:
     case DType::kUInt16:
     case DType::kFloat16:
@@ -28,6 +31,26 @@ size_t DTypeSize(DType dtype) {
   }
   return 0;
 }
+
+int DTypeValuesPerElement(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat4E2M1FNx2: return 2;
+    case DType::kFloat6E2M3FNx4:
+    case DType::kFloat6E3M2FNx4: return 4;
+    default: return 1;
+  }
+}
+
+int DTypeValueBits(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat4E2M1FNx2: return 4;
+    case DType::kFloat6E2M3FNx4:
+    case DType::kFloat6E3M2FNx4: return 6;
+    default: return static_cast<int>(8 * DTypeSize(dtype));
+  }
+}
+
+bool IsPacked(DType dtype) { return DTypeValuesPerElement(dtype) > 1; }
 
 bool IsFloating(DType dtype) {
   switch (dtype) {
@@ -65,6 +88,9 @@ std::string_view DTypeName(DType dtype) {
     case DType::kFloat8E4M3FNUZ: return "float8_e4m3fnuz";
     case DType::kFloat8E5M2FNUZ: return "float8_e5m2fnuz";
     case DType::kFloat8E8M0FNU: return "float8_e8m0fnu";
+    case DType::kFloat4E2M1FNx2: return "float4_e2m1fn_x2";
+    case DType::kFloat6E2M3FNx4: return "float6_e2m3fn_x4";
+    case DType::kFloat6E3M2FNx4: return "float6_e3m2fn_x4";
   }
   return "unknown";
 }
@@ -90,6 +116,9 @@ std::string_view DTypeSafetensorsName(DType dtype) {
     case DType::kFloat8E4M3FNUZ: return "F8_E4M3FNUZ";
     case DType::kFloat8E5M2FNUZ: return "F8_E5M2FNUZ";
     case DType::kFloat8E8M0FNU: return "F8_E8M0";
+    case DType::kFloat4E2M1FNx2: return "F4";
+    case DType::kFloat6E2M3FNx4: return "F6_E2M3";
+    case DType::kFloat6E3M2FNx4: return "F6_E3M2";
   }
   return "UNKNOWN";
 }
@@ -114,7 +143,10 @@ std::string_view DTypeNumpyName(DType dtype) {
     case DType::kComplex64: return "<c8";
     case DType::kFloat8E4M3FNUZ:
     case DType::kFloat8E5M2FNUZ:
-    case DType::kFloat8E8M0FNU: return "|u1";
+    case DType::kFloat8E8M0FNU:
+    case DType::kFloat4E2M1FNx2: return "|u1";
+    case DType::kFloat6E2M3FNx4:
+    case DType::kFloat6E3M2FNx4: return "|V3";
   }
   return "";
 }
@@ -156,6 +188,9 @@ constexpr Alias kTorchAndNumpyNames[] = {
     {"float8_e4m3fnuz", DType::kFloat8E4M3FNUZ},
     {"float8_e5m2fnuz", DType::kFloat8E5M2FNUZ},
     {"float8_e8m0fnu", DType::kFloat8E8M0FNU},
+    {"float4_e2m1fn_x2", DType::kFloat4E2M1FNx2},
+    {"float6_e2m3fn_x4", DType::kFloat6E2M3FNx4},
+    {"float6_e3m2fn_x4", DType::kFloat6E3M2FNx4},
     {"|b1", DType::kBool},
     {"|u1", DType::kUInt8},
     {"|i1", DType::kInt8},
@@ -181,12 +216,12 @@ constexpr Alias kSafetensorsNames[] = {
     {"C64", DType::kComplex64},     {"F8_E4M3FNUZ", DType::kFloat8E4M3FNUZ},
     {"F8_E5M2FNUZ", DType::kFloat8E5M2FNUZ},
     {"F8_E8M0", DType::kFloat8E8M0FNU},
+    {"F4", DType::kFloat4E2M1FNx2},       {"F6_E2M3", DType::kFloat6E2M3FNx4},
+    {"F6_E3M2", DType::kFloat6E3M2FNx4},
 };
 
-// Safetensors dtype strings that no DType holds: the packed sub-byte floats (read by the
-// safetensors reader as opaque packed data, see fc/format/safetensors.h) and C128, which
-// some third-party readers list.
-constexpr std::string_view kSafetensorsUnsupported[] = {"F4", "F6_E2M3", "F6_E3M2", "C128"};
+// Safetensors dtype strings that no DType holds: C128, which some third-party readers list.
+constexpr std::string_view kSafetensorsUnsupported[] = {"C128"};
 
 }  // namespace
 

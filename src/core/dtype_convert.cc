@@ -535,7 +535,10 @@ Status DispatchDst(const uint8_t* s, uint8_t* d, size_t n, DType sd, DType dd) {
     case DType::kFloat8E4M3FNUZ: return Kernel<Src, E4M3FnuzT>(s, d, n, sd, dd);
     case DType::kFloat8E5M2FNUZ: return Kernel<Src, E5M2FnuzT>(s, d, n, sd, dd);
     case DType::kFloat8E8M0FNU: return Kernel<Src, E8M0T>(s, d, n, sd, dd);
-    case DType::kComplex64: break;  // refused by ConvertElements
+    case DType::kComplex64:  // refused by ConvertElements
+    case DType::kFloat4E2M1FNx2:
+    case DType::kFloat6E2M3FNx4:
+    case DType::kFloat6E3M2FNx4: break;
   }
   return InternalError("unknown destination dtype");
 }
@@ -556,6 +559,11 @@ Status ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dt
                               std::string(DTypeName(dst_dtype)) +
                               " is not supported (complex64 is only copied as it is)");
   }
+  if (IsPacked(src_dtype) || IsPacked(dst_dtype)) {
+    return UnimplementedError("conversion from " + std::string(DTypeName(src_dtype)) + " to " +
+                              std::string(DTypeName(dst_dtype)) +
+                              " is not supported (packed sub-byte floats are only copied)");
+  }
   switch (src_dtype) {
     case DType::kBool: return DispatchDst<BoolT>(s, d, count, src_dtype, dst_dtype);
     case DType::kUInt8: return DispatchDst<U8T>(s, d, count, src_dtype, dst_dtype);
@@ -575,7 +583,10 @@ Status ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dt
     case DType::kFloat8E4M3FNUZ: return DispatchDst<E4M3FnuzT>(s, d, count, src_dtype, dst_dtype);
     case DType::kFloat8E5M2FNUZ: return DispatchDst<E5M2FnuzT>(s, d, count, src_dtype, dst_dtype);
     case DType::kFloat8E8M0FNU: return DispatchDst<E8M0T>(s, d, count, src_dtype, dst_dtype);
-    case DType::kComplex64: break;  // refused above
+    case DType::kComplex64:  // refused above
+    case DType::kFloat4E2M1FNx2:
+    case DType::kFloat6E2M3FNx4:
+    case DType::kFloat6E3M2FNx4: break;
   }
   return InternalError("unknown source dtype");
 }

@@ -250,10 +250,12 @@ Result<TorchDcpWriteOptions> TorchWriteOptions(const ConvertOptions& options,
   if (version.empty()) version = "2";
   if (version == "1.13") {
     wo.generation = TorchGeneration::k1_13;
+  } else if (version == "2.0") {
+    wo.generation = TorchGeneration::k2_0;
   } else if (version == "2") {
     wo.generation = TorchGeneration::k2;
   } else {
-    return InvalidArgumentError("--torch-version '" + version + "': expected 1.13 or 2");
+    return InvalidArgumentError("--torch-version '" + version + "': expected 1.13, 2.0 or 2");
   }
   if (options.torch_serialization == "safetensors") {
     wo.serialization = TorchDcpSerialization::kSafetensors;

@@ -14,7 +14,8 @@
 // two (midpoint 1.5 * 2^e, ties to the even pattern); zero and values below 2^-127 give 0x00
 // (2^-127, the nearest representable value); negative values (no sign bit), NaN, Inf and
 // values that round past 2^127 give NaN 0xFF. (torch ignores the sign instead.)
-// complex64: copied only (same dtype); a conversion to or from it is kUnimplemented.
+// complex64 and the packed sub-byte types: copied only (same dtype); a conversion to or from
+// them is kUnimplemented.
 //
 // Thread-safety: pure functions.
 #ifndef FC_CORE_DTYPE_CONVERT_H_

@@ -81,7 +81,7 @@ using SafetensorsMetadata = std::vector<std::pair<std::string, std::string>>;
 struct SafetensorsTensorInfo {
   std::string name;
   DType dtype = DType::kFloat32;
-  Shape shape;
+  Shape shape;  // in elements of dtype (packed types: the header's last dimension / 2 or 4)
   uint64_t begin = 0;  // data_offsets[0], relative to the data buffer
   uint64_t end = 0;    // data_offsets[1]
   uint64_t byte_length() const { return end - begin; }
@@ -113,10 +113,13 @@ Result<uint64_t> ParseSafetensorsHeaderLength(std::span<const std::byte> first_b
 //   - the JSON is valid UTF-8 JSON and its root is an object;
 //   - "__metadata__" is an object of string values (or null); keys unique;
 //   - every other member is an object with "dtype" (a string naming a dtype: every
-//     safetensors dtype is read except the packed sub-byte floats F4, F6_E2M3 and F6_E3M2,
-//     whose size is checked as prod(shape) * bits / 8 (whole bytes) and the tiling too,
-//     after which the valid file is kUnimplemented, naming the first such tensor; C128 is
-//     kUnimplemented at once),
+//     safetensors dtype is read, C128 excepted (kUnimplemented); the packed sub-byte floats
+//     F4, F6_E2M3 and F6_E3M2 by the reference's rule (safetensors/src/tensor.rs,
+//     Metadata::validate): values x bits must be whole bytes and equal end - begin; they
+//     become the packed DTypes (fc/core/dtype.h), whose shape is the header's with the last
+//     dimension divided by 2 (F4) or 4 (F6); a valid one whose last dimension is not such a
+//     multiple (rows that are not whole bytes) makes the otherwise valid file kUnimplemented,
+//     naming the first such tensor, after the tiling check),
 //     "shape" (array of integers in [0, 2^63)), "data_offsets" (two integers, begin <= end);
 //   - end - begin == prod(shape) * itemsize, computed with overflow checks (kDataLoss on
 //     overflow as well: a shape whose byte size overflows cannot be in a real file);
@@ -169,7 +172,7 @@ Result<CheckpointIndex> ReadSafetensorsCheckpoint(const std::string& path);
 struct SafetensorsTensorSpec {
   std::string name;
   DType dtype = DType::kFloat32;
-  Shape shape;
+  Shape shape;  // in elements of dtype; the header of a packed type counts values (x 2 or 4)
 };
 
 struct SafetensorsWriteOptions {
@@ -212,7 +215,8 @@ Result<SafetensorsLayout> ComputeSafetensorsLayout(std::span<const SafetensorsTe
 // Reorders `tensors` the way the reference writer (safetensors.torch.save_file) lays them
 // out: by dtype alignment, largest first, ties broken by upstream's Dtype enum order
 // (descending: I64, F64, F32, I32, BF16, F16, I16, F8_E4M3, F8_E5M2, I8, U8, BOOL), then by
-// name (byte order). Stable and deterministic.
+// name (byte order). Stable and deterministic. (The packed F4/F6 types come last, before
+// BOOL, as upstream's enum has them; they have no alignment to keep.)
 void SortLikeSafetensorsReference(std::vector<SafetensorsTensorSpec>& tensors);
 
 // Streams one safetensors file to disk.

@@ -14,8 +14,15 @@
 // discard everything before the range, so memory stays at zstd's window (the frame's own,
 // at most 128 MiB: libzstd refuses larger windows by default) plus two 128 KiB buffers
 // whatever the item's size; the price is CPU for the skipped prefix (each read of a region
-// decodes the item up to the region's end). The decoded size is not bounded beforehand
-// (frames carry none): a hostile item can cost decoding time, never memory.
+// decodes the item up to the region's end).
+//
+// Decompression bombs: every full decoding pass is capped by what the metadata implies (a
+// tensor item: its chunk's bytes + kTorchSaveItemOverheadMax for the torch.save archive
+// around them; a byte item: kMaxDecodedObjectBytes, as BytesStorageMetadata carries no
+// size). A first frame whose header declares a larger content size is refused before
+// anything is decoded, and decoding stops at the first byte past the cap (kDataLoss naming
+// the file, the item's bytes and both sizes), so a tiny item claiming or producing
+// gigabytes costs neither the memory nor the time of its claim.
 //
 // Thread-safety: pure functions; concurrent calls on one RandomAccessFile are fine (pread).
 #ifndef FC_FORMAT_TORCH_DCP_TRANSFORM_H_
@@ -38,11 +45,23 @@ namespace fc {
 // fc reads stream.zstd/1").
 Result<EncodedItem::Codec> CodecForTransformDescriptors(std::span<const std::string> descriptors);
 
+// Bytes a torch.save archive of one tensor may add around the tensor's data (data.pkl, the
+// small records, the zip directory; ~1 KiB in practice).
+inline constexpr uint64_t kTorchSaveItemOverheadMax = 64 * 1024;
+// The cap for a decoded byte (BYTE_IO) item: 1 GiB.
+inline constexpr uint64_t kMaxDecodedObjectBytes = uint64_t{1} << 30;
+// tensor_bytes + kTorchSaveItemOverheadMax (saturating).
+uint64_t MaxDecodedTensorItemBytes(uint64_t tensor_bytes);
+
 // Streams the decoded item through `sink(decoded_offset, bytes)`, in order; the sink returns
 // false to stop early. Returns the number of decoded bytes produced (all of them when not
 // stopped). Errors: kDataLoss for corrupt or truncated frames ("<file>: zstd item bytes
-// [a, b): <zstd error>"), kIoError.
+// [a, b): <zstd error>"), for a first frame header declaring more than `max_decoded` bytes
+// ("... declares 8589934592 decoded bytes, more than the 65560 the metadata allows") and for
+// output past `max_decoded` ("... decodes to more than 65560 bytes, the most the metadata
+// allows"), checked before the sink sees the excess; kIoError.
 Result<uint64_t> DecodeItem(const RandomAccessFile& file, const EncodedItem& item,
+                            uint64_t max_decoded,
                             const std::function<bool(uint64_t, std::span<const std::byte>)>& sink);
 
 // Fills `dst` with decoded bytes [offset, offset + dst.size()). Errors: those of DecodeItem;
@@ -63,8 +82,9 @@ struct DecodedItemWindows {
   // Errors: kDataLoss past the end; kUnimplemented when the range is in neither window.
   Status Read(uint64_t offset, std::span<std::byte> dst) const;
 };
+// Errors: DecodeItem's (with `max_decoded`).
 Result<DecodedItemWindows> DecodeItemWindows(const RandomAccessFile& file,
-                                             const EncodedItem& item,
+                                             const EncodedItem& item, uint64_t max_decoded,
                                              uint64_t head_bytes = 256 * 1024,
                                              uint64_t tail_bytes = 256 * 1024);
 

@@ -32,18 +32,22 @@
 //                 planner_data, storage_data: {MetadataIndex: _StorageInfo}[, storage_meta]
 //                 [, version]}
 //      with, per generation (formats.md 2.3):
-//                        k1_13                                     k2 (~2.3+)
-//        classes         torch.distributed._shard.checkpoint.      torch.distributed.
-//                          metadata / .filesystem (_StorageInfo)     checkpoint.metadata /
-//                                                                    .filesystem
-//        TensorProperties torch.distributed._shard.sharded_tensor.   torch.distributed.
-//                          metadata (+ MEM_FORMAT_ENCODING, by name)  checkpoint.metadata
-//                                                                    (+ _MEM_FORMAT_ENCODING,
-//                                                                    by value)
-//        planner_data    None                                      {fqn: (fqn,)}
-//        version         absent                                    "1.0.0"
-//        storage_meta    absent                                    only with
-//                                                                  options.storage_meta
+//                        k1_13                   k2_0 (2.0-2.3)        k2 (2.4+)
+//        classes         torch.distributed.      torch.distributed.    as k2_0
+//                          _shard.checkpoint.      checkpoint.metadata /
+//                          metadata / .filesystem  .filesystem
+//        TensorProperties torch.distributed.     as k1_13 (enum by     torch.distributed.
+//                          _shard.sharded_tensor.  value)                checkpoint.metadata
+//                          metadata (+ MEM_FORMAT_                       (+ _MEM_FORMAT_ENCODING,
+//                          ENCODING, by name)                            by value)
+//        planner_data    None                    {fqn: (fqn,)}         {fqn: (fqn,)}
+//        storage_meta    absent                  absent                StorageMeta{checkpoint_id:
+//                                                                        pathlib.PosixPath(*parts
+//                                                                        of out_dir as given),
+//                                                                        save_id: str(uuid4()),
+//                                                                        load_id: None,
+//                                                                        modules: []}
+//        version         absent                  absent                "1.0.0"
 //      Tensors are listed in plan order, then objects in file order. A tensor's chunks are
 //      listed in file order, then in their order within the file; MetadataIndex.index is
 //      that position. _StorageInfo.relative_path is the file name.
@@ -78,7 +82,16 @@
 
 namespace fc {
 
-enum class TorchGeneration { k1_13, k2 };
+// Which torch releases' FileSystemReader the .metadata is for (formats.md 2.3, 2.6):
+//   k1_13  torch 1.13 (torch.distributed._shard.checkpoint);
+//   k2_0   torch 2.0-2.3: torch.distributed.checkpoint classes, TensorProperties and
+//          MEM_FORMAT_ENCODING from torch.distributed._shard.sharded_tensor.metadata, the
+//          three original Metadata fields only (2.0-2.3 cannot unpickle StorageMeta); every
+//          later 2.x loads it too;
+//   k2     torch 2.4+: TensorProperties and _MEM_FORMAT_ENCODING from
+//          torch.distributed.checkpoint.metadata, plus storage_meta and version "1.0.0", as
+//          current FileSystemWriter writes them.
+enum class TorchGeneration { k1_13, k2_0, k2 };
 
 // How tensor items are stored (torch's SerializationFormat, ~2.8+).
 enum class TorchDcpSerialization {
@@ -94,10 +107,6 @@ enum class TorchDcpSerialization {
 
 struct TorchDcpWriteOptions {
   TorchGeneration generation = TorchGeneration::k2;
-  // k2 only: also write Metadata.storage_meta (StorageMeta{checkpoint_id: out_dir as a str,
-  // save_id: a random 32-hex id, load_id: None, modules: []}). Off by default: the class
-  // exists from ~2.4, and a .metadata naming it does not unpickle in torch 2.0-2.3.
-  bool storage_meta = false;
   TorchDcpSerialization serialization = TorchDcpSerialization::kTorchSave;
   // Several processes writing one checkpoint, as with FcDistcpWriter (fc_distcp.h): every
   // process creates a writer with the same plan, its own `files` (indices into plan.files;
@@ -134,7 +143,8 @@ struct TorchDcpFileLayout {
 // with replica_id 0 of each tensor do not overlap, start at distinct offsets, and cover the
 // tensor exactly; objects have encoding kTorchSave and a non-zero length; dtypes exist in
 // the generation (no float8 for k1_13); sizes do not overflow; with the SAFETENSORS
-// serialization: generation k2 and one stored chunk per tensor per file.
+// serialization: generation k2 and one stored chunk per tensor per file. (Create also refuses
+// with k2 an out_dir that is not UTF-8: it becomes storage_meta.checkpoint_id.)
 Status ValidateTorchDcpPlan(const FcDistcpPlan& plan, TorchDcpWriteOptions options = {});
 
 // Item placement for every file of a (valid) plan. Errors: ValidateTorchDcpPlan's.

@@ -38,7 +38,7 @@ struct ConvertOptions {
   std::vector<std::string> exclude;
   std::optional<DType> dtype;                  // cast floating-point target tensors to this
   ConvertOutputFormat output_format = ConvertOutputFormat::kFcDistcp;
-  std::string torch_version;                   // "1.13" or "2"; empty: like a torch source, else 2
+  std::string torch_version;  // "1.13", "2.0" (2.0-2.3) or "2" (2.4+); empty: like a torch source, else 2
   // torch DCP output with torch_version 2: "safetensors" writes the SAFETENSORS serialization
   // (fc/format/torch_dcp_writer.h); empty or "torch-save": one torch.save archive per chunk.
   std::string torch_serialization;

@@ -47,19 +47,11 @@ Status ParseMetadata(simdjson::dom::element value, SafetensorsMetadata* out) {
   return Status::Ok();
 }
 
-// The packed sub-byte float types of newer safetensors: valid in a file, but no DType holds
-// them. Their byte size is prod(shape) * bits / 8, which must be whole.
-int SubByteBits(std::string_view dtype) {
-  if (dtype == "F4") return 4;
-  if (dtype == "F6_E2M3" || dtype == "F6_E3M2") return 6;
-  return 0;
-}
-
-// `*sub_byte` receives the dtype string of a valid sub-byte tensor (the entry is returned
-// with dtype kUInt8 and must not be used as a tensor).
+// `*unaligned_rows` receives a description of a valid packed sub-byte tensor whose rows are
+// not whole bytes (the entry is returned as read and must not be used as a tensor).
 Result<SafetensorsTensorInfo> ParseTensorEntry(std::string_view name,
                                                simdjson::dom::element value,
-                                               std::string* sub_byte) {
+                                               std::string* unaligned_rows) {
   const std::string who = "tensor " + Quoted(name);
   simdjson::dom::object obj;
   if (value.get_object().get(obj) != simdjson::SUCCESS) {
@@ -87,8 +79,7 @@ Result<SafetensorsTensorInfo> ParseTensorEntry(std::string_view name,
   if (!dtype_name) {
     return DataLossError(who + ": \"dtype\" is not a string: " + Excerpt(*dtype_e));
   }
-  const int sub_bits = SubByteBits(*dtype_name);
-  Result<DType> dtype = sub_bits ? Result<DType>(DType::kUInt8) : ParseSafetensorsDType(*dtype_name);
+  Result<DType> dtype = ParseSafetensorsDType(*dtype_name);
   if (!dtype.ok()) {
     if (dtype.status().code() == StatusCode::kUnimplemented) {
       return UnimplementedError(who + ": dtype \"" + std::string(*dtype_name) +
@@ -123,8 +114,12 @@ Result<SafetensorsTensorInfo> ParseTensorEntry(std::string_view name,
                          " end before they begin");
   }
 
-  if (sub_bits) {
-    Result<uint64_t> bits = CheckedByteSize(info.shape, static_cast<size_t>(sub_bits));
+  if (const int per_element = DTypeValuesPerElement(info.dtype); per_element > 1) {
+    // The reference's rule (huggingface/safetensors safetensors/src/tensor.rs,
+    // Metadata::validate): nbits = values x bitsize; nbits % 8 != 0 is an error
+    // (MisalignedSlice) and end - begin must be nbits / 8 (TensorInvalidInfo).
+    const int value_bits = DTypeValueBits(info.dtype);
+    Result<uint64_t> bits = CheckedByteSize(info.shape, static_cast<size_t>(value_bits));
     if (!bits.ok()) {
       return DataLossError(who + ": bit size of shape " + ShapeText(info.shape) + " x " +
                            std::string(*dtype_name) + " overflows");
@@ -136,7 +131,18 @@ Result<SafetensorsTensorInfo> ParseTensorEntry(std::string_view name,
                            " needs " + std::to_string(*bits) + " bits" +
                            (*bits % 8 ? " (not a whole number of bytes)" : ""));
     }
-    *sub_byte = std::string(*dtype_name);
+    // fc counts whole-byte elements (2 or 4 values, see fc/core/dtype.h), which needs
+    // every row (the last dimension) to be whole bytes; the reference slicer has the same
+    // limit for any cut (slice.rs: MisalignedSlice when a slice does not end at a byte
+    // boundary).
+    if (info.shape.empty() || info.shape.back() % per_element != 0) {
+      const int64_t row = info.shape.empty() ? 1 : info.shape.back();
+      *unaligned_rows = who + " (" + std::string(*dtype_name) + " " + ShapeText(info.shape) +
+                        "): its rows of " + std::to_string(row) + " values are " +
+                        std::to_string(row * value_bits) + " bits, not whole bytes";
+      return info;
+    }
+    info.shape.back() /= per_element;
     return info;
   }
   Result<uint64_t> bytes = CheckedByteSize(info.shape, DTypeSize(info.dtype));
@@ -255,20 +261,18 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> firs
     if (!names.insert(kv.key).second) {
       return DataLossError("tensor " + Quoted(kv.key) + " appears twice in the header");
     }
-    std::string sub_byte;
+    std::string unaligned_rows;
     FC_ASSIGN_OR_RETURN(SafetensorsTensorInfo info,
-                        ParseTensorEntry(kv.key, kv.value, &sub_byte));
-    if (!sub_byte.empty() && first_sub_byte.empty()) {
-      first_sub_byte = "tensor " + Quoted(kv.key) + " has dtype " + sub_byte;
-    }
+                        ParseTensorEntry(kv.key, kv.value, &unaligned_rows));
+    if (!unaligned_rows.empty() && first_sub_byte.empty()) first_sub_byte = unaligned_rows;
     header.tensors.push_back(std::move(info));
   }
   FC_RETURN_IF_ERROR(CheckTiling(header.tensors, file_size - 8 - n, file_size, n));
   if (!first_sub_byte.empty()) {
-    // The file is valid; fc just has no element type for packed sub-byte floats.
-    return UnimplementedError(first_sub_byte + " (packed sub-byte float, " +
-                              "F4: 2 elements per byte, F6: 4 elements in 3 bytes), which fc "
-                              "does not support yet; the file is otherwise valid");
+    // The file is valid; fc cuts packed sub-byte tensors on byte boundaries only.
+    return UnimplementedError(first_sub_byte + "; fc reads packed sub-byte tensors whose " +
+                              "last dimension is a multiple of 2 (F4) or 4 (F6), so that " +
+                              "every row is whole bytes; the file is otherwise valid");
   }
   return header;
 }

@@ -23,7 +23,10 @@ void AppendHeaderEntry(JsonWriter& w, const SafetensorsTensorInfo& e) {
   w.Key(e.name).BeginObject();
   w.Key("dtype").String(DTypeSafetensorsName(e.dtype));
   w.Key("shape").BeginArray();
-  for (int64_t d : e.shape) w.Int(d);
+  // Packed types: the header counts values, fc's shape counts whole-byte elements.
+  for (size_t i = 0; i < e.shape.size(); ++i) {
+    w.Int(i + 1 == e.shape.size() ? e.shape[i] * DTypeValuesPerElement(e.dtype) : e.shape[i]);
+  }
   w.EndArray();
   w.Key("data_offsets").BeginArray().Uint(e.begin).Uint(e.end).EndArray();
   w.EndObject();
@@ -38,6 +41,9 @@ void AppendHeaderEntry(JsonWriter& w, const SafetensorsTensorInfo& e) {
 int ReferenceDTypeRank(DType d) {
   switch (d) {
     case DType::kBool: return 0;
+    case DType::kFloat4E2M1FNx2: return 1;
+    case DType::kFloat6E2M3FNx4: return 2;
+    case DType::kFloat6E3M2FNx4: return 3;
     case DType::kUInt8: return 4;
     case DType::kInt8: return 5;
     case DType::kFloat8E5M2: return 6;
@@ -130,6 +136,17 @@ Result<SafetensorsLayout> ComputeSafetensorsLayout(std::span<const SafetensorsTe
       if (d < 0) {
         return InvalidArgumentError("tensor " + Quoted(t.name) + " has negative extent " +
                                     std::to_string(d));
+      }
+    }
+    if (IsPacked(t.dtype)) {
+      // The header's last dimension counts values (EntryJson).
+      if (t.shape.empty()) {
+        return InvalidArgumentError("tensor " + Quoted(t.name) + ": a packed " +
+                                    std::string(DTypeSafetensorsName(t.dtype)) +
+                                    " tensor needs at least one dimension");
+      }
+      if (t.shape.back() > INT64_MAX / DTypeValuesPerElement(t.dtype)) {
+        return OutOfRangeError("tensor " + Quoted(t.name) + ": value count overflows");
       }
     }
     Result<uint64_t> bytes = CheckedByteSize(t.shape, DTypeSize(t.dtype));

@@ -124,6 +124,13 @@ Modules ModulesFor(TorchGeneration g) {
             "torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING",
             "torch.distributed._shard.checkpoint.filesystem"};
   }
+  if (g == TorchGeneration::k2_0) {
+    // TensorProperties under its 2.0-2.2 home, which every later release still resolves
+    // (torch's test_compatibility.py::test_sharded_tensor_dependency).
+    return {"torch.distributed.checkpoint.metadata",
+            "torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING",
+            "torch.distributed.checkpoint.filesystem"};
+  }
   return {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.metadata",
           "_MEM_FORMAT_ENCODING", "torch.distributed.checkpoint.filesystem"};
 }
@@ -170,13 +177,41 @@ void EmitTorchSize(PickleWriter& w, std::span<const int64_t> dims) {
   w.TupleOf(1).Reduce();
 }
 
-// A random 32-hex-digit id (uuid4().hex style) for storage_meta.save_id.
-std::string RandomHexId() {
+// A random id in str(uuid.uuid4()) form ("xxxxxxxx-xxxx-4xxx-Vxxx-xxxxxxxxxxxx", V in 8-b),
+// what FileSystemWriter stores as storage_meta.save_id.
+std::string RandomUuid4() {
   std::random_device rd;
-  std::string out;
   static constexpr char kHex[] = "0123456789abcdef";
-  for (int i = 0; i < 32; ++i) out.push_back(kHex[rd() & 15]);
+  std::string out;
+  for (int i = 0; i < 32; ++i) {
+    unsigned nibble = rd() & 15;
+    if (i == 12) nibble = 4;                 // version 4
+    if (i == 16) nibble = 8 | (nibble & 3);  // RFC 4122 variant
+    if (i == 8 || i == 12 || i == 16 || i == 20) out.push_back('-');
+    out.push_back(kHex[nibble]);
+  }
   return out;
+}
+
+// pathlib.PurePosixPath(path).parts: "/" first for an absolute path, then the non-empty,
+// non-"." components ("a//b/./c" -> a, b, c; "" -> none, which is Path(".")).
+std::vector<std::string> PosixPathParts(std::string_view path) {
+  std::vector<std::string> parts;
+  if (!path.empty() && path.front() == '/') {
+    // POSIX keeps exactly two leading slashes; one or three and more are one root.
+    parts.push_back(path.size() >= 2 && path[1] == '/' && (path.size() == 2 || path[2] != '/')
+                        ? "//"
+                        : "/");
+  }
+  size_t i = 0;
+  while (i < path.size()) {
+    size_t j = path.find('/', i);
+    if (j == std::string_view::npos) j = path.size();
+    std::string_view part = path.substr(i, j - i);
+    if (!part.empty() && part != ".") parts.emplace_back(part);
+    i = j + 1;
+  }
+  return parts;
 }
 
 }  // namespace
@@ -193,6 +228,12 @@ Status ValidateTorchDcpPlan(const FcDistcpPlan& plan, TorchDcpWriteOptions optio
     }
     if (!tensor_index.emplace(t.key, i).second) {
       return InvalidArgumentError("tensor " + Quoted(t.key) + " is listed twice");
+    }
+    if (IsPacked(t.dtype)) {
+      return InvalidArgumentError("tensor " + Quoted(t.key) + ": dtype " +
+                                  std::string(DTypeName(t.dtype)) + " (safetensors " +
+                                  std::string(DTypeSafetensorsName(t.dtype)) +
+                                  ") cannot be written to torch DCP by fc");
     }
     if (options.generation == TorchGeneration::k1_13 &&
         internal_torch::UsesRebuildTensorV3(t.dtype)) {
@@ -237,7 +278,8 @@ Status ValidateTorchDcpPlan(const FcDistcpPlan& plan, TorchDcpWriteOptions optio
     }
     if (options.serialization == TorchDcpSerialization::kSafetensors) {
       if (options.generation != TorchGeneration::k2) {
-        return InvalidArgumentError("the SAFETENSORS serialization exists in torch 2 only");
+        return InvalidArgumentError(
+            "the SAFETENSORS serialization exists in torch 2.8+ only (generation 2)");
       }
       std::unordered_set<std::string_view> in_file;
       for (const FcDistcpChunkSpec& c : f.chunks) {
@@ -435,6 +477,10 @@ Result<std::unique_ptr<TorchDcpWriter>> TorchDcpWriter::Create(const std::string
     }
     mine[f] = true;
   }
+  if (options.generation == TorchGeneration::k2 && !IsValidUtf8(out_dir)) {
+    return InvalidArgumentError(out_dir + ": the output path is not UTF-8, so it cannot be "
+                                "storage_meta.checkpoint_id (write generation 2.0 instead)");
+  }
   std::unique_ptr<TorchDcpWriter> w(new TorchDcpWriter());
   w->out_dir_ = StripTrailingSlashes(out_dir);
   if (options.staging_dir.empty()) {
@@ -605,7 +651,8 @@ Status TorchDcpWriter::FinishFile(size_t f) {
 }
 
 Result<std::string> TorchDcpWriter::MetadataPickle() const {
-  const bool v2 = options_.generation == TorchGeneration::k2;
+  const bool v2 = options_.generation != TorchGeneration::k1_13;
+  const bool v2_4 = options_.generation == TorchGeneration::k2;
   const Modules m = ModulesFor(options_.generation);
 
   // Chunk lists per tensor (file order, then order within the file), objects in file order.
@@ -739,17 +786,30 @@ Result<std::string> TorchDcpWriter::MetadataPickle() const {
     w.SetItems().Build();
   });
 
-  if (v2 && options_.storage_meta) {
+  if (v2_4) {
+    // FileSystemWriter.storage_meta(): StorageMeta(checkpoint_id=self.path, save_id=...);
+    // the dataclass's __dict__ order, no __getstate__. self.path is a pathlib.Path, pickled
+    // as pathlib.PosixPath(*parts) (CPython <= 3.12's reduce; 3.13 still loads it).
     w.Str("storage_meta");
     w.Global(m.metadata, "StorageMeta").EmptyTuple().NewObj();
     w.EmptyDict().Mark();
-    w.Str("checkpoint_id").Str(out_dir_);
-    w.Str("save_id").Str(RandomHexId());
+    w.Str("checkpoint_id");
+    const std::vector<std::string> parts = PosixPathParts(out_dir_);
+    w.Global("pathlib", "PosixPath");
+    if (parts.empty()) {
+      w.EmptyTuple();
+    } else {
+      if (parts.size() > 3) w.Mark();
+      for (const std::string& part : parts) w.Str(part);
+      w.TupleOf(parts.size());
+    }
+    w.Reduce();
+    w.Str("save_id").Str(RandomUuid4());
     w.Str("load_id").None();
     w.Str("modules").EmptyList();
     w.SetItems().Build();
+    w.Str("version").Str("1.0.0");  // CURRENT_DCP_VERSION (~2.6+; older 2.4+ loads ignore it)
   }
-  if (v2) w.Str("version").Str("1.0.0");  // CURRENT_DCP_VERSION
   w.SetItems().Build();
   return w.Finish();
 }

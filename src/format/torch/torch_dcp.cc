@@ -390,8 +390,9 @@ Status DcpReader::ReadObject(const MergedItem& m, ObjectEntry* out) {
     FC_ASSIGN_OR_RETURN(EncodedItem::Codec codec,
                         CodecForTransformDescriptors(s.transform_descriptors).With(ctx));
     out->encoded_item = EncodedItem{codec, s.offset, s.length};
-    FC_ASSIGN_OR_RETURN(DecodedItemWindows w,
-                        DecodeItemWindows(*f, *out->encoded_item).With(label));
+    FC_ASSIGN_OR_RETURN(
+        DecodedItemWindows w,
+        DecodeItemWindows(*f, *out->encoded_item, kMaxDecodedObjectBytes).With(label));
     auto archive = ReadTorchSaveArchive(
         w.size, [&w](uint64_t o, std::span<std::byte> dst) { return w.Read(o, dst); });
     if (!archive.ok()) {
@@ -730,7 +731,13 @@ Result<ChunkLocation> LocateTorchDcpChunk(const RandomAccessFile& file,
     // One decoding pass: the archive's head (data.pkl, the storage record's header) and its
     // tail (the zip directory). Places are in the decoded item.
     const EncodedItem& e = *chunk.encoded_item;
-    FC_ASSIGN_OR_RETURN(DecodedItemWindows w, DecodeItemWindows(file, e).With(ctx));
+    const uint64_t tensor_bytes =
+        CheckedMulU(static_cast<uint64_t>(chunk.box.num_elements()), DTypeSize(dtype))
+            .value_or(UINT64_MAX);
+    FC_ASSIGN_OR_RETURN(
+        DecodedItemWindows w,
+        DecodeItemWindows(file, e, MaxDecodedTensorItemBytes(tensor_bytes))
+            .With(ctx + " (" + std::to_string(tensor_bytes) + " tensor bytes)"));
     offset = 0;
     length = w.size;
     parsed = ParseTorchSaveTensor(

@@ -37,7 +37,10 @@ std::string_view StorageClassName(DType d) {
     case DType::kUInt64:
     case DType::kFloat8E4M3FNUZ:
     case DType::kFloat8E5M2FNUZ:
-    case DType::kFloat8E8M0FNU: return "UntypedStorage";
+    case DType::kFloat8E8M0FNU:
+    case DType::kFloat4E2M1FNx2:  // (torch DCP output refuses the packed types)
+    case DType::kFloat6E2M3FNx4:
+    case DType::kFloat6E3M2FNx4: return "UntypedStorage";
   }
   return "UntypedStorage";
 }

@@ -10,7 +10,14 @@ testdata/st_dtypes/
   fnuz_only.safetensors    one F8_E4M3FNUZ tensor (0x80 = NaN and 0x00 in it)
   f4.safetensors           F4 [2, 4] (4 bytes) beside an F32 tensor: valid, sub-byte
   f6.safetensors           F6_E2M3 [4] (3 bytes): valid, sub-byte
+  subbyte.safetensors      F4 [4, 8] (16 bytes), F6_E2M3 [2, 8] (12 bytes), F6_E3M2 [3, 4]
+                           (9 bytes), each byte distinct, beside an F32 [2]: rows of whole
+                           bytes, so fc reads them (as 2 or 4 values per element)
+  f4_odd_rows.safetensors  F4 [2, 3] (3 bytes): valid for the reference (24 bits), but its
+                           rows are 12 bits, not whole bytes: fc refuses it (exit 6)
   f4_misaligned.safetensors F4 [3] in 2 bytes: 12 bits is not whole bytes, so invalid
+Packing (the reference's rule, huggingface/safetensors safetensors/src/tensor.rs
+Metadata::validate): a tensor's byte size is values x bits / 8, which must be whole.
 testdata/hf_dcp/           torch HuggingFaceStorageWriter layouts (formats-recent.md) of
                            the same four tensors, two ranks, fqn_to_index_mapping putting
                            w and b in model 1 and e and q in model 2:
@@ -75,6 +82,14 @@ def gen_st_dtypes(out):
                  [("w4", "F4", (2, 4), bytes([0x21, 0x43, 0x65, 0x87])),
                   t("x", "F32", np.array([1.0, 2.0], dtype="<f4"))])
     stfile.write(os.path.join(out, "f6.safetensors"), [("w6", "F6_E2M3", (4,), bytes([1, 2, 3]))])
+    stfile.write(os.path.join(out, "subbyte.safetensors"), [
+        ("f4", "F4", (4, 8), bytes(range(0x10, 0x20))),
+        ("f6a", "F6_E2M3", (2, 8), bytes(range(0x40, 0x4C))),
+        ("f6b", "F6_E3M2", (3, 4), bytes(range(0xA0, 0xA9))),
+        t("x", "F32", np.array([1.0, -2.0], dtype="<f4")),
+    ], {"format": "pt"})
+    stfile.write(os.path.join(out, "f4_odd_rows.safetensors"),
+                 [("w", "F4", (2, 3), bytes([0x12, 0x34, 0x56]))])
     # Not writable through stfile (it refuses a partial byte): the header by hand.
     hdr = b'{"w4":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}}'
     hdr += b" " * ((8 - len(hdr) % 8) % 8)

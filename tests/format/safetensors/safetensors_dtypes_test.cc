@@ -110,30 +110,62 @@ TEST_CASE("safetensors: new dtypes in the fixture", "[safetensors][dtypes]") {
   CHECK(fnuz->tensors.at(0).dtype == DType::kFloat8E4M3FNUZ);
 }
 
-TEST_CASE("safetensors: packed sub-byte dtypes are validated, then refused",
+// Packed sub-byte floats (the reference's rule: values x bits / 8 whole bytes = the data
+// length, safetensors/src/tensor.rs Metadata::validate). fc reads those whose rows are whole
+// bytes as the packed DTypes: last dimension / 2 (F4) or / 4 (F6), bytes untouched.
+TEST_CASE("safetensors: packed sub-byte dtypes are read bit-exactly",
           "[safetensors][dtypes]") {
   auto f4 = ReadSafetensorsCheckpoint(Testdata("st_dtypes/f4.safetensors"));
-  REQUIRE_FALSE(f4.ok());
-  CHECK(f4.status().code() == StatusCode::kUnimplemented);
-  CHECK(f4.status().message().find("'w4'") != std::string::npos);
-  CHECK(f4.status().message().find("F4") != std::string::npos);
+  if (!f4.ok()) FAIL(f4.status().ToString());
+  const TensorEntry* w4 = f4->FindTensor("w4");
+  REQUIRE(w4 != nullptr);
+  CHECK(w4->dtype == DType::kFloat4E2M1FNx2);
+  CHECK(w4->global_shape == Shape{2, 2});  // F4 [2, 4]
+  REQUIRE(w4->chunks.size() == 1);
+  CHECK(w4->chunks[0].byte_length == 4);
+  const std::vector<std::byte> f4_file = ReadAll(Testdata("st_dtypes/f4.safetensors"));
+  CHECK(std::to_integer<int>(f4_file[w4->chunks[0].byte_offset]) == 0x21);
+  CHECK(std::to_integer<int>(f4_file[w4->chunks[0].byte_offset + 3]) == 0x87);
   auto f6 = ReadSafetensorsCheckpoint(Testdata("st_dtypes/f6.safetensors"));
-  REQUIRE_FALSE(f6.ok());
-  CHECK(f6.status().code() == StatusCode::kUnimplemented);
+  if (!f6.ok()) FAIL(f6.status().ToString());
+  CHECK(f6->tensors.at(0).dtype == DType::kFloat6E2M3FNx4);
+  CHECK(f6->tensors.at(0).global_shape == Shape{1});  // F6_E2M3 [4]: one 3-byte element
+  auto sub = ReadSafetensorsCheckpoint(Testdata("st_dtypes/subbyte.safetensors"));
+  if (!sub.ok()) FAIL(sub.status().ToString());
+  CHECK(sub->FindTensor("f4")->global_shape == Shape{4, 4});
+  CHECK(sub->FindTensor("f6a")->global_shape == Shape{2, 2});
+  CHECK(sub->FindTensor("f6a")->chunks[0].byte_length == 12);
+  CHECK(sub->FindTensor("f6b")->dtype == DType::kFloat6E3M2FNx4);
+  CHECK(sub->FindTensor("f6b")->global_shape == Shape{3, 1});
+  CHECK(sub->FindTensor("f6b")->chunks[0].byte_length == 9);
+
+  // Valid for the reference, but rows of 3 F4 values are 12 bits: refused, naming it.
+  auto odd = ReadSafetensorsCheckpoint(Testdata("st_dtypes/f4_odd_rows.safetensors"));
+  REQUIRE_FALSE(odd.ok());
+  CHECK(odd.status().code() == StatusCode::kUnimplemented);
+  CHECK_THAT(odd.status().message(),
+             Catch::Contains("tensor 'w' (F4 [2, 3]): its rows of 3 values are 12 bits, not "
+                             "whole bytes") &&
+                 Catch::Contains("otherwise valid"));
   auto bad = ReadSafetensorsCheckpoint(Testdata("st_dtypes/f4_misaligned.safetensors"));
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().code() == StatusCode::kDataLoss);
   CHECK(bad.status().message().find("12 bits") != std::string::npos);
-  // F6: 4 elements in 3 bytes; 2 elements (12 bits) are not whole bytes; a wrong length is
-  // corruption, not "unsupported"; and a broken tiling is reported before the dtype.
-  CHECK(Parse(FileFromHeader(R"({"a":{"dtype":"F6_E3M2","shape":[8],"data_offsets":[0,6]}})", 6))
-            .status().code() == StatusCode::kUnimplemented);
+  // F6: 4 values in 3 bytes; 2 values (12 bits) are not whole bytes; a wrong length is
+  // corruption, not "unsupported"; and a broken tiling is reported before the rows.
+  auto e3m2 = Parse(FileFromHeader(R"({"a":{"dtype":"F6_E3M2","shape":[8],"data_offsets":[0,6]}})", 6));
+  REQUIRE(e3m2.ok());
+  CHECK(e3m2->tensors.at(0).shape == Shape{2});
   CHECK(Parse(FileFromHeader(R"({"a":{"dtype":"F6_E3M2","shape":[2],"data_offsets":[0,2]}})", 2))
             .status().code() == StatusCode::kDataLoss);
+  CHECK(Parse(FileFromHeader(R"({"a":{"dtype":"F6_E3M2","shape":[4,2],"data_offsets":[0,6]}})", 6))
+            .status().code() == StatusCode::kUnimplemented);
   CHECK(Parse(FileFromHeader(R"({"a":{"dtype":"F4","shape":[4],"data_offsets":[0,4]}})", 4))
             .status().code() == StatusCode::kDataLoss);
   CHECK(Parse(FileFromHeader(R"({"a":{"dtype":"F4","shape":[4],"data_offsets":[0,2]}})", 3))
             .status().code() == StatusCode::kDataLoss);
+  CHECK(Parse(FileFromHeader(R"({"a":{"dtype":"F4","shape":[],"data_offsets":[0,1]}})", 1))
+            .status().code() == StatusCode::kDataLoss);  // 4 bits
   CHECK(Parse(FileFromHeader(R"({"a":{"dtype":"C128","shape":[1],"data_offsets":[0,16]}})", 16))
             .status().code() == StatusCode::kUnimplemented);
 }
@@ -287,6 +319,39 @@ TEST_CASE("safetensors: byte mutations of a DCP shard never crash or give bad ch
   }
   CHECK(failed > 0);
   CHECK(ok > 0);  // mutations of data bytes (or harmless JSON bytes) still read
+}
+
+TEST_CASE("safetensors: the writer stores packed types with the header's value counts",
+          "[safetensors][dtypes]") {
+  std::vector<SafetensorsTensorSpec> specs = {{"b", DType::kFloat6E3M2FNx4, {3, 1}},
+                                              {"a", DType::kFloat4E2M1FNx2, {4, 4}},
+                                              {"x", DType::kFloat32, {2}},
+                                              {"f", DType::kBool, {1}}};
+  auto layout = ComputeSafetensorsLayout(specs, {{"format", "pt"}}, {});
+  REQUIRE(layout.ok());
+  CHECK(layout->header.find(R"("a":{"dtype":"F4","shape":[4,8],"data_offsets":[17,33]})") !=
+        std::string::npos);
+  CHECK(layout->header.find(R"("b":{"dtype":"F6_E3M2","shape":[3,4],"data_offsets":[8,17]})") !=
+        std::string::npos);
+  // Reference order: F32, F6_E3M2, F4, BOOL.
+  CHECK(layout->entries[0].name == "x");
+  CHECK(layout->entries[1].name == "b");
+  CHECK(layout->entries[2].name == "a");
+  CHECK(layout->entries[3].name == "f");
+  std::string file = layout->header + std::string(layout->file_size - layout->header.size(), '\0');
+  auto h = Parse(file);
+  REQUIRE(h.ok());
+  for (const SafetensorsTensorInfo& t : h->tensors) {
+    for (const auto& spec : specs) {
+      if (spec.name == t.name) {
+        CHECK(t.dtype == spec.dtype);
+        CHECK(t.shape == spec.shape);
+      }
+    }
+  }
+  std::vector<SafetensorsTensorSpec> scalar = {{"s", DType::kFloat4E2M1FNx2, {}}};
+  CHECK(ComputeSafetensorsLayout(scalar, {}, {}).status().code() ==
+        StatusCode::kInvalidArgument);
 }
 
 }  // namespace

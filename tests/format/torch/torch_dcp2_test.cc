@@ -10,9 +10,16 @@
 //   torch_dcp_refused/big_endian   byteorder "big" items (refused).
 // Every fixture must reassemble to the values torch 1.13 saved (expected/*.npy), eagerly and
 // through ChunkReader on an index opened without reading items.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <optional>
 
 #include <catch2/catch.hpp>
 #include <zstd.h>
@@ -343,6 +350,140 @@ TEST_CASE("torch dcp 2.x: damaged zstd items are corrupt input naming the item",
   }
 }
 
+// A zstd frame that is a decompression bomb: `blocks` RLE blocks of 128 KiB each (4 bytes
+// apiece, so 32768 blocks decode to 4 GiB from 128 KiB), window 128 KiB; with
+// `declared_size` the frame header also states that content size (8-byte field).
+std::vector<std::byte> ZstdBomb(uint32_t blocks, std::optional<uint64_t> declared_size) {
+  std::vector<std::byte> f;
+  auto put = [&](uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) f.push_back(std::byte((v >> (8 * i)) & 0xff));
+  };
+  put(0xFD2FB528u, 4);                      // magic
+  put(declared_size ? 0xC0 : 0x00, 1);      // FHD: FCS field 8 bytes or none; not single-segment
+  put(7 << 3, 1);                           // window descriptor: 2^(10+7) = 128 KiB
+  if (declared_size) put(*declared_size, 8);
+  for (uint32_t b = 0; b < blocks; ++b) {
+    const uint32_t last = b + 1 == blocks ? 1 : 0;
+    put((uint32_t{128 * 1024} << 3) | (1u << 1) | last, 3);  // RLE block of 128 KiB
+    put(0x42, 1);
+  }
+  return f;
+}
+
+// A copy of the zstd fixture whose first storage entry for `fqn` points at `item`,
+// appended to that entry's file.
+std::string ZstdWithItem(testing::TempDir& tmp, const std::string& fqn,
+                         const std::vector<std::byte>& item) {
+  const std::string src = TorchFixture("zstd") + "/ckpt";
+  testing::CopyDirectoryFiles(src, tmp.path());
+  auto md = ParseDcpMetadata(ReadFileBytes(src + "/.metadata"));
+  REQUIRE(md.ok());
+  testing::MdSpec spec = testing::SpecFromMetadata(*md);
+  spec.generation = "2";
+  bool done = false;
+  for (auto& x : spec.storage) {
+    if (x.fqn != fqn || done) continue;
+    const std::string path = tmp.path() + "/" + x.relative_path;
+    auto bytes = ReadFileBytes(path);
+    x.offset_bytes = static_cast<int64_t>(bytes.size());
+    x.length = static_cast<int64_t>(item.size());
+    bytes.insert(bytes.end(), item.begin(), item.end());
+    testing::WriteFileBytes(path, bytes);
+    done = true;
+  }
+  REQUIRE(done);
+  testing::WriteFileBytes(tmp.path() + "/.metadata", testing::EncodeDcpMetadata(spec));
+  return tmp.path();
+}
+
+// Peak RSS (KiB) of a child process running ReadTorchDcp(dir), and the status code it saw.
+std::pair<long, int> ChildPeakRss(const std::string& dir) {
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    auto index = ReadTorchDcp(dir);
+    _exit(index.ok() ? 0 : static_cast<int>(index.status().code()) + 1);
+  }
+  int status = 0;
+  struct rusage ru {};
+  REQUIRE(wait4(pid, &status, 0, &ru) == pid);
+  REQUIRE(WIFEXITED(status));
+  return {ru.ru_maxrss, WEXITSTATUS(status)};
+}
+
+long SelfRssKiB() {
+  std::ifstream statm("/proc/self/statm");
+  long pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+TEST_CASE("torch dcp 2.x: zstd bombs fail fast, in small memory, naming item and sizes",
+          "[torch_dcp2][zstd]") {
+  const auto bomb = ZstdBomb(32768, std::nullopt);  // 128 KiB that decode to 4 GiB
+  REQUIRE(bomb.size() == 6 + 4 * 32768);
+  SECTION("a tensor item decoding past its chunk's bytes") {
+    testing::TempDir tmp;
+    const std::string dir = ZstdWithItem(tmp, "grid", bomb);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto st = ReadTorchDcp(dir).status();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(st.code() == StatusCode::kDataLoss);
+    CHECK_THAT(st.message(), Catch::Contains("tensor 'grid'") &&
+                             Catch::Contains(".distcp: zstd item bytes [") &&
+                             Catch::Contains("decodes to more than") &&
+                             Catch::Contains("tensor bytes"));
+    CHECK(seconds < 2.0);  // stops at the cap (tensor bytes + 64 KiB), not after 4 GiB
+    const auto [peak, code] = ChildPeakRss(dir);
+    CHECK(code == static_cast<int>(StatusCode::kDataLoss) + 1);
+    CHECK(peak < SelfRssKiB() + 64 * 1024);  // far below the 4 GiB (or the 128 MiB window)
+  }
+  SECTION("an object item: capped at 1 GiB") {
+    testing::TempDir tmp;
+    // 9000 blocks: 1.1 GiB from 36 KB.
+    const std::string dir = ZstdWithItem(tmp, "lr", ZstdBomb(9000, std::nullopt));
+    auto st = ReadTorchDcp(dir).status();
+    CHECK(st.code() == StatusCode::kDataLoss);
+    CHECK_THAT(st.message(), Catch::Contains("object 'lr'") &&
+                             Catch::Contains("decodes to more than 1073741824 bytes"));
+  }
+  SECTION("a frame header declaring more than the cap is refused before decoding") {
+    testing::TempDir tmp;
+    const std::string dir = ZstdWithItem(tmp, "grid", ZstdBomb(1, uint64_t{8} << 30));
+    auto st = ReadTorchDcp(dir).status();
+    CHECK(st.code() == StatusCode::kDataLoss);
+    CHECK_THAT(st.message(), Catch::Contains("tensor 'grid'") &&
+                             Catch::Contains("declares 8589934592 decoded bytes, more than the"));
+    testing::TempDir tmp2;
+    st = ReadTorchDcp(ZstdWithItem(tmp2, "lr", ZstdBomb(1, uint64_t{8} << 30))).status();
+    CHECK(st.code() == StatusCode::kDataLoss);
+    CHECK_THAT(st.message(), Catch::Contains("object 'lr'") &&
+                             Catch::Contains("declares 8589934592 decoded bytes, more than the "
+                                             "1073741824"));
+  }
+  SECTION("DecodeItem: the cap is exact") {
+    testing::TempDir tmp;
+    testing::WriteFileBytes(tmp.path() + "/f", ZstdBomb(3, std::nullopt));
+    auto f = RandomAccessFile::Open(tmp.path() + "/f");
+    REQUIRE(f.ok());
+    const EncodedItem item{EncodedItem::Codec::kZstd, 0, 6 + 4 * 3};
+    uint64_t seen = 0;
+    auto count = [&](uint64_t, std::span<const std::byte> b) { seen += b.size(); return true; };
+    auto n = DecodeItem(**f, item, 3 * 128 * 1024, count);
+    if (!n.ok()) FAIL(n.status().ToString());
+    CHECK(*n == 3 * 128 * 1024);
+    // No cap: an item that ends exactly at a full output buffer is complete, not truncated.
+    n = DecodeItem(**f, item, UINT64_MAX, count);
+    if (!n.ok()) FAIL(n.status().ToString());
+    CHECK(*n == 3 * 128 * 1024);
+    seen = 0;
+    n = DecodeItem(**f, item, 3 * 128 * 1024 - 1, count);
+    CHECK(n.status().code() == StatusCode::kDataLoss);
+    CHECK(seen < 3 * 128 * 1024);  // the sink never sees bytes past the cap
+  }
+}
+
 // A zstd stream of `data` written with the streaming API, with flushes (so several blocks
 // and frames-without-size, as torch's stream_writer makes them), plus a second frame.
 std::vector<std::byte> Compress(std::span<const std::byte> data, size_t piece) {
@@ -396,7 +537,7 @@ TEST_CASE("torch dcp 2.x: decoded ranges of a large multi-block item", "[torch_d
   auto st = ReadDecodedRange(**f, item, data.size() - 10, past);
   CHECK(st.code() == StatusCode::kDataLoss);
   CHECK_THAT(st.message(), Catch::Contains("decoded item is 1048576 bytes"));
-  auto w = DecodeItemWindows(**f, item, 1000, 5000);
+  auto w = DecodeItemWindows(**f, item, data.size(), 1000, 5000);
   REQUIRE(w.ok());
   CHECK(w->size == data.size());
   REQUIRE(w->head.size() == 1000);
@@ -407,7 +548,7 @@ TEST_CASE("torch dcp 2.x: decoded ranges of a large multi-block item", "[torch_d
   CHECK(w->Read(2000, mid).code() == StatusCode::kUnimplemented);
   // Truncated: the frame is incomplete.
   const EncodedItem cut{EncodedItem::Codec::kZstd, 3, z.size() - 7};
-  auto n = DecodeItem(**f, cut, [](uint64_t, std::span<const std::byte>) { return true; });
+  auto n = DecodeItem(**f, cut, UINT64_MAX, [](uint64_t, std::span<const std::byte>) { return true; });
   CHECK(n.status().code() == StatusCode::kDataLoss);
   CHECK_THAT(n.status().message(), Catch::Contains("truncated"));
 }

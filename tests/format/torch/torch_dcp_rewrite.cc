@@ -197,11 +197,13 @@ int Main(int argc, char** argv) {
     };
     if (arg == "--generation") {
       const std::string g = value();
-      if (g != "1.13" && g != "2") {
-        std::fprintf(stderr, "--generation must be 1.13 or 2\n");
+      if (g != "1.13" && g != "2.0" && g != "2") {
+        std::fprintf(stderr, "--generation must be 1.13, 2.0 or 2\n");
         return 2;
       }
-      a.generation = g == "2" ? TorchGeneration::k2 : TorchGeneration::k1_13;
+      a.generation = g == "2"     ? TorchGeneration::k2
+                     : g == "2.0" ? TorchGeneration::k2_0
+                                  : TorchGeneration::k1_13;
     } else if (arg == "--ranks") {
       a.ranks = std::stoi(value());
     } else if (arg == "--files-per-rank") {

@@ -255,7 +255,7 @@ RandomCase MakeRandomCase(std::mt19937_64& rng, TorchGeneration generation,
                                DType::kInt64,   DType::kInt32,    DType::kInt8,
                                DType::kUInt8,   DType::kBool,     DType::kFloat64,
                                DType::kInt16};
-  if (generation == TorchGeneration::k2) {
+  if (generation != TorchGeneration::k1_13) {
     dtypes.push_back(DType::kFloat8E4M3FN);
     dtypes.push_back(DType::kFloat8E5M2);
   }
@@ -384,9 +384,10 @@ void CollectGlobals(const PickleValue& v, std::set<std::string>& out,
   }
 }
 
-// Checks the generation's class paths (formats.md 2.3) and 2.x-only fields.
+// Checks the generation's class paths (formats.md 2.3) and 2.x-only fields: k2 (torch
+// 2.4+) has storage_meta and version, k2_0 (2.0-2.3) neither.
 void CheckMetadataStructure(const std::string& dir, TorchGeneration generation,
-                            const RandomCase& rc, bool storage_meta = false) {
+                            const RandomCase& rc) {
   const auto bytes = ReadFileBytes(dir + "/.metadata");
   REQUIRE(bytes.size() > 2);
   CHECK(static_cast<uint8_t>(bytes[0]) == 0x80);
@@ -399,23 +400,36 @@ void CheckMetadataStructure(const std::string& dir, TorchGeneration generation,
   std::set<const PickleValue*> seen;
   CollectGlobals(*root, globals, seen);
   std::vector<std::string> required;
+  const std::string st = "torch.distributed._shard.sharded_tensor.metadata.";
   if (generation == TorchGeneration::k1_13) {
     CHECK(md->generation == "1.13");
     CHECK(md->planner_data == nullptr);
     CHECK(!md->version.has_value());
     const std::string m = "torch.distributed._shard.checkpoint.metadata.";
-    const std::string st = "torch.distributed._shard.sharded_tensor.metadata.";
     required = {m + "Metadata", m + "MetadataIndex", "torch.distributed._shard.checkpoint.filesystem._StorageInfo"};
     allowed = {m + "TensorStorageMetadata", m + "ChunkStorageMetadata", m + "BytesStorageMetadata",
                st + "TensorProperties", st + "MEM_FORMAT_ENCODING", "builtins.getattr"};
   } else {
     CHECK(md->generation == "2");
-    CHECK(md->version == std::optional<std::string>("1.0.0"));
     const std::string m = "torch.distributed.checkpoint.metadata.";
     required = {m + "Metadata", m + "MetadataIndex", "torch.distributed.checkpoint.filesystem._StorageInfo"};
-    allowed = {m + "TensorStorageMetadata", m + "ChunkStorageMetadata", m + "BytesStorageMetadata",
-               m + "TensorProperties", m + "_MEM_FORMAT_ENCODING"};
-    if (storage_meta) required.push_back(m + "StorageMeta");
+    allowed = {m + "TensorStorageMetadata", m + "ChunkStorageMetadata", m + "BytesStorageMetadata"};
+    if (generation == TorchGeneration::k2) {
+      CHECK(md->version == std::optional<std::string>("1.0.0"));
+      required.push_back(m + "StorageMeta");
+      required.push_back("pathlib.PosixPath");
+      allowed.insert({m + "TensorProperties", m + "_MEM_FORMAT_ENCODING"});
+      CHECK(md->checkpoint_id == std::optional<std::string>(dir));
+      REQUIRE(md->save_id.has_value());
+      CHECK(md->save_id->size() == 36);  // str(uuid.uuid4())
+      CHECK(md->save_id->at(14) == '4');
+    } else {
+      CHECK(!md->version.has_value());
+      CHECK(!md->checkpoint_id.has_value());
+      CHECK(!md->save_id.has_value());
+      allowed.insert({st + "TensorProperties", st + "MEM_FORMAT_ENCODING"});
+    }
+    CHECK(md->extra_fields.empty());
     // planner_data: {fqn: (fqn,)} for every item.
     REQUIRE(md->planner_data != nullptr);
     REQUIRE(md->planner_data->is_dict());
@@ -478,7 +492,6 @@ void RoundTrip(uint64_t seed, TorchGeneration generation, int threads) {
   const std::string out = tmp.path() + "/ckpt";
   TorchDcpWriteOptions options;
   options.generation = generation;
-  options.storage_meta = generation == TorchGeneration::k2 && seed % 2 == 0;
   auto w = TorchDcpWriter::Create(out, rc.plan, options);
   if (!w.ok()) FAIL(w.status().ToString());
   const std::vector<TorchDcpFileLayout> layouts = (*w)->layouts();
@@ -514,15 +527,8 @@ void RoundTrip(uint64_t seed, TorchGeneration generation, int threads) {
                                  file.begin() + static_cast<std::ptrdiff_t>(o.byte_offset + o.byte_length)) ==
           rc.objects.at(o.key));
   }
-  CheckMetadataStructure(out, generation, rc, options.storage_meta);
+  CheckMetadataStructure(out, generation, rc);
   CheckArchives(out, rc.plan, layouts);
-  if (options.storage_meta) {
-    auto md = ParseDcpMetadata(ReadFileBytes(out + "/.metadata"));
-    REQUIRE(md.ok());
-    CHECK(md->checkpoint_id == std::optional<std::string>(out));
-    REQUIRE(md->save_id.has_value());
-    CHECK(md->save_id->size() == 32);
-  }
 }
 
 // The SAFETENSORS serialization: false when the random plan puts two chunks of a tensor in
@@ -597,8 +603,9 @@ TEST_CASE("torch dcp writer: SAFETENSORS serialization round-trips through ReadT
 
 TEST_CASE("torch dcp writer: random plans round-trip through ReadTorchDcp", "[torch_writer]") {
   for (uint64_t seed = 1; seed <= 60; ++seed) {
-    for (TorchGeneration g : {TorchGeneration::k1_13, TorchGeneration::k2}) {
-      INFO("seed " << seed << " generation " << (g == TorchGeneration::k2 ? "2" : "1.13"));
+    for (TorchGeneration g :
+         {TorchGeneration::k1_13, TorchGeneration::k2_0, TorchGeneration::k2}) {
+      INFO("seed " << seed << " generation " << static_cast<int>(g));
       RoundTrip(seed, g, seed % 3 == 0 ? 4 : 1);
     }
   }
@@ -623,7 +630,8 @@ TEST_CASE("torch dcp writer: big .metadata spans several pickle frames", "[torch
     rc.plan.files[i % 2].objects.push_back({key, ObjectEncoding::kTorchSave, kObjects[i % 4].size()});
     rc.objects[key] = kObjects[i % 4];
   }
-  for (TorchGeneration g : {TorchGeneration::k1_13, TorchGeneration::k2}) {
+  for (TorchGeneration g :
+       {TorchGeneration::k1_13, TorchGeneration::k2_0, TorchGeneration::k2}) {
     TempDir tmp;
     const std::string out = tmp.path() + "/ckpt";
     TorchDcpWriteOptions options;

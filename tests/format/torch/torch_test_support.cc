@@ -185,7 +185,7 @@ std::vector<std::byte> ReassembleTensor(const CheckpointIndex& index, const Tens
       auto f = RandomAccessFile::Open(index.root + "/" + index.files[c.file].path);
       REQUIRE(f.ok());
       std::vector<std::byte> decoded;
-      auto n = DecodeItem(**f, *c.encoded_item, [&](uint64_t, std::span<const std::byte> b) {
+      auto n = DecodeItem(**f, *c.encoded_item, UINT64_MAX, [&](uint64_t, std::span<const std::byte> b) {
         decoded.insert(decoded.end(), b.begin(), b.end());
         return true;
       });

@@ -94,11 +94,18 @@ def expected_globals(generation, md_globals):
                     m + "MetadataIndex", p + "TensorProperties", p + "MEM_FORMAT_ENCODING",
                     "torch.distributed._shard.checkpoint.filesystem._StorageInfo",
                     "builtins.getattr"}
-    else:
+    elif generation == "2.0":  # torch 2.0-2.3: TensorProperties at its 2.0-2.2 home
+        m = "torch.distributed.checkpoint.metadata."
+        p = "torch.distributed._shard.sharded_tensor.metadata."
+        required = {m + "Metadata", m + "TensorStorageMetadata", m + "ChunkStorageMetadata",
+                    m + "MetadataIndex", p + "TensorProperties", p + "MEM_FORMAT_ENCODING",
+                    "torch.distributed.checkpoint.filesystem._StorageInfo"}
+    else:  # torch 2.4+: storage_meta with a pathlib checkpoint_id
         m = "torch.distributed.checkpoint.metadata."
         required = {m + "Metadata", m + "TensorStorageMetadata", m + "ChunkStorageMetadata",
                     m + "MetadataIndex", m + "TensorProperties", m + "_MEM_FORMAT_ENCODING",
-                    "torch.distributed.checkpoint.filesystem._StorageInfo"}
+                    "torch.distributed.checkpoint.filesystem._StorageInfo",
+                    m + "StorageMeta", "pathlib.PosixPath"}
     allowed = required | {m + "BytesStorageMetadata", "torch.Size",
                           "torch.serialization._get_layout"}
     allowed |= {g for g in md_globals if g.startswith("torch.") and g.count(".") == 1}  # dtypes
@@ -118,12 +125,15 @@ def check_structure(ckpt, generation, fixture):
     if type(md).__name__ != "Metadata":
         failures.append(f"{where}: root is {type(md).__name__}")
     planner = getattr(md, "planner_data", "absent")
-    if generation == "2":
+    if generation in ("2", "2.0"):
         want = {k: (k,) for k in md.state_dict_metadata}
         if planner != want:
             failures.append(f"{where}: planner_data {planner!r}, expected {want!r}")
-        if getattr(md, "version", None) != "1.0.0":
+        want_version = "1.0.0" if generation == "2" else None
+        if getattr(md, "version", None) != want_version:
             failures.append(f"{where}: version {getattr(md, 'version', None)!r}")
+        if (getattr(md, "storage_meta", None) is None) != (generation == "2.0"):
+            failures.append(f"{where}: storage_meta {getattr(md, 'storage_meta', None)!r}")
     elif planner is not None or hasattr(md, "version"):
         failures.append(f"{where}: 1.13 metadata has planner_data/version")
     return md
@@ -141,7 +151,7 @@ def main():
         for name, ranks, files, seed in cases:
             src = os.path.join(fixtures, name, "ckpt")
             expected = os.path.join(fixtures, name, "expected")
-            for generation in ("1.13", "2"):
+            for generation in ("1.13", "2.0", "2"):
                 out = os.path.join(work, f"{name}_{generation}")
                 if run(rewrite_cmd(src, out, generation, ranks, files, seed)) != 0:
                     failures.append(f"{name}: torch_dcp_rewrite --generation {generation} failed")
