@@ -64,7 +64,8 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
 }
 
 Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
-                                       std::optional<CheckpointFormat> forced) {
+                                       std::optional<CheckpointFormat> forced,
+                                       OpenProblems* lenient) {
   CheckpointFormat format;
   if (forced) {
     format = *forced;
@@ -74,9 +75,9 @@ Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
   switch (format) {
     case CheckpointFormat::kTorchDcp:
       // Items are located on first read (ChunkReader): opening reads only .metadata.
-      return ReadTorchDcp(path, TorchDcpReadOptions{.locate_chunks = false});
-    case CheckpointFormat::kSafetensors: return ReadSafetensorsCheckpoint(path);
-    case CheckpointFormat::kFcDistcp: return ReadFcDistcp(path);
+      return ReadTorchDcp(path, TorchDcpReadOptions{.locate_chunks = false, .lenient = lenient});
+    case CheckpointFormat::kSafetensors: return ReadSafetensorsCheckpoint(path, lenient);
+    case CheckpointFormat::kFcDistcp: return ReadFcDistcp(path, lenient);
     case CheckpointFormat::kPaddleFlex: return ReadPaddleFlexCheckpoint(path);
     case CheckpointFormat::kDeepSpeed: return ReadDeepSpeedCheckpoint(path);
   }

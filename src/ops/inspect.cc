@@ -261,7 +261,12 @@ std::string DescribeSplit(const TensorEntry& tensor) {
 }
 
 Status RunInspect(const InspectOptions& options, std::ostream& out) {
-  FC_ASSIGN_OR_RETURN(CheckpointIndex index, OpenCheckpoint(options.path, options.format));
+  // --verify: what a reader would refuse the checkpoint for is recorded and listed with
+  // every other problem (fc/format/open_problems.h).
+  OpenProblems opened;
+  FC_ASSIGN_OR_RETURN(CheckpointIndex index,
+                      OpenCheckpoint(options.path, options.format,
+                                     options.verify ? &opened : nullptr));
   std::vector<const TensorEntry*> tensors;
   std::optional<Glob> filter;
   if (!options.tensors.empty()) {
@@ -278,7 +283,7 @@ Status RunInspect(const InspectOptions& options, std::ostream& out) {
   }
   std::optional<VerifyReport> report;
   if (options.verify) {
-    FC_ASSIGN_OR_RETURN(report, VerifyCheckpoint(index));
+    FC_ASSIGN_OR_RETURN(report, VerifyCheckpoint(index, &opened));
   }
   if (options.json) {
     WriteJson(index, tensors, report ? &*report : nullptr, out);

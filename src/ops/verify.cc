@@ -165,8 +165,14 @@ void CheckChecksum(ChunkReader& reader, const CheckpointIndex& index, const std:
 
 }  // namespace
 
-Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index) {
+Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index,
+                                      const OpenProblems* opened) {
   VerifyReport report;
+  if (opened) {
+    for (const OpenProblem& p : opened->listed) Add(report, {p.file, p.key, p.what});
+    // Those the reader counted but did not list.
+    report.problem_count += opened->count - opened->listed.size();
+  }
   ChunkReader reader(index);
   for (uint32_t i = 0; i < index.files.size(); ++i) {
     Result<const RandomAccessFile*> f = reader.File(i);

@@ -27,6 +27,7 @@ SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__
 TOOLS = {t: os.path.join(BUILD, "tools", t) for t in ("fc-inspect", "fc-export", "fc-convert", "fc-diff")}
 INSPECT, EXPORT, CONVERT, DIFF = (TOOLS[t] for t in ("fc-inspect", "fc-export", "fc-convert", "fc-diff"))
 MIXED = os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt")
+MEGATRON = os.path.join(TESTDATA, "torch_dcp", "megatron_tiny_tp2_pp2", "ckpt")
 tmp = tempfile.mkdtemp(prefix="fc-cli-test-")
 
 
@@ -144,7 +145,7 @@ def case_noeffect():
         assert message in p.stderr, (args, p.stderr)
         assert not os.path.exists(out)
     # The combinations that do have an effect still work.
-    run([CONVERT, MIXED, "--dry-run", "--preset", "hf-llama", "--tp", "1"])
+    run([CONVERT, MEGATRON, "--dry-run", "--preset", "megatron-gpt", "--tp", "1"])
     run([CONVERT, MIXED, os.path.join(tmp, "t"), "--quiet", "--target-like", MIXED,
          "--output-format", "torch-dcp", "--torch-version", "2"])
     # -v does what it says: debug lines about the input and the plan.
