@@ -76,6 +76,7 @@ Throughputs MeasureThroughputs(const CheckpointIndex& index, const Plan& plan) {
 std::string HumanSeconds(double seconds) {
   char text[48];
   if (!(seconds < 1e9)) return "more than 30 years";
+  if (seconds < 0.05) return "under 0.1 s";
   if (seconds < 60) {
     std::snprintf(text, sizeof text, "%.1f s", seconds);
   } else if (seconds < 3600) {

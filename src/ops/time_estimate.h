@@ -55,7 +55,7 @@ TimeEstimate EstimateTime(const Plan& plan, const Throughputs& rates);
 // be read here, or the plan reads nothing.
 Throughputs MeasureThroughputs(const CheckpointIndex& index, const Plan& plan);
 
-// "1.5 s", "4 min 10 s", "2 h 05 min".
+// "under 0.1 s", "1.5 s", "4 min 10 s", "2 h 05 min".
 std::string HumanSeconds(double seconds);
 
 // Two lines within 120 columns, e.g.

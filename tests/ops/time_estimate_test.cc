@@ -89,6 +89,7 @@ TEST_CASE("time estimate lines fit 120 columns and name the rates' origin", "[op
     CHECK_THAT(out.str(), Catch::Contains("read 12346 MB/s") || Catch::Contains("read 12.3 GB/s"));
     CHECK_THAT(out.str(), Catch::Contains("measured") && Catch::Contains("write 500 MB/s assumed"));
   }
+  CHECK(HumanSeconds(0.01) == "under 0.1 s");
   CHECK(HumanSeconds(1.26) == "1.3 s");
   CHECK(HumanSeconds(250) == "4 min 10 s");
   CHECK(HumanSeconds(7500) == "2 h 05 min");

@@ -80,6 +80,16 @@ def case_helpman():
     out = run([CONVERT, "--help"]).stdout
     assert re.search(r"--format TEXT\s+force the input format", out), out
     assert "--output-format" in out and "--input-format" not in out, out
+    # An object's encoding is spelled one way: fc-inspect (text and JSON) as fc.metadata.json.
+    conv = os.path.join(tmp, "enc")
+    run([CONVERT, MIXED, conv, "--quiet", "--target-like", MIXED])
+    stored = {o["key"]: o["encoding"] for o in json.load(open(os.path.join(conv, "fc.metadata.json")))["objects"]}
+    assert stored and set(stored.values()) <= {"raw", "torch_save"}, stored
+    for ckpt in (MIXED, conv):
+        shown = {o["key"]: o["encoding"] for o in json.loads(run([INSPECT, ckpt, "--json"]).stdout)["objects"]}
+        assert shown == stored, (ckpt, shown, stored)
+        text = run([INSPECT, ckpt]).stdout
+        assert all(f"  {k}  {e}, " in text for k, e in stored.items()), text
     print("ok helpman")
 
 
@@ -333,12 +343,12 @@ def estimate_lines(stdout):
     rates = [l for l in lines if l.startswith("rates: read ")]
     assert len(est) == 1 and len(rates) == 1, stdout
     assert all(len(l) <= 120 for l in lines), stdout
-    m = re.match(r"time estimate: (?:(\d+) h (\d+) min|(\d+) min (\d+) s|([\d.]+) s) \(slowest: "
-                 r"process (\d+), reads ", est[0])
+    m = re.match(r"time estimate: (?:(\d+) h (\d+) min|(\d+) min (\d+) s|([\d.]+) s|(under) 0.1 s) "
+                 r"\(slowest: process (\d+), reads ", est[0])
     assert m, est[0]
-    h, hm, mi, ms, sec, proc = m.groups()
+    h, hm, mi, ms, sec, under, proc = m.groups()
     seconds = (int(h) * 3600 + int(hm) * 60 if h else int(mi) * 60 + int(ms) if mi
-               else float(sec))
+               else float(sec) if sec else 0.0)
 
     def rate(what):
         r = re.search(what + r" ([\d.]+) (MB|GB)/s", rates[0])
