@@ -80,6 +80,14 @@ def case_helpman():
     out = run([CONVERT, "--help"]).stdout
     assert re.search(r"--format TEXT\s+force the input format", out), out
     assert "--output-format" in out and "--input-format" not in out, out
+    # Every tool names the same five input formats, in --help and in its man page.
+    formats = "torch-dcp, safetensors, fc, paddle, deepspeed"
+    for tool, path in TOOLS.items():
+        flag = "--format-a" if tool == "fc-diff" else "--format"
+        line = next(l for l in run([path, "--help"]).stdout.splitlines() if l.strip().startswith(flag + " "))
+        assert line.rstrip().endswith(formats), (tool, line)
+        page = open(os.path.join(SOURCE_ROOT, "man", tool + ".1")).read()
+        assert "(" + formats + ")" in page, tool
     # An object's encoding is spelled one way: fc-inspect (text and JSON) as fc.metadata.json.
     conv = os.path.join(tmp, "enc")
     run([CONVERT, MIXED, conv, "--quiet", "--target-like", MIXED])
