@@ -69,7 +69,7 @@ Throughputs MeasureThroughputs(const CheckpointIndex& index, const Plan& plan) {
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%.2f s", elapsed);
   rates.read_measured =
-      HumanBytes(done) + " of " + ElideMiddle(info.path, 40) + " in " + seconds;
+      HumanBytes(done) + " of " + ElideMiddle(info.path, 18) + " in " + seconds;
   return rates;
 }
 
@@ -96,12 +96,15 @@ void PrintTimeEstimate(const Plan& plan, const Throughputs& rates, std::ostream&
                      ", writes " + HumanBytes(e.written);
   if (plan.processes > 1) line += ", moves " + HumanBytes(e.moved);
   out << line << ")\n";
+  // "rates: read R (measured: ...), write W and network N assumed"; without a measurement
+  // "rates: read R, write W and network N assumed"; one process: no network.
+  const bool measured = !rates.read_measured.empty();
   std::string how = "rates: read " + Rate(rates.read) +
-                    (rates.read_measured.empty() ? " assumed"
-                                                 : " measured (" + rates.read_measured + ")") +
-                    ", write " + Rate(rates.write) + " assumed";
-  if (plan.processes > 1) how += ", network " + Rate(rates.network) + " assumed";
-  out << ElideMiddle(how, 120) << "\n";
+                    (measured ? " (measured: " + rates.read_measured + ")" : std::string());
+  const bool network = plan.processes > 1;
+  how += (network || measured ? ", write " : " and write ") + Rate(rates.write);
+  if (network) how += " and network " + Rate(rates.network);
+  out << ElideMiddle(how + " assumed", 120) << "\n";
 }
 
 }  // namespace fc

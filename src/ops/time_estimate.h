@@ -60,9 +60,8 @@ std::string HumanSeconds(double seconds);
 
 // Two lines within 120 columns, e.g.
 //   time estimate: 2.4 s (slowest: process 0, reads 1.2 GiB, writes 1.2 GiB)
-//   rates: read 850 MB/s measured (64 MiB of __0_0.distcp in 0.08 s), write 500 MB/s
-//   assumed, ...
-// "moves" appears with several processes.
+//   rates: read 850 MB/s (measured: 64.0 MiB of __0_0.distcp in 0.08 s), write 500 MB/s assumed
+// With several processes "moves" and the network rate appear.
 void PrintTimeEstimate(const Plan& plan, const Throughputs& rates, std::ostream& out);
 
 }  // namespace fc

@@ -67,18 +67,27 @@ TEST_CASE("EstimateTime is monotonic in every process's bytes", "[ops]") {
 }
 
 TEST_CASE("time estimate lines fit 120 columns and name the rates' origin", "[ops]") {
+  std::string line;
   std::vector<ProcessPlan> many;
   for (int p = 0; p < 1024; ++p) {
     many.push_back(Bytes(uint64_t{1} << 50, uint64_t{1} << 50, uint64_t{1} << 49, 1ull << 49));
   }
+  // As MeasureThroughputs words it at its longest (the name elided to 18 characters), and
+  // a longer one than it ever makes.
   Throughputs rates;
   rates.read = 12345.6e6;
-  rates.read_measured = "64 MiB of " + std::string(300, 'x') + ".distcp in 0.01 s";
+  rates.read_measured = "64.0 MiB of model-000...tensors in 0.20 s";
+  Throughputs absurd = rates;
+  absurd.read_measured = "64 MiB of " + std::string(300, 'x') + ".distcp in 0.01 s";
   for (const Plan& plan : {PlanOf(many), PlanOf({Bytes(10, 10)})}) {
+    std::ostringstream wide;
+    PrintTimeEstimate(plan, absurd, wide);
+    for (std::istringstream lines(wide.str()); std::getline(lines, line);) {
+      CHECK(line.size() <= 120);
+    }
     std::ostringstream out;
     PrintTimeEstimate(plan, rates, out);
     std::istringstream lines(out.str());
-    std::string line;
     int count = 0;
     while (std::getline(lines, line)) {
       ++count;
@@ -87,7 +96,8 @@ TEST_CASE("time estimate lines fit 120 columns and name the rates' origin", "[op
     CHECK(count == 2);
     CHECK_THAT(out.str(), Catch::StartsWith("time estimate: "));
     CHECK_THAT(out.str(), Catch::Contains("read 12346 MB/s") || Catch::Contains("read 12.3 GB/s"));
-    CHECK_THAT(out.str(), Catch::Contains("measured") && Catch::Contains("write 500 MB/s assumed"));
+    CHECK_THAT(out.str(), Catch::Contains("(measured: 64.0 MiB of model-000") &&
+                              Catch::Contains("write 500 MB/s") && Catch::EndsWith(" assumed\n"));
   }
   CHECK(HumanSeconds(0.01) == "under 0.1 s");
   CHECK(HumanSeconds(1.26) == "1.3 s");

@@ -386,11 +386,11 @@ def case_dryruntime():
     # The estimate is in every dry-run summary, within 120 columns, and is the plan's bytes
     # over the rates it prints; assumed rates for a small input, which nothing measures.
     _, _, rates = check_estimate([EXPORT, MIXED, os.path.join(tmp, "o"), "--dry-run"])
-    assert rates == "rates: read 1.0 GB/s assumed, write 500 MB/s assumed", rates
+    assert rates == "rates: read 1.0 GB/s and write 500 MB/s assumed", rates
     check_estimate([CONVERT, MIXED, "--dry-run", "--target-like", MIXED])
     _, plan, rates = check_estimate([CONVERT, MIXED, "--dry-run", "--target-like", MIXED,
                                      "--simulate-processes", "3"])
-    assert "network 1.0 GB/s assumed" in rates, rates
+    assert rates == "rates: read 1.0 GB/s, write 500 MB/s and network 1.0 GB/s assumed", rates
     # A 48 MB input: its read rate is measured on the file read most (each run measures
     # anew, so two runs compare through the formula checked above, which grows with the bytes;
     # tests/ops/time_estimate_test.cc checks that monotonicity on random plans).
@@ -400,8 +400,8 @@ def case_dryruntime():
     for flags in (["--include", "layers.0.*"], []):
         seconds, plan, rates = check_estimate([EXPORT, src, os.path.join(tmp, "o"), "--dry-run",
                                                *flags])
-        assert re.search(r"read \S+ [MG]B/s measured \(\d+(\.\d)? MiB of \S+\.distcp in "
-                         r"[\d.]+ s\)", rates), rates
+        assert re.match(r"rates: read \S+ [MG]B/s \(measured: \d+(\.\d)? MiB of \S+\.distcp in "
+                        r"[\d.]+ s\), write 500 MB/s assumed$", rates), rates
         estimates.append((plan["bytes_needed"], seconds))
     assert estimates[0][0] < estimates[1][0], estimates
     print("ok dryruntime", estimates)
