@@ -145,7 +145,14 @@ def case_torchdcp_open():
         path = os.path.join(ckpt, f)
         os.truncate(path, os.path.getsize(path) - 1)
     refused_at_open(ckpt, "pass end of file")
-    check_reported(ckpt, [(f, key, "pass", "end of") for f, key in cut], 3)
+    needles = [(f, key, "pass", "end of") for f, key in cut]
+    check_reported(ckpt, needles, 3)
+    # A data file gone as well (an object's): named, its item left out, the others still listed.
+    gone, key = object_files[1]
+    os.remove(os.path.join(ckpt, gone))
+    p = run([INSPECT, ckpt], expect=4)
+    assert gone in p.stderr, p.stderr
+    check_reported(ckpt, needles + [(gone, f"data of object '{key}'; its items are left out")], 4)
 
 
 def case_safetensors_open():

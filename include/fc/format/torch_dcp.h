@@ -132,8 +132,9 @@ struct TorchDcpReadOptions {
   // items past the end of their file are kept as the metadata gives them (VerifyCheckpoint
   // fails to locate them, or finds an object's range past the end), and recorded instead
   // of failing: an object whose torch.save archive is corrupt, items that overlap, a
-  // shared-start probe that cannot be read. Still errors: everything in .metadata, missing
-  // data files, chunk boxes outside their tensor, unsupported transforms.
+  // shared-start probe that cannot be read, a data file that cannot be opened (its items
+  // are left out of the index). Still errors: everything in .metadata, chunk boxes outside
+  // their tensor, unsupported transforms.
   OpenProblems* lenient = nullptr;
 };
 

@@ -333,6 +333,7 @@ class DcpReader {
   std::unordered_map<std::string, uint32_t> file_index_;
   std::vector<std::unique_ptr<RandomAccessFile>> files_;
   std::vector<std::vector<ItemRange>> ranges_;  // per file
+  std::unordered_set<std::string> missing_;     // lenient: data files that cannot be opened
 };
 
 Status DcpReader::ReadTensor(const MergedItem& m, TensorEntry* out) {
@@ -352,6 +353,7 @@ Status DcpReader::ReadTensor(const MergedItem& m, TensorEntry* out) {
       return v.With(mc.source->name + ": " + label());
     }
     const DcpStorageInfo& s = *mc.storage;
+    if (missing_.count(s.relative_path)) continue;  // recorded (lenient)
     FC_ASSIGN_OR_RETURN(chunk.file, FileIndex(s.relative_path));
     // Leniently, an item past the end of its file is kept: VerifyCheckpoint fails to locate
     // it and says so, with the file, the tensor and the bytes.
@@ -686,6 +688,16 @@ Result<CheckpointIndex> DcpReader::Read() {
   index.root = dir_;
   for (const auto& [order, path] : names) {
     auto f = RandomAccessFile::Open(JoinPath(dir_, path));
+    if (!f.ok() && options_.lenient) {
+      // Recorded; its items are left out (VerifyCheckpoint then finds the elements missing).
+      std::string what = f.status().message();
+      const std::string full = JoinPath(dir_, path) + ": ";
+      if (what.compare(0, full.size(), full) == 0) what.erase(0, full.size());
+      options_.lenient->Add(path, "", what + " (data of " + first_user[path] +
+                                          "; its items are left out)");
+      missing_.insert(path);
+      continue;
+    }
     if (!f.ok()) {
       return f.status().With(path + " (data of " + first_user[path] + ")");
     }
@@ -701,6 +713,7 @@ Result<CheckpointIndex> DcpReader::Read() {
       FC_RETURN_IF_ERROR(ReadTensor(m, &t));
       index.tensors.push_back(std::move(t));
     } else {
+      if (m.object != nullptr && missing_.count(m.object->relative_path)) continue;  // lenient
       ObjectEntry o;
       FC_RETURN_IF_ERROR(ReadObject(m, &o));
       index.objects.push_back(std::move(o));
