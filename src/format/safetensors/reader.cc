@@ -64,7 +64,10 @@ struct Builder {
       size = f->size();
       return ReadSafetensorsHeaderLenient(*f, lenient ? &tiling : nullptr);
     }();
-    if (!read.ok() && lenient) {
+    // Only a missing file and a corrupt header are the checkpoint's problems; a refused
+    // symlink, an unsupported dtype, an I/O error stay errors.
+    if (!read.ok() && lenient && (read.status().code() == StatusCode::kNotFound ||
+                                  read.status().code() == StatusCode::kDataLoss)) {
       std::string what = read.status().message();
       if (what.compare(0, path.size() + 2, path + ": ") == 0) what.erase(0, path.size() + 2);
       lenient->Add(rel, "", what);

@@ -426,7 +426,9 @@ Status DcpReader::ReadObject(const MergedItem& m, ObjectEntry* out) {
   out->byte_length = s.length;
   if (!archive.ok()) {
     const std::string what = "item bytes " + Range(s.offset, s.offset + s.length);
-    if (!options_.lenient) return archive.status().With(ctx + ": " + what);
+    if (!options_.lenient || archive.status().code() != StatusCode::kDataLoss) {
+      return archive.status().With(ctx + ": " + what);
+    }
     options_.lenient->Add(s.relative_path, item.fqn, what + ": " + archive.status().message());
   }
   return Status::Ok();
@@ -448,7 +450,7 @@ Status DcpReader::CheckOverlaps() {
       bool blob = false;
       if (j - i > 1) {
         Result<bool> probed = IsSafetensorsBlob(*files_[f], r[i].inclusive_min);
-        if (!probed.ok() && options_.lenient) {
+        if (!probed.ok() && options_.lenient && probed.status().code() == StatusCode::kDataLoss) {
           options_.lenient->Add(Basename(files_[f]->path()), "",
                                 ItemLabel(r[i]) + ": " + probed.status().message());
           probed = false;
@@ -688,7 +690,7 @@ Result<CheckpointIndex> DcpReader::Read() {
   index.root = dir_;
   for (const auto& [order, path] : names) {
     auto f = RandomAccessFile::Open(JoinPath(dir_, path));
-    if (!f.ok() && options_.lenient) {
+    if (!f.ok() && options_.lenient && f.status().code() == StatusCode::kNotFound) {
       // Recorded; its items are left out (VerifyCheckpoint then finds the elements missing).
       std::string what = f.status().message();
       const std::string full = JoinPath(dir_, path) + ": ";
