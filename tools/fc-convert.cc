@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors, Paddle FlexCheckpoint)")
       ->required();
   app.add_option("OUT", options.output_dir, "output directory (must not exist, or be empty)");
-  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle");
+  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
   // The input-format flag of earlier versions; hidden (no help line), same meaning as --format.
   app.add_option("--input-format", old_input_format)->group("");
   auto* target = app.add_option_group("target", "where every chunk goes (exactly one)");

@@ -38,8 +38,8 @@ int main(int argc, char** argv) {
   app.add_option("A", options.a, "first checkpoint (torch DCP, fc distcp, safetensors, Paddle)")
       ->required();
   app.add_option("B", options.b, "second checkpoint, the reference for --rtol")->required();
-  app.add_option("--format-a", format_a, "force A's format: torch-dcp, safetensors, fc, paddle");
-  app.add_option("--format-b", format_b, "force B's format: torch-dcp, safetensors, fc, paddle");
+  app.add_option("--format-a", format_a, "force A's format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
+  app.add_option("--format-b", format_b, "force B's format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
   app.add_option("--aoa-a", options.aoa_a, "AOA program applied to A (see fc-aoa(7))");
   app.add_option("--aoa-b", options.aoa_b, "AOA program applied to B");
   app.add_option("--rtol", rtol, "relative tolerance (compare values as float64)");

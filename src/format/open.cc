@@ -65,9 +65,26 @@ Result<bool> IsDeepSpeed(const Listing& l) { return IsDeepSpeedCheckpointDir(l.d
 
 Result<bool> IsMegatronLegacy(const Listing& l) { return IsMegatronLegacyCheckpointDir(l.dir); }
 
-Result<CheckpointIndex> OpenTorchDcp(const std::string& path) {
+// Openers: `lenient` is null, or where a reader that has a lenient mode records the problems
+// it steps over (fc-inspect --verify). Readers without one open as usual.
+Result<CheckpointIndex> OpenTorchDcp(const std::string& path, OpenProblems* lenient) {
   // Items are located on first read (ChunkReader): opening reads only .metadata.
-  return ReadTorchDcp(path, TorchDcpReadOptions{.locate_chunks = false});
+  return ReadTorchDcp(path, TorchDcpReadOptions{.locate_chunks = false, .lenient = lenient});
+}
+Result<CheckpointIndex> OpenSafetensors(const std::string& path, OpenProblems* lenient) {
+  return ReadSafetensorsCheckpoint(path, lenient);
+}
+Result<CheckpointIndex> OpenFcDistcp(const std::string& path, OpenProblems* lenient) {
+  return ReadFcDistcp(path, lenient);
+}
+Result<CheckpointIndex> OpenPaddleFlex(const std::string& path, OpenProblems*) {
+  return ReadPaddleFlexCheckpoint(path);
+}
+Result<CheckpointIndex> OpenDeepSpeed(const std::string& path, OpenProblems*) {
+  return ReadDeepSpeedCheckpoint(path);
+}
+Result<CheckpointIndex> OpenMegatronLegacy(const std::string& path, OpenProblems*) {
+  return ReadMegatronLegacyCheckpoint(path);
 }
 
 // The input formats: how each is recognised and opened. Detection asks them in this order and
@@ -76,19 +93,19 @@ Result<CheckpointIndex> OpenTorchDcp(const std::string& path) {
 struct InputFormat {
   CheckpointFormat format;
   Result<bool> (*detect)(const Listing&);
-  Result<CheckpointIndex> (*open)(const std::string& path);
+  Result<CheckpointIndex> (*open)(const std::string& path, OpenProblems* lenient);
   std::string_view looks_for;  // what detection looks for, for the "nothing found" message
 };
 
 constexpr InputFormat kInputFormats[] = {
-    {CheckpointFormat::kFcDistcp, IsFcDistcp, ReadFcDistcp, "fc.metadata.json"},
+    {CheckpointFormat::kFcDistcp, IsFcDistcp, OpenFcDistcp, "fc.metadata.json"},
     {CheckpointFormat::kTorchDcp, IsTorchDcp, OpenTorchDcp, ".metadata or __R.metadata"},
-    {CheckpointFormat::kSafetensors, IsSafetensorsDir, ReadSafetensorsCheckpoint,
+    {CheckpointFormat::kSafetensors, IsSafetensorsDir, OpenSafetensors,
      "*.safetensors.index.json, *.safetensors"},
-    {CheckpointFormat::kPaddleFlex, IsPaddleFlex, ReadPaddleFlexCheckpoint, "<id>.metadata"},
-    {CheckpointFormat::kDeepSpeed, IsDeepSpeed, ReadDeepSpeedCheckpoint,
+    {CheckpointFormat::kPaddleFlex, IsPaddleFlex, OpenPaddleFlex, "<id>.metadata"},
+    {CheckpointFormat::kDeepSpeed, IsDeepSpeed, OpenDeepSpeed,
      "DeepSpeed latest / *_model_states.pt"},
-    {CheckpointFormat::kMegatronLegacy, IsMegatronLegacy, ReadMegatronLegacyCheckpoint,
+    {CheckpointFormat::kMegatronLegacy, IsMegatronLegacy, OpenMegatronLegacy,
      "Megatron latest_checkpointed_iteration.txt / mp_rank_*/model_optim_rng.pt"},
 };
 
@@ -117,7 +134,8 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
 }
 
 Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
-                                       std::optional<CheckpointFormat> forced) {
+                                       std::optional<CheckpointFormat> forced,
+                                       OpenProblems* lenient) {
   CheckpointFormat format;
   if (forced) {
     format = *forced;
@@ -125,7 +143,7 @@ Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
     FC_ASSIGN_OR_RETURN(format, DetectCheckpointFormat(path));
   }
   for (const InputFormat& f : kInputFormats) {
-    if (f.format == format) return f.open(path);
+    if (f.format == format) return f.open(path, lenient);
   }
   return InternalError("unhandled checkpoint format");
 }

@@ -432,9 +432,10 @@ Status CheckRulesFit(const LayoutRules& rules, std::span<const TargetTensor> ten
       first_unmatched = t.key;
     }
   }
-  // One rank: nothing is split or placed, whatever the rules say (`--preset X --tp 1` is how
-  // a checkpoint is merged into one file), so only more ranks need the rules to fit.
-  if (rules.degrees.world_size() > 1 && !patterns.empty() && matched == 0 && first_unmatched) {
+  // Also with one rank: `--preset X --tp 1` on another model's checkpoint would merge it into
+  // one file whatever X says, which is a surprise, not a request. Rules without any pattern
+  // (a layout file giving degrees only) merge without naming tensors.
+  if (!patterns.empty() && matched == 0 && first_unmatched) {
     return InvalidArgumentError("the rules match no tensor (first unmatched key '" +
                                 *first_unmatched + "')");
   }

@@ -27,6 +27,7 @@
 #include "fc/ops/run_stats.h"
 #include "src/ops/claim_output.h"
 #include "src/ops/plan_report.h"
+#include "src/ops/time_estimate.h"
 #include "src/ops/shared_input.h"
 #include "fc/plan/plan.h"
 #include "fc/ops/targets.h"
@@ -210,6 +211,7 @@ void PrintPlan(const CheckpointIndex& index, const Plan& plan,
   out << "memory: budget " << HumanBytes(plan.memory.budget) << ", estimated peak "
       << HumanBytes(plan.memory.peak) << ", minimum " << HumanBytes(plan.memory.minimum)
       << "\n";
+  PrintTimeEstimate(plan, MeasureThroughputs(index, plan), out);
   TextTable table({"RANK", "PROCESS", "CHUNKS", "WRITE", "READ", "FROM"});
   for (size_t f = 0; f < plan.files.size(); ++f) {
     const PlanFile& file = plan.files[f];

@@ -21,6 +21,7 @@
 #include "fc/ops/run_stats.h"
 #include "src/ops/claim_output.h"
 #include "src/ops/plan_report.h"
+#include "src/ops/time_estimate.h"
 #include "src/ops/shared_input.h"
 #include "fc/plan/plan.h"
 #include "fc/ops/targets.h"
@@ -251,6 +252,7 @@ void PrintPlan(const ExportPlan& p, const ExportOptions& options, std::ostream& 
   }
   out << "memory: budget " << HumanBytes(plan.memory.budget) << ", expected peak "
       << HumanBytes(plan.memory.peak) << ", minimum " << HumanBytes(plan.memory.minimum) << "\n";
+  PrintTimeEstimate(plan, MeasureThroughputs(p.index, plan), out);
   TextTable table({"FILE", "PROCESS", "TENSORS", "BYTES", "READ"});
   for (const PlanFile& f : plan.files) {
     uint64_t read = 0;

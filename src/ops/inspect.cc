@@ -8,6 +8,7 @@
 #include "fc/codec/json_writer.h"
 #include "fc/core/glob.h"
 #include "fc/format/chunk_reader.h"
+#include "fc/format/fc_distcp.h"
 #include "fc/format/open.h"
 #include "fc/io/file.h"
 #include "fc/ops/report_format.h"
@@ -87,7 +88,7 @@ void PrintObjects(const CheckpointIndex& index, std::ostream& out) {
   out << "\nobjects (non-tensor values, carried as bytes):\n";
   for (const ObjectEntry& o : index.objects) {
     out << "  " << o.key << "  "
-        << (o.encoding == ObjectEncoding::kTorchSave ? "torch.save" : "raw") << ", "
+        << ObjectEncodingName(o.encoding) << ", "
         << o.byte_length << " bytes in " << index.files[o.file].path << "\n";
   }
 }
@@ -148,7 +149,7 @@ void WriteJson(const CheckpointIndex& index, const std::vector<const TensorEntry
   for (const ObjectEntry& o : index.objects) {
     j.BeginObject();
     j.Key("key").String(o.key);
-    j.Key("encoding").String(o.encoding == ObjectEncoding::kTorchSave ? "torch-save" : "raw");
+    j.Key("encoding").String(ObjectEncodingName(o.encoding));  // as in fc.metadata.json
     j.Key("file").String(index.files[o.file].path);
     j.Key("byte_offset").Uint(o.byte_offset);
     j.Key("byte_length").Uint(o.byte_length);
@@ -261,7 +262,12 @@ std::string DescribeSplit(const TensorEntry& tensor) {
 }
 
 Status RunInspect(const InspectOptions& options, std::ostream& out) {
-  FC_ASSIGN_OR_RETURN(CheckpointIndex index, OpenCheckpoint(options.path, options.format));
+  // --verify: what a reader would refuse the checkpoint for is recorded and listed with
+  // every other problem (fc/format/open_problems.h).
+  OpenProblems opened;
+  FC_ASSIGN_OR_RETURN(CheckpointIndex index,
+                      OpenCheckpoint(options.path, options.format,
+                                     options.verify ? &opened : nullptr));
   std::vector<const TensorEntry*> tensors;
   std::optional<Glob> filter;
   if (!options.tensors.empty()) {
@@ -278,7 +284,7 @@ Status RunInspect(const InspectOptions& options, std::ostream& out) {
   }
   std::optional<VerifyReport> report;
   if (options.verify) {
-    FC_ASSIGN_OR_RETURN(report, VerifyCheckpoint(index));
+    FC_ASSIGN_OR_RETURN(report, VerifyCheckpoint(index, &opened));
   }
   if (options.json) {
     WriteJson(index, tensors, report ? &*report : nullptr, out);

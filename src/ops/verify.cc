@@ -165,8 +165,14 @@ void CheckChecksum(ChunkReader& reader, const CheckpointIndex& index, const std:
 
 }  // namespace
 
-Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index) {
+Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index,
+                                      const OpenProblems* opened) {
   VerifyReport report;
+  if (opened) {
+    for (const OpenProblem& p : opened->listed) Add(report, {p.file, p.key, p.what});
+    // Those the reader counted but did not list.
+    report.problem_count += opened->count - opened->listed.size();
+  }
   ChunkReader reader(index);
   for (uint32_t i = 0; i < index.files.size(); ++i) {
     Result<const RandomAccessFile*> f = reader.File(i);
@@ -188,8 +194,13 @@ Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index) {
       // with its file and tensor (the message names the chunk and item bytes).
       Result<ChunkLocation> place = reader.Locate(t, c);
       if (!place.ok()) {
-        Add(report, {c.file < index.files.size() ? index.files[c.file].path : "",
-                                   t.key, place.status().message()});
+        const std::string path = c.file < index.files.size() ? index.files[c.file].path : "";
+        // The problem line names the file and key already: "F: tensor 'K' chunk ..." is
+        // shortened to "chunk ...".
+        std::string message = place.status().message();
+        const std::string named = path + ": tensor '" + t.key + "' ";
+        if (message.compare(0, named.size(), named) == 0) message.erase(0, named.size());
+        Add(report, {path, t.key, std::move(message)});
         continue;
       }
       Result<uint64_t> expected = ExpectedByteLength(t, c, place->strides);

@@ -347,15 +347,19 @@ TEST_CASE("CheckRulesFit: rules of another model or an empty rank are refused", 
     const TargetLayout l = Layout(rules, megatron);
     CHECK(CheckRulesFit(rules, megatron, l).ok());
   }
-  // hf-llama names no Megatron tensor: refused with two ranks, fine with one (a merge).
-  const LayoutRules llama2 = Preset("hf-llama", {.tp = 2});
-  Status s = CheckRulesFit(llama2, megatron, Layout(llama2, megatron));
-  REQUIRE(s.code() == StatusCode::kInvalidArgument);
-  CHECK_THAT(s.message(), Catch::Contains("the rules match no tensor (first unmatched key '" +
-                                          megatron.front().key + "')"));
-  const LayoutRules llama1 = Preset("hf-llama", {});
-  CHECK(CheckRulesFit(llama1, megatron, Layout(llama1, megatron)).ok());
+  // hf-llama names no Megatron tensor: refused with two ranks, and with one (no silent
+  // merge); rules without patterns (degrees only) merge into one rank.
+  for (ParallelDegrees d : {ParallelDegrees{.tp = 2}, ParallelDegrees{}}) {
+    const LayoutRules llama = Preset("hf-llama", d);
+    Status s = CheckRulesFit(llama, megatron, Layout(llama, megatron));
+    REQUIRE(s.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(s.message(), Catch::Contains("the rules match no tensor (first unmatched key '" +
+                                            megatron.front().key + "')"));
+  }
+  LayoutRules merge;
+  CHECK(CheckRulesFit(merge, megatron, Layout(merge, megatron)).ok());
   // Stage 1 gets nothing when the layer regex matches no layer and the rest goes first.
+  Status s = Status::Ok();
   LayoutRules stage0 = Preset("megatron-gpt", {.pp = 2});
   stage0.pipeline->layer_regex = R"((?:^|\.)blocks\.(\d+)\.)";
   stage0.pipeline->last_stage.clear();

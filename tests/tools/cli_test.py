@@ -4,7 +4,7 @@ that would have no effect are refused, globs filter names everywhere, warnings n
 output leaves out, fc-export --copy-from, and --dry-run lines fit 120 columns.
 
 usage: cli_test.py BUILD_ROOT TESTDATA CASE
-  CASE: helpman|exitcodes|noeffect|globs|warnings|copyfrom|dryrunwidth
+  CASE: helpman|exitcodes|noeffect|globs|warnings|copyfrom|dryrunwidth|dryruntime
 """
 import glob
 import json
@@ -27,6 +27,7 @@ SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__
 TOOLS = {t: os.path.join(BUILD, "tools", t) for t in ("fc-inspect", "fc-export", "fc-convert", "fc-diff")}
 INSPECT, EXPORT, CONVERT, DIFF = (TOOLS[t] for t in ("fc-inspect", "fc-export", "fc-convert", "fc-diff"))
 MIXED = os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt")
+MEGATRON = os.path.join(TESTDATA, "torch_dcp", "megatron_tiny_tp2_pp2", "ckpt")
 tmp = tempfile.mkdtemp(prefix="fc-cli-test-")
 
 
@@ -79,6 +80,24 @@ def case_helpman():
     out = run([CONVERT, "--help"]).stdout
     assert re.search(r"--format TEXT\s+force the input format", out), out
     assert "--output-format" in out and "--input-format" not in out, out
+    # Every tool names the same six input formats, in --help and in its man page.
+    formats = "torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy"
+    for tool, path in TOOLS.items():
+        flag = "--format-a" if tool == "fc-diff" else "--format"
+        line = next(l for l in run([path, "--help"]).stdout.splitlines() if l.strip().startswith(flag + " "))
+        assert line.rstrip().endswith(formats), (tool, line)
+        page = open(os.path.join(SOURCE_ROOT, "man", tool + ".1")).read()
+        assert "(" + formats + ")" in page, tool
+    # An object's encoding is spelled one way: fc-inspect (text and JSON) as fc.metadata.json.
+    conv = os.path.join(tmp, "enc")
+    run([CONVERT, MIXED, conv, "--quiet", "--target-like", MIXED])
+    stored = {o["key"]: o["encoding"] for o in json.load(open(os.path.join(conv, "fc.metadata.json")))["objects"]}
+    assert stored and set(stored.values()) <= {"raw", "torch_save"}, stored
+    for ckpt in (MIXED, conv):
+        shown = {o["key"]: o["encoding"] for o in json.loads(run([INSPECT, ckpt, "--json"]).stdout)["objects"]}
+        assert shown == stored, (ckpt, shown, stored)
+        text = run([INSPECT, ckpt]).stdout
+        assert all(f"  {k}  {e}, " in text for k, e in stored.items()), text
     print("ok helpman")
 
 
@@ -144,7 +163,7 @@ def case_noeffect():
         assert message in p.stderr, (args, p.stderr)
         assert not os.path.exists(out)
     # The combinations that do have an effect still work.
-    run([CONVERT, MIXED, "--dry-run", "--preset", "hf-llama", "--tp", "1"])
+    run([CONVERT, MEGATRON, "--dry-run", "--preset", "megatron-gpt", "--tp", "1"])
     run([CONVERT, MIXED, os.path.join(tmp, "t"), "--quiet", "--target-like", MIXED,
          "--output-format", "torch-dcp", "--torch-version", "2"])
     # -v does what it says: debug lines about the input and the plan.
@@ -323,6 +342,69 @@ def case_dryrunwidth():
             for line in p.stdout.splitlines():
                 assert len(line) <= 120, (args, len(line), line)
     print("ok dryrunwidth")
+
+
+def estimate_lines(stdout):
+    """The seconds of the "time estimate:" line and the rates of the "rates:" line."""
+    lines = stdout.splitlines()
+    est = [l for l in lines if l.startswith("time estimate: ")]
+    rates = [l for l in lines if l.startswith("rates: read ")]
+    assert len(est) == 1 and len(rates) == 1, stdout
+    assert all(len(l) <= 120 for l in lines), stdout
+    m = re.match(r"time estimate: (?:(\d+) h (\d+) min|(\d+) min (\d+) s|([\d.]+) s|(under) 0.1 s) "
+                 r"\(slowest: process (\d+), reads ", est[0])
+    assert m, est[0]
+    h, hm, mi, ms, sec, under, proc = m.groups()
+    seconds = (int(h) * 3600 + int(hm) * 60 if h else int(mi) * 60 + int(ms) if mi
+               else float(sec) if sec else 0.0)
+
+    def rate(what):
+        r = re.search(what + r" ([\d.]+) (MB|GB)/s", rates[0])
+        assert r, (what, rates[0])
+        return float(r.group(1)) * (1e6 if r.group(2) == "MB" else 1e9)
+    network = rate("network") if "network" in rates[0] else None
+    return seconds, int(proc), rate("read"), rate("write"), network, rates[0]
+
+
+def check_estimate(args):
+    """The text's estimate is the plan's bytes over the printed rates, slowest process first."""
+    p = run(args)
+    seconds, slowest, read, write, network, rates = estimate_lines(p.stdout)
+    plan = json.loads(run(args + ["--json"]).stdout)
+    plan = plan.get("plan", plan)
+    per = [q["bytes_read"] / read + q["bytes_written"] / write +
+           ((q["bytes_sent"] + q["bytes_received"]) / network if network else 0)
+           for q in plan["per_process"]]
+    want = max(per)
+    # Printed rates are rounded to 1 MB/s (or 0.1 GB/s), the seconds to 0.1 s.
+    assert abs(seconds - want) <= 0.06 + 0.06 * want, (seconds, want, per, rates)
+    assert per[slowest] == want, (slowest, per)
+    return seconds, plan, rates
+
+
+def case_dryruntime():
+    # The estimate is in every dry-run summary, within 120 columns, and is the plan's bytes
+    # over the rates it prints; assumed rates for a small input, which nothing measures.
+    _, _, rates = check_estimate([EXPORT, MIXED, os.path.join(tmp, "o"), "--dry-run"])
+    assert rates == "rates: read 1.0 GB/s and write 500 MB/s assumed", rates
+    check_estimate([CONVERT, MIXED, "--dry-run", "--target-like", MIXED])
+    _, plan, rates = check_estimate([CONVERT, MIXED, "--dry-run", "--target-like", MIXED,
+                                     "--simulate-processes", "3"])
+    assert rates == "rates: read 1.0 GB/s, write 500 MB/s and network 1.0 GB/s assumed", rates
+    # A 48 MB input: its read rate is measured on the file read most (each run measures
+    # anew, so two runs compare through the formula checked above, which grows with the bytes;
+    # tests/ops/time_estimate_test.cc checks that monotonicity on random plans).
+    src = os.path.join(tmp, "big")
+    run([os.path.join(BUILD, "bench", "make_synthetic_ckpt"), src, "48000000", "2", "256"])
+    estimates = []
+    for flags in (["--include", "layers.0.*"], []):
+        seconds, plan, rates = check_estimate([EXPORT, src, os.path.join(tmp, "o"), "--dry-run",
+                                               *flags])
+        assert re.match(r"rates: read \S+ [MG]B/s \(measured: \d+(\.\d)? MiB of \S+\.distcp in "
+                        r"[\d.]+ s\), write 500 MB/s assumed$", rates), rates
+        estimates.append((plan["bytes_needed"], seconds))
+    assert estimates[0][0] < estimates[1][0], estimates
+    print("ok dryruntime", estimates)
 
 
 try:

@@ -71,9 +71,21 @@ def case_preset():
     # Also with pp = 2 (before: every tensor "matched no pipeline rule", naming no preset).
     same_refusal([MEGATRON, "--preset", "hf-llama", "--pp", "2", "--quiet"], 3,
                  ["--preset hf-llama"])
-    # With one rank nothing is split: any preset merges into one file (as before).
-    run([CONVERT, MEGATRON, os.path.join(tmp, "dry"), "--preset", "hf-llama", "--tp", "1",
-         "--dry-run", "--quiet"])
+    # Also with one rank (before: a silent merge into one file), naming the preset and key.
+    line = same_refusal([MEGATRON, "--preset", "hf-llama", "--tp", "1", "--quiet"], 3,
+                        ["--preset hf-llama", "the rules match no tensor"])
+    assert re.search(r"first unmatched key '([^']+)'", line).group(1) == key, line
+    # A merge into one rank is a layout of degrees only; a matching preset at tp 1 also is.
+    merge = os.path.join(tmp, "merge.json")
+    with open(merge, "w") as f:
+        json.dump({"degrees": {}}, f)
+    for target in (["--target-layout", merge], ["--preset", "megatron-gpt", "--tp", "1"]):
+        out = os.path.join(tmp, "merged-" + target[0].strip("-"))
+        run([CONVERT, MEGATRON, out, *target, "--quiet"])
+        meta = json.load(open(os.path.join(out, "fc.metadata.json")))
+        assert len(meta["files"]) == 1, meta["files"]
+        assert all(len(t["chunks"]) == 1 and t["chunks"][0]["local_shape"] == t["global_shape"]
+                   for t in meta["tensors"]), target
     # The right preset plans.
     run([CONVERT, MEGATRON, os.path.join(tmp, "dry"), "--preset", "megatron-gpt", "--tp", "2",
          "--pp", "2", "--dry-run", "--quiet"])

@@ -20,6 +20,10 @@ CONVERT = os.path.join(BUILD, "tools", "fc-convert")
 MAKE_CKPT = os.path.join(BUILD, "bench", "make_synthetic_ckpt")
 FIXTURE = os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt")
 tmp = tempfile.mkdtemp(prefix="fc-io-safety-")
+# Every tensor whole on one rank (a layout of degrees only: no preset names these tensors).
+MERGE = os.path.join(tmp, "merge.json")
+with open(MERGE, "w") as f:
+    f.write('{"degrees": {}}')
 
 
 def run(args, expect=0, limit=60):
@@ -125,7 +129,7 @@ def start_slow(tool, src, out):
     # Slabs of ~100 elements: a run takes seconds.
     args = [tool, src, out, "--quiet", "--threads", "1", "--memory-budget", "600"]
     if tool == CONVERT:
-        args += ["--preset", "hf-llama", "--tp", "1"]
+        args += ["--target-layout", MERGE]
     else:
         args += ["--max-shard-size", "8MB", "--dtype", "float32"]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -177,7 +181,7 @@ def case_sigterm():
             assert not os.path.exists(out), os.listdir(out)
             assert not leftovers(out), leftovers(out)
         # The rerun succeeds.
-        run([tool, src, out, "--quiet"] + (["--preset", "hf-llama", "--tp", "1"] if tool == CONVERT else []),
+        run([tool, src, out, "--quiet"] + (["--target-layout", MERGE] if tool == CONVERT else []),
             limit=300)
         assert os.listdir(out) and not leftovers(out)
     print("ok sigterm")
@@ -193,7 +197,7 @@ def case_sigkill():
         # OUT does not look complete: absent; the staging stays behind.
         assert not os.path.exists(out), os.listdir(out)
         assert glob.glob(out + ".fc-tmp-%d-*" % p.pid)
-        extra = ["--preset", "hf-llama", "--tp", "1"] if tool == CONVERT else ["--max-shard-size", "8MB"]
+        extra = ["--target-layout", MERGE] if tool == CONVERT else ["--max-shard-size", "8MB"]
         r = run([tool, src, out, *extra], limit=300)
         assert "which is gone" in r.stderr, r.stderr  # the dead run's staging was swept
         assert not leftovers(out), leftovers(out)

@@ -2,7 +2,9 @@
 Damaged checkpoints are built at test time from testdata.
 
 usage: verify_test.py BUILD_ROOT TESTDATA CASE
-CASE: fcdistcp | torchdcp
+CASE: fcdistcp | torchdcp | fcdistcp_open | torchdcp_open | safetensors_open
+The *_open cases damage three files so that the checkpoint no longer opens (exit 5 without
+--verify, on the first problem); --verify opens it leniently and lists all three.
 """
 import json
 import os
@@ -12,7 +14,8 @@ import tempfile
 
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 TOOLS = os.path.join(BUILD, "tools")
-CONVERT, INSPECT = (os.path.join(TOOLS, t) for t in ("fc-convert", "fc-inspect"))
+CONVERT, INSPECT, EXPORT = (os.path.join(TOOLS, t)
+                            for t in ("fc-convert", "fc-inspect", "fc-export"))
 MIXED = os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt")
 tmp = tempfile.mkdtemp(prefix="fc-verify-")
 
@@ -62,7 +65,8 @@ def case_fcdistcp():
 def case_torchdcp():
     # Three item files of the torch DCP fixture with their torch.save archive damaged (zip
     # signature zeroed): each chunk fails to be located, and all three are reported.
-    # (Item ranges past the end of a file are refused when the checkpoint is opened, exit 5.)
+    # (Item ranges past the end of a file are refused when the checkpoint is opened, exit 5;
+    # --verify lists them: case_torchdcp_open.)
     ckpt = os.path.join(tmp, "dcp")
     subprocess.run(["cp", "-r", MIXED, ckpt], check=True)
     names = sorted(f for f in os.listdir(ckpt) if f.endswith(".distcp"))
@@ -75,5 +79,106 @@ def case_torchdcp():
     check_reported(ckpt, [(f,) for f in cut], 3)
 
 
-{"fcdistcp": case_fcdistcp, "torchdcp": case_torchdcp}[CASE]()
+def refused_at_open(ckpt, message):
+    """Without --verify the damaged checkpoint does not open: exit 5 on the first problem."""
+    p = run([INSPECT, ckpt], expect=5)
+    assert message in p.stderr, p.stderr
+
+
+def safetensors_header(path):
+    data = open(path, "rb").read()
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + n]), n, data
+
+
+def case_fcdistcp_open():
+    # Three open-time problems in three data files: one has bytes appended (its size is not
+    # the metadata's), one's safetensors header names another dtype for a chunk than
+    # fc.metadata.json, and the metadata places a chunk of the third past its end.
+    ckpt = os.path.join(tmp, "fc-open")
+    run([CONVERT, MIXED, ckpt, "--quiet", "--target-like", MIXED])
+    meta_path = os.path.join(ckpt, "fc.metadata.json")
+    meta = json.load(open(meta_path))
+    files = [f["name"] for f in meta["files"]]
+    assert len(files) >= 3, files
+    grown, retyped, moved = files[:3]
+    size = os.path.getsize(os.path.join(ckpt, grown))
+    with open(os.path.join(ckpt, grown), "ab") as f:
+        f.write(bytes(16))
+    # A chunk entry of `retyped`: F32 <-> I32 (same size, so the header stays valid).
+    path = os.path.join(ckpt, retyped)
+    header, n, data = safetensors_header(path)
+    swap = {"F32": "I32", "I32": "F32", "F16": "BF16", "BF16": "F16", "I64": "F64", "F64": "I64"}
+    entry = next(k for k, v in header.items() if k != "__metadata__" and v["dtype"] in swap
+                 and "@obj" not in k)
+    old = header[entry]["dtype"]
+    header[entry]["dtype"] = swap[old]
+    text = json.dumps(header, separators=(",", ":")).encode()
+    assert len(text) <= n, (len(text), n)
+    open(path, "wb").write(data[:8] + text + b" " * (n - len(text)) + data[8 + n:])
+    retyped_key = entry.rsplit("@", 1)[0]
+    # A chunk of `moved` placed past the end of its file.
+    moved_size = os.path.getsize(os.path.join(ckpt, moved))
+    t, c = next((t, c) for t in meta["tensors"] for c in t["chunks"]
+                if c["file"] == moved and c["byte_length"] > 0)
+    c["byte_offset"] = moved_size + 64
+    json.dump(meta, open(meta_path, "w"))
+    refused_at_open(ckpt, "fc.metadata.json")
+    check_reported(ckpt, [
+        (grown, f"file is {size + 16} bytes, fc.metadata.json says {size}"),
+        (retyped, retyped_key, f"is {swap[old]}", f"fc.metadata.json says {old}"),
+        (moved, t["key"], f"pass the end of the file ({moved_size} bytes)"),
+    ], 3)
+
+
+def case_torchdcp_open():
+    # Three data files of the torch DCP fixture cut short by one byte: the item each holds
+    # (two tensor chunks, one object) passes the end of its file.
+    ckpt = os.path.join(tmp, "dcp-open")
+    subprocess.run(["cp", "-r", MIXED, ckpt], check=True)
+    j = json.loads(run([INSPECT, ckpt, "--json"]).stdout)
+    chunk_files = [(c["file"], t["key"]) for t in j["tensors"] for c in t["chunks"]]
+    object_files = [(o["file"], o["key"]) for o in j["objects"]]
+    cut = [chunk_files[0], chunk_files[-1], object_files[0]]
+    assert len({f for f, _ in cut}) == 3, cut
+    for f, _ in cut:
+        path = os.path.join(ckpt, f)
+        os.truncate(path, os.path.getsize(path) - 1)
+    refused_at_open(ckpt, "pass end of file")
+    needles = [(f, key, "pass", "end of") for f, key in cut]
+    check_reported(ckpt, needles, 3)
+    # A data file gone as well (an object's): named, its item left out, the others still listed.
+    gone, key = object_files[1]
+    os.remove(os.path.join(ckpt, gone))
+    p = run([INSPECT, ckpt], expect=4)
+    assert gone in p.stderr, p.stderr
+    check_reported(ckpt, needles + [(gone, f"data of object '{key}'; its items are left out")], 4)
+
+
+def case_safetensors_open():
+    # An HF export in several files; two are cut short (the last tensor of each passes the
+    # end of its file), one has 8 bytes appended (the data buffer is longer than its
+    # tensors, a tiling error).
+    ckpt = os.path.join(tmp, "st-open")
+    run([EXPORT, MIXED, ckpt, "--quiet", "--max-shard-size", "150"])
+    files = sorted(f for f in os.listdir(ckpt) if f.endswith(".safetensors"))
+    assert len(files) >= 3, files
+    needles = []
+    for f in files[:2]:
+        path = os.path.join(ckpt, f)
+        header, n, data = safetensors_header(path)
+        last = max((k for k in header if k != "__metadata__"),
+                   key=lambda k: header[k]["data_offsets"][1])
+        assert header[last]["data_offsets"][1] > header[last]["data_offsets"][0], (f, header)
+        os.truncate(path, len(data) - 1)
+        needles.append((f, last, "pass the end of the file"))
+    with open(os.path.join(ckpt, files[2]), "ab") as g:
+        g.write(bytes(8))
+    needles.append((files[2], "but the tensors end at"))
+    refused_at_open(ckpt, ".safetensors: ")
+    check_reported(ckpt, needles, 3)
+
+
+{"fcdistcp": case_fcdistcp, "torchdcp": case_torchdcp, "fcdistcp_open": case_fcdistcp_open,
+ "torchdcp_open": case_torchdcp_open, "safetensors_open": case_safetensors_open}[CASE]()
 print("ok")

@@ -112,6 +112,7 @@
 #include "fc/core/flat_range.h"
 #include "fc/core/status.h"
 #include "fc/model/checkpoint_index.h"
+#include "fc/format/open_problems.h"
 #include "fc/format/safetensors.h"
 
 namespace fc {
@@ -137,8 +138,11 @@ Result<ObjectEncoding> ParseObjectEncoding(std::string_view name);
 // and keys, dtypes, shapes, ValidateBox for each chunk, flattened range within the box,
 // replica_id >= 0, byte_length == stored elements * dtype size (overflow-checked), every
 // chunk/object inside its file's listed size, checksum syntax.
+// With `lenient` (fc/format/open_problems.h): ranges past a file's listed size are left to
+// VerifyCheckpoint, a byte_length longer than the elements need is recorded.
 Result<CheckpointIndex> ParseFcDistcpMetadata(std::span<const std::byte> json,
-                                              const std::string& root);
+                                              const std::string& root,
+                                              OpenProblems* lenient = nullptr);
 
 // Opens an fc distcp directory: ParseFcDistcpMetadata, then checks against the files:
 // each exists (kNotFound) with its listed size (kDataLoss) and is a valid safetensors file
@@ -146,7 +150,13 @@ Result<CheckpointIndex> ParseFcDistcpMetadata(std::span<const std::byte> json,
 // dtypes, shapes, byte ranges as in section 3) plus well-formed padding entries.
 // Tensor bytes are not read; see VerifyChunkChecksums.
 // CheckpointIndex::attributes gets the "attributes" member plus "fc_distcp_version".
-Result<CheckpointIndex> ReadFcDistcp(const std::string& dir);
+// With `lenient` (fc-inspect --verify; fc/format/open_problems.h), recorded instead of
+// failing: a data file whose size is not the listed one (the index keeps the size on disk;
+// its entries are not compared), an unreadable safetensors header, an entry that differs
+// from the metadata or is missing, an entry that is neither chunk, object nor padding, and
+// what ParseFcDistcpMetadata records. Left to VerifyCheckpoint: missing files, ranges past
+// a file's end.
+Result<CheckpointIndex> ReadFcDistcp(const std::string& dir, OpenProblems* lenient = nullptr);
 
 // ---------------------------------------------------------------------------------------
 // Checksums (any CheckpointIndex whose chunks/objects carry xxh3_64, e.g. fc distcp).

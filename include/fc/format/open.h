@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fc/core/status.h"
+#include "fc/format/open_problems.h"
 #include "fc/model/checkpoint_index.h"
 
 namespace fc {
@@ -27,8 +28,13 @@ namespace fc {
 Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path);
 
 // Detects (or uses `forced`) and reads the metadata of the checkpoint at `path`.
+// `lenient` (fc-inspect --verify): the torch DCP, safetensors and fc distcp readers record
+// what they can step over there instead of failing (fc/format/open_problems.h; each
+// reader's header says what); Paddle, DeepSpeed and Megatron legacy
+// open as without it.
 Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
-                                       std::optional<CheckpointFormat> forced = std::nullopt);
+                                       std::optional<CheckpointFormat> forced = std::nullopt,
+                                       OpenProblems* lenient = nullptr);
 
 }  // namespace fc
 

@@ -65,6 +65,7 @@
 #include "fc/core/dtype.h"
 #include "fc/core/status.h"
 #include "fc/model/checkpoint_index.h"
+#include "fc/format/open_problems.h"
 
 namespace fc {
 
@@ -133,6 +134,13 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> firs
 // Errors: as ParseSafetensorsHeader, prefixed with the file's path; kIoError on read errors.
 Result<SafetensorsHeader> ReadSafetensorsHeader(const RandomAccessFile& file);
 
+// ReadSafetensorsHeader for verification: when `tiling_problem` is not null, entries that do
+// not tile the data buffer exactly (a gap, an overlap, a buffer shorter or longer than the
+// entries, e.g. a truncated file) are not an error: the message goes to *tiling_problem
+// (left as is when the tiling is right) and the entries are returned as written.
+Result<SafetensorsHeader> ReadSafetensorsHeaderLenient(const RandomAccessFile& file,
+                                                       std::string* tiling_problem);
+
 // Opens a safetensors checkpoint:
 //   - `path` is a "*.safetensors.index.json" file: that index (as below);
 //   - `path` is any other file: that one safetensors file;
@@ -164,7 +172,14 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const RandomAccessFile& file);
 // written) when an index was read.
 // Errors: kNotFound for a missing path or a file the index names; kInvalidArgument for a
 // directory with no safetensors files; header errors prefixed with the file name.
-Result<CheckpointIndex> ReadSafetensorsCheckpoint(const std::string& path);
+// With `lenient` (fc-inspect --verify; fc/format/open_problems.h), recorded instead of
+// failing: a file that cannot be opened or whose header cannot be parsed (the file and its
+// tensors are left out), entries that do not tile a file's data buffer (except a buffer
+// too short for them, e.g. a truncated file: its tensors are kept and VerifyCheckpoint names
+// each one whose bytes pass the end), a tensor stored in two files (the first is kept),
+// weight_map entries that disagree with the files.
+Result<CheckpointIndex> ReadSafetensorsCheckpoint(const std::string& path,
+                                                  OpenProblems* lenient = nullptr);
 
 // ---------------------------------------------------------------------------------------
 // Writing.

@@ -65,6 +65,7 @@
 #include "fc/core/status.h"
 #include "fc/model/checkpoint_index.h"
 #include "fc/codec/pickle.h"
+#include "fc/format/open_problems.h"
 #include "fc/io/file.h"
 
 namespace fc {
@@ -127,6 +128,14 @@ struct TorchDcpReadOptions {
   // locates the data on first read with LocateTorchDcpChunk, and a corrupt item is reported
   // then (with the same message) or by fc-inspect --verify. OpenCheckpoint uses false.
   bool locate_chunks = true;
+  // Lenient opening for verification (fc/format/open_problems.h), with locate_chunks false:
+  // items past the end of their file are kept as the metadata gives them (VerifyCheckpoint
+  // fails to locate them, or finds an object's range past the end), and recorded instead
+  // of failing: an object whose torch.save archive is corrupt, items that overlap, a
+  // shared-start probe that cannot be read, a data file that cannot be opened (its items
+  // are left out of the index). Still errors: everything in .metadata, chunk boxes outside
+  // their tensor, unsupported transforms.
+  OpenProblems* lenient = nullptr;
 };
 
 // The rank R of a per-rank metadata file name "__R.metadata" (R decimal), else nullopt.

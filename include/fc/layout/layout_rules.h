@@ -231,9 +231,9 @@ Result<TargetLayout> LayoutFromRules(const LayoutRules& rules,
 // Whether rules fit a model, for a layout LayoutFromRules made from them (`layout`) and the
 // tensors it was made of. The rules do not fit when they have patterns (tensor_parallel,
 // pipeline layer_regex / first_stage / last_stage, experts regex) and none of them finds any
-// tensor key (rules for another model family) while there is more than one rank, or when a
-// rank of `layout` holds no chunk. With one rank (all degrees 1) any rules fit: the layout is
-// every tensor whole on rank 0.
+// tensor key (rules for another model family), also with one rank (all degrees 1: a merge
+// with rules for another model is refused rather than done silently), or when a rank of
+// `layout` holds no chunk. Rules without any pattern (degrees only) fit every model.
 // Errors: kInvalidArgument "the rules match no tensor (first unmatched key 'K')" or "target
 // rank R (tp T, pp P, dp D, sharding S) holds no tensor" (+ "; first key no rule matches:
 // 'K'" when there is one); the caller adds which rules (the preset or the file).

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fc/core/status.h"
+#include "fc/format/open_problems.h"
 #include "fc/model/checkpoint_index.h"
 
 namespace fc {
@@ -35,10 +36,13 @@ struct VerifyReport {
 // (not only the first): coverage gaps and overlaps per tensor, chunks outside their tensor,
 // byte ranges past the end of their file or too short for their elements, unreadable items,
 // checksum mismatches. A chunk whose bytes lie outside the file is not hashed. Problems a
-// format's reader refuses when the checkpoint is opened never reach this (the open fails).
+// format's reader found when the checkpoint was opened leniently (`opened`, from
+// OpenCheckpoint's `lenient`) come first in the report, counted with the rest; without a
+// lenient open, such problems never reach this (the open fails).
 // Errors only for failures to run the checks themselves (e.g. a data file that cannot be
 // opened is a problem in the report, not an error).
-Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index);
+Result<VerifyReport> VerifyCheckpoint(const CheckpointIndex& index,
+                                      const OpenProblems* opened = nullptr);
 
 }  // namespace fc
 

@@ -6,6 +6,7 @@
 
 #include "fc/core/checked_math.h"
 #include "fc/format/fc_distcp.h"
+#include "fc/format/open_problems.h"
 #include "fc/io/file.h"
 #include "src/format/fcdistcp/internal.h"
 #include "src/codec/json_util.h"
@@ -106,9 +107,10 @@ struct FileRef {
   uint64_t size;
 };
 
-// "file", "byte_offset", "byte_length": the file is listed and the range is inside it.
+// "file", "byte_offset", "byte_length": the file is listed and the range is inside it (the
+// range is left to VerifyCheckpoint when opening leniently).
 Status ParseLocation(const Fields& f, const std::unordered_map<std::string, FileRef>& files,
-                     uint32_t* file, uint64_t* offset, uint64_t* length) {
+                     uint32_t* file, uint64_t* offset, uint64_t* length, bool lenient) {
   FC_ASSIGN_OR_RETURN(std::string name, f.String("file"));
   auto it = files.find(name);
   if (it == files.end()) {
@@ -117,7 +119,7 @@ Status ParseLocation(const Fields& f, const std::unordered_map<std::string, File
   FC_ASSIGN_OR_RETURN(*offset, f.Uint("byte_offset"));
   FC_ASSIGN_OR_RETURN(*length, f.Uint("byte_length"));
   std::optional<uint64_t> end = CheckedAddU(*offset, *length);
-  if (!end || *end > it->second.size) {
+  if (!lenient && (!end || *end > it->second.size)) {
     return DataLossError(f.context() + ": bytes [" + std::to_string(*offset) + ", +" +
                          std::to_string(*length) + ") pass the end of " + name + " (" +
                          std::to_string(it->second.size) + " bytes)");
@@ -127,7 +129,8 @@ Status ParseLocation(const Fields& f, const std::unordered_map<std::string, File
 }
 
 Result<Chunk> ParseChunk(simdjson::dom::element e, const TensorEntry& t, size_t index,
-                         const std::unordered_map<std::string, FileRef>& files) {
+                         const std::unordered_map<std::string, FileRef>& files,
+                         const CheckpointIndex& fc_index, OpenProblems* lenient) {
   FC_ASSIGN_OR_RETURN(Fields f, AsObject(e, "tensor '" + t.key + "' chunk " +
                                                 std::to_string(index)));
   Chunk c;
@@ -162,14 +165,22 @@ Result<Chunk> ParseChunk(simdjson::dom::element e, const TensorEntry& t, size_t 
   }
   c.replica_id = static_cast<int64_t>(replica);
   const Fields located = f.Renamed(full);
-  FC_RETURN_IF_ERROR(ParseLocation(located, files, &c.file, &c.byte_offset, &c.byte_length));
+  FC_RETURN_IF_ERROR(ParseLocation(located, files, &c.file, &c.byte_offset, &c.byte_length,
+                                   lenient != nullptr));
   std::optional<uint64_t> expected =
       CheckedMulU(static_cast<uint64_t>(c.stored_elements()), DTypeSize(t.dtype));
   if (!expected || *expected != c.byte_length) {
-    return DataLossError(full + ": byte_length " + std::to_string(c.byte_length) +
-                         ", but " + std::to_string(c.stored_elements()) + " elements of " +
-                         std::string(DTypeName(t.dtype)) + " need " +
-                         (expected ? std::to_string(*expected) : std::string("more")));
+    const std::string what = "byte_length " + std::to_string(c.byte_length) + ", but " +
+                             std::to_string(c.stored_elements()) + " elements of " +
+                             std::string(DTypeName(t.dtype)) + " need " +
+                             (expected ? std::to_string(*expected) : std::string("more"));
+    if (!lenient) return DataLossError(full + ": " + what);
+    // Too short is VerifyCheckpoint's "needs N bytes" problem; too long only shows here.
+    if (expected && *expected < c.byte_length) {
+      std::string chunk = "chunk " + c.box.ToString();
+      if (c.flat_range) chunk += " flat " + c.flat_range->ToString();
+      lenient->Add(fc_index.files[c.file].path, t.key, chunk + ": " + what);
+    }
   }
   FC_ASSIGN_OR_RETURN(uint64_t sum, ParseHex64(located));
   c.xxh3_64 = sum;
@@ -177,54 +188,92 @@ Result<Chunk> ParseChunk(simdjson::dom::element e, const TensorEntry& t, size_t 
 }
 
 // Cross-checks one data file's safetensors header against the chunks and objects the
-// metadata places in it.
-Status CheckDataFile(const CheckpointIndex& index, uint32_t file_id,
+// metadata places in it. Leniently: a disagreement is recorded in `lenient` (and the file
+// size the index keeps is the one on disk), a file that cannot be opened is left to
+// VerifyCheckpoint, and so is a range past the file's end (its entry is not compared).
+Status CheckDataFile(CheckpointIndex& index, uint32_t file_id,
                      const std::vector<std::pair<const TensorEntry*, size_t>>& chunks,
-                     const std::vector<const ObjectEntry*>& objects) {
-  const FileInfo& info = index.files[file_id];
+                     const std::vector<const ObjectEntry*>& objects, OpenProblems* lenient) {
+  FileInfo& info = index.files[file_id];
   const std::string path = JoinPath(index.root, info.path);
-  FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, RandomAccessFile::Open(path));
+  // The error, or the recorded problem; `key` is the tensor or object, `what` names it too.
+  auto problem = [&](const std::string& key, const std::string& what) -> Status {
+    if (!lenient) return DataLossError(path + ": " + what);
+    // The problem names the key itself: "chunk [0, 2) x [0, 6): ...".
+    const std::string named = "tensor '" + key + "' ";
+    lenient->Add(info.path, key, what.compare(0, named.size(), named) == 0
+                                     ? what.substr(named.size())
+                                     : what);
+    return Status::Ok();
+  };
+  Result<std::unique_ptr<RandomAccessFile>> opened = RandomAccessFile::Open(path);
+  // A missing file is VerifyCheckpoint's to report; other refusals (a symlink out of the
+  // checkpoint, a FIFO) stay errors.
+  if (!opened.ok() && lenient && opened.status().code() == StatusCode::kNotFound) {
+    return Status::Ok();
+  }
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, std::move(opened));
   if (file->size() != info.size) {
-    return DataLossError(path + ": file is " + std::to_string(file->size()) +
-                         " bytes, fc.metadata.json says " + std::to_string(info.size));
+    FC_RETURN_IF_ERROR(problem("", "file is " + std::to_string(file->size()) +
+                                       " bytes, fc.metadata.json says " +
+                                       std::to_string(info.size)));
+    // A file of another size is not compared entry by entry: the ranges past its end
+    // are what VerifyCheckpoint goes on to report.
+    info.size = file->size();
+    return Status::Ok();
   }
   // A file on another process's disk (a multi-process run) is checked by the processes that
   // can read it: every process opens the checkpoint and they agree on the outcome.
   if (!file->readable_here()) return Status::Ok();
-  FC_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(*file));
+  Result<SafetensorsHeader> read = ReadSafetensorsHeader(*file);
+  if (!read.ok() && lenient && read.status().code() == StatusCode::kDataLoss) {
+    lenient->Add(info.path, "", "safetensors header: " + read.status().message());
+    return Status::Ok();
+  }
+  FC_ASSIGN_OR_RETURN(SafetensorsHeader header, std::move(read));
   std::unordered_map<std::string_view, const SafetensorsTensorInfo*> entries;
   for (const SafetensorsTensorInfo& e : header.tensors) entries[e.name] = &e;
 
   size_t accounted = 0;
-  auto check = [&](const std::string& entry_name, const std::string& what, DType dtype,
-                   const Shape& shape, uint64_t offset) -> Status {
+  auto check = [&](const std::string& key, const std::string& entry_name,
+                   const std::string& what, DType dtype, const Shape& shape, uint64_t offset,
+                   uint64_t length) -> Status {
     auto it = entries.find(entry_name);
-    if (it == entries.end()) {
-      return DataLossError(path + ": " + what + ": no entry '" + entry_name +
-                           "' in the file's safetensors header");
+    if (lenient) {
+      std::optional<uint64_t> end = CheckedAddU(offset, length);
+      if (!end || *end > info.size) {
+        if (it != entries.end()) ++accounted;
+        return Status::Ok();
+      }
     }
+    if (it == entries.end()) {
+      return problem(key, what + ": no entry '" + entry_name +
+                              "' in the file's safetensors header");
+    }
+    ++accounted;
     const SafetensorsTensorInfo& e = *it->second;
     if (e.dtype != dtype || e.shape != shape ||
         header.data_start() + e.begin != offset) {
-      return DataLossError(
-          path + ": " + what + ": entry '" + entry_name + "' is " +
-          std::string(DTypeSafetensorsName(e.dtype)) + " " + ShapeText(e.shape) +
-          " at byte " + std::to_string(header.data_start() + e.begin) +
-          ", fc.metadata.json says " + std::string(DTypeSafetensorsName(dtype)) + " " +
-          ShapeText(shape) + " at byte " + std::to_string(offset));
+      return problem(
+          key, what + ": entry '" + entry_name + "' is " +
+                   std::string(DTypeSafetensorsName(e.dtype)) + " " + ShapeText(e.shape) +
+                   " at byte " + std::to_string(header.data_start() + e.begin) +
+                   ", fc.metadata.json says " + std::string(DTypeSafetensorsName(dtype)) +
+                   " " + ShapeText(shape) + " at byte " + std::to_string(offset));
     }
-    ++accounted;
     return Status::Ok();
   };
   for (const auto& [t, i] : chunks) {
     const Chunk& c = t->chunks[i];
     Shape shape = c.flat_range ? Shape{c.flat_range->size()} : c.box.local_shape;
-    FC_RETURN_IF_ERROR(check(ChunkEntryName(t->key, i), ChunkText(t->key, c.box, c.flat_range),
-                             t->dtype, shape, c.byte_offset));
+    FC_RETURN_IF_ERROR(check(t->key, ChunkEntryName(t->key, i),
+                             ChunkText(t->key, c.box, c.flat_range), t->dtype, shape,
+                             c.byte_offset, c.byte_length));
   }
   for (const ObjectEntry* o : objects) {
-    FC_RETURN_IF_ERROR(check(ObjectEntryName(o->key), "object '" + o->key + "'", DType::kUInt8,
-                             Shape{static_cast<int64_t>(o->byte_length)}, o->byte_offset));
+    FC_RETURN_IF_ERROR(check(o->key, ObjectEntryName(o->key), "object '" + o->key + "'",
+                             DType::kUInt8, Shape{static_cast<int64_t>(o->byte_length)},
+                             o->byte_offset, o->byte_length));
   }
   if (accounted != header.tensors.size()) {
     std::unordered_set<std::string> expected;
@@ -235,8 +284,8 @@ Status CheckDataFile(const CheckpointIndex& index, uint32_t file_id,
       const bool pad_name = e.name.size() > 4 && e.name.compare(0, 4, "@pad") == 0 &&
                             e.name.find_first_not_of("0123456789", 4) == std::string::npos;
       if (!pad_name || e.dtype != DType::kUInt8 || e.shape.size() != 1) {
-        return DataLossError(path + ": entry '" + e.name +
-                             "' is neither a chunk or object of fc.metadata.json nor padding");
+        FC_RETURN_IF_ERROR(problem("", "entry '" + e.name + "' is neither a chunk or object "
+                                       "of fc.metadata.json nor padding"));
       }
     }
   }
@@ -246,7 +295,7 @@ Status CheckDataFile(const CheckpointIndex& index, uint32_t file_id,
 }  // namespace
 
 Result<CheckpointIndex> ParseFcDistcpMetadata(std::span<const std::byte> json,
-                                              const std::string& root) {
+                                              const std::string& root, OpenProblems* lenient) {
   simdjson::dom::parser parser;
   FC_ASSIGN_OR_RETURN(simdjson::dom::element doc, json_internal::ParseDocument(
                                                       parser, json, kFcDistcpMetadataFileName));
@@ -329,7 +378,7 @@ Result<CheckpointIndex> ParseFcDistcpMetadata(std::span<const std::byte> json,
     }
     FC_ASSIGN_OR_RETURN(simdjson::dom::array chunks, f.Array("chunks"));
     for (simdjson::dom::element ce : chunks) {
-      FC_ASSIGN_OR_RETURN(Chunk c, ParseChunk(ce, t, t.chunks.size(), files));
+      FC_ASSIGN_OR_RETURN(Chunk c, ParseChunk(ce, t, t.chunks.size(), files, index, lenient));
       t.chunks.push_back(std::move(c));
     }
     index.tensors.push_back(std::move(t));
@@ -350,7 +399,8 @@ Result<CheckpointIndex> ParseFcDistcpMetadata(std::span<const std::byte> json,
     Result<ObjectEncoding> encoding = ParseObjectEncoding(enc);
     if (!encoding.ok()) return encoding.status().With(f.context());
     o.encoding = *encoding;
-    FC_RETURN_IF_ERROR(ParseLocation(f, files, &o.file, &o.byte_offset, &o.byte_length));
+    FC_RETURN_IF_ERROR(ParseLocation(f, files, &o.file, &o.byte_offset, &o.byte_length,
+                                     lenient != nullptr));
     FC_ASSIGN_OR_RETURN(uint64_t sum, ParseHex64(f));
     o.xxh3_64 = sum;
     index.objects.push_back(std::move(o));
@@ -358,14 +408,14 @@ Result<CheckpointIndex> ParseFcDistcpMetadata(std::span<const std::byte> json,
   return index;
 }
 
-Result<CheckpointIndex> ReadFcDistcp(const std::string& dir) {
+Result<CheckpointIndex> ReadFcDistcp(const std::string& dir, OpenProblems* lenient) {
   const std::string meta_path = JoinPath(dir, std::string(kFcDistcpMetadataFileName));
   if (!IsDirectory(dir)) {
     if (!PathExists(dir)) return NotFoundError(dir + ": no such directory");
     return InvalidArgumentError(dir + ": not a directory (an fc distcp checkpoint is one)");
   }
   FC_ASSIGN_OR_RETURN(std::vector<std::byte> json, ReadWholeFile(meta_path, kMaxMetadataBytes));
-  Result<CheckpointIndex> parsed = ParseFcDistcpMetadata(json, dir);
+  Result<CheckpointIndex> parsed = ParseFcDistcpMetadata(json, dir, lenient);
   if (!parsed.ok()) return std::move(parsed).With(meta_path).status();
   CheckpointIndex index = std::move(*parsed);
 
@@ -376,7 +426,7 @@ Result<CheckpointIndex> ReadFcDistcp(const std::string& dir) {
   }
   for (const ObjectEntry& o : index.objects) objects[o.file].push_back(&o);
   for (uint32_t f = 0; f < index.files.size(); ++f) {
-    FC_RETURN_IF_ERROR(CheckDataFile(index, f, chunks[f], objects[f]));
+    FC_RETURN_IF_ERROR(CheckDataFile(index, f, chunks[f], objects[f], lenient));
   }
   return index;
 }

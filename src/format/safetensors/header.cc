@@ -229,8 +229,11 @@ Result<uint64_t> ParseSafetensorsHeaderLength(std::span<const std::byte> first_b
   return n;
 }
 
-Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> first_bytes,
-                                                 uint64_t file_size) {
+namespace {
+
+// ParseSafetensorsHeader; with `tiling_problem`, a tiling error is returned there instead.
+Result<SafetensorsHeader> ParseHeader(std::span<const std::byte> first_bytes,
+                                      uint64_t file_size, std::string* tiling_problem) {
   FC_ASSIGN_OR_RETURN(uint64_t n, ParseSafetensorsHeaderLength(first_bytes, file_size));
   if (first_bytes.size() < 8 + n) {
     return InvalidArgumentError("need the first " + std::to_string(8 + n) +
@@ -267,7 +270,12 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> firs
     if (!unaligned_rows.empty() && first_sub_byte.empty()) first_sub_byte = unaligned_rows;
     header.tensors.push_back(std::move(info));
   }
-  FC_RETURN_IF_ERROR(CheckTiling(header.tensors, file_size - 8 - n, file_size, n));
+  Status tiled = CheckTiling(header.tensors, file_size - 8 - n, file_size, n);
+  if (!tiled.ok() && tiling_problem) {
+    *tiling_problem = tiled.message();
+  } else {
+    FC_RETURN_IF_ERROR(tiled);
+  }
   if (!first_sub_byte.empty()) {
     // The file is valid; fc cuts packed sub-byte tensors on byte boundaries only.
     return UnimplementedError(first_sub_byte + "; fc reads packed sub-byte tensors whose " +
@@ -277,7 +285,19 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> firs
   return header;
 }
 
+}  // namespace
+
+Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> first_bytes,
+                                                 uint64_t file_size) {
+  return ParseHeader(first_bytes, file_size, nullptr);
+}
+
 Result<SafetensorsHeader> ReadSafetensorsHeader(const RandomAccessFile& file) {
+  return ReadSafetensorsHeaderLenient(file, nullptr);
+}
+
+Result<SafetensorsHeader> ReadSafetensorsHeaderLenient(const RandomAccessFile& file,
+                                                       std::string* tiling_problem) {
   const std::string& path = file.path();
   std::byte prefix[8] = {};
   const uint64_t size = file.size();
@@ -287,7 +307,7 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const RandomAccessFile& file) {
   std::vector<std::byte> head(8 + *n);
   std::memcpy(head.data(), prefix, 8);
   FC_RETURN_IF_ERROR_WITH(file.ReadAt(8, std::span<std::byte>(head).subspan(8)), path);
-  return ParseSafetensorsHeader(head, size).With(path);
+  return ParseHeader(head, size, tiling_problem).With(path);
 }
 
 }  // namespace fc

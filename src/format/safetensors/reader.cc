@@ -39,19 +39,54 @@ bool IsSafeRelativePath(std::string_view p) {
 struct Builder {
   CheckpointIndex index;
   std::unordered_map<std::string, uint32_t> file_ids;
+  OpenProblems* lenient = nullptr;  // opening for verification (fc/format/open_problems.h)
+  std::unordered_set<std::string> skipped;  // files the lenient open could not read
 
-  // Reads one file's header, appends it to index.files; returns its parsed header.
-  Result<SafetensorsHeader> AddFile(const std::string& rel) {
+  // A problem: the error, or, opening leniently, recorded (and Ok).
+  Status Problem(const std::string& file, const std::string& key, const std::string& what,
+                 const std::string& context) {
+    if (!lenient) return DataLossError(context + what);
+    lenient->Add(file, key, what);
+    return Status::Ok();
+  }
+
+  // Reads one file's header, appends it to index.files; returns its parsed header. Opening
+  // leniently, a file that cannot be opened or whose header cannot be parsed is recorded
+  // and skipped (nullopt, in `skipped`); entries that do not tile its data buffer are
+  // recorded, except a buffer too short for them (a truncated file): VerifyCheckpoint names
+  // each tensor whose bytes pass the end of the file.
+  Result<std::optional<SafetensorsHeader>> AddFile(const std::string& rel) {
     const std::string path = JoinPath(index.root, rel);
-    FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f, RandomAccessFile::Open(path));
-    FC_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(*f));
+    std::string tiling;
+    uint64_t size = 0;
+    Result<SafetensorsHeader> read = [&]() -> Result<SafetensorsHeader> {
+      FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f, RandomAccessFile::Open(path));
+      size = f->size();
+      return ReadSafetensorsHeaderLenient(*f, lenient ? &tiling : nullptr);
+    }();
+    // Only a missing file and a corrupt header are the checkpoint's problems; a refused
+    // symlink, an unsupported dtype, an I/O error stay errors.
+    if (!read.ok() && lenient && (read.status().code() == StatusCode::kNotFound ||
+                                  read.status().code() == StatusCode::kDataLoss)) {
+      std::string what = read.status().message();
+      if (what.compare(0, path.size() + 2, path + ": ") == 0) what.erase(0, path.size() + 2);
+      lenient->Add(rel, "", what);
+      skipped.insert(rel);
+      return std::optional<SafetensorsHeader>();
+    }
+    FC_ASSIGN_OR_RETURN(SafetensorsHeader header, std::move(read));
+    if (!tiling.empty()) {
+      uint64_t end = 0;
+      for (const SafetensorsTensorInfo& t : header.tensors) end = std::max(end, t.end);
+      if (end <= size - header.data_start()) lenient->Add(rel, "", tiling);
+    }
     file_ids[rel] = static_cast<uint32_t>(index.files.size());
-    index.files.push_back(FileInfo{rel, f->size()});
+    index.files.push_back(FileInfo{rel, size});
     for (const auto& [k, v] : header.metadata) {
       if (k == kDcpShardingInfoKey) continue;  // per file; becomes the chunks' offsets
       index.attributes.try_emplace("safetensors.metadata." + k, v);
     }
-    return header;
+    return std::optional<SafetensorsHeader>(std::move(header));
   }
 
   static TensorEntry MakeEntry(const SafetensorsHeader& h, const SafetensorsTensorInfo& t,
@@ -70,7 +105,8 @@ struct Builder {
   }
 };
 
-Result<CheckpointIndex> ReadIndexed(const std::string& dir, const std::string& index_name) {
+Result<CheckpointIndex> ReadIndexed(const std::string& dir, const std::string& index_name,
+                                    OpenProblems* lenient) {
   const std::string index_path = JoinPath(dir, index_name);
   FC_ASSIGN_OR_RETURN(std::vector<std::byte> text, ReadWholeFile(index_path, kMaxIndexBytes));
   simdjson::dom::parser parser;
@@ -84,6 +120,7 @@ Result<CheckpointIndex> ReadIndexed(const std::string& dir, const std::string& i
   }
 
   Builder b;
+  b.lenient = lenient;
   b.index.format = CheckpointFormat::kSafetensors;
   b.index.root = dir;
   b.index.attributes["hf_index"] = index_name;
@@ -116,44 +153,54 @@ Result<CheckpointIndex> ReadIndexed(const std::string& dir, const std::string& i
     if (file_set.insert(std::string(*file)).second) files.emplace_back(*file);
   }
 
-  // name -> (file id, header index)
+  // name -> (file id, header index); headers[id] is index.files[id]'s.
   std::vector<SafetensorsHeader> headers;
   std::unordered_map<std::string, std::pair<uint32_t, size_t>> where;
   for (const std::string& f : files) {
-    FC_ASSIGN_OR_RETURN(SafetensorsHeader h, b.AddFile(f));
+    FC_ASSIGN_OR_RETURN(std::optional<SafetensorsHeader> h, b.AddFile(f));
+    if (!h) continue;  // recorded (lenient)
     const uint32_t id = b.file_ids[f];
-    for (size_t i = 0; i < h.tensors.size(); ++i) {
-      const std::string& name = h.tensors[i].name;
+    for (size_t i = 0; i < h->tensors.size(); ++i) {
+      const std::string& name = h->tensors[i].name;
       auto [it, inserted] = where.try_emplace(name, id, i);
       if (!inserted) {
-        return DataLossError("tensor '" + name + "' is stored in both " +
-                             b.index.files[it->second.first].path + " and " + f);
+        FC_RETURN_IF_ERROR(b.Problem(f, name, "stored in both " +
+                                                  b.index.files[it->second.first].path +
+                                                  " and " + f, "tensor '" + name + "' is "));
       }
     }
-    headers.push_back(std::move(h));
+    headers.push_back(std::move(*h));
   }
+  const std::string index_context = index_path + ": ";
   for (const auto& [name, file] : entries) {
+    if (b.skipped.count(file)) continue;  // its file's problem is recorded
     auto it = where.find(name);
     if (it == where.end()) {
-      return DataLossError(index_path + ": weight_map puts tensor '" + name + "' in " + file +
-                           ", which does not hold it");
+      FC_RETURN_IF_ERROR(b.Problem(index_name, name, "weight_map puts tensor '" + name +
+                                                         "' in " + file +
+                                                         ", which does not hold it",
+                                   index_context));
+      continue;
     }
     const uint32_t id = it->second.first;
     if (b.index.files[id].path != file) {
-      return DataLossError(index_path + ": weight_map puts tensor '" + name + "' in " + file +
-                           ", but it is stored in " + b.index.files[id].path);
+      FC_RETURN_IF_ERROR(b.Problem(index_name, name, "weight_map puts tensor '" + name +
+                                                         "' in " + file +
+                                                         ", but it is stored in " +
+                                                         b.index.files[id].path,
+                                   index_context));
+      continue;
     }
     b.index.tensors.push_back(
         Builder::MakeEntry(headers[id], headers[id].tensors[it->second.second], id));
   }
-  if (b.index.tensors.size() != where.size()) {
-    for (const SafetensorsHeader& h : headers) {
-      for (const SafetensorsTensorInfo& t : h.tensors) {
-        if (!seen.count(t.name)) {
-          return DataLossError(index_path + ": tensor '" + t.name + "' in " +
-                               b.index.files[where[t.name].first].path +
-                               " is missing from weight_map");
-        }
+  for (const SafetensorsHeader& h : headers) {
+    for (const SafetensorsTensorInfo& t : h.tensors) {
+      if (!seen.count(t.name)) {
+        FC_RETURN_IF_ERROR(b.Problem(index_name, t.name, "tensor '" + t.name + "' in " +
+                                                             b.index.files[where[t.name].first].path +
+                                                             " is missing from weight_map",
+                                     index_context));
       }
     }
   }
@@ -188,15 +235,19 @@ Result<std::map<std::string, Shape>> ParseShardingInfo(const std::string& text,
   return out;
 }
 
-Result<CheckpointIndex> ReadFiles(const std::string& root, const std::vector<std::string>& files) {
+Result<CheckpointIndex> ReadFiles(const std::string& root, const std::vector<std::string>& files,
+                                  OpenProblems* lenient) {
   Builder b;
+  b.lenient = lenient;
   b.index.format = CheckpointFormat::kSafetensors;
   b.index.root = root;
   std::unordered_map<std::string, uint32_t> owner;       // unsharded tensors: file
   std::unordered_map<std::string, size_t> sharded_entry;  // sharded tensors: index entry
   size_t sharded_files = 0;
   for (const std::string& f : files) {
-    FC_ASSIGN_OR_RETURN(SafetensorsHeader h, b.AddFile(f));
+    FC_ASSIGN_OR_RETURN(std::optional<SafetensorsHeader> read, b.AddFile(f));
+    if (!read) continue;  // recorded (lenient)
+    const SafetensorsHeader& h = *read;
     const uint32_t id = b.file_ids[f];
     const std::string path = JoinPath(root, f);
     std::optional<std::map<std::string, Shape>> sharding;
@@ -210,9 +261,13 @@ Result<CheckpointIndex> ReadFiles(const std::string& root, const std::vector<std
       if (!sharding) {
         auto [it, inserted] = owner.try_emplace(t.name, id);
         if (!inserted || sharded_entry.count(t.name)) {
-          return DataLossError("tensor '" + t.name + "' is stored in both " +
-                               (inserted ? std::string("a sharded file") : b.index.files[it->second].path) +
-                               " and " + f + ", which is not a DCP shard");
+          FC_RETURN_IF_ERROR(b.Problem(
+              f, t.name,
+              "stored in both " +
+                  (inserted ? std::string("a sharded file") : b.index.files[it->second].path) +
+                  " and " + f + ", which is not a DCP shard",
+              "tensor '" + t.name + "' is "));
+          continue;
         }
         b.index.tensors.push_back(Builder::MakeEntry(h, t, id));
         continue;
@@ -288,13 +343,13 @@ Result<CheckpointIndex> ReadFiles(const std::string& root, const std::vector<std
 
 }  // namespace
 
-Result<CheckpointIndex> ReadSafetensorsCheckpoint(const std::string& path) {
+Result<CheckpointIndex> ReadSafetensorsCheckpoint(const std::string& path, OpenProblems* lenient) {
   if (!PathExists(path)) return NotFoundError(path + ": no such file or directory");
   if (!IsDirectory(path)) {
     if (EndsWith(path, ".safetensors.index.json")) {
-      return ReadIndexed(Dirname(path), Basename(path));
+      return ReadIndexed(Dirname(path), Basename(path), lenient);
     }
-    return ReadFiles(Dirname(path), {Basename(path)});
+    return ReadFiles(Dirname(path), {Basename(path)}, lenient);
   }
 
   FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(path));
@@ -318,7 +373,7 @@ Result<CheckpointIndex> ReadSafetensorsCheckpoint(const std::string& path) {
       }
       chosen = indexes.front();
     }
-    return ReadIndexed(path, chosen);
+    return ReadIndexed(path, chosen, lenient);
   }
   if (files.empty()) {
     // A distributed HuggingFaceStorageWriter save whose consolidated files are not there
@@ -336,7 +391,7 @@ Result<CheckpointIndex> ReadSafetensorsCheckpoint(const std::string& path) {
   if (files.empty()) {
     return InvalidArgumentError(path + ": no *.safetensors files and no index");
   }
-  return ReadFiles(path, files);
+  return ReadFiles(path, files, lenient);
 }
 
 }  // namespace fc

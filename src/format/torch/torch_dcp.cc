@@ -330,6 +330,7 @@ class DcpReader {
   std::unordered_map<std::string, uint32_t> file_index_;
   std::vector<std::unique_ptr<RandomAccessFile>> files_;
   std::vector<std::vector<ItemRange>> ranges_;  // per file
+  std::unordered_set<std::string> missing_;     // lenient: data files that cannot be opened
 };
 
 Status DcpReader::ReadTensor(const MergedItem& m, TensorEntry* out) {
@@ -349,8 +350,11 @@ Status DcpReader::ReadTensor(const MergedItem& m, TensorEntry* out) {
       return v.With(mc.source->name + ": " + label());
     }
     const DcpStorageInfo& s = *mc.storage;
+    if (missing_.count(s.relative_path)) continue;  // recorded (lenient)
     FC_ASSIGN_OR_RETURN(chunk.file, FileIndex(s.relative_path));
-    if (auto f = ItemFile(s, chunk.file); !f.ok()) {
+    // Leniently, an item past the end of its file is kept: VerifyCheckpoint fails to locate
+    // it and says so, with the file, the tensor and the bytes.
+    if (auto f = ItemFile(s, chunk.file); !f.ok() && !options_.lenient) {
       return f.status().With(s.relative_path + ": " + label());
     }
     ranges_[chunk.file].push_back({s.offset, s.offset + s.length, &item, &cm});
@@ -383,7 +387,15 @@ Status DcpReader::ReadObject(const MergedItem& m, ObjectEntry* out) {
   const DcpStorageInfo& s = *m.object;
   FC_ASSIGN_OR_RETURN(out->file, FileIndex(s.relative_path));
   const std::string ctx = s.relative_path + ": " + label;
-  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, ItemFile(s, out->file).With(ctx));
+  Result<const RandomAccessFile*> in_file = ItemFile(s, out->file);
+  if (!in_file.ok() && options_.lenient) {
+    // Kept with its range: VerifyCheckpoint reports a range past the end of its file.
+    ranges_[out->file].push_back({s.offset, s.offset + s.length, &item, nullptr});
+    out->byte_offset = s.offset;
+    out->byte_length = s.length;
+    return Status::Ok();
+  }
+  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, std::move(in_file).With(ctx));
   ranges_[out->file].push_back({s.offset, s.offset + s.length, &item, nullptr});
   if (!s.transform_descriptors.empty()) {
     // Decoded once at open: its size is the object's, and its archive is checked.
@@ -408,11 +420,15 @@ Status DcpReader::ReadObject(const MergedItem& m, ObjectEntry* out) {
   ItemReader reader(f, s.offset, s.length);
   auto archive = f->readable_here() ? ReadTorchSaveArchive(s.length, reader.AsZipReadFn())
                                     : Result<TorchSaveArchive>(TorchSaveArchive{});
-  if (!archive.ok()) {
-    return archive.status().With(ctx + ": item bytes " + Range(s.offset, s.offset + s.length));
-  }
   out->byte_offset = s.offset;
   out->byte_length = s.length;
+  if (!archive.ok()) {
+    const std::string what = "item bytes " + Range(s.offset, s.offset + s.length);
+    if (!options_.lenient || archive.status().code() != StatusCode::kDataLoss) {
+      return archive.status().With(ctx + ": " + what);
+    }
+    options_.lenient->Add(s.relative_path, item.fqn, what + ": " + archive.status().message());
+  }
   return Status::Ok();
 }
 
@@ -431,8 +447,13 @@ Status DcpReader::CheckOverlaps() {
       while (j < r.size() && r[j].inclusive_min == r[i].inclusive_min) ++j;
       bool blob = false;
       if (j - i > 1) {
-        FC_ASSIGN_OR_RETURN(blob, IsSafetensorsBlob(*files_[f], r[i].inclusive_min)
-                                      .With(Basename(files_[f]->path())));
+        Result<bool> probed = IsSafetensorsBlob(*files_[f], r[i].inclusive_min);
+        if (!probed.ok() && options_.lenient && probed.status().code() == StatusCode::kDataLoss) {
+          options_.lenient->Add(Basename(files_[f]->path()), "",
+                                ItemLabel(r[i]) + ": " + probed.status().message());
+          probed = false;
+        }
+        FC_ASSIGN_OR_RETURN(blob, std::move(probed).With(Basename(files_[f]->path())));
       }
       if (!blob) {
         merged.insert(merged.end(), r.begin() + static_cast<ptrdiff_t>(i),
@@ -458,10 +479,12 @@ Status DcpReader::CheckOverlaps() {
     r = std::move(merged);
     for (size_t i = 1; i < r.size(); ++i) {
       if (r[i].inclusive_min < r[i - 1].exclusive_max) {
-        return DataLossError(Basename(files_[f]->path()) + ": items " + ItemLabel(r[i - 1]) +
-                             " " + Range(r[i - 1].inclusive_min, r[i - 1].exclusive_max) +
-                             " and " + ItemLabel(r[i]) + " " +
-                             Range(r[i].inclusive_min, r[i].exclusive_max) + " overlap");
+        const std::string what = "items " + ItemLabel(r[i - 1]) + " " +
+                                 Range(r[i - 1].inclusive_min, r[i - 1].exclusive_max) +
+                                 " and " + ItemLabel(r[i]) + " " +
+                                 Range(r[i].inclusive_min, r[i].exclusive_max) + " overlap";
+        if (!options_.lenient) return DataLossError(Basename(files_[f]->path()) + ": " + what);
+        options_.lenient->Add(Basename(files_[f]->path()), r[i].item->fqn, what);
       }
     }
   }
@@ -665,6 +688,16 @@ Result<CheckpointIndex> DcpReader::Read() {
   index.root = dir_;
   for (const auto& [order, path] : names) {
     auto f = RandomAccessFile::Open(JoinPath(dir_, path));
+    if (!f.ok() && options_.lenient && f.status().code() == StatusCode::kNotFound) {
+      // Recorded; its items are left out (VerifyCheckpoint then finds the elements missing).
+      std::string what = f.status().message();
+      const std::string full = JoinPath(dir_, path) + ": ";
+      if (what.compare(0, full.size(), full) == 0) what.erase(0, full.size());
+      options_.lenient->Add(path, "", what + " (data of " + first_user[path] +
+                                          "; its items are left out)");
+      missing_.insert(path);
+      continue;
+    }
     if (!f.ok()) {
       return f.status().With(path + " (data of " + first_user[path] + ")");
     }
@@ -680,6 +713,7 @@ Result<CheckpointIndex> DcpReader::Read() {
       FC_RETURN_IF_ERROR(ReadTensor(m, &t));
       index.tensors.push_back(std::move(t));
     } else {
+      if (m.object != nullptr && missing_.count(m.object->relative_path)) continue;  // lenient
       ObjectEntry o;
       FC_RETURN_IF_ERROR(ReadObject(m, &o));
       index.objects.push_back(std::move(o));
