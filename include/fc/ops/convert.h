@@ -18,7 +18,9 @@
 
 namespace fc {
 
-enum class ConvertOutputFormat { kFcDistcp, kTorchDcp };
+// kUcp: a DeepSpeed Universal Checkpoint from a DeepSpeed checkpoint (src/ops/convert_ucp.h;
+// no target: every param whole).
+enum class ConvertOutputFormat { kFcDistcp, kTorchDcp, kUcp };
 
 struct ConvertOptions {
   std::string input;

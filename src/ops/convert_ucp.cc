@@ -1,0 +1,341 @@
+// fc-convert --output-format ucp. Contract: src/ops/convert_ucp.h.
+//
+// The run is an export whose files hold one tensor each: the planner cuts every param file
+// into write items under the budget, the executor assembles them from the source's pieces
+// (ZeRO flat partitions, TP slices: every byte read once) and the UcpWriter puts them at
+// their final place in the staging directory. Everything else (optimizer_state.pt, the
+// model states, an int step) is small or copied in bounded blocks.
+#include "src/ops/convert_ucp.h"
+
+#include <unistd.h>
+
+#include <set>
+
+#include <spdlog/spdlog.h>
+
+#include "fc/exec/assemble.h"
+#include "fc/exec/execute.h"
+#include "fc/exec/parallel.h"
+#include "fc/format/chunk_reader.h"
+#include "fc/format/open.h"
+#include "fc/format/ucp_writer.h"
+#include "fc/io/file.h"
+#include "fc/io/output_dir.h"
+#include "fc/ops/report_format.h"
+#include "fc/ops/run_stats.h"
+#include "fc/plan/plan.h"
+#include "src/ops/claim_output.h"
+#include "src/ops/plan_report.h"
+#include "src/ops/shared_input.h"
+
+namespace fc {
+namespace {
+
+constexpr const char* kStates[] = {"fp32", "exp_avg", "exp_avg_sq"};
+constexpr uint64_t kCopyBlock = uint64_t{16} << 20;
+
+std::string Attr(const CheckpointIndex& index, const std::string& key) {
+  auto it = index.attributes.find(key);
+  return it == index.attributes.end() ? std::string() : it->second;
+}
+
+// The source tensor holding `state` of `param` (deepspeed.h names).
+std::string SourceKey(const std::string& param, std::string_view state) {
+  return state == "fp32" ? param : "optimizer." + std::string(state) + "." + param;
+}
+
+Status CheckOptions(const ConvertOptions& o) {
+  std::vector<std::string> given;
+  if (!o.target_like.empty()) given.push_back("--target-like");
+  if (!o.target_layout_file.empty()) given.push_back("--target-layout");
+  if (!o.preset.empty()) given.push_back("--preset");
+  if (!o.target_manifest.empty()) given.push_back("--target-manifest");
+  if (!o.emit_manifest.empty()) given.push_back("--emit-manifest");
+  if (!o.aoa_file.empty()) given.push_back("--aoa");
+  if (!o.include.empty() || !o.exclude.empty()) given.push_back("--include/--exclude");
+  if (o.dtype) given.push_back("--dtype");
+  if (!o.torch_version.empty() || !o.torch_serialization.empty()) given.push_back("--torch-*");
+  if (!given.empty()) {
+    return InvalidArgumentError("--output-format ucp writes every param whole, in fp32, as "
+                                "DeepSpeed's loader expects: " + given.front() +
+                                " does not apply");
+  }
+  if (o.comm != nullptr && o.comm->size() > 1) {
+    return UnimplementedError("--output-format ucp is written by one process (not under mpirun)");
+  }
+  if (o.dry_run && o.simulate_processes > 0) {
+    return UnimplementedError("--output-format ucp: --simulate-processes does not apply (one process)");
+  }
+  return Status::Ok();
+}
+
+// The roles: which params the UCP holds, refused with what is missing.
+Result<std::vector<std::string>> UcpParams(const CheckpointIndex& index, const std::string& input) {
+  if (index.format != CheckpointFormat::kDeepSpeed) {
+    return InvalidArgumentError(
+        input + ": --output-format ucp needs each param's fp32 master weight, exp_avg, "
+        "exp_avg_sq and step, which fc knows by name in DeepSpeed checkpoints (ZeRO 1/2/3, "
+        "BF16_Optimizer, UCP: include/fc/format/deepspeed.h); a " +
+        std::string(CheckpointFormatName(index.format)) +
+        " checkpoint's optimizer-state names are not mapped to them");
+  }
+  const std::string optimizer = Attr(index, "deepspeed.optimizer");
+  if (optimizer.empty() || optimizer == "none") {
+    return InvalidArgumentError(input + ": no fp32 master weights (no optimizer files: stage 0 "
+                                "or a weights-only copy); a Universal Checkpoint needs them");
+  }
+  if (!Attr(index, "deepspeed.moe").empty()) {
+    return UnimplementedError(input + ": MoE checkpoint (deepspeed.moe): its optimizer states "
+                              "are not read, so no UCP can be written");
+  }
+  if (const std::string u = Attr(index, "deepspeed.tp_unmerged"); !u.empty()) {
+    return UnimplementedError(input + ": TP shards fc does not merge (averaged or fused "
+                              "sub-params): " + u);
+  }
+  const std::string tp = Attr(index, "deepspeed.tp_degree");
+  if (!tp.empty() && tp != "1" && Attr(index, "deepspeed.tp_merge") != "universal_checkpoint_info") {
+    return UnimplementedError(input + ": TP degree " + tp + " without universal_checkpoint_info: "
+                              "nothing says how the TP shards concatenate");
+  }
+  std::vector<std::string> params;
+  std::set<std::string> seen;
+  const std::string prefix = "optimizer.exp_avg.";
+  for (const TensorEntry& t : index.tensors) {
+    if (!t.key.starts_with(prefix)) continue;
+    const std::string p = t.key.substr(prefix.size());
+    if (!seen.insert(p).second) continue;
+    for (const char* state : kStates) {
+      if (index.FindTensor(SourceKey(p, state)) == nullptr) {
+        return InvalidArgumentError(input + ": param '" + p + "' has exp_avg but no " +
+                                    SourceKey(p, state) + " (" + state + ")");
+      }
+    }
+    params.push_back(p);
+  }
+  if (params.empty()) {
+    return InvalidArgumentError(input + ": no optimizer.exp_avg.<param> tensors: no Adam "
+                                "states, nothing a Universal Checkpoint holds");
+  }
+  return params;
+}
+
+// A step saved as a Python int (attribute deepspeed.step[.group<g>]): the one value, when
+// every group has the same one.
+Result<std::optional<int64_t>> IntStep(const CheckpointIndex& index) {
+  std::set<std::string> values;
+  for (const auto& [k, v] : index.attributes) {
+    if (k == "deepspeed.step" || k.starts_with("deepspeed.step.group")) values.insert(v);
+  }
+  if (values.empty()) return std::optional<int64_t>();
+  if (values.size() > 1) {
+    return UnimplementedError("the param groups' steps differ (Python ints: " +
+                              *values.begin() + ", " + *values.rbegin() +
+                              ") and fc does not know each param's group");
+  }
+  return std::optional<int64_t>(std::stoll(*values.begin()));
+}
+
+struct UcpJob {
+  CheckpointIndex index;
+  std::vector<std::string> params;
+  UcpSource source;
+  std::vector<UcpFileSpec> specs;       // plan file i == specs[i]
+  std::vector<std::string> int_steps;   // step.pt paths holding the int step
+  std::optional<int64_t> int_step;
+  Plan plan;
+};
+
+Status BuildJob(const ConvertOptions& options, UcpJob& job) {
+  const CheckpointIndex& index = job.index;
+  FC_ASSIGN_OR_RETURN(job.params, UcpParams(index, options.input));
+  FC_ASSIGN_OR_RETURN(job.source, ReadUcpSource(options.input, index, job.params));
+  FC_ASSIGN_OR_RETURN(job.int_step, IntStep(index));
+  const bool zero3 = Attr(index, "deepspeed.optimizer") == "zero3";
+  PlanRequest request;
+  request.kind = PlanKind::kExport;
+  auto add = [&](const std::string& path, const TensorEntry& src, UcpFileMeta meta) -> Status {
+    FC_RETURN_IF_ERROR(CheckSourceCoverage(src));
+    SourcePiece piece;
+    piece.source = &src;
+    piece.src_box = Box::Whole(src.global_shape);
+    piece.dst_box = piece.src_box;
+    const uint32_t t = static_cast<uint32_t>(request.tensors.size());
+    request.tensors.push_back({src.key, src.dtype, src.global_shape, {std::move(piece)}});
+    PlanSlot slot{t, Box::Whole(src.global_shape), std::nullopt};
+    UcpFileSpec spec{path, src.dtype, src.global_shape, std::move(meta)};
+    if (spec.meta.form == UcpFileForm::kRawTensor && src.global_shape.size() != 1 &&
+        path.ends_with("/step.pt") == false) {
+      // The stage-3 form: the param flattened (row-major) into one dimension.
+      int64_t n = 1;
+      for (int64_t s : src.global_shape) n *= s;
+      slot.flat_range = FlatRange{0, n};
+      spec.shape = {n};
+    }
+    request.files.push_back({path, {slot}});
+    job.specs.push_back(std::move(spec));
+    return Status::Ok();
+  };
+  for (const std::string& p : job.params) {
+    for (const char* state : kStates) {
+      const TensorEntry* src = index.FindTensor(SourceKey(p, state));
+      if (src->dtype != DType::kFloat32) {
+        return InvalidArgumentError(options.input + ": " + src->key + " is " +
+                                    std::string(DTypeName(src->dtype)) +
+                                    ", not float32: no fp32 master weights / Adam states");
+      }
+      FC_RETURN_IF_ERROR(add("zero/" + p + "/" + state + ".pt", *src,
+                             job.source.meta.at(p + "/" + state)));
+    }
+    if (zero3) continue;  // the stage-3 form has no step.pt
+    if (const TensorEntry* step = index.FindTensor("optimizer.step." + p)) {
+      UcpFileMeta raw;
+      raw.form = UcpFileForm::kRawTensor;
+      FC_RETURN_IF_ERROR(add("zero/" + p + "/step.pt", *step, std::move(raw)));
+    } else if (job.int_step) {
+      job.int_steps.push_back("zero/" + p + "/step.pt");
+    }
+  }
+  request.processes = 1;
+  request.threads = WorkerThreads(options.threads);
+  request.memory_budget =
+      options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
+  FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, index));
+  FC_ASSIGN_OR_RETURN(job.plan, BuildPlan(std::move(request)));
+  return Status::Ok();
+}
+
+void PrintPlan(const UcpJob& job, const ConvertOptions& options, std::ostream& out) {
+  if (options.json) {
+    out << PlanJson(job.plan, job.index, false) << "\n";
+    return;
+  }
+  const Plan& plan = job.plan;
+  out << "ucp plan: " << job.params.size() << " param(s) into " << plan.files.size()
+      << " tensor file(s), read " << HumanBytes(plan.bytes_needed) << ", write "
+      << HumanBytes(plan.bytes_written) << ", " << plan.threads << " thread(s)\n";
+  out << "memory: budget " << HumanBytes(plan.memory.budget) << ", estimated peak "
+      << HumanBytes(plan.memory.peak) << ", minimum " << HumanBytes(plan.memory.minimum) << "\n";
+  out << "also: zero/optimizer_state.pt ("
+      << (job.source.optimizer_state_copy.empty() ? "from rank 0's optimizer state"
+                                                  : "copied")
+      << "), " << job.int_steps.size() << " int step file(s), copied from " << job.source.dir
+      << ": " << (job.source.copy_files.empty() ? std::string("nothing")
+                                                : FirstNames(job.source.copy_files))
+      << "\n";
+}
+
+Status CopyFile(const std::string& from, const std::string& to) {
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> in, RandomAccessFile::Open(from));
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, WritableFile::Create(to));
+  std::vector<std::byte> block(static_cast<size_t>(std::min<uint64_t>(kCopyBlock, in->size())));
+  for (uint64_t at = 0; at < in->size(); at += block.size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), in->size() - at));
+    std::span<std::byte> part(block.data(), n);
+    FC_RETURN_IF_ERROR(in->ReadAt(at, part));
+    FC_RETURN_IF_ERROR(out->Append(std::span<const std::byte>(part)));
+  }
+  FC_RETURN_IF_ERROR(out->Sync());
+  return out->Close();
+}
+
+Status WriteSmallFile(const std::string& path, std::string_view bytes) {
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, WritableFile::Create(path));
+  FC_RETURN_IF_ERROR(out->Append(bytes));
+  FC_RETURN_IF_ERROR(out->Sync());
+  return out->Close();
+}
+
+class UcpSink : public PlanSink {
+ public:
+  explicit UcpSink(UcpWriter& writer) : writer_(writer) {}
+  Status Write(uint32_t file, uint32_t, uint64_t byte_offset,
+               std::span<const std::byte> bytes) override {
+    return writer_.Write(file, byte_offset, bytes);
+  }
+
+ private:
+  UcpWriter& writer_;
+};
+
+// Everything into the staging directory.
+Result<ExecuteStats> WriteStaging(const ConvertOptions& options, const UcpJob& job,
+                                  const std::string& staging) {
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<UcpWriter> writer, UcpWriter::Create(staging, job.specs));
+  ChunkReader reader(job.index);
+  UcpSink sink(*writer);
+  ExecuteOptions eo;
+  eo.what = "converting";
+  eo.progress = options.progress;
+  FC_ASSIGN_OR_RETURN(ExecuteStats stats, Execute(job.plan, reader, sink, eo));
+  FC_RETURN_IF_ERROR(writer->Finish());
+  if (job.int_step) {
+    PickleValue v;
+    v.kind = PickleValue::Kind::kInt;
+    v.int_value = *job.int_step;
+    FC_ASSIGN_OR_RETURN(std::string archive, PlainValueArchive(v));
+    for (const std::string& path : job.int_steps) {
+      FC_RETURN_IF_ERROR(WriteSmallFile(JoinPath(staging, path), archive));
+    }
+  }
+  FC_RETURN_IF_ERROR(CreateDirectories(JoinPath(staging, "zero")));
+  const std::string osd = JoinPath(staging, "zero/optimizer_state.pt");
+  if (!job.source.optimizer_state_copy.empty()) {
+    FC_RETURN_IF_ERROR(CopyFile(job.source.optimizer_state_copy, osd));
+  } else if (!job.source.optimizer_state_archive.empty()) {
+    FC_RETURN_IF_ERROR(WriteSmallFile(osd, job.source.optimizer_state_archive));
+  }
+  for (const std::string& name : job.source.copy_files) {
+    FC_RETURN_IF_ERROR(CopyFile(JoinPath(job.source.dir, name), JoinPath(staging, name)));
+  }
+  return stats;
+}
+
+// <parent>/latest_universal, replaced atomically (a temporary file renamed onto it).
+Status WriteLatestUniversal(const std::string& output_dir) {
+  const std::string out = StripTrailingSlashes(output_dir);
+  std::string parent = Dirname(out);
+  if (parent.empty()) parent = ".";
+  const std::string tmp =
+      JoinPath(parent, "latest_universal.fc-tmp-" + std::to_string(::getpid()));
+  Status s = WriteSmallFile(tmp, Basename(out));
+  if (s.ok()) s = RenameDurably(tmp, JoinPath(parent, "latest_universal"));
+  if (!s.ok()) (void)RemoveAll(tmp);
+  return s.With("latest_universal");
+}
+
+}  // namespace
+
+Result<ConvertSummary> RunConvertUcp(const ConvertOptions& options, std::ostream& out) {
+  RunStatsMeter meter;
+  FC_RETURN_IF_ERROR(CheckOptions(options));
+  auto job = std::make_unique<UcpJob>();
+  FC_ASSIGN_OR_RETURN(job->index, OpenCheckpoint(options.input, options.format));
+  FC_RETURN_IF_ERROR(BuildJob(options, *job));
+  ConvertSummary summary;
+  summary.ranks = 0;
+  summary.chunks = job->specs.size() + job->int_steps.size();
+  summary.bytes_written = job->plan.bytes_written;
+  summary.objects = job->source.copy_files.size() + 1;  // model states + optimizer_state.pt
+  if (options.dry_run) {
+    if (!options.output_dir.empty()) {
+      FC_RETURN_IF_ERROR(CheckOutputNotNested(options.output_dir, options.input));
+      FC_RETURN_IF_ERROR(CheckOutputFree(StripTrailingSlashes(options.output_dir)));
+    }
+    PrintPlan(*job, options, out);
+    return summary;
+  }
+  Communicator& comm = SingleProcessCommunicator();
+  FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
+                      ClaimOutput(options.output_dir, options.input, comm));
+  FC_ASSIGN_OR_RETURN(ExecuteStats executed, WriteStaging(options, *job, claimed.staging));
+  meter.InputsDone();
+  FC_RETURN_IF_ERROR(claimed.dir->Commit());
+  FC_RETURN_IF_ERROR(WriteLatestUniversal(options.output_dir));
+  if (!options.stats_file.empty()) {
+    FC_RETURN_IF_ERROR(WriteRunStats(options.stats_file, "fc-convert", job->plan.bytes_needed,
+                                     meter.Finish(executed.peak_buffer_bytes, 0, 0), comm));
+  }
+  return summary;
+}
+
+}  // namespace fc
