@@ -66,6 +66,10 @@ int main(int argc, char** argv) {
                  "zero/optimizer_state.pt, the model states copied, then "
                  "<parent of OUT>/latest_universal; no target)")
       ->check(CLI::IsMember({"fc", "torch-dcp", "ucp"}));
+  app.add_flag("--inject-missing-state", options.ucp_inject_missing_state,
+               "with --output-format ucp: TP > 1 without universal_checkpoint_info: "
+               "concatenate every param's TP slices along dim 0 (ds_to_universal.py "
+               "--inject_missing_state) instead of refusing");
   app.add_option("--torch-version", options.torch_version,
                  "with --output-format torch-dcp: metadata for torch 1.13 or 2 (default: that of a "
                  "torch DCP source, else 2)")
@@ -137,6 +141,9 @@ int main(int argc, char** argv) {
   if (out_format != "ucp" && target->count_all() == 0) {
     return fc::cli::UsageError(tool, "give exactly one target: --target-like, --target-layout, "
                                "--preset or --target-manifest");
+  }
+  if (options.ucp_inject_missing_state && out_format != "ucp") {
+    return fc::cli::UsageError(tool, "--inject-missing-state applies to --output-format ucp only");
   }
   if (!options.torch_version.empty() && out_format != "torch-dcp") {
     return fc::cli::UsageError(tool, "--torch-version applies to --output-format torch-dcp only");

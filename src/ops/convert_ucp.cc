@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <set>
 
 #include <spdlog/spdlog.h>
@@ -69,8 +70,19 @@ Status CheckOptions(const ConvertOptions& o) {
   return Status::Ok();
 }
 
+// The tensors a param's file is made of: one global tensor, or (TP > 1 without
+// universal_checkpoint_info, with inject_missing_state) the TP ranks' slices, concatenated
+// along dim 0 in rank order.
+struct UcpParam {
+  std::string name;
+  std::vector<const TensorEntry*> states[3];  // fp32, exp_avg, exp_avg_sq (kStates order)
+  const TensorEntry* step = nullptr;          // TP rank 0's
+};
+
 // The roles: which params the UCP holds, refused with what is missing.
-Result<std::vector<std::string>> UcpParams(const CheckpointIndex& index, const std::string& input) {
+Result<std::vector<UcpParam>> UcpParams(const CheckpointIndex& index,
+                                        const ConvertOptions& options) {
+  const std::string& input = options.input;
   if (index.format != CheckpointFormat::kDeepSpeed) {
     return InvalidArgumentError(
         input + ": --output-format ucp needs each param's fp32 master weight, exp_avg, "
@@ -92,25 +104,45 @@ Result<std::vector<std::string>> UcpParams(const CheckpointIndex& index, const s
     return UnimplementedError(input + ": TP shards fc does not merge (averaged or fused "
                               "sub-params): " + u);
   }
-  const std::string tp = Attr(index, "deepspeed.tp_degree");
-  if (!tp.empty() && tp != "1" && Attr(index, "deepspeed.tp_merge") != "universal_checkpoint_info") {
-    return UnimplementedError(input + ": TP degree " + tp + " without universal_checkpoint_info: "
-                              "nothing says how the TP shards concatenate");
+  const std::string tp_text = Attr(index, "deepspeed.tp_degree");
+  const int64_t tp = tp_text.empty() ? 1 : std::stoll(tp_text);
+  const bool per_rank = tp > 1 && Attr(index, "deepspeed.tp_merge") != "universal_checkpoint_info";
+  if (per_rank && !options.ucp_inject_missing_state) {
+    return UnimplementedError(input + ": TP degree " + tp_text + " without "
+                              "universal_checkpoint_info: nothing says how the TP shards "
+                              "concatenate (--inject-missing-state concatenates every param "
+                              "along dim 0, as ds_to_universal.py --inject_missing_state)");
   }
-  std::vector<std::string> params;
+  auto rank_key = [&](int64_t r, const std::string& key) {
+    return per_rank ? std::string("mp_rank_") + (r < 10 ? "0" : "") + std::to_string(r) + "." + key
+                    : key;
+  };
+  std::vector<UcpParam> params;
   std::set<std::string> seen;
-  const std::string prefix = "optimizer.exp_avg.";
+  const std::string prefix = rank_key(0, "optimizer.exp_avg.");
   for (const TensorEntry& t : index.tensors) {
     if (!t.key.starts_with(prefix)) continue;
-    const std::string p = t.key.substr(prefix.size());
-    if (!seen.insert(p).second) continue;
-    for (const char* state : kStates) {
-      if (index.FindTensor(SourceKey(p, state)) == nullptr) {
-        return InvalidArgumentError(input + ": param '" + p + "' has exp_avg but no " +
-                                    SourceKey(p, state) + " (" + state + ")");
+    UcpParam param;
+    param.name = t.key.substr(prefix.size());
+    if (!seen.insert(param.name).second) continue;
+    for (size_t s = 0; s < 3; ++s) {
+      for (int64_t r = 0; r < (per_rank ? tp : 1); ++r) {
+        const std::string key = rank_key(r, SourceKey(param.name, kStates[s]));
+        const TensorEntry* e = index.FindTensor(key);
+        if (e == nullptr) {
+          return InvalidArgumentError(input + ": param '" + param.name + "' has exp_avg but no " +
+                                      key + " (" + kStates[s] + ")");
+        }
+        if (e->dtype != DType::kFloat32) {
+          return InvalidArgumentError(input + ": " + key + " is " +
+                                      std::string(DTypeName(e->dtype)) +
+                                      ", not float32: no fp32 master weights / Adam states");
+        }
+        param.states[s].push_back(e);
       }
     }
-    params.push_back(p);
+    param.step = index.FindTensor(rank_key(0, "optimizer.step." + param.name));
+    params.push_back(std::move(param));
   }
   if (params.empty()) {
     return InvalidArgumentError(input + ": no optimizer.exp_avg.<param> tensors: no Adam "
@@ -137,7 +169,7 @@ Result<std::optional<int64_t>> IntStep(const CheckpointIndex& index) {
 
 struct UcpJob {
   CheckpointIndex index;
-  std::vector<std::string> params;
+  std::vector<UcpParam> params;
   UcpSource source;
   std::vector<UcpFileSpec> specs;       // plan file i == specs[i]
   std::vector<std::string> int_steps;   // step.pt paths holding the int step
@@ -147,27 +179,53 @@ struct UcpJob {
 
 Status BuildJob(const ConvertOptions& options, UcpJob& job) {
   const CheckpointIndex& index = job.index;
-  FC_ASSIGN_OR_RETURN(job.params, UcpParams(index, options.input));
-  FC_ASSIGN_OR_RETURN(job.source, ReadUcpSource(options.input, index, job.params));
+  FC_ASSIGN_OR_RETURN(job.params, UcpParams(index, options));
+  std::vector<std::string> names;
+  for (const UcpParam& p : job.params) names.push_back(p.name);
+  FC_ASSIGN_OR_RETURN(job.source, ReadUcpSource(options.input, index, names));
   FC_ASSIGN_OR_RETURN(job.int_step, IntStep(index));
   const bool zero3 = Attr(index, "deepspeed.optimizer") == "zero3";
   PlanRequest request;
   request.kind = PlanKind::kExport;
-  auto add = [&](const std::string& path, const TensorEntry& src, UcpFileMeta meta) -> Status {
-    FC_RETURN_IF_ERROR(CheckSourceCoverage(src));
-    SourcePiece piece;
-    piece.source = &src;
-    piece.src_box = Box::Whole(src.global_shape);
-    piece.dst_box = piece.src_box;
+  // One file of one tensor: the slices side by side along dim 0.
+  auto add = [&](const std::string& path, const std::vector<const TensorEntry*>& slices,
+                 UcpFileMeta meta) -> Status {
+    const TensorEntry& first = *slices.front();
+    Shape shape = first.global_shape;
+    std::vector<SourcePiece> pieces;
+    int64_t at = 0;
+    for (const TensorEntry* src : slices) {
+      FC_RETURN_IF_ERROR(CheckSourceCoverage(*src));
+      const Shape& s = src->global_shape;
+      if (slices.size() > 1 &&
+          (s.empty() || s.size() != shape.size() ||
+           !std::equal(s.begin() + 1, s.end(), shape.begin() + 1))) {
+        return InvalidArgumentError(path + ": TP slices " + first.key + " " +
+                                    Box::Whole(first.global_shape).ToString() + " and " +
+                                    src->key + " " + Box::Whole(s).ToString() +
+                                    " do not concatenate along dim 0");
+      }
+      SourcePiece piece;
+      piece.source = src;
+      piece.src_box = Box::Whole(s);
+      piece.dst_box = piece.src_box;
+      if (!s.empty()) {
+        piece.dst_box.global_offset[0] = at;
+        at += s[0];
+      }
+      pieces.push_back(std::move(piece));
+    }
+    if (!shape.empty()) shape[0] = at;
     const uint32_t t = static_cast<uint32_t>(request.tensors.size());
-    request.tensors.push_back({src.key, src.dtype, src.global_shape, {std::move(piece)}});
-    PlanSlot slot{t, Box::Whole(src.global_shape), std::nullopt};
-    UcpFileSpec spec{path, src.dtype, src.global_shape, std::move(meta)};
-    if (spec.meta.form == UcpFileForm::kRawTensor && src.global_shape.size() != 1 &&
-        path.ends_with("/step.pt") == false) {
+    FC_RETURN_IF_ERROR(PiecesCover(path, pieces, Box::Whole(shape)));
+    request.tensors.push_back({first.key, first.dtype, shape, std::move(pieces)});
+    PlanSlot slot{t, Box::Whole(shape), std::nullopt};
+    UcpFileSpec spec{path, first.dtype, shape, std::move(meta)};
+    if (spec.meta.form == UcpFileForm::kRawTensor && shape.size() != 1 &&
+        !path.ends_with("/step.pt")) {
       // The stage-3 form: the param flattened (row-major) into one dimension.
       int64_t n = 1;
-      for (int64_t s : src.global_shape) n *= s;
+      for (int64_t s : shape) n *= s;
       slot.flat_range = FlatRange{0, n};
       spec.shape = {n};
     }
@@ -175,24 +233,18 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
     job.specs.push_back(std::move(spec));
     return Status::Ok();
   };
-  for (const std::string& p : job.params) {
-    for (const char* state : kStates) {
-      const TensorEntry* src = index.FindTensor(SourceKey(p, state));
-      if (src->dtype != DType::kFloat32) {
-        return InvalidArgumentError(options.input + ": " + src->key + " is " +
-                                    std::string(DTypeName(src->dtype)) +
-                                    ", not float32: no fp32 master weights / Adam states");
-      }
-      FC_RETURN_IF_ERROR(add("zero/" + p + "/" + state + ".pt", *src,
-                             job.source.meta.at(p + "/" + state)));
+  for (const UcpParam& p : job.params) {
+    for (size_t s = 0; s < 3; ++s) {
+      FC_RETURN_IF_ERROR(add("zero/" + p.name + "/" + kStates[s] + ".pt", p.states[s],
+                             job.source.meta.at(p.name + "/" + kStates[s])));
     }
     if (zero3) continue;  // the stage-3 form has no step.pt
-    if (const TensorEntry* step = index.FindTensor("optimizer.step." + p)) {
+    if (p.step != nullptr) {
       UcpFileMeta raw;
       raw.form = UcpFileForm::kRawTensor;
-      FC_RETURN_IF_ERROR(add("zero/" + p + "/step.pt", *step, std::move(raw)));
+      FC_RETURN_IF_ERROR(add("zero/" + p.name + "/step.pt", {p.step}, std::move(raw)));
     } else if (job.int_step) {
-      job.int_steps.push_back("zero/" + p + "/step.pt");
+      job.int_steps.push_back("zero/" + p.name + "/step.pt");
     }
   }
   request.processes = 1;

@@ -13,7 +13,8 @@
 // Refused: a source that is not a DeepSpeed checkpoint (kInvalidArgument: fc knows the
 // roles fp32 / exp_avg / exp_avg_sq / step only from the DeepSpeed reader's names), one
 // without fp32 master weights or Adam states (kInvalidArgument), TP shards left unmerged
-// and MoE (kUnimplemented), several processes (kUnimplemented), and the options that shape
+// and MoE (kUnimplemented; TP > 1 without universal_checkpoint_info is written with every
+// param's slices concatenated along dim 0 when ucp_inject_missing_state), several processes (kUnimplemented), and the options that shape
 // a target (--target-*, --preset, --aoa, --include/--exclude, --dtype: kInvalidArgument).
 #ifndef FC_SRC_OPS_CONVERT_UCP_H_
 #define FC_SRC_OPS_CONVERT_UCP_H_

@@ -33,7 +33,8 @@ EXPORT = os.path.join(BUILD, "tools", "fc-export")
 DIFF = os.path.join(BUILD, "tools", "fc-diff")
 DS = os.path.join(TESTDATA, "deepspeed")
 # Sources a UCP is written from, and the form of their param files.
-DEEPSPEED = ["zero1", "zero2", "bf16", "frozen_tied", "zero3", "pp2", "pp2_tp2", "tp2_ucp"]
+DEEPSPEED = ["zero1", "zero2", "bf16", "frozen_tied", "zero3", "pp2", "pp2_tp2", "tp2_ucp",
+             "legacy"]  # legacy: every source file in torch.save's non-zip format
 UNIVERSAL = ["ucp", "ucp_tp2", "ucp_zero3"]
 RAW = {"zero3", "ucp_zero3"}  # stage 3, TP 1: raw 1-D tensors, no step.pt
 tmp = tempfile.mkdtemp(prefix="fc-ucp-write-test-")
@@ -160,6 +161,26 @@ def case_write():
         root, out = convert(case)
         check_ucp(case, root, out)
         print("ok write", case)
+    # TP 2 without universal_checkpoint_info: refused (case_errors), or with
+    # --inject-missing-state every param's TP slices concatenated along dim 0, cat_dim 0.
+    root, out = convert("tp2", ["--inject-missing-state"])
+    exp = fcio.expected_values(os.path.join(DS, "tp2"))
+    params = sorted(k[len("mp_rank_00.optimizer.exp_avg."):] for k in exp
+                    if k.startswith("mp_rank_00.optimizer.exp_avg."))
+    assert params == ["layer.bias", "layer.weight"], params
+    assert sorted(os.listdir(os.path.join(out, "zero"))) == params + ["optimizer_state.pt"]
+    for p in params:
+        for state, key in (("fp32", p), ("exp_avg", "optimizer.exp_avg." + p),
+                           ("exp_avg_sq", "optimizer.exp_avg_sq." + p)):
+            got = load(os.path.join(out, "zero", p, state + ".pt"))
+            assert list(got) == ["cat_dim", "param"] and got["cat_dim"] == 0, got
+            want = np.concatenate([exp["mp_rank_00." + key], exp["mp_rank_01." + key]])
+            same_bits(got["param"], want, "tp2: " + p + "/" + state)
+        step = load(os.path.join(out, "zero", p, "step.pt"))
+        assert np.array_equal(fcio.bits(step.numpy()), fcio.bits(exp["mp_rank_00.optimizer.step." + p]))
+    assert sorted(n for n in os.listdir(out) if n != "zero") == [
+        "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+    print("ok write tp2 --inject-missing-state")
     # Streaming under a tiny budget (slabs of a few elements, one thread): the same bytes.
     out = os.path.join(tmp, "zero2", "universal")
     small = os.path.join(tmp, "zero2-small", "universal")
@@ -223,10 +244,12 @@ def case_errors():
         for w in words:
             assert w in p.stderr, (case_or_path, w, p.stderr)
         return p
-    refused("tp2", 6, ["without universal_checkpoint_info"])
+    refused("tp2", 6, ["without universal_checkpoint_info", "--inject-missing-state"])
+    p = fcio.run([CONVERT, os.path.join(DS, "tp2", "ckpt"), os.path.join(tmp, "x"),
+                  "--preset", "megatron-gpt", "--inject-missing-state"], expect=2)
+    assert "applies to --output-format ucp only" in p.stderr, p.stderr
     refused("tp2_avg", 6, ["layer.bias", "parameter_to_average_patterns"])
     refused("moe", 6, ["MoE"])
-    refused("legacy", 6, ["not a torch.save zip archive"])
     # No fp32 master weights: the model states alone (stage 0 / weights-only copy).
     weights_only = os.path.join(tmp, "weights-only")
     os.makedirs(weights_only)

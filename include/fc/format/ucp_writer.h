@@ -115,8 +115,9 @@ struct UcpSource {
 // (parameter_with_2_sub_params_cat_dim_0) and vocab_tensor (vocabulary_parameter_patterns),
 // or cat_dim 0 for every param without universal_checkpoint_info (ds_to_universal's
 // --inject_missing_state); stage 3 with TP 1: raw 1-D tensors.
-// Errors: kUnimplemented for legacy (non-zip) torch.save files and optimizer-state values
-// fc does not pickle; kDataLoss / kNotFound for unreadable files.
+// Files in either torch.save serialization (zip or legacy) are read.
+// Errors: kUnimplemented for optimizer-state values fc does not pickle; kDataLoss /
+// kNotFound for unreadable files.
 Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex& index,
                                 const std::vector<std::string>& params);
 

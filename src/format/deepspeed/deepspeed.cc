@@ -2024,6 +2024,11 @@ Result<CheckpointIndex> ReadDeepSpeedCheckpoint(const std::string& path) {
   return reader.Read(path);
 }
 
+Result<PickleValue> ReadDeepSpeedPickle(const std::string& path) {
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<PtFile> pt, OpenPt(Dirname(path), Basename(path), 0));
+  return std::move(pt->root);
+}
+
 Result<DeepSpeedWeights> ParseDeepSpeedWeights(std::string_view name) {
   if (name == "fp32" || name == "master") return DeepSpeedWeights::kFp32;
   if (name == "module" || name == "16bit") return DeepSpeedWeights::kModule;

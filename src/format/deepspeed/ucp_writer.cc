@@ -24,7 +24,7 @@
 #include "fc/codec/pickle_writer.h"
 #include "fc/codec/zip_writer.h"
 #include "fc/core/checked_math.h"
-#include "fc/format/torch_save.h"
+#include "fc/format/deepspeed.h"
 #include "fc/io/file.h"
 #include "src/format/torch/torch_save_writer.h"
 
@@ -38,7 +38,6 @@ using internal_torch::TensorArchive;
 
 constexpr std::string_view kByteOrder = "little";
 constexpr std::string_view kVersion = "3\n";
-constexpr uint64_t kMaxPickleBytes = uint64_t{256} << 20;
 
 std::span<const std::byte> AsBytes(std::string_view s) {
   return std::as_bytes(std::span<const char>(s.data(), s.size()));
@@ -339,18 +338,7 @@ Status UcpWriter::Finish() {
 namespace {
 
 Result<PickleValue> ReadPickleOf(const std::string& path) {
-  FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, RandomAccessFile::Open(path));
-  const RandomAccessFile* f = file.get();
-  const ZipReadFn read = [f](uint64_t offset, std::span<std::byte> dst) {
-    return f->ReadAt(offset, dst);
-  };
-  Result<TorchSaveArchive> archive = ReadTorchSaveArchive(f->size(), read);
-  if (!archive.ok()) {
-    return UnimplementedError(path + ": not a torch.save zip archive (" +
-                              archive.status().message() +
-                              "); a UCP is written from zip-serialized DeepSpeed files only");
-  }
-  return ReadTorchSavePickle(*archive, read, kMaxPickleBytes).With(path);
+  return ReadDeepSpeedPickle(path).With(path);
 }
 
 std::string Trim(std::string s) {
