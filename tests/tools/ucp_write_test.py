@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 
 BUILD, TESTDATA, CASE = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3]
 sys.path.insert(0, os.path.dirname(__file__))
@@ -141,6 +142,10 @@ def check_ucp(case, root, out):
             want = exp["optimizer.step." + p]
             assert isinstance(step, torch.Tensor) and step.dim() == 0, (case, p, step)
             assert np.array_equal(fcio.bits(step.numpy()), fcio.bits(want)), (case, p, step)
+    # Every written archive is a valid zip (CRC-32s combined from the slabs' are right).
+    for dirpath, _, files in os.walk(os.path.join(out, "zero")):
+        for f in files:
+            assert zipfile.ZipFile(os.path.join(dirpath, f)).testzip() is None, (case, dirpath, f)
     osd_path = os.path.join(out, "zero", "optimizer_state.pt")
     if universal:
         assert filecmp.cmp(osd_path, os.path.join(src, "zero", "optimizer_state.pt"), shallow=False)

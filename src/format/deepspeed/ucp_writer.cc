@@ -372,8 +372,6 @@ bool AnyMatch(const PickleValue* info, std::string_view key, const std::string& 
   return false;
 }
 
-bool EndsWith(std::string_view s, std::string_view e) { return s.ends_with(e); }
-
 }  // namespace
 
 Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex& index,
@@ -389,7 +387,7 @@ Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex&
   const bool zero3 = optimizer == "zero3";
   FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(src.dir));
   for (const std::string& n : names) {
-    if (IsDirectory(JoinPath(src.dir, n)) || !EndsWith(n, "model_states.pt")) continue;
+    if (IsDirectory(JoinPath(src.dir, n)) || !n.ends_with("model_states.pt")) continue;
     // ds_to_universal copies mp* (stage <= 2) or every *model_states.pt (stage 3); the
     // pipeline layer files are copied too: their module weights are in no other file.
     if (n.find("_expert_") == std::string::npos) src.copy_files.push_back(n);
@@ -427,7 +425,7 @@ Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex&
   // optimizer state of DP rank 0 of model-parallel rank 0.
   std::string model_file, optim_file;
   for (const std::string& n : names) {
-    if (model_file.empty() && EndsWith(n, "model_states.pt") &&
+    if (model_file.empty() && n.ends_with("model_states.pt") &&
         (n.starts_with("mp_rank_00") || n.find("zero_pp_rank_0_mp_rank_00") != std::string::npos)) {
       model_file = n;
     }
