@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
   app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
   // The input-format flag of earlier versions; hidden (no help line), same meaning as --format.
   app.add_option("--input-format", old_input_format)->group("");
-  auto* target = app.add_option_group("target", "where every chunk goes (exactly one)");
+  auto* target = app.add_option_group(
+      "target", "where every chunk goes (exactly one; none with --output-format ucp)");
   target->add_option("--target-like", options.target_like,
                      "take the chunk layout of this existing checkpoint (metadata only), e.g. "
                      "the step-0 checkpoint of the new run");
@@ -37,7 +38,7 @@ int main(int argc, char** argv) {
   target->add_option("--preset", options.preset, "built-in rules: " + presets);
   target->add_option("--target-manifest", options.target_manifest,
                      "a per-rank chunk manifest written by --emit-manifest");
-  target->require_option(1);
+  target->require_option(0, 1);  // exactly one unless ucp: checked below
   app.add_option("--tp", options.degrees.tp, "with --preset: tensor-parallel degree");
   app.add_option("--pp", options.degrees.pp, "with --preset: pipeline-parallel degree");
   app.add_option("--dp", options.degrees.dp, "with --preset: data-parallel (replica) degree");
@@ -60,8 +61,15 @@ int main(int argc, char** argv) {
   app.add_option("--output-format", out_format,
                  "output format: fc (fc distcp with checksums, default) or torch-dcp (PyTorch "
                  "DCP that torch's load_state_dict reads; flattened target chunks are not "
-                 "possible there)")
-      ->check(CLI::IsMember({"fc", "torch-dcp"}));
+                 "possible there), or ucp (a DeepSpeed Universal Checkpoint from a DeepSpeed "
+                 "checkpoint: OUT/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, "
+                 "zero/optimizer_state.pt, the model states copied, then "
+                 "<parent of OUT>/latest_universal; no target)")
+      ->check(CLI::IsMember({"fc", "torch-dcp", "ucp"}));
+  app.add_flag("--inject-missing-state", options.ucp_inject_missing_state,
+               "with --output-format ucp: TP > 1 without universal_checkpoint_info: "
+               "concatenate every param's TP slices along dim 0 (ds_to_universal.py "
+               "--inject_missing_state) instead of refusing");
   app.add_option("--torch-version", options.torch_version,
                  "with --output-format torch-dcp: metadata for torch 1.13, 2.0 (torch 2.0-2.3: "
                  "no storage_meta, no version) or 2 (torch 2.4+: storage_meta and version "
@@ -127,6 +135,18 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (out_format == "ucp" && target->count_all() > 0) {
+    return fc::cli::UsageError(tool, "--output-format ucp takes no target (every param is "
+                               "written whole): leave out --target-like, --target-layout, "
+                               "--preset and --target-manifest");
+  }
+  if (out_format != "ucp" && target->count_all() == 0) {
+    return fc::cli::UsageError(tool, "give exactly one target: --target-like, --target-layout, "
+                               "--preset or --target-manifest");
+  }
+  if (options.ucp_inject_missing_state && out_format != "ucp") {
+    return fc::cli::UsageError(tool, "--inject-missing-state applies to --output-format ucp only");
+  }
   if (!options.torch_version.empty() && out_format != "torch-dcp") {
     return fc::cli::UsageError(tool, "--torch-version applies to --output-format torch-dcp only");
   }
@@ -149,6 +169,7 @@ int main(int argc, char** argv) {
     options.memory_budget = *b;
   }
   if (out_format == "torch-dcp") options.output_format = fc::ConvertOutputFormat::kTorchDcp;
+  if (out_format == "ucp") options.output_format = fc::ConvertOutputFormat::kUcp;
   auto comm = fc::MakeCommunicatorFromEnvironment(&argc, &argv);
   if (!comm.ok()) return fc::cli::Finish(tool, comm.status());
   if ((*comm)->size() > 1) options.comm = comm->get();
@@ -160,7 +181,11 @@ int main(int argc, char** argv) {
     // Every process returns the same error; one report is enough.
     return lead ? fc::cli::Finish(tool, summary.status()) : fc::cli::ExitCode(summary.status());
   }
-  if (!options.dry_run && lead) {
+  if (!options.dry_run && lead && out_format == "ucp") {
+    spdlog::info("wrote a Universal Checkpoint: {} file(s) ({}), {} copied, to {}",
+                 summary->chunks, fc::HumanBytes(summary->bytes_written), summary->objects,
+                 options.output_dir);
+  } else if (!options.dry_run && lead) {
     spdlog::info("wrote {} chunks for {} rank(s) ({}), {} object(s), to {}", summary->chunks,
                  summary->ranks, fc::HumanBytes(summary->bytes_written), summary->objects,
                  options.output_dir);

@@ -7,6 +7,7 @@
 #include "fc/codec/pickle_writer.h"
 
 #include <cassert>
+#include <cstring>
 
 #include "src/codec/pickle_opcodes.h"
 
@@ -94,6 +95,16 @@ PickleWriter& PickleWriter::Int(int64_t v) {
     out_.push_back(static_cast<char>(bytes.size()));
     out_ += bytes;
   }
+  EndOp();
+  return *this;
+}
+
+PickleWriter& PickleWriter::Float(double v) {
+  Op(kBinFloat);  // the only float opcode CPython writes (protocols >= 1)
+  uint64_t bits = 0;
+  static_assert(sizeof(bits) == sizeof(v));
+  std::memcpy(&bits, &v, sizeof(bits));
+  for (int i = 7; i >= 0; --i) out_.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
   EndOp();
   return *this;
 }

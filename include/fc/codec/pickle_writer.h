@@ -37,6 +37,7 @@ class PickleWriter {
   PickleWriter& None();
   PickleWriter& Bool(bool b);                 // NEWTRUE / NEWFALSE
   PickleWriter& Int(int64_t v);
+  PickleWriter& Float(double v);              // BINFLOAT (big-endian IEEE double)
   PickleWriter& Str(std::string_view s);      // not memoized
   // A class or function reference, memoized: the second reference is a memo fetch.
   PickleWriter& Global(std::string_view module, std::string_view name);

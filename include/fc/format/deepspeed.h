@@ -106,6 +106,7 @@
 #include <string>
 #include <string_view>
 
+#include "fc/codec/pickle.h"
 #include "fc/core/status.h"
 #include "fc/model/checkpoint_index.h"
 
@@ -117,6 +118,11 @@ namespace fc {
 bool IsDeepSpeedCheckpointDir(const std::string& dir);
 
 Result<CheckpointIndex> ReadDeepSpeedCheckpoint(const std::string& path);
+
+// The object pickled in one DeepSpeed .pt file (zip or legacy torch.save) as a value tree,
+// nothing run; tensors stay unresolved persistent ids. For the non-tensor parts of a file
+// (optimizer state dicts, universal_checkpoint_info). Errors: those of reading the file.
+Result<PickleValue> ReadDeepSpeedPickle(const std::string& path);
 
 // Which weights an export writes under the plain parameter names.
 enum class DeepSpeedWeights {

@@ -18,7 +18,9 @@
 
 namespace fc {
 
-enum class ConvertOutputFormat { kFcDistcp, kTorchDcp };
+// kUcp: a DeepSpeed Universal Checkpoint from a DeepSpeed checkpoint (src/ops/convert_ucp.h;
+// no target: every param whole).
+enum class ConvertOutputFormat { kFcDistcp, kTorchDcp, kUcp };
 
 struct ConvertOptions {
   std::string input;
@@ -42,6 +44,9 @@ struct ConvertOptions {
   // torch DCP output with torch_version 2: "safetensors" writes the SAFETENSORS serialization
   // (fc/format/torch_dcp_writer.h); empty or "torch-save": one torch.save archive per chunk.
   std::string torch_serialization;
+  // kUcp: TP > 1 without universal_checkpoint_info: concatenate every param's TP slices
+  // along dim 0 (ds_to_universal.py --inject_missing_state) instead of refusing.
+  bool ucp_inject_missing_state = false;
   bool dry_run = false;                        // print the plan, write nothing
   // With dry_run: plan for this many processes without starting them (0: the real count);
   // each sees the files of its source ranks (rank of a file: the first number in its name,

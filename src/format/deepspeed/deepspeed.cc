@@ -852,7 +852,8 @@ class Reader {
 
   Families TakeFamilies();
   Status AddLayerFiles(const std::vector<std::pair<int64_t, const PtFile*>>& layers,
-                       const std::set<std::string>& buffer_names, Families* f);
+                       const std::set<std::string>& buffer_names,
+                       const std::set<std::string>& known_params, Families* f);
   Result<Families> MergeTp(std::vector<Families> per_tp, const TpRules* rules);
   Status ReadUniversalParams(const std::vector<std::pair<std::string, Shape>>& order,
                              bool check_shapes, Families* f);
@@ -1408,8 +1409,11 @@ Status UnionStage(Families&& from, const std::string& where, Families* into) {
 }
 
 Status Reader::AddLayerFiles(const std::vector<std::pair<int64_t, const PtFile*>>& layers,
-                             const std::set<std::string>& buffer_names, Families* f) {
-  std::set<std::string> params;  // trainable and frozen names the optimizer files know
+                             const std::set<std::string>& buffer_names,
+                             const std::set<std::string>& known_params, Families* f) {
+  // Trainable and frozen names the optimizer files know; a UCP's come from param_shapes
+  // (known_params), its zero/<param> files being read later.
+  std::set<std::string> params = known_params;
   for (Family i : {kWeights, kFrozen}) {
     for (const TensorEntry& t : f->tensors[i]) params.insert(t.key);
   }
@@ -1921,7 +1925,7 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   }
   for (auto& [t, ls] : layers) {
     std::sort(ls.begin(), ls.end());
-    FC_RETURN_IF_ERROR(AddLayerFiles(ls, buffer_names[static_cast<size_t>(t)],
+    FC_RETURN_IF_ERROR(AddLayerFiles(ls, buffer_names[static_cast<size_t>(t)], ordered,
                                      &per_tp[static_cast<size_t>(t)]));
   }
   std::optional<TpRules> rules;
@@ -2022,6 +2026,11 @@ bool IsDeepSpeedCheckpointDir(const std::string& dir) {
 Result<CheckpointIndex> ReadDeepSpeedCheckpoint(const std::string& path) {
   Reader reader;
   return reader.Read(path);
+}
+
+Result<PickleValue> ReadDeepSpeedPickle(const std::string& path) {
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<PtFile> pt, OpenPt(Dirname(path), Basename(path), 0));
+  return std::move(pt->root);
 }
 
 Result<DeepSpeedWeights> ParseDeepSpeedWeights(std::string_view name) {

@@ -65,6 +65,12 @@ std::span<const std::byte> Bytes(std::string_view s) {
 bool UsesRebuildTensorV3(DType dtype) { return StorageClassName(dtype) == "UntypedStorage"; }
 
 std::string TensorPickle(DType dtype, std::span<const int64_t> sizes) {
+  PickleWriter w(2);
+  EmitTensor(w, dtype, sizes);
+  return w.Finish();
+}
+
+void EmitTensor(PickleWriter& w, DType dtype, std::span<const int64_t> sizes) {
   const bool v3 = UsesRebuildTensorV3(dtype);
   int64_t numel = 1;
   for (int64_t s : sizes) numel *= s;
@@ -74,7 +80,6 @@ std::string TensorPickle(DType dtype, std::span<const int64_t> sizes) {
     strides[i] = stride;
     stride *= std::max<int64_t>(sizes[i], 1);
   }
-  PickleWriter w(2);
   w.Global("torch._utils", v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2");
   w.Mark();
   w.Mark();  // the persistent id
@@ -94,14 +99,17 @@ std::string TensorPickle(DType dtype, std::span<const int64_t> sizes) {
   if (v3) w.Global("torch", DTypeName(dtype));
   w.TupleOf(v3 ? 7 : 6).Memoize();
   w.Reduce().Memoize();
-  return w.Finish();
 }
 
 TensorArchive PlanTensorArchive(DType dtype, std::span<const int64_t> sizes) {
-  TensorArchive a;
-  a.pickle = TensorPickle(dtype, sizes);
   uint64_t bytes = DTypeSize(dtype);
   for (int64_t s : sizes) bytes *= static_cast<uint64_t>(s);
+  return PlanArchiveWithPickle(TensorPickle(dtype, sizes), bytes);
+}
+
+TensorArchive PlanArchiveWithPickle(std::string pickle, uint64_t bytes) {
+  TensorArchive a;
+  a.pickle = std::move(pickle);
   a.zip = ComputeZipLayout({
       {"archive/data.pkl", a.pickle.size()},
       {"archive/byteorder", kByteOrder.size()},

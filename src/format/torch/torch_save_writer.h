@@ -23,6 +23,7 @@
 #include <string>
 
 #include "fc/core/dtype.h"
+#include "fc/codec/pickle_writer.h"
 #include "fc/codec/zip_writer.h"
 
 namespace fc::internal_torch {
@@ -45,8 +46,13 @@ bool UsesRebuildTensorV3(DType dtype);
 
 // data.pkl for a contiguous tensor of `sizes`. Precondition: numel * itemsize fits int64.
 std::string TensorPickle(DType dtype, std::span<const int64_t> sizes);
+// The tensor value of TensorPickle (storage key "0"), emitted into a pickle being built
+// (e.g. as a dict value: a Universal Checkpoint's {'param': tensor, ...}).
+void EmitTensor(PickleWriter& w, DType dtype, std::span<const int64_t> sizes);
 
 TensorArchive PlanTensorArchive(DType dtype, std::span<const int64_t> sizes);
+// The same records around any data.pkl whose only storage is "0" of `data_bytes` bytes.
+TensorArchive PlanArchiveWithPickle(std::string pickle, uint64_t data_bytes);
 
 // Archive bytes [0, data_offset()): data.pkl's and byteorder's records and the local header
 // of data/0.

@@ -1,0 +1,501 @@
+// Universal Checkpoint files and the non-tensor part of a UCP. Contract:
+// include/fc/format/ucp_writer.h; what ds_to_universal.py writes: shared/reference/deepspeed.md
+// section 5.
+//
+// Why the archive layout is fixed at Create: a param file is one torch.save zip whose only
+// variable parts are data.pkl (a function of the dict's keys, dtype and shape) and the
+// storage record, so the executor's slabs are pwritten to their final place and Finish
+// writes only the few hundred bytes around them. CRCs are combined from the slabs'
+// (crc32_combine), as in the torch DCP writer: nothing is read back.
+//
+// Why generic values are re-pickled rather than copied: the optimizer state of a UCP is a
+// subset of rank 0's optimizer state dict (5.3), and a UCP source's cat_dim / sub_param_shape
+// keys are values inside a pickle that also holds the tensor; both are re-emitted from the
+// parsed value tree (DeepSpeed's classes as the same GLOBAL / REDUCE / BUILD opcodes), so
+// torch.load gives back the same objects. Nothing is executed.
+#include "fc/format/ucp_writer.h"
+
+#include <algorithm>
+#include <mutex>
+#include <set>
+
+#include <re2/re2.h>
+
+#include "fc/codec/pickle_writer.h"
+#include "fc/codec/zip_writer.h"
+#include "fc/core/checked_math.h"
+#include "fc/format/deepspeed.h"
+#include "fc/io/file.h"
+#include "src/format/torch/torch_save_writer.h"
+
+namespace fc {
+namespace {
+
+using internal_torch::Crc32;
+using internal_torch::Crc32Combine;
+using internal_torch::PickleWriter;
+using internal_torch::TensorArchive;
+
+constexpr std::string_view kByteOrder = "little";
+constexpr std::string_view kVersion = "3\n";
+
+std::span<const std::byte> AsBytes(std::string_view s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
+// Re-emits a parsed value (see the file comment). Memoizes where CPython's pickler does for
+// the kinds emitted (strings, tuples, lists, dicts, reduce results), so the output is an
+// ordinary protocol-2 pickle; shared sub-values are written once per reference.
+Status EmitValue(PickleWriter& w, const PickleValue& v, const std::string& where) {
+  using K = PickleValue::Kind;
+  auto items = [&](const std::vector<PickleValue::Ptr>& list) -> Status {
+    for (const PickleValue::Ptr& item : list) FC_RETURN_IF_ERROR(EmitValue(w, *item, where));
+    return Status::Ok();
+  };
+  auto entries = [&](const std::vector<std::pair<PickleValue::Ptr, PickleValue::Ptr>>& list)
+      -> Status {
+    for (const auto& [k, value] : list) {
+      FC_RETURN_IF_ERROR(EmitValue(w, *k, where));
+      FC_RETURN_IF_ERROR(EmitValue(w, *value, where));
+    }
+    return Status::Ok();
+  };
+  // BUILD state, then list items and dict entries filled in after construction.
+  auto fill = [&]() -> Status {
+    if (v.state) {
+      FC_RETURN_IF_ERROR(EmitValue(w, *v.state, where));
+      w.Build();
+    }
+    if (v.kind != K::kList && !v.items.empty()) {
+      w.Mark();
+      FC_RETURN_IF_ERROR(items(v.items));
+      w.Appends();
+    }
+    if (v.kind != K::kDict && !v.entries.empty()) {
+      w.Mark();
+      FC_RETURN_IF_ERROR(entries(v.entries));
+      w.SetItems();
+    }
+    return Status::Ok();
+  };
+  switch (v.kind) {
+    case K::kNone: w.None(); return Status::Ok();
+    case K::kBool: w.Bool(v.bool_value); return Status::Ok();
+    case K::kInt: w.Int(v.int_value); return Status::Ok();
+    case K::kFloat: w.Float(v.float_value); return Status::Ok();
+    case K::kStr: w.Str(v.str).Memoize(); return Status::Ok();
+    case K::kTuple:
+      if (v.items.empty()) {
+        w.EmptyTuple();
+        return Status::Ok();
+      }
+      if (v.items.size() > 3) w.Mark();
+      FC_RETURN_IF_ERROR(items(v.items));
+      w.TupleOf(v.items.size()).Memoize();
+      return Status::Ok();
+    case K::kList:
+      w.EmptyList().Memoize();
+      if (!v.items.empty()) {
+        w.Mark();
+        FC_RETURN_IF_ERROR(items(v.items));
+        w.Appends();
+      }
+      return Status::Ok();
+    case K::kDict:
+      w.EmptyDict().Memoize();
+      if (!v.entries.empty()) {
+        w.Mark();
+        FC_RETURN_IF_ERROR(entries(v.entries));
+        w.SetItems();
+      }
+      return Status::Ok();
+    case K::kGlobal: w.Global(v.str, v.name); return Status::Ok();
+    case K::kCall:
+      if (!v.callee || !v.args) break;
+      FC_RETURN_IF_ERROR(EmitValue(w, *v.callee, where));
+      FC_RETURN_IF_ERROR(EmitValue(w, *v.args, where));
+      w.Reduce().Memoize();
+      return fill();
+    case K::kObject:
+      if (!v.callee || v.kwargs) break;
+      FC_RETURN_IF_ERROR(EmitValue(w, *v.callee, where));
+      if (v.args) {
+        FC_RETURN_IF_ERROR(EmitValue(w, *v.args, where));
+      } else {
+        w.EmptyTuple();
+      }
+      w.NewObj().Memoize();
+      return fill();
+    case K::kBigInt:
+    case K::kBytes:
+    case K::kSet:
+    case K::kPersId: break;
+  }
+  return UnimplementedError(where + ": cannot write the value " + v.DebugString(80) + " (a " +
+                            std::string(PickleKindName(v.kind)) +
+                            "; fc re-pickles plain data and objects, not tensors, bytes, sets "
+                            "or big ints)");
+}
+
+// CPython's dict pickling: one SETITEM for a single entry, else MARK ... SETITEMS.
+Result<std::string> DictPickle(const UcpFileSpec& spec) {
+  PickleWriter w(2);
+  w.EmptyDict().Memoize();
+  const size_t n = spec.meta.before.size() + 1 + spec.meta.after.size();
+  if (n > 1) w.Mark();
+  for (const auto& [k, v] : spec.meta.before) {
+    w.Str(k).Memoize();
+    FC_RETURN_IF_ERROR(EmitValue(w, *v, spec.path + "['" + k + "']"));
+  }
+  w.Str("param").Memoize();
+  internal_torch::EmitTensor(w, spec.dtype, spec.shape);
+  for (const auto& [k, v] : spec.meta.after) {
+    w.Str(k).Memoize();
+    FC_RETURN_IF_ERROR(EmitValue(w, *v, spec.path + "['" + k + "']"));
+  }
+  if (n > 1) {
+    w.SetItems();
+  } else {
+    w.SetItem();
+  }
+  return w.Finish();
+}
+
+std::string ArchiveBytes(std::string pickle) {
+  const internal_torch::ZipLayout zip = internal_torch::ComputeZipLayout({
+      {"archive/data.pkl", pickle.size()},
+      {"archive/byteorder", kByteOrder.size()},
+      {"archive/version", kVersion.size()},
+  });
+  const std::string_view records[] = {pickle, kByteOrder, kVersion};
+  uint32_t crcs[3];
+  std::string out;
+  for (size_t i = 0; i < 3; ++i) {
+    crcs[i] = Crc32(0, AsBytes(records[i]));
+    out += internal_torch::ZipLocalHeader(zip, i);
+    out += records[i];
+    out += internal_torch::ZipDataDescriptor(zip, i, crcs[i]);
+  }
+  return out + internal_torch::ZipDirectoryTail(zip, crcs);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Plain values.
+
+bool HoldsTensor(const PickleValue& v) {
+  if (v.kind == PickleValue::Kind::kPersId) return true;
+  for (const PickleValue::Ptr& p : {v.callee, v.args, v.kwargs, v.state}) {
+    if (p && HoldsTensor(*p)) return true;
+  }
+  for (const PickleValue::Ptr& p : v.items) {
+    if (HoldsTensor(*p)) return true;
+  }
+  for (const auto& [k, value] : v.entries) {
+    if (HoldsTensor(*k) || HoldsTensor(*value)) return true;
+  }
+  return false;
+}
+
+PickleValue::Ptr PickleInt(int64_t i) {
+  auto v = std::make_shared<PickleValue>();
+  v->kind = PickleValue::Kind::kInt;
+  v->int_value = i;
+  return v;
+}
+
+PickleValue::Ptr PickleBool(bool b) {
+  auto v = std::make_shared<PickleValue>();
+  v->kind = PickleValue::Kind::kBool;
+  v->bool_value = b;
+  return v;
+}
+
+Result<std::string> PlainValueArchive(const PickleValue& value) {
+  PickleWriter w(2);
+  FC_RETURN_IF_ERROR(EmitValue(w, value, "value"));
+  return ArchiveBytes(w.Finish());
+}
+
+// ---------------------------------------------------------------------------------------
+// The writer.
+
+struct UcpWriter::FileState {
+  UcpFileSpec spec;
+  TensorArchive archive;
+  std::unique_ptr<WritableFile> file;
+  std::mutex mu;
+  struct Written {
+    uint64_t end;
+    uint32_t crc;
+  };
+  std::map<uint64_t, Written> ranges;  // begin -> written range, merged when touching
+};
+
+UcpWriter::~UcpWriter() = default;
+
+Result<std::unique_ptr<UcpWriter>> UcpWriter::Create(const std::string& dir,
+                                                     std::vector<UcpFileSpec> files) {
+  std::unique_ptr<UcpWriter> w(new UcpWriter());
+  w->dir_ = dir;
+  std::set<std::string> made;
+  for (UcpFileSpec& spec : files) {
+    auto state = std::make_unique<FileState>();
+    std::optional<uint64_t> bytes = DTypeSize(spec.dtype);
+    for (int64_t s : spec.shape) {
+      if (bytes && s >= 0) bytes = CheckedMulU(*bytes, static_cast<uint64_t>(s));
+      else bytes.reset();
+    }
+    if (!bytes) return OutOfRangeError(spec.path + ": tensor size overflows");
+    std::string pickle;
+    if (spec.meta.form == UcpFileForm::kRawTensor) {
+      pickle = internal_torch::TensorPickle(spec.dtype, spec.shape);
+    } else {
+      FC_ASSIGN_OR_RETURN(pickle, DictPickle(spec));
+    }
+    state->archive = internal_torch::PlanArchiveWithPickle(std::move(pickle), *bytes);
+    const std::string path = JoinPath(dir, spec.path);
+    const std::string parent = Dirname(path);
+    if (made.insert(parent).second) FC_RETURN_IF_ERROR(CreateDirectories(parent));
+    FC_ASSIGN_OR_RETURN(state->file, WritableFile::Create(path));
+    FC_RETURN_IF_ERROR(
+        state->file->WriteAt(0, AsBytes(internal_torch::TensorArchiveHead(state->archive))));
+    state->spec = std::move(spec);
+    w->files_.push_back(std::move(state));
+  }
+  return w;
+}
+
+Status UcpWriter::Write(size_t file, uint64_t offset, std::span<const std::byte> bytes) {
+  if (file >= files_.size()) {
+    return InvalidArgumentError(dir_ + ": UCP file index " + std::to_string(file) +
+                                " out of range");
+  }
+  FileState& fs = *files_[file];
+  const uint64_t length = fs.archive.data_bytes();
+  const std::optional<uint64_t> end = CheckedAddU(offset, bytes.size());
+  if (!end || *end > length) {
+    return InvalidArgumentError(fs.spec.path + ": tensor bytes [" + std::to_string(offset) +
+                                ", +" + std::to_string(bytes.size()) + ") pass its end " +
+                                std::to_string(length));
+  }
+  if (bytes.empty()) return Status::Ok();
+  const uint32_t crc = Crc32(0, bytes);
+  {
+    std::lock_guard<std::mutex> lock(fs.mu);
+    auto& set = fs.ranges;
+    auto next = set.upper_bound(offset);
+    if ((next != set.end() && next->first < *end) ||
+        (next != set.begin() && std::prev(next)->second.end > offset)) {
+      return InvalidArgumentError(fs.spec.path + ": tensor bytes at " + std::to_string(offset) +
+                                  " written twice");
+    }
+    uint64_t begin = offset, stop = *end;
+    uint32_t merged = crc;
+    if (next != set.begin()) {
+      auto prev = std::prev(next);
+      if (prev->second.end == begin) {
+        merged = Crc32Combine(prev->second.crc, merged, stop - begin);
+        begin = prev->first;
+        set.erase(prev);
+      }
+    }
+    if (next != set.end() && next->first == stop) {
+      merged = Crc32Combine(merged, next->second.crc, next->second.end - next->first);
+      stop = next->second.end;
+      set.erase(next);
+    }
+    set.emplace(begin, FileState::Written{stop, merged});
+  }
+  return fs.file->WriteAt(fs.archive.data_offset() + offset, bytes);
+}
+
+Status UcpWriter::Finish() {
+  for (const std::unique_ptr<FileState>& f : files_) {
+    FileState& fs = *f;
+    const uint64_t length = fs.archive.data_bytes();
+    uint32_t crc = 0;
+    if (length > 0) {
+      if (fs.ranges.size() != 1 || fs.ranges.begin()->first != 0 ||
+          fs.ranges.begin()->second.end != length) {
+        return InternalError(fs.spec.path + ": not every tensor byte was written");
+      }
+      crc = fs.ranges.begin()->second.crc;
+    }
+    FC_RETURN_IF_ERROR(
+        fs.file->WriteAt(fs.archive.data_offset() + length,
+                         AsBytes(internal_torch::TensorArchiveTail(fs.archive, crc))));
+    FC_RETURN_IF_ERROR(fs.file->Sync());
+    FC_RETURN_IF_ERROR(fs.file->Close());
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------
+// The source's non-tensor part.
+
+namespace {
+
+Result<PickleValue> ReadPickleOf(const std::string& path) {
+  return ReadDeepSpeedPickle(path).With(path);
+}
+
+std::string Trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+Result<std::string> ResolveDir(const std::string& input) {
+  for (const char* pointer : {"latest", "latest_universal"}) {
+    const std::string p = JoinPath(input, pointer);
+    if (PathExists(p) && !IsDirectory(p)) {
+      FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(p, 4096));
+      return JoinPath(input, Trim(std::string(reinterpret_cast<const char*>(bytes.data()),
+                                              bytes.size())));
+    }
+  }
+  return input;
+}
+
+// Python re.match (anchored at the start only) of any pattern in the list `key` of `info`.
+// Patterns RE2 cannot run were refused by the reader already.
+bool AnyMatch(const PickleValue* info, std::string_view key, const std::string& name) {
+  if (info == nullptr) return false;
+  const PickleValue* list = info->Find(key);
+  if (list == nullptr || (!list->is_list() && !list->is_tuple())) return false;
+  for (const PickleValue::Ptr& p : list->items) {
+    if (!p->is_str()) continue;
+    RE2 re(p->str, RE2::Quiet);
+    if (re.ok() && re.Match(name, 0, name.size(), RE2::ANCHOR_START, nullptr, 0)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex& index,
+                                const std::vector<std::string>& params) {
+  UcpSource src;
+  FC_ASSIGN_OR_RETURN(src.dir, ResolveDir(StripTrailingSlashes(input)));
+  auto attr = [&](const std::string& k) {
+    auto it = index.attributes.find(k);
+    return it == index.attributes.end() ? std::string() : it->second;
+  };
+  const std::string optimizer = attr("deepspeed.optimizer");
+  src.universal = optimizer == "universal";
+  const bool zero3 = optimizer == "zero3";
+  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(src.dir));
+  for (const std::string& n : names) {
+    if (IsDirectory(JoinPath(src.dir, n)) || !n.ends_with("model_states.pt")) continue;
+    // ds_to_universal copies mp* (stage <= 2) or every *model_states.pt (stage 3); the
+    // pipeline layer files are copied too: their module weights are in no other file.
+    if (n.find("_expert_") == std::string::npos) src.copy_files.push_back(n);
+  }
+  static constexpr const char* kStates[] = {"fp32", "exp_avg", "exp_avg_sq"};
+
+  if (src.universal) {
+    const std::string osd = JoinPath(src.dir, "zero/optimizer_state.pt");
+    if (PathExists(osd)) src.optimizer_state_copy = osd;
+    for (const std::string& p : params) {
+      for (const char* state : kStates) {
+        const std::string path = JoinPath(src.dir, "zero/" + p + "/" + state + ".pt");
+        FC_ASSIGN_OR_RETURN(PickleValue root, ReadPickleOf(path));
+        UcpFileMeta meta;
+        if (root.is_dict()) {
+          bool seen = false;
+          for (const auto& [k, v] : root.entries) {
+            if (!k->is_str()) continue;
+            if (k->str == "param") {
+              seen = true;
+            } else {
+              (seen ? meta.after : meta.before).emplace_back(k->str, v);
+            }
+          }
+        } else {
+          meta.form = UcpFileForm::kRawTensor;
+        }
+        src.meta[p + "/" + state] = std::move(meta);
+      }
+    }
+    return src;
+  }
+
+  // A DeepSpeed tag dir: universal_checkpoint_info from the first model states, the
+  // optimizer state of DP rank 0 of model-parallel rank 0.
+  std::string model_file, optim_file;
+  for (const std::string& n : names) {
+    if (model_file.empty() && n.ends_with("model_states.pt") &&
+        (n.starts_with("mp_rank_00") || n.find("zero_pp_rank_0_mp_rank_00") != std::string::npos)) {
+      model_file = n;
+    }
+    for (const char* prefix : {"", "bf16_", "fp16_"}) {
+      if (n == std::string(prefix) + "zero_pp_rank_0_mp_rank_00_optim_states.pt") optim_file = n;
+    }
+  }
+  if (model_file.empty() || optim_file.empty()) {
+    return NotFoundError(src.dir + ": no " + (model_file.empty()
+                                                  ? std::string("mp_rank_00 model states")
+                                                  : std::string("zero_pp_rank_0_mp_rank_00 optimizer states")) +
+                         " file to take the UCP's optimizer state and merge rules from");
+  }
+  FC_ASSIGN_OR_RETURN(PickleValue model, ReadPickleOf(JoinPath(src.dir, model_file)));
+  FC_ASSIGN_OR_RETURN(PickleValue optim, ReadPickleOf(JoinPath(src.dir, optim_file)));
+  const PickleValue* info = model.Find("universal_checkpoint_info");
+  if (info != nullptr && info->is_none()) info = nullptr;
+
+  // zero/optimizer_state.pt (5.3): rank 0's optimizer state dict without the flat
+  // partitions, plus param_groups. Entries holding tensors (stage 3's fp32_flat_groups and
+  // nested optimizer_state_dict) are left out: fc writes no tensor there.
+  const PickleValue* osd = optim.Find("optimizer_state_dict");
+  if (osd == nullptr || !osd->is_dict()) {
+    return DataLossError(JoinPath(src.dir, optim_file) + ": no optimizer_state_dict dict");
+  }
+  const PickleValue* base = osd->Find(zero3 ? "optimizer_state_dict" : "base_optimizer_state");
+  const PickleValue* groups = base ? base->Find("param_groups") : nullptr;
+  if (groups == nullptr) {
+    return DataLossError(JoinPath(src.dir, optim_file) + ": no param_groups in " +
+                         (zero3 ? "optimizer_state_dict" : "base_optimizer_state"));
+  }
+  PickleValue out;
+  out.kind = PickleValue::Kind::kDict;
+  for (const auto& [k, v] : osd->entries) {
+    if (k->is_str() && (k->str == "base_optimizer_state" || k->str == "param_slice_mappings" ||
+                        k->str == "single_partition_of_fp32_groups" || k->str == "param_groups")) {
+      continue;
+    }
+    if (HoldsTensor(*v)) continue;
+    out.entries.emplace_back(k, v);
+  }
+  auto key = std::make_shared<PickleValue>();
+  key->kind = PickleValue::Kind::kStr;
+  key->str = "param_groups";
+  out.entries.emplace_back(key, std::make_shared<PickleValue>(*groups));
+  FC_ASSIGN_OR_RETURN(src.optimizer_state_archive,
+                      PlainValueArchive(out).With(JoinPath(src.dir, optim_file)));
+
+  int64_t tp = 1;
+  if (const std::string t = attr("deepspeed.tp_degree"); !t.empty()) tp = std::stoll(t);
+  for (const std::string& p : params) {
+    UcpFileMeta meta;
+    if (zero3 && tp == 1) {
+      meta.form = UcpFileForm::kRawTensor;
+    } else if (!AnyMatch(info, "tp_replicated_parameter_patterns", p) &&
+               !AnyMatch(info, "parameter_to_average_patterns", p)) {
+      if (AnyMatch(info, "parameter_with_2_sub_params_cat_dim_0", p)) {
+        meta.before.emplace_back("cat_dim", PickleInt(0));
+        meta.before.emplace_back("param_n_sub_params", PickleInt(2));
+      } else {
+        const bool row = AnyMatch(info, "parameter_with_row_parallelism_patterns", p);
+        meta.before.emplace_back("cat_dim", PickleInt(row ? 1 : 0));
+      }
+    }
+    if (meta.form == UcpFileForm::kDict && AnyMatch(info, "vocabulary_parameter_patterns", p)) {
+      meta.before.emplace_back("vocab_tensor", PickleBool(true));
+    }
+    for (const char* state : kStates) src.meta[p + "/" + state] = meta;
+  }
+  return src;
+}
+
+}  // namespace fc

@@ -1,0 +1,288 @@
+"""fc-convert --output-format ucp on the DeepSpeed fixtures (testdata/deepspeed): every
+written file is loaded with torch.load (Debian's torch 1.13) and compared with the
+generator's independent reconstruction (expected/*.npy: zero_to_fp32's algorithm,
+merge_tp_slices for TP) element by element; dict keys against ds_to_universal's rules
+(deepspeed.md 5.5) evaluated here with Python's re.match on the source's
+universal_checkpoint_info; optimizer_state.pt against rank 0's optimizer state (5.3); model
+states byte for byte. Then fc reads the UCP back: fc-export and fc-diff against the source.
+
+usage: ucp_write_test.py BUILD_ROOT TESTDATA CASE   (CASE: write|readback|errors)
+"""
+import filecmp
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+BUILD, TESTDATA, CASE = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3]
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(TESTDATA, "gen", "deepspeed"))
+try:
+    import numpy as np
+    import torch
+    import fcio
+    import gen  # registers the DeepSpeed stand-in classes the pickles name
+except ImportError as e:  # torch or numpy missing: nothing can load the files
+    print("skipping:", e)
+    sys.exit(77)
+
+CONVERT = os.path.join(BUILD, "tools", "fc-convert")
+EXPORT = os.path.join(BUILD, "tools", "fc-export")
+DIFF = os.path.join(BUILD, "tools", "fc-diff")
+DS = os.path.join(TESTDATA, "deepspeed")
+# Sources a UCP is written from, and the form of their param files.
+DEEPSPEED = ["zero1", "zero2", "bf16", "frozen_tied", "zero3", "pp2", "pp2_tp2", "tp2_ucp",
+             "legacy"]  # legacy: every source file in torch.save's non-zip format
+UNIVERSAL = ["ucp", "ucp_tp2", "ucp_zero3"]
+RAW = {"zero3", "ucp_zero3"}  # stage 3, TP 1: raw 1-D tensors, no step.pt
+tmp = tempfile.mkdtemp(prefix="fc-ucp-write-test-")
+
+
+def load(path):
+    return torch.load(path, map_location="cpu")
+
+
+def tag_dir(case):
+    ckpt = os.path.join(DS, case, "ckpt")
+    for pointer in ("latest", "latest_universal"):
+        p = os.path.join(ckpt, pointer)
+        if os.path.exists(p):
+            return os.path.join(ckpt, open(p).read().strip())
+    raise AssertionError(case + ": no latest file")
+
+
+def convert(case, extra=()):
+    root = os.path.join(tmp, case)
+    out = os.path.join(root, "universal")
+    fcio.run([CONVERT, os.path.join(DS, case, "ckpt"), out, "--output-format", "ucp", "--quiet",
+              *extra])
+    return root, out
+
+
+def expected_meta(name, info):
+    """The keys ds_to_universal's merge_tp_slices puts beside 'param' (deepspeed.md 5.5)."""
+    def match(key):
+        return any(re.match(p, name) for p in (info or {}).get(key, []))
+    keys = {}
+    if not (match("tp_replicated_parameter_patterns") or match("parameter_to_average_patterns")):
+        if match("parameter_with_2_sub_params_cat_dim_0"):
+            keys.update(cat_dim=0, param_n_sub_params=2)
+        else:
+            keys["cat_dim"] = 1 if match("parameter_with_row_parallelism_patterns") else 0
+    if match("vocabulary_parameter_patterns"):
+        keys["vocab_tensor"] = True
+    return keys
+
+
+def same_bits(got, want, label):
+    want = np.asarray(want)
+    assert got.dtype == torch.float32, (label, got.dtype)
+    g = got.numpy()
+    assert g.shape == want.shape, (label, g.shape, want.shape)
+    assert np.array_equal(fcio.bits(g), fcio.bits(want.astype(np.float32))), label + " differs"
+
+
+def expected_optimizer_state(src, zero3):
+    """deepspeed.md 5.3 on rank 0's optimizer state, minus entries holding tensors."""
+    names = [n for n in os.listdir(src) if n.endswith("zero_pp_rank_0_mp_rank_00_optim_states.pt")]
+    assert len(names) == 1, names
+    osd = load(os.path.join(src, names[0]))["optimizer_state_dict"]
+    base = osd["optimizer_state_dict" if zero3 else "base_optimizer_state"]
+    holds = lambda v: isinstance(v, torch.Tensor) or (  # noqa: E731
+        isinstance(v, (list, tuple)) and any(holds(x) for x in v)) or (
+        isinstance(v, dict) and any(holds(x) for x in v.values()))
+    out = {k: v for k, v in osd.items() if k not in (
+        "base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")
+        and not holds(v)}
+    out["param_groups"] = base["param_groups"]
+    return out
+
+
+def check_ucp(case, root, out):
+    src = tag_dir(case)
+    universal = case in UNIVERSAL
+    exp = fcio.expected_values(os.path.join(DS, case))
+    params = sorted(k[len("optimizer.exp_avg."):] for k in exp if k.startswith("optimizer.exp_avg."))
+    assert open(os.path.join(root, "latest_universal")).read() == "universal"
+    assert sorted(os.listdir(os.path.join(out, "zero"))) == sorted(params + ["optimizer_state.pt"])
+    info = None
+    if not universal:
+        names = sorted(os.listdir(src))
+        model = ("mp_rank_00_model_states.pt" if "mp_rank_00_model_states.pt" in names
+                 else [n for n in names if n.endswith("model_states.pt")][0])
+        info = load(os.path.join(src, model)).get("universal_checkpoint_info")
+    raw = case in RAW
+    for p in params:
+        d = os.path.join(out, "zero", p)
+        want_files = ["exp_avg.pt", "exp_avg_sq.pt", "fp32.pt"] + ([] if raw else ["step.pt"])
+        assert sorted(os.listdir(d)) == want_files, (case, p, os.listdir(d))
+        for state, key in (("fp32", p), ("exp_avg", "optimizer.exp_avg." + p),
+                           ("exp_avg_sq", "optimizer.exp_avg_sq." + p)):
+            got = load(os.path.join(d, state + ".pt"))
+            label = f"{case}: {p}/{state}.pt"
+            if raw:
+                assert isinstance(got, torch.Tensor) and got.dim() == 1, label
+                same_bits(got, exp[key].reshape(-1), label)
+                continue
+            assert isinstance(got, dict), (label, type(got))
+            if universal:  # the source file's keys, in order, values equal
+                want_keys = list(load(os.path.join(src, "zero", p, state + ".pt")))
+                assert list(got) == want_keys, (label, list(got), want_keys)
+            else:
+                meta = expected_meta(p, info)
+                assert list(got) == list(meta) + ["param"], (label, list(got), meta)
+                for k, v in meta.items():
+                    assert got[k] == v and type(got[k]) is type(v), (label, k, got[k], v)
+            same_bits(got["param"], exp[key], label)
+        if not raw:
+            step = load(os.path.join(d, "step.pt"))
+            want = exp["optimizer.step." + p]
+            assert isinstance(step, torch.Tensor) and step.dim() == 0, (case, p, step)
+            assert np.array_equal(fcio.bits(step.numpy()), fcio.bits(want)), (case, p, step)
+    # Every written archive is a valid zip (CRC-32s combined from the slabs' are right).
+    for dirpath, _, files in os.walk(os.path.join(out, "zero")):
+        for f in files:
+            assert zipfile.ZipFile(os.path.join(dirpath, f)).testzip() is None, (case, dirpath, f)
+    osd_path = os.path.join(out, "zero", "optimizer_state.pt")
+    if universal:
+        assert filecmp.cmp(osd_path, os.path.join(src, "zero", "optimizer_state.pt"), shallow=False)
+    else:
+        want = expected_optimizer_state(src, case in RAW)
+        assert gen.same_value(load(osd_path), want), (case, load(osd_path), want)
+    copied = sorted(n for n in os.listdir(src)
+                    if n.endswith("model_states.pt") and "_expert_" not in n)
+    assert copied, case
+    top = sorted(n for n in os.listdir(out) if n != "zero")
+    assert top == copied, (case, top, copied)
+    for n in copied:
+        assert filecmp.cmp(os.path.join(out, n), os.path.join(src, n), shallow=False), (case, n)
+
+
+def case_write():
+    for case in DEEPSPEED + UNIVERSAL:
+        root, out = convert(case)
+        check_ucp(case, root, out)
+        print("ok write", case)
+    # TP 2 without universal_checkpoint_info: refused (case_errors), or with
+    # --inject-missing-state every param's TP slices concatenated along dim 0, cat_dim 0.
+    root, out = convert("tp2", ["--inject-missing-state"])
+    exp = fcio.expected_values(os.path.join(DS, "tp2"))
+    params = sorted(k[len("mp_rank_00.optimizer.exp_avg."):] for k in exp
+                    if k.startswith("mp_rank_00.optimizer.exp_avg."))
+    assert params == ["layer.bias", "layer.weight"], params
+    assert sorted(os.listdir(os.path.join(out, "zero"))) == params + ["optimizer_state.pt"]
+    for p in params:
+        for state, key in (("fp32", p), ("exp_avg", "optimizer.exp_avg." + p),
+                           ("exp_avg_sq", "optimizer.exp_avg_sq." + p)):
+            got = load(os.path.join(out, "zero", p, state + ".pt"))
+            assert list(got) == ["cat_dim", "param"] and got["cat_dim"] == 0, got
+            want = np.concatenate([exp["mp_rank_00." + key], exp["mp_rank_01." + key]])
+            same_bits(got["param"], want, "tp2: " + p + "/" + state)
+        step = load(os.path.join(out, "zero", p, "step.pt"))
+        assert np.array_equal(fcio.bits(step.numpy()), fcio.bits(exp["mp_rank_00.optimizer.step." + p]))
+    assert sorted(n for n in os.listdir(out) if n != "zero") == [
+        "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+    print("ok write tp2 --inject-missing-state")
+    # Streaming under a tiny budget (slabs of a few elements, one thread): the same bytes.
+    out = os.path.join(tmp, "zero2", "universal")
+    small = os.path.join(tmp, "zero2-small", "universal")
+    fcio.run([CONVERT, os.path.join(DS, "zero2", "ckpt"), small, "--output-format", "ucp",
+              "--quiet", "--memory-budget", "192", "--threads", "1"])
+    for dirpath, _, files in os.walk(out):
+        for f in files:
+            a = os.path.join(dirpath, f)
+            assert filecmp.cmp(a, os.path.join(small, os.path.relpath(a, out)), shallow=False), a
+    # Written from a UCP, a UCP holds the same values (tensors bit for bit, dict keys in order).
+    for case in UNIVERSAL:
+        src = tag_dir(case)
+        out = os.path.join(tmp, case, "universal")
+        for dirpath, _, files in os.walk(os.path.join(src, "zero")):
+            for f in files:
+                a = os.path.join(dirpath, f)
+                b = os.path.join(out, "zero", os.path.relpath(a, os.path.join(src, "zero")))
+                assert gen.same_value(load(a), load(b)), (case, a)
+        print("ok roundtrip", case)
+
+
+def case_readback():
+    for case in DEEPSPEED + UNIVERSAL:
+        _, out = convert(case)
+        source = os.path.join(DS, case, "ckpt")
+        # fc reads the UCP: what it exports equals the export of the source, for the UCP's
+        # params (fp32 master weights and Adam states) and everything else (module weights,
+        # frozen params, buffers: from the copied model states). Stage 3's UCP form has no step.
+        a, b = os.path.join(tmp, case + "-exp-src"), os.path.join(tmp, case + "-exp-ucp")
+        fcio.run([EXPORT, source, a, "--quiet", "--include-optimizer"])
+        fcio.run([EXPORT, out, b, "--quiet", "--include-optimizer"])
+        ga, _ = fcio.read_hf_dir(a)
+        gb, _ = fcio.read_hf_dir(b)
+        params = [k[len("optimizer.exp_avg."):] for k in ga if k.startswith("optimizer.exp_avg.")]
+        keys = [k for p in params for k in (p, "optimizer.exp_avg." + p, "optimizer.exp_avg_sq." + p)]
+        if case not in RAW:
+            keys += ["optimizer.step." + p for p in params]
+        for k in keys:
+            assert k in gb, (case, k)
+            assert np.array_equal(fcio.bits(ga[k][1]), fcio.bits(gb[k][1])), (case, k)
+        if case not in RAW:
+            assert sorted(ga) == sorted(gb), (case, sorted(set(ga) ^ set(gb)))
+            assert filecmp.cmp(os.path.join(a, "model.safetensors"),
+                               os.path.join(b, "model.safetensors"), shallow=False), case
+        # fc-diff: identical (the stage-3 form drops the step).
+        args = [DIFF, source, out]
+        if case in RAW and case not in UNIVERSAL:
+            args += ["--exclude", "optimizer.step.*"]
+        assert "bit-identical" in fcio.run(args).stdout, case
+        print("ok readback", case)
+
+
+def case_errors():
+    def refused(case_or_path, code, words, extra=(), out=None):
+        src = case_or_path if os.path.isabs(case_or_path) else os.path.join(DS, case_or_path, "ckpt")
+        out = out or os.path.join(tmp, "refused", "universal")
+        p = fcio.run([CONVERT, src, out, "--output-format", "ucp", *extra], expect=code)
+        assert p.stderr.startswith("fc-convert: error: "), p.stderr
+        for w in words:
+            assert w in p.stderr, (case_or_path, w, p.stderr)
+        return p
+    refused("tp2", 6, ["without universal_checkpoint_info", "--inject-missing-state"])
+    p = fcio.run([CONVERT, os.path.join(DS, "tp2", "ckpt"), os.path.join(tmp, "x"),
+                  "--preset", "megatron-gpt", "--inject-missing-state"], expect=2)
+    assert "applies to --output-format ucp only" in p.stderr, p.stderr
+    refused("tp2_avg", 6, ["layer.bias", "parameter_to_average_patterns"])
+    refused("moe", 6, ["MoE"])
+    # No fp32 master weights: the model states alone (stage 0 / weights-only copy).
+    weights_only = os.path.join(tmp, "weights-only")
+    os.makedirs(weights_only)
+    shutil.copy(os.path.join(tag_dir("zero1"), "mp_rank_00_model_states.pt"), weights_only)
+    refused(weights_only, 3, ["no fp32 master weights"])
+    # Other formats: their optimizer-state names are not mapped to the UCP's roles.
+    refused(os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt"), 3, ["exp_avg_sq", "not mapped"])
+    # Usage: a target with ucp, none without.
+    refused("zero1", 2, ["takes no target"], extra=["--preset", "megatron-gpt"])
+    p = fcio.run([CONVERT, os.path.join(DS, "zero1", "ckpt"), os.path.join(tmp, "x")], expect=2)
+    assert "give exactly one target" in p.stderr, p.stderr
+    # Nothing complete-looking after a refusal: no OUT, no latest_universal.
+    assert not os.path.exists(os.path.join(tmp, "refused"))
+    # An OUT that is not empty: exit 8, and latest_universal is not written.
+    busy = os.path.join(tmp, "busy", "universal")
+    os.makedirs(busy)
+    open(os.path.join(busy, "keep"), "w").close()
+    refused("zero1", 8, ["not empty"], out=busy)
+    assert sorted(os.listdir(os.path.join(tmp, "busy"))) == ["universal"]
+    # latest_universal is replaced atomically by the next run beside it.
+    root = os.path.join(tmp, "twice")
+    for name in ("a", "b"):
+        fcio.run([CONVERT, os.path.join(DS, "zero1", "ckpt"), os.path.join(root, name),
+                  "--output-format", "ucp", "--quiet"])
+        assert open(os.path.join(root, "latest_universal")).read() == name
+    assert sorted(os.listdir(root)) == ["a", "b", "latest_universal"], os.listdir(root)
+    print("ok errors")
+
+
+try:
+    {"write": case_write, "readback": case_readback, "errors": case_errors}[CASE]()
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
