@@ -29,7 +29,7 @@ command -v taskset >/dev/null && one_core=(taskset -c 0)
 measure() {  # label, command...: runs it $repeat times; prints each and the medians
   local label=$1; shift
   local log; log=$(mktemp)
-  local walls=() rsss=() rc=0
+  local walls=() cpus=() rsss=() rc=0
   for ((i = 0; i < repeat; ++i)); do
     rc=0
     /usr/bin/time -v "${one_core[@]}" "$@" >/dev/null 2>"$log" || rc=$?
@@ -41,17 +41,18 @@ measure() {  # label, command...: runs it $repeat times; prints each and the med
     fi
     walls+=("$(awk -F': ' '/Elapsed \(wall clock\)/ {n = split($2, p, ":"); s = 0;
       for (i = 1; i <= n; ++i) s = s * 60 + p[i]; printf "%.2f", s}' "$log")")
+    cpus+=("$(awk -F': ' '/User time/ {u = $2} /System time/ {s = $2} END {printf "%.2f", u + s}' "$log")")
     rsss+=("$(awk -F': ' '/Maximum resident set size/ {printf "%.0f", $2 / 1024}' "$log")")
   done
   rm -f "$log"
-  local wall_med rss_med
-  wall_med=$(printf '%s\n' "${walls[@]}" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
-  rss_med=$(printf '%s\n' "${rsss[@]}" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
-  printf '%-36s %8s s %7s MiB   (runs: %s s; %s MiB)\n' "$label" "$wall_med" "$rss_med" \
-    "${walls[*]}" "${rsss[*]}"
+  median() { printf '%s\n' "$@" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+  printf '%-34s %7s s %7s s %6s MiB  (wall: %s; cpu: %s; MiB: %s)\n' "$label" \
+    "$(median "${walls[@]}")" "$(median "${cpus[@]}")" "$(median "${rsss[@]}")" \
+    "${walls[*]}" "${cpus[*]}" "${rsss[*]}"
 }
 
-printf '%-36s %10s %11s\n' "run" "wall" "peak RSS"
+# wall: elapsed; cpu: user + system seconds (what a loaded machine distorts least); medians.
+printf '%-34s %9s %9s %10s\n' "run" "wall" "cpu" "peak RSS"
 for r in "${ranks[@]}"; do
   ckpt="$dir/r$r"
   if [[ ! -f "$ckpt/.metadata" ]]; then

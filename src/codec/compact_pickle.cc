@@ -47,6 +47,8 @@ bool IsContainer(Kind k) {
 
 constexpr uint8_t kFlagEntries = 1;  // the segments hold key/value pairs
 constexpr uint8_t kFlagItems = 2;    // the segments hold items (call/object filled by APPEND)
+constexpr uint8_t kFlagShared = 4;   // shared by content (an interned tuple or call): immutable
+constexpr size_t kInternedTupleMax = 8;
 
 class CompactPickleMachine {
  public:
@@ -95,8 +97,7 @@ class CompactPickleMachine {
     const size_t n = stack_.size() - from;
     Node& c = NodeOf(container);
     const size_t start = out_.links_.size();
-    out_.links_.insert(out_.links_.end(), stack_.begin() + static_cast<ptrdiff_t>(from),
-                       stack_.end());
+    for (size_t i = from; i < stack_.size(); ++i) out_.links_.push_back(stack_[i]);
     stack_.resize(from);
     if (n == 0) return;
     c.count += static_cast<uint32_t>(n);
@@ -116,20 +117,105 @@ class CompactPickleMachine {
     }
     c.last = s;
   }
+  // Immutable values (see the header): scalars, views, globals and interned nodes.
+  bool Shareable(uint64_t ref) {
+    if (Tag(ref) != kTagNode) return true;
+    const Node& n = NodeOf(ref);
+    return n.kind == Kind::kGlobal || n.kind == Kind::kInt || (n.flags & kFlagShared) != 0;
+  }
+  static uint64_t Mix(uint64_t h, uint64_t v) {
+    h = (h ^ v) * 0x9e3779b97f4a7c15u;
+    return h ^ (h >> 29);
+  }
+  uint64_t HashOf(const Node& n) const {  // an interned node, by content
+    if (n.kind == Kind::kCall) return Mix(Mix(1, n.a), n.b);
+    uint64_t h = Mix(2, n.count);
+    for (uint32_t i = 0; i < n.count; ++i) h = Mix(h, out_.links_[n.first + i]);
+    return h;
+  }
+  // The interned node equal to the candidate (a tuple of stack_[from, end), or a call of
+  // callee on args), or kAbsent; *slot is where to insert it.
+  uint64_t FindInterned(uint64_t h, Kind kind, size_t from, uint64_t callee, uint64_t args,
+                        size_t* slot) {
+    const size_t mask = intern_.size() - 1;
+    for (size_t i = static_cast<size_t>(h) & mask;; i = (i + 1) & mask) {
+      if (intern_[i] == 0) {
+        *slot = i;
+        return kAbsent;
+      }
+      const uint64_t ref = NodeRef(intern_[i] - 1);
+      const Node& n = NodeOf(ref);
+      if (n.kind != kind) continue;
+      if (kind == Kind::kCall) {
+        if (n.a == callee && n.b == args) return ref;
+        continue;
+      }
+      const size_t count = stack_.size() - from;
+      if (n.count != count) continue;
+      bool same = true;
+      for (size_t k = 0; k < count && same; ++k) same = out_.links_[n.first + k] == stack_[from + k];
+      if (same) return ref;
+    }
+  }
+  void Intern(uint64_t ref, size_t slot) {
+    NodeOf(ref).flags |= kFlagShared;
+    intern_[slot] = static_cast<uint32_t>((ref >> 3) + 1);
+    if (++intern_count_ * 2 > intern_.size()) {  // grow: rehash by content
+      std::vector<uint32_t> old(intern_.size() * 2, 0);
+      old.swap(intern_);
+      const size_t mask = intern_.size() - 1;
+      for (uint32_t e : old) {
+        if (e == 0) continue;
+        size_t i = static_cast<size_t>(HashOf(NodeOf(NodeRef(e - 1)))) & mask;
+        while (intern_[i] != 0) i = (i + 1) & mask;
+        intern_[i] = e;
+      }
+    }
+  }
   uint64_t MakeTuple(size_t from) {
     const size_t n = stack_.size() - from;
     if (n == 0) return EmptyTuple();
+    bool internable = n <= kInternedTupleMax;
+    for (size_t i = from; i < stack_.size() && internable; ++i) internable = Shareable(stack_[i]);
+    size_t slot = 0;
+    uint64_t h = 0;
+    if (internable) {
+      h = Mix(2, n);
+      for (size_t i = from; i < stack_.size(); ++i) h = Mix(h, stack_[i]);
+      const uint64_t found = FindInterned(h, Kind::kTuple, from, 0, 0, &slot);
+      if (found != kAbsent) {
+        stack_.resize(from);
+        return found;
+      }
+    }
     uint64_t t = NewNode(Kind::kTuple);
     Node& node = NodeOf(t);
     node.first = static_cast<uint32_t>(out_.links_.size());
     node.count = static_cast<uint32_t>(n);
-    out_.links_.insert(out_.links_.end(), stack_.begin() + static_cast<ptrdiff_t>(from),
-                       stack_.end());
+    for (size_t i = from; i < stack_.size(); ++i) out_.links_.push_back(stack_[i]);
     stack_.resize(from);
+    if (internable) Intern(t, slot);
     return t;
   }
+  uint64_t MakeCall(uint64_t callee, uint64_t args) {
+    size_t slot = 0;
+    const bool internable = Shareable(callee) && Shareable(args);
+    if (internable) {
+      const uint64_t found =
+          FindInterned(Mix(Mix(1, callee), args), Kind::kCall, 0, callee, args, &slot);
+      if (found != kAbsent) return found;
+    }
+    const uint64_t c = NewNode(Kind::kCall);
+    NodeOf(c).a = callee;
+    NodeOf(c).b = args;
+    if (internable) Intern(c, slot);
+    return c;
+  }
   uint64_t EmptyTuple() {
-    if (empty_tuple_ == kAbsent) empty_tuple_ = NewNode(Kind::kTuple);
+    if (empty_tuple_ == kAbsent) {
+      empty_tuple_ = NewNode(Kind::kTuple);
+      NodeOf(empty_tuple_).flags |= kFlagShared;
+    }
     return empty_tuple_;
   }
   Status String(uint64_t n, bool bytes) {
@@ -143,7 +229,7 @@ class CompactPickleMachine {
     if (stack_.size() <= floor()) return NotHere("stack underflow");
     if (key >= memo_.size()) {
       if (key >= 2 * memo_.size() + 4096) return NotHere("sparse memo key");
-      memo_.resize(static_cast<size_t>(key) + 1, kAbsent);
+      while (memo_.size() <= key) memo_.push_back(kAbsent);
     }
     if (memo_[static_cast<size_t>(key)] == kAbsent) ++memo_count_;
     memo_[static_cast<size_t>(key)] = stack_.back();
@@ -168,6 +254,7 @@ class CompactPickleMachine {
     const uint64_t target = stack_[m - 1];
     if (Tag(target) != kTagNode) return NotHere("fill of a scalar");
     Node& t = NodeOf(target);
+    if (t.flags & kFlagShared) return NotHere("fill of a value shared by content");
     if (entries) {
       if ((stack_.size() - m) % 2 != 0) return NotHere("odd key/value count");
       if (t.kind != Kind::kDict && t.kind != Kind::kCall && t.kind != Kind::kObject) {
@@ -192,9 +279,8 @@ class CompactPickleMachine {
   Status Step(uint8_t op);
   Status CheckGraph(uint64_t ref, size_t depth);
   uint64_t BytesUsed() const {
-    return out_.nodes_.capacity() * sizeof(Node) + out_.links_.capacity() * 8 +
-           out_.segments_.capacity() * sizeof(Segment) + memo_.capacity() * 8 +
-           stack_.capacity() * 8;
+    return out_.memory_bytes() + memo_.memory_bytes() + stack_.capacity() * 8 +
+           marks_.capacity() * sizeof(size_t) + intern_.capacity() * sizeof(uint32_t);
   }
 
   std::span<const std::byte> data_;
@@ -205,8 +291,10 @@ class CompactPickleMachine {
   CompactPickle out_;
   std::vector<uint64_t> stack_;
   std::vector<size_t> marks_;
-  std::vector<uint64_t> memo_;
+  CompactPickle::BlockArray<uint64_t> memo_;
   size_t memo_count_ = 0;
+  std::vector<uint32_t> intern_ = std::vector<uint32_t>(1024, 0);  // node index + 1; 0: empty
+  size_t intern_count_ = 0;
   uint64_t empty_tuple_ = kAbsent;
   std::vector<uint8_t> graph_mark_;
 };
@@ -385,7 +473,11 @@ Status CompactPickleMachine::Step(uint8_t op) {
       uint64_t args = 0, callee = 0;
       if (!Pop(&args) || !Pop(&callee)) return NotHere("stack underflow");
       if (Tag(args) != kTagNode || KindOf(args) != Kind::kTuple) return NotHere("args");
-      const uint64_t c = NewNode(op == kReduce ? Kind::kCall : Kind::kObject);
+      if (op == kReduce) {
+        stack_.push_back(MakeCall(callee, args));
+        return Status::Ok();
+      }
+      const uint64_t c = NewNode(Kind::kObject);
       NodeOf(c).a = callee;
       NodeOf(c).b = args;
       stack_.push_back(c);
@@ -399,6 +491,7 @@ Status CompactPickleMachine::Step(uint8_t op) {
       if (Tag(target) != kTagNode) return NotHere("BUILD of a scalar");
       Node& t = NodeOf(target);
       if (t.kind != Kind::kObject && t.kind != Kind::kCall) return NotHere("BUILD target");
+      if (t.flags & kFlagShared) return NotHere("BUILD of a value shared by content");
       if (t.c != kAbsent) return NotHere("second BUILD");
       t.c = state;
       return Status::Ok();
@@ -432,7 +525,7 @@ Status CompactPickleMachine::CheckGraph(uint64_t ref, size_t depth) {
   graph_mark_[i] = 1;
   Status st = Status::Ok();
   out_.ForEachLink(CompactPickle::Ref{ref}, [&](CompactPickle::Ref link) {
-    if (st.ok()) st = CheckGraph(link.bits, depth + 1);
+    if (Tag(link.bits) == kTagNode && st.ok()) st = CheckGraph(link.bits, depth + 1);
   });
   FC_RETURN_IF_ERROR(st);
   const Node& n = out_.nodes_[i];
@@ -449,9 +542,6 @@ Result<CompactPickle> CompactPickleMachine::Run() {
   if (data_.size() >= (uint64_t{1} << 32)) return NotHere("input of 4 GiB or more");
   out_.data_ = data_;
   out_.segments_.push_back(Segment{});  // index 0 means "none"
-  // Honest pickles need about one node per 20 input bytes and a link per 6.
-  out_.nodes_.reserve(data_.size() / 24 + 16);
-  out_.links_.reserve(data_.size() / 6 + 16);
   size_t next_check = 0;
   while (!stopped_) {
     if (pos_ >= data_.size()) return NotHere("no STOP");
@@ -471,6 +561,7 @@ Result<CompactPickle> CompactPickleMachine::Run() {
   out_.root_ = CompactPickle::Ref{result};
   stack_ = {};
   memo_ = {};
+  intern_ = {};
   return std::move(out_);
 }
 
@@ -586,8 +677,7 @@ PickleValue::Ptr CompactPickle::ToPickleValue(Ref root) const {
 }
 
 uint64_t CompactPickle::memory_bytes() const {
-  return nodes_.capacity() * sizeof(Node) + links_.capacity() * 8 +
-         segments_.capacity() * sizeof(Segment);
+  return nodes_.memory_bytes() + links_.memory_bytes() + segments_.memory_bytes();
 }
 
 }  // namespace fc
