@@ -13,6 +13,7 @@
 // structural rules (stack discipline, memo keys, cycles, depth).
 #include "src/codec/compact_pickle.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <string>
@@ -127,62 +128,116 @@ class CompactPickleMachine {
     h = (h ^ v) * 0x9e3779b97f4a7c15u;
     return h ^ (h >> 29);
   }
-  uint64_t HashOf(const Node& n) const {  // an interned node, by content
-    if (n.kind == Kind::kCall) return Mix(Mix(1, n.a), n.b);
-    uint64_t h = Mix(2, n.count);
-    for (uint32_t i = 0; i < n.count; ++i) h = Mix(h, out_.links_[n.first + i]);
-    return h;
-  }
-  // The interned node equal to the candidate (a tuple of stack_[from, end), or a call of
-  // callee on args), or kAbsent; *slot is where to insert it.
-  uint64_t FindInterned(uint64_t h, Kind kind, size_t from, uint64_t callee, uint64_t args,
+  // The intern table: open addressing, keyed by content. An entry keeps the hash and the
+  // first two links (a call's callee and args), so a lookup seldom touches the node arrays.
+  struct InternEntry {
+    uint64_t hash = 0;
+    uint64_t k0 = 0, k1 = 0;
+    uint32_t node = 0;   // node index + 1; 0: empty
+    uint32_t count = 0;  // tuple: items; call: kCallKey
+  };
+  static constexpr uint32_t kCallKey = UINT32_MAX;
+  // Finds the interned node equal to the key (count links at stack_[from...] for a tuple,
+  // or a call of k0 on k1), or returns kAbsent with *slot where to insert it.
+  uint64_t FindInterned(uint64_t h, uint32_t count, uint64_t k0, uint64_t k1, size_t from,
                         size_t* slot) {
+    // A small direct-mapped cache of recent finds first: the table outgrows the CPU caches
+    // on big files, and writers repeat the same sizes and offsets in runs.
+    InternEntry& recent = recent_[static_cast<size_t>(h >> 52) & (kRecent - 1)];
+    if (count <= 2 || count == kCallKey) {
+      if (recent.node != 0 && recent.hash == h && recent.count == count && recent.k0 == k0 &&
+          recent.k1 == k1) {
+        return NodeRef(recent.node - 1);
+      }
+    }
+    const uint64_t found = FindInTable(h, count, k0, k1, from, slot);
+    if (found != kAbsent) recent = intern_[*slot];
+    return found;
+  }
+  uint64_t FindInTable(uint64_t h, uint32_t count, uint64_t k0, uint64_t k1, size_t from,
+                       size_t* slot) {
     const size_t mask = intern_.size() - 1;
     for (size_t i = static_cast<size_t>(h) & mask;; i = (i + 1) & mask) {
-      if (intern_[i] == 0) {
+      const InternEntry& e = intern_[i];
+      if (e.node == 0) {
         *slot = i;
         return kAbsent;
       }
-      const uint64_t ref = NodeRef(intern_[i] - 1);
-      const Node& n = NodeOf(ref);
-      if (n.kind != kind) continue;
-      if (kind == Kind::kCall) {
-        if (n.a == callee && n.b == args) return ref;
-        continue;
-      }
-      const size_t count = stack_.size() - from;
-      if (n.count != count) continue;
+      if (e.hash != h || e.count != count || e.k0 != k0 || e.k1 != k1) continue;
+      const uint64_t ref = NodeRef(e.node - 1);
       bool same = true;
-      for (size_t k = 0; k < count && same; ++k) same = out_.links_[n.first + k] == stack_[from + k];
-      if (same) return ref;
+      if (count != kCallKey) {
+        const Node& n = NodeOf(ref);
+        for (size_t k = 2; k < count && same; ++k) same = out_.links_[n.first + k] == stack_[from + k];
+      }
+      if (same) {
+        *slot = i;
+        return ref;
+      }
     }
   }
-  void Intern(uint64_t ref, size_t slot) {
-    NodeOf(ref).flags |= kFlagShared;
-    intern_[slot] = static_cast<uint32_t>((ref >> 3) + 1);
-    if (++intern_count_ * 2 > intern_.size()) {  // grow: rehash by content
-      std::vector<uint32_t> old(intern_.size() * 2, 0);
+  // Height of an immutable value: container levels, itself included (0 for scalars).
+  uint16_t HeightOf(uint64_t ref) {
+    if (Tag(ref) != kTagNode) return 0;
+    const Node& n = NodeOf(ref);
+    return (n.flags & kFlagShared) ? n.height : 0;
+  }
+  void Intern(uint64_t ref, size_t slot, uint64_t h, uint32_t count, uint64_t k0, uint64_t k1,
+              uint16_t height) {
+    Node& n = NodeOf(ref);
+    n.flags |= kFlagShared;
+    n.height = height;
+    intern_[slot] = InternEntry{h, k0, k1, static_cast<uint32_t>((ref >> 3) + 1), count};
+    recent_[static_cast<size_t>(h >> 52) & (kRecent - 1)] = intern_[slot];
+    if (++intern_count_ * 2 > intern_.size()) {  // grow: rehash
+      std::vector<InternEntry> old(intern_.size() * 2);
       old.swap(intern_);
       const size_t mask = intern_.size() - 1;
-      for (uint32_t e : old) {
-        if (e == 0) continue;
-        size_t i = static_cast<size_t>(HashOf(NodeOf(NodeRef(e - 1)))) & mask;
-        while (intern_[i] != 0) i = (i + 1) & mask;
+      for (const InternEntry& e : old) {
+        if (e.node == 0) continue;
+        size_t i = static_cast<size_t>(e.hash) & mask;
+        while (intern_[i].node != 0) i = (i + 1) & mask;
         intern_[i] = e;
       }
     }
   }
+  // An interned tuple remembers (in its otherwise unused a, b, c) the interned 1-tuple that
+  // wraps it and the last interned call made on it: torch.Size((8, 6)) is TUPLE2 TUPLE1
+  // REDUCE, and this makes the last two lookups two reads of a node just used.
+  bool SharedTuple(uint64_t ref) {
+    if (Tag(ref) != kTagNode) return false;
+    const Node& n = NodeOf(ref);
+    return n.kind == Kind::kTuple && (n.flags & kFlagShared) != 0;
+  }
   uint64_t MakeTuple(size_t from) {
     const size_t n = stack_.size() - from;
     if (n == 0) return EmptyTuple();
+    const uint64_t inner = stack_[from];
+    if (n == 1 && SharedTuple(inner) && NodeOf(inner).a != kAbsent) {
+      stack_.resize(from);
+      return NodeOf(inner).a;
+    }
+    const uint64_t t = MakeTupleSlow(from);
+    if (n == 1 && SharedTuple(inner) && SharedTuple(t)) NodeOf(inner).a = t;
+    return t;
+  }
+  uint64_t MakeTupleSlow(size_t from) {
+    const size_t n = stack_.size() - from;
     bool internable = n <= kInternedTupleMax;
-    for (size_t i = from; i < stack_.size() && internable; ++i) internable = Shareable(stack_[i]);
+    uint16_t height = 0;
+    for (size_t i = from; i < stack_.size() && internable; ++i) {
+      internable = Shareable(stack_[i]);
+      height = std::max(height, HeightOf(stack_[i]));
+    }
+    // Deeper immutable values than the depth limit are left to the graph check.
+    internable = internable && height < limits_.max_depth + 1 && height < UINT16_MAX - 1;
     size_t slot = 0;
     uint64_t h = 0;
+    const uint64_t k0 = stack_[from], k1 = n > 1 ? stack_[from + 1] : 0;
     if (internable) {
       h = Mix(2, n);
       for (size_t i = from; i < stack_.size(); ++i) h = Mix(h, stack_[i]);
-      const uint64_t found = FindInterned(h, Kind::kTuple, from, 0, 0, &slot);
+      const uint64_t found = FindInterned(h, static_cast<uint32_t>(n), k0, k1, from, &slot);
       if (found != kAbsent) {
         stack_.resize(from);
         return found;
@@ -194,27 +249,40 @@ class CompactPickleMachine {
     node.count = static_cast<uint32_t>(n);
     for (size_t i = from; i < stack_.size(); ++i) out_.links_.push_back(stack_[i]);
     stack_.resize(from);
-    if (internable) Intern(t, slot);
+    if (internable) Intern(t, slot, h, static_cast<uint32_t>(n), k0, k1, height + 1);
     return t;
   }
   uint64_t MakeCall(uint64_t callee, uint64_t args) {
+    const bool cached = SharedTuple(args);
+    if (cached && NodeOf(args).c == callee && NodeOf(args).b != kAbsent) return NodeOf(args).b;
+    const uint64_t c = MakeCallSlow(callee, args);
+    if (cached && (NodeOf(c).flags & kFlagShared) != 0) {
+      NodeOf(args).b = c;
+      NodeOf(args).c = callee;
+    }
+    return c;
+  }
+  uint64_t MakeCallSlow(uint64_t callee, uint64_t args) {
     size_t slot = 0;
-    const bool internable = Shareable(callee) && Shareable(args);
+    const uint16_t height = std::max(HeightOf(callee), HeightOf(args));
+    const bool internable = Shareable(callee) && Shareable(args) &&
+                            height < limits_.max_depth + 1 && height < UINT16_MAX - 1;
+    const uint64_t h = Mix(Mix(1, callee), args);
     if (internable) {
-      const uint64_t found =
-          FindInterned(Mix(Mix(1, callee), args), Kind::kCall, 0, callee, args, &slot);
+      const uint64_t found = FindInterned(h, kCallKey, callee, args, 0, &slot);
       if (found != kAbsent) return found;
     }
     const uint64_t c = NewNode(Kind::kCall);
     NodeOf(c).a = callee;
     NodeOf(c).b = args;
-    if (internable) Intern(c, slot);
+    if (internable) Intern(c, slot, h, kCallKey, callee, args, height + 1);
     return c;
   }
   uint64_t EmptyTuple() {
     if (empty_tuple_ == kAbsent) {
       empty_tuple_ = NewNode(Kind::kTuple);
       NodeOf(empty_tuple_).flags |= kFlagShared;
+      NodeOf(empty_tuple_).height = 1;  // height
     }
     return empty_tuple_;
   }
@@ -280,7 +348,7 @@ class CompactPickleMachine {
   Status CheckGraph(uint64_t ref, size_t depth);
   uint64_t BytesUsed() const {
     return out_.memory_bytes() + memo_.memory_bytes() + stack_.capacity() * 8 +
-           marks_.capacity() * sizeof(size_t) + intern_.capacity() * sizeof(uint32_t);
+           marks_.capacity() * sizeof(size_t) + intern_.capacity() * sizeof(InternEntry);
   }
 
   std::span<const std::byte> data_;
@@ -293,7 +361,9 @@ class CompactPickleMachine {
   std::vector<size_t> marks_;
   CompactPickle::BlockArray<uint64_t> memo_;
   size_t memo_count_ = 0;
-  std::vector<uint32_t> intern_ = std::vector<uint32_t>(1024, 0);  // node index + 1; 0: empty
+  std::vector<InternEntry> intern_ = std::vector<InternEntry>(1024);
+  static constexpr size_t kRecent = 512;
+  std::vector<InternEntry> recent_ = std::vector<InternEntry>(kRecent);
   size_t intern_count_ = 0;
   uint64_t empty_tuple_ = kAbsent;
   std::vector<uint8_t> graph_mark_;
@@ -520,6 +590,11 @@ Status CompactPickleMachine::CheckGraph(uint64_t ref, size_t depth) {
   const size_t i = static_cast<size_t>(ref >> 3);
   if (!IsContainer(out_.nodes_[i].kind)) return Status::Ok();
   if (depth > limits_.max_depth) return NotHere("nested too deep");
+  if (out_.nodes_[i].flags & kFlagShared) {
+    // Immutable and built from older values: no cycle through it; its height is known.
+    if (depth + out_.nodes_[i].height - 1 > limits_.max_depth) return NotHere("nested too deep");
+    return Status::Ok();
+  }
   if (graph_mark_[i] == 2) return Status::Ok();
   if (graph_mark_[i] == 1) return NotHere("reference cycle");
   graph_mark_[i] = 1;

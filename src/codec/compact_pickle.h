@@ -106,7 +106,7 @@ class CompactPickle {
   struct Node {  // 40 bytes
     Kind kind;
     uint8_t flags;        // entries or items; shared by content
-    uint16_t unused = 0;
+    uint16_t height = 0;  // values shared by content: container levels, itself included
     uint32_t count = 0;   // links (tuple: all; others: sum over segments)
     uint32_t first = 0;   // tuple: index of the first link; others: the first segment (0: none)
     uint32_t last = 0;    // the last segment (others)
