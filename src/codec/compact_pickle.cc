@@ -75,8 +75,33 @@ class CompactPickleMachine {
     return true;
   }
   uint64_t NewNode(Kind kind) {
-    out_.nodes_.push_back(Node{kind, 0, 0, 0, 0, 0, kAbsent, kAbsent, kAbsent});
+    const uint16_t height = IsContainer(kind) ? 1 : 0;
+    out_.nodes_.push_back(Node{kind, 0, height, 0, 0, 0, kAbsent, kAbsent, kAbsent});
     return NodeRef(out_.nodes_.size() - 1);
+  }
+  // Heights (container levels, the node included; 0 for scalars) are kept up to date as
+  // values are linked: without a reused mutable container (below) the value is a tree of
+  // final subtrees, so the root's height bounds every depth.
+  uint16_t HeightOf(uint64_t ref) {
+    if (Tag(ref) != kTagNode) return 0;
+    return NodeOf(ref).height;
+  }
+  void RaiseHeight(uint64_t parent, uint64_t child) {
+    Node& p = NodeOf(parent);
+    const uint16_t h = HeightOf(child);
+    const uint16_t above = h >= UINT16_MAX - 1 ? UINT16_MAX : static_cast<uint16_t>(h + 1);
+    p.height = std::max(p.height, above);
+  }
+  // A GET or DUP of a container that can still change (list, dict, object, unshared call)
+  // can make the value a graph with cycles: then Run walks it all (CheckGraph).
+  void NoteReuse(uint64_t ref) {
+    if (Tag(ref) != kTagNode) return;
+    const Node& n = NodeOf(ref);
+    if ((n.kind == Kind::kList || n.kind == Kind::kDict || n.kind == Kind::kObject ||
+         n.kind == Kind::kCall) &&
+        (n.flags & kFlagShared) == 0) {
+      reused_mutable_ = true;
+    }
   }
   Node& NodeOf(uint64_t ref) { return out_.nodes_[static_cast<size_t>(ref >> 3)]; }
   Kind KindOf(uint64_t ref) const { return out_.kind(CompactPickle::Ref{ref}); }
@@ -98,7 +123,10 @@ class CompactPickleMachine {
     const size_t n = stack_.size() - from;
     Node& c = NodeOf(container);
     const size_t start = out_.links_.size();
-    for (size_t i = from; i < stack_.size(); ++i) out_.links_.push_back(stack_[i]);
+    for (size_t i = from; i < stack_.size(); ++i) {
+      out_.links_.push_back(stack_[i]);
+      RaiseHeight(container, stack_[i]);
+    }
     stack_.resize(from);
     if (n == 0) return;
     c.count += static_cast<uint32_t>(n);
@@ -176,12 +204,6 @@ class CompactPickleMachine {
       }
     }
   }
-  // Height of an immutable value: container levels, itself included (0 for scalars).
-  uint16_t HeightOf(uint64_t ref) {
-    if (Tag(ref) != kTagNode) return 0;
-    const Node& n = NodeOf(ref);
-    return (n.flags & kFlagShared) ? n.height : 0;
-  }
   void Intern(uint64_t ref, size_t slot, uint64_t h, uint32_t count, uint64_t k0, uint64_t k1,
               uint16_t height) {
     Node& n = NodeOf(ref);
@@ -225,8 +247,8 @@ class CompactPickleMachine {
     const size_t n = stack_.size() - from;
     bool internable = n <= kInternedTupleMax;
     uint16_t height = 0;
-    for (size_t i = from; i < stack_.size() && internable; ++i) {
-      internable = Shareable(stack_[i]);
+    for (size_t i = from; i < stack_.size(); ++i) {
+      internable = internable && Shareable(stack_[i]);
       height = std::max(height, HeightOf(stack_[i]));
     }
     // Deeper immutable values than the depth limit are left to the graph check.
@@ -249,6 +271,7 @@ class CompactPickleMachine {
     node.count = static_cast<uint32_t>(n);
     for (size_t i = from; i < stack_.size(); ++i) out_.links_.push_back(stack_[i]);
     stack_.resize(from);
+    node.height = height >= UINT16_MAX - 1 ? UINT16_MAX : static_cast<uint16_t>(height + 1);
     if (internable) Intern(t, slot, h, static_cast<uint32_t>(n), k0, k1, height + 1);
     return t;
   }
@@ -275,6 +298,7 @@ class CompactPickleMachine {
     const uint64_t c = NewNode(Kind::kCall);
     NodeOf(c).a = callee;
     NodeOf(c).b = args;
+    NodeOf(c).height = height >= UINT16_MAX - 1 ? UINT16_MAX : static_cast<uint16_t>(height + 1);
     if (internable) Intern(c, slot, h, kCallKey, callee, args, height + 1);
     return c;
   }
@@ -282,7 +306,6 @@ class CompactPickleMachine {
     if (empty_tuple_ == kAbsent) {
       empty_tuple_ = NewNode(Kind::kTuple);
       NodeOf(empty_tuple_).flags |= kFlagShared;
-      NodeOf(empty_tuple_).height = 1;  // height
     }
     return empty_tuple_;
   }
@@ -308,6 +331,7 @@ class CompactPickleMachine {
       return NotHere("memo key not defined");
     }
     stack_.push_back(memo_[static_cast<size_t>(key)]);
+    NoteReuse(stack_.back());
     return Status::Ok();
   }
   Status Fill(bool entries) {  // SETITEMS / APPENDS
@@ -367,6 +391,7 @@ class CompactPickleMachine {
   size_t intern_count_ = 0;
   uint64_t empty_tuple_ = kAbsent;
   std::vector<uint8_t> graph_mark_;
+  bool reused_mutable_ = false;
 };
 
 Status CompactPickleMachine::Step(uint8_t op) {
@@ -400,6 +425,7 @@ Status CompactPickleMachine::Step(uint8_t op) {
     case kDup:
       if (stack_.size() <= floor()) return NotHere("stack underflow");
       stack_.push_back(stack_.back());
+      NoteReuse(stack_.back());
       return Status::Ok();
     case kNone:
       stack_.push_back(kNoneBits);
@@ -550,6 +576,8 @@ Status CompactPickleMachine::Step(uint8_t op) {
       const uint64_t c = NewNode(Kind::kObject);
       NodeOf(c).a = callee;
       NodeOf(c).b = args;
+      RaiseHeight(c, callee);
+      RaiseHeight(c, args);
       stack_.push_back(c);
       return Status::Ok();
     }
@@ -564,6 +592,7 @@ Status CompactPickleMachine::Step(uint8_t op) {
       if (t.flags & kFlagShared) return NotHere("BUILD of a value shared by content");
       if (t.c != kAbsent) return NotHere("second BUILD");
       t.c = state;
+      RaiseHeight(target, state);
       return Status::Ok();
     }
     case kBinPut:
@@ -630,9 +659,13 @@ Result<CompactPickle> CompactPickleMachine::Run() {
   if (BytesUsed() > budget_) return NotHere("memory budget");
   uint64_t result = 0;
   if (!Pop(&result)) return NotHere("stack underflow");
-  graph_mark_.assign(out_.nodes_.size(), 0);
-  FC_RETURN_IF_ERROR(CheckGraph(result, 0));
-  graph_mark_ = {};
+  if (reused_mutable_) {
+    graph_mark_.assign(out_.nodes_.size(), 0);
+    FC_RETURN_IF_ERROR(CheckGraph(result, 0));
+    graph_mark_ = {};
+  } else if (HeightOf(result) > limits_.max_depth + 1) {
+    return NotHere("nested too deep");
+  }
   out_.root_ = CompactPickle::Ref{result};
   stack_ = {};
   memo_ = {};

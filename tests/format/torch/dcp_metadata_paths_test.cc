@@ -201,6 +201,26 @@ TEST_CASE("compact pickle: refuses what the general machine refuses", "[pickle][
   deep.push_back(std::byte{'.'});
   CHECK_FALSE(CompactPickle::Parse(deep).ok());
   CHECK_FALSE(ParsePickle(deep).ok());
+  // 600 nested 1-tuples (shared by content, depth from their heights); 500 are fine.
+  for (int levels : {600, 500}) {
+    std::vector<std::byte> tuples{std::byte{')'}};
+    for (int i = 1; i < levels; ++i) tuples.push_back(std::byte{0x85});
+    tuples.push_back(std::byte{'.'});
+    CHECK(CompactPickle::Parse(tuples).ok() == (levels == 500));
+    CHECK(ParsePickle(tuples).ok() == (levels == 500));
+  }
+  // One list reached twice through the memo is a DAG, not a cycle: accepted by both.
+  auto [c2, g2] = parse({']', 'q', 0, '(', 'h', 0, 'h', 0, 'l', '.'});
+  CHECK(c2);
+  CHECK(g2);
+  // A deep nest built through the memo (GET of a list being filled) is checked in full.
+  std::vector<std::byte> memo_deep{std::byte{']'}, std::byte{'q'}, std::byte{0}};
+  for (int i = 0; i < 600; ++i) {
+    for (int x : std::initializer_list<int>{']', 'h', 0, 'a', 'q', 0}) memo_deep.push_back(static_cast<std::byte>(x));
+  }
+  memo_deep.push_back(std::byte{'.'});
+  CHECK_FALSE(CompactPickle::Parse(memo_deep).ok());
+  CHECK_FALSE(ParsePickle(memo_deep).ok());
 }
 
 TEST_CASE("compact pickle: values, memo sharing and mutation seen through the memo",
