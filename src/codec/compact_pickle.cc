@@ -171,7 +171,7 @@ class CompactPickleMachine {
                         size_t* slot) {
     // A small direct-mapped cache of recent finds first: the table outgrows the CPU caches
     // on big files, and writers repeat the same sizes and offsets in runs.
-    InternEntry& recent = recent_[static_cast<size_t>(h >> 52) & (kRecent - 1)];
+    InternEntry& recent = recent_[static_cast<size_t>(h >> 40) & (kRecent - 1)];
     if (count <= 2 || count == kCallKey) {
       if (recent.node != 0 && recent.hash == h && recent.count == count && recent.k0 == k0 &&
           recent.k1 == k1) {
@@ -210,7 +210,7 @@ class CompactPickleMachine {
     n.flags |= kFlagShared;
     n.height = height;
     intern_[slot] = InternEntry{h, k0, k1, static_cast<uint32_t>((ref >> 3) + 1), count};
-    recent_[static_cast<size_t>(h >> 52) & (kRecent - 1)] = intern_[slot];
+    recent_[static_cast<size_t>(h >> 40) & (kRecent - 1)] = intern_[slot];
     if (++intern_count_ * 2 > intern_.size()) {  // grow: rehash
       std::vector<InternEntry> old(intern_.size() * 2);
       old.swap(intern_);
