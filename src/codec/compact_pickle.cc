@@ -37,7 +37,9 @@ constexpr uint64_t kMaxViewLength = (uint64_t{1} << 29) - 1;
 uint64_t Tag(uint64_t bits) { return bits & 7; }
 uint64_t NodeRef(size_t index) { return static_cast<uint64_t>(index) << 3 | kTagNode; }
 
-Status NotHere(const char* what) { return UnimplementedError(std::string("compact pickle: ") + what); }
+Status NotHere(const char* what) {
+  return UnimplementedError(std::string("compact pickle: ") + what);
+}
 
 bool IsContainer(Kind k) {
   return k == Kind::kTuple || k == Kind::kList || k == Kind::kDict || k == Kind::kCall ||
@@ -196,7 +198,9 @@ class CompactPickleMachine {
       bool same = true;
       if (count != kCallKey) {
         const Node& n = NodeOf(ref);
-        for (size_t k = 2; k < count && same; ++k) same = out_.links_[n.first + k] == stack_[from + k];
+        for (size_t k = 2; k < count && same; ++k) {
+          same = out_.links_[n.first + k] == stack_[from + k];
+        }
       }
       if (same) {
         *slot = i;

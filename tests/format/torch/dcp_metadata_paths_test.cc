@@ -216,7 +216,9 @@ TEST_CASE("compact pickle: refuses what the general machine refuses", "[pickle][
   // A deep nest built through the memo (GET of a list being filled) is checked in full.
   std::vector<std::byte> memo_deep{std::byte{']'}, std::byte{'q'}, std::byte{0}};
   for (int i = 0; i < 600; ++i) {
-    for (int x : std::initializer_list<int>{']', 'h', 0, 'a', 'q', 0}) memo_deep.push_back(static_cast<std::byte>(x));
+    for (int x : std::initializer_list<int>{']', 'h', 0, 'a', 'q', 0}) {
+      memo_deep.push_back(static_cast<std::byte>(x));
+    }
   }
   memo_deep.push_back(std::byte{'.'});
   CHECK_FALSE(CompactPickle::Parse(memo_deep).ok());
@@ -227,7 +229,8 @@ TEST_CASE("compact pickle: values, memo sharing and mutation seen through the me
           "[pickle][compact]") {
   // EMPTY_DICT MEMOIZE MARK 'k' BININT1 1 SETITEMS POP ; BINGET 0 ; STOP
   std::vector<std::byte> b;
-  for (int x : std::initializer_list<int>{0x80, 4, '}', 0x94, '(', 0x8c, 1, 'k', 'K', 1, 'u', '0', 'h', 0, '.'}) {
+  for (int x : std::initializer_list<int>{0x80, 4, '}', 0x94, '(', 0x8c, 1, 'k', 'K', 1, 'u',
+                                          '0', 'h', 0, '.'}) {
     b.push_back(static_cast<std::byte>(x));
   }
   auto p = CompactPickle::Parse(b);
