@@ -82,13 +82,16 @@ def case_damaged():
 
 def case_oom():
     # An uncaught std::bad_alloc must be exit 10 with a message, not SIGABRT. The fixture's
-    # torch DCP .metadata with a 64 MiB string pushed (and popped) in front: reading it needs
-    # about 130 MiB (the file, then the string); under a 100 MiB address-space limit an
-    # allocation fails wherever it happens.
+    # torch DCP .metadata with a 64 MiB string pushed (and popped) in front, then a protocol 0
+    # INT (pushed and popped) that sends it from the compact decoder (which views strings in
+    # place) to the general one (which copies them): reading it needs about 130 MiB (the
+    # file, then the string); under a 100 MiB address-space limit an allocation fails
+    # wherever it happens.
     ckpt = os.path.join(tmp, "oom")
     shutil.copytree(FIXTURE, ckpt)
     size = 64 << 20
     payload = b"\x80\x02" + b"X" + size.to_bytes(4, "little") + b"a" * size + b"0"  # BINUNICODE, POP
+    payload += b"I01\n0"  # INT True, POP
     original = open(os.path.join(ckpt, ".metadata"), "rb").read()
     assert original[:1] == b"\x80", original[:4]
     open(os.path.join(ckpt, ".metadata"), "wb").write(payload + original[2:])
