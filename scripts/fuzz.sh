@@ -13,7 +13,8 @@ shift || true
 build=build-fuzz
 if [[ ! -f "$build/build.ninja" ]]; then
   CC="${FUZZ_CC:-clang}" CXX="${FUZZ_CXX:-clang++}" meson setup "$build" -Dfuzz=enabled \
-    -Dtests=disabled -Dmpi=disabled -Dnccl=disabled -Dbuildtype=debugoptimized >/dev/null
+    -Dtests=disabled -Dmpi=disabled -Dnccl=disabled -Dbuildtype=plain \
+    -Dcpp_args='-O1 -gline-tables-only' >/dev/null
 fi
 ninja -C "$build" fuzzers
 python3 fuzz/make_corpus.py "$build/corpus" >/dev/null
