@@ -1,8 +1,8 @@
 """Peak memory of fc-inspect on hostile torch DCP .metadata files (issue 14, item 2).
 
 A ~1 MB .metadata whose pickle memoizes one 512 KB string and references it (BINGET) from
-2000 storage entries as their relative_path: copying the string per reference would need
-1 GB. fc must keep the peak RSS within 20x the metadata size + 64 MiB and refuse the file
+3000 storage entries as their relative_path: copying the string per reference would need
+1.5 GB. fc must keep the peak RSS within 20x the metadata size + 64 MiB and refuse the file
 with exit 5 ("shares values so heavily"); the same structure with a short path must stay
 within the same bound. The pickle is written here opcode by opcode (same structure as the
 generator in tests/format/torch/torch_dcp_corruption_test.cc), so no torch is needed.
@@ -20,7 +20,7 @@ import tempfile
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
 MODULE = "torch.distributed.checkpoint.metadata"
-ENTRIES = 2000
+ENTRIES = 3000
 
 
 class Pickle:
@@ -93,7 +93,7 @@ def main():
               f"limit {limit_kib / 1024:.1f} MiB")
         assert rss_kib <= limit_kib, f"peak RSS {rss_kib} KiB > {limit_kib} KiB\n{stderr}"
         if CASE == "shared_string":
-            assert len(data) > 1000 * 1024, len(data)
+            assert len(data) > 1 << 20, len(data)
             assert code == 5, f"exit {code}, expected 5\n{stderr}"
             assert "shares values so heavily" in stderr, stderr
             assert ".metadata" in stderr, stderr
