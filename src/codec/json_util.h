@@ -31,10 +31,10 @@ inline Result<simdjson::dom::element> ParseDocument(simdjson::dom::parser& parse
                                                     std::span<const std::byte> bytes,
                                                     std::string_view what) {
   simdjson::dom::element root;
-  auto error = parser
-                   .parse(reinterpret_cast<const char*>(bytes.data()), bytes.size(),
-                          /*realloc_if_needed=*/true)
-                   .get(root);
+  // An empty span may have a null data(), which simdjson would memcpy from (UB, found by
+  // fuzz/fc_distcp_metadata_fuzzer); "" gives simdjson's own "no JSON found" error.
+  const char* text = bytes.empty() ? "" : reinterpret_cast<const char*>(bytes.data());
+  auto error = parser.parse(text, bytes.size(), /*realloc_if_needed=*/true).get(root);
   if (error) {
     return DataLossError(std::string(what) + ": invalid JSON: " +
                          simdjson::error_message(error));

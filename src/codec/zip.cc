@@ -62,6 +62,7 @@ class TailCache {
   // Bytes [offset, offset + n) of the archive; the caller has checked the range.
   Result<std::vector<std::byte>> Read(uint64_t offset, uint64_t n) {
     std::vector<std::byte> out(static_cast<size_t>(n));
+    if (n == 0) return out;  // e.g. an empty central directory (memcpy of null is UB)
     if (offset >= tail_offset_) {
       std::memcpy(out.data(), tail_.data() + (offset - tail_offset_), out.size());
     } else {

@@ -1971,7 +1971,11 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   }
   std::set<std::string> have;
   for (const TensorEntry& t : out) have.insert(t.key);
-  for (const auto& [alias, owner] : all.aliases) {
+  for (const auto& alias_owner : all.aliases) {
+    // Named references, not structured bindings: clang 14 (the fuzz build) cannot capture
+    // those in the lambdas below.
+    const std::string& alias = alias_owner.first;
+    const std::string& owner = alias_owner.second;
     if (have.count(alias)) {
       // The alias came in as an "other" module tensor; point it at the owner's weights.
       auto a = std::find_if(out.begin(), out.end(), [&](const TensorEntry& t) { return t.key == alias; });

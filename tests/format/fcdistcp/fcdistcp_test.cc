@@ -906,6 +906,18 @@ TEST_CASE("reader corruption matrix", "[fcdistcp]") {
     CHECK(ReadFcDistcp(dir).status().code() == StatusCode::kNotFound);
     CHECK(ReadFcDistcp(tmp.Join("nothing")).status().code() == StatusCode::kNotFound);
   }
+  SECTION("an empty fc.metadata.json (found by fuzz/fc_distcp_metadata_fuzzer)") {
+    // An empty span has a null data(), which reached simdjson's memcpy (UBSan: nonnull).
+    auto parsed = ParseFcDistcpMetadata(std::span<const std::byte>(), good);
+    CHECK(parsed.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(parsed.status().message(), Catch::Contains("invalid JSON"));
+    const std::string dir = tmp.Join("emptymeta");
+    std::filesystem::copy(good, dir);
+    std::filesystem::resize_file(JoinPath(dir, "fc.metadata.json"), 0);
+    auto r = ReadFcDistcp(dir);
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains("fc.metadata.json"));
+  }
   SECTION("metadata parsing never crashes on truncations and byte flips") {
     const auto bytes = std::as_bytes(std::span<const char>(meta.data(), meta.size()));
     for (size_t n = 0; n < bytes.size(); n += 7) {

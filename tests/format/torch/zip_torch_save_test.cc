@@ -228,6 +228,17 @@ TEST_CASE("zip: built archives in every directory form", "[zip]") {
   }
 }
 
+TEST_CASE("zip: an archive with no entries (found by fuzz/zip_fuzzer)", "[zip]") {
+  // Just the 22-byte end record: 0 entries, an empty central directory at offset 0. The
+  // reader copied the 0-byte directory from a null pointer (UBSan: memcpy nonnull).
+  std::vector<std::byte> zip(22, std::byte{0});
+  zip[0] = std::byte{'P'}, zip[1] = std::byte{'K'}, zip[2] = std::byte{5}, zip[3] = std::byte{6};
+  auto dir = ParseZipDirectory(zip);
+  REQUIRE(dir.ok());
+  CHECK(dir->entries.empty());
+  CHECK(dir->Find("data.pkl") == nullptr);
+}
+
 // Applies `damage` to a built archive and expects a DataLoss/Unimplemented naming `what`.
 void ExpectZipError(std::vector<std::byte> zip, StatusCode code, const std::string& what) {
   auto dir = ParseZipDirectory(zip);
