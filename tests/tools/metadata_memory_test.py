@@ -4,10 +4,12 @@ A ~1 MB .metadata whose pickle memoizes one 512 KB string and references it (BIN
 3000 storage entries as their relative_path: copying the string per reference would need
 1.5 GB. fc must keep the peak RSS within 20x the metadata size + 64 MiB and refuse the file
 with exit 5 ("shares values so heavily"); the same structure with a short path must stay
-within the same bound. The pickle is written here opcode by opcode (same structure as the
+within the same bound. A 4 MB pickle of nothing but empty lists ("]]]]...", the most tree
+per input byte) must be refused within the same bound (exit 10, the pickle memory budget).
+The pickle is written here opcode by opcode (same structure as the
 generator in tests/format/torch/torch_dcp_corruption_test.cc), so no torch is needed.
 
-usage: metadata_memory_test.py BUILD_ROOT TESTDATA CASE     CASE: shared_string | shared_short
+usage: metadata_memory_test.py BUILD_ROOT TESTDATA CASE     CASE: shared_string | shared_short | tiny_containers
 """
 import os
 import pickletools
@@ -80,8 +82,11 @@ def peak_rss_kib(args):
 def main():
     tmp = tempfile.mkdtemp(prefix="fc-metadata-memory-")
     try:
-        path = "x" * (512 * 1024) if CASE == "shared_string" else "__0_0.distcp"
-        data = shared_path_metadata(path)
+        if CASE == "tiny_containers":
+            data = b"\x80\x02" + b"]" * (4 << 20) + b"."  # PROTO 2, EMPTY_LIST..., STOP
+        else:
+            path = "x" * (512 * 1024) if CASE == "shared_string" else "__0_0.distcp"
+            data = shared_path_metadata(path)
         ckpt = os.path.join(tmp, "ckpt")
         os.mkdir(ckpt)
         with open(os.path.join(ckpt, ".metadata"), "wb") as f:
@@ -92,7 +97,10 @@ def main():
               f"{rss_kib / 1024:.1f} MiB ({rss_kib * 1024 / len(data):.1f}x the metadata), "
               f"limit {limit_kib / 1024:.1f} MiB")
         assert rss_kib <= limit_kib, f"peak RSS {rss_kib} KiB > {limit_kib} KiB\n{stderr}"
-        if CASE == "shared_string":
+        if CASE == "tiny_containers":
+            assert code == 10, f"exit {code}, expected 10\n{stderr}"
+            assert "pickle" in stderr and "MiB allowed" in stderr, stderr
+        elif CASE == "shared_string":
             assert len(data) > 1 << 20, len(data)
             assert code == 5, f"exit {code}, expected 5\n{stderr}"
             assert "shares values so heavily" in stderr, stderr

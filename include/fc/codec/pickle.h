@@ -144,8 +144,9 @@ struct PickleLimits {
   // Memory budget of the value tree, counted in bytes (nodes ~220 bytes each, links, string
   // bytes), not in values: base + per_input_byte * input size. A 1M-chunk torch DCP
   // .metadata (178 MB) needs about 10 bytes of tree per input byte; a pickle of nothing but
-  // tiny containers ("]]]]...") about 300, which this refuses.
-  uint64_t max_tree_bytes_per_input_byte = 64;
+  // tiny containers ("]]]]...") about 300, which this refuses. 16 keeps the peak memory of
+  // reading any metadata file (tree plus the file's bytes) under 20 x its size + 64 MiB.
+  uint64_t max_tree_bytes_per_input_byte = 16;
   uint64_t max_tree_bytes_base = uint64_t{64} << 20;
 };
 

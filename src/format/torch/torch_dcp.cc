@@ -553,7 +553,7 @@ Status DcpReader::LoadSources() {
     FC_ASSIGN_OR_RETURN(auto bytes, ReadWholeFile(JoinPath(dir_, name), kMaxMetadataBytes));
     auto src = std::make_unique<Source>();
     src->name = name;
-    FC_ASSIGN_OR_RETURN(src->md, ParseDcpMetadata(bytes).With(name));
+    FC_ASSIGN_OR_RETURN(src->md, ParseDcpMetadata(bytes).With(JoinPath(dir_, name)));
     FC_RETURN_IF_ERROR(IndexStorage(*src));
     sources_.push_back(std::move(src));
   }
