@@ -18,6 +18,8 @@
 # "--mca pml ob1 --mca btl self,vader": Open MPI's default probes network transports first,
 # which adds about 0.25 s to MPI_Init here).
 # The last run also writes --stats: bytes read / bytes needed is printed with the times.
+# FC_BENCH_FLAGS: extra flags for the timed tool runs, e.g. "--no-verify-checksums" to
+# measure what checksum verification costs (run both, compare the medians).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?export or convert}; size_gb=${2:-1}; runs=${3:-3}; budget=${4:-512MiB}; build=${5:-build}
@@ -77,16 +79,17 @@ for i in $(seq "$runs"); do
   stats=(); [[ $i == "$runs" ]] && stats=(--stats "$dir/stats.json")
   if [[ $mode == export || $mode == export-torch ]]; then
     /usr/bin/time -f "%M" -o "$dir/rss.txt" "$build/tools/fc-export" "$src" "$dir/fc-out" \
-        --memory-budget "$budget" --quiet "${stats[@]}"
+        --memory-budget "$budget" --quiet "${stats[@]}" ${FC_BENCH_FLAGS:-}
   elif [[ $mode == convert-np2 ]]; then
     # shellcheck disable=SC2086
     /usr/bin/time -f "%M" -o "$dir/rss.txt" mpirun --allow-run-as-root --oversubscribe \
         ${FC_BENCH_MPI_ARGS---mca pml ob1 --mca btl self,vader} -np 2 \
         "$build/tools/fc-convert" "$src" "$dir/fc-out" --target-manifest "$dir/tp2-zero2.json" \
-        --memory-budget "$budget" --quiet "${stats[@]}"
+        --memory-budget "$budget" --quiet "${stats[@]}" ${FC_BENCH_FLAGS:-}
   else
     /usr/bin/time -f "%M" -o "$dir/rss.txt" "$build/tools/fc-convert" "$src" "$dir/fc-out" \
-        --target-manifest "$dir/tp2-zero2.json" --memory-budget "$budget" --quiet "${stats[@]}"
+        --target-manifest "$dir/tp2-zero2.json" --memory-budget "$budget" --quiet "${stats[@]}" \
+        ${FC_BENCH_FLAGS:-}
   fi
   sync; t1=$(date +%s.%N)
   fc_times+=("$(echo "$t1 - $t0" | bc)")
