@@ -15,6 +15,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -53,10 +55,24 @@ constexpr uint8_t kFlagItems = 2;    // the segments hold items (call/object fil
 constexpr uint8_t kFlagShared = 4;   // shared by content (an interned tuple or call): immutable
 constexpr size_t kInternedTupleMax = 8;
 
+// A seed for the intern table's hash that differs between processes and runs (where the
+// loader places this function, and the clock), so keys cannot be chosen to collide.
+static uint64_t HashSeed() {
+  static const uint64_t seed = [] {
+    uint64_t v = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&HashSeed));
+    v ^= static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    v *= 0xbf58476d1ce4e5b9u;
+    return v ^ (v >> 31);
+  }();
+  return seed;
+}
+
 class CompactPickleMachine {
  public:
   CompactPickleMachine(std::span<const std::byte> data, const PickleLimits& limits)
       : data_(data), limits_(limits) {
+    // Heights are 16-bit and saturate: a deeper limit could not be checked.
+    limits_.max_depth = std::min<size_t>(limits_.max_depth, UINT16_MAX - 2);
     budget_ = (data.size() > (UINT64_MAX >> 5) ? UINT64_MAX : 16 * uint64_t{data.size()}) +
               (uint64_t{64} << 20);
   }
@@ -154,8 +170,11 @@ class CompactPickleMachine {
     const Node& n = NodeOf(ref);
     return n.kind == Kind::kGlobal || n.kind == Kind::kInt || (n.flags & kFlagShared) != 0;
   }
-  static uint64_t Mix(uint64_t h, uint64_t v) {
-    h = (h ^ v) * 0x9e3779b97f4a7c15u;
+  // Keys hold attacker-chosen bits (inline ints): the seed, random per machine, keeps a
+  // crafted file from aiming many keys at one slot (and the probe cap below bounds the cost
+  // if one does anyway).
+  uint64_t Mix(uint64_t h, uint64_t v) const {
+    h = (h ^ v ^ hash_seed_) * 0x9e3779b97f4a7c15u;
     return h ^ (h >> 29);
   }
   // The intern table: open addressing, keyed by content. An entry keeps the hash and the
@@ -184,10 +203,19 @@ class CompactPickleMachine {
     if (found != kAbsent) recent = intern_[*slot];
     return found;
   }
+  // *slot is kNoSlot when the probe ran past kMaxProbes: the value is then not interned
+  // (sharing is only a saving; a crafted cluster must not make every insert a long scan).
+  static constexpr size_t kNoSlot = SIZE_MAX;
+  static constexpr size_t kMaxProbes = 64;
   uint64_t FindInTable(uint64_t h, uint32_t count, uint64_t k0, uint64_t k1, size_t from,
                        size_t* slot) {
     const size_t mask = intern_.size() - 1;
+    size_t probes = 0;
     for (size_t i = static_cast<size_t>(h) & mask;; i = (i + 1) & mask) {
+      if (++probes > kMaxProbes) {
+        *slot = kNoSlot;
+        return kAbsent;
+      }
       const InternEntry& e = intern_[i];
       if (e.node == 0) {
         *slot = i;
@@ -276,7 +304,7 @@ class CompactPickleMachine {
     for (size_t i = from; i < stack_.size(); ++i) out_.links_.push_back(stack_[i]);
     stack_.resize(from);
     node.height = height >= UINT16_MAX - 1 ? UINT16_MAX : static_cast<uint16_t>(height + 1);
-    if (internable) Intern(t, slot, h, static_cast<uint32_t>(n), k0, k1, height + 1);
+    if (internable && slot != kNoSlot) Intern(t, slot, h, static_cast<uint32_t>(n), k0, k1, height + 1);
     return t;
   }
   uint64_t MakeCall(uint64_t callee, uint64_t args) {
@@ -303,7 +331,7 @@ class CompactPickleMachine {
     NodeOf(c).a = callee;
     NodeOf(c).b = args;
     NodeOf(c).height = height >= UINT16_MAX - 1 ? UINT16_MAX : static_cast<uint16_t>(height + 1);
-    if (internable) Intern(c, slot, h, kCallKey, callee, args, height + 1);
+    if (internable && slot != kNoSlot) Intern(c, slot, h, kCallKey, callee, args, height + 1);
     return c;
   }
   uint64_t EmptyTuple() {
@@ -323,7 +351,13 @@ class CompactPickleMachine {
   Status Memoize(uint64_t key) {
     if (stack_.size() <= floor()) return NotHere("stack underflow");
     if (key >= memo_.size()) {
+      // Writers number memo entries densely; a key far ahead is refused, and growth is
+      // charged before it happens (each key may double the memo: twenty 5-byte opcodes
+      // would otherwise ask for 2^32 slots before the periodic budget check).
       if (key >= 2 * memo_.size() + 4096) return NotHere("sparse memo key");
+      if (BytesUsed() + (key + 1 - memo_.size()) * sizeof(uint64_t) > budget_) {
+        return NotHere("memory budget");
+      }
       while (memo_.size() <= key) memo_.push_back(kAbsent);
     }
     if (memo_[static_cast<size_t>(key)] == kAbsent) ++memo_count_;
@@ -382,6 +416,7 @@ class CompactPickleMachine {
   std::span<const std::byte> data_;
   PickleLimits limits_;
   uint64_t budget_ = 0;
+  const uint64_t hash_seed_ = HashSeed();
   size_t pos_ = 0;
   bool stopped_ = false;
   CompactPickle out_;
@@ -735,12 +770,17 @@ bool CompactPickle::has_entries(Ref r) const {
   return n.kind == Kind::kDict || (n.flags & kFlagEntries) != 0;
 }
 
-PickleValue::Ptr CompactPickle::ToPickleValue(Ref root) const {
+Result<PickleValue::Ptr> CompactPickle::ToPickleValue(Ref root, uint64_t budget_bytes) const {
   // Depth is bounded by Parse's graph check, so recursion is safe; the map keeps shared
   // nodes shared and turns repeated views of one string into one node.
   std::unordered_map<uint64_t, PickleValue::Ptr> done;
+  uint64_t charged = 0;
   auto convert = [&](auto&& self, Ref r) -> PickleValue::Ptr {
     if (auto it = done.find(r.bits); it != done.end()) return it->second;
+    // The node, its control block and map entry, its links; strings below.
+    charged += sizeof(PickleValue) + 96;
+    if (Tag(r.bits) == kTagNode) charged += uint64_t{nodes_[Index(r)].count} * 16;
+    if (charged > budget_bytes) return nullptr;  // the caller reports it
     auto v = std::make_shared<PickleValue>();
     v->kind = kind(r);
     switch (v->kind) {
@@ -749,9 +789,13 @@ PickleValue::Ptr CompactPickle::ToPickleValue(Ref root) const {
       case Kind::kInt: v->int_value = int_value(r); break;
       case Kind::kFloat: v->float_value = float_value(r); break;
       case Kind::kStr:
+        charged += str(r).size();
+        if (charged > budget_bytes) return nullptr;
         v->str = std::string(str(r));
         break;
       case Kind::kBytes:
+        charged += str(r).size();
+        if (charged > budget_bytes) return nullptr;
         v->str = std::string(str(r));
         v->bytes_offset = bytes_offset(r);
         v->bytes_length = v->str.size();
@@ -784,8 +828,13 @@ PickleValue::Ptr CompactPickle::ToPickleValue(Ref root) const {
     done.emplace(r.bits, p);
     return p;
   };
-  if (root.absent()) return nullptr;
-  return convert(convert, root);
+  if (root.absent()) return PickleValue::Ptr();
+  PickleValue::Ptr out = convert(convert, root);
+  if (charged > budget_bytes) {
+    return ResourceExhaustedError("compact pickle: the value kept as a general tree would take "
+                                  "more than " + std::to_string(budget_bytes >> 20) + " MiB");
+  }
+  return out;
 }
 
 uint64_t CompactPickle::memory_bytes() const {

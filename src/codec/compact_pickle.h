@@ -100,8 +100,13 @@ class CompactPickle {
   Ref TupleItem(Ref r, size_t i) const { return Ref{links_[nodes_[Index(r)].first + i]}; }
 
   // The value as a PickleValue tree (for the parts a caller keeps as general values).
-  // Shared nodes stay shared, equal string views become one node.
-  PickleValue::Ptr ToPickleValue(Ref r) const;
+  // Shared nodes stay shared, equal string views become one node. kResourceExhausted when
+  // the tree would take more than `budget_bytes` (counted as the general decoder counts:
+  // a general node costs several compact ones).
+  Result<PickleValue::Ptr> ToPickleValue(Ref r, uint64_t budget_bytes) const;
+
+  // Bytes of the pickle this was decoded from.
+  uint64_t input_size() const { return data_.size(); }
 
   // Bytes held by the arrays (for benchmarks and tests).
   uint64_t memory_bytes() const;

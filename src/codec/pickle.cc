@@ -518,6 +518,14 @@ class Machine {
     if (key < memo_dense_.size()) {
       slot = &memo_dense_[static_cast<size_t>(key)];
     } else if (key < 2 * memo_dense_.size() + 4096) {
+      // Charged before growing: each key may double the vector, and twenty 5-byte opcodes
+      // would otherwise ask for 2^32 entries before Run's check after the opcode.
+      Charge((key + 1 - memo_dense_.size()) * sizeof(MutPtr));
+      if (tree_bytes_ > tree_budget_) {
+        return ResourceExhaustedError("pickle: memo key " + std::to_string(key) + " at byte " +
+                                      std::to_string(op_pos_) + " would pass the " +
+                                      std::to_string(tree_budget_ >> 20) + " MiB allowed");
+      }
       memo_dense_.resize(static_cast<size_t>(key) + 1);
       slot = &memo_dense_[static_cast<size_t>(key)];
     } else {

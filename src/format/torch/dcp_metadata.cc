@@ -69,7 +69,7 @@ class GeneralTree {
     return Status::Ok();
   }
   static std::string Debug(V v) { return (*v)->DebugString(); }
-  static PickleValue::Ptr Keep(V v) { return *v; }
+  static Result<PickleValue::Ptr> Keep(V v) { return *v; }
 };
 
 // The compact tree. Messages built here are never shown (a failed compact walk is redone on
@@ -126,7 +126,15 @@ class CompactTree {
     return st;
   }
   static std::string Debug(V) { return std::string(); }
-  PickleValue::Ptr Keep(V v) const { return p_.ToPickleValue(v); }
+  // Under the general decoder's tree budget for this input (PickleLimits defaults): a
+  // value it would refuse is refused here too, and the walk falls back to it.
+  Result<PickleValue::Ptr> Keep(V v) const {
+    const PickleLimits limits;
+    const uint64_t input = p_.input_size();
+    const uint64_t budget = input * limits.max_tree_bytes_per_input_byte +
+                            limits.max_tree_bytes_base;  // input < 4 GiB: no overflow
+    return p_.ToPickleValue(v, budget);
+  }
 
  private:
   const CompactPickle& p_;
@@ -566,7 +574,7 @@ Result<DcpMetadata> Walker<Tree>::Metadata(V root) {
   }
 
   if (const V p = Field(fields, "planner_data"); !t_.absent(p) && t_.kind(p) != Kind::kNone) {
-    md.planner_data = t_.Keep(p);
+    FC_ASSIGN_OR_RETURN(md.planner_data, t_.Keep(p));
   }
   for (const auto& [name, v] : fields) {
     if (name == "state_dict_metadata" || name == "storage_data" || name == "planner_data") {
@@ -583,7 +591,7 @@ Result<DcpMetadata> Walker<Tree>::Metadata(V root) {
         md.save_id = std::string(t_.str(id));
       }
     } else if (name == "mcore_data") {
-      md.mcore_data = t_.Keep(v);
+      FC_ASSIGN_OR_RETURN(md.mcore_data, t_.Keep(v));
     } else {
       md.extra_fields.emplace_back(name);
     }

@@ -244,7 +244,45 @@ TEST_CASE("compact pickle: values, memo sharing and mutation seen through the me
   CHECK(p->int_value(links[1]) == 1);
   auto general = ParsePickle(b);
   REQUIRE(general.ok());
-  CHECK(SameValue(p->ToPickleValue(root).get(), &*general));
+  auto kept = p->ToPickleValue(root, uint64_t{1} << 20);
+  REQUIRE(kept.ok());
+  CHECK(SameValue(kept->get(), &*general));
+}
+
+TEST_CASE("compact pickle: memo keys that double the memo are charged before it grows",
+          "[pickle][compact]") {
+  // None, then LONG_BINPUT with keys just inside "2 x the memo + 4096": each doubles the
+  // memo, and twenty of them (a ~100-byte file) would ask for 2^32 entries (32-64 GiB).
+  std::vector<std::byte> b{std::byte{0x80}, std::byte{2}, std::byte{'N'}};
+  uint64_t key = 4000;
+  while (key < (uint64_t{1} << 32)) {
+    b.push_back(std::byte{'r'});
+    for (int i = 0; i < 4; ++i) b.push_back(static_cast<std::byte>((key >> (8 * i)) & 0xff));
+    key = 2 * (key + 1) + 4000;
+  }
+  b.push_back(std::byte{'.'});
+  auto compact = CompactPickle::Parse(b);
+  CHECK_FALSE(compact.ok());
+  auto general = ParsePickle(b);
+  REQUIRE_FALSE(general.ok());
+  CHECK(general.status().code() == StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("compact pickle: values kept as general trees stay under a byte budget",
+          "[pickle][compact]") {
+  // A list of 100k empty dicts: 40-byte nodes here, ~300 bytes each as PickleValues.
+  std::vector<std::byte> b{std::byte{0x80}, std::byte{2}, std::byte{'('}};
+  for (int i = 0; i < 100000; ++i) b.push_back(std::byte{'}'});
+  b.push_back(std::byte{'l'});
+  b.push_back(std::byte{'.'});
+  auto p = CompactPickle::Parse(b);
+  REQUIRE(p.ok());
+  auto small = p->ToPickleValue(p->root(), 4u << 20);
+  REQUIRE_FALSE(small.ok());
+  CHECK(small.status().code() == StatusCode::kResourceExhausted);
+  auto large = p->ToPickleValue(p->root(), 256u << 20);
+  REQUIRE(large.ok());
+  CHECK((*large)->items.size() == 100000);
 }
 
 }  // namespace
