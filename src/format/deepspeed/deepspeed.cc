@@ -29,6 +29,7 @@
 
 #include <re2/re2.h>
 
+#include "fc/codec/pickle_globals.h"
 #include "fc/core/checked_math.h"
 #include "fc/format/file_names.h"
 #include "fc/format/torch_save.h"
@@ -271,26 +272,6 @@ bool AllowedGlobal(const std::string& module, const std::string& name) {
   return false;
 }
 
-void CollectOpaqueGlobals(const PV& root, std::set<std::string>* out) {
-  std::unordered_set<const PV*> seen;
-  std::vector<const PV*> stack = {&root};
-  while (!stack.empty()) {
-    const PV* v = stack.back();
-    stack.pop_back();
-    if (v == nullptr || !seen.insert(v).second) continue;
-    if (v->kind == PV::Kind::kGlobal && !AllowedGlobal(v->str, v->name)) {
-      out->insert(v->str + "." + v->name);
-    }
-    for (const auto& i : v->items) stack.push_back(i.get());
-    for (const auto& [k, x] : v->entries) {
-      stack.push_back(k.get());
-      stack.push_back(x.get());
-    }
-    for (const PV::Ptr* p : {&v->callee, &v->args, &v->kwargs, &v->state}) {
-      if (*p) stack.push_back(p->get());
-    }
-  }
-}
 
 // --- Files and tensors -------------------------------------------------------------------
 
@@ -1947,7 +1928,7 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
     }
   }
   std::set<std::string> opaque;
-  for (const auto& f : files_) CollectOpaqueGlobals(f->root, &opaque);
+  for (const auto& f : files_) CollectUnknownGlobals(f->root, AllowedGlobal, &opaque);
   if (!opaque.empty()) {
     std::string s;
     for (const std::string& g : opaque) s += (s.empty() ? "" : ", ") + g;

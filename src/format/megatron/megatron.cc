@@ -21,6 +21,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "fc/codec/pickle_globals.h"
 #include "fc/core/checked_math.h"
 #include "fc/format/file_names.h"
 #include "fc/format/torch_save.h"
@@ -187,26 +188,6 @@ bool AllowedGlobal(const std::string& module, const std::string& name) {
   return false;
 }
 
-void CollectOpaqueGlobals(const PV& root, std::set<std::string>* out) {
-  std::unordered_set<const PV*> seen;
-  std::vector<const PV*> stack = {&root};
-  while (!stack.empty()) {
-    const PV* v = stack.back();
-    stack.pop_back();
-    if (v == nullptr || !seen.insert(v).second) continue;
-    if (v->kind == PV::Kind::kGlobal && !AllowedGlobal(v->str, v->name)) {
-      out->insert(v->str + "." + v->name);
-    }
-    for (const auto& i : v->items) stack.push_back(i.get());
-    for (const auto& [k, x] : v->entries) {
-      stack.push_back(k.get());
-      stack.push_back(x.get());
-    }
-    for (const PV::Ptr* p : {&v->callee, &v->args, &v->kwargs, &v->state}) {
-      if (*p) stack.push_back(p->get());
-    }
-  }
-}
 
 // A value pickled by torch.save for a tensor: REDUCE of a torch rebuild function.
 bool LooksLikeTensor(const PV& v) {
@@ -938,7 +919,7 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
     a["megatron.distrib_optim"] = std::to_string(distrib_optim) + " files, not read";
   }
   std::set<std::string> opaque;
-  for (const auto& f : files_) CollectOpaqueGlobals(f->root, &opaque);
+  for (const auto& f : files_) CollectUnknownGlobals(f->root, AllowedGlobal, &opaque);
   if (!opaque.empty()) {
     std::string s;
     for (const std::string& g : opaque) s += (s.empty() ? "" : ", ") + g;
