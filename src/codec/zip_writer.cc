@@ -123,6 +123,30 @@ uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
   return MultModP(p, crc_a) ^ crc_b;
 }
 
+std::optional<std::pair<uint64_t, uint64_t>> AddCrcPart(CrcParts& parts, uint64_t begin,
+                                                        uint64_t end, uint32_t crc) {
+  auto next = parts.upper_bound(begin);
+  if (next != parts.end() && next->first < end) {
+    return std::make_pair(next->first, std::min(next->second.end, end));
+  }
+  if (next != parts.begin()) {
+    auto prev = std::prev(next);
+    if (prev->second.end > begin) return std::make_pair(begin, std::min(prev->second.end, end));
+    if (prev->second.end == begin) {
+      crc = Crc32Combine(prev->second.crc, crc, end - begin);
+      begin = prev->first;
+      parts.erase(prev);
+    }
+  }
+  if (next != parts.end() && next->first == end) {
+    crc = Crc32Combine(crc, next->second.crc, next->second.end - next->first);
+    end = next->second.end;
+    parts.erase(next);
+  }
+  parts.emplace(begin, CrcPart{end, crc});
+  return std::nullopt;
+}
+
 ZipLayout ComputeZipLayout(std::vector<ZipRecordSpec> records) {
   ZipLayout layout;
   layout.records = std::move(records);

@@ -35,6 +35,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -45,6 +47,19 @@ namespace fc::internal_torch {
 uint32_t Crc32(uint32_t crc, std::span<const std::byte> data);
 // The CRC-32 of A || B from crc(A), crc(B) and |B| (zlib's crc32_combine).
 uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
+
+// The written parts of one member's data when slabs arrive in any order: begin -> {end,
+// CRC-32 of [begin, end)}. Parts that touch merge (Crc32Combine), so a member written whole
+// ends as one part whose CRC is the member's; nothing is read back.
+struct CrcPart {
+  uint64_t end;
+  uint32_t crc;
+};
+using CrcParts = std::map<uint64_t, CrcPart>;
+// Adds [begin, end) with `crc` (begin < end). When it overlaps a part already there, changes
+// nothing and returns the overlapping bytes [first, last).
+std::optional<std::pair<uint64_t, uint64_t>> AddCrcPart(CrcParts& parts, uint64_t begin,
+                                                        uint64_t end, uint32_t crc);
 
 struct ZipRecordSpec {
   std::string name;   // full name, e.g. "archive/data.pkl"

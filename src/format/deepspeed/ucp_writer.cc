@@ -226,11 +226,7 @@ struct UcpWriter::FileState {
   TensorArchive archive;
   std::unique_ptr<WritableFile> file;
   std::mutex mu;
-  struct Written {
-    uint64_t end;
-    uint32_t crc;
-  };
-  std::map<uint64_t, Written> ranges;  // begin -> written range, merged when touching
+  internal_torch::CrcParts ranges;  // the tensor bytes written, merged when touching
 };
 
 UcpWriter::~UcpWriter() = default;
@@ -284,29 +280,10 @@ Status UcpWriter::Write(size_t file, uint64_t offset, std::span<const std::byte>
   const uint32_t crc = Crc32(0, bytes);
   {
     std::lock_guard<std::mutex> lock(fs.mu);
-    auto& set = fs.ranges;
-    auto next = set.upper_bound(offset);
-    if ((next != set.end() && next->first < *end) ||
-        (next != set.begin() && std::prev(next)->second.end > offset)) {
+    if (internal_torch::AddCrcPart(fs.ranges, offset, *end, crc)) {
       return InvalidArgumentError(fs.spec.path + ": tensor bytes at " + std::to_string(offset) +
                                   " written twice");
     }
-    uint64_t begin = offset, stop = *end;
-    uint32_t merged = crc;
-    if (next != set.begin()) {
-      auto prev = std::prev(next);
-      if (prev->second.end == begin) {
-        merged = Crc32Combine(prev->second.crc, merged, stop - begin);
-        begin = prev->first;
-        set.erase(prev);
-      }
-    }
-    if (next != set.end() && next->first == stop) {
-      merged = Crc32Combine(merged, next->second.crc, next->second.end - next->first);
-      stop = next->second.end;
-      set.erase(next);
-    }
-    set.emplace(begin, FileState::Written{stop, merged});
   }
   return fs.file->WriteAt(fs.archive.data_offset() + offset, bytes);
 }

@@ -445,11 +445,7 @@ Result<std::vector<TorchDcpFileLayout>> ComputeTorchDcpLayouts(const FcDistcpPla
 // The writer.
 
 struct TorchDcpWriter::ItemState {
-  struct Written {
-    uint64_t end;
-    uint32_t crc;  // CRC-32 of [begin, end) (chunks only)
-  };
-  std::map<uint64_t, Written> ranges;  // begin -> written range, merged when touching
+  internal_torch::CrcParts ranges;  // written ranges, merged when touching (CRC: chunks only)
   uint64_t bytes_done = 0;
 };
 
@@ -567,39 +563,12 @@ Status TorchDcpWriter::WriteItem(size_t file, bool is_object, size_t index, uint
     std::lock_guard<std::mutex> lock(fs.mu);
     if (!fs.poisoned.ok()) return fs.poisoned;
     ItemState& item = is_object ? fs.objects[index] : fs.chunks[index];
-    auto& set = item.ranges;
     // Reserve [offset, end) before writing, so a concurrent writer of the same bytes is
     // caught although the pwrite itself happens outside the lock.
-    auto next = set.upper_bound(offset);
-    if (next != set.end() && next->first < *end) {
-      return InvalidArgumentError(label + ": bytes " +
-                                  Range(next->first, std::min(next->second.end, *end)) +
+    if (auto twice = internal_torch::AddCrcPart(item.ranges, offset, *end, crc)) {
+      return InvalidArgumentError(label + ": bytes " + Range(twice->first, twice->second) +
                                   " written twice");
     }
-    if (next != set.begin()) {
-      auto prev = std::prev(next);
-      if (prev->second.end > offset) {
-        return InvalidArgumentError(label + ": bytes " +
-                                    Range(offset, std::min(prev->second.end, *end)) +
-                                    " written twice");
-      }
-    }
-    uint64_t begin = offset, stop = *end;
-    uint32_t merged = crc;
-    if (next != set.begin()) {
-      auto prev = std::prev(next);
-      if (prev->second.end == begin) {
-        merged = Crc32Combine(prev->second.crc, merged, stop - begin);
-        begin = prev->first;
-        set.erase(prev);
-      }
-    }
-    if (next != set.end() && next->first == stop) {
-      merged = Crc32Combine(merged, next->second.crc, next->second.end - next->first);
-      stop = next->second.end;
-      set.erase(next);
-    }
-    set.emplace(begin, ItemState::Written{stop, merged});
     item.bytes_done += bytes.size();
   }
   Status s = fs.file->WriteAt(p.data_offset + offset, bytes);
