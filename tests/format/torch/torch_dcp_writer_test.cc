@@ -68,6 +68,33 @@ TEST_CASE("crc32: known vectors and combine", "[torch_writer]") {
   }
 }
 
+TEST_CASE("crc parts: slabs in any order merge into the member's CRC", "[torch_writer]") {
+  std::mt19937_64 rng(11);
+  std::vector<std::byte> data(4096);
+  for (auto& b : data) b = static_cast<std::byte>(rng());
+  const std::span<const std::byte> all(data);
+  std::vector<std::pair<uint64_t, uint64_t>> slabs;
+  for (uint64_t at = 0; at < data.size(); at += 256) slabs.emplace_back(at, at + 256);
+  std::shuffle(slabs.begin(), slabs.end(), rng);
+  internal_torch::CrcParts parts;
+  for (auto [begin, end] : slabs) {
+    const uint32_t crc = Crc32(0, all.subspan(begin, end - begin));
+    CHECK_FALSE(internal_torch::AddCrcPart(parts, begin, end, crc));
+  }
+  REQUIRE(parts.size() == 1);
+  CHECK(parts.begin()->first == 0);
+  CHECK(parts.begin()->second.end == data.size());
+  CHECK(parts.begin()->second.crc == Crc32(0, all));
+  // Overlaps change nothing and name the bytes written twice.
+  auto twice = internal_torch::AddCrcPart(parts, 100, 300, 0);
+  REQUIRE(twice);
+  CHECK(*twice == std::make_pair(uint64_t{100}, uint64_t{300}));
+  internal_torch::CrcParts two{{0, {10, 0}}, {20, {30, 0}}};
+  CHECK(*internal_torch::AddCrcPart(two, 5, 25, 0) == std::make_pair(uint64_t{20}, uint64_t{25}));
+  CHECK(*internal_torch::AddCrcPart(two, 8, 15, 0) == std::make_pair(uint64_t{8}, uint64_t{10}));
+  CHECK(two.size() == 2);
+}
+
 TEST_CASE("pickle writer: ints, strings and frames parse back", "[torch_writer]") {
   const int64_t ints[] = {0,          1,          255,        256,          65535,
                           65536,      -1,         -129,       INT32_MAX,    INT32_MIN,
