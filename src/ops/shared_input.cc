@@ -7,7 +7,9 @@
 #include <map>
 #include <set>
 
+#include "fc/core/human_bytes.h"
 #include "fc/exec/parallel.h"
+#include "fc/format/open.h"
 #include "fc/io/file.h"
 
 namespace fc {
@@ -21,7 +23,7 @@ bool IsMetadataName(const std::string& name) {
            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   return ends_with(".metadata") || ends_with(".json") || name == "latest" ||
-         name == "latest_universal";
+         name == "latest_universal" || name == "latest_checkpointed_iteration.txt";
 }
 constexpr uint64_t kMaxSharedMetadata = uint64_t{4} << 30;
 
@@ -70,23 +72,48 @@ std::string Processes(const std::vector<int>& ranks) {
   return s;
 }
 
-// This process's regular files directly in `dir` (nothing when it does not exist here).
-std::string ListLocal(Env* env, const std::string& dir) {
-  std::string out;
-  std::vector<std::pair<std::string, uint64_t>> files;
-  if (env->Type(dir, /*follow=*/true) == EnvFileType::kDirectory) {
-    if (Result<std::vector<std::string>> names = env->ListDirectory(dir); names.ok()) {
-      for (const std::string& name : *names) {
-        const std::string path = JoinPath(dir, name);
-        const EnvFileType type = env->Type(path, /*follow=*/false);
-        if (type != EnvFileType::kRegular && type != EnvFileType::kSymlink) continue;
-        // Opening applies the read policy (no FIFOs, no symlinks out of the directory).
-        if (Result<std::unique_ptr<EnvReadableFile>> f = env->OpenForRead(path); f.ok()) {
-          files.emplace_back(name, (*f)->size());
-        }
+// Subdirectories below the input that are listed (DeepSpeed tag dirs, Megatron iter and
+// rank dirs, UCP zero/<param>/), and at most how many files: the listing is sent to every
+// process.
+constexpr int kMaxListDepth = 4;
+constexpr size_t kMaxListedFiles = size_t{1} << 20;
+
+void ListInto(Env* env, const std::string& dir, const std::string& prefix, int depth,
+              std::vector<std::pair<std::string, uint64_t>>& files, Status& status) {
+  Result<std::vector<std::string>> names = env->ListDirectory(dir);
+  if (!names.ok()) return;
+  for (const std::string& name : *names) {
+    if (!status.ok()) return;
+    const std::string path = JoinPath(dir, name);
+    const EnvFileType type = env->Type(path, /*follow=*/false);
+    if (type == EnvFileType::kDirectory) {
+      // Symlinked directories are not followed (Type without follow says kSymlink).
+      if (depth < kMaxListDepth) ListInto(env, path, prefix + name + "/", depth + 1, files, status);
+      continue;
+    }
+    if (type != EnvFileType::kRegular && type != EnvFileType::kSymlink) continue;
+    // Opening applies the read policy (no FIFOs, no symlinks out of the directory).
+    if (Result<std::unique_ptr<EnvReadableFile>> f = env->OpenForRead(path); f.ok()) {
+      if (files.size() == kMaxListedFiles) {
+        status = ResourceExhaustedError(dir + ": more than " + std::to_string(kMaxListedFiles) +
+                                        " files under the input");
+        return;
       }
+      files.emplace_back(prefix + name, (*f)->size());
     }
   }
+}
+
+// This process's regular files in `dir` and its subdirectories (kMaxListDepth levels), by
+// relative path (nothing when it does not exist here).
+Result<std::string> ListLocal(Env* env, const std::string& dir) {
+  std::string out;
+  std::vector<std::pair<std::string, uint64_t>> files;
+  Status status = Status::Ok();
+  if (env->Type(dir, /*follow=*/true) == EnvFileType::kDirectory) {
+    ListInto(env, dir, "", 0, files, status);
+  }
+  FC_RETURN_IF_ERROR(status);
   PutU64(out, files.size());
   for (const auto& [name, size] : files) {
     PutString(out, name);
@@ -223,7 +250,9 @@ Result<SharedInput> ShareInput(const std::string& input, Communicator& comm) {
   FC_RETURN_IF_ERROR(comm.AllOk(kind));
 
   // 1-2. Listings, merged by process 0, the union broadcast.
-  const std::vector<std::string> listings = comm.Gather(ListLocal(base, local_root), 0);
+  Result<std::string> listing = ListLocal(base, local_root);
+  FC_RETURN_IF_ERROR(comm.AllOk(listing.status()));
+  const std::vector<std::string> listings = comm.Gather(*listing, 0);
   std::string union_bytes;
   Status merged = Status::Ok();
   if (comm.rank() == 0) {
@@ -241,8 +270,10 @@ Result<SharedInput> ShareInput(const std::string& input, Communicator& comm) {
     InputViewEnv::Entry e;
     e.size = listed.size;
     e.local = std::binary_search(listed.ranks.begin(), listed.ranks.end(), comm.rank());
+    e.on_every_process = listed.ranks.size() == static_cast<size_t>(comm.size());
+    e.reader = listed.ranks.front();
     e.seen_by = Processes(listed.ranks);
-    if (IsMetadataName(name) && listed.size <= kMaxSharedMetadata) {
+    if (IsMetadataName(Basename(name)) && listed.size <= kMaxSharedMetadata) {
       const int root = listed.ranks.front();
       std::string message;
       if (comm.rank() == root) {
@@ -268,6 +299,110 @@ Result<SharedInput> ShareInput(const std::string& input, Communicator& comm) {
   shared.view = std::make_unique<InputViewEnv>(base, logical_root, local_root, std::move(entries));
   shared.scope = std::make_unique<ScopedEnvOverride>(shared.view.get());
   return shared;
+}
+
+namespace {
+
+// Up to `length` bytes at `offset` of entry `name`, read from this process's disk.
+Result<std::string> ReadLocalRange(InputViewEnv& view, const std::string& name, uint64_t offset,
+                                   uint64_t length) {
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<EnvReadableFile> f, view.OpenLocal(name));
+  if (offset > f->size()) return std::string();
+  std::string bytes(static_cast<size_t>(std::min(length, f->size() - offset)), '\0');
+  std::span<std::byte> dst = std::as_writable_bytes(std::span(bytes.data(), bytes.size()));
+  for (size_t done = 0; done < dst.size();) {
+    FC_ASSIGN_OR_RETURN(size_t n, f->Read(offset + done, dst.subspan(done)));
+    if (n == 0) return DataLossError(name + ": file shrank while reading at " + std::to_string(offset + done));
+    done += n;
+  }
+  return bytes;
+}
+
+// On every process in step: the lowest process that has `name` reads the range and
+// broadcasts it; every process adds it to its view.
+Status ServeFetch(InputViewEnv& view, const std::string& input, const std::string& name,
+                  uint64_t offset, uint64_t length, Communicator& comm) {
+  const InputViewEnv::Entry* e = view.Find(name);
+  const int holder = e ? e->reader : 0;
+  std::string message;
+  if (comm.rank() == holder) {
+    Result<std::string> bytes = e ? ReadLocalRange(view, name, offset, length)
+                                  : Result<std::string>(NotFoundError("not among the input's files"));
+    message = bytes.ok() ? "\1" + *bytes : std::string(1, '\0') + bytes.status().ToString();
+  }
+  comm.Broadcast(message, holder);
+  if (message.empty() || message[0] != '\1') {
+    return IoError("process " + std::to_string(holder) + " could not read " + JoinPath(input, name) +
+                   (message.size() > 1 ? ": " + message.substr(1) : std::string()));
+  }
+  view.AddFetched(name, offset, std::make_shared<const std::string>(message.substr(1)));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<CheckpointIndex> OpenSharedCheckpoint(SharedInput& input,
+                                             std::optional<CheckpointFormat> format,
+                                             Communicator& comm) {
+  CheckpointIndex index;
+  auto open = [&]() -> Status {
+    FC_ASSIGN_OR_RETURN(index, OpenCheckpoint(input.path, format));
+    return Status::Ok();
+  };
+  bool fetch = input.view && input.view->HasUnsharedFiles();
+  if (fetch) {
+    // Every process detects alike: detection looks at names only.
+    Result<CheckpointFormat> detected =
+        format ? Result<CheckpointFormat>(*format) : DetectCheckpointFormat(input.path);
+    fetch = detected.ok() && *detected != CheckpointFormat::kTorchDcp &&
+            *detected != CheckpointFormat::kFcDistcp;
+  }
+  if (!fetch) {
+    FC_RETURN_IF_ERROR(comm.AllOk(open()));
+    return index;
+  }
+  InputViewEnv& view = *input.view;
+  Status opened = Status::Ok();
+  if (comm.rank() == 0) {
+    uint64_t fetched = 0;
+    view.SetFetch([&](const std::string& name, uint64_t offset, uint64_t length) -> Status {
+      if (length > kMaxSharedMetadata - fetched) {
+        return ResourceExhaustedError(JoinPath(input.path, name) + ": opening the checkpoint " +
+                                      "read more than " + HumanBytes(kMaxSharedMetadata) +
+                                      " of files that are not on every process's disk");
+      }
+      fetched += length;
+      std::string request;
+      PutU64(request, 1);
+      PutString(request, name);
+      PutU64(request, offset);
+      PutU64(request, length);
+      comm.Broadcast(request, 0);
+      return ServeFetch(view, input.path, name, offset, length, comm);
+    });
+    opened = open();
+    view.SetFetch({});
+    std::string done;
+    PutU64(done, 0);
+    comm.Broadcast(done, 0);
+  } else {
+    for (;;) {
+      std::string request;
+      comm.Broadcast(request, 0);
+      Cursor c(request);
+      uint64_t kind = 0, offset = 0, length = 0;
+      std::string name;
+      if (!c.U64(kind) || kind == 0) break;
+      if (!c.String(name) || !c.U64(offset) || !c.U64(length)) {
+        return InternalError("fetch request of " + std::to_string(request.size()) + " bytes");
+      }
+      // A failed fetch is process 0's error to report; keep serving.
+      (void)ServeFetch(view, input.path, name, offset, length, comm);
+    }
+    opened = open();
+  }
+  FC_RETURN_IF_ERROR(comm.AllOk(opened));
+  return index;
 }
 
 Result<std::vector<std::vector<int>>> ShareVisibility(const CheckpointIndex& index,

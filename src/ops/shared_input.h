@@ -5,7 +5,8 @@
 // host among the job's hosts, in host-name order), expanded per process; only in the
 // directory part. With one process and no placeholders nothing changes. Otherwise
 // ShareInput (collective):
-//   1. every process lists the regular files of its expansion (names, sizes);
+//   1. every process lists the regular files of its expansion and of its subdirectories, 4
+//      levels down (relative paths, sizes);
 //   2. process 0 merges the listings (a name with two different sizes is an error naming
 //      both processes) and broadcasts the union;
 //   3. metadata files (`.metadata`, `*.metadata`, `*.json`, `latest`) are read by the lowest
@@ -18,6 +19,7 @@
 #define FC_SRC_OPS_SHARED_INPUT_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,17 @@ struct SharedInput {
 std::string ExpandInputPath(const std::string& pattern, int rank, int node);
 
 Result<SharedInput> ShareInput(const std::string& input, Communicator& comm);
+
+// Collective: the checkpoint (fc/format/open.h) opened on every process. Torch DCP and fc
+// distcp open from their metadata alone, on every process at once. The other formats read
+// data files when they open (safetensors headers, DeepSpeed, Megatron and Paddle pickles);
+// when some file is not on every process's disk, process 0 opens first while the others
+// serve what it reads of such files: each read is done by the lowest process that has the
+// file and broadcast, so every process holds it; then the others open from those bytes.
+// At most 4 GiB are fetched so (kResourceExhausted beyond).
+Result<CheckpointIndex> OpenSharedCheckpoint(SharedInput& input,
+                                             std::optional<CheckpointFormat> format,
+                                             Communicator& comm);
 
 // Per file of `index`: the increasing ranks that can read it; empty when nothing is shared.
 Result<std::vector<std::vector<int>>> ShareVisibility(const CheckpointIndex& index,
