@@ -1,6 +1,8 @@
 #include "cli_common.h"
 
 #include "fc/io/env.h"
+#include "fc/io/file.h"
+#include "fc/layout/layout_rules.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -84,6 +86,17 @@ void SetUpLogging(const std::string& tool, bool quiet, bool verbose) {
   logger->set_level(quiet ? spdlog::level::err
                           : verbose ? spdlog::level::debug : spdlog::level::info);
   spdlog::set_default_logger(logger);
+}
+
+Result<SourceSplit> LoadSourceLayout(const std::string& path) {
+  const std::string origin = "--source-layout " + path;
+  FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(path, 256ull << 20).With(origin));
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  FC_ASSIGN_OR_RETURN(LayoutRules rules, ParseLayoutRules(text).With(origin));
+  SourceSplit split;
+  FC_ASSIGN_OR_RETURN(split.tp_axis, TensorParallelAxisOf(rules).With(origin));
+  split.origin = origin;
+  return split;
 }
 
 Result<uint64_t> ParseSize(const std::string& flag, const std::string& text) {

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "fc/core/status.h"
+#include "fc/format/open.h"
 
 namespace fc::cli {
 
@@ -46,6 +47,14 @@ Result<uint64_t> ParseSize(const std::string& flag, const std::string& text);
 // (RequestCancel: every later file operation fails, the run unwinds and removes its
 // staging directory, and the tool exits 128 + signal); a second one terminates at once.
 void SetUpIo(bool follow_symlinks);
+
+// --source-layout FILE: a layout file (man/fc-layout.5) whose tensor_parallel rules say how
+// a Megatron legacy checkpoint's TP ranks merge (fc/format/open.h SourceSplit).
+inline constexpr const char* kSourceLayoutHelp =
+    "how a Megatron legacy checkpoint's TP ranks merge: a layout file (fc-layout(5)) whose "
+    "tensor_parallel rules replace the built-in table; a name no rule matches is replicated";
+// Errors: the file's read and parse errors, naming it.
+Result<SourceSplit> LoadSourceLayout(const std::string& path);
 
 // The exit code for a final status: ExitCodeFor, or 128 + N after signal N stopped the run.
 int ExitCode(const Status& status);

@@ -26,6 +26,8 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("OUT", options.output_dir, "output directory (must not exist, or be empty)");
   app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
+  std::string source_layout;
+  app.add_option("--source-layout", source_layout, fc::cli::kSourceLayoutHelp);
   // The input-format flag of earlier versions; hidden (no help line), same meaning as --format.
   app.add_option("--input-format", old_input_format)->group("");
   auto* target = app.add_option_group(
@@ -162,6 +164,11 @@ int main(int argc, char** argv) {
     auto parsed = fc::ParseCheckpointFormat(format);
     if (!parsed.ok()) return fc::cli::Finish(tool, parsed.status());
     options.format = *parsed;
+  }
+  if (!source_layout.empty()) {
+    auto split = fc::cli::LoadSourceLayout(source_layout);
+    if (!split.ok()) return fc::cli::Finish(tool, split.status());
+    options.source_split = *std::move(split);
   }
   if (!budget.empty()) {
     auto b = fc::cli::ParseSize("--memory-budget", budget);

@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("OUT", options.output_dir, "output directory (created if missing)")->required();
   app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
+  std::string source_layout;
+  app.add_option("--source-layout", source_layout, fc::cli::kSourceLayoutHelp);
   app.add_option("--aoa", options.aoa_file,
                  "AOA program: rename/split/merge/transpose/cast tensors on the way out "
                  "(see fc-aoa(7)); outputs are the leaves of the program");
@@ -83,6 +85,11 @@ int main(int argc, char** argv) {
     auto parsed = fc::ParseCheckpointFormat(format);
     if (!parsed.ok()) return fc::cli::Finish(tool, parsed.status());
     options.format = *parsed;
+  }
+  if (!source_layout.empty()) {
+    auto split = fc::cli::LoadSourceLayout(source_layout);
+    if (!split.ok()) return fc::cli::Finish(tool, split.status());
+    options.source_split = *std::move(split);
   }
   if (!dtype.empty()) options.dtype = *fc::ParseDType(dtype);
   auto shard = fc::cli::ParseSize("--max-shard-size", max_shard);

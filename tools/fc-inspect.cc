@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   app.add_option("CKPT", options.path, "checkpoint directory (or .safetensors file; DeepSpeed: save dir with latest, or a tag dir; Megatron legacy: save dir with latest_checkpointed_iteration.txt, or an iter dir)")
       ->required();
   app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
+  std::string source_layout;
+  app.add_option("--source-layout", source_layout, fc::cli::kSourceLayoutHelp);
   app.add_option("--tensors", options.tensors,
                  "only tensors whose key matches this glob (* ? [..]), whole name, e.g. "
                  "'*.layers.0.*'");
@@ -48,6 +50,11 @@ int main(int argc, char** argv) {
     auto parsed = fc::ParseCheckpointFormat(format);
     if (!parsed.ok()) return fc::cli::Finish("fc-inspect", parsed.status());
     options.format = *parsed;
+  }
+  if (!source_layout.empty()) {
+    auto split = fc::cli::LoadSourceLayout(source_layout);
+    if (!split.ok()) return fc::cli::Finish("fc-inspect", split.status());
+    options.source_split = *std::move(split);
   }
   fc::Status status = fc::RunInspect(options, std::cout);
   std::cout.flush();

@@ -66,25 +66,27 @@ Result<bool> IsDeepSpeed(const Listing& l) { return IsDeepSpeedCheckpointDir(l.d
 Result<bool> IsMegatronLegacy(const Listing& l) { return IsMegatronLegacyCheckpointDir(l.dir); }
 
 // Openers: `lenient` is null, or where a reader that has a lenient mode records the problems
-// it steps over (fc-inspect --verify). Readers without one open as usual.
-Result<CheckpointIndex> OpenTorchDcp(const std::string& path, OpenProblems* lenient) {
+// it steps over (fc-inspect --verify). Readers without one open as usual. Only Megatron
+// legacy takes source_split (OpenCheckpoint refuses it for the others).
+Result<CheckpointIndex> OpenTorchDcp(const std::string& path, const OpenOptions& o) {
   // Items are located on first read (ChunkReader): opening reads only .metadata.
-  return ReadTorchDcp(path, TorchDcpReadOptions{.locate_chunks = false, .lenient = lenient});
+  return ReadTorchDcp(path, TorchDcpReadOptions{.locate_chunks = false, .lenient = o.lenient});
 }
-Result<CheckpointIndex> OpenSafetensors(const std::string& path, OpenProblems* lenient) {
-  return ReadSafetensorsCheckpoint(path, lenient);
+Result<CheckpointIndex> OpenSafetensors(const std::string& path, const OpenOptions& o) {
+  return ReadSafetensorsCheckpoint(path, o.lenient);
 }
-Result<CheckpointIndex> OpenFcDistcp(const std::string& path, OpenProblems* lenient) {
-  return ReadFcDistcp(path, lenient);
+Result<CheckpointIndex> OpenFcDistcp(const std::string& path, const OpenOptions& o) {
+  return ReadFcDistcp(path, o.lenient);
 }
-Result<CheckpointIndex> OpenPaddleFlex(const std::string& path, OpenProblems*) {
+Result<CheckpointIndex> OpenPaddleFlex(const std::string& path, const OpenOptions&) {
   return ReadPaddleFlexCheckpoint(path);
 }
-Result<CheckpointIndex> OpenDeepSpeed(const std::string& path, OpenProblems*) {
+Result<CheckpointIndex> OpenDeepSpeed(const std::string& path, const OpenOptions&) {
   return ReadDeepSpeedCheckpoint(path);
 }
-Result<CheckpointIndex> OpenMegatronLegacy(const std::string& path, OpenProblems*) {
-  return ReadMegatronLegacyCheckpoint(path);
+Result<CheckpointIndex> OpenMegatronLegacy(const std::string& path, const OpenOptions& o) {
+  return ReadMegatronLegacyCheckpoint(
+      path, MegatronReadOptions{.tp_axis = o.source_split.tp_axis, .tp_axis_origin = o.source_split.origin});
 }
 
 // The input formats: how each is recognised and opened. Detection asks them in this order and
@@ -93,7 +95,7 @@ Result<CheckpointIndex> OpenMegatronLegacy(const std::string& path, OpenProblems
 struct InputFormat {
   CheckpointFormat format;
   Result<bool> (*detect)(const Listing&);
-  Result<CheckpointIndex> (*open)(const std::string& path, OpenProblems* lenient);
+  Result<CheckpointIndex> (*open)(const std::string& path, const OpenOptions& options);
   std::string_view looks_for;  // what detection looks for, for the "nothing found" message
 };
 
@@ -136,14 +138,25 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
 Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
                                        std::optional<CheckpointFormat> forced,
                                        OpenProblems* lenient) {
+  return OpenCheckpoint(path, OpenOptions{.format = forced, .lenient = lenient});
+}
+
+Result<CheckpointIndex> OpenCheckpoint(const std::string& path, const OpenOptions& options) {
   CheckpointFormat format;
-  if (forced) {
-    format = *forced;
+  if (options.format) {
+    format = *options.format;
   } else {
     FC_ASSIGN_OR_RETURN(format, DetectCheckpointFormat(path));
   }
   for (const InputFormat& f : kInputFormats) {
-    if (f.format == format) return f.open(path, lenient);
+    if (f.format != format) continue;
+    if (options.source_split && format != CheckpointFormat::kMegatronLegacy) {
+      return InvalidArgumentError(options.source_split.origin + ": applies to Megatron legacy " +
+                                  "checkpoints only; " + path + " is " +
+                                  std::string(CheckpointFormatName(format)) +
+                                  ", whose files say how its tensors are split");
+    }
+    return f.open(path, options);
   }
   return InternalError("unhandled checkpoint format");
 }

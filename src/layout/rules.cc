@@ -509,4 +509,20 @@ std::vector<std::string_view> PresetNames() {
   return out;
 }
 
+Result<std::function<std::optional<int64_t>(std::string_view name)>> TensorParallelAxisOf(
+    const LayoutRules& rules) {
+  FC_ASSIGN_OR_RETURN(layout_internal::CompiledRules compiled, layout_internal::CompileRules(rules));
+  std::vector<std::pair<layout_internal::Pattern, int64_t>> tp;
+  for (size_t k = 0; k < rules.tensor_parallel.size(); ++k) {
+    tp.emplace_back(compiled.tensor_parallel[k], rules.tensor_parallel[k].axis);
+  }
+  return std::function<std::optional<int64_t>(std::string_view)>(
+      [tp = std::move(tp)](std::string_view name) -> std::optional<int64_t> {
+        for (const auto& [re, axis] : tp) {
+          if (re2::RE2::PartialMatch(name, *re)) return axis;
+        }
+        return std::nullopt;
+      });
+}
+
 }  // namespace fc

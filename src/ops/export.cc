@@ -361,7 +361,7 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   auto p = std::make_unique<ExportPlan>();
   // The input as every process sees it (fc/ops/shared_input.h), opened everywhere.
   FC_ASSIGN_OR_RETURN(SharedInput input, ShareInput(options.input, *comm));
-  FC_ASSIGN_OR_RETURN(p->index, OpenSharedCheckpoint(input, options.format, *comm));
+  FC_ASSIGN_OR_RETURN(p->index, OpenSharedCheckpoint(input, OpenOptions{.format = options.format, .source_split = options.source_split}, *comm));
   FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,
                       ShareVisibility(p->index, input, *comm));
   FC_RETURN_IF_ERROR(

@@ -266,8 +266,10 @@ Status RunInspect(const InspectOptions& options, std::ostream& out) {
   // every other problem (fc/format/open_problems.h).
   OpenProblems opened;
   FC_ASSIGN_OR_RETURN(CheckpointIndex index,
-                      OpenCheckpoint(options.path, options.format,
-                                     options.verify ? &opened : nullptr));
+                      OpenCheckpoint(options.path,
+                                     OpenOptions{.format = options.format,
+                                                 .lenient = options.verify ? &opened : nullptr,
+                                                 .source_split = options.source_split}));
   std::vector<const TensorEntry*> tensors;
   std::optional<Glob> filter;
   if (!options.tensors.empty()) {

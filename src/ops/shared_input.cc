@@ -341,12 +341,12 @@ Status ServeFetch(InputViewEnv& view, const std::string& input, const std::strin
 
 }  // namespace
 
-Result<CheckpointIndex> OpenSharedCheckpoint(SharedInput& input,
-                                             std::optional<CheckpointFormat> format,
+Result<CheckpointIndex> OpenSharedCheckpoint(SharedInput& input, const OpenOptions& options,
                                              Communicator& comm) {
+  const std::optional<CheckpointFormat>& format = options.format;
   CheckpointIndex index;
   auto open = [&]() -> Status {
-    FC_ASSIGN_OR_RETURN(index, OpenCheckpoint(input.path, format));
+    FC_ASSIGN_OR_RETURN(index, OpenCheckpoint(input.path, options));
     return Status::Ok();
   };
   bool fetch = input.view && input.view->HasUnsharedFiles();

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "fc/comm/communicator.h"
+#include "fc/format/open.h"
 #include "fc/core/status.h"
 #include "fc/io/env.h"
 #include "fc/io/input_view_env.h"
@@ -51,8 +52,7 @@ Result<SharedInput> ShareInput(const std::string& input, Communicator& comm);
 // serve what it reads of such files: each read is done by the lowest process that has the
 // file and broadcast, so every process holds it; then the others open from those bytes.
 // At most 4 GiB are fetched so (kResourceExhausted beyond).
-Result<CheckpointIndex> OpenSharedCheckpoint(SharedInput& input,
-                                             std::optional<CheckpointFormat> format,
+Result<CheckpointIndex> OpenSharedCheckpoint(SharedInput& input, const OpenOptions& options,
                                              Communicator& comm);
 
 // Per file of `index`: the increasing ranks that can read it; empty when nothing is shared.

@@ -3,7 +3,7 @@
 safetensors reader (fcio: json + numpy) and compared element by element with the full tensors
 the generator cut the ranks from (expected/*.npy).
 
-usage: megatron_test.py BUILD_ROOT TESTDATA CASE   (CASE: export|inspect|errors)
+usage: megatron_test.py BUILD_ROOT TESTDATA CASE   (CASE: export|inspect|errors|source_layout)
 """
 import json
 import os
@@ -114,6 +114,53 @@ def case_errors():
     p = fcio.run([INSPECT, save, "--format", "megatron-legacy"], expect=4)
     assert "iter_0000009" in p.stderr, p.stderr
     print("ok errors")
+
+
+def case_source_layout():
+    """--source-layout FILE: a layout file's tensor_parallel rules replace the built-in TP
+    table; a name no rule matches is replicated (TP rank 0's copy)."""
+    ckpt = os.path.join(ROOT, "gpt_tp2_pp2", "ckpt")
+    expected = fcio.expected_values(os.path.join(ROOT, "gpt_tp2_pp2"))
+
+    def rules(name, tp):
+        path = os.path.join(tmp, name + ".json")
+        json.dump({"tensor_parallel": tp}, open(path, "w"))
+        return path
+    column = r"(word_embeddings|output_layer)\.weight$|linear_qkv\.(weight|bias)$|linear_fc1\.weight$"
+    row = r"(linear_proj|linear_fc2)\.weight$"
+    # The built-in table written as rules: the same bytes (SwiGLU halves still merged).
+    same = rules("same", [{"regex": column, "axis": 0}, {"regex": row, "axis": 1}])
+    fcio.run([EXPORT, ckpt, os.path.join(tmp, "default"), "--quiet"])
+    fcio.run([EXPORT, ckpt, os.path.join(tmp, "same"), "--quiet", "--source-layout", same])
+    a = open(os.path.join(tmp, "default", "model.safetensors"), "rb").read()
+    assert open(os.path.join(tmp, "same", "model.safetensors"), "rb").read() == a
+    p = fcio.run([INSPECT, ckpt, "--source-layout", same])
+    assert "tp_merge tensor_parallel rules of --source-layout " + same in p.stdout, p.stdout
+    # Rules without linear_proj: it is replicated, TP rank 0's columns only.
+    fewer = rules("fewer", [{"regex": column, "axis": 0}, {"regex": r"linear_fc2\.weight$", "axis": 1}])
+    out = os.path.join(tmp, "fewer")
+    fcio.run([EXPORT, ckpt, out, "--quiet", "--source-layout", fewer])
+    got, _ = fcio.read_hf_dir(out)
+    for name, want in expected.items():
+        dt, arr = got[name]
+        if name.endswith("linear_proj.weight"):
+            want = want[:, : want.shape[1] // 2]
+        assert tuple(arr.shape) == tuple(want.shape), (name, arr.shape, want.shape)
+        assert np.array_equal(fcio.bits(arr), fcio.bits(want)), name
+    # An axis the tensor does not have: exit 3 naming the tensor and the file.
+    bad = rules("bad", [{"regex": r"linear_qkv\.bias$", "axis": 1}])
+    p = fcio.run([INSPECT, ckpt, "--source-layout", bad], expect=3)
+    assert "linear_qkv.bias" in p.stderr and "bad.json" in p.stderr and "axis 1" in p.stderr, p.stderr
+    # Not a Megatron checkpoint: refused, the files say how it is split.
+    p = fcio.run([EXPORT, os.path.join(TESTDATA, "fc_distcp", "sample"), os.path.join(tmp, "o"),
+                  "--source-layout", same], expect=3)
+    assert "Megatron legacy checkpoints only" in p.stderr, p.stderr
+    # A rules file with a typo: exit 3 naming the member and the file.
+    typo = os.path.join(tmp, "typo.json")
+    open(typo, "w").write('{"tensor_paralel": []}')
+    p = fcio.run([INSPECT, ckpt, "--source-layout", typo], expect=3)
+    assert "tensor_paralel" in p.stderr and "typo.json" in p.stderr, p.stderr
+    print("ok source_layout")
 
 
 try:

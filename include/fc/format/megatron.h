@@ -56,8 +56,9 @@
 //   (Megatron's checkpoint converters' order, and what a TP 1 checkpoint holds). With TP > 1
 //   and args lacking `swiglu`, reading fails (kUnimplemented, naming the param).
 //   Names outside the table, with TP > 1, are not merged: they stay per rank as
-//   "mp_rank_TT.<name>" and are listed in megatron.tp_unmerged. The table is built in; no
-//   layout file overrides it yet.
+//   "mp_rank_TT.<name>" and are listed in megatron.tp_unmerged. A layout file's
+//   tensor_parallel rules replace the table (MegatronReadOptions::tp_axis, the tools'
+//   --source-layout): a name no rule matches is then replicated.
 //   Skipped: TE "_extra_state" entries (FP8 metadata, usually io.BytesIO), non-tensor values.
 // A merge only places each rank's bytes at their offset in the global tensor (chunks
 // address the torch.save storage records in place, strides and storage offsets honoured;
@@ -90,7 +91,11 @@
 #ifndef FC_FORMAT_MEGATRON_H_
 #define FC_FORMAT_MEGATRON_H_
 
+#include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "fc/core/status.h"
 #include "fc/model/checkpoint_index.h"
@@ -101,7 +106,17 @@ namespace fc {
 // dir that holds mp_rank_* dirs) or iteration dir (mp_rank_*/model_optim_rng.pt).
 bool IsMegatronLegacyCheckpointDir(const std::string& dir);
 
-Result<CheckpointIndex> ReadMegatronLegacyCheckpoint(const std::string& path);
+struct MegatronReadOptions {
+  // When set, replaces the built-in TP table: for each tensor's global name, the dim along
+  // which the TP ranks' pieces are concatenated, or nullopt for a replicated tensor (TP rank
+  // 0's copy). SwiGLU halves (above) still apply to the fc1 names split along dim 0.
+  // fc-* --source-layout FILE builds it from a layout file's tensor_parallel rules.
+  std::function<std::optional<int64_t>(std::string_view name)> tp_axis;
+  std::string tp_axis_origin;  // names the rules in messages and megatron.tp_merge
+};
+
+Result<CheckpointIndex> ReadMegatronLegacyCheckpoint(const std::string& path,
+                                                     MegatronReadOptions options = {});
 
 }  // namespace fc
 

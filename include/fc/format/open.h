@@ -3,7 +3,10 @@
 #ifndef FC_FORMAT_OPEN_H_
 #define FC_FORMAT_OPEN_H_
 
+#include <cstdint>
+#include <functional>
 #include <optional>
+#include <string_view>
 #include <string>
 
 #include "fc/core/status.h"
@@ -35,6 +38,25 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path);
 Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
                                        std::optional<CheckpointFormat> forced = std::nullopt,
                                        OpenProblems* lenient = nullptr);
+
+// How the TP ranks of a checkpoint merge, as the user says it (--source-layout FILE: a layout
+// file's tensor_parallel rules, fc/layout/layout_rules.h TensorParallelAxisOf): for each
+// tensor's global name, the dim the ranks' pieces are concatenated along, or nullopt
+// (replicated). Replaces a reader's built-in table; Megatron legacy only, the other formats
+// refuse it (kInvalidArgument), since their files say how their tensors are split.
+struct SourceSplit {
+  std::function<std::optional<int64_t>(std::string_view name)> tp_axis;
+  std::string origin;  // names it in messages: "--source-layout rules.json"
+  explicit operator bool() const { return static_cast<bool>(tp_axis); }
+};
+
+// What the user says about the input beyond its path.
+struct OpenOptions {
+  std::optional<CheckpointFormat> format;  // forced; detected when unset
+  OpenProblems* lenient = nullptr;         // as above
+  SourceSplit source_split;
+};
+Result<CheckpointIndex> OpenCheckpoint(const std::string& path, const OpenOptions& options);
 
 }  // namespace fc
 

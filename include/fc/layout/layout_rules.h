@@ -72,6 +72,7 @@
 #define FC_LAYOUT_LAYOUT_RULES_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -239,6 +240,14 @@ Result<TargetLayout> LayoutFromRules(const LayoutRules& rules,
 // 'K'" when there is one); the caller adds which rules (the preset or the file).
 Status CheckRulesFit(const LayoutRules& rules, std::span<const TargetTensor> tensors,
                      const TargetLayout& layout);
+
+// The axis along which `rules` split tensor `name` over the TP ranks: that of the first
+// tensor_parallel rule whose regex finds `name`, or nullopt (no rule: replicated). For readers
+// told how a source checkpoint was split (--source-layout). The function shares the compiled
+// regexes; it is safe to call from any thread.
+// Errors: ValidateLayoutRules failures.
+Result<std::function<std::optional<int64_t>(std::string_view name)>> TensorParallelAxisOf(
+    const LayoutRules& rules);
 
 }  // namespace fc
 

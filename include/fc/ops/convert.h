@@ -12,6 +12,7 @@
 #include "fc/comm/communicator.h"
 #include "fc/core/dtype.h"
 #include "fc/core/status.h"
+#include "fc/format/open.h"
 #include "fc/exec/progress.h"
 #include "fc/model/checkpoint_index.h"
 #include "fc/layout/layout_rules.h"
@@ -25,6 +26,7 @@ enum class ConvertOutputFormat { kFcDistcp, kTorchDcp, kUcp };
 struct ConvertOptions {
   std::string input;
   std::optional<CheckpointFormat> format;      // forced input format
+  SourceSplit source_split;  // --source-layout (fc/format/open.h)
   std::string output_dir;                      // must not exist, or be an empty directory
   // Exactly one target: an existing checkpoint, a rules file, a preset, or a manifest.
   std::string target_like;

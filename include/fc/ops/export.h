@@ -13,6 +13,7 @@
 #include "fc/comm/communicator.h"
 #include "fc/core/dtype.h"
 #include "fc/core/status.h"
+#include "fc/format/open.h"
 #include "fc/exec/progress.h"
 #include "fc/model/checkpoint_index.h"
 
@@ -21,6 +22,7 @@ namespace fc {
 struct ExportOptions {
   std::string input;                       // checkpoint directory or file
   std::optional<CheckpointFormat> format;  // forced input format
+  SourceSplit source_split;  // --source-layout (fc/format/open.h)
   std::string output_dir;                  // must not exist, or be an empty directory
   std::string aoa_file;                    // AOA program (outputs = leaves of the program)
   std::optional<DType> dtype;              // cast floating-point tensors to this type

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "fc/core/status.h"
+#include "fc/format/open.h"
 #include "fc/model/checkpoint_index.h"
 
 namespace fc {
@@ -15,6 +16,7 @@ namespace fc {
 struct InspectOptions {
   std::string path;                         // checkpoint directory or file
   std::optional<CheckpointFormat> format;   // forced format; detected when empty
+  SourceSplit source_split;  // --source-layout (fc/format/open.h)
   std::string tensors;                      // glob (fc/core/glob.h); only matching keys
   bool json = false;                        // machine-readable output
   bool verify = false;                      // check coverage, ranges and checksums

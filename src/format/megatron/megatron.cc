@@ -301,6 +301,7 @@ enum class Role { kColumn, kRow, kReplicated, kUnknown };
 struct RoleInfo {
   Role role = Role::kUnknown;
   bool gated = false;  // linear_fc1 / dense_h_to_4h: two halves per rank with SwiGLU
+  size_t axis = 0;     // kColumn / kRow: the dim the ranks' pieces are concatenated along
 };
 
 RoleInfo RoleOf(std::string_view name) {
@@ -319,7 +320,7 @@ RoleInfo RoleOf(std::string_view name) {
   const bool attn_dense =
       module == "dense" && any(outer, {"self_attention", "inter_attention", "attention"});
   if (attn_dense || any(module, {"linear_proj", "linear_fc2", "dense_4h_to_h"})) {
-    if (weight) return {Role::kRow, false};
+    if (weight) return {Role::kRow, false, 1};
     if (param == "bias") return {Role::kReplicated, false};
     return {};
   }
@@ -402,6 +403,7 @@ struct Degrees {
 
 class Reader {
  public:
+  explicit Reader(MegatronReadOptions options) : options_(std::move(options)) {}
   Result<CheckpointIndex> Read(const std::string& path);
 
  private:
@@ -414,6 +416,11 @@ class Reader {
                  const std::vector<std::map<std::string, Located>>& per_tp,
                  std::optional<bool> swiglu);
 
+  // The TP role of `name` with the given TP rank 0 shape: the built-in table, or the
+  // caller's rules (options_.tp_axis).
+  Result<RoleInfo> TpRole(const std::string& name, const Located& l0) const;
+
+  MegatronReadOptions options_;
   std::string dir_;
   CheckpointIndex index_;
   std::vector<std::unique_ptr<RankFile>> files_;
@@ -513,9 +520,10 @@ Status Reader::MergeTp(const std::vector<std::string>& order,
     e.dtype = l0.dtype;
     e.global_shape = l0.shape;
     const Shape zero(l0.shape.size(), 0);
-    RoleInfo role = tp == 1 ? RoleInfo{Role::kReplicated, false} : RoleOf(name);
-    if (role.role != Role::kReplicated && l0.shape.empty()) role = {};
-    if (role.role == Role::kRow && l0.shape.size() < 2) role = {};
+    RoleInfo role{Role::kReplicated, false};
+    if (tp > 1) {
+      FC_ASSIGN_OR_RETURN(role, TpRole(name, l0));
+    }
     auto differs = [&](size_t except) -> const Located* {
       for (const Located* p : parts) {
         for (size_t d = 0; d < l0.shape.size(); ++d) {
@@ -569,7 +577,7 @@ Status Reader::MergeTp(const std::vector<std::string>& order,
       }
       e.global_shape[0] = rows * tp;
     } else {
-      const size_t d = role.role == Role::kRow ? 1 : 0;
+      const size_t d = role.axis;
       if (const Located* p = differs(d)) {
         return shape_error(p, "concatenated along dim " + std::to_string(d));
       }
@@ -587,6 +595,28 @@ Status Reader::MergeTp(const std::vector<std::string>& order,
     index_.tensors.push_back(std::move(e));
   }
   return Status::Ok();
+}
+
+Result<RoleInfo> Reader::TpRole(const std::string& name, const Located& l0) const {
+  if (!options_.tp_axis) {
+    RoleInfo role = RoleOf(name);
+    if (role.role != Role::kReplicated && role.role != Role::kUnknown &&
+        role.axis >= l0.shape.size()) {
+      role = {};  // a scalar or 1-d tensor under a split name: not what the table means
+    }
+    return role;
+  }
+  const std::optional<int64_t> axis = options_.tp_axis(name);
+  if (!axis) return RoleInfo{Role::kReplicated, false};
+  if (*axis < 0 || static_cast<size_t>(*axis) >= l0.shape.size()) {
+    return InvalidArgumentError(options_.tp_axis_origin + ": tensor_parallel axis " +
+                                std::to_string(*axis) + " is out of range for '" + name + "' " +
+                                ShapeText(l0.shape) + " (" + l0.where + ")");
+  }
+  RoleInfo role{*axis == 0 ? Role::kColumn : Role::kRow, false, static_cast<size_t>(*axis)};
+  // SwiGLU halves stay a property of the fc1 names whatever says how they are split.
+  role.gated = *axis == 0 && RoleOf(name).gated;
+  return role;
 }
 
 Result<CheckpointIndex> Reader::Read(const std::string& path) {
@@ -896,7 +926,10 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   a["megatron.vpp_degree"] = std::to_string(vpp);
   a["megatron.num_layers"] = std::to_string(layers);
   a["megatron.swiglu"] = swiglu ? (*swiglu ? "true" : "false") : "unknown";
-  if (deg.tp > 1) a["megatron.tp_merge"] = "built-in Megatron-Core GPT table";
+  if (deg.tp > 1) {
+    a["megatron.tp_merge"] = options_.tp_axis ? "tensor_parallel rules of " + options_.tp_axis_origin
+                                              : "built-in Megatron-Core GPT table";
+  }
   if (!unmerged_.empty()) {
     std::string s;
     for (const std::string& u : unmerged_) s += (s.empty() ? "" : ", ") + u;
@@ -937,8 +970,9 @@ bool IsMegatronLegacyCheckpointDir(const std::string& dir) {
   return sub.ok() && sub->has_value() && HasRankDirs(dir + "/" + **sub);
 }
 
-Result<CheckpointIndex> ReadMegatronLegacyCheckpoint(const std::string& path) {
-  Reader reader;
+Result<CheckpointIndex> ReadMegatronLegacyCheckpoint(const std::string& path,
+                                                     MegatronReadOptions options) {
+  Reader reader(std::move(options));
   return reader.Read(path);
 }
 
