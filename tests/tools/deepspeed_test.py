@@ -206,6 +206,18 @@ def fused_errors():
                  expect=6)
     assert "not divisible by the TP degree 2" in p.stderr and "< 0.4" in p.stderr, p.stderr
     print("ok fused sub-param errors")
+    # MoE-style per-group partition counts: the layout of a group partitioned over another
+    # DP size is not known (deepspeed.md gives none): refused, not guessed.
+    root = os.path.join(tmp, "pc-list")
+    shutil.copytree(os.path.join(TESTDATA, "deepspeed", "zero2", "ckpt"), root)
+    for r in range(3):
+        path = os.path.join(root, "global_step3", "zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r)
+        sd = torch.load(path)
+        sd["optimizer_state_dict"]["partition_count"] = [3, 1]
+        torch.save(sd, path)
+    p = fcio.run([INSPECT, root], expect=6)
+    assert "partition_count differs per param group ([3, 1]" in p.stderr, p.stderr
+    print("ok per-group partition_count refused")
 
 
 try:

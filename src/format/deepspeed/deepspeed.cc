@@ -1594,8 +1594,14 @@ Status Reader::ReadRank(int64_t mp, RankFiles& rf) {
           auto c = IntOf(i.get());
           if (!c) break;
           if (count && *count != *c) {
-            return UnimplementedError(optims[r]->name + ": partition_count differs per group (" +
-                                      pc->DebugString() + "; MoE expert groups), not read yet");
+            // deepspeed.md gives only that expert groups have their own DP size: not which
+            // file holds which partition of such a group, nor the expert params' names
+            // across expert-parallel ranks (param_shapes is DP rank 0's). Not guessed.
+            return UnimplementedError(
+                optims[r]->name + ": partition_count differs per param group (" +
+                pc->DebugString() + ": MoE expert groups partitioned over their own DP size); "
+                "how such a group's partitions lie in the optimizer files is not known to fc, "
+                "so this checkpoint is not read");
           }
           count = c;
         }
