@@ -695,6 +695,11 @@ struct Families {
 // universal_checkpoint_info merge rules (deepspeed.md 5.5/5.6). Patterns are Python regexes
 // applied with re.match (anchored at the start only); RE2 runs them in linear time and
 // refuses what it cannot run (backreferences, lookaround): such a checkpoint is refused.
+// Bounds on the sub-param tables (sizes and widths are dims of real tensors, the tables have
+// one entry per sub-param or TP rank): sums of them stay far from int64 overflow.
+constexpr int64_t kMaxSubParamSize = int64_t{1} << 40;
+constexpr size_t kMaxSubParamEntries = 1 << 16;
+
 // One entry of parameter_with_sub_params: SubparamShape(patterns, shape, partition_dim),
 // saved as a dict (or the dataclass). `shape` lists per dim either a size (-1: whatever the
 // element count leaves) or, at partition_dim, the sizes of the fused sub-params (a tuple);
@@ -775,15 +780,24 @@ Result<TpRules> ParseTpRules(const PtFile& model, const PV* info) {
                                "one of its dims");
         }
         rule.partition_dim = static_cast<size_t>(*pd);
+        if (dims->size() > kMaxSubParamEntries) return DataLossError(where + ": shape too long");
         for (const auto& d : *dims) {
           std::vector<int64_t> sizes;
           if (auto n = IntOf(d.get())) {
+            if (*n < -1 || *n > kMaxSubParamSize) {
+              return DataLossError(where + ": shape entry " + d->DebugString());
+            }
             sizes.push_back(*n);
             rule.tuple.push_back(false);
           } else if (const auto* parts = ListItems(d.get())) {
+            if (parts->size() > kMaxSubParamEntries) {
+              return DataLossError(where + ": too many sub-params");
+            }
             for (const auto& x : *parts) {
               auto n2 = IntOf(x.get());
-              if (!n2 || *n2 < 0) return DataLossError(where + ": sub-param size " + x->DebugString());
+              if (!n2 || *n2 < 0 || *n2 > kMaxSubParamSize) {
+                return DataLossError(where + ": sub-param size " + x->DebugString());
+              }
               sizes.push_back(*n2);
             }
             rule.tuple.push_back(true);
@@ -832,14 +846,14 @@ Result<TpRules> ParseTpRules(const PtFile& model, const PV* info) {
       auto pattern = StrOf(k.get());
       const auto* subs = ListItems(w.get());
       std::vector<std::vector<int64_t>> table;
-      bool ok = pattern.has_value() && subs != nullptr;
+      bool ok = pattern.has_value() && subs != nullptr && subs->size() <= kMaxSubParamEntries;
       for (size_t s = 0; ok && s < subs->size(); ++s) {
         const auto* ranks = ListItems((*subs)[s].get());
-        if (ranks == nullptr) { ok = false; break; }
+        if (ranks == nullptr || ranks->size() > kMaxSubParamEntries) { ok = false; break; }
         std::vector<int64_t> row;
         for (const auto& r : *ranks) {
           auto n = IntOf(r.get());
-          if (!n || *n < 0) { ok = false; break; }
+          if (!n || *n < 0 || *n > kMaxSubParamSize) { ok = false; break; }
           row.push_back(*n);
         }
         table.push_back(std::move(row));
@@ -1079,8 +1093,13 @@ Status MergeSubParams(const TpRules& rules, const SubParamRule& rule, const std:
     for (const auto& w : widths) view[pd] += w[t];
     int64_t known = 1, open = -1;
     for (size_t d = 0; d < view.size(); ++d) {
-      if (view[d] < 0 && open < 0) open = static_cast<int64_t>(d);
-      else known *= view[d];
+      if (view[d] < 0 && open < 0) {
+        open = static_cast<int64_t>(d);
+        continue;
+      }
+      auto k = CheckedMul(known, view[d]);
+      if (!k || view[d] < 0) return DataLossError(where + ": shape " + ShapeText(view));
+      known = *k;
     }
     const int64_t numel = *CheckedNumElements(have);
     if (open >= 0) view[static_cast<size_t>(open)] = known > 0 ? numel / known : 0;
