@@ -1015,7 +1015,7 @@ def generate(out):
     # v 2 rows as 1 + 1; shape ((6, 2, 2), -1)), its bias, and a param fused along dim 1
     # (3, (4, 2)) with widths 3 + 1 and 2 + 0 (TP rank 1 holds none of the second
     # sub-param); module weights column-major (strided) for two of them; dp 2 cuts the flat
-    # partitions inside the fused params.
+    # partitions inside the fused params (mlp.fused.weight of TP rank 0 inside its last row).
     fused_info = {
         "universal_checkpoint_version": 0.4,
         "vocabulary_parameter_patterns": [r"embed\.weight"],
@@ -1033,8 +1033,8 @@ def generate(out):
                strided=("attn.qkv.weight", "mlp.fused.weight"),
                client={"universal_checkpoint_info": fused_info},
                rank_groups=[[od(("norm.weight", (3,)), ("embed.weight", (4, 3)),
-                                ("attn.qkv.weight", q), ("attn.qkv.bias", b),
-                                ("mlp.fused.weight", f))] for q, b, f in fused_shapes])
+                                ("mlp.fused.weight", f), ("attn.qkv.weight", q),
+                                ("attn.qkv.bias", b))] for q, b, f in fused_shapes])
     # Before version 0.4 (no widths: an even split): a count of 3 equal sub-params at
     # partition_dim 0 (shape (3, -1)), and sub-param sizes (4, 4) along dim 1.
     gen_zero12(out, "tp2_fused_v02", 2, 2,
