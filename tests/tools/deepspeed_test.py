@@ -202,9 +202,11 @@ def fused_errors():
     def old_version(info):  # sub-params of odd sizes, but no widths before 0.4
         info["universal_checkpoint_version"] = 0.3
         info["parameter_with_sub_params"][0]["shape"] = ((5, 3, 2), -1)
+        info["parameter_with_sub_params"][2]["shape"] = (3, (5, 1))
     p = fcio.run([EXPORT, variant("v03", old_version), os.path.join(tmp, "o3"), "--quiet"],
                  expect=6)
-    assert "not divisible by the TP degree 2" in p.stderr and "< 0.4" in p.stderr, p.stderr
+    assert "sub-param size 5 is not divisible by the TP degree 2" in p.stderr, p.stderr
+    assert "< 0.4" in p.stderr and "mlp.fused.weight" in p.stderr, p.stderr
     print("ok fused sub-param errors")
     # MoE-style per-group partition counts: the layout of a group partitioned over another
     # DP size is not known (deepspeed.md gives none): refused, not guessed.
