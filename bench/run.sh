@@ -121,7 +121,7 @@ fc_med=$(printf '%s\n' "${fc_times[@]}" | median)
 rss_med=$(printf '%s\n' "${rss[@]}" | median)
 bytes=$(du -sb "$src" | cut -f1)
 if [[ $mode == export-deepspeed ]]; then
-  bytes=$(cat "$src"/global_step1/*_optim_states.pt | wc -c)
+  bytes=$(du -cb "$src"/global_step1/*_optim_states.pt | tail -1 | cut -f1)
 fi
 budget_bytes=$(python3 - "$budget" <<'PY'
 import re, sys
