@@ -139,7 +139,7 @@ print(f"bytes read / bytes needed: {read} / {s['bytes_needed']} = {read / max(1,
 b, cp, fc, rss_kb, budget = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 print(f"source: {b/1e9:.2f} GB; runs cp: {sys.argv[6]} s; fc: {sys.argv[7]} s")
 print(f"cp median {cp:.2f} s ({b/cp/1e9:.2f} GB/s); tool median {fc:.2f} s ({b/fc/1e9:.2f} GB/s)")
-print(f"ratio (baseline time / tool time): {cp/fc:.2f}   (baseline: cp -r + sync, or np 1 for convert-np2)")
+print(f"ratio (baseline time / tool time): {cp/fc:.2f}   (baseline: cp + sync, or np 1 for convert-np2)")
 print(f"peak RSS {rss_kb/1024:.0f} MiB; budget {budget/2**20:.0f} MiB; "
       f"over budget by {(rss_kb*1024-budget)/2**20:.0f} MiB   target <= 64 MiB")
 PY
