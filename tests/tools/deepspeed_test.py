@@ -24,6 +24,7 @@ except ImportError as e:  # numpy missing: the independent reader cannot run
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 EXPORT = os.path.join(BUILD, "tools", "fc-export")
 INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
+CONVERT = os.path.join(BUILD, "tools", "fc-convert")
 FIXTURES = sorted(glob.glob(os.path.join(TESTDATA, "deepspeed", "*", "ckpt")))
 assert len(FIXTURES) >= 15, FIXTURES
 tmp = tempfile.mkdtemp(prefix="fc-deepspeed-test-")
@@ -230,7 +231,7 @@ def case_fused():
     merge (needs Debian's torch)."""
     try:
         import random
-        import torch  # noqa: F401
+        import torch
         sys.path.insert(0, os.path.join(TESTDATA, "gen", "deepspeed"))
         import gen
     except ImportError as e:
@@ -277,6 +278,18 @@ def case_fused():
         got, _ = fcio.read_hf_dir(out)
         check_same(got, {k: exp.get("module." + k, v) for k, v in exp.items()
                          if not k.startswith(("module.", "optimizer."))}, what + " module")
+        # The Universal Checkpoint fc writes: the merged fp32 param and Adam states, and
+        # sub_param_shape as ds_to_universal saves it.
+        ucp = os.path.join(tmp, label + "-ucp", "universal")
+        fcio.run([CONVERT, os.path.join(tmp, label, "ckpt"), ucp, "--output-format", "ucp",
+                  "--quiet"])
+        for state, key in (("fp32", "fused.weight"), ("exp_avg", "optimizer.exp_avg.fused.weight"),
+                           ("exp_avg_sq", "optimizer.exp_avg_sq.fused.weight")):
+            saved = torch.load(os.path.join(ucp, "zero", "fused.weight", state + ".pt"))
+            want = gen.ucp_keys("fused.weight", info, [torch.from_numpy(exp[key])])
+            assert list(saved) == list(want) + ["param"], (what, list(saved))
+            assert saved["sub_param_shape"] == want["sub_param_shape"], (what, saved)
+            assert np.array_equal(fcio.bits(saved["param"].numpy()), fcio.bits(exp[key])), what
         print("ok", what)
 
 
