@@ -2,7 +2,7 @@
 # fc-export / fc-convert throughput and memory against `cp -r` of the same source, in the
 # same run.
 #
-# usage: bench/run.sh export|export-torch|convert|convert-np2 [SIZE_GB=1] [RUNS=3] [BUDGET=512MiB] [BUILD=build]
+# usage: bench/run.sh export|export-torch|export-deepspeed|convert|convert-np2 [SIZE_GB=1] [RUNS=3] [BUDGET=512MiB] [BUILD=build]
 # Writes a synthetic TP-8 bfloat16 fc distcp checkpoint of SIZE_GB under $BENCH_DIR
 # (default /tmp/fc-bench), warms the page cache, then times RUNS copies with cp -r and RUNS
 # runs of the tool (median of each), and reports:
@@ -14,6 +14,11 @@
 # every tensor's TP-2 block is flattened and cut in two ZeRO-1 style ranges (rows cut mid-way).
 # convert-np2: the same convert under `mpirun -np 2`, against the one-process convert as the
 # baseline instead of cp (ratio = np 1 time / np 2 time; target >= 1/1.1), same output bytes.
+# export-deepspeed: a DeepSpeed ZeRO-2 dp 8 checkpoint of SIZE_GB (fp16 module + 8 optimizer
+# files, written by bench/make_deepspeed_ckpt.py with Debian's torch, a few seconds per GB)
+# exported with `fc-export --include-optimizer` (fp32 master weights, exp_avg, exp_avg_sq,
+# step: everything the optimizer files hold) against cp of those optimizer files (the bytes
+# the export reads) + sync (target ratio >= 0.8).
 # On one machine mpirun gets the shared-memory transport (FC_BENCH_MPI_ARGS, default
 # "--mca pml ob1 --mca btl self,vader": Open MPI's default probes network transports first,
 # which adds about 0.25 s to MPI_Init here).
@@ -26,7 +31,13 @@ mode=${1:?export or convert}; size_gb=${2:-1}; runs=${3:-3}; budget=${4:-512MiB}
 dir=${BENCH_DIR:-/tmp/fc-bench}
 ninja -C "$build" tools/fc-export tools/fc-convert tools/fc-inspect bench/make_synthetic_ckpt >/dev/null
 src="$dir/src-${size_gb}g"
-if [[ ! -f "$src/fc.metadata.json" ]]; then
+if [[ $mode == export-deepspeed ]]; then
+  src="$dir/ds-zero2-dp8-${size_gb}g"
+  if [[ ! -f "$src/latest" ]]; then
+    rm -rf "$src"; mkdir -p "$dir"
+    /usr/bin/python3 bench/make_deepspeed_ckpt.py "$src" "$size_gb" 8
+  fi
+elif [[ ! -f "$src/fc.metadata.json" ]]; then
   rm -rf "$src"; mkdir -p "$dir"
   "$build/bench/make_synthetic_ckpt" "$src" "$(python3 -c "print(int($size_gb * 1e9))")" 8
 fi
@@ -39,7 +50,7 @@ if [[ $mode == export-torch ]]; then
   fi
   src=$tsrc
 fi
-cat "$src"/* "$src"/.metadata > /dev/null 2>&1 || true   # warm cache
+cat "$src"/* "$src"/*/* "$src"/.metadata > /dev/null 2>&1 || true   # warm cache
 if [[ $mode == convert || $mode == convert-np2 ]]; then
   "$build/tools/fc-inspect" "$src" --json > "$dir/src.json"
   python3 - "$dir/src.json" "$dir/tp2-zero2.json" <<'PY'
@@ -69,6 +80,8 @@ for i in $(seq "$runs"); do
   if [[ $mode == convert-np2 ]]; then
     "$build/tools/fc-convert" "$src" "$dir/cp-out" --target-manifest "$dir/tp2-zero2.json" \
         --memory-budget "$budget" --quiet
+  elif [[ $mode == export-deepspeed ]]; then   # the files the export reads
+    mkdir -p "$dir/cp-out"; cp "$src"/global_step1/*_optim_states.pt "$dir/cp-out/"
   else
     cp -r "$src" "$dir/cp-out"
   fi
@@ -80,6 +93,10 @@ for i in $(seq "$runs"); do
   if [[ $mode == export || $mode == export-torch ]]; then
     /usr/bin/time -f "%M" -o "$dir/rss.txt" "$build/tools/fc-export" "$src" "$dir/fc-out" \
         --memory-budget "$budget" --quiet "${stats[@]}" ${FC_BENCH_FLAGS:-}
+  elif [[ $mode == export-deepspeed ]]; then
+    # shellcheck disable=SC2086
+    /usr/bin/time -f "%M" -o "$dir/rss.txt" "$build/tools/fc-export" "$src" "$dir/fc-out" \
+        --include-optimizer --memory-budget "$budget" --quiet "${stats[@]}" ${FC_BENCH_FLAGS:-}
   elif [[ $mode == convert-np2 ]]; then
     # shellcheck disable=SC2086
     /usr/bin/time -f "%M" -o "$dir/rss.txt" mpirun --allow-run-as-root --oversubscribe \
@@ -103,6 +120,9 @@ cp_med=$(printf '%s\n' "${cp_times[@]}" | median)
 fc_med=$(printf '%s\n' "${fc_times[@]}" | median)
 rss_med=$(printf '%s\n' "${rss[@]}" | median)
 bytes=$(du -sb "$src" | cut -f1)
+if [[ $mode == export-deepspeed ]]; then
+  bytes=$(du -cb "$src"/global_step1/*_optim_states.pt | tail -1 | cut -f1)
+fi
 budget_bytes=$(python3 - "$budget" <<'PY'
 import re, sys
 m = re.fullmatch(r"([\d.]+)\s*([a-zA-Z]*)", sys.argv[1]); v = float(m.group(1)); u = m.group(2).lower()
@@ -118,8 +138,8 @@ read = sum(p["bytes_read"] for p in s["processes"])
 print(f"bytes read / bytes needed: {read} / {s['bytes_needed']} = {read / max(1, s['bytes_needed']):.3f}")
 b, cp, fc, rss_kb, budget = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 print(f"source: {b/1e9:.2f} GB; runs cp: {sys.argv[6]} s; fc: {sys.argv[7]} s")
-print(f"cp -r median {cp:.2f} s ({b/cp/1e9:.2f} GB/s); tool median {fc:.2f} s ({b/fc/1e9:.2f} GB/s)")
-print(f"ratio (baseline time / tool time): {cp/fc:.2f}   (baseline: cp -r + sync, or np 1 for convert-np2)")
+print(f"cp median {cp:.2f} s ({b/cp/1e9:.2f} GB/s); tool median {fc:.2f} s ({b/fc/1e9:.2f} GB/s)")
+print(f"ratio (baseline time / tool time): {cp/fc:.2f}   (baseline: cp + sync, or np 1 for convert-np2)")
 print(f"peak RSS {rss_kb/1024:.0f} MiB; budget {budget/2**20:.0f} MiB; "
       f"over budget by {(rss_kb*1024-budget)/2**20:.0f} MiB   target <= 64 MiB")
 PY

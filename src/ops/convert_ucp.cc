@@ -101,8 +101,7 @@ Result<std::vector<UcpParam>> UcpParams(const CheckpointIndex& index,
                               "are not read, so no UCP can be written");
   }
   if (const std::string u = Attr(index, "deepspeed.tp_unmerged"); !u.empty()) {
-    return UnimplementedError(input + ": TP shards fc does not merge (averaged or fused "
-                              "sub-params): " + u);
+    return UnimplementedError(input + ": TP shards fc does not merge (averaged params): " + u);
   }
   const std::string tp_text = Attr(index, "deepspeed.tp_degree");
   const int64_t tp = tp_text.empty() ? 1 : std::stoll(tp_text);

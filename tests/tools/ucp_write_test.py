@@ -35,8 +35,9 @@ DIFF = os.path.join(BUILD, "tools", "fc-diff")
 DS = os.path.join(TESTDATA, "deepspeed")
 # Sources a UCP is written from, and the form of their param files.
 DEEPSPEED = ["zero1", "zero2", "bf16", "frozen_tied", "zero3", "pp2", "pp2_tp2", "tp2_ucp",
-             "legacy"]  # legacy: every source file in torch.save's non-zip format
-UNIVERSAL = ["ucp", "ucp_tp2", "ucp_zero3"]
+             "legacy",  # legacy: every source file in torch.save's non-zip format
+             "tp2_fused", "tp2_fused_v02"]  # fused sub-params: sub_param_shape
+UNIVERSAL = ["ucp", "ucp_tp2", "ucp_zero3", "ucp_tp2_fused"]
 RAW = {"zero3", "ucp_zero3"}  # stage 3, TP 1: raw 1-D tensors, no step.pt
 tmp = tempfile.mkdtemp(prefix="fc-ucp-write-test-")
 
@@ -62,8 +63,12 @@ def convert(case, extra=()):
     return root, out
 
 
-def expected_meta(name, info):
+def expected_meta(name, info, merged):
     """The keys ds_to_universal's merge_tp_slices puts beside 'param' (deepspeed.md 5.5)."""
+    if gen.match_sub_params(info or {}, name)[0] is not None:
+        # Fused sub-params: the generator's ds_to_universal keys (sub_param_shape as the
+        # SubparamShape object; a pre-0.4 count sized from the merged tensor).
+        return gen.ucp_keys(name, info, [torch.from_numpy(np.ascontiguousarray(merged))])
     def match(key):
         return any(re.match(p, name) for p in (info or {}).get(key, []))
     keys = {}
@@ -132,7 +137,7 @@ def check_ucp(case, root, out):
                 want_keys = list(load(os.path.join(src, "zero", p, state + ".pt")))
                 assert list(got) == want_keys, (label, list(got), want_keys)
             else:
-                meta = expected_meta(p, info)
+                meta = expected_meta(p, info, exp[key])
                 assert list(got) == list(meta) + ["param"], (label, list(got), meta)
                 for k, v in meta.items():
                     assert got[k] == v and type(got[k]) is type(v), (label, k, got[k], v)

@@ -61,15 +61,25 @@
 // re.match, run by RE2): tp_replicated_parameter_patterns -> TP rank 0's copy (the other
 // ranks' copies are not compared and never averaged); parameter_with_2_sub_params_cat_dim_0
 // -> the first halves of every rank's slice, then the second halves (torch.chunk(2, dim 0));
-// parameter_with_row_parallelism_patterns -> concatenation along dim 1; anything else ->
-// along dim 0; then vocabulary_parameter_patterns -> rows cut to original_vocab_size. A merge
-// only places each rank's chunks at their offset in the global tensor (no data is copied);
-// the step is TP rank 0's. Params matching parameter_to_average_patterns (a mean fc does not
-// compute) or parameter_with_sub_params (fused sub-params, not merged yet) keep their
-// per-rank names mp_rank_YY.<key> and are listed in deepspeed.tp_unmerged. Without
-// universal_checkpoint_info every key is prefixed "mp_rank_YY." (YY: TP rank).
+// parameter_with_sub_params (fused params, e.g. QKV: SubparamShape(patterns, shape,
+// partition_dim), shape holding the sub-param sizes at partition_dim) -> each rank's slice
+// is its piece of every sub-param in order along partition_dim, the merged tensor per
+// sub-param all ranks' pieces in rank order; the per-rank widths come from
+// sub_param_shard_widths[matched pattern][sub-param][TP rank] (universal_checkpoint_version
+// >= 0.4: uneven, GQA), before 0.4 from an even split (a count of equal sub-params at
+// partition_dim is allowed); a -1 in shape is what the element count leaves; the slice must
+// be the sub-param view itself (same rank and sizes; another view of the same elements is
+// kUnimplemented); parameter_with_row_parallelism_patterns -> concatenation along dim 1;
+// anything else -> along dim 0; then vocabulary_parameter_patterns -> rows cut to
+// original_vocab_size. A merge only places each rank's chunks at their offset in the global
+// tensor (no data is copied): a piece along dim 0 keeps its chunk's form, a piece along
+// another dim becomes a strided chunk (a flattened range first split into its row-major
+// blocks); the step is TP rank 0's. Params matching parameter_to_average_patterns (a mean fc
+// does not compute) keep their per-rank names mp_rank_YY.<key> and are listed in
+// deepspeed.tp_unmerged. Without universal_checkpoint_info every key is prefixed
+// "mp_rank_YY." (YY: TP rank).
 // Universal Checkpoints are already TP- and DP-merged: their cat_dim / vocab_tensor /
-// sub_param_shape keys are not needed to read them.
+// sub_param_shape keys are not needed to read them (SubparamShape is allow-listed).
 // Every chunk addresses the bytes in place: a flat partition contributes flattened-range
 // chunks (Chunk::flat_range over the param's row-major flattening) of the params it covers;
 // padding is never addressed.

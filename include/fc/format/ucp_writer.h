@@ -112,7 +112,10 @@ struct UcpSource {
 // params written). `index` is its index (fc/format/deepspeed.h attributes). Stage <= 2:
 // dicts with cat_dim (1 for parameter_with_row_parallelism_patterns, else 0; absent for
 // tp_replicated_parameter_patterns), param_n_sub_params 2
-// (parameter_with_2_sub_params_cat_dim_0) and vocab_tensor (vocabulary_parameter_patterns),
+// (parameter_with_2_sub_params_cat_dim_0), sub_param_shape (parameter_with_sub_params: the
+// SubparamShape object ds_to_universal saves, its shape as in universal_checkpoint_info, a
+// pre-0.4 count of sub-params at partition_dim replaced by their sizes, no cat_dim) and
+// vocab_tensor (vocabulary_parameter_patterns),
 // or cat_dim 0 for every param without universal_checkpoint_info (ds_to_universal's
 // --inject_missing_state); stage 3 with TP 1: raw 1-D tensors.
 // Files in either torch.save serialization (zip or legacy) are read.

@@ -22,6 +22,7 @@
 #include <charconv>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <set>
 #include <string>
 #include <unordered_set>
@@ -694,11 +695,45 @@ struct Families {
 // universal_checkpoint_info merge rules (deepspeed.md 5.5/5.6). Patterns are Python regexes
 // applied with re.match (anchored at the start only); RE2 runs them in linear time and
 // refuses what it cannot run (backreferences, lookaround): such a checkpoint is refused.
+// Bounds on the sub-param tables (sizes and widths are dims of real tensors, the tables have
+// one entry per sub-param or TP rank): sums of them stay far from int64 overflow.
+constexpr int64_t kMaxSubParamSize = int64_t{1} << 40;
+constexpr size_t kMaxSubParamEntries = 1 << 16;
+
+// One entry of parameter_with_sub_params: SubparamShape(patterns, shape, partition_dim),
+// saved as a dict (or the dataclass). `shape` lists per dim either a size (-1: whatever the
+// element count leaves) or, at partition_dim, the sizes of the fused sub-params (a tuple);
+// before UCP version 0.4 that entry may be a count of equal sub-params instead.
+struct SubParamRule {
+  std::vector<std::string> patterns;
+  std::vector<std::unique_ptr<re2::RE2>> compiled;
+  std::vector<std::vector<int64_t>> dims;  // per dim: {size} or the sub-param sizes
+  std::vector<bool> tuple;                 // dims[d] was a tuple / list
+  size_t partition_dim = 0;
+};
+
 struct TpRules {
   using Patterns = std::vector<std::unique_ptr<re2::RE2>>;
   Patterns replicated, average, two_sub_params, sub_params, row_parallel, vocabulary;
+  std::vector<SubParamRule> sub_param_rules;
+  // sub_param_shard_widths (version >= 0.4): pattern -> per sub-param, per TP rank widths.
+  std::map<std::string, std::vector<std::vector<int64_t>>> shard_widths;
+  double version = 0.0;  // universal_checkpoint_version
   std::optional<int64_t> original_vocab_size;
   std::string source;  // the file the rules came from
+
+  // DeepSpeed's get_matched_sub_params_pattern: the first entry with a pattern that
+  // re.match-es `name`, and that pattern.
+  std::pair<const SubParamRule*, std::string> MatchSubParams(const std::string& name) const {
+    for (const SubParamRule& r : sub_param_rules) {
+      for (size_t i = 0; i < r.compiled.size(); ++i) {
+        if (r.compiled[i]->Match(name, 0, name.size(), re2::RE2::ANCHOR_START, nullptr, 0)) {
+          return {&r, r.patterns[i]};
+        }
+      }
+    }
+    return {nullptr, std::string()};
+  }
 
   static bool Matches(const Patterns& ps, const std::string& name) {
     for (const auto& p : ps) {
@@ -710,6 +745,7 @@ struct TpRules {
 
 Result<TpRules> ParseTpRules(const PtFile& model, const PV* info) {
   TpRules rules;
+  TpRules* rules_out = &rules;
   rules.source = model.name;
   auto patterns = [&](const char* key, TpRules::Patterns* out) -> Status {
     const PV* v = info->Find(key);
@@ -725,15 +761,52 @@ Result<TpRules> ParseTpRules(const PtFile& model, const PV* info) {
       if (std::string(key) == "parameter_with_sub_params") {
         const PV* fields = DictEntries(pat) ? pat : pat->state.get();
         const auto* sub = ListItems(fields ? fields->Find("patterns") : nullptr);
-        if (sub == nullptr) {
-          return DataLossError(model.name + ": universal_checkpoint_info['" + key +
-                               "'] entry " + pat->DebugString() + " has no patterns list");
-        }
+        const std::string where = model.name + ": universal_checkpoint_info['" + key +
+                                  "'] entry " + pat->DebugString();
+        if (sub == nullptr) return DataLossError(where + " has no patterns list");
+        SubParamRule rule;
         for (const auto& sp : *sub) {
           auto text = StrOf(sp.get());
           if (!text) return DataLossError(model.name + ": sub-param pattern " + sp->DebugString());
           out->push_back(std::make_unique<re2::RE2>(*text, re2::RE2::Quiet));
+          rule.patterns.push_back(*text);
+          rule.compiled.push_back(std::make_unique<re2::RE2>(*text, re2::RE2::Quiet));
         }
+        const auto* dims = ListItems(fields->Find("shape"));
+        auto pd = IntOf(fields->Find("partition_dim"));
+        if (dims == nullptr || dims->empty() || !pd || *pd < 0 ||
+            static_cast<size_t>(*pd) >= dims->size()) {
+          return DataLossError(where + ": shape must be a non-empty tuple and partition_dim " +
+                               "one of its dims");
+        }
+        rule.partition_dim = static_cast<size_t>(*pd);
+        if (dims->size() > kMaxSubParamEntries) return DataLossError(where + ": shape too long");
+        for (const auto& d : *dims) {
+          std::vector<int64_t> sizes;
+          if (auto n = IntOf(d.get())) {
+            if (*n < -1 || *n > kMaxSubParamSize) {
+              return DataLossError(where + ": shape entry " + d->DebugString());
+            }
+            sizes.push_back(*n);
+            rule.tuple.push_back(false);
+          } else if (const auto* parts = ListItems(d.get())) {
+            if (parts->size() > kMaxSubParamEntries) {
+              return DataLossError(where + ": too many sub-params");
+            }
+            for (const auto& x : *parts) {
+              auto n2 = IntOf(x.get());
+              if (!n2 || *n2 < 0 || *n2 > kMaxSubParamSize) {
+                return DataLossError(where + ": sub-param size " + x->DebugString());
+              }
+              sizes.push_back(*n2);
+            }
+            rule.tuple.push_back(true);
+          } else {
+            return DataLossError(where + ": shape entry " + d->DebugString());
+          }
+          rule.dims.push_back(std::move(sizes));
+        }
+        rules_out->sub_param_rules.push_back(std::move(rule));
         continue;
       }
       auto text = StrOf(pat);
@@ -758,6 +831,41 @@ Result<TpRules> ParseTpRules(const PtFile& model, const PV* info) {
   FC_RETURN_IF_ERROR(patterns("parameter_with_sub_params", &rules.sub_params));
   FC_RETURN_IF_ERROR(patterns("parameter_with_row_parallelism_patterns", &rules.row_parallel));
   FC_RETURN_IF_ERROR(patterns("vocabulary_parameter_patterns", &rules.vocabulary));
+  if (const PV* v = info->Find("universal_checkpoint_version"); v && !v->is_none()) {
+    if (v->kind == PV::Kind::kFloat) rules.version = v->float_value;
+    else if (auto n = IntOf(v)) rules.version = static_cast<double>(*n);
+    else if (auto t = StrOf(v)) rules.version = std::strtod(t->c_str(), nullptr);
+  }
+  if (const PV* v = info->Find("sub_param_shard_widths"); v && !v->is_none()) {
+    const Entries* e = DictEntries(v);
+    if (e == nullptr) {
+      return DataLossError(model.name + ": universal_checkpoint_info['sub_param_shard_widths'] is " +
+                           v->DebugString() + ", expected a dict pattern -> widths");
+    }
+    for (const auto& [k, w] : *e) {
+      auto pattern = StrOf(k.get());
+      const auto* subs = ListItems(w.get());
+      std::vector<std::vector<int64_t>> table;
+      bool ok = pattern.has_value() && subs != nullptr && subs->size() <= kMaxSubParamEntries;
+      for (size_t s = 0; ok && s < subs->size(); ++s) {
+        const auto* ranks = ListItems((*subs)[s].get());
+        if (ranks == nullptr || ranks->size() > kMaxSubParamEntries) { ok = false; break; }
+        std::vector<int64_t> row;
+        for (const auto& r : *ranks) {
+          auto n = IntOf(r.get());
+          if (!n || *n < 0 || *n > kMaxSubParamSize) { ok = false; break; }
+          row.push_back(*n);
+        }
+        table.push_back(std::move(row));
+      }
+      if (!ok) {
+        return DataLossError(model.name + ": universal_checkpoint_info['sub_param_shard_widths'] "
+                             "entry " + k->DebugString() + ": " + w->DebugString() +
+                             " is not pattern: [[width per TP rank] per sub-param]");
+      }
+      rules.shard_widths[*pattern] = std::move(table);
+    }
+  }
   if (const PV* v = info->Find("original_vocab_size"); v && !v->is_none()) {
     auto n = IntOf(v);
     if (!n || *n < 0) {
@@ -812,6 +920,226 @@ std::optional<Chunk> RowSlice(const Chunk& c, int64_t lo, int64_t hi, size_t ite
   }
   out.byte_length = static_cast<uint64_t>(last + 1) * item;
   return out;
+}
+
+Shape RowMajorStrides(const Shape& shape) {
+  Shape s(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) s[d - 1] = s[d] * shape[d];
+  return s;
+}
+
+// Bytes from a strided block's first element to the end of its last; 0 when empty.
+uint64_t StridedSpan(const Shape& local, const Shape& strides, size_t item) {
+  int64_t last = 0;
+  for (size_t d = 0; d < local.size(); ++d) {
+    if (local[d] == 0) return 0;
+    last += (local[d] - 1) * strides[d];
+  }
+  return static_cast<uint64_t>(last + 1) * item;
+}
+
+// A flattened-range chunk as strided blocks addressing the same bytes: the range's
+// row-major run through its box cut into boxes (a partial innermost run, whole runs of the
+// next dims out, ...; at most 2 per dim), each packed row-major in the file, so the box's
+// row-major strides address it.
+std::vector<Chunk> FlatBlocks(const Chunk& c, size_t item) {
+  const Shape& local = c.box.local_shape;
+  const Shape st = RowMajorStrides(local);
+  const size_t rank = local.size();
+  std::vector<Chunk> out;
+  int64_t p = c.flat_range->inclusive_min;
+  const int64_t end = c.flat_range->exclusive_max;
+  while (p < end) {
+    size_t j = 0;
+    while (j + 1 < rank && (p % st[j] != 0 || st[j] > end - p)) ++j;
+    const int64_t at_j = (p / st[j]) % local[j];
+    const int64_t count = std::min(local[j] - at_j, (end - p) / st[j]);
+    Chunk b = c;
+    b.flat_range.reset();
+    b.xxh3_64.reset();
+    b.strides = st;
+    int64_t rem = p;
+    for (size_t d = 0; d < rank; ++d) {
+      const int64_t idx = rem / st[d];
+      rem %= st[d];
+      b.box.global_offset[d] = c.box.global_offset[d] + idx;
+      b.box.local_shape[d] = d < j ? 1 : (d == j ? count : local[d]);
+    }
+    b.byte_offset = c.byte_offset + static_cast<uint64_t>(p - c.flat_range->inclusive_min) * item;
+    b.byte_length = StridedSpan(b.box.local_shape, st, item);
+    out.push_back(std::move(b));
+    p += count * st[j];
+  }
+  return out;
+}
+
+// The parts of `c` lying in [lo, hi) along dim `d` of the tensor, still addressing the same
+// bytes, appended to `out`. Dim 0 keeps the chunk's form (RowSlice); another dim makes it
+// strided (a flattened range first becomes its strided blocks).
+void AxisSlice(const Chunk& c, size_t d, int64_t lo, int64_t hi, size_t item,
+               std::vector<Chunk>* out) {
+  if (d == 0) {
+    if (auto s = RowSlice(c, lo, hi, item)) out->push_back(std::move(*s));
+    return;
+  }
+  const int64_t o = c.box.global_offset[d], n = c.box.local_shape[d];
+  const int64_t a = std::max(lo, o), b = std::min(hi, o + n);
+  if (a >= b) return;
+  std::vector<Chunk> blocks;
+  if (c.flat_range) {
+    blocks = FlatBlocks(c, item);
+  } else {
+    blocks.push_back(c);
+    if (c.strides.empty()) blocks.back().strides = RowMajorStrides(c.box.local_shape);
+  }
+  for (Chunk& s : blocks) {
+    const int64_t so = s.box.global_offset[d], sn = s.box.local_shape[d];
+    const int64_t x = std::max(a, so), y = std::min(b, so + sn);
+    if (x >= y) continue;
+    s.xxh3_64.reset();
+    s.byte_offset += static_cast<uint64_t>((x - so) * s.strides[d]) * item;
+    s.box.global_offset[d] = x;
+    s.box.local_shape[d] = y - x;
+    s.byte_length = StridedSpan(s.box.local_shape, s.strides, item);
+    if (s.byte_length == 0) continue;
+    out->push_back(std::move(s));
+  }
+}
+
+// parameter_with_sub_params (deepspeed.md 5.5 rule 4, ds_to_universal's merge): every TP
+// slice is the sub-params' per-rank pieces side by side along partition_dim; the merged
+// tensor is, per sub-param, all ranks' pieces in rank order. Widths: version >= 0.4 from
+// sub_param_shard_widths[matched pattern] (uneven, GQA); before, an even split (a count at
+// partition_dim: that many equal sub-params). Only the chunks' boxes move (AxisSlice).
+// `name`, `key`: for messages. Errors: kDataLoss when the widths or shapes disagree with the
+// slices, kUnimplemented for a sub-param view whose shape is not the slices' own.
+Status MergeSubParams(const TpRules& rules, const SubParamRule& rule, const std::string& pattern,
+                      const std::string& key, const std::vector<TensorEntry*>& parts,
+                      TensorEntry* m) {
+  const size_t tp = parts.size();
+  const size_t pd = rule.partition_dim;
+  const std::string where = rules.source + ": parameter_with_sub_params pattern '" + pattern +
+                            "' for '" + key + "'";
+  for (const TensorEntry* p : parts) {
+    if (p->global_shape.size() <= pd && !rule.tuple[pd]) {
+      return UnimplementedError(where + ": the TP slice " + ShapeText(p->global_shape) +
+                                " has no dim " + std::to_string(pd) + " to size the sub-params by");
+    }
+  }
+  std::vector<int64_t> sizes = rule.dims[pd];
+  std::vector<std::vector<int64_t>> widths;
+  if (rules.version >= 0.4) {
+    if (!rule.tuple[pd]) {
+      return DataLossError(where + ": universal_checkpoint_version " +
+                           std::to_string(rules.version) + " needs the sub-param sizes (a tuple) "
+                           "at partition_dim " + std::to_string(pd));
+    }
+    auto it = rules.shard_widths.find(pattern);
+    if (it == rules.shard_widths.end()) {
+      return DataLossError(where + ": universal_checkpoint_version " +
+                           std::to_string(rules.version) + " but sub_param_shard_widths has no "
+                           "entry for the pattern");
+    }
+    widths = it->second;
+  } else {
+    if (!rule.tuple[pd]) {
+      // A count of equal sub-params, sized from the slices.
+      const int64_t count = sizes[0];
+      int64_t full = 0;
+      for (const TensorEntry* p : parts) full += p->global_shape[pd];
+      if (count <= 0 || full % count != 0) {
+        return DataLossError(where + ": " + std::to_string(count) + " sub-params do not divide "
+                             "the " + std::to_string(full) + " merged entries of dim " +
+                             std::to_string(pd));
+      }
+      sizes.assign(static_cast<size_t>(count), full / count);
+    }
+    for (int64_t size : sizes) {
+      if (size % static_cast<int64_t>(tp) != 0) {
+        return UnimplementedError(where + ": sub-param size " + std::to_string(size) +
+                                  " is not divisible by the TP degree " + std::to_string(tp) +
+                                  " and universal_checkpoint_version " +
+                                  std::to_string(rules.version) + " < 0.4 records no "
+                                  "sub_param_shard_widths: the uneven layout is unknown");
+      }
+      widths.emplace_back(tp, size / static_cast<int64_t>(tp));
+    }
+  }
+  if (widths.size() != sizes.size()) {
+    return DataLossError(where + ": " + std::to_string(widths.size()) + " shard width lists for " +
+                         std::to_string(sizes.size()) + " sub-params");
+  }
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    int64_t sum = 0;
+    for (int64_t w : widths[s]) sum += w;
+    if (widths[s].size() != tp || sum != sizes[s]) {
+      return DataLossError(where + ": sub-param " + std::to_string(s) + " of size " +
+                           std::to_string(sizes[s]) + " has shard widths summing to " +
+                           std::to_string(sum) + " over " + std::to_string(widths[s].size()) +
+                           " ranks, expected " + std::to_string(tp));
+    }
+  }
+  // Per rank: the slice must be the sub-param view with this rank's widths at pd.
+  Shape merged(rule.dims.size());
+  for (size_t d = 0; d < rule.dims.size(); ++d) {
+    int64_t v = 0;
+    for (int64_t x : rule.dims[d]) v += x;
+    merged[d] = d == pd ? std::accumulate(sizes.begin(), sizes.end(), int64_t{0}) : v;
+  }
+  for (size_t t = 0; t < tp; ++t) {
+    const Shape& have = parts[t]->global_shape;
+    Shape view = merged;
+    view[pd] = 0;
+    for (const auto& w : widths) view[pd] += w[t];
+    int64_t known = 1, open = -1;
+    for (size_t d = 0; d < view.size(); ++d) {
+      if (view[d] < 0 && open < 0) {
+        open = static_cast<int64_t>(d);
+        continue;
+      }
+      auto k = CheckedMul(known, view[d]);
+      if (!k || view[d] < 0) return DataLossError(where + ": shape " + ShapeText(view));
+      known = *k;
+    }
+    const int64_t numel = *CheckedNumElements(have);
+    if (open >= 0) view[static_cast<size_t>(open)] = known > 0 ? numel / known : 0;
+    if (view != have) {
+      const bool same_count = CheckedNumElements(view).ok() && *CheckedNumElements(view) == numel;
+      const std::string text = where + ": TP rank " + std::to_string(t) + " holds " +
+                               ShapeText(have) + ", the sub-param shape with its widths is " +
+                               ShapeText(view);
+      if (same_count) {
+        return UnimplementedError(text + " (fc merges a sub-param view of the slice's own "
+                                  "shape only)");
+      }
+      return DataLossError(text);
+    }
+  }
+  for (size_t d = 0; d < merged.size(); ++d) {
+    if (merged[d] < 0) merged[d] = parts[0]->global_shape[d];
+  }
+  const size_t item = DTypeSize(parts[0]->dtype);
+  m->global_shape = merged;
+  m->chunks.clear();
+  std::vector<int64_t> local_at(tp, 0);  // next unread entry of each rank's slice along pd
+  int64_t global_at = 0;                 // start of sub-param s in the merged tensor
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    int64_t dst = global_at;
+    for (size_t t = 0; t < tp; ++t) {
+      const int64_t w = widths[s][t];
+      const int64_t lo = local_at[t];
+      std::vector<Chunk> pieces;
+      for (const Chunk& c : parts[t]->chunks) AxisSlice(c, pd, lo, lo + w, item, &pieces);
+      for (Chunk& c : pieces) {
+        c.box.global_offset[pd] += dst - lo;
+        m->chunks.push_back(std::move(c));
+      }
+      local_at[t] += w;
+      dst += w;
+    }
+    global_at += sizes[s];
+  }
+  return Status::Ok();
 }
 
 class Reader {
@@ -1285,8 +1613,14 @@ Status Reader::ReadRank(int64_t mp, RankFiles& rf) {
           auto c = IntOf(i.get());
           if (!c) break;
           if (count && *count != *c) {
-            return UnimplementedError(optims[r]->name + ": partition_count differs per group (" +
-                                      pc->DebugString() + "; MoE expert groups), not read yet");
+            // deepspeed.md gives only that expert groups have their own DP size: not which
+            // file holds which partition of such a group, nor the expert params' names
+            // across expert-parallel ranks (param_shapes is DP rank 0's). Not guessed.
+            return UnimplementedError(
+                optims[r]->name + ": partition_count differs per param group (" +
+                pc->DebugString() + ": MoE expert groups partitioned over their own DP size); "
+                "how such a group's partitions lie in the optimizer files is not known to fc, "
+                "so this checkpoint is not read");
           }
           count = c;
         }
@@ -1539,12 +1873,12 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
         continue;
       }
       std::string why;
+      const auto [sub_rule, sub_pattern] = TpRules::Matches(rules->two_sub_params, name)
+                                               ? std::pair<const SubParamRule*, std::string>()
+                                               : rules->MatchSubParams(name);  // DeepSpeed's order
       if (TpRules::Matches(rules->average, name)) {
         why = "parameter_to_average_patterns: the merged value is the mean of the TP copies, "
               "which fc does not compute";
-      } else if (!TpRules::Matches(rules->two_sub_params, name) &&  // DeepSpeed's order
-                 TpRules::Matches(rules->sub_params, name)) {
-        why = "parameter_with_sub_params (fused sub-params) is not merged by fc yet";
       } else if (e0.global_shape.empty()) {
         why = "a 0-d tensor matching no replicated pattern cannot be concatenated";
       }
@@ -1562,7 +1896,9 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
       m.key = e0.key;
       m.dtype = e0.dtype;
       m.global_shape = e0.global_shape;
-      if (TpRules::Matches(rules->two_sub_params, name)) {
+      if (sub_rule != nullptr) {
+        FC_RETURN_IF_ERROR(MergeSubParams(*rules, *sub_rule, sub_pattern, e0.key, parts, &m));
+      } else if (TpRules::Matches(rules->two_sub_params, name)) {
         // Each slice is torch.chunk(slice, 2, dim 0): its first ceil(rows/2) rows belong to
         // sub-param 0; the merged tensor is all first halves, then all second halves.
         if (int64_t t = differs_on(0)) return shape_error(t, "2 sub-params along dim 0");

@@ -349,6 +349,88 @@ bool AnyMatch(const PickleValue* info, std::string_view key, const std::string& 
   return false;
 }
 
+PickleValue::Ptr Node(PickleValue v) { return std::make_shared<PickleValue>(std::move(v)); }
+
+PickleValue::Ptr StrNode(const std::string& text) {
+  PickleValue v;
+  v.kind = PickleValue::Kind::kStr;
+  v.str = text;
+  return Node(std::move(v));
+}
+
+// The sub_param_shape ds_to_universal saves for a fused param (deepspeed.md 5.5 rule 4):
+// SubparamShape(patterns, shape, partition_dim) of the first parameter_with_sub_params entry
+// with a pattern matching `name`, its shape as in the entry, except that before version 0.4
+// a count of equal sub-params at partition_dim becomes their sizes (from the merged size
+// `merged` of that dim). nullptr when no entry matches.
+Result<PickleValue::Ptr> SubParamShapeFor(const PickleValue* info, const std::string& name,
+                                          const Shape& merged) {
+  const PickleValue* list = info ? info->Find("parameter_with_sub_params") : nullptr;
+  if (list == nullptr || (!list->is_list() && !list->is_tuple())) return PickleValue::Ptr();
+  double version = 0;
+  if (const PickleValue* v = info->Find("universal_checkpoint_version")) {
+    if (v->kind == PickleValue::Kind::kFloat) version = v->float_value;
+    else if (v->is_int()) version = static_cast<double>(v->int_value);
+  }
+  for (const PickleValue::Ptr& entry : list->items) {
+    const PickleValue* fields = entry->is_dict() ? entry.get() : entry->state.get();
+    const PickleValue* patterns = fields ? fields->Find("patterns") : nullptr;
+    if (patterns == nullptr) continue;
+    bool hit = false;
+    for (const PickleValue::Ptr& p : patterns->items) {
+      if (!p->is_str()) continue;
+      RE2 re(p->str, RE2::Quiet);
+      if (re.ok() && re.Match(name, 0, name.size(), RE2::ANCHOR_START, nullptr, 0)) hit = true;
+      if (hit) break;
+    }
+    if (!hit) continue;
+    const PickleValue* shape = fields->Find("shape");
+    const PickleValue* pd = fields->Find("partition_dim");
+    if (shape == nullptr || pd == nullptr || !pd->is_int() || pd->int_value < 0 ||
+        static_cast<size_t>(pd->int_value) >= shape->items.size()) {
+      return DataLossError("parameter_with_sub_params entry for '" + name + "' has no usable "
+                           "shape / partition_dim");
+    }
+    const size_t d = static_cast<size_t>(pd->int_value);
+    PickleValue::Ptr shape_out;
+    for (const PickleValue::Ptr& x : shape->items) {
+      if (x == nullptr) return DataLossError("parameter_with_sub_params shape of '" + name + "'");
+    }
+    if (version < 0.4 && shape->items[d]->is_int()) {
+      const int64_t count = shape->items[d]->int_value;
+      if (count <= 0 || d >= merged.size() || merged[d] % count != 0) {
+        return DataLossError("'" + name + "': " + std::to_string(count) + " sub-params do not "
+                             "divide its merged dim " + std::to_string(d));
+      }
+      PickleValue sizes;
+      sizes.kind = PickleValue::Kind::kTuple;
+      for (int64_t i = 0; i < count; ++i) sizes.items.push_back(PickleInt(merged[d] / count));
+      PickleValue t;
+      t.kind = PickleValue::Kind::kTuple;
+      t.items = shape->items;
+      t.items[d] = Node(std::move(sizes));
+      shape_out = Node(std::move(t));
+    } else {
+      shape_out = std::make_shared<PickleValue>(*shape);
+    }
+    PickleValue state;
+    state.kind = PickleValue::Kind::kDict;
+    state.entries.emplace_back(StrNode("patterns"), std::make_shared<PickleValue>(*patterns));
+    state.entries.emplace_back(StrNode("shape"), shape_out);
+    state.entries.emplace_back(StrNode("partition_dim"), PickleInt(pd->int_value));
+    PickleValue cls;
+    cls.kind = PickleValue::Kind::kGlobal;
+    cls.str = "deepspeed.checkpoint.universal_checkpoint";
+    cls.name = "SubparamShape";
+    PickleValue obj;
+    obj.kind = PickleValue::Kind::kObject;
+    obj.callee = Node(std::move(cls));
+    obj.state = Node(std::move(state));
+    return Node(std::move(obj));
+  }
+  return PickleValue::Ptr();
+}
+
 }  // namespace
 
 Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex& index,
@@ -459,9 +541,17 @@ Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex&
       meta.form = UcpFileForm::kRawTensor;
     } else if (!AnyMatch(info, "tp_replicated_parameter_patterns", p) &&
                !AnyMatch(info, "parameter_to_average_patterns", p)) {
+      const TensorEntry* merged = index.FindTensor(p);
+      PickleValue::Ptr sub;
+      if (!AnyMatch(info, "parameter_with_2_sub_params_cat_dim_0", p)) {
+        FC_ASSIGN_OR_RETURN(sub, SubParamShapeFor(info, p, merged ? merged->global_shape : Shape{})
+                                     .With(JoinPath(src.dir, model_file)));
+      }
       if (AnyMatch(info, "parameter_with_2_sub_params_cat_dim_0", p)) {
         meta.before.emplace_back("cat_dim", PickleInt(0));
         meta.before.emplace_back("param_n_sub_params", PickleInt(2));
+      } else if (sub != nullptr) {
+        meta.before.emplace_back("sub_param_shape", sub);
       } else {
         const bool row = AnyMatch(info, "parameter_with_row_parallelism_patterns", p);
         meta.before.emplace_back("cat_dim", PickleInt(row ? 1 : 0));

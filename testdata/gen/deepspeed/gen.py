@@ -113,6 +113,17 @@ class fragment_address:  # noqa: N801 (DeepSpeed's name)
 fragment_address.__module__ = "deepspeed.utils.tensor_fragment"
 _fake_module("deepspeed.utils.tensor_fragment").fragment_address = fragment_address
 
+@dataclasses.dataclass
+class SubparamShape:  # deepspeed.checkpoint.universal_checkpoint.SubparamShape
+    patterns: list
+    shape: tuple
+    partition_dim: int
+
+
+SubparamShape.__module__ = "deepspeed.checkpoint.universal_checkpoint"
+_fake_module("deepspeed.checkpoint.universal_checkpoint").SubparamShape = SubparamShape
+
+
 class TrainerState:
     """A client-state object of a class fc does not know (kept opaque, reported)."""
 
@@ -260,13 +271,16 @@ def write_save_dir(root):
 
 
 def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
-               frozen=None, tied=None, client=None, same=(), strided=()):
+               frozen=None, tied=None, client=None, same=(), strided=(), rank_groups=None):
+    """rank_groups: per mp rank its own groups (uneven TP slices), instead of `groups`."""
     root = os.path.join(out, case, "ckpt")
     write_save_dir(root)
     tagdir = os.path.join(root, TAG)
     dtype = torch.bfloat16 if bf16_optimizer else torch.float16
     prefix = "bf16_" if bf16_optimizer else ""
     for m in range(mp):
+        if rank_groups:
+            groups = rank_groups[m]
         master = {}
         osds, flats16 = zero12_rank_states(groups, dp, seed + 100 * m, stage, bf16_optimizer,
                                            master, same, seed)
@@ -489,7 +503,7 @@ UCP_INFO = {"universal_checkpoint_version": 0.4,
             "original_vocab_size": 7, "padded_vocab_size": 8}
 
 
-def gen_ucp(out, case, source, tp=1):
+def gen_ucp(out, case, source, tp=1, keys=None):
     """ds_to_universal.py (stage <= 2, deepspeed.md 5.4/5.5) on the `source` case: per TP
     rank and param, the fragments named by param_slice_mappings, concatenated by DP rank and
     reshaped; the TP slices merged by merge_tp_slices (tp > 1); saved as {'param': t,
@@ -536,9 +550,14 @@ def gen_ucp(out, case, source, tp=1):
         if state == "step":
             torch.save(value, os.path.join(d, "step.pt"))
             continue
+        slices = [sd[key] for sd in per_tp]
         if tp > 1:
-            value = merge_tp([{name: sd[key]} for sd in per_tp], info)[name]
-        torch.save({"param": value.clone(), "cat_dim": 0}, os.path.join(d, state + ".pt"))
+            value = merge_tp([{name: sl} for sl in slices], info)[name]
+        if keys:  # ds_to_universal's keys, then 'param'
+            saved = dict(keys(name, info, slices), param=value.clone())
+        else:
+            saved = {"param": value.clone(), "cat_dim": 0}
+        torch.save(saved, os.path.join(d, state + ".pt"))
     torch.save(osd, os.path.join(udir, "zero", "optimizer_state.pt"))
     with open(os.path.join(root, "latest_universal"), "w") as f:
         f.write(TAG + "_universal")
@@ -663,6 +682,69 @@ def reconstruct_pipeline(tagdir, names, mp_files, t, tp):
     return out
 
 
+def match_sub_params(info, name):
+    """The first parameter_with_sub_params entry with a pattern re.match-ing name, and that
+    pattern (ds_to_universal's order of search)."""
+    for entry in info.get("parameter_with_sub_params", []):
+        for p in entry["patterns"]:
+            if re.match(p, name):
+                return entry, p
+    return None, None
+
+
+def sub_param_layout(info, entry, pattern, slices):
+    """(sub-param sizes, widths[sub][rank]) of a fused param (deepspeed.md 5.5 rule 4)."""
+    pd, tp = entry["partition_dim"], len(slices)
+    spec = entry["shape"][pd]
+    if info["universal_checkpoint_version"] >= 0.4:
+        return list(spec), info["sub_param_shard_widths"][pattern]
+    if isinstance(spec, int):  # before 0.4: a count of equal sub-params
+        full = sum(s.shape[pd] for s in slices)
+        spec = [full // spec] * spec
+    return list(spec), [[z // tp] * tp for z in spec]
+
+
+def merge_sub_params(slices, info, entry, pattern):
+    """Each rank's slice holds, along partition_dim, its piece of every sub-param in order;
+    the merged tensor is, per sub-param, the ranks' pieces in rank order."""
+    pd = entry["partition_dim"]
+    sizes, widths = sub_param_layout(info, entry, pattern, slices)
+    pieces, at = [], [0] * len(slices)
+    for s in range(len(sizes)):
+        for t, sl in enumerate(slices):
+            pieces.append(sl.narrow(pd, at[t], widths[s][t]))
+            at[t] += widths[s][t]
+    assert all(a == sl.shape[pd] for a, sl in zip(at, slices))
+    return torch.cat(pieces, dim=pd)
+
+
+def ucp_keys(name, info, slices):
+    """The keys ds_to_universal's merge_tp_slices saves beside 'param' (5.5), sub_param_shape
+    as the SubparamShape it saves (a count before 0.4 normalized to the sub-param sizes)."""
+    def match(key):
+        return any(re.match(p, name) for p in info.get(key, []))
+    keys = {}
+    entry, pattern = match_sub_params(info, name)
+    if match("tp_replicated_parameter_patterns") or match("parameter_to_average_patterns"):
+        pass
+    elif match("parameter_with_2_sub_params_cat_dim_0"):
+        keys.update(cat_dim=0, param_n_sub_params=2)
+    elif entry:
+        shape = entry["shape"]
+        pd = entry["partition_dim"]
+        if isinstance(shape[pd], int):
+            shape = list(shape)
+            shape[pd] = tuple(sub_param_layout(info, entry, pattern, slices)[0])
+            shape = tuple(shape)
+        keys["sub_param_shape"] = SubparamShape(patterns=entry["patterns"], shape=shape,
+                                                partition_dim=pd)
+    else:
+        keys["cat_dim"] = 1 if match("parameter_with_row_parallelism_patterns") else 0
+    if match("vocabulary_parameter_patterns"):
+        keys["vocab_tensor"] = True
+    return keys
+
+
 def merge_tp(per_rank, info):
     """ds_to_universal.merge_tp_slices (deepspeed.md 5.5) on every key of the TP ranks, but
     a param to average keeps its TP copies as mp_rank_XX.<key> (fc computes no values)."""
@@ -683,10 +765,13 @@ def merge_tp(per_rank, info):
             for t, sl in enumerate(slices):
                 out["mp_rank_%02d.%s" % (t, key)] = sl
             continue
+        entry, pattern = match_sub_params(info, name)
         if match("parameter_with_2_sub_params_cat_dim_0", name):
             chunks = [torch.chunk(s, 2, dim=0) for s in slices]
             param = torch.cat([torch.cat([c[0] for c in chunks]),
                                torch.cat([c[1] for c in chunks])])
+        elif entry:
+            param = merge_sub_params(slices, info, entry, pattern)
         else:
             dim = 1 if match("parameter_with_row_parallelism_patterns", name) else 0
             param = torch.cat(slices, dim=dim)
@@ -925,9 +1010,46 @@ def generate(out):
     gen_zero12(out, "tp2_avg", 1, 2, [od(("layer.weight", (2, 4)), ("layer.bias", (2,)))],
                seed=9, mp=2, client={"universal_checkpoint_info": dict(
                    UCP_INFO, parameter_to_average_patterns=[r"layer\.bias"])})
+    # Fused sub-params (parameter_with_sub_params), UCP version 0.4: a GQA-style QKV whose
+    # sub-params split unevenly over TP 2 (sub_param_shard_widths: q 6 rows as 4 + 2, k and
+    # v 2 rows as 1 + 1; shape ((6, 2, 2), -1)), its bias, and a param fused along dim 1
+    # (3, (4, 2)) with widths 3 + 1 and 2 + 0 (TP rank 1 holds none of the second
+    # sub-param); module weights column-major (strided) for two of them; dp 2 cuts the flat
+    # partitions inside the fused params (mlp.fused.weight of TP rank 0 inside its last row).
+    fused_info = {
+        "universal_checkpoint_version": 0.4,
+        "vocabulary_parameter_patterns": [r"embed\.weight"],
+        "tp_replicated_parameter_patterns": [r"norm\."],
+        "parameter_with_sub_params": [
+            {"patterns": [r"attn\.qkv\.weight"], "shape": ((6, 2, 2), -1), "partition_dim": 0},
+            {"patterns": [r"attn\.qkv\.bias"], "shape": ((6, 2, 2),), "partition_dim": 0},
+            {"patterns": [r"mlp\.fused\.weight"], "shape": (3, (4, 2)), "partition_dim": 1}],
+        "sub_param_shard_widths": {r"attn\.qkv\.weight": [[4, 2], [1, 1], [1, 1]],
+                                   r"attn\.qkv\.bias": [[4, 2], [1, 1], [1, 1]],
+                                   r"mlp\.fused\.weight": [[3, 1], [2, 0]]},
+        "original_vocab_size": 7, "padded_vocab_size": 8}
+    fused_shapes = [((6, 3), (6,), (3, 5)), ((4, 3), (4,), (3, 1))]
+    gen_zero12(out, "tp2_fused", 1, 2, None, seed=13, mp=2, same=("norm.weight",),
+               strided=("attn.qkv.weight", "mlp.fused.weight"),
+               client={"universal_checkpoint_info": fused_info},
+               rank_groups=[[od(("norm.weight", (3,)), ("embed.weight", (4, 3)),
+                                ("mlp.fused.weight", f), ("attn.qkv.weight", q),
+                                ("attn.qkv.bias", b))] for q, b, f in fused_shapes])
+    # Before version 0.4 (no widths: an even split): a count of 3 equal sub-params at
+    # partition_dim 0 (shape (3, -1)), and sub-param sizes (4, 4) along dim 1.
+    gen_zero12(out, "tp2_fused_v02", 2, 2,
+               [od(("attn.qkv.weight", (6, 3)), ("mlp.fused.weight", (3, 4)),
+                   ("layer.bias", (2,)))], seed=14, mp=2, strided=("mlp.fused.weight",),
+               client={"universal_checkpoint_info": {
+                   "universal_checkpoint_version": 0.2,
+                   "parameter_with_sub_params": [
+                       {"patterns": [r"attn\.qkv\."], "shape": (3, -1), "partition_dim": 0},
+                       {"patterns": [r"mlp\.fused\."], "shape": (3, (4, 4)),
+                        "partition_dim": 1}]}})
     gen_ucp(out, "ucp", "frozen_tied")
     gen_ucp(out, "ucp_tp2", "tp2_ucp", tp=2)
     gen_ucp_zero3(out, "ucp_zero3", "zero3")
+    gen_ucp(out, "ucp_tp2_fused", "tp2_fused", tp=2, keys=ucp_keys)
     gen_moe(out, "moe", seed=12)
     # checkpoint_serialization: false -> every file in torch.save's legacy format.
     LEGACY[0] = True
@@ -942,7 +1064,8 @@ def generate(out):
 
 
 CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3", "pp2", "pp2_tp2", "tp2_ucp",
-         "tp2_avg", "ucp", "ucp_tp2", "ucp_zero3", "moe", "legacy"]
+         "tp2_avg", "ucp", "ucp_tp2", "ucp_zero3", "moe", "legacy", "tp2_fused", "tp2_fused_v02",
+         "ucp_tp2_fused"]
 
 
 def same_value(x, y):

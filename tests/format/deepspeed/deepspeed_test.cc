@@ -23,7 +23,8 @@ using testing::WriteFileBytes;
 
 const char* kCases[] = {"zero1", "zero2", "bf16",    "tp2",    "frozen_tied",
                         "zero3", "pp2",   "pp2_tp2", "tp2_ucp", "tp2_avg", "ucp",
-                        "ucp_tp2", "ucp_zero3", "moe", "legacy"};
+                        "ucp_tp2", "ucp_zero3", "moe", "legacy", "tp2_fused",
+                        "tp2_fused_v02", "ucp_tp2_fused"};
 
 std::string Fixture(const std::string& name) {
   const char* root = std::getenv("FC_TESTDATA");
@@ -165,6 +166,32 @@ TEST_CASE("deepspeed: weights for export", "[deepspeed]") {
   CHECK(s.code() == StatusCode::kUnimplemented);
   CHECK_THAT(s.message(), Catch::Contains("tensor parallelism"));
   CHECK(!ParseDeepSpeedWeights("half").ok());
+}
+
+TEST_CASE("deepspeed: fused sub-params merge in place", "[deepspeed]") {
+  // UCP 0.4, uneven widths: merged, nothing left per rank, export allowed.
+  auto f = ReadDeepSpeedCheckpoint(Fixture("tp2_fused") + "/ckpt");
+  REQUIRE(f.ok());
+  CHECK(f->attributes.count("deepspeed.tp_unmerged") == 0);
+  CHECK(f->attributes.at("deepspeed.tp_merge") == "universal_checkpoint_info");
+  CHECK(f->FindTensor("mp_rank_00.attn.qkv.weight") == nullptr);
+  CHECK(f->FindTensor("attn.qkv.weight")->global_shape == Shape{10, 3});
+  CHECK(f->FindTensor("mlp.fused.weight")->global_shape == Shape{3, 6});
+  // Pieces along dim 1 address the bytes in place as strided chunks; along dim 0 the flat
+  // partitions stay flattened ranges.
+  for (const Chunk& c : f->FindTensor("mlp.fused.weight")->chunks) {
+    CHECK(!c.flat_range);
+    CHECK(c.strides.size() == 2);
+  }
+  bool flat = false;
+  for (const Chunk& c : f->FindTensor("attn.qkv.weight")->chunks) flat |= c.flat_range.has_value();
+  CHECK(flat);
+  CheckpointIndex fp32 = *f;
+  CHECK(SelectDeepSpeedWeights(DeepSpeedWeights::kFp32, &fp32).ok());
+  auto v02 = ReadDeepSpeedCheckpoint(Fixture("tp2_fused_v02") + "/ckpt");
+  REQUIRE(v02.ok());
+  CHECK(v02->FindTensor("attn.qkv.weight")->global_shape == Shape{12, 3});
+  CHECK(v02->FindTensor("mlp.fused.weight")->global_shape == Shape{3, 8});
 }
 
 // A copy of fixture `name`'s tag dir in a temp dir.
