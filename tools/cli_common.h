@@ -49,10 +49,11 @@ Result<uint64_t> ParseSize(const std::string& flag, const std::string& text);
 void SetUpIo(bool follow_symlinks);
 
 // --source-layout FILE: a layout file (man/fc-layout.5) whose tensor_parallel rules say how
-// a Megatron legacy checkpoint's TP ranks merge (fc/format/open.h SourceSplit).
+// a Megatron legacy or DeepSpeed checkpoint's TP ranks merge (fc/format/open.h SourceSplit).
 inline constexpr const char* kSourceLayoutHelp =
-    "how a Megatron legacy checkpoint's TP ranks merge: a layout file (fc-layout(5)) whose "
-    "tensor_parallel rules replace the built-in table; a name no rule matches is replicated";
+    "how the TP ranks of a Megatron legacy or DeepSpeed checkpoint merge: a layout file "
+    "(fc-layout(5)) whose tensor_parallel rules replace the built-in table (Megatron) or "
+    "universal_checkpoint_info (DeepSpeed); a name no rule matches is replicated";
 // Errors: the file's read and parse errors, naming it.
 Result<SourceSplit> LoadSourceLayout(const std::string& path);
 

@@ -67,7 +67,7 @@ Result<bool> IsMegatronLegacy(const Listing& l) { return IsMegatronLegacyCheckpo
 
 // Openers: `lenient` is null, or where a reader that has a lenient mode records the problems
 // it steps over (fc-inspect --verify). Readers without one open as usual. Only Megatron
-// legacy takes source_split (OpenCheckpoint refuses it for the others).
+// legacy and DeepSpeed take source_split (OpenCheckpoint refuses it for the others).
 Result<CheckpointIndex> OpenTorchDcp(const std::string& path, const OpenOptions& o) {
   // Items are located on first read (ChunkReader): opening reads only .metadata.
   return ReadTorchDcp(path, TorchDcpReadOptions{.locate_chunks = false, .lenient = o.lenient});
@@ -81,8 +81,9 @@ Result<CheckpointIndex> OpenFcDistcp(const std::string& path, const OpenOptions&
 Result<CheckpointIndex> OpenPaddleFlex(const std::string& path, const OpenOptions&) {
   return ReadPaddleFlexCheckpoint(path);
 }
-Result<CheckpointIndex> OpenDeepSpeed(const std::string& path, const OpenOptions&) {
-  return ReadDeepSpeedCheckpoint(path);
+Result<CheckpointIndex> OpenDeepSpeed(const std::string& path, const OpenOptions& o) {
+  return ReadDeepSpeedCheckpoint(
+      path, DeepSpeedReadOptions{.tp_axis = o.source_split.tp_axis, .tp_axis_origin = o.source_split.origin});
 }
 Result<CheckpointIndex> OpenMegatronLegacy(const std::string& path, const OpenOptions& o) {
   return ReadMegatronLegacyCheckpoint(
@@ -150,9 +151,10 @@ Result<CheckpointIndex> OpenCheckpoint(const std::string& path, const OpenOption
   }
   for (const InputFormat& f : kInputFormats) {
     if (f.format != format) continue;
-    if (options.source_split && format != CheckpointFormat::kMegatronLegacy) {
+    if (options.source_split && format != CheckpointFormat::kMegatronLegacy &&
+        format != CheckpointFormat::kDeepSpeed) {
       return InvalidArgumentError(options.source_split.origin + ": applies to Megatron legacy " +
-                                  "checkpoints only; " + path + " is " +
+                                  "and DeepSpeed checkpoints only; " + path + " is " +
                                   std::string(CheckpointFormatName(format)) +
                                   ", whose files say how its tensors are split");
     }

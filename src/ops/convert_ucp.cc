@@ -105,6 +105,14 @@ Result<std::vector<UcpParam>> UcpParams(const CheckpointIndex& index,
   }
   const std::string tp_text = Attr(index, "deepspeed.tp_degree");
   const int64_t tp = tp_text.empty() ? 1 : std::stoll(tp_text);
+  if (constexpr std::string_view kByRules = "tensor_parallel rules of ";
+      Attr(index, "deepspeed.tp_merge").starts_with(kByRules)) {
+    return UnimplementedError(input + ": TP shards merged by " +
+                              Attr(index, "deepspeed.tp_merge").substr(kByRules.size()) +
+                              ": a Universal Checkpoint records its merge as "
+                              "universal_checkpoint_info patterns, which fc does not derive "
+                              "from layout rules; leave out --source-layout");
+  }
   const bool per_rank = tp > 1 && Attr(index, "deepspeed.tp_merge") != "universal_checkpoint_info";
   if (per_rank && !options.ucp_inject_missing_state) {
     return UnimplementedError(input + ": TP degree " + tp_text + " without "
@@ -360,7 +368,7 @@ Result<ConvertSummary> RunConvertUcp(const ConvertOptions& options, std::ostream
   RunStatsMeter meter;
   FC_RETURN_IF_ERROR(CheckOptions(options));
   auto job = std::make_unique<UcpJob>();
-  FC_ASSIGN_OR_RETURN(job->index, OpenCheckpoint(options.input, options.format));
+  FC_ASSIGN_OR_RETURN(job->index, OpenCheckpoint(options.input, OpenOptions{.format = options.format, .source_split = options.source_split}));
   FC_RETURN_IF_ERROR(BuildJob(options, *job));
   ConvertSummary summary;
   summary.ranks = 0;

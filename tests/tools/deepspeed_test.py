@@ -3,7 +3,7 @@ written by testdata/gen/deepspeed/gen.py), read back with an independent safeten
 (fcio: json + numpy) and compared element by element with the generator's zero_to_fp32-style
 reconstruction (expected/*.npy).
 
-usage: deepspeed_test.py BUILD_ROOT TESTDATA CASE   (CASE: export|inspect|errors|fused)
+usage: deepspeed_test.py BUILD_ROOT TESTDATA CASE   (CASE: export|inspect|errors|fused|source_layout)
 """
 import collections
 import glob
@@ -291,6 +291,56 @@ def case_fused():
             assert saved["sub_param_shape"] == want["sub_param_shape"], (what, saved)
             assert np.array_equal(fcio.bits(saved["param"].numpy()), fcio.bits(exp[key])), what
         print("ok", what)
+
+
+def case_source_layout():
+    """--source-layout FILE merges a TP 2 checkpoint without universal_checkpoint_info (tp2):
+    each rule's axis concatenates the TP slices, unmatched names (the norm buffer) are TP
+    rank 0's copy; compared element by element with the per-rank tensors the generator
+    wrote, for the fp32 weights, the module weights and the Adam states."""
+    fx = os.path.join(TESTDATA, "deepspeed", "tp2")
+    exp = fcio.expected_values(fx)
+    ckpt = os.path.join(fx, "ckpt")
+    # Without rules: refused, and the message points to --source-layout.
+    p = fcio.run([EXPORT, ckpt, os.path.join(tmp, "refused"), "--quiet"], expect=6)
+    assert "--source-layout" in p.stderr, p.stderr
+    for axis in (0, 1):
+        rules = os.path.join(tmp, f"rules{axis}.json")
+        json.dump({"tensor_parallel": [{"regex": r"layer\.weight$", "axis": axis},
+                                       {"regex": r"layer\.bias$", "axis": 0}]}, open(rules, "w"))
+        for weights, prefix in (("fp32", ""), ("module", "module.")):
+            out = os.path.join(tmp, f"axis{axis}_{weights}")
+            fcio.run([EXPORT, ckpt, out, "--quiet", "--weights", weights, "--include-optimizer",
+                      "--source-layout", rules])
+            got, _ = fcio.read_hf_dir(out)
+            want = {}
+            for name in ("layer.weight", "layer.bias"):
+                ax = axis if name == "layer.weight" else 0
+                want[name] = np.concatenate([exp[f"mp_rank_0{t}.{prefix}{name}"] for t in (0, 1)], axis=ax)
+                for state in ("exp_avg", "exp_avg_sq"):
+                    key = f"optimizer.{state}.{name}"
+                    want[key] = np.concatenate([exp[f"mp_rank_0{t}.{key}"] for t in (0, 1)], axis=ax)
+                want[f"optimizer.step.{name}"] = exp[f"mp_rank_00.optimizer.step.{name}"]
+            want["norm.running_mean"] = exp["mp_rank_00." + ("module." if weights == "module" else "") + "norm.running_mean"]
+            for name, w in want.items():
+                assert name in got, (axis, weights, name, sorted(got))
+                _, arr = got[name]
+                if weights == "fp32" and name == "norm.running_mean":
+                    w = w.astype(arr.dtype)  # buffers export as fp32 (zero_to_fp32)
+                assert tuple(arr.shape) == tuple(w.shape), (axis, weights, name, arr.shape, w.shape)
+                assert np.array_equal(fcio.bits(arr), fcio.bits(w)), (axis, weights, name)
+        p = fcio.run([INSPECT, ckpt, "--source-layout", rules])
+        assert "deepspeed.tp_merge tensor_parallel rules of --source-layout " + rules in p.stdout, p.stdout
+    # UCP output records its merge as universal_checkpoint_info: refused with rules.
+    p = fcio.run([CONVERT, ckpt, os.path.join(tmp, "ucp"), "--output-format", "ucp",
+                  "--source-layout", rules], expect=6)
+    assert "merged by --source-layout" in p.stderr, p.stderr
+    # An axis a tensor lacks: exit 3 naming it.
+    bad = os.path.join(tmp, "bad.json")
+    json.dump({"tensor_parallel": [{"regex": r"layer\.bias$", "axis": 1}]}, open(bad, "w"))
+    p = fcio.run([INSPECT, ckpt, "--source-layout", bad], expect=3)
+    assert "layer.bias" in p.stderr and "axis 1" in p.stderr, p.stderr
+    print("ok source_layout")
 
 
 try:

@@ -154,7 +154,7 @@ def case_source_layout():
     # Not a Megatron checkpoint: refused, the files say how it is split.
     p = fcio.run([EXPORT, os.path.join(TESTDATA, "fc_distcp", "sample"), os.path.join(tmp, "o"),
                   "--source-layout", same], expect=3)
-    assert "Megatron legacy checkpoints only" in p.stderr, p.stderr
+    assert "Megatron legacy and DeepSpeed checkpoints only" in p.stderr, p.stderr
     # A rules file with a typo: exit 3 naming the member and the file.
     typo = os.path.join(tmp, "typo.json")
     open(typo, "w").write('{"tensor_paralel": []}')

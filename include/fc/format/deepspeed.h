@@ -113,6 +113,9 @@
 #ifndef FC_FORMAT_DEEPSPEED_H_
 #define FC_FORMAT_DEEPSPEED_H_
 
+#include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -127,7 +130,17 @@ namespace fc {
 // *_optim_states.pt) or a Universal Checkpoint dir (zero/ beside the model states).
 bool IsDeepSpeedCheckpointDir(const std::string& dir);
 
-Result<CheckpointIndex> ReadDeepSpeedCheckpoint(const std::string& path);
+struct DeepSpeedReadOptions {
+  // When set (fc-* --source-layout FILE), says how TP > 1 shards merge instead of
+  // universal_checkpoint_info: for each param name, the dim the TP ranks' slices are
+  // concatenated along, or nullopt (replicated: TP rank 0's copy). No vocabulary trimming,
+  // sub-param or averaging rules then. deepspeed.tp_merge names the rules.
+  std::function<std::optional<int64_t>(std::string_view name)> tp_axis;
+  std::string tp_axis_origin;
+};
+
+Result<CheckpointIndex> ReadDeepSpeedCheckpoint(const std::string& path,
+                                                DeepSpeedReadOptions options = {});
 
 // The object pickled in one DeepSpeed .pt file (zip or legacy torch.save) as a value tree,
 // nothing run; tensors stay unresolved persistent ids. For the non-tensor parts of a file

@@ -42,8 +42,9 @@ Result<CheckpointIndex> OpenCheckpoint(const std::string& path,
 // How the TP ranks of a checkpoint merge, as the user says it (--source-layout FILE: a layout
 // file's tensor_parallel rules, fc/layout/layout_rules.h TensorParallelAxisOf): for each
 // tensor's global name, the dim the ranks' pieces are concatenated along, or nullopt
-// (replicated). Replaces a reader's built-in table; Megatron legacy only, the other formats
-// refuse it (kInvalidArgument), since their files say how their tensors are split.
+// (replicated). Replaces the Megatron legacy reader's built-in table and DeepSpeed's
+// universal_checkpoint_info (or its absence); the other formats refuse it
+// (kInvalidArgument), since their files say how their tensors are split.
 struct SourceSplit {
   std::function<std::optional<int64_t>(std::string_view name)> tp_axis;
   std::string origin;  // names it in messages: "--source-layout rules.json"

@@ -1144,6 +1144,7 @@ Status MergeSubParams(const TpRules& rules, const SubParamRule& rule, const std:
 
 class Reader {
  public:
+  explicit Reader(DeepSpeedReadOptions options) : options_(std::move(options)) {}
   Result<CheckpointIndex> Read(const std::string& path);
 
  private:
@@ -1169,6 +1170,11 @@ class Reader {
   // Opens dir_/rel as the index's next file.
   Result<PtFile*> Open(const std::string& rel);
 
+  // The user's TP rules (--source-layout) merge `parts` (one per TP rank) into `m`.
+  Status MergeBySourceSplit(const std::string& name, bool step,
+                            const std::vector<TensorEntry*>& parts, TensorEntry* m) const;
+
+  DeepSpeedReadOptions options_;
   bool pipeline_ = false;   // layer_* files hold the module weights
   bool universal_ = false;  // a Universal Checkpoint (zero/<param>/*.pt)
   std::vector<std::unique_ptr<PtFile>> files_;
@@ -1802,6 +1808,40 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
   const int64_t tp = static_cast<int64_t>(per_tp.size());
   if (tp == 1) return std::move(per_tp[0]);
   Families out;
+  if (options_.tp_axis) {
+    // The user's rules say how every tensor merges; universal_checkpoint_info is not used.
+    for (size_t i = 0; i < kFamilies; ++i) {
+      std::vector<std::map<std::string, TensorEntry*>> by_rank(static_cast<size_t>(tp));
+      for (int64_t t = 0; t < tp; ++t) {
+        for (TensorEntry& e : per_tp[static_cast<size_t>(t)].tensors[i]) {
+          by_rank[static_cast<size_t>(t)][e.key] = &e;
+        }
+        if (by_rank[static_cast<size_t>(t)].size() != per_tp[0].tensors[i].size()) {
+          return DataLossError(dir_ + ": TP rank " + std::to_string(t) + " holds " +
+                               std::to_string(by_rank[static_cast<size_t>(t)].size()) +
+                               " tensors of a kind where TP rank 0 holds " +
+                               std::to_string(per_tp[0].tensors[i].size()));
+        }
+      }
+      for (const TensorEntry& e0 : per_tp[0].tensors[i]) {
+        std::vector<TensorEntry*> parts;
+        for (int64_t t = 0; t < tp; ++t) {
+          auto it = by_rank[static_cast<size_t>(t)].find(e0.key);
+          if (it == by_rank[static_cast<size_t>(t)].end()) {
+            return DataLossError(dir_ + ": tensor '" + e0.key + "' of TP rank 0 is absent from "
+                                 "TP rank " + std::to_string(t));
+          }
+          parts.push_back(it->second);
+        }
+        TensorEntry m;
+        FC_RETURN_IF_ERROR(MergeBySourceSplit(e0.key.substr(kFamilyPrefix[i].size()),
+                                              i == kStep, parts, &m));
+        out.tensors[i].push_back(std::move(m));
+      }
+    }
+    out.aliases = per_tp[0].aliases;
+    return out;
+  }
   if (rules == nullptr) {
     for (int64_t t = 0; t < tp; ++t) {
       const std::string pre = MpName(t) + ".";
@@ -1975,6 +2015,51 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
     index_.attributes["deepspeed.tp_unmerged"] = s;
   }
   return out;
+}
+
+Status Reader::MergeBySourceSplit(const std::string& name, bool step,
+                                  const std::vector<TensorEntry*>& parts, TensorEntry* m) const {
+  const TensorEntry& e0 = *parts[0];
+  *m = e0;
+  for (size_t t = 1; t < parts.size(); ++t) {
+    if (parts[t]->dtype != e0.dtype || parts[t]->global_shape.size() != e0.global_shape.size()) {
+      return DataLossError(dir_ + ": tensor '" + e0.key + "' is " + std::string(DTypeName(e0.dtype)) +
+                           " " + ShapeText(e0.global_shape) + " on TP rank 0 but " +
+                           std::string(DTypeName(parts[t]->dtype)) + " " +
+                           ShapeText(parts[t]->global_shape) + " on TP rank " + std::to_string(t));
+    }
+  }
+  const std::optional<int64_t> axis = step ? std::nullopt : options_.tp_axis(name);
+  const size_t d = axis ? static_cast<size_t>(*axis) : SIZE_MAX;
+  if (axis && (*axis < 0 || d >= e0.global_shape.size())) {
+    return InvalidArgumentError(options_.tp_axis_origin + ": tensor_parallel axis " +
+                                std::to_string(*axis) + " is out of range for '" + e0.key + "' " +
+                                ShapeText(e0.global_shape) + " (" + dir_ + ")");
+  }
+  for (size_t t = 1; t < parts.size(); ++t) {
+    for (size_t k = 0; k < e0.global_shape.size(); ++k) {
+      if (k != d && parts[t]->global_shape[k] != e0.global_shape[k]) {
+        return DataLossError(dir_ + ": TP slices of '" + e0.key + "' (" +
+                             (axis ? "concatenated along dim " + std::to_string(d) : "replicated") +
+                             " by " + options_.tp_axis_origin + ") are " + ShapeText(e0.global_shape) +
+                             " on TP rank 0 and " + ShapeText(parts[t]->global_shape) +
+                             " on TP rank " + std::to_string(t));
+      }
+    }
+  }
+  if (!axis) return Status::Ok();  // replicated: TP rank 0's copy (the others are not read)
+  m->chunks.clear();
+  int64_t off = 0;
+  for (const TensorEntry* p : parts) {
+    for (const Chunk& c : p->chunks) {
+      Chunk s = c;
+      s.box.global_offset[d] += off;
+      m->chunks.push_back(std::move(s));
+    }
+    off += p->global_shape[d];
+  }
+  m->global_shape[d] = off;
+  return Status::Ok();
 }
 
 bool IsUniversalDir(const std::string& dir) {
@@ -2276,7 +2361,9 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   index_.attributes["deepspeed.universal_checkpoint_info"] = ucp_info ? "present" : "absent";
   if (tp > 1) {
     index_.attributes["deepspeed.tp_merge"] =
-        rules ? "universal_checkpoint_info" : "none (per-rank names mp_rank_XX.<name>)";
+        options_.tp_axis ? "tensor_parallel rules of " + options_.tp_axis_origin
+        : rules          ? "universal_checkpoint_info"
+                         : "none (per-rank names mp_rank_XX.<name>)";
   }
   if (!module_dtype_.empty()) index_.attributes["deepspeed.module_dtype"] = module_dtype_;
   if (!master_dtype_.empty()) index_.attributes["deepspeed.master_dtype"] = master_dtype_;
@@ -2344,8 +2431,9 @@ bool IsDeepSpeedCheckpointDir(const std::string& dir) {
   return false;
 }
 
-Result<CheckpointIndex> ReadDeepSpeedCheckpoint(const std::string& path) {
-  Reader reader;
+Result<CheckpointIndex> ReadDeepSpeedCheckpoint(const std::string& path,
+                                                DeepSpeedReadOptions options) {
+  Reader reader(std::move(options));
   return reader.Read(path);
 }
 
@@ -2369,13 +2457,15 @@ Status SelectDeepSpeedWeights(DeepSpeedWeights weights, CheckpointIndex* index) 
   auto tp = index->attributes.find("deepspeed.tp_degree");
   auto merge = index->attributes.find("deepspeed.tp_merge");
   if (tp != index->attributes.end() && tp->second != "1" &&
-      (merge == index->attributes.end() || merge->second != "universal_checkpoint_info")) {
+      (merge == index->attributes.end() ||
+       (merge->second != "universal_checkpoint_info" &&
+        !merge->second.starts_with("tensor_parallel rules of ")))) {
     return UnimplementedError(
         index->root + ": DeepSpeed checkpoint with tensor parallelism (tp_degree " + tp->second +
         ") but no universal_checkpoint_info in its model states: nothing says how the TP "
         "shards concatenate (column/row parallel, vocabulary padding, replicated params); "
-        "export refused. fc-inspect shows the per-rank tensors (mp_rank_XX.<name>); a layout "
-        "file or AOA program over those names says how to merge them");
+        "export refused. fc-inspect shows the per-rank tensors (mp_rank_XX.<name>); "
+        "--source-layout FILE (a layout file's tensor_parallel rules) says how to merge them");
   }
   if (index->attributes.count("deepspeed.moe") && weights == DeepSpeedWeights::kFp32) {
     return UnimplementedError(index->root + ": MoE DeepSpeed checkpoint: fc reads its 16-bit "
