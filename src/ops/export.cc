@@ -197,6 +197,7 @@ Status BuildExportPlan(const ExportOptions& options, int processes,
   }
   request.processes = processes;
   request.threads = WorkerThreads(options.threads);
+  request.verify_checksums = DefaultVerifyChecksums();
   request.memory_budget =
       options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
   request.source_visibility = std::move(visibility);
