@@ -201,6 +201,17 @@ def case_shared():
                 # The planner's bound is 1.15 on tensor bytes; metadata (read by one process) on top.
                 assert balance <= 1.2, f"{name} np {np_}: read balance {balance:.3f} ({reads})"
                 print(f"ok {name} np {np_} shared: read balance {balance:.3f}")
+    # Progress without an exchange (TP 8 to TP 8 at np 2: each process writes 4 rank files
+    # from 4 source files, nothing moves): process 0's last line counts every process's bytes
+    # (4.0 MiB), not only its own half; it is the only process that prints one.
+    out = os.path.join(tmp, "progress-np2")
+    st = out + ".stats.json"
+    p = fcio.run([*MPI, "2", CONVERT, src, out, "--stats", st, "--target-like", src])
+    assert sum(q["bytes_sent"] for q in stats(st)["processes"]) == 0, stats(st)
+    lines = [line for line in p.stderr.splitlines() if "converting" in line]
+    assert lines and all("(all processes)" in line for line in lines), p.stderr
+    assert "converting (all processes): 4.0 MiB / 4.0 MiB" in lines[-1] and "done in" in lines[-1], lines
+    print("ok progress np 2 without an exchange: " + lines[-1])
     # Other formats on a shared directory (metadata broadcast, files in subdirectories).
     for rel in (("hf_dcp", "sharded_only"), ("deepspeed", "pp2", "ckpt"), ("torch_dcp", "mixed", "ckpt")):
         ckpt = os.path.join(TESTDATA, *rel)
