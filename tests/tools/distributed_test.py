@@ -184,6 +184,15 @@ def case_split():
     out = os.path.join(tmp, "mixed-np3")
     fcio.run([*MPI, "3", CONVERT, os.path.join(base, "c{rank}"), out, "--quiet", "--target-like", mixed])
     same_tree(single, out, "torch DCP with objects np 3")
+    # fc-export --objects under the same split: each object is read by a process whose disk
+    # holds its file and written by process 0; the same files as one process's dump.
+    single = os.path.join(tmp, "mixed-export-single")
+    fcio.run([EXPORT, mixed, single, "--quiet", "--objects", single + "-objects"])
+    out = os.path.join(tmp, "mixed-export-np3")
+    fcio.run([*MPI, "3", EXPORT, os.path.join(base, "c{rank}"), out, "--quiet", "--objects", out + "-objects"])
+    same_tree(single, out, "torch DCP export np 3")
+    assert os.listdir(single + "-objects"), "the fixture has objects"
+    same_tree(single + "-objects", out + "-objects", "torch DCP export --objects np 3")
     print("ok split")
 
 
