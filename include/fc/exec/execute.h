@@ -59,7 +59,9 @@ struct ExecuteOptions {
 struct ExecuteStats {
   uint64_t bytes_written = 0;      // tensor bytes handed to the sink
   uint64_t peak_buffer_bytes = 0;  // most bytes held in worker buffers and blocks at once
-                                   // (upper bound: each worker's largest buffer + blocks)
+                                   // (upper bound: each worker's largest buffer + blocks +
+                                   // exchange buffers + chunk parts waiting for their
+                                   // checksum, ChunkReader::reorder_peak_bytes)
   double seconds = 0;
   uint64_t bytes_sent = 0;      // tensor bytes this process sent to others
   uint64_t bytes_received = 0;  // and received from them
