@@ -33,6 +33,9 @@ class SingleProcess final : public Communicator {
     }
     return Status::Ok();
   }
+  void PostCounter(uint64_t) override {}
+  std::vector<uint64_t> PollCounters() override { return {0}; }
+  std::vector<uint64_t> EndCounters(uint64_t value) override { return {value}; }
 };
 
 // "rank R: " names the failing process, once: an error that already went through an
@@ -90,6 +93,21 @@ class Hub {
     mail_[{from, to}].emplace_back(bytes.begin(), bytes.end());
   }
 
+  void SetCounter(int rank, uint64_t value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_.resize(static_cast<size_t>(size_), 0);
+    counters_[static_cast<size_t>(rank)] = value;
+  }
+  std::vector<uint64_t> Counters() {
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_.resize(static_cast<size_t>(size_), 0);
+    return counters_;
+  }
+  void ClearCounters() {
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_.assign(static_cast<size_t>(size_), 0);
+  }
+
   Status Take(int from, int to, std::span<std::byte> into) {
     std::lock_guard<std::mutex> lock(mu_);
     std::deque<std::vector<std::byte>>& box = mail_[{from, to}];
@@ -115,6 +133,7 @@ class Hub {
   int left_ = 0;
   bool draining_ = false;
   std::map<std::pair<int, int>, std::deque<std::vector<std::byte>>> mail_;
+  std::vector<uint64_t> counters_;  // latest posted counts (rank 0's stays 0)
 };
 
 class InProcess final : public Communicator {
@@ -163,6 +182,22 @@ class InProcess final : public Communicator {
     return Status::Ok();
   }
 
+  void PostCounter(uint64_t value) override {
+    if (rank_ != 0) hub_->SetCounter(rank_, value);
+  }
+  std::vector<uint64_t> PollCounters() override {
+    if (rank_ != 0) return {};
+    std::vector<uint64_t> all = hub_->Counters();
+    all[0] = 0;
+    return all;
+  }
+  std::vector<uint64_t> EndCounters(uint64_t value) override {
+    std::vector<uint64_t> all = Communicator::EndCounters(value);  // a gather: all have posted
+    if (rank_ == 0) hub_->ClearCounters();
+    hub_->AllGather(rank_, {});  // nobody posts into the next run's counters before the clear
+    return all;
+  }
+
  private:
   std::shared_ptr<Hub> hub_;
   int rank_;
@@ -178,6 +213,8 @@ bool LaunchedByMpi() {
 constexpr uint64_t kMaxMessage = 1ull << 30;
 // Exchange's messages, apart from Gather's (tag 0).
 constexpr int kExchangeTag = 7;
+// Progress counters: {count, final (0 or 1)}, two uint64 words, to rank 0.
+constexpr int kCounterTag = 8;
 
 void BroadcastBytes(char* data, uint64_t size, int root) {
   for (uint64_t done = 0; done < size; done += kMaxMessage) {
@@ -202,7 +239,9 @@ void ReceiveBytes(char* data, uint64_t size, int from) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator() {
+  // `funneled`: MPI runs at MPI_THREAD_FUNNELED or above, so the main thread may call it
+  // while worker threads run (PostCounter/PollCounters are skipped otherwise).
+  explicit MpiCommunicator(bool funneled) : funneled_(funneled) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
   }
@@ -282,13 +321,105 @@ class MpiCommunicator final : public Communicator {
     return all;
   }
 
+  void PostCounter(uint64_t value) override {
+    if (rank_ == 0 || !funneled_) return;
+    if (post_ != MPI_REQUEST_NULL) {
+      int done = 0;
+      MPI_Test(&post_, &done, MPI_STATUS_IGNORE);
+      if (!done) return;  // the previous count is still on its way
+    }
+    post_words_[0] = value;
+    post_words_[1] = 0;
+    MPI_Isend(post_words_, 2, MPI_UINT64_T, 0, kCounterTag, MPI_COMM_WORLD, &post_);
+  }
+
+  std::vector<uint64_t> PollCounters() override {
+    if (rank_ != 0) return {};
+    Reset();
+    if (funneled_) {
+      for (;;) {
+        int arrived = 0;
+        MPI_Status status;
+        MPI_Iprobe(MPI_ANY_SOURCE, kCounterTag, MPI_COMM_WORLD, &arrived, &status);
+        if (!arrived) break;
+        ReceiveCounter(status.MPI_SOURCE);
+      }
+    }
+    std::vector<uint64_t> all = counters_;
+    all[0] = 0;
+    return all;
+  }
+
+  std::vector<uint64_t> EndCounters(uint64_t value) override {
+    if (rank_ != 0) {
+      // The last post first (same tag and pair: MPI keeps their order), then the final.
+      if (post_ != MPI_REQUEST_NULL) MPI_Wait(&post_, MPI_STATUS_IGNORE);
+      uint64_t words[2] = {value, 1};
+      MPI_Send(words, 2, MPI_UINT64_T, 0, kCounterTag, MPI_COMM_WORLD);
+      return {};
+    }
+    Reset();
+    int open = 0;
+    for (int r = 1; r < size_; ++r) open += ended_[static_cast<size_t>(r)] ? 0 : 1;
+    while (open > 0) {
+      MPI_Status status;
+      MPI_Probe(MPI_ANY_SOURCE, kCounterTag, MPI_COMM_WORLD, &status);
+      if (ReceiveCounter(status.MPI_SOURCE)) --open;
+    }
+    std::vector<uint64_t> all = counters_;
+    all[0] = value;
+    counters_.clear();
+    ended_.clear();
+    return all;
+  }
+
  private:
+  void Reset() {
+    if (counters_.empty()) {
+      counters_.assign(static_cast<size_t>(size_), 0);
+      ended_.assign(static_cast<size_t>(size_), false);
+    }
+  }
+  // Takes one counter message from `from`; true when it was that rank's final one.
+  bool ReceiveCounter(int from) {
+    uint64_t words[2] = {0, 0};
+    MPI_Recv(words, 2, MPI_UINT64_T, from, kCounterTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    const auto r = static_cast<size_t>(from);
+    counters_[r] = words[0];
+    if (words[1] == 0 || ended_[r]) return false;
+    ended_[r] = true;
+    return true;
+  }
+
   int rank_ = 0;
   int size_ = 1;
+  const bool funneled_;
+  // Rank other than 0: the counter post in flight and its words.
+  MPI_Request post_ = MPI_REQUEST_NULL;
+  uint64_t post_words_[2] = {0, 0};
+  // Rank 0: the latest counts received and which ranks sent their final one (empty between
+  // runs).
+  std::vector<uint64_t> counters_;
+  std::vector<bool> ended_;
 };
 #endif
 
 }  // namespace
+
+std::vector<uint64_t> Communicator::PollCounters() {
+  return rank() == 0 ? std::vector<uint64_t>(static_cast<size_t>(size()), 0)
+                     : std::vector<uint64_t>();
+}
+
+std::vector<uint64_t> Communicator::EndCounters(uint64_t value) {
+  const std::vector<std::string> all =
+      Gather(std::string(reinterpret_cast<const char*>(&value), sizeof value), 0);
+  std::vector<uint64_t> values(all.size(), 0);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].size() == sizeof value) std::memcpy(&values[r], all[r].data(), sizeof value);
+  }
+  return values;
+}
 
 std::unique_ptr<Communicator> MakeSingleProcessCommunicator() {
   return std::make_unique<SingleProcess>();
@@ -311,8 +442,14 @@ Result<std::unique_ptr<Communicator>> MakeCommunicatorFromEnvironment(int* argc,
 #if FC_HAVE_MPI
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) MPI_Init(argc, argv);
-  return std::unique_ptr<Communicator>(new MpiCommunicator());
+  // FUNNELED: the main thread calls MPI while worker threads run (progress counters).
+  int provided = MPI_THREAD_SINGLE;
+  if (!initialized) {
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  return std::unique_ptr<Communicator>(new MpiCommunicator(provided >= MPI_THREAD_FUNNELED));
 #else
   (void)argc;
   (void)argv;

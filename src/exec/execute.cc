@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <map>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -75,14 +78,47 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
   PieceBlockCache blocks(plan.memory.block_bytes * static_cast<uint64_t>(threads));
   for (const auto& [t, k] : plan.whole_blocks) blocks.Allow(&plan.tensors[t].pieces[k]);
   std::vector<std::vector<std::byte>> buffers(static_cast<size_t>(threads));
-  // With an exchange, process 0 shows the whole job: others' bytes arrive after each round.
-  Progress progress(exchange && me == 0 ? options.what + " (all processes)" : options.what,
-                    exchange && me == 0 ? plan.bytes_written : mine.bytes_written,
+  // With several processes, process 0 shows the whole job: the others post their bytes
+  // written while their workers run (Communicator::PostCounter), process 0 polls them.
+  const bool whole_job = comm != nullptr && comm->size() > 1 && comm->size() == plan.processes &&
+                         comm->rank() == me;
+  Progress progress(whole_job && me == 0 ? options.what + " (all processes)" : options.what,
+                    whole_job && me == 0 ? plan.bytes_written : mine.bytes_written,
                     options.progress);
+  uint64_t others_shown = 0;  // process 0: other processes' bytes added to its progress
+  auto show_others = [&](const std::vector<uint64_t>& counts) {
+    uint64_t others = 0;
+    for (size_t r = 1; r < counts.size(); ++r) others += counts[r];
+    if (others > others_shown) {
+      progress.Add(others - others_shown);
+      others_shown = others;
+    }
+  };
+  // Runs `work` (which starts the workers) on a helper thread while this thread, the only
+  // one that talks to the communicator, posts or polls the counters every quarter second.
+  auto reporting = [&](const std::function<Status()>& work) -> Status {
+    if (!whole_job) return work();
+    std::promise<Status> result;
+    std::future<Status> done = result.get_future();
+    std::thread helper([&] { result.set_value(work()); });
+    do {
+      if (me == 0) {
+        show_others(comm->PollCounters());
+      } else {
+        comm->PostCounter(progress.done());
+      }
+    } while (done.wait_for(std::chrono::milliseconds(250)) != std::future_status::ready);
+    helper.join();
+    return done.get();
+  };
   ExchangedSourceReader sources(reader);
+  // Parts of checksummed chunks read ahead of the bytes before them wait for their hash (an
+  // eighth of the budget, at least 1 MiB) rather than being read again (fc/format/chunk_reader.h).
+  reader.SetReorderLimit(std::max<uint64_t>(plan.memory.budget / 8, 1u << 20));
   // Writes this process's items [first, last) of mine.writes.
   auto write_items = [&](size_t first, size_t last) {
-    return ParallelFor(last - first, threads, [&](size_t i, int worker) -> Status {
+    return reporting([&] {
+      return ParallelFor(last - first, threads, [&](size_t i, int worker) -> Status {
       const WriteItem& item = plan.writes[mine.writes[first + i]];
       const PlanTensor& tensor = plan.tensors[item.tensor];
       std::vector<std::byte>& buffer = buffers[static_cast<size_t>(worker)];
@@ -92,6 +128,7 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
       FC_RETURN_IF_ERROR(sink.Write(item.file, item.slot, item.byte_offset, buffer));
       progress.Add(buffer.size());
       return Status::Ok();
+      });
     });
   };
   ExecuteStats stats;
@@ -103,7 +140,6 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
     if (status.ok()) status = reader.FinishVerification();
   } else {
     size_t next_item = 0;
-    uint64_t others_reported = 0;  // process 0: other processes' bytes shown so far
     auto transfer = plan.transfers.begin();
     for (uint32_t round = 0; round < plan.rounds && status.ok(); ++round) {
       auto round_end = std::find_if(transfer, plan.transfers.end(),
@@ -166,23 +202,6 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
       }
       status = comm->AllOk(write_items(next_item, last_item));
       next_item = last_item;
-      if (status.ok()) {
-        // Whole-job progress: every process's bytes written so far, to process 0.
-        uint64_t done = 0;
-        for (size_t i = 0; i < next_item; ++i) done += plan.writes[mine.writes[i]].bytes;
-        const std::vector<std::string> all =
-            comm->Gather(std::string(reinterpret_cast<const char*>(&done), sizeof done), 0);
-        uint64_t others = 0;
-        for (size_t r = 1; r < all.size(); ++r) {
-          uint64_t v = 0;
-          if (all[r].size() == sizeof v) std::memcpy(&v, all[r].data(), sizeof v);
-          others += v;
-        }
-        if (me == 0 && others > others_reported) {
-          progress.Add(others - others_reported);
-          others_reported = others;
-        }
-      }
       transfer = round_end;
     }
     sources.Clear();
@@ -195,12 +214,21 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
     // commits; every process gets here, failed or not, unless a round already failed.
     if (status.ok()) status = comm->AllOk(reader.FinishVerification());
   }
+  // Every process ends its counters (collective), failed or not: process 0's last line
+  // shows every process's bytes.
+  if (whole_job) {
+    const std::vector<uint64_t> final_counts =
+        comm->EndCounters(me == 0 ? progress.done() - others_shown : progress.done());
+    if (me == 0) show_others(final_counts);
+  }
+  stats.progress_bytes = progress.done();
   progress.Finish(status.ok());
   FC_RETURN_IF_ERROR(status);
   stats.bytes_written = mine.bytes_written;
   uint64_t buffer_bytes = 0;
   for (const std::vector<std::byte>& b : buffers) buffer_bytes += b.capacity();
-  stats.peak_buffer_bytes = buffer_bytes + blocks.peak_bytes() + exchange_peak;
+  stats.peak_buffer_bytes =
+      buffer_bytes + blocks.peak_bytes() + exchange_peak + reader.reorder_peak_bytes();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <iterator>
+#include <map>
 
 #include "fc/core/flat_range.h"
 #include "fc/format/fc_distcp.h"
@@ -214,7 +215,9 @@ Status ChunkReader::VerifyFromFile(const TensorEntry& tensor, const Chunk& chunk
   return Status::Ok();
 }
 
-// A chunk's running hash: bytes [0, hashed) of the chunk are in `state`.
+// A chunk's running hash: bytes [0, hashed) of the chunk are in `state`. Parts copied ahead
+// of `hashed` wait in `pending` (packed, in the chunk's byte order, by chunk byte offset)
+// until the bytes before them are in.
 struct ChunkReader::ChunkStream {
   std::mutex mu;
   const TensorEntry* tensor = nullptr;
@@ -222,7 +225,18 @@ struct ChunkReader::ChunkStream {
   Xxh3State state;
   uint64_t hashed = 0;
   bool done = false;
+  std::map<uint64_t, std::vector<std::byte>> pending;
 };
+
+void ChunkReader::SetReorderLimit(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reorder_limit_ = bytes;
+}
+
+uint64_t ChunkReader::reorder_peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_peak_;
+}
 
 Status ChunkReader::HashFromFile(ChunkStream& stream, uint64_t from, uint64_t to) {
   if (from >= to) return Status::Ok();
@@ -244,8 +258,35 @@ Status ChunkReader::HashFromFile(ChunkStream& stream, uint64_t from, uint64_t to
   return Status::Ok();
 }
 
+void ChunkReader::ReleasePending(ChunkStream& stream) {
+  uint64_t bytes = 0;
+  for (const auto& [at, part] : stream.pending) bytes += part.size();
+  stream.pending.clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_bytes_ -= bytes;
+}
+
+void ChunkReader::DrainPending(ChunkStream& stream) {
+  uint64_t released = 0;
+  while (!stream.pending.empty() && stream.pending.begin()->first <= stream.hashed) {
+    auto it = stream.pending.begin();
+    const uint64_t end = it->first + it->second.size();
+    if (end > stream.hashed) {
+      XXH3_64bits_update(stream.state.get(), it->second.data() + (stream.hashed - it->first),
+                         static_cast<size_t>(end - stream.hashed));
+      stream.hashed = end;
+    }
+    released += it->second.size();
+    stream.pending.erase(it);
+  }
+  if (released == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_bytes_ -= released;
+}
+
 Status ChunkReader::CompleteStream(ChunkStream& stream) {
   stream.done = true;
+  ReleasePending(stream);
   {
     std::lock_guard<std::mutex> lock(mu_);
     streams_.erase(stream.chunk);
@@ -256,55 +297,16 @@ Status ChunkReader::CompleteStream(ChunkStream& stream) {
   return Status::Ok();
 }
 
-Status ChunkReader::StreamRows(const TensorEntry& tensor, const Chunk& chunk,
-                               const Box& overlap, const void* dst, const Box& dst_box) {
-  const size_t esize = DTypeSize(tensor.dtype);
-  const uint64_t row_bytes =
-      static_cast<uint64_t>(chunk.box.num_elements() / chunk.box.local_shape[0]) * esize;
-  const uint64_t begin =
-      static_cast<uint64_t>(overlap.global_offset[0] - chunk.box.global_offset[0]) * row_bytes;
-  const uint64_t end = begin + static_cast<uint64_t>(overlap.local_shape[0]) * row_bytes;
-  std::shared_ptr<ChunkStream> stream;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (verified_.count(&chunk) != 0) return Status::Ok();  // completed by another thread
-    std::shared_ptr<ChunkStream>& slot = streams_[&chunk];
-    if (!slot) {
-      slot = std::make_shared<ChunkStream>();
-      slot->tensor = &tensor;
-      slot->chunk = &chunk;
-      slot->state.reset(XXH3_createState());
-      if (!slot->state) return ResourceExhaustedError("out of memory for an XXH3 state");
-      XXH3_64bits_reset(slot->state.get());
-    }
-    stream = slot;
-  }
-  std::lock_guard<std::mutex> lock(stream->mu);
-  if (stream->done || end <= stream->hashed) return Status::Ok();  // hashed already
-  // Rows before this part that nobody has copied yet: from the file.
-  FC_RETURN_IF_ERROR(HashFromFile(*stream, stream->hashed, begin));
-  stream->hashed = std::max(stream->hashed, begin);
-  // This part's rows from `hashed` on (whole rows: `hashed` is always at a row boundary).
-  Box rows = overlap;
-  const int64_t skip = static_cast<int64_t>((stream->hashed - begin) / row_bytes);
-  rows.global_offset[0] += skip;
-  rows.local_shape[0] -= skip;
-  HashBoxIn(stream->state.get(), static_cast<const std::byte*>(dst), dst_box, rows, esize);
-  stream->hashed = end;
-  if (stream->hashed == chunk.byte_length) return CompleteStream(*stream);
-  return Status::Ok();
-}
-
 Status ChunkReader::CopyRowsHashing(const TensorEntry& tensor, const Chunk& chunk,
-                                    const Box& rows, void* dst, const Box& dst_box,
-                                    void* xxh3_state) {
+                                    const Box& stored, const Box& rows, void* dst,
+                                    const Box& dst_box, void* xxh3_state) {
   auto* state = static_cast<XXH3_state_t*>(xxh3_state);
   // Batches small enough to be hashed while they are still in the CPU cache (hashing a
   // multi-MiB block after the copy costs a second trip through memory).
   constexpr uint64_t kBatchBytes = 256u << 10;
   const size_t esize = DTypeSize(tensor.dtype);
   const uint64_t row_bytes =
-      static_cast<uint64_t>(chunk.box.num_elements() / chunk.box.local_shape[0]) * esize;
+      static_cast<uint64_t>(stored.num_elements() / stored.local_shape[0]) * esize;
   const int64_t batch_rows =
       static_cast<int64_t>(std::max<uint64_t>(1, kBatchBytes / std::max<uint64_t>(1, row_bytes)));
   for (int64_t r = 0; r < rows.local_shape[0]; r += batch_rows) {
@@ -317,40 +319,82 @@ Status ChunkReader::CopyRowsHashing(const TensorEntry& tensor, const Chunk& chun
   return Status::Ok();
 }
 
-Result<bool> ChunkReader::StreamRowsInOrder(const TensorEntry& tensor, const Chunk& chunk,
-                                            const Box& overlap, void* dst,
-                                            const Box& dst_box) {
+Status ChunkReader::CopyPartHashing(const TensorEntry& tensor, const Chunk& chunk,
+                                    const Box& stored, uint64_t stored_element,
+                                    const Box& part, void* dst, const Box& dst_box) {
   const size_t esize = DTypeSize(tensor.dtype);
-  const uint64_t row_bytes =
-      static_cast<uint64_t>(chunk.box.num_elements() / chunk.box.local_shape[0]) * esize;
   const uint64_t begin =
-      static_cast<uint64_t>(overlap.global_offset[0] - chunk.box.global_offset[0]) * row_bytes;
-  const uint64_t end = begin + static_cast<uint64_t>(overlap.local_shape[0]) * row_bytes;
+      (stored_element + static_cast<uint64_t>(FirstElementOffset(stored, part))) * esize;
+  const uint64_t end = begin + static_cast<uint64_t>(part.num_elements()) * esize;
   std::shared_ptr<ChunkStream> stream;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (verified_.count(&chunk) != 0) return false;
-    auto it = streams_.find(&chunk);
-    if (it != streams_.end()) {
-      stream = it->second;
-    } else if (begin == 0) {
-      stream = std::make_shared<ChunkStream>();
-      stream->tensor = &tensor;
-      stream->chunk = &chunk;
-      stream->state.reset(XXH3_createState());
-      if (!stream->state) return ResourceExhaustedError("out of memory for an XXH3 state");
-      XXH3_64bits_reset(stream->state.get());
-      streams_.emplace(&chunk, stream);
-    } else {
-      return false;
+    if (verified_.count(&chunk) == 0) {
+      std::shared_ptr<ChunkStream>& slot = streams_[&chunk];
+      if (!slot) {
+        slot = std::make_shared<ChunkStream>();
+        slot->tensor = &tensor;
+        slot->chunk = &chunk;
+        slot->state.reset(XXH3_createState());
+        if (!slot->state) return ResourceExhaustedError("out of memory for an XXH3 state");
+        XXH3_64bits_reset(slot->state.get());
+      }
+      stream = slot;
     }
   }
+  if (!stream) return CopyUnverified(tensor, chunk, part, dst, dst_box);  // verified since
+  {
+    // The next part of the hash: copy it in cache-sized batches, hashing each as it lands.
+    std::lock_guard<std::mutex> lock(stream->mu);
+    if (!stream->done && stream->hashed == begin) {
+      FC_RETURN_IF_ERROR(
+          CopyRowsHashing(tensor, chunk, stored, part, dst, dst_box, stream->state.get()));
+      stream->hashed = end;
+      DrainPending(*stream);
+      if (stream->hashed == chunk.byte_length) return CompleteStream(*stream);
+      return Status::Ok();
+    }
+  }
+  // Out of order: copy without the stream's lock, then hand the packed bytes to the hash.
+  FC_RETURN_IF_ERROR(CopyUnverified(tensor, chunk, part, dst, dst_box));
   std::lock_guard<std::mutex> lock(stream->mu);
-  if (stream->done || stream->hashed != begin) return false;
-  FC_RETURN_IF_ERROR(CopyRowsHashing(tensor, chunk, overlap, dst, dst_box, stream->state.get()));
+  if (stream->done || end <= stream->hashed) return Status::Ok();  // hashed already
+  std::vector<std::byte> packed(static_cast<size_t>(end - begin));
+  {
+    std::byte* into = packed.data();
+    ForEachRunIn(dst_box, part, esize, [&](size_t offset, size_t bytes) {
+      std::memcpy(into, static_cast<const std::byte*>(dst) + offset, bytes);
+      into += bytes;
+    });
+  }
+  if (begin > stream->hashed) {
+    bool keep = false;
+    {
+      std::lock_guard<std::mutex> map_lock(mu_);
+      if (pending_bytes_ + packed.size() <= reorder_limit_) {
+        pending_bytes_ += packed.size();
+        pending_peak_ = std::max(pending_peak_, pending_bytes_);
+        keep = true;
+      }
+    }
+    if (keep) {
+      std::vector<std::byte>& slot = stream->pending[begin];
+      const uint64_t freed = std::min(slot.size(), packed.size());  // the shorter goes
+      if (slot.size() < packed.size()) slot = std::move(packed);
+      std::lock_guard<std::mutex> map_lock(mu_);
+      pending_bytes_ -= freed;
+      return Status::Ok();
+    }
+    // Over the reorder limit: hash the gap from the file (read again when its turn comes).
+    FC_RETURN_IF_ERROR(HashFromFile(*stream, stream->hashed, begin));
+    stream->hashed = begin;
+  }
+  XXH3_64bits_update(stream->state.get(), packed.data() + (stream->hashed - begin),
+                     static_cast<size_t>(end - stream->hashed));
   stream->hashed = end;
-  if (stream->hashed == chunk.byte_length) FC_RETURN_IF_ERROR(CompleteStream(*stream));
-  return true;
+  DrainPending(*stream);
+  if (stream->hashed == chunk.byte_length) return CompleteStream(*stream);
+  return Status::Ok();
 }
 
 Status ChunkReader::FinishVerification() {
@@ -364,12 +408,20 @@ Status ChunkReader::FinishVerification() {
     if (stream->done) continue;
     if (!NeedsVerification(*stream->chunk)) {  // verified since, by a whole read
       stream->done = true;
+      ReleasePending(*stream);
       std::lock_guard<std::mutex> map_lock(mu_);
       streams_.erase(stream->chunk);
       continue;
     }
-    FC_RETURN_IF_ERROR(HashFromFile(*stream, stream->hashed, stream->chunk->byte_length));
-    stream->hashed = stream->chunk->byte_length;
+    // The gaps nobody copied (parts the job does not need) from the file.
+    for (;;) {
+      DrainPending(*stream);
+      const uint64_t to = stream->pending.empty() ? stream->chunk->byte_length
+                                                  : stream->pending.begin()->first;
+      FC_RETURN_IF_ERROR(HashFromFile(*stream, stream->hashed, to));
+      stream->hashed = std::max(stream->hashed, to);
+      if (stream->pending.empty()) break;
+    }
     FC_RETURN_IF_ERROR(CompleteStream(*stream));
   }
   return Status::Ok();
@@ -523,23 +575,39 @@ Status ChunkReader::CopyChunkRegion(const TensorEntry& tensor, const Chunk& chun
                            ": a checksummed chunk must be located and packed");
     }
     if (!Contains(region, chunk.box)) {
+      // Parts of the chunk: each overlap with one of its stored boxes. Whole rows of a stored
+      // box are one run of the chunk's bytes, hashed as copied (in order, or kept until the
+      // bytes before them are in); anything else (a column cut) is verified from the file.
       const size_t esize = DTypeSize(tensor.dtype);
-      const bool rows = !chunk.flat_range && chunk.box.rank() > 0 && InIndex(chunk) &&
-                        ContiguousIn(chunk.box, *overlap) &&
-                        chunk.byte_length ==
-                            static_cast<uint64_t>(chunk.box.num_elements()) * esize;
-      if (!rows) {
-        // A part of the chunk that is not whole rows: verify all of it from the file first.
+      struct Part {
+        Box stored;
+        uint64_t element = 0;  // the stored box's first element in the chunk's data
+        Box part;
+      };
+      std::vector<Part> parts;
+      bool runs = chunk.box.rank() > 0 && InIndex(chunk) &&
+                  chunk.byte_length == static_cast<uint64_t>(chunk.flat_range
+                                                                 ? chunk.flat_range->size()
+                                                                 : chunk.box.num_elements()) *
+                                           esize;
+      uint64_t element = 0;
+      for (const Box& stored : runs ? StoredBoxes(chunk.box, chunk.flat_range)
+                                    : std::vector<Box>{}) {
+        std::optional<Box> part = Intersect(stored, region);
+        if (part && !part->empty()) {
+          if (!ContiguousIn(stored, *part)) runs = false;
+          parts.push_back({stored, element, *part});
+        }
+        element += static_cast<uint64_t>(stored.num_elements());
+      }
+      if (!runs) {
         FC_RETURN_IF_ERROR(VerifyFromFile(tensor, chunk));
         return CopyUnverified(tensor, chunk, region, dst, dst_box);
       }
-      // Whole rows: hash them as copied (the rest at the latest in FinishVerification).
-      if (Result<bool> done = StreamRowsInOrder(tensor, chunk, *overlap, dst, dst_box);
-          !done.ok() || *done) {
-        return done.status();
+      for (const Part& p : parts) {
+        FC_RETURN_IF_ERROR(CopyPartHashing(tensor, chunk, p.stored, p.element, p.part, dst, dst_box));
       }
-      FC_RETURN_IF_ERROR(CopyUnverified(tensor, chunk, region, dst, dst_box));
-      return StreamRows(tensor, chunk, *overlap, dst, dst_box);
+      return Status::Ok();
     }
     // The whole chunk: copy, then hash what was copied, in the chunk's byte order.
     Xxh3State state(XXH3_createState());
@@ -547,7 +615,8 @@ Status ChunkReader::CopyChunkRegion(const TensorEntry& tensor, const Chunk& chun
     XXH3_64bits_reset(state.get());
     const size_t esize = DTypeSize(tensor.dtype);
     if (!chunk.flat_range && chunk.box.rank() > 0) {
-      FC_RETURN_IF_ERROR(CopyRowsHashing(tensor, chunk, chunk.box, dst, dst_box, state.get()));
+      FC_RETURN_IF_ERROR(
+          CopyRowsHashing(tensor, chunk, chunk.box, chunk.box, dst, dst_box, state.get()));
       FC_RETURN_IF_ERROR(CheckDigest(tensor, chunk, XXH3_64bits_digest(state.get())));
       MarkVerified(chunk);
       return Status::Ok();

@@ -385,6 +385,7 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
   }
   request.processes = processes;
   request.threads = WorkerThreads(options.threads);
+  request.verify_checksums = DefaultVerifyChecksums();
   request.memory_budget =
       options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
   p.visibility = visibility;

@@ -70,21 +70,6 @@ std::string SafeObjectFileName(const std::string& key) {
   return out;
 }
 
-Status DumpObjects(const CheckpointIndex& index, const std::string& dir) {
-  FC_RETURN_IF_ERROR(CreateDirectories(dir));
-  ChunkReader reader(index);
-  for (const ObjectEntry& o : index.objects) {
-    FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(o.file));
-    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadObjectBytes(*f, o));
-    const std::string name = SafeObjectFileName(o.key) +
-                             (o.encoding == ObjectEncoding::kTorchSave ? ".pt" : ".bin");
-    FC_ASSIGN_OR_RETURN(auto out, WritableFile::Create(JoinPath(dir, name)));
-    FC_RETURN_IF_ERROR(out->Append(std::span<const std::byte>(bytes)));
-    FC_RETURN_IF_ERROR(out->Close());
-  }
-  return Status::Ok();
-}
-
 // What every process of an export decides from the metadata alone (the same everywhere).
 // Not movable: outputs point into `index`.
 struct ExportPlan {
@@ -98,7 +83,53 @@ struct ExportPlan {
   std::vector<std::string> skipped_optimizer;      // output names left out as optimizer state
   std::vector<std::string> dropped_sources;        // source tensors no output reads
   std::vector<std::string> copy_files;             // --copy-from, process 0 only
+  std::vector<std::vector<int>> visibility;        // as PlanRequest::source_visibility
 };
+
+// --objects: every object written to `dir` by process 0. Collective: each object is read by
+// the lowest process that sees its file (with files on node-local disks it may not be
+// process 0) and sent to process 0 (objects are small: iteration counters, RNG states,
+// configs).
+Status DumpObjects(const ExportPlan& p, const std::string& dir, Communicator& comm) {
+  const int me = comm.rank();
+  FC_RETURN_IF_ERROR(comm.AllOk(me == 0 ? CreateDirectories(dir) : Status::Ok()));
+  ChunkReader reader(p.index);
+  for (const ObjectEntry& o : p.index.objects) {
+    const int reader_rank =
+        p.visibility.empty() || o.file >= p.visibility.size() || p.visibility[o.file].empty()
+            ? 0
+            : p.visibility[o.file].front();
+    Result<std::vector<std::byte>> bytes = std::vector<std::byte>();
+    if (me == reader_rank) {
+      bytes = [&]() -> Result<std::vector<std::byte>> {
+        FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(o.file));
+        return ReadObjectBytes(*f, o);
+      }();
+    }
+    FC_RETURN_IF_ERROR(comm.AllOk(bytes.status()));
+    if (reader_rank != 0) {
+      std::string message;
+      if (me == reader_rank) message.assign(reinterpret_cast<const char*>(bytes->data()), bytes->size());
+      comm.Broadcast(message, reader_rank);
+      if (me == 0) {
+        const auto* data = reinterpret_cast<const std::byte*>(message.data());
+        bytes = std::vector<std::byte>(data, data + message.size());
+      }
+    }
+    Status written = Status::Ok();
+    if (me == 0) {
+      written = [&]() -> Status {
+        const std::string name = SafeObjectFileName(o.key) +
+                                 (o.encoding == ObjectEncoding::kTorchSave ? ".pt" : ".bin");
+        FC_ASSIGN_OR_RETURN(auto out, WritableFile::Create(JoinPath(dir, name)));
+        FC_RETURN_IF_ERROR(out->Append(std::span<const std::byte>(*bytes)));
+        return out->Close();
+      }();
+    }
+    FC_RETURN_IF_ERROR(comm.AllOk(written));
+  }
+  return Status::Ok();
+}
 
 // Warnings for what the source holds and the output will not (shown unless --quiet).
 void WarnNotCarried(const ExportPlan& p) {
@@ -197,8 +228,10 @@ Status BuildExportPlan(const ExportOptions& options, int processes,
   }
   request.processes = processes;
   request.threads = WorkerThreads(options.threads);
+  request.verify_checksums = DefaultVerifyChecksums();
   request.memory_budget =
       options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
+  p.visibility = visibility;
   request.source_visibility = std::move(visibility);
   FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, p.index));
   FC_ASSIGN_OR_RETURN(p.plan, BuildPlan(std::move(request)));
@@ -206,8 +239,9 @@ Status BuildExportPlan(const ExportOptions& options, int processes,
 }
 
 // Process 0, before anyone writes (the output directory is already claimed, OutputDir):
-// objects are dumped when asked for; a --objects directory inside OUT goes into the
-// staging directory, so it appears with the export.
+// --copy-from files are staged. (Objects are dumped next, by every process: DumpObjects; a
+// --objects directory inside OUT goes into the staging directory, so it appears with the
+// export.)
 Status PrepareOutput(const ExportOptions& options, const ExportPlan& p, const std::string& staging) {
   for (const std::string& name : p.copy_files) {
     // Read through the IO policy again: the file may have changed since it was listed.
@@ -219,16 +253,20 @@ Status PrepareOutput(const ExportOptions& options, const ExportPlan& p, const st
     FC_RETURN_IF_ERROR(out->Sync());
     FC_RETURN_IF_ERROR(out->Close());
   }
-  if (p.index.objects.empty()) return Status::Ok();
-  if (options.objects_dir.empty()) {
+  if (!p.index.objects.empty() && options.objects_dir.empty()) {
     spdlog::info("skipping {} non-tensor object(s) (e.g. '{}'); --objects DIR dumps them",
                  p.index.objects.size(), p.index.objects.front().key);
-    return Status::Ok();
   }
+  return Status::Ok();
+}
+
+// Where --objects goes: the directory, or its place in the staging directory when it lies
+// inside OUT.
+std::string ObjectsDir(const ExportOptions& options, const std::string& staging) {
   const std::string out = StripTrailingSlashes(options.output_dir) + "/";
   std::string dir = StripTrailingSlashes(options.objects_dir);
   if (dir.compare(0, out.size(), out) == 0) dir = JoinPath(staging, dir.substr(out.size()));
-  return DumpObjects(p.index, dir).With("--objects");
+  return dir;
 }
 
 // --dry-run: a short summary and one line per output file, or the plan as JSON.
@@ -403,6 +441,9 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   std::unique_ptr<OutputDir>& output = claimed.dir;
   const std::string& staging = claimed.staging;
   FC_RETURN_IF_ERROR(comm->AllOk(me == 0 ? PrepareOutput(options, *p, staging) : Status::Ok()));
+  if (!p->index.objects.empty() && !options.objects_dir.empty()) {
+    FC_RETURN_IF_ERROR(DumpObjects(*p, ObjectsDir(options, staging), *comm).With("--objects"));
+  }
 
   // Whole files per process, balanced by bytes (the plan's assignment).
   const HfShardAssignment& shards = p->shards;

@@ -25,7 +25,7 @@ constexpr double kMoveAbove = 1.10;
 }  // namespace
 
 Status PlanExchange(Plan& plan, const std::vector<std::vector<int>>& visibility,
-                    uint64_t round_budget, SourceIndexes& indexes) {
+                    uint64_t round_budget, bool chunk_affinity, SourceIndexes& indexes) {
   const int processes = plan.processes;
   const auto P = static_cast<size_t>(processes);
   // 1. Needs, per write item, in each writer's execution order.
@@ -63,7 +63,9 @@ Status PlanExchange(Plan& plan, const std::vector<std::vector<int>>& visibility,
     }
   }
 
-  // 2. Readers: the writer when it sees the file, else the least loaded that does.
+  // Units the readers are chosen for: one need each, or, when checksums are verified, every
+  // need of one checksummed chunk together (one process then reads all of the chunk the job
+  // needs and hashes it in one pass, not again to verify parts others read).
   std::vector<int> everyone(P);
   std::iota(everyone.begin(), everyone.end(), 0);
   auto candidates = [&](uint32_t file) -> const std::vector<int>& {
@@ -76,6 +78,49 @@ Status PlanExchange(Plan& plan, const std::vector<std::vector<int>>& visibility,
                            ") is visible to no process");
     }
   }
+  struct Unit {
+    uint32_t file = 0;
+    uint64_t bytes = 0;
+    int writer = 0;  // the writer of most of its bytes that sees the file, or -1
+    int reader = -1;
+    std::vector<uint32_t> needs;
+  };
+  std::vector<Unit> units;
+  {
+    std::map<std::pair<const TensorEntry*, uint32_t>, uint32_t> unit_of_chunk;
+    for (uint32_t i = 0; i < needs.size(); ++i) {
+      const Need& n = needs[i];
+      const bool together = chunk_affinity && n.source->chunks[n.chunk].xxh3_64.has_value();
+      uint32_t u = static_cast<uint32_t>(units.size());
+      if (together) {
+        auto [it, added] = unit_of_chunk.emplace(std::make_pair(n.source, n.chunk), u);
+        u = it->second;
+        if (added) units.push_back({n.file, 0, -1, -1, {}});
+      } else {
+        units.push_back({n.file, 0, -1, -1, {}});
+      }
+      units[u].bytes += n.bytes;
+      units[u].needs.push_back(i);
+    }
+    std::map<int, uint64_t> by_writer;
+    for (Unit& u : units) {
+      by_writer.clear();
+      const std::vector<int>& c = candidates(u.file);
+      for (uint32_t i : u.needs) {
+        if (std::binary_search(c.begin(), c.end(), needs[i].writer)) {
+          by_writer[needs[i].writer] += needs[i].bytes;
+        }
+      }
+      uint64_t most = 0;
+      for (const auto& [w, b] : by_writer) {  // ties: the lowest rank
+        if (b > most) {
+          most = b;
+          u.writer = w;
+        }
+      }
+    }
+  }
+  // 2. Readers: the writer when it sees the file, else the least loaded that does.
   std::vector<uint64_t> load(P, 0);
   auto least_loaded = [&](const std::vector<int>& among, int except) {
     int best = -1;
@@ -85,26 +130,28 @@ Status PlanExchange(Plan& plan, const std::vector<std::vector<int>>& visibility,
     }
     return best;
   };
-  for (Need& n : needs) {
-    const std::vector<int>& c = candidates(n.file);
-    n.reader = std::binary_search(c.begin(), c.end(), n.writer) ? n.writer : least_loaded(c, -1);
-    load[static_cast<size_t>(n.reader)] += n.bytes;
+  for (Unit& u : units) {
+    u.reader = u.writer >= 0 ? u.writer : least_loaded(candidates(u.file), -1);
+    load[static_cast<size_t>(u.reader)] += u.bytes;
   }
-  // 3. Balance: move needs off processes above kMoveAbove x the mean.
+  // 3. Balance: move units off processes above kMoveAbove x the mean.
   const uint64_t total = std::accumulate(load.begin(), load.end(), uint64_t{0});
   const double mark = kMoveAbove * static_cast<double>(total) / static_cast<double>(P);
   for (int pass = 0; pass < 3 && P > 1; ++pass) {
     bool moved = false;
-    for (Need& n : needs) {
-      if (static_cast<double>(load[static_cast<size_t>(n.reader)]) <= mark) continue;
-      const int to = least_loaded(candidates(n.file), n.reader);
-      if (to < 0 || static_cast<double>(load[static_cast<size_t>(to)] + n.bytes) > mark) continue;
-      load[static_cast<size_t>(n.reader)] -= n.bytes;
-      load[static_cast<size_t>(to)] += n.bytes;
-      n.reader = to;
+    for (Unit& u : units) {
+      if (static_cast<double>(load[static_cast<size_t>(u.reader)]) <= mark) continue;
+      const int to = least_loaded(candidates(u.file), u.reader);
+      if (to < 0 || static_cast<double>(load[static_cast<size_t>(to)] + u.bytes) > mark) continue;
+      load[static_cast<size_t>(u.reader)] -= u.bytes;
+      load[static_cast<size_t>(to)] += u.bytes;
+      u.reader = to;
       moved = true;
     }
     if (!moved) break;
+  }
+  for (const Unit& u : units) {
+    for (uint32_t i : u.needs) needs[i].reader = u.reader;
   }
   const uint64_t max_load = *std::max_element(load.begin(), load.end());
   plan.read_balance = total == 0 ? 1.0

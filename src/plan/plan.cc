@@ -337,7 +337,7 @@ Result<Plan> BuildPlan(PlanRequest request) {
   }
   if (plan.processes > 1) {
     FC_RETURN_IF_ERROR(PlanExchange(plan, request.source_visibility, request.memory_budget / 4,
-                                    indexes));
+                                    request.verify_checksums, indexes));
     // The exchange buffers: what a process sends and receives in one round.
     plan.memory.peak += 2 * plan.memory.round_bytes;
   }

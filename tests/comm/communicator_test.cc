@@ -4,6 +4,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -93,7 +94,47 @@ std::string ExchangeAllPairs(fc::Communicator& c) {
   return "";
 }
 
+// Progress counters: posts reach rank 0 while nobody waits for anybody, and the collective
+// end brings every rank's final count. Returns what was wrong, or "".
+std::string CountersRoundTrip(fc::Communicator& c) {
+  std::string problem;
+  if (c.rank() != 0) {
+    c.PostCounter(100 + static_cast<uint64_t>(c.rank()));
+  } else {
+    // Poll (not blocking) until every rank's post has arrived, for at most 20 s.
+    bool all = false;
+    for (int tries = 0; tries < 2000 && !all; ++tries) {
+      const std::vector<uint64_t> seen = c.PollCounters();
+      if (seen.size() != static_cast<size_t>(c.size()) || seen[0] != 0) return "poll size/own";
+      all = true;
+      for (int r = 1; r < c.size(); ++r) all = all && seen[static_cast<size_t>(r)] == 100u + r;
+      if (!all) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!all) problem += "posts never arrived;";
+  }
+  if (!c.AllOk(problem.empty() ? fc::Status::Ok() : fc::InternalError(problem)).ok()) {
+    return problem.empty() ? "another rank: " : problem;
+  }
+  const std::vector<uint64_t> end = c.EndCounters(1000 + static_cast<uint64_t>(c.rank()));
+  if (c.rank() != 0) return end.empty() ? "" : "end on a rank other than 0 not empty";
+  for (int r = 0; r < c.size(); ++r) {
+    if (end.size() != static_cast<size_t>(c.size()) || end[static_cast<size_t>(r)] != 1000u + r) {
+      return "end counts";
+    }
+  }
+  for (uint64_t v : c.PollCounters()) {
+    if (v != 0) return "counters not afresh after the end";
+  }
+  return "";
+}
+
 }  // namespace
+
+TEST_CASE("Progress counters: posts arrive without waiting, the end brings every final count",
+          "[comm]") {
+  CHECK(CountersRoundTrip(*g_comm) == "");
+  CHECK(g_comm->AllOk(fc::Status::Ok()).ok());  // nothing left over on the counters' tag
+}
 
 TEST_CASE("Exchange moves every pair's messages at once, in order per pair", "[comm]") {
   CHECK(ExchangeAllPairs(*g_comm) == "");
@@ -118,6 +159,7 @@ TEST_CASE("An in-process group runs the collectives between threads", "[comm]") 
         const fc::Status ok = c.AllOk(r == n - 1 ? fc::NotFoundError("gone") : fc::Status::Ok());
         if (ok.code() != fc::StatusCode::kNotFound) problem += "allok;";
         problem += ExchangeAllPairs(c);
+        problem += CountersRoundTrip(c);
       });
     }
     for (std::thread& t : threads) t.join();

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -197,6 +198,66 @@ TEST_CASE("exchange: processes that each see one third of the files write what o
       CHECK(results[static_cast<size_t>(p)].code() == StatusCode::kNotFound);
       CHECK(results[static_cast<size_t>(p)].message().find("rank 1: ") == 0);
     }
+  }
+  REQUIRE(RemoveAll(dir).ok());
+}
+
+// A sink whose writes take a while, so that process 0 polls the others' counters mid-run.
+class SlowSink : public MemorySink {
+ public:
+  Status Write(uint32_t file, uint32_t slot, uint64_t byte_offset,
+               std::span<const std::byte> bytes) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    return MemorySink::Write(file, slot, byte_offset, bytes);
+  }
+};
+
+TEST_CASE("progress: process 0 counts the whole job's bytes, with and without an exchange",
+          "[exec][exchange][progress]") {
+  const std::string dir = "/tmp/fc-progress-test-" + std::to_string(getpid());
+  REQUIRE(RemoveAll(dir).ok());
+  std::vector<Box> boxes;
+  for (int64_t r = 0; r < 40; r += 8) boxes.push_back(Box{{r, 0}, {8, 12}});
+  const CheckpointIndex index = WriteArangeFiles(dir, "w", {40, 12}, boxes);
+  auto check = [](const Plan& plan, const std::vector<Result<ExecuteStats>>& results) {
+    for (size_t p = 0; p < results.size(); ++p) {
+      INFO("process " << p);
+      REQUIRE(results[p].ok());
+      // Process 0: every process's bytes; the others: their own.
+      CHECK(results[p]->progress_bytes ==
+            (p == 0 ? plan.bytes_written : plan.per_process[p].bytes_written));
+    }
+    CHECK(plan.bytes_written > plan.per_process[0].bytes_written);
+  };
+  SECTION("without an exchange: each process reads what its files need") {
+    const TensorEntry* w = index.FindTensor("w");
+    PlanRequest r;
+    r.kind = PlanKind::kConvert;
+    r.tensors.push_back({"w", DType::kFloat32, w->global_shape,
+                         {{w, Box::Whole(w->global_shape), Box::Whole(w->global_shape), {}}}});
+    for (int64_t c = 0; c < 2; ++c) {
+      r.files.push_back({"w" + std::to_string(c), {{0, Box{{0, 6 * c}, {40, 6}}, std::nullopt}}});
+    }
+    r.processes = 2;
+    r.threads = 1;
+    r.memory_budget = 4096;  // several items per file
+    r.verify_checksums = false;  // else one process reads each chunk whole and sends parts
+    auto plan = BuildPlan(r);
+    REQUIRE(plan.ok());
+    REQUIRE(plan->rounds == 0);
+    SlowSink sink;
+    check(*plan, RunGroup(*plan, {index, index}, sink));
+  }
+  SECTION("with an exchange") {
+    PlanRequest request = Request(index, 3, 1 << 20);
+    for (size_t f = 0; f < index.files.size(); ++f) {
+      request.source_visibility.push_back({static_cast<int>(f % 3)});
+    }
+    auto plan = BuildPlan(request);
+    REQUIRE(plan.ok());
+    REQUIRE(plan->rounds >= 1);
+    MemorySink sink;
+    check(*plan, RunGroup(*plan, {index, index, index}, sink));
   }
   REQUIRE(RemoveAll(dir).ok());
 }

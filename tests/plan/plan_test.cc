@@ -6,6 +6,7 @@
 
 #include <map>
 #include <random>
+#include <set>
 
 #include "fc/core/box_cover.h"
 #include "fc/core/flat_range.h"
@@ -289,7 +290,12 @@ TEST_CASE("plan: several processes read what they can see, once, balanced, in bo
     INFO("iter " << iter);
     const Shape shape = {8 + static_cast<int64_t>(rng() % 64), 1 + static_cast<int64_t>(rng() % 9)};
     const int parts = 1 + static_cast<int>(rng() % 6);
-    const CheckpointIndex index = IndexOf({SplitTensor("w", shape, 0, parts, 0)});
+    CheckpointIndex index = IndexOf({SplitTensor("w", shape, 0, parts, 0)});
+    // Chunks with checksums, verified: each chunk (one per file here) read by one process.
+    const bool checksums = rng() % 2 == 0;
+    if (checksums) {
+      for (Chunk& c : index.tensors[0].chunks) c.xxh3_64 = 0x1234 + c.file;
+    }
     PlanRequest r;
     r.tensors.push_back(Identity(index.tensors[0]));
     const size_t dst_axis = rng() % 2;
@@ -319,6 +325,13 @@ TEST_CASE("plan: several processes read what they can see, once, balanced, in bo
     for (const ProcessPlan& pp : plan->per_process) read += pp.bytes_read;
     CHECK(read == plan->bytes_needed);
     CHECK(read == static_cast<uint64_t>(shape[0] * shape[1]) * 4);
+    if (checksums) {
+      std::map<uint32_t, int> readers;
+      for (const ProcessPlan& pp : plan->per_process) {
+        for (const SourceFileBytes& f : pp.reads) ++readers[f.file];
+      }
+      for (const auto& [file, n] : readers) CHECK(n == 1);
+    }
     // Deterministic.
     auto again = BuildPlan(r);
     REQUIRE(again.ok());
@@ -341,6 +354,65 @@ TEST_CASE("plan: with shared files, reads are balanced even when the written byt
   CHECK(plan->rounds >= 1);
   CheckExchange(*plan, {});
   CHECK(plan->per_process[0].bytes_read + plan->per_process[1].bytes_read == 96 * 64 * 4);
+}
+
+TEST_CASE("plan: checksummed chunks are read whole by one process, still balanced",
+          "[plan][exchange]") {
+  // 48 checksummed chunks of rows in 4 files (12 each), shared; 3 target row blocks that cut
+  // through chunks, 2 of the 3 written by one process.
+  CheckpointIndex index = IndexOf({SplitTensor("w", {480, 16}, 0, 48, 0)});
+  for (Chunk& c : index.tensors[0].chunks) {
+    c.file /= 12;
+    c.xxh3_64 = 7;
+  }
+  index.files.resize(4);
+  PlanRequest r;
+  r.tensors.push_back(Identity(index.tensors[0]));
+  for (int64_t f = 0; f < 3; ++f) {
+    r.files.push_back({"t" + std::to_string(f), {{0, Box{{155 * f + 3, 0}, {f == 2 ? 167 : 155, 16}}, std::nullopt}}});
+  }
+  r.processes = 2;
+  r.memory_budget = 1 << 20;
+  // Which processes read a chunk's bytes: its transfers' readers and the writers that read
+  // their own share (a writer of an item over the chunk that received none of it).
+  auto readers_of_chunks = [&](const Plan& plan) {
+    std::map<uint32_t, std::set<int>> readers;
+    std::set<std::pair<uint32_t, uint32_t>> moved;  // (write item, chunk)
+    for (const Transfer& t : plan.transfers) {
+      readers[t.chunk].insert(t.reader);
+      moved.insert({t.write, t.chunk});
+    }
+    for (size_t w = 0; w < plan.writes.size(); ++w) {
+      const WriteItem& item = plan.writes[w];
+      for (uint32_t k = 0; k < index.tensors[0].chunks.size(); ++k) {
+        auto o = Intersect(index.tensors[0].chunks[k].box, item.region);
+        if (!o || o->empty() || moved.count({static_cast<uint32_t>(w), k})) continue;
+        readers[k].insert(plan.files[item.file].process);
+      }
+    }
+    return readers;
+  };
+  for (int processes : {2, 3}) {
+    INFO(processes << " processes");
+    r.processes = processes;
+    r.verify_checksums = true;
+    auto plan = BuildPlan(r);
+    REQUIRE(plan.ok());
+    CheckExchange(*plan, {});
+    CHECK(plan->read_balance <= 1.15);
+    for (const auto& [chunk, who] : readers_of_chunks(*plan)) {
+      INFO("chunk " << chunk);
+      CHECK(who.size() == 1);
+    }
+    // Without verification the balancer cuts chunks between processes (here it does).
+    r.verify_checksums = false;
+    auto split = BuildPlan(r);
+    REQUIRE(split.ok());
+    CHECK(split->read_balance <= 1.15);
+    size_t cut = 0;
+    for (const auto& [chunk, who] : readers_of_chunks(*split)) cut += who.size() > 1;
+    CHECK(cut > 0);
+  }
 }
 
 TEST_CASE("plan: a needed file no process sees is refused", "[plan][exchange]") {

@@ -11,6 +11,7 @@
 #define FC_COMM_COMMUNICATOR_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -46,6 +47,22 @@ class Communicator {
   // Errors: kInvalidArgument for a peer out of range or this process itself. A transport
   // failure (a peer that died) ends the job (MPI's default error handler).
   virtual Status Exchange(std::span<const Message> sends, std::span<const Message> receives) = 0;
+
+  // Progress counters: each rank's running count (bytes written) shown by rank 0 while the
+  // work runs, without making anyone wait. Main thread only, like the rest; worker threads
+  // may run meanwhile (MPI is initialised for that, or the posts are skipped).
+  // Not collective: a rank other than 0 posts its latest count to rank 0 and returns at once
+  // (a post while its previous one is still in flight is dropped; a later one carries the
+  // newer count). Rank 0: no-op. Default: no-op.
+  virtual void PostCounter(uint64_t value) { (void)value; }
+  // Not collective, rank 0: the latest count each rank posted so far (index: rank; 0 before
+  // its first post, rank 0's entry 0), taking what has arrived without waiting. Other ranks:
+  // empty. Default: all zeros on rank 0.
+  virtual std::vector<uint64_t> PollCounters();
+  // Collective, once after a run's posts: rank 0 gets every rank's final `value` (index:
+  // rank) once every post has arrived and every send has completed; other ranks get an
+  // empty vector. Counters start afresh after it. Default: a Gather.
+  virtual std::vector<uint64_t> EndCounters(uint64_t value);
 };
 
 // A communicator of size 1.

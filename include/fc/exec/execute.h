@@ -15,8 +15,15 @@
 // process waits for one that has given up. Callers agree before calling (every process must
 // enter Execute, or none).
 //
-// Thread-safety: Execute is called from one thread; the sink is called from the workers
-// concurrently (distinct items never overlap).
+// Progress: with several processes (a communicator of size > 1) process 0's display counts
+// the whole job's bytes written: while the workers run, Execute's calling thread posts this
+// process's count to process 0 every quarter second (Communicator::PostCounter, not
+// blocking) and process 0 polls them; the counters are ended collectively before Execute
+// returns, so its last line shows every process's bytes.
+//
+// Thread-safety: Execute is called from one thread, the only one that calls the
+// communicator; the sink is called from the workers concurrently (distinct items never
+// overlap).
 #ifndef FC_EXEC_EXECUTE_H_
 #define FC_EXEC_EXECUTE_H_
 
@@ -52,10 +59,15 @@ struct ExecuteOptions {
 struct ExecuteStats {
   uint64_t bytes_written = 0;      // tensor bytes handed to the sink
   uint64_t peak_buffer_bytes = 0;  // most bytes held in worker buffers and blocks at once
-                                   // (upper bound: each worker's largest buffer + blocks)
+                                   // (upper bound: each worker's largest buffer + blocks +
+                                   // exchange buffers + chunk parts waiting for their
+                                   // checksum, ChunkReader::reorder_peak_bytes)
   double seconds = 0;
   uint64_t bytes_sent = 0;      // tensor bytes this process sent to others
   uint64_t bytes_received = 0;  // and received from them
+  // Bytes the progress display counted at the end: on process 0 of several, every
+  // process's bytes written (the whole job); elsewhere this process's own.
+  uint64_t progress_bytes = 0;
 };
 
 Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& sink,

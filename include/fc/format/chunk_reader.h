@@ -13,13 +13,17 @@
 // Checksums: a chunk that carries an xxh3_64 (fc distcp) is verified from the bytes
 // CopyChunkRegion copies, and remembered as verified for the reader's lifetime:
 //   - a read of the whole chunk hashes what it copied (no second read);
-//   - reads of whole rows (axis 0) of a row-major chunk are hashed as they come, in the
-//     chunk's byte order; rows skipped or read out of order (other threads) are hashed from
-//     the file when the stream reaches them; the digest is checked when the last row is in;
-//   - other partial reads (column cuts, parts of flattened ranges) hash the chunk from its
-//     file before the first part is used.
+//   - reads of whole rows (axis 0) of a row-major chunk, or of one of a flattened range's
+//     stored boxes, are runs of the chunk's bytes: hashed as copied when a run is the next in
+//     the chunk's byte order, else copied, packed and kept until the runs before it are in
+//     (other threads, other rounds, parts read for other processes first), so a chunk read
+//     in parts by one process is read once; past the reorder limit (SetReorderLimit) the gap
+//     before such a run is hashed from the file; the digest is checked when the last byte
+//     is in;
+//   - other partial reads (column cuts) hash the chunk from its file before the first part
+//     is used.
 // Extra reads are counted in verify_bytes_read(), not in bytes_read(). A chunk read only in
-// part is finished by FinishVerification, which callers that read in parts (Execute, fc-diff)
+// part is finished by FinishVerification (reading the bytes nobody copied), which callers that read in parts (Execute, fc-diff)
 // call before they trust what they copied. A mismatch is kDataLoss naming the file, tensor and
 // chunk, e.g. "1_0.distcp: tensor 'w' chunk [4, 8) x [0, 6) bytes [384, 408): checksum
 // mismatch: xxh3-64 of the bytes is ..., the metadata says ...".
@@ -92,6 +96,12 @@ class ChunkReader {
   // a read error.
   Status FinishVerification();
 
+  // Most bytes of parts read ahead of their chunk's hash that may wait in memory (default
+  // 64 MiB); past it, the gap before such a part is hashed from the file (a second read).
+  void SetReorderLimit(uint64_t bytes);
+  // Most bytes that waited at once so far.
+  uint64_t reorder_peak_bytes() const;
+
   // Bytes read from files so far (for progress and benchmarks).
   uint64_t bytes_read() const;
   // Bytes read only to verify checksums (a chunk whose first read was partial).
@@ -120,24 +130,28 @@ class ChunkReader {
   Status CheckDigest(const TensorEntry& tensor, const Chunk& chunk, uint64_t actual) const;
   // Hashes the chunk's bytes from its file and checks them.
   Status VerifyFromFile(const TensorEntry& tensor, const Chunk& chunk);
-  // After `overlap` (whole rows of `chunk`) was copied into `dst`: feeds it to the chunk's
-  // running hash (see above); checks the digest when the chunk is complete.
-  Status StreamRows(const TensorEntry& tensor, const Chunk& chunk, const Box& overlap,
-                    const void* dst, const Box& dst_box);
-  // When `overlap` (whole rows) is the next part of the chunk's running hash: copies it in
-  // cache-sized batches, hashing each as it lands, and returns true. False: not in order
-  // (nothing copied).
-  Result<bool> StreamRowsInOrder(const TensorEntry& tensor, const Chunk& chunk,
-                                 const Box& overlap, void* dst, const Box& dst_box);
-  // Copies `rows` (whole rows of `chunk`) in batches, feeding each to `xxh3_state` (an
-  // XXH3_state_t; opaque here, the source inlines xxHash under renamed types).
-  Status CopyRowsHashing(const TensorEntry& tensor, const Chunk& chunk, const Box& rows,
-                         void* dst, const Box& dst_box, void* xxh3_state);
+  // Copies `part` (whole rows of `stored`, one of the chunk's stored boxes, whose data starts
+  // at element `stored_element` of the chunk) and feeds it to the chunk's running hash:
+  // directly when it is the next run of the chunk's bytes, else kept (packed) until the
+  // bytes before it are in, within the reorder limit, else after hashing the gap from the
+  // file. Checks the digest once the chunk is complete.
+  Status CopyPartHashing(const TensorEntry& tensor, const Chunk& chunk, const Box& stored,
+                         uint64_t stored_element, const Box& part, void* dst,
+                         const Box& dst_box);
+  // Copies `rows` (whole rows of `stored`, a stored box of `chunk`) in batches, feeding each
+  // to `xxh3_state` (an XXH3_state_t; opaque here, the source inlines xxHash under renamed
+  // types).
+  Status CopyRowsHashing(const TensorEntry& tensor, const Chunk& chunk, const Box& stored,
+                         const Box& rows, void* dst, const Box& dst_box, void* xxh3_state);
   struct ChunkStream;
   // Appends [from, to) of the chunk's bytes, read from its file, to the stream.
   Status HashFromFile(ChunkStream& stream, uint64_t from, uint64_t to);
   // Digest check once the stream holds every byte of its chunk.
   Status CompleteStream(ChunkStream& stream);
+  // Hashes the pending parts that now follow the stream's hashed bytes; frees them.
+  void DrainPending(ChunkStream& stream);
+  // Frees every pending part of the stream.
+  void ReleasePending(ChunkStream& stream);
 
   const CheckpointIndex& index_;
   mutable std::mutex mu_;
@@ -151,9 +165,12 @@ class ChunkReader {
   std::unordered_set<const Chunk*> verified_;  // guarded by mu_; index chunks only
   uint64_t verify_bytes_read_ = 0;             // guarded by mu_
   uint64_t chunks_verified_ = 0;               // guarded by mu_
-  // Running hashes of chunks read in rows, until complete; guarded by mu_ (each stream
+  // Running hashes of chunks read in parts, until complete; guarded by mu_ (each stream
   // by its own mutex).
   std::unordered_map<const Chunk*, std::shared_ptr<ChunkStream>> streams_;
+  uint64_t reorder_limit_ = 64u << 20;  // guarded by mu_
+  uint64_t pending_bytes_ = 0;          // guarded by mu_: parts waiting in streams
+  uint64_t pending_peak_ = 0;           // guarded by mu_
 };
 
 }  // namespace fc

@@ -179,6 +179,9 @@ struct PlanRequest {
   // the budget bounds what a process sends in a round, a quarter what it receives, and the
   // workers get the other half.
   std::vector<std::vector<int>> source_visibility;
+  // Whether the run verifies chunk checksums: then every needed part of a checksummed chunk
+  // is read by one process (fc/plan/exchange.h), which hashes the chunk in one pass.
+  bool verify_checksums = true;
 };
 
 // Builds the plan. Errors: kInvalidArgument for a slot naming a tensor out of range, a box

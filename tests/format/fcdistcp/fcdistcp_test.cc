@@ -448,23 +448,48 @@ TEST_CASE("ChunkReader verifies checksums on read", "[fcdistcp]") {
     CHECK(reader.chunks_verified() == 4);
     CHECK(reader.verify_bytes_read() == 0);
   }
-  SECTION("intact data read in rows: hashed as copied, skipped rows from the file") {
+  SECTION("intact data read in rows: hashed as copied, rows out of order wait, none reread") {
     ChunkReader reader(*good, ChunkReaderOptions{.verify_checksums = true});
     const Chunk& c = embed.chunks[1];  // rows [4, 8), 16 bytes a row
     FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{4, 0}, {1, 4}}, dst.data(), wide));
     CHECK(reader.chunks_verified() == 0);  // 1 row of 4 hashed so far
     FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{6, 0}, {2, 4}}, dst.data(), wide));
-    CHECK(reader.chunks_verified() == 1);   // row 5 came from the file
-    CHECK(reader.verify_bytes_read() == 16);
+    CHECK(reader.chunks_verified() == 0);   // rows 6 and 7 wait for row 5
+    CHECK(reader.reorder_peak_bytes() == 32);
     FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{5, 0}, {1, 4}}, dst.data(), wide));
-    CHECK(reader.verify_bytes_read() == 16);
+    CHECK(reader.chunks_verified() == 1);
+    CHECK(reader.verify_bytes_read() == 0);
     // Rows of the other chunk, never all read: FinishVerification hashes the rest.
     const Chunk& c0 = embed.chunks[0];
     FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c0, Box{{0, 0}, {2, 4}}, dst.data(), wide));
     CHECK(reader.chunks_verified() == 1);
     FC_REQUIRE_OK(reader.FinishVerification());
     CHECK(reader.chunks_verified() == 2);
-    CHECK(reader.verify_bytes_read() == 16 + 32);
+    CHECK(reader.verify_bytes_read() == 32);
+    CHECK(dst[5 * 6 + 3] ==
+          static_cast<float>(fcdistcp_sample::SampleValue("model.embed.weight", 5 * 4 + 3)));
+  }
+  SECTION("rows out of order past the reorder limit: the gap is hashed from the file") {
+    ChunkReader reader(*good, ChunkReaderOptions{.verify_checksums = true});
+    reader.SetReorderLimit(0);
+    const Chunk& c = embed.chunks[1];
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{4, 0}, {1, 4}}, dst.data(), wide));
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{6, 0}, {2, 4}}, dst.data(), wide));
+    CHECK(reader.chunks_verified() == 1);  // row 5 came from the file
+    CHECK(reader.verify_bytes_read() == 16);
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{5, 0}, {1, 4}}, dst.data(), wide));
+    CHECK(reader.verify_bytes_read() == 16);
+    CHECK(reader.reorder_peak_bytes() == 0);
+  }
+  SECTION("a flattened chunk read in parts, last part first: one pass, nothing reread") {
+    ChunkReader reader(*good, ChunkReaderOptions{.verify_checksums = true});
+    const Chunk& f = adam.chunks[0];  // flat [0, 13) of [8, 4]: rows 0-2, then (3, 0)
+    FC_REQUIRE_OK(reader.CopyChunkRegion(adam, f, Box{{3, 0}, {1, 4}}, dst.data(), wide));
+    CHECK(reader.chunks_verified() == 0);
+    FC_REQUIRE_OK(reader.CopyChunkRegion(adam, f, Box{{0, 0}, {3, 4}}, dst.data(), wide));
+    CHECK(reader.chunks_verified() == 1);
+    CHECK(reader.verify_bytes_read() == 0);
+    CHECK(dst[3 * 6 + 0] == static_cast<float>(fcdistcp_sample::SampleValue("optim.exp_avg", 12)));
   }
   SECTION("a column cut is verified from the file before it is used") {
     ChunkReader reader(*good, ChunkReaderOptions{.verify_checksums = true});
@@ -504,8 +529,10 @@ TEST_CASE("ChunkReader verifies checksums on read", "[fcdistcp]") {
   }
   SECTION("a partial read of a damaged chunk (bytes away from the damage)") {
     ChunkReader reader(*bad, ChunkReaderOptions{.verify_checksums = true});
-    Status s = reader.CopyChunkRegion(bad_embed, bad_embed.chunks[1], Box{{7, 0}, {1, 4}},
-                                      dst.data(), wide);
+    // Row 7 waits for rows 4-6, which nobody reads: hashed from the file at the end.
+    FC_EXPECT_OK(reader.CopyChunkRegion(bad_embed, bad_embed.chunks[1], Box{{7, 0}, {1, 4}},
+                                        dst.data(), wide));
+    Status s = reader.FinishVerification();
     CHECK(s.code() == StatusCode::kDataLoss);
     CHECK_THAT(s.message(), Catch::Matchers::StartsWith(embed_name));
     ChunkReader columns(*bad, ChunkReaderOptions{.verify_checksums = true});
@@ -529,7 +556,15 @@ TEST_CASE("ChunkReader verifies checksums on read", "[fcdistcp]") {
     CHECK_THAT(s.message(), Catch::Matchers::StartsWith(
                                 "0_0.distcp: tensor 'optim.exp_avg' chunk [0, 8) x [0, 4) flat [0, 13)"));
     ChunkReader again(*bad, ChunkReaderOptions{.verify_checksums = true});
-    s = again.CopyChunkRegion(bad_adam, bad_adam.chunks[0], Box{{0, 0}, {1, 4}}, dst.data(), wide);
+    FC_EXPECT_OK(
+        again.CopyChunkRegion(bad_adam, bad_adam.chunks[0], Box{{0, 0}, {1, 4}}, dst.data(), wide));
+    s = again.FinishVerification();
+    CHECK(s.code() == StatusCode::kDataLoss);
+    // The damaged last element read after the rest: the digest is checked as it completes.
+    ChunkReader parts(*bad, ChunkReaderOptions{.verify_checksums = true});
+    FC_EXPECT_OK(
+        parts.CopyChunkRegion(bad_adam, bad_adam.chunks[0], Box{{0, 0}, {3, 4}}, dst.data(), wide));
+    s = parts.CopyChunkRegion(bad_adam, bad_adam.chunks[0], Box{{3, 0}, {1, 4}}, dst.data(), wide);
     CHECK(s.code() == StatusCode::kDataLoss);
   }
   SECTION("verification off: the damaged bytes are read as they are") {
