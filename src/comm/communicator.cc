@@ -16,8 +16,20 @@
 #if FC_HAVE_MPI
 #include <mpi.h>
 #endif
+#include "src/comm/transport.h"
 
 namespace fc {
+
+Status CheckExchangePeers(std::span<const Communicator::Message> messages, int rank, int size) {
+  for (const Communicator::Message& m : messages) {
+    if (m.peer < 0 || m.peer >= size || m.peer == rank) {
+      return InvalidArgumentError("exchange with peer " + std::to_string(m.peer) + " from rank " +
+                                  std::to_string(rank) + " of " + std::to_string(size));
+    }
+  }
+  return Status::Ok();
+}
+
 namespace {
 
 class SingleProcess final : public Communicator {
@@ -47,13 +59,7 @@ std::string WithRank(int rank, const std::string& message) {
 }
 
 Status CheckPeers(std::span<const Communicator::Message> messages, int rank, int size) {
-  for (const Communicator::Message& m : messages) {
-    if (m.peer < 0 || m.peer >= size || m.peer == rank) {
-      return InvalidArgumentError("exchange with peer " + std::to_string(m.peer) + " from rank " +
-                                  std::to_string(rank) + " of " + std::to_string(size));
-    }
-  }
-  return Status::Ok();
+  return CheckExchangePeers(messages, rank, size);
 }
 
 // The shared state of an in-process group. Every collective is an all-gather of one string
@@ -167,11 +173,6 @@ class InProcess final : public Communicator {
   std::shared_ptr<Hub> hub_;
   int rank_;
 };
-
-bool LaunchedByMpi() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
-         std::getenv("PMIX_RANK");
-}
 
 #if FC_HAVE_MPI
 // MPI counts are ints: large messages go in pieces of at most 1 GiB.
@@ -290,6 +291,28 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
+bool StartedByMpiLauncher() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
+         std::getenv("PMIX_RANK");
+}
+
+int LauncherRank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  }
+  return 0;
+}
+
+Status CheckTransport(Transport transport) {
+  if (transport == Transport::kMpi) return Status::Ok();
+#if FC_HAVE_NCCL
+  return CheckCudaDevice().With("--transport nccl");
+#else
+  return UnimplementedError("--transport nccl: this fc was built without NCCL (it needs CUDA, "
+                            "NCCL and MPI at build time: meson setup -Dnccl=enabled)");
+#endif
+}
+
 std::unique_ptr<Communicator> MakeSingleProcessCommunicator() {
   return std::make_unique<SingleProcess>();
 }
@@ -306,16 +329,24 @@ Communicator& SingleProcessCommunicator() {
   return single;
 }
 
-Result<std::unique_ptr<Communicator>> MakeCommunicatorFromEnvironment(int* argc, char*** argv) {
-  if (!LaunchedByMpi()) return MakeSingleProcessCommunicator();
+Result<std::unique_ptr<Communicator>> MakeCommunicatorFromEnvironment(int* argc, char*** argv,
+                                                                      Transport transport) {
+  if (!StartedByMpiLauncher()) return MakeSingleProcessCommunicator();
 #if FC_HAVE_MPI
+  // Checked before MPI starts, so that a missing capability is one error, not a job.
+  FC_RETURN_IF_ERROR(CheckTransport(transport));
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) MPI_Init(argc, argv);
-  return std::unique_ptr<Communicator>(new MpiCommunicator());
+  std::unique_ptr<Communicator> mpi(new MpiCommunicator());
+#if FC_HAVE_NCCL
+  if (transport == Transport::kNccl) return MakeNcclCommunicator(std::move(mpi));
+#endif
+  return mpi;
 #else
   (void)argc;
   (void)argv;
+  (void)transport;
   return UnimplementedError("started under mpirun, but this fc was built without MPI");
 #endif
 }

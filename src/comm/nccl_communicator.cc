@@ -1,0 +1,338 @@
+// The NCCL transport. MPI starts the processes and carries the small collectives (AllOk,
+// Broadcast, Gather); NCCL carries Exchange's bytes.
+//
+// Exchange's bytes live in host memory (fc reads them from files and writes them to files),
+// so every byte goes host -> device -> NCCL -> device -> host. Device memory stays bounded:
+// one staging buffer of kStagingBytes per process, allocated at start-up, through which a
+// round moves in steps. All of a process's messages to one peer form one byte stream (both
+// sides see the same sizes in the same order), and every process cuts every stream into
+// parts of the same size, `part` = kStagingBytes / (the most streams any process has this
+// round, agreed by one MPI_Allreduce). Step k moves part k of every stream that long, in one
+// ncclGroupStart/ncclGroupEnd. Because both sides of a pair post the same part in the same
+// step, step k on one process waits only for step k on its peers, which themselves only
+// wait for step k - 1 to finish: no cycle, no deadlock (groups that differ between the two
+// sides of a pair can deadlock). The host <-> device copies are plain cudaMemcpyAsync from
+// pageable memory on the transport's stream; no overlap of copies and transfers yet.
+//
+// Failures. Every CUDA/NCCL error becomes a Status naming the call, the step's peers and
+// bytes, and NCCL's own last-error text. A peer that dies mid-step leaves NCCL waiting
+// forever, so a step is awaited by polling (cudaStreamQuery, ncclCommGetAsyncError) for at
+// most kStepTimeout; then the NCCL communicator is aborted (ncclCommAbort) and Exchange
+// fails, and so does every later Exchange. The tool exits non-zero on that error, and
+// mpirun ends the other processes (its default when a process fails); the output
+// directory is only renamed into place after every process succeeded, so nothing
+// complete-looking is left.
+//
+// Not run on a GPU in this project (no GPU was available): tests/comm/nccl_communicator_test
+// and tests/tools/gpu_test.py are the gpu suite, which skips (exit 77) without a device.
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "src/comm/transport.h"
+
+namespace fc {
+namespace {
+
+// Device memory per process for Exchange's bytes (a round of any size goes through it in
+// steps). 64 MiB is small next to a GPU's memory and large enough that a step's fixed
+// costs (a kernel launch, a poll) are small next to moving it.
+constexpr uint64_t kStagingBytes = 64ull << 20;
+// A step moves at most kStagingBytes each way; one not done after this long means a peer
+// died or stopped.
+constexpr auto kStepTimeout = std::chrono::seconds(300);
+
+std::string CudaFailure(const char* call, cudaError_t e) {
+  return std::string(call) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+}
+
+std::string NcclFailure(const char* call, ncclResult_t r, ncclComm_t comm) {
+  std::string m = std::string(call) + ": " + ncclGetErrorString(r);
+  if (comm != nullptr) {
+    const char* last = ncclGetLastError(comm);
+    if (last != nullptr && *last != '\0') m += std::string(" (") + last + ")";
+  }
+  return m;
+}
+
+int LocalRank(int rank) {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  }
+  return rank;
+}
+
+// One peer's messages, in order, as one byte stream.
+struct Stream {
+  int peer = 0;
+  std::vector<std::span<std::byte>> pieces;
+  uint64_t size = 0;
+};
+
+std::vector<Stream> ByPeer(std::span<const Communicator::Message> messages) {
+  std::vector<Stream> streams;
+  for (const Communicator::Message& m : messages) {
+    if (m.bytes.empty()) continue;  // the peer skips it too: same size
+    auto it = std::find_if(streams.begin(), streams.end(),
+                           [&](const Stream& s) { return s.peer == m.peer; });
+    if (it == streams.end()) {
+      streams.push_back(Stream{m.peer, {}, 0});
+      it = streams.end() - 1;
+    }
+    it->pieces.push_back(m.bytes);
+    it->size += m.bytes.size();
+  }
+  std::sort(streams.begin(), streams.end(),
+            [](const Stream& a, const Stream& b) { return a.peer < b.peer; });
+  return streams;
+}
+
+// One stream's part in one step: bytes [begin, begin + size) of the stream, staged at `device`.
+struct Part {
+  const Stream* stream = nullptr;
+  bool send = false;
+  uint64_t begin = 0;
+  uint64_t size = 0;
+  std::byte* device = nullptr;
+};
+
+std::string Describe(const Part& p) {
+  return std::string(p.send ? "sending " : "receiving ") + std::to_string(p.size) +
+         " bytes (bytes " + std::to_string(p.begin) + ".." + std::to_string(p.begin + p.size) +
+         " of " + std::to_string(p.stream->size) + ") " + (p.send ? "to" : "from") + " rank " +
+         std::to_string(p.stream->peer);
+}
+
+std::string Describe(const std::vector<Part>& parts) {
+  std::string m;
+  for (const Part& p : parts) m += (m.empty() ? "" : ", ") + Describe(p);
+  return m;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  explicit NcclCommunicator(std::unique_ptr<Communicator> control)
+      : control_(std::move(control)) {}
+
+  ~NcclCommunicator() override {
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+    if (staging_ != nullptr) cudaFree(staging_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    // control_ (MPI) goes after NCCL: it finalises MPI.
+  }
+
+  // Local part of start-up: device, stream, staging buffer.
+  Status OpenDevice() {
+    FC_RETURN_IF_ERROR(CheckCudaDevice());
+    int count = 0;
+    cudaGetDeviceCount(&count);
+    device_ = LocalRank(rank()) % count;
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+      return FailedPreconditionError(CudaFailure("cudaSetDevice", e) + " for device " +
+                                     std::to_string(device_));
+    }
+    if (cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+        e != cudaSuccess) {
+      stream_ = nullptr;
+      return IoError(CudaFailure("cudaStreamCreateWithFlags", e) + " on device " +
+                     std::to_string(device_));
+    }
+    void* staging = nullptr;
+    if (cudaError_t e = cudaMalloc(&staging, kStagingBytes); e != cudaSuccess) {
+      return ResourceExhaustedError(CudaFailure("cudaMalloc", e) + ": " +
+                                    std::to_string(kStagingBytes) +
+                                    " bytes of staging on device " + std::to_string(device_));
+    }
+    staging_ = static_cast<std::byte*>(staging);
+    return Status::Ok();
+  }
+
+  Status Start() {
+    std::string id(sizeof(ncclUniqueId), '\0');
+    Status local = OpenDevice();
+    if (local.ok() && rank() == 0) {
+      ncclUniqueId unique;
+      if (ncclResult_t r = ncclGetUniqueId(&unique); r != ncclSuccess) {
+        local = IoError(NcclFailure("ncclGetUniqueId", r, nullptr));
+      } else {
+        std::memcpy(id.data(), &unique, sizeof unique);
+      }
+    }
+    FC_RETURN_IF_ERROR(control_->AllOk(local.With("NCCL start-up")));
+    control_->Broadcast(id, 0);
+    ncclUniqueId unique;
+    std::memcpy(&unique, id.data(), sizeof unique);
+    ncclComm_t comm = nullptr;
+    if (ncclResult_t r = ncclCommInitRank(&comm, size(), unique, rank()); r != ncclSuccess) {
+      return IoError(NcclFailure("ncclCommInitRank", r, nullptr) + " (rank " +
+                     std::to_string(rank()) + " of " + std::to_string(size()) + ", device " +
+                     std::to_string(device_) + ")");
+    }
+    comm_ = comm;
+    return Status::Ok();
+  }
+
+  int rank() const override { return control_->rank(); }
+  int size() const override { return control_->size(); }
+  Status AllOk(const Status& local) override { return control_->AllOk(local); }
+  void Broadcast(std::string& data, int root) override { control_->Broadcast(data, root); }
+  std::vector<std::string> Gather(const std::string& local, int root) override {
+    return control_->Gather(local, root);
+  }
+
+  Status Exchange(std::span<const Message> sends, std::span<const Message> receives) override {
+    Status local = CheckExchangePeers(sends, rank(), size());
+    if (local.ok()) local = CheckExchangePeers(receives, rank(), size());
+    if (local.ok()) local = broken_;  // an aborted communicator moves nothing more
+    FC_RETURN_IF_ERROR(control_->AllOk(local));
+    const std::vector<Stream> out = ByPeer(sends), in = ByPeer(receives);
+    int mine = static_cast<int>(out.size() + in.size()), most = 0;
+    MPI_Allreduce(&mine, &most, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (most == 0) return Status::Ok();
+    uint64_t part = kStagingBytes / static_cast<uint64_t>(most);
+    if (part >= 256) part &= ~uint64_t{255};  // aligned slots
+    uint64_t longest = 0;
+    for (const Stream& s : out) longest = std::max(longest, s.size);
+    for (const Stream& s : in) longest = std::max(longest, s.size);
+    std::vector<Part> parts;
+    for (uint64_t begin = 0; begin < longest; begin += part) {
+      parts.clear();
+      std::byte* slot = staging_;  // at most `most` slots of `part` bytes: within staging
+      for (const std::vector<Stream>* list : {&out, &in}) {
+        for (const Stream& s : *list) {
+          if (s.size <= begin) continue;
+          parts.push_back(Part{&s, list == &out, begin, std::min(part, s.size - begin), slot});
+          slot += part;
+        }
+      }
+      FC_RETURN_IF_ERROR(Step(parts));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  // Moves one step's parts: stage the sends, one NCCL group, wait, copy the receives out.
+  Status Step(const std::vector<Part>& parts) {
+    for (const Part& p : parts) {
+      if (p.send) FC_RETURN_IF_ERROR(Copy(p, /*to_device=*/true));
+    }
+    if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess) {
+      return Fail(NcclFailure("ncclGroupStart", r, comm_) + " while " + Describe(parts));
+    }
+    for (const Part& p : parts) {
+      const ncclResult_t r =
+          p.send ? ncclSend(p.device, p.size, ncclUint8, p.stream->peer, comm_, stream_)
+                 : ncclRecv(p.device, p.size, ncclUint8, p.stream->peer, comm_, stream_);
+      if (r != ncclSuccess) {
+        ncclGroupEnd();
+        return Fail(NcclFailure(p.send ? "ncclSend" : "ncclRecv", r, comm_) + " " + Describe(p));
+      }
+    }
+    if (ncclResult_t r = ncclGroupEnd(); r != ncclSuccess && r != ncclInProgress) {
+      return Fail(NcclFailure("ncclGroupEnd", r, comm_) + " while " + Describe(parts));
+    }
+    FC_RETURN_IF_ERROR(Wait(parts));
+    for (const Part& p : parts) {
+      if (!p.send) FC_RETURN_IF_ERROR(Copy(p, /*to_device=*/false));
+    }
+    // Copies into pageable host memory return when done; this also reports their errors.
+    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) {
+      return Fail(CudaFailure("cudaStreamSynchronize", e) + " after " + Describe(parts));
+    }
+    return Status::Ok();
+  }
+
+  // Copies part `p` between its host pieces and its staging slot.
+  Status Copy(const Part& p, bool to_device) {
+    const uint64_t end = p.begin + p.size;
+    uint64_t at = 0;  // offset of the current piece in the stream
+    for (std::span<std::byte> piece : p.stream->pieces) {
+      const uint64_t piece_end = at + piece.size();
+      if (piece_end > p.begin && at < end) {
+        const uint64_t from = std::max(p.begin, at), to = std::min(end, piece_end);
+        std::byte* host = piece.data() + (from - at);
+        std::byte* device = p.device + (from - p.begin);
+        const cudaError_t e =
+            to_device ? cudaMemcpyAsync(device, host, to - from, cudaMemcpyHostToDevice, stream_)
+                      : cudaMemcpyAsync(host, device, to - from, cudaMemcpyDeviceToHost, stream_);
+        if (e != cudaSuccess) {
+          return Fail(CudaFailure(to_device ? "cudaMemcpyAsync (host to device)"
+                                            : "cudaMemcpyAsync (device to host)",
+                                  e) +
+                      " " + Describe(p));
+        }
+      }
+      at = piece_end;
+      if (at >= end) break;
+    }
+    return Status::Ok();
+  }
+
+  // Waits for the step's NCCL work, polling so that a dead peer cannot hang us forever.
+  Status Wait(const std::vector<Part>& parts) {
+    const auto start = std::chrono::steady_clock::now();
+    auto pause = std::chrono::microseconds(1);
+    for (;;) {
+      const cudaError_t e = cudaStreamQuery(stream_);
+      if (e == cudaSuccess) return Status::Ok();
+      if (e != cudaErrorNotReady) {
+        return Fail(CudaFailure("cudaStreamQuery", e) + " while " + Describe(parts));
+      }
+      ncclResult_t async = ncclSuccess;
+      if (ncclResult_t r = ncclCommGetAsyncError(comm_, &async); r != ncclSuccess) {
+        return Fail(NcclFailure("ncclCommGetAsyncError", r, comm_) + " while " + Describe(parts));
+      }
+      if (async != ncclSuccess && async != ncclInProgress) {
+        return Fail(NcclFailure("NCCL", async, comm_) + " while " + Describe(parts));
+      }
+      if (std::chrono::steady_clock::now() - start > kStepTimeout) {
+        return Fail("NCCL did not finish in " + std::to_string(kStepTimeout.count()) +
+                    " s (a peer died or stopped?) while " + Describe(parts));
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+  // Aborts the NCCL communicator (its kernels may wait forever on a dead peer) and keeps
+  // the error: every later Exchange fails with it, on every process (through AllOk).
+  Status Fail(std::string message) {
+    broken_ = IoError("rank " + std::to_string(rank()) + ": NCCL exchange failed: " + message);
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    return broken_;
+  }
+
+  std::unique_ptr<Communicator> control_;
+  int device_ = -1;
+  cudaStream_t stream_ = nullptr;
+  std::byte* staging_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  Status broken_;
+};
+
+}  // namespace
+
+Status CheckCudaDevice() {
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    return FailedPreconditionError("no CUDA device: " + CudaFailure("cudaGetDeviceCount", e));
+  }
+  if (count <= 0) return FailedPreconditionError("no CUDA device (cudaGetDeviceCount: 0)");
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(std::unique_ptr<Communicator> control) {
+  auto nccl = std::make_unique<NcclCommunicator>(std::move(control));
+  FC_RETURN_IF_ERROR(nccl->Start());
+  return std::unique_ptr<Communicator>(std::move(nccl));
+}
+
+}  // namespace fc
