@@ -333,15 +333,20 @@ Result<std::unique_ptr<Communicator>> MakeCommunicatorFromEnvironment(int* argc,
                                                                       Transport transport) {
   if (!StartedByMpiLauncher()) return MakeSingleProcessCommunicator();
 #if FC_HAVE_MPI
-  // Checked before MPI starts, so that a missing capability is one error, not a job.
-  FC_RETURN_IF_ERROR(CheckTransport(transport));
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) MPI_Init(argc, argv);
   std::unique_ptr<Communicator> mpi(new MpiCommunicator());
+  if (transport == Transport::kNccl) {
 #if FC_HAVE_NCCL
-  if (transport == Transport::kNccl) return MakeNcclCommunicator(std::move(mpi));
+    // The device check is part of NCCL's start-up, agreed over MPI: one process without a
+    // device fails them all with one message.
+    return MakeNcclCommunicator(std::move(mpi));
+#else
+    // Agreed too, so that the processes report it as one error.
+    return mpi->AllOk(CheckTransport(transport));
 #endif
+  }
   return mpi;
 #else
   (void)argc;

@@ -85,7 +85,10 @@ Status CheckTransport(Transport transport);
 // over MPI and Exchange over NCCL, on device (local rank % device count), local rank from
 // OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or MPI_LOCALRANKID (else the rank).
 // Errors: kUnimplemented when started under mpirun but built without MPI; with kNccl,
-// CheckTransport's errors and a failed NCCL start-up (naming the call).
+// CheckTransport's errors and a failed NCCL start-up (naming the call), agreed between the
+// processes ("rank R: ...", the same on every process) except a failure inside
+// ncclCommInitRank, which only the process it happened in reports (the others may still
+// wait in it: mpirun ends them when that process exits).
 Result<std::unique_ptr<Communicator>> MakeCommunicatorFromEnvironment(
     int* argc, char*** argv, Transport transport = Transport::kMpi);
 
