@@ -31,9 +31,13 @@ ENV = {k: v for k, v in os.environ.items()
        if not k.startswith(("OMPI_", "PMI_", "PMIX_"))}
 
 
+def target(tool):
+    return ["--target-like", CKPT] if tool == CONVERT else []
+
+
 def nccl_refusal(tool, out):
     """--transport nccl without mpirun: (exit code, stderr)."""
-    p = fcio.run([tool, CKPT, out, "--transport", "nccl"], expect=None, env=ENV)
+    p = fcio.run([tool, CKPT, out, "--transport", "nccl", *target(tool)], expect=None, env=ENV)
     return p.returncode, p.stderr
 
 
@@ -60,9 +64,9 @@ def case_refusal():
                 assert not gpu_listed(), f"nvidia-smi lists a GPU, fc finds none: {err}"
             else:
                 assert code == 2 and "--transport applies under mpirun only" in err, (code, err)
-            p = fcio.run([tool, CKPT, out, "--transport", "mpi"], expect=2, env=ENV)
+            p = fcio.run([tool, CKPT, out, "--transport", "mpi", *target(tool)], expect=2, env=ENV)
             assert "--transport applies under mpirun only" in p.stderr, p.stderr
-            p = fcio.run([tool, CKPT, out, "--transport", "gloo"], expect=2, env=ENV)
+            p = fcio.run([tool, CKPT, out, "--transport", "gloo", *target(tool)], expect=2, env=ENV)
             assert "--transport" in p.stderr and "nccl" in p.stderr, p.stderr
             assert not os.path.exists(out)
             print(f"ok {name}: --transport nccl here: exit {code}: {err.strip()}")
@@ -84,9 +88,8 @@ def case_refusal_mpi():
             sys.exit(77)
         for tool in (EXPORT, CONVERT):
             name = os.path.basename(tool)
-            flags = ["--target-like", CKPT] if tool == CONVERT else []
             p = fcio.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", tool, CKPT,
-                          out, "--quiet", "--transport", "nccl", *flags], expect=code)
+                          out, "--quiet", "--transport", "nccl", *target(tool)], expect=code)
             assert p.stderr.count(f"{name}: error:") == 1, p.stderr
             assert ("built without NCCL" if code == 6 else "no CUDA device") in p.stderr, p.stderr
             assert not os.path.exists(out)
