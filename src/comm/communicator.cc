@@ -58,10 +58,6 @@ std::string WithRank(int rank, const std::string& message) {
   return "rank " + std::to_string(rank) + ": " + message;
 }
 
-Status CheckPeers(std::span<const Communicator::Message> messages, int rank, int size) {
-  return CheckExchangePeers(messages, rank, size);
-}
-
 // The shared state of an in-process group. Every collective is an all-gather of one string
 // per member: members post, the last one to arrive publishes the round, and the round is
 // closed when every member has taken its copy (two phases, so a fast member cannot post
@@ -158,8 +154,8 @@ class InProcess final : public Communicator {
   }
 
   Status Exchange(std::span<const Message> sends, std::span<const Message> receives) override {
-    Status peers = CheckPeers(sends, rank_, size());
-    if (peers.ok()) peers = CheckPeers(receives, rank_, size());
+    Status peers = CheckExchangePeers(sends, rank_, size());
+    if (peers.ok()) peers = CheckExchangePeers(receives, rank_, size());
     if (peers.ok()) {
       for (const Message& m : sends) hub_->Post(rank_, m.peer, m.bytes);
     }
@@ -234,8 +230,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   Status Exchange(std::span<const Message> sends, std::span<const Message> receives) override {
-    FC_RETURN_IF_ERROR(CheckPeers(sends, rank_, size_));
-    FC_RETURN_IF_ERROR(CheckPeers(receives, rank_, size_));
+    FC_RETURN_IF_ERROR(CheckExchangePeers(sends, rank_, size_));
+    FC_RETURN_IF_ERROR(CheckExchangePeers(receives, rank_, size_));
     // Messages over 1 GiB go in parts; a pair's parts and messages keep their order (MPI
     // orders messages of one tag between two processes), so one tag serves every part.
     std::vector<MPI_Request> requests;
