@@ -4,15 +4,11 @@
 // Exchange's bytes live in host memory (fc reads them from files and writes them to files),
 // so every byte goes host -> device -> NCCL -> device -> host. Device memory stays bounded:
 // one staging buffer of kStagingBytes per process, allocated at start-up, through which a
-// round moves in steps. All of a process's messages to one peer form one byte stream (both
-// sides see the same sizes in the same order), and every process cuts every stream into
-// parts of the same size, `part` = kStagingBytes / (the most streams any process has this
-// round, agreed by one MPI_Allreduce). Step k moves part k of every stream that long, in one
-// ncclGroupStart/ncclGroupEnd. Because both sides of a pair post the same part in the same
-// step, step k on one process waits only for step k on its peers, which themselves only
-// wait for step k - 1 to finish: no cycle, no deadlock (groups that differ between the two
-// sides of a pair can deadlock). The host <-> device copies are plain cudaMemcpyAsync from
-// pageable memory on the transport's stream; no overlap of copies and transfers yet.
+// round moves in steps (the schedule, and why it cannot deadlock: staged_steps.h). The most
+// streams any process has in the round, which sets the part size, is agreed by one
+// MPI_Allreduce; each step is one ncclGroupStart/ncclGroupEnd of ncclSend/ncclRecv. The
+// host <-> device copies are plain cudaMemcpyAsync from pageable memory on the transport's
+// stream; no overlap of copies and transfers yet.
 //
 // Failures. Every CUDA/NCCL error becomes a Status naming the call, the step's peers and
 // bytes, and NCCL's own last-error text. A peer that dies mid-step leaves NCCL waiting
@@ -36,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/comm/staged_steps.h"
 #include "src/comm/transport.h"
 
 namespace fc {
@@ -69,45 +66,20 @@ int LocalRank(int rank) {
   return rank;
 }
 
-// One peer's messages, in order, as one byte stream.
-struct Stream {
-  int peer = 0;
-  std::vector<std::span<std::byte>> pieces;
-  uint64_t size = 0;
-};
-
-std::vector<Stream> ByPeer(std::span<const Communicator::Message> messages) {
-  std::vector<Stream> streams;
-  for (const Communicator::Message& m : messages) {
-    if (m.bytes.empty()) continue;  // the peer skips it too: same size
-    auto it = std::find_if(streams.begin(), streams.end(),
-                           [&](const Stream& s) { return s.peer == m.peer; });
-    if (it == streams.end()) {
-      streams.push_back(Stream{m.peer, {}, 0});
-      it = streams.end() - 1;
-    }
-    it->pieces.push_back(m.bytes);
-    it->size += m.bytes.size();
-  }
-  std::sort(streams.begin(), streams.end(),
-            [](const Stream& a, const Stream& b) { return a.peer < b.peer; });
-  return streams;
-}
-
-// One stream's part in one step: bytes [begin, begin + size) of the stream, staged at `device`.
+// One step's part of one stream, with the messages it comes from or goes to.
 struct Part {
-  const Stream* stream = nullptr;
-  bool send = false;
+  const PeerStream* stream = nullptr;
+  std::span<const Communicator::Message> messages;  // the sends or the receives
   uint64_t begin = 0;
   uint64_t size = 0;
   std::byte* device = nullptr;
 };
 
 std::string Describe(const Part& p) {
-  return std::string(p.send ? "sending " : "receiving ") + std::to_string(p.size) +
+  return std::string(p.stream->send ? "sending " : "receiving ") + std::to_string(p.size) +
          " bytes (bytes " + std::to_string(p.begin) + ".." + std::to_string(p.begin + p.size) +
-         " of " + std::to_string(p.stream->size) + ") " + (p.send ? "to" : "from") + " rank " +
-         std::to_string(p.stream->peer);
+         " of " + std::to_string(p.stream->size) + ") " + (p.stream->send ? "to" : "from") +
+         " rank " + std::to_string(p.stream->peer);
 }
 
 std::string Describe(const std::vector<Part>& parts) {
@@ -192,25 +164,22 @@ class NcclCommunicator final : public Communicator {
     if (local.ok()) local = CheckExchangePeers(receives, rank(), size());
     if (local.ok()) local = broken_;  // an aborted communicator moves nothing more
     FC_RETURN_IF_ERROR(control_->AllOk(local));
-    const std::vector<Stream> out = ByPeer(sends), in = ByPeer(receives);
-    int mine = static_cast<int>(out.size() + in.size()), most = 0;
+    const std::vector<PeerStream> streams = StreamsByPeer(sends, receives);
+    int mine = static_cast<int>(streams.size()), most = 0;
     MPI_Allreduce(&mine, &most, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (most == 0) return Status::Ok();
-    uint64_t part = kStagingBytes / static_cast<uint64_t>(most);
-    if (part >= 256) part &= ~uint64_t{255};  // aligned slots
-    uint64_t longest = 0;
-    for (const Stream& s : out) longest = std::max(longest, s.size);
-    for (const Stream& s : in) longest = std::max(longest, s.size);
+    const uint64_t part = StagingPartSize(kStagingBytes, most);
+    if (part == 0 && most > 0) {  // the same on every process
+      return ResourceExhaustedError(
+          "NCCL exchange: a process has " + std::to_string(most) + " peer streams, more than " +
+          "the " + std::to_string(kStagingBytes) + "-byte device staging buffer has bytes");
+    }
+    const uint64_t steps = StepCount(streams, part);
     std::vector<Part> parts;
-    for (uint64_t begin = 0; begin < longest; begin += part) {
+    for (uint64_t step = 0; step < steps; ++step) {
       parts.clear();
-      std::byte* slot = staging_;  // at most `most` slots of `part` bytes: within staging
-      for (const std::vector<Stream>* list : {&out, &in}) {
-        for (const Stream& s : *list) {
-          if (s.size <= begin) continue;
-          parts.push_back(Part{&s, list == &out, begin, std::min(part, s.size - begin), slot});
-          slot += part;
-        }
+      for (const StagedPart& p : StepParts(streams, part, step)) {
+        const PeerStream& s = streams[p.stream];
+        parts.push_back(Part{&s, s.send ? sends : receives, p.begin, p.size, staging_ + p.slot});
       }
       FC_RETURN_IF_ERROR(Step(parts));
     }
@@ -221,18 +190,19 @@ class NcclCommunicator final : public Communicator {
   // Moves one step's parts: stage the sends, one NCCL group, wait, copy the receives out.
   Status Step(const std::vector<Part>& parts) {
     for (const Part& p : parts) {
-      if (p.send) FC_RETURN_IF_ERROR(Copy(p, /*to_device=*/true));
+      if (p.stream->send) FC_RETURN_IF_ERROR(Copy(p, /*to_device=*/true));
     }
     if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess) {
       return Fail(NcclFailure("ncclGroupStart", r, comm_) + " while " + Describe(parts));
     }
     for (const Part& p : parts) {
       const ncclResult_t r =
-          p.send ? ncclSend(p.device, p.size, ncclUint8, p.stream->peer, comm_, stream_)
-                 : ncclRecv(p.device, p.size, ncclUint8, p.stream->peer, comm_, stream_);
+          p.stream->send ? ncclSend(p.device, p.size, ncclUint8, p.stream->peer, comm_, stream_)
+                         : ncclRecv(p.device, p.size, ncclUint8, p.stream->peer, comm_, stream_);
       if (r != ncclSuccess) {
         ncclGroupEnd();
-        return Fail(NcclFailure(p.send ? "ncclSend" : "ncclRecv", r, comm_) + " " + Describe(p));
+        return Fail(NcclFailure(p.stream->send ? "ncclSend" : "ncclRecv", r, comm_) + " " +
+                    Describe(p));
       }
     }
     if (ncclResult_t r = ncclGroupEnd(); r != ncclSuccess && r != ncclInProgress) {
@@ -240,7 +210,7 @@ class NcclCommunicator final : public Communicator {
     }
     FC_RETURN_IF_ERROR(Wait(parts));
     for (const Part& p : parts) {
-      if (!p.send) FC_RETURN_IF_ERROR(Copy(p, /*to_device=*/false));
+      if (!p.stream->send) FC_RETURN_IF_ERROR(Copy(p, /*to_device=*/false));
     }
     // Copies into pageable host memory return when done; this also reports their errors.
     if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) {
@@ -249,28 +219,20 @@ class NcclCommunicator final : public Communicator {
     return Status::Ok();
   }
 
-  // Copies part `p` between its host pieces and its staging slot.
+  // Copies part `p` between its messages in host memory and its staging slot.
   Status Copy(const Part& p, bool to_device) {
-    const uint64_t end = p.begin + p.size;
-    uint64_t at = 0;  // offset of the current piece in the stream
-    for (std::span<std::byte> piece : p.stream->pieces) {
-      const uint64_t piece_end = at + piece.size();
-      if (piece_end > p.begin && at < end) {
-        const uint64_t from = std::max(p.begin, at), to = std::min(end, piece_end);
-        std::byte* host = piece.data() + (from - at);
-        std::byte* device = p.device + (from - p.begin);
-        const cudaError_t e =
-            to_device ? cudaMemcpyAsync(device, host, to - from, cudaMemcpyHostToDevice, stream_)
-                      : cudaMemcpyAsync(host, device, to - from, cudaMemcpyDeviceToHost, stream_);
-        if (e != cudaSuccess) {
-          return Fail(CudaFailure(to_device ? "cudaMemcpyAsync (host to device)"
-                                            : "cudaMemcpyAsync (device to host)",
-                                  e) +
-                      " " + Describe(p));
-        }
+    for (const MessageRange& r : PartRanges(*p.stream, p.begin, p.size)) {
+      std::byte* host = p.messages[p.stream->messages[r.message]].bytes.data() + r.offset;
+      std::byte* device = p.device + r.at;
+      const cudaError_t e =
+          to_device ? cudaMemcpyAsync(device, host, r.size, cudaMemcpyHostToDevice, stream_)
+                    : cudaMemcpyAsync(host, device, r.size, cudaMemcpyDeviceToHost, stream_);
+      if (e != cudaSuccess) {
+        return Fail(CudaFailure(to_device ? "cudaMemcpyAsync (host to device)"
+                                          : "cudaMemcpyAsync (device to host)",
+                                e) +
+                    " " + Describe(p));
       }
-      at = piece_end;
-      if (at >= end) break;
     }
     return Status::Ok();
   }
