@@ -161,4 +161,29 @@ int Finish(const std::string& tool, const Status& status) {
   return ExitCode(status);
 }
 
+void AddTransportOption(CLI::App& app, std::string* name) {
+  app.add_option("--transport", *name,
+                 "under mpirun: what carries tensor bytes between processes: mpi (default) "
+                 "or nccl (an fc built with NCCL, a CUDA device per process; bytes staged "
+                 "through device memory)")
+      ->check(CLI::IsMember({"mpi", "nccl"}));
+}
+
+int CheckTransportOption(const CLI::App& app, const std::string& tool, const std::string& name,
+                         Transport* transport) {
+  *transport = name == "nccl" ? Transport::kNccl : Transport::kMpi;
+  if (app.count("--transport") == 0 || StartedByMpiLauncher()) return -1;
+  if (Status s = CheckTransport(*transport); !s.ok()) return Finish(tool, s);
+  return UsageError(tool, "--transport applies under mpirun only (one process exchanges "
+                          "nothing)");
+}
+
+int FinishStartup(const std::string& tool, const Status& status) {
+  const std::string& m = status.message();
+  size_t digits = 5;
+  while (digits < m.size() && m[digits] >= '0' && m[digits] <= '9') ++digits;
+  const bool agreed = m.rfind("rank ", 0) == 0 && digits > 5 && m.compare(digits, 2, ": ") == 0;
+  return !agreed || LauncherRank() == 0 ? Finish(tool, status) : ExitCode(status);
+}
+
 }  // namespace fc::cli

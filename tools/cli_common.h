@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "fc/comm/communicator.h"
 #include "fc/core/status.h"
 #include "fc/format/open.h"
 
@@ -62,6 +63,18 @@ int ExitCode(const Status& status);
 
 // Prints "<tool>: error: <message>" to stderr (when not OK) and returns ExitCode(status).
 int Finish(const std::string& tool, const Status& status);
+
+// --transport mpi|nccl (fc-export, fc-convert): what carries bytes between processes.
+void AddTransportOption(CLI::App& app, std::string* name);
+// Checks --transport before anything runs; -1 when the tool should go on (with
+// *transport set), else the exit code after printing the error. Outside mpirun the flag
+// has no effect (usage error), but a capability that is missing (`--transport nccl` in a
+// build without NCCL: exit 6; no CUDA device: exit 8) is said first.
+int CheckTransportOption(const CLI::App& app, const std::string& tool, const std::string& name,
+                         Transport* transport);
+// Finish for MakeCommunicatorFromEnvironment's error: an error every process agreed on
+// ("rank R: ...") is printed by process 0 only; one found by this process alone, by it.
+int FinishStartup(const std::string& tool, const Status& status);
 
 }  // namespace fc::cli
 

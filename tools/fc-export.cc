@@ -67,6 +67,8 @@ int main(int argc, char** argv) {
   app.add_flag("--follow-symlinks", follow_symlinks,
                "read checkpoint files that are symlinks pointing outside the checkpoint "
                "directory (refused by default)");
+  std::string transport_name = "mpi";
+  fc::cli::AddTransportOption(app, &transport_name);
   app.add_flag("-q,--quiet", quiet, "no progress, notes or warnings; errors only");
   app.add_flag("-v,--verbose", verbose, "debug logging");
   bool no_verify_checksums = false;
@@ -100,8 +102,12 @@ int main(int argc, char** argv) {
     if (!b.ok()) return fc::cli::Finish(tool, b.status());
     options.memory_budget = *b;
   }
-  auto comm = fc::MakeCommunicatorFromEnvironment(&argc, &argv);
-  if (!comm.ok()) return fc::cli::Finish(tool, comm.status());
+  fc::Transport transport;
+  if (int code = fc::cli::CheckTransportOption(app, tool, transport_name, &transport); code >= 0) {
+    return code;
+  }
+  auto comm = fc::MakeCommunicatorFromEnvironment(&argc, &argv, transport);
+  if (!comm.ok()) return fc::cli::FinishStartup(tool, comm.status());
   if ((*comm)->size() > 1) options.comm = comm->get();
   const bool lead = (*comm)->rank() == 0;
   if (quiet || !lead) options.progress = fc::Progress::Mode::kQuiet;

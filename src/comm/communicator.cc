@@ -16,8 +16,20 @@
 #if FC_HAVE_MPI
 #include <mpi.h>
 #endif
+#include "src/comm/transport.h"
 
 namespace fc {
+
+Status CheckExchangePeers(std::span<const Communicator::Message> messages, int rank, int size) {
+  for (const Communicator::Message& m : messages) {
+    if (m.peer < 0 || m.peer >= size || m.peer == rank) {
+      return InvalidArgumentError("exchange with peer " + std::to_string(m.peer) + " from rank " +
+                                  std::to_string(rank) + " of " + std::to_string(size));
+    }
+  }
+  return Status::Ok();
+}
+
 namespace {
 
 class SingleProcess final : public Communicator {
@@ -47,16 +59,6 @@ std::string WithRank(int rank, const std::string& message) {
     if (i > 5 && message.compare(i, 2, ": ") == 0) return message;
   }
   return "rank " + std::to_string(rank) + ": " + message;
-}
-
-Status CheckPeers(std::span<const Communicator::Message> messages, int rank, int size) {
-  for (const Communicator::Message& m : messages) {
-    if (m.peer < 0 || m.peer >= size || m.peer == rank) {
-      return InvalidArgumentError("exchange with peer " + std::to_string(m.peer) + " from rank " +
-                                  std::to_string(rank) + " of " + std::to_string(size));
-    }
-  }
-  return Status::Ok();
 }
 
 // The shared state of an in-process group. Every collective is an all-gather of one string
@@ -171,8 +173,8 @@ class InProcess final : public Communicator {
   }
 
   Status Exchange(std::span<const Message> sends, std::span<const Message> receives) override {
-    Status peers = CheckPeers(sends, rank_, size());
-    if (peers.ok()) peers = CheckPeers(receives, rank_, size());
+    Status peers = CheckExchangePeers(sends, rank_, size());
+    if (peers.ok()) peers = CheckExchangePeers(receives, rank_, size());
     if (peers.ok()) {
       for (const Message& m : sends) hub_->Post(rank_, m.peer, m.bytes);
     }
@@ -202,11 +204,6 @@ class InProcess final : public Communicator {
   std::shared_ptr<Hub> hub_;
   int rank_;
 };
-
-bool LaunchedByMpi() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
-         std::getenv("PMIX_RANK");
-}
 
 #if FC_HAVE_MPI
 // MPI counts are ints: large messages go in pieces of at most 1 GiB.
@@ -272,8 +269,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   Status Exchange(std::span<const Message> sends, std::span<const Message> receives) override {
-    FC_RETURN_IF_ERROR(CheckPeers(sends, rank_, size_));
-    FC_RETURN_IF_ERROR(CheckPeers(receives, rank_, size_));
+    FC_RETURN_IF_ERROR(CheckExchangePeers(sends, rank_, size_));
+    FC_RETURN_IF_ERROR(CheckExchangePeers(receives, rank_, size_));
     // Messages over 1 GiB go in parts; a pair's parts and messages keep their order (MPI
     // orders messages of one tag between two processes), so one tag serves every part.
     std::vector<MPI_Request> requests;
@@ -421,6 +418,28 @@ std::vector<uint64_t> Communicator::EndCounters(uint64_t value) {
   return values;
 }
 
+bool StartedByMpiLauncher() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
+         std::getenv("PMIX_RANK");
+}
+
+int LauncherRank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  }
+  return 0;
+}
+
+Status CheckTransport(Transport transport) {
+  if (transport == Transport::kMpi) return Status::Ok();
+#if FC_HAVE_NCCL
+  return CheckCudaDevice().With("--transport nccl");
+#else
+  return UnimplementedError("--transport nccl: this fc was built without NCCL (it needs CUDA, "
+                            "NCCL and MPI at build time: meson setup -Dnccl=enabled)");
+#endif
+}
+
 std::unique_ptr<Communicator> MakeSingleProcessCommunicator() {
   return std::make_unique<SingleProcess>();
 }
@@ -437,8 +456,9 @@ Communicator& SingleProcessCommunicator() {
   return single;
 }
 
-Result<std::unique_ptr<Communicator>> MakeCommunicatorFromEnvironment(int* argc, char*** argv) {
-  if (!LaunchedByMpi()) return MakeSingleProcessCommunicator();
+Result<std::unique_ptr<Communicator>> MakeCommunicatorFromEnvironment(int* argc, char*** argv,
+                                                                      Transport transport) {
+  if (!StartedByMpiLauncher()) return MakeSingleProcessCommunicator();
 #if FC_HAVE_MPI
   int initialized = 0;
   MPI_Initialized(&initialized);
@@ -449,10 +469,22 @@ Result<std::unique_ptr<Communicator>> MakeCommunicatorFromEnvironment(int* argc,
   } else {
     MPI_Query_thread(&provided);
   }
-  return std::unique_ptr<Communicator>(new MpiCommunicator(provided >= MPI_THREAD_FUNNELED));
+  std::unique_ptr<Communicator> mpi(new MpiCommunicator(provided >= MPI_THREAD_FUNNELED));
+  if (transport == Transport::kNccl) {
+#if FC_HAVE_NCCL
+    // The device check is part of NCCL's start-up, agreed over MPI: one process without a
+    // device fails them all with one message.
+    return MakeNcclCommunicator(std::move(mpi));
+#else
+    // Agreed too, so that the processes report it as one error.
+    return mpi->AllOk(CheckTransport(transport));
+#endif
+  }
+  return mpi;
 #else
   (void)argc;
   (void)argv;
+  (void)transport;
   return UnimplementedError("started under mpirun, but this fc was built without MPI");
 #endif
 }

@@ -282,7 +282,8 @@ def case_errors():
     print("ok errors")
 
 
-try:
-    {"split": case_split, "shared": case_shared, "errors": case_errors}[CASE]()
-finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+if __name__ == "__main__":  # gpu_test.py imports the helpers above
+    try:
+        {"split": case_split, "shared": case_shared, "errors": case_errors}[CASE]()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

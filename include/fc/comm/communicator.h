@@ -2,8 +2,11 @@
 // that no public header includes mpi.h. One process is a Communicator of size 1.
 //
 // Transports: single process; MPI (processes started by mpirun/srun); in-process (a group of
-// communicators for threads of one process, for tests). NCCL is not a transport yet: fc
-// moves checkpoint bytes that live in host memory, so MPI carries them (see README).
+// communicators for threads of one process, for tests); NCCL (under mpirun, in builds with
+// CUDA and NCCL: MPI starts it and carries the small collectives, NCCL carries Exchange's
+// bytes, staged from host memory through a bounded device buffer; see README). MPI is the
+// default: fc's bytes live in host memory, and NCCL only pays where the network is one
+// NCCL drives better than MPI does (e.g. GPUDirect RDMA over InfiniBand).
 //
 // Thread-safety: call from the main thread only (for an in-process group: each member from
 // its own thread).
@@ -45,7 +48,9 @@ class Communicator {
   // when all have completed, so that all pairs move at the same time. Each send must be
   // matched by a receive of the same size on the peer, in the same order per pair.
   // Errors: kInvalidArgument for a peer out of range or this process itself. A transport
-  // failure (a peer that died) ends the job (MPI's default error handler).
+  // failure (a peer that died) ends the job (MPI's default error handler) or, with NCCL,
+  // is an error naming the call, peer and bytes, after which the communicator refuses
+  // further exchanges (the caller's process exits non-zero and mpirun ends the others).
   virtual Status Exchange(std::span<const Message> sends, std::span<const Message> receives) = 0;
 
   // Progress counters: each rank's running count (bytes written) shown by rank 0 while the
@@ -74,11 +79,35 @@ Communicator& SingleProcessCommunicator();
 // has rank r. The group lives as long as any member.
 std::vector<std::unique_ptr<Communicator>> MakeInProcessGroup(int size);
 
-// MPI when this process was started by mpirun/srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
-// PMIX_RANK set) and fc was built with MPI; a single-process communicator otherwise.
-// Initialises MPI; the returned object finalises it when destroyed.
-// Errors: kUnimplemented when started under mpirun but built without MPI.
-Result<std::unique_ptr<Communicator>> MakeCommunicatorFromEnvironment(int* argc, char*** argv);
+// What carries Exchange's bytes between processes started by mpirun.
+enum class Transport { kMpi, kNccl };
+
+// Whether this process was started by mpirun/srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
+// PMIX_RANK set).
+bool StartedByMpiLauncher();
+// This process's rank as the launcher set it (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK),
+// readable before MPI is initialised: which process reports an error found that early.
+// 0 when not set.
+int LauncherRank();
+
+// OK when `transport` can run in this process. kMpi: always (whether the build has MPI is
+// MakeCommunicatorFromEnvironment's error). kNccl: kUnimplemented when fc was built without
+// NCCL (or without MPI, which starts it); kFailedPrecondition when CUDA finds no device
+// (naming CUDA's error). Initialises no MPI, opens no NCCL communicator.
+Status CheckTransport(Transport transport);
+
+// MPI when this process was started by mpirun/srun and fc was built with MPI; a
+// single-process communicator otherwise (`transport` then does not matter). Initialises MPI;
+// the returned object finalises it when destroyed. With Transport::kNccl the collectives go
+// over MPI and Exchange over NCCL, on device (local rank % device count), local rank from
+// OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or MPI_LOCALRANKID (else the rank).
+// Errors: kUnimplemented when started under mpirun but built without MPI; with kNccl,
+// CheckTransport's errors and a failed NCCL start-up (naming the call), agreed between the
+// processes ("rank R: ...", the same on every process) except a failure inside
+// ncclCommInitRank, which only the process it happened in reports (the others may still
+// wait in it: mpirun ends them when that process exits).
+Result<std::unique_ptr<Communicator>> MakeCommunicatorFromEnvironment(
+    int* argc, char*** argv, Transport transport = Transport::kMpi);
 
 }  // namespace fc
 
