@@ -21,7 +21,8 @@
 //
 // Not run on a GPU in this project (no GPU was available): tests/comm/nccl_communicator_test
 // and tests/tools/gpu_test.py are the gpu suite, which skips (exit 77) without a device.
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <mpi.h>
 #include <nccl.h>
 
@@ -29,6 +30,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -36,6 +39,88 @@
 #include "src/comm/transport.h"
 
 namespace fc {
+namespace {
+
+// CUDA's runtime and NCCL are loaded when --transport nccl is used, not linked: libnccl is
+// over 200 MB, and a binary linked to it fails to start under an address-space limit
+// (ulimit -v) even when it never uses NCCL. The headers give the types; dlsym gives the
+// functions, from the libraries of the major versions fc was built against.
+#define FC_CUDA_NCCL_FUNCTIONS(X) \
+  X(cudaFree) \
+  X(cudaGetDeviceCount) \
+  X(cudaGetErrorName) \
+  X(cudaGetErrorString) \
+  X(cudaMemcpyAsync) \
+  X(cudaSetDevice) \
+  X(cudaStreamCreateWithFlags) \
+  X(cudaStreamDestroy) \
+  X(cudaStreamQuery) \
+  X(cudaStreamSynchronize) \
+  X(ncclCommAbort) \
+  X(ncclCommDestroy) \
+  X(ncclCommGetAsyncError) \
+  X(ncclCommInitRank) \
+  X(ncclGetErrorString) \
+  X(ncclGetLastError) \
+  X(ncclGetUniqueId) \
+  X(ncclGroupEnd) \
+  X(ncclGroupStart) \
+  X(ncclRecv) \
+  X(ncclSend)
+
+struct CudaNcclApi {
+#define FC_DECLARE(name) decltype(&::name) name = nullptr;
+  FC_CUDA_NCCL_FUNCTIONS(FC_DECLARE)
+#undef FC_DECLARE
+  // Overloaded in C++ (a template for typed pointers): the C function, by its type.
+  cudaError_t (*cudaMalloc)(void** pointer, size_t bytes) = nullptr;
+};
+
+#define FC_STRINGIFY2(x) #x
+#define FC_STRINGIFY(x) FC_STRINGIFY2(x)
+constexpr const char* kCudartName = "libcudart.so." FC_STRINGIFY(FC_CUDART_MAJOR);
+constexpr const char* kNcclName = "libnccl.so." FC_STRINGIFY(NCCL_MAJOR);
+
+// The build's CUDA library directory first, then the loader's search path.
+void* OpenLibrary(const char* name, std::string* error) {
+  for (const std::string& path : {std::string(FC_CUDA_LIBDIR) + "/" + name, std::string(name)}) {
+    if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return handle;
+    const char* e = dlerror();
+    *error = e ? e : path + ": cannot be loaded";
+  }
+  return nullptr;
+}
+
+// Loaded once per process (the handles stay open); the error says which library or
+// function is missing.
+const Result<CudaNcclApi>& LoadApi() {
+  static const Result<CudaNcclApi> api = []() -> Result<CudaNcclApi> {
+    std::string error;
+    void* cudart = OpenLibrary(kCudartName, &error);
+    if (cudart == nullptr) return FailedPreconditionError("cannot load CUDA's runtime: " + error);
+    void* nccl = OpenLibrary(kNcclName, &error);
+    if (nccl == nullptr) return FailedPreconditionError("cannot load NCCL: " + error);
+    CudaNcclApi a;
+#define FC_LOAD(name)                                                                    \
+  a.name = reinterpret_cast<decltype(a.name)>(                                           \
+      dlsym(std::string_view(#name).starts_with("nccl") ? nccl : cudart, #name));        \
+  if (a.name == nullptr) {                                                               \
+    return FailedPreconditionError(std::string("cannot load ") + #name + " from " +       \
+                                   (std::string_view(#name).starts_with("nccl") ? kNcclName \
+                                                                                : kCudartName)); \
+  }
+    FC_CUDA_NCCL_FUNCTIONS(FC_LOAD)
+    FC_LOAD(cudaMalloc)
+#undef FC_LOAD
+    return a;
+  }();
+  return api;
+}
+
+// Only called after LoadApi() succeeded (CheckCudaDevice, which every path starts with).
+const CudaNcclApi& Api() { return *LoadApi(); }
+
+}  // namespace
 namespace {
 
 // Device memory per process for Exchange's bytes (a round of any size goes through it in
@@ -47,13 +132,13 @@ constexpr uint64_t kStagingBytes = 64ull << 20;
 constexpr auto kStepTimeout = std::chrono::seconds(300);
 
 std::string CudaFailure(const char* call, cudaError_t e) {
-  return std::string(call) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+  return std::string(call) + ": " + Api().cudaGetErrorName(e) + " (" + Api().cudaGetErrorString(e) + ")";
 }
 
 std::string NcclFailure(const char* call, ncclResult_t r, ncclComm_t comm) {
-  std::string m = std::string(call) + ": " + ncclGetErrorString(r);
+  std::string m = std::string(call) + ": " + Api().ncclGetErrorString(r);
   if (comm != nullptr) {
-    const char* last = ncclGetLastError(comm);
+    const char* last = Api().ncclGetLastError(comm);
     if (last != nullptr && *last != '\0') m += std::string(" (") + last + ")";
   }
   return m;
@@ -94,9 +179,9 @@ class NcclCommunicator final : public Communicator {
       : control_(std::move(control)) {}
 
   ~NcclCommunicator() override {
-    if (comm_ != nullptr) ncclCommDestroy(comm_);
-    if (staging_ != nullptr) cudaFree(staging_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (comm_ != nullptr) Api().ncclCommDestroy(comm_);
+    if (staging_ != nullptr) Api().cudaFree(staging_);
+    if (stream_ != nullptr) Api().cudaStreamDestroy(stream_);
     // control_ (MPI) goes after NCCL: it finalises MPI.
   }
 
@@ -104,20 +189,20 @@ class NcclCommunicator final : public Communicator {
   Status OpenDevice() {
     FC_RETURN_IF_ERROR(CheckCudaDevice());
     int count = 0;
-    cudaGetDeviceCount(&count);
+    Api().cudaGetDeviceCount(&count);
     device_ = LocalRank(rank()) % count;
-    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    if (cudaError_t e = Api().cudaSetDevice(device_); e != cudaSuccess) {
       return FailedPreconditionError(CudaFailure("cudaSetDevice", e) + " for device " +
                                      std::to_string(device_));
     }
-    if (cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    if (cudaError_t e = Api().cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
         e != cudaSuccess) {
       stream_ = nullptr;
       return IoError(CudaFailure("cudaStreamCreateWithFlags", e) + " on device " +
                      std::to_string(device_));
     }
     void* staging = nullptr;
-    if (cudaError_t e = cudaMalloc(&staging, kStagingBytes); e != cudaSuccess) {
+    if (cudaError_t e = Api().cudaMalloc(&staging, kStagingBytes); e != cudaSuccess) {
       return ResourceExhaustedError(CudaFailure("cudaMalloc", e) + ": " +
                                     std::to_string(kStagingBytes) +
                                     " bytes of staging on device " + std::to_string(device_));
@@ -131,7 +216,7 @@ class NcclCommunicator final : public Communicator {
     Status local = OpenDevice();
     if (local.ok() && rank() == 0) {
       ncclUniqueId unique;
-      if (ncclResult_t r = ncclGetUniqueId(&unique); r != ncclSuccess) {
+      if (ncclResult_t r = Api().ncclGetUniqueId(&unique); r != ncclSuccess) {
         local = IoError(NcclFailure("ncclGetUniqueId", r, nullptr));
       } else {
         std::memcpy(id.data(), &unique, sizeof unique);
@@ -142,7 +227,7 @@ class NcclCommunicator final : public Communicator {
     ncclUniqueId unique;
     std::memcpy(&unique, id.data(), sizeof unique);
     ncclComm_t comm = nullptr;
-    if (ncclResult_t r = ncclCommInitRank(&comm, size(), unique, rank()); r != ncclSuccess) {
+    if (ncclResult_t r = Api().ncclCommInitRank(&comm, size(), unique, rank()); r != ncclSuccess) {
       return IoError(NcclFailure("ncclCommInitRank", r, nullptr) + " (rank " +
                      std::to_string(rank()) + " of " + std::to_string(size()) + ", device " +
                      std::to_string(device_) + ")");
@@ -199,20 +284,20 @@ class NcclCommunicator final : public Communicator {
     for (const Part& p : parts) {
       if (p.stream->send) FC_RETURN_IF_ERROR(Copy(p, /*to_device=*/true));
     }
-    if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess) {
+    if (ncclResult_t r = Api().ncclGroupStart(); r != ncclSuccess) {
       return Fail(NcclFailure("ncclGroupStart", r, comm_) + " while " + Describe(parts));
     }
     for (const Part& p : parts) {
       const ncclResult_t r =
-          p.stream->send ? ncclSend(p.device, p.size, ncclUint8, p.stream->peer, comm_, stream_)
-                         : ncclRecv(p.device, p.size, ncclUint8, p.stream->peer, comm_, stream_);
+          p.stream->send ? Api().ncclSend(p.device, p.size, ncclUint8, p.stream->peer, comm_, stream_)
+                         : Api().ncclRecv(p.device, p.size, ncclUint8, p.stream->peer, comm_, stream_);
       if (r != ncclSuccess) {
-        ncclGroupEnd();
+        Api().ncclGroupEnd();
         return Fail(NcclFailure(p.stream->send ? "ncclSend" : "ncclRecv", r, comm_) + " " +
                     Describe(p));
       }
     }
-    if (ncclResult_t r = ncclGroupEnd(); r != ncclSuccess && r != ncclInProgress) {
+    if (ncclResult_t r = Api().ncclGroupEnd(); r != ncclSuccess && r != ncclInProgress) {
       return Fail(NcclFailure("ncclGroupEnd", r, comm_) + " while " + Describe(parts));
     }
     FC_RETURN_IF_ERROR(Wait(parts));
@@ -220,7 +305,7 @@ class NcclCommunicator final : public Communicator {
       if (!p.stream->send) FC_RETURN_IF_ERROR(Copy(p, /*to_device=*/false));
     }
     // Copies into pageable host memory return when done; this also reports their errors.
-    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) {
+    if (cudaError_t e = Api().cudaStreamSynchronize(stream_); e != cudaSuccess) {
       return Fail(CudaFailure("cudaStreamSynchronize", e) + " after " + Describe(parts));
     }
     return Status::Ok();
@@ -232,8 +317,8 @@ class NcclCommunicator final : public Communicator {
       std::byte* host = p.messages[p.stream->messages[r.message]].bytes.data() + r.offset;
       std::byte* device = p.device + r.at;
       const cudaError_t e =
-          to_device ? cudaMemcpyAsync(device, host, r.size, cudaMemcpyHostToDevice, stream_)
-                    : cudaMemcpyAsync(host, device, r.size, cudaMemcpyDeviceToHost, stream_);
+          to_device ? Api().cudaMemcpyAsync(device, host, r.size, cudaMemcpyHostToDevice, stream_)
+                    : Api().cudaMemcpyAsync(host, device, r.size, cudaMemcpyDeviceToHost, stream_);
       if (e != cudaSuccess) {
         return Fail(CudaFailure(to_device ? "cudaMemcpyAsync (host to device)"
                                           : "cudaMemcpyAsync (device to host)",
@@ -249,13 +334,13 @@ class NcclCommunicator final : public Communicator {
     const auto start = std::chrono::steady_clock::now();
     auto pause = std::chrono::microseconds(1);
     for (;;) {
-      const cudaError_t e = cudaStreamQuery(stream_);
+      const cudaError_t e = Api().cudaStreamQuery(stream_);
       if (e == cudaSuccess) return Status::Ok();
       if (e != cudaErrorNotReady) {
         return Fail(CudaFailure("cudaStreamQuery", e) + " while " + Describe(parts));
       }
       ncclResult_t async = ncclSuccess;
-      if (ncclResult_t r = ncclCommGetAsyncError(comm_, &async); r != ncclSuccess) {
+      if (ncclResult_t r = Api().ncclCommGetAsyncError(comm_, &async); r != ncclSuccess) {
         return Fail(NcclFailure("ncclCommGetAsyncError", r, comm_) + " while " + Describe(parts));
       }
       if (async != ncclSuccess && async != ncclInProgress) {
@@ -274,7 +359,7 @@ class NcclCommunicator final : public Communicator {
   // the error: every later Exchange fails with it, on every process (through AllOk).
   Status Fail(std::string message) {
     broken_ = IoError("rank " + std::to_string(rank()) + ": NCCL exchange failed: " + message);
-    if (comm_ != nullptr) ncclCommAbort(comm_);
+    if (comm_ != nullptr) Api().ncclCommAbort(comm_);
     comm_ = nullptr;
     return broken_;
   }
@@ -290,8 +375,9 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 Status CheckCudaDevice() {
+  if (!LoadApi().ok()) return LoadApi().status();
   int count = 0;
-  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+  if (cudaError_t e = Api().cudaGetDeviceCount(&count); e != cudaSuccess) {
     return FailedPreconditionError("no CUDA device: " + CudaFailure("cudaGetDeviceCount", e));
   }
   if (count <= 0) return FailedPreconditionError("no CUDA device (cudaGetDeviceCount: 0)");
