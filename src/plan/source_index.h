@@ -34,6 +34,26 @@ class SourceTensorIndex {
     }
   }
 
+  // Calls fn(elements, file, chunk index) for every non-empty overlap of `query` with a
+  // stored box, as ForEach, with the overlap's element count only (no box is built).
+  template <typename Fn>
+  void ForEachCount(const Box& query, Fn&& fn) const {
+    const auto [first, last] = Candidates(query);
+    const size_t rank = query.rank();
+    for (auto it = first; it != last; ++it) {
+      const Box& b = it->box;
+      if (b.rank() != rank) continue;
+      int64_t n = 1;
+      for (size_t i = 0; i < rank && n > 0; ++i) {
+        const int64_t lo = std::max(b.global_offset[i], query.global_offset[i]);
+        const int64_t hi = std::min(b.global_offset[i] + b.local_shape[i],
+                                    query.global_offset[i] + query.local_shape[i]);
+        n = hi > lo ? n * (hi - lo) : 0;
+      }
+      if (n > 0) fn(n, it->file, it->chunk);
+    }
+  }
+
   // Calls fn(overlap, file, chunk index) for every non-empty overlap of `query` with a
   // stored box, in increasing order of the stored boxes' first axis-0 offset.
   template <typename Fn>
@@ -60,6 +80,21 @@ class SourceTensorIndex {
     uint32_t chunk;
   };
   static int64_t First(const Box& b) { return b.rank() ? b.global_offset[0] : 0; }
+  // The entries ForEach looks at for `query`.
+  std::pair<std::vector<Entry>::const_iterator, std::vector<Entry>::const_iterator> Candidates(
+      const Box& query) const {
+    auto first = entries_.begin();
+    auto last = entries_.end();
+    if (query.rank() > 0) {
+      const int64_t lo = query.global_offset[0] - max_extent_ + 1;
+      const int64_t hi = query.global_offset[0] + query.local_shape[0];
+      first = std::lower_bound(entries_.begin(), entries_.end(), lo,
+                               [](const Entry& e, int64_t v) { return First(e.box) < v; });
+      last = std::lower_bound(first, entries_.end(), hi,
+                              [](const Entry& e, int64_t v) { return First(e.box) < v; });
+    }
+    return {first, last};
+  }
   std::vector<Entry> entries_;
   int64_t max_extent_ = 0;
 };
