@@ -22,6 +22,10 @@ class SourceTensorIndex {
     for (size_t i = 0; i < tensor.chunks.size(); ++i) {
       const Chunk& c = tensor.chunks[i];
       if (c.replica_id != 0) continue;
+      if (!c.flat_range) {  // the common case, without a list of one
+        entries_.push_back({c.box, c.file, static_cast<uint32_t>(i)});
+        continue;
+      }
       for (Box& b : StoredBoxes(c.box, c.flat_range)) {
         entries_.push_back({std::move(b), c.file, static_cast<uint32_t>(i)});
       }
@@ -122,11 +126,27 @@ void ForEachItemSource(const Plan& plan, const WriteItem& item, Fn&& fn) {
   for (uint32_t k = 0; k < tensor.pieces.size(); ++k) {
     const SourcePiece& piece = tensor.pieces[k];
     if (!piece.source) continue;
-    std::optional<Box> dst_sub = Intersect(piece.dst_box, item.region);
-    if (!dst_sub || dst_sub->empty()) continue;
+    // The common case without copies: the item lies inside the piece, and the piece is an
+    // identity (no ops, same place in source and target), so the item's region is the
+    // source box read.
+    std::optional<Box> intersected;
+    const Box* dst_sub = &item.region;
+    if (Contains(piece.dst_box, item.region)) {
+      if (item.region.empty()) continue;
+    } else {
+      intersected = Intersect(piece.dst_box, item.region);
+      if (!intersected || intersected->empty()) continue;
+      dst_sub = &*intersected;
+    }
     const bool whole = std::binary_search(plan.whole_blocks.begin(), plan.whole_blocks.end(),
                                           std::pair<uint32_t, uint32_t>(item.tensor, k));
-    fn(k, piece, whole, whole ? piece.src_box : SourceSubBox(piece, *dst_sub));
+    if (whole) {
+      fn(k, piece, true, piece.src_box);
+    } else if (piece.ops.empty() && piece.src_box == piece.dst_box) {
+      fn(k, piece, false, *dst_sub);
+    } else {
+      fn(k, piece, false, SourceSubBox(piece, *dst_sub));
+    }
   }
 }
 
