@@ -85,8 +85,16 @@ Status ValidateTargetLayout(const TargetLayout& layout) {
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
     const TargetTensor& t = layout.tensors[i];
     const Box whole = Box::Whole(t.global_shape);
-    CoverReport report = CheckCover(whole, pieces[i], /*max_listed=*/1);
+    // The boxes are moved into the check (millions of chunks: no copies); an error, which
+    // names the chunks, rebuilds them from their owners.
+    CoverReport report = CheckCover(whole, std::move(pieces[i]), /*max_listed=*/1);
     if (report.exact()) continue;
+    pieces[i].clear();
+    for (size_t k = 0; k < owners[i].size(); ++k) {
+      if (k == 0 || owners[i][k].chunk != owners[i][k - 1].chunk) {
+        AppendStoredBoxes(*owners[i][k].chunk, &pieces[i]);
+      }
+    }
     const std::string where = "tensor " + Quoted(t.key) + ": ";
     if (report.overlap_count > 0 && !report.overlaps.empty()) {
       // Name the chunks the first overlapping pair came from.
