@@ -82,14 +82,15 @@ Status ValidateBox(const Box& box, std::span<const int64_t> global_shape) {
                 std::to_string(global_shape.size()));
   }
   for (size_t i = 0; i < box.rank(); ++i) {
-    const std::string axis = "axis " + std::to_string(i);
-    if (global_shape[i] < 0) return fail(axis + ": negative tensor extent");
-    if (box.global_offset[i] < 0) return fail(axis + ": negative offset");
-    if (box.local_shape[i] < 0) return fail(axis + ": negative extent");
+    // Built only for an error: boxes from files are checked by the million.
+    auto axis_text = [i] { return "axis " + std::to_string(i); };
+    if (global_shape[i] < 0) return fail(axis_text() + ": negative tensor extent");
+    if (box.global_offset[i] < 0) return fail(axis_text() + ": negative offset");
+    if (box.local_shape[i] < 0) return fail(axis_text() + ": negative extent");
     std::optional<int64_t> end = CheckedAdd(box.global_offset[i], box.local_shape[i]);
-    if (!end) return fail(axis + ": offset + extent overflows");
+    if (!end) return fail(axis_text() + ": offset + extent overflows");
     if (*end > global_shape[i]) {
-      return fail(axis + ": box ends at " + std::to_string(*end) + ", beyond tensor extent " +
+      return fail(axis_text() + ": box ends at " + std::to_string(*end) + ", beyond tensor extent " +
                   std::to_string(global_shape[i]));
     }
   }

@@ -58,9 +58,16 @@ std::vector<Box> UncoveredCells(const Box& whole, const std::vector<Box>& pieces
 CoverReport CheckCover(const Box& whole, std::vector<Box> pieces, size_t max_listed) {
   CoverReport report;
   report.whole_elements = whole.num_elements();
+  // The pieces are ours: those inside `whole` (all of them, normally) are moved, not
+  // copied (a tensor may have thousands of chunks, a checkpoint millions).
   std::vector<Box> inside;
-  for (const Box& p : pieces) {
-    if (auto o = Intersect(p, whole); o && !o->empty()) inside.push_back(*o);
+  inside.reserve(pieces.size());
+  for (Box& p : pieces) {
+    if (Contains(whole, p)) {
+      if (!p.empty()) inside.push_back(std::move(p));
+    } else if (auto o = Intersect(p, whole); o && !o->empty()) {
+      inside.push_back(std::move(*o));
+    }
   }
   // Sweep along the axis the pieces are cut along most (most distinct start offsets): two
   // pieces can only intersect when their extents on that axis do, so each piece is compared

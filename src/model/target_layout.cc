@@ -60,20 +60,20 @@ Status ValidateTargetLayout(const TargetLayout& layout) {
         return InvalidArgumentError(where + ": chunk of undeclared tensor " + Quoted(c.key));
       }
       const TargetTensor& t = layout.tensors[it->second];
-      const std::string chunk_where =
-          where + ": tensor " + Quoted(c.key) + " box " + c.box.ToString();
+      // Built only for an error (a layout may hold millions of chunks).
+      auto chunk_where = [&] { return where + ": tensor " + Quoted(c.key) + " box " + c.box.ToString(); };
       Status s = ValidateBox(c.box, t.global_shape);
       if (!s.ok()) return InvalidArgumentError(where + ": tensor " + Quoted(c.key) + ": " +
                                                s.message());
       if (c.flat_range &&
           (!c.flat_range->SatisfiesInvariants() ||
            c.flat_range->exclusive_max > c.box.num_elements())) {
-        return InvalidArgumentError(chunk_where + ": flat range " + c.flat_range->ToString() +
+        return InvalidArgumentError(chunk_where() + ": flat range " + c.flat_range->ToString() +
                                     " is not within [0, " +
                                     std::to_string(c.box.num_elements()) + ")");
       }
       if (c.replica_id < 0) {
-        return InvalidArgumentError(chunk_where + ": negative replica_id " +
+        return InvalidArgumentError(chunk_where() + ": negative replica_id " +
                                     std::to_string(c.replica_id));
       }
       if (c.replica_id != 0) continue;
@@ -85,8 +85,16 @@ Status ValidateTargetLayout(const TargetLayout& layout) {
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
     const TargetTensor& t = layout.tensors[i];
     const Box whole = Box::Whole(t.global_shape);
-    CoverReport report = CheckCover(whole, pieces[i], /*max_listed=*/1);
+    // The boxes are moved into the check (millions of chunks: no copies); an error, which
+    // names the chunks, rebuilds them from their owners.
+    CoverReport report = CheckCover(whole, std::move(pieces[i]), /*max_listed=*/1);
     if (report.exact()) continue;
+    pieces[i].clear();
+    for (size_t k = 0; k < owners[i].size(); ++k) {
+      if (k == 0 || owners[i][k].chunk != owners[i][k - 1].chunk) {
+        AppendStoredBoxes(*owners[i][k].chunk, &pieces[i]);
+      }
+    }
     const std::string where = "tensor " + Quoted(t.key) + ": ";
     if (report.overlap_count > 0 && !report.overlaps.empty()) {
       // Name the chunks the first overlapping pair came from.

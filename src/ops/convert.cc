@@ -10,6 +10,7 @@
 #include "fc/comm/communicator.h"
 #include "fc/core/checked_math.h"
 #include "fc/core/flat_range.h"
+#include "fc/core/heap_bytes.h"
 #include "fc/core/glob.h"
 #include "fc/exec/assemble.h"
 #include "fc/exec/execute.h"
@@ -26,6 +27,7 @@
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
 #include "src/ops/claim_output.h"
+#include "src/ops/job_memory.h"
 #include "src/ops/convert_ucp.h"
 #include "src/ops/plan_report.h"
 #include "src/ops/time_estimate.h"
@@ -99,19 +101,13 @@ Result<TargetLayout> ResolveLayout(const CheckpointIndex& index, const ConvertOp
 
 // --include / --exclude on the target: the layout without the tensors left out (and their
 // chunks). Ranks keep their numbers, even when they end up holding no chunk.
-TargetLayout FilterLayout(const TargetLayout& layout, const NameFilter& filter) {
-  TargetLayout kept;
-  for (const TargetTensor& t : layout.tensors) {
-    if (filter.Passes(t.key)) kept.tensors.push_back(t);
+TargetLayout FilterLayout(TargetLayout layout, const NameFilter& filter) {
+  // In place: a layout may hold millions of chunks, each with its key and box.
+  std::erase_if(layout.tensors, [&](const TargetTensor& t) { return !filter.Passes(t.key); });
+  for (TargetRank& r : layout.ranks) {
+    std::erase_if(r.chunks, [&](const TargetChunk& c) { return !filter.Passes(c.key); });
   }
-  for (const TargetRank& r : layout.ranks) {
-    TargetRank rank{r.rank, {}};
-    for (const TargetChunk& c : r.chunks) {
-      if (filter.Passes(c.key)) rank.chunks.push_back(c);
-    }
-    kept.ranks.push_back(std::move(rank));
-  }
-  return kept;
+  return layout;
 }
 
 // Warns (unless --quiet) about source tensors the output does not carry: no target tensor
@@ -211,7 +207,7 @@ void PrintPlan(const CheckpointIndex& index, const Plan& plan,
       << plan.processes << " process(es) x " << plan.threads << " thread(s)\n";
   out << "memory: budget " << HumanBytes(plan.memory.budget) << ", estimated peak "
       << HumanBytes(plan.memory.peak) << ", minimum " << HumanBytes(plan.memory.minimum)
-      << "\n";
+      << BookkeepingNote(plan.memory) << "\n";
   PrintTimeEstimate(plan, MeasureThroughputs(index, plan), out);
   TextTable table({"RANK", "PROCESS", "CHUNKS", "WRITE", "READ", "FROM"});
   for (size_t f = 0; f < plan.files.size(); ++f) {
@@ -275,9 +271,23 @@ std::string SourceTorchGeneration(const CheckpointIndex& index) {
   return it == index.attributes.end() ? std::string() : it->second;
 }
 
-// `p.index` is open; `visibility` as PlanRequest::source_visibility.
+// What the write plan holds (counted): it stays with the job while it runs.
+uint64_t WritePlanBytes(const FcDistcpPlan& plan) {
+  uint64_t n = HeapBytes(plan.tensors) + HeapBytes(plan.files);
+  for (const FcDistcpTensorSpec& t : plan.tensors) n += HeapBytes(t.key) + HeapBytes(t.global_shape);
+  for (const FcDistcpFileSpec& f : plan.files) {
+    n += HeapBytes(f.name) + HeapBytes(f.chunks) + HeapBytes(f.objects);
+    for (const FcDistcpChunkSpec& c : f.chunks) n += HeapBytes(c.key) + HeapBytes(c.box);
+    for (const FcDistcpObjectSpec& o : f.objects) n += HeapBytes(o.key);
+  }
+  return n;
+}
+
+// `p.index` is open; `visibility` as PlanRequest::source_visibility; `job` and
+// `budget_given` as for the export (job_memory.h).
 Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write_manifest,
-                        std::vector<std::vector<int>> visibility, ConvertPlan& p) {
+                        std::vector<std::vector<int>> visibility, const JobMemory& job,
+                        bool budget_given, ConvertPlan& p) {
   const CheckpointIndex& index = p.index;
   std::string aoa_text;
   if (!options.aoa_file.empty()) {
@@ -285,7 +295,7 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
   }
   FC_ASSIGN_OR_RETURN(NameFilter filter, NameFilter::Compile(options.include, options.exclude));
   FC_ASSIGN_OR_RETURN(TargetLayout resolved, ResolveLayout(index, options, aoa_text));
-  TargetLayout layout = FilterLayout(resolved, filter);
+  TargetLayout layout = FilterLayout(std::move(resolved), filter);
   if (layout.tensors.empty()) {
     return InvalidArgumentError("no target tensor left to write (check --include/--exclude)");
   }
@@ -335,12 +345,16 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
     plan.tensors.push_back({t.key, final_dtype[t.key], t.global_shape});
   }
   const bool torch_out = options.output_format == ConvertOutputFormat::kTorchDcp;
-  for (const TargetRank& r : layout.ranks) {
+  for (TargetRank& r : layout.ranks) {
     FcDistcpFileSpec file;
     file.name = torch_out ? "__" + std::to_string(r.rank) + "_0.distcp" : FcDistcpFileName(r.rank, 0);
-    for (const TargetChunk& c : r.chunks) {
-      file.chunks.push_back({c.key, c.box, c.flat_range, c.replica_id});
+    // Moved: the layout's chunks are not used again (the plan request reads these).
+    file.chunks.reserve(r.chunks.size());
+    for (TargetChunk& c : r.chunks) {
+      file.chunks.push_back({std::move(c.key), std::move(c.box), c.flat_range, c.replica_id});
     }
+    r.chunks.clear();
+    r.chunks.shrink_to_fit();
     plan.files.push_back(std::move(file));
   }
   if (plan.files.empty()) return InvalidArgumentError("the target layout has no ranks");
@@ -377,7 +391,8 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
   }
   for (size_t f = 0; f < layout.ranks.size(); ++f) {
     PlanRequest::File file{plan.files[f].name, {}};
-    for (const TargetChunk& chunk : layout.ranks[f].chunks) {
+    file.slots.reserve(plan.files[f].chunks.size());
+    for (const FcDistcpChunkSpec& chunk : plan.files[f].chunks) {
       file.slots.push_back({tensor_of.at(chunk.key), chunk.box, chunk.flat_range});
     }
     request.files.push_back(std::move(file));
@@ -391,6 +406,7 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
   p.visibility = visibility;
   request.source_visibility = std::move(visibility);
   FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, p.index));
+  ChargeJobMemory(job, WritePlanBytes(plan), budget_given, request);
   FC_ASSIGN_OR_RETURN(p.plan, BuildPlan(std::move(request)));
   p.summary.ranks = layout.ranks.size();
   for (const PlanFile& f : p.plan.files) p.summary.chunks += f.slots.size();
@@ -634,9 +650,10 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     processes = options.simulate_processes;
     visibility = SimulatedVisibility(p->index, processes, options.simulate_shared);
   }
+  const JobMemory job = MeasureJobMemory(*comm);
   FC_RETURN_IF_ERROR(comm->AllOk(
       BuildConvertPlan(PlannedWith(options, *comm), processes, me == 0, std::move(visibility),
-                       *p)));
+                       job, options.memory_budget > 0, *p)));
   if (me == 0) {
     // -v: what the plan rests on, before any byte is read.
     spdlog::debug("{}: {}, {} tensor(s), {} object(s) in {} file(s)", options.input,

@@ -20,6 +20,7 @@
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
 #include "src/ops/claim_output.h"
+#include "src/ops/job_memory.h"
 #include "src/ops/plan_report.h"
 #include "src/ops/time_estimate.h"
 #include "src/ops/shared_input.h"
@@ -144,8 +145,11 @@ void WarnNotCarried(const ExportPlan& p) {
 }
 
 // `p.index` is open; `visibility` as PlanRequest::source_visibility.
+// `job`: the process as measured once the index was open; `budget_given`: --memory-budget
+// was set (then the job's bookkeeping is charged to it: job_memory.h).
 Status BuildExportPlan(const ExportOptions& options, int processes,
-                       std::vector<std::vector<int>> visibility, ExportPlan& p) {
+                       std::vector<std::vector<int>> visibility, const JobMemory& job,
+                       bool budget_given, ExportPlan& p) {
   if (p.index.format == CheckpointFormat::kDeepSpeed) {
     // Plain names: fp32 master weights (default) or the 16-bit module weights.
     FC_ASSIGN_OR_RETURN(DeepSpeedWeights w, ParseDeepSpeedWeights(options.weights.empty()
@@ -234,6 +238,7 @@ Status BuildExportPlan(const ExportOptions& options, int processes,
   p.visibility = visibility;
   request.source_visibility = std::move(visibility);
   FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, p.index));
+  ChargeJobMemory(job, 0, budget_given, request);
   FC_ASSIGN_OR_RETURN(p.plan, BuildPlan(std::move(request)));
   return Status::Ok();
 }
@@ -289,7 +294,8 @@ void PrintPlan(const ExportPlan& p, const ExportOptions& options, std::ostream& 
         << "\n";
   }
   out << "memory: budget " << HumanBytes(plan.memory.budget) << ", expected peak "
-      << HumanBytes(plan.memory.peak) << ", minimum " << HumanBytes(plan.memory.minimum) << "\n";
+      << HumanBytes(plan.memory.peak) << ", minimum " << HumanBytes(plan.memory.minimum)
+      << BookkeepingNote(plan.memory) << "\n";
   PrintTimeEstimate(plan, MeasureThroughputs(p.index, plan), out);
   TextTable table({"FILE", "PROCESS", "TENSORS", "BYTES", "READ"});
   for (const PlanFile& f : plan.files) {
@@ -402,9 +408,10 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   FC_ASSIGN_OR_RETURN(p->index, OpenSharedCheckpoint(input, OpenOptions{.format = options.format, .source_split = options.source_split}, *comm));
   FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,
                       ShareVisibility(p->index, input, *comm));
+  const JobMemory job = MeasureJobMemory(*comm);
   FC_RETURN_IF_ERROR(
       comm->AllOk(BuildExportPlan(PlannedWith(options, *comm), comm->size(),
-                                  std::move(visibility), *p)));
+                                  std::move(visibility), job, options.memory_budget > 0, *p)));
   if (me == 0) {
     // -v: what the plan rests on, before any byte is read.
     spdlog::debug("{}: {}, {} tensor(s), {} object(s) in {} file(s)", options.input,

@@ -201,24 +201,34 @@ std::string DescribeSplit(const TensorEntry& tensor) {
   } else if (primary.size() < tensor.chunks.size()) {
     replicas = ", +" + std::to_string(tensor.chunks.size() - primary.size()) + " replica chunks";
   }
+  // Sorted views, not sets of copies: a tensor may have thousands of chunks, and inspect
+  // describes every tensor.
   if (flattened > 0) {
-    std::set<Shape> blocks;
-    for (const Chunk* c : primary) blocks.insert(c->box.global_offset);
+    std::vector<const Shape*> blocks;
+    for (const Chunk* c : primary) blocks.push_back(&c->box.global_offset);
+    std::sort(blocks.begin(), blocks.end(), [](const Shape* a, const Shape* b) { return *a < *b; });
+    const size_t distinct = static_cast<size_t>(
+        std::unique(blocks.begin(), blocks.end(),
+                    [](const Shape* a, const Shape* b) { return *a == *b; }) -
+        blocks.begin());
     std::string s = "flattened " + std::to_string(primary.size()) + "-way";
-    if (blocks.size() > 1) s += " over " + std::to_string(blocks.size()) + " blocks";
+    if (distinct > 1) s += " over " + std::to_string(distinct) + " blocks";
     return s + replicas;
   }
   // Duplicate boxes with replica_id 0 are replicas too (formats that do not number them).
-  std::map<Box, int, bool (*)(const Box&, const Box&)> boxes(
-      [](const Box& a, const Box& b) {
-        return std::tie(a.global_offset, a.local_shape) < std::tie(b.global_offset, b.local_shape);
-      });
-  for (const Chunk* c : primary) ++boxes[c->box];
+  std::vector<const Box*> boxes;
+  for (const Chunk* c : primary) boxes.push_back(&c->box);
+  std::sort(boxes.begin(), boxes.end(), [](const Box* a, const Box* b) {
+    return std::tie(a->global_offset, a->local_shape) < std::tie(b->global_offset, b->local_shape);
+  });
+  boxes.erase(std::unique(boxes.begin(), boxes.end(),
+                          [](const Box* a, const Box* b) { return *a == *b; }),
+              boxes.end());
   if (replicas.empty() && boxes.size() < primary.size() && primary.size() % boxes.size() == 0) {
     replicas = ", replicated x" + std::to_string(primary.size() / boxes.size());
   }
   if (boxes.size() == 1) {
-    const Box& b = boxes.begin()->first;
+    const Box& b = *boxes.front();
     if (b == Box::Whole(tensor.global_shape)) return "whole" + replicas;
     return "one chunk " + b.ToString() + replicas;
   }
@@ -226,7 +236,7 @@ std::string DescribeSplit(const TensorEntry& tensor) {
   std::vector<std::vector<int64_t>> axis_sizes;
   for (size_t a = 0; a < tensor.global_shape.size(); ++a) {
     std::map<int64_t, int64_t> extents;  // offset -> extent
-    for (const auto& [b, n] : boxes) extents[b.global_offset[a]] = b.local_shape[a];
+    for (const Box* b : boxes) extents[b->global_offset[a]] = b->local_shape[a];
     if (extents.size() > 1) {
       split_axes.push_back(a);
       std::vector<int64_t> sizes;

@@ -8,6 +8,7 @@
 
 #include "fc/codec/json_writer.h"
 #include "fc/core/checked_math.h"
+#include "fc/core/heap_bytes.h"
 #include "fc/core/human_bytes.h"
 #include "fc/plan/slabs.h"
 #include "src/plan/exchange.h"
@@ -197,23 +198,63 @@ Result<Plan> BuildPlan(PlanRequest request) {
       }
     }
   }
-  // Several processes: half of the budget for the workers, a quarter each for what a
+  // The job's bookkeeping comes off the budget first: what the process holds besides the
+  // plan (the index), and the plan itself, estimated here from what the request holds (the
+  // write items are at least one per stored box) and counted exactly once cut (below).
+  uint64_t plan_estimate = sizeof(Plan) + HeapBytes(request.tensors) + HeapBytes(request.files);
+  for (const PlanTensor& t : request.tensors) {
+    plan_estimate += HeapBytes(t.name) + HeapBytes(t.shape) + HeapBytes(t.pieces);
+    for (const SourcePiece& p : t.pieces) {
+      plan_estimate += HeapBytes(p.src_box) + HeapBytes(p.dst_box) + HeapBytes(p.ops);
+    }
+  }
+  for (const PlanRequest::File& f : request.files) {
+    plan_estimate += HeapBytes(f.name) + HeapBytes(f.slots);
+    for (const PlanSlot& slot : f.slots) {
+      // The slot's box, and at least one write item (its region, its index per process).
+      plan_estimate +=
+          2 * HeapBytes(slot.box) + sizeof(WriteItem) + sizeof(uint32_t);
+    }
+  }
+  auto charged_for = [&](uint64_t plan_bytes) -> uint64_t {
+    if (!request.charge_held) return 0;
+    const uint64_t held = request.held_bytes + plan_bytes;
+    return held > request.free_bytes ? held - request.free_bytes : 0;
+  };
+  const uint64_t held = charged_for(plan_estimate);
+  const uint64_t data_budget = request.memory_budget > held ? request.memory_budget - held : 0;
+  // Several processes: half of the data budget for the workers, a quarter each for what a
   // process sends and receives in an exchange round.
   const uint64_t share = request.processes > 1 ? 2 : 1;
-  const uint64_t budget = request.memory_budget / share;
-  auto minimum_for = [&](int threads) {
+  const uint64_t budget = data_budget / share;
+  auto data_minimum_for = [&](int threads) {
     return static_cast<uint64_t>(threads) * (3 * kMinSlabBytes + block_bytes) * share;
   };
-  int threads = request.threads;
-  while (threads > 1 && request.memory_budget < minimum_for(threads)) --threads;
-  if (request.memory_budget < minimum_for(1)) {
+  auto minimum_with = [&](uint64_t charged) {
+    const uint64_t floor = request.charge_held ? request.peak_floor : 0;
+    return std::max(floor, charged + data_minimum_for(1));
+  };
+  auto below_minimum = [&](uint64_t charged, uint64_t plan_bytes) {
+    const uint64_t minimum = minimum_with(charged);
     std::string why = "3 staging buffers of " + HumanBytes(kMinSlabBytes);
     if (block_bytes > 0) why += " and a reshaped source block of " + HumanBytes(block_bytes);
     if (share > 1) why += ", twice over: half of the budget is for the exchange between processes";
+    if (charged > 0) {
+      why += "; and the job's bookkeeping: " + HumanBytes(charged) +
+             " (the checkpoint index and the plan, " + HumanBytes(plan_bytes) +
+             " of it the plan, beyond the first " + HumanBytes(request.free_bytes) + ")";
+    }
+    if (request.charge_held && request.peak_floor > charged + data_minimum_for(1)) {
+      why += "; reading the checkpoint's metadata already took " +
+             HumanBytes(request.peak_floor) + " more than that allowance";
+    }
     return ResourceExhaustedError("--memory-budget " + std::to_string(request.memory_budget) +
-                                  " is below the " + std::to_string(minimum_for(1)) + " bytes (" +
-                                  HumanBytes(minimum_for(1)) + ") this plan needs (" + why + ")");
-  }
+                                  " is below the " + std::to_string(minimum) + " bytes (" +
+                                  HumanBytes(minimum) + ") this plan needs (" + why + ")");
+  };
+  int threads = request.threads;
+  while (threads > 1 && data_budget < data_minimum_for(threads)) --threads;
+  if (request.memory_budget < minimum_with(held)) return below_minimum(held, plan_estimate);
   plan.threads = threads;
   // Transposed and strided pieces are read whole when the block fits in half of a worker's
   // share (or in the reservation reshapes already need); otherwise per region.
@@ -251,6 +292,21 @@ Result<Plan> BuildPlan(PlanRequest request) {
       const size_t esize = DTypeSize(tensor.dtype);
       const int64_t max_elements =
           std::max<int64_t>(1, static_cast<int64_t>(slab_limit / widest[slot.tensor]));
+      if (!slot.flat_range &&
+          (slot.box.rank() == 0 || slot.box.num_elements() <= max_elements)) {
+        // One write item for the whole slot (a small chunk: most of them, at scale). No
+        // slab lists, no copies but the region's.
+        WriteItem item;
+        item.file = static_cast<uint32_t>(f);
+        item.slot = static_cast<uint32_t>(s);
+        item.tensor = slot.tensor;
+        item.bytes = static_cast<uint64_t>(slot.box.num_elements()) * esize;
+        largest_item = std::max(largest_item, static_cast<uint64_t>(slot.box.num_elements()) *
+                                                  widest[slot.tensor]);
+        item.region = slot.box;
+        plan.writes.push_back(std::move(item));
+        continue;
+      }
       uint64_t element_offset = 0;
       for (const Box& stored : SlotStoredBoxes(slot)) {
         for (Box& region : ContiguousSlabs(stored, max_elements)) {
@@ -279,10 +335,19 @@ Result<Plan> BuildPlan(PlanRequest request) {
   }
   // Grouped by tensor, so that a reshaped source block serves all its target regions while
   // it is held; within a tensor, in file and stored order (checksums stream in order).
-  std::stable_sort(plan.writes.begin(), plan.writes.end(),
-                   [](const WriteItem& a, const WriteItem& b) { return a.tensor < b.tensor; });
+  // A stable counting sort: items are moved once, not compared.
+  {
+    std::vector<size_t> start(plan.tensors.size() + 1, 0);
+    for (const WriteItem& w : plan.writes) ++start[w.tensor + 1];
+    for (size_t t = 0; t < plan.tensors.size(); ++t) start[t + 1] += start[t];
+    std::vector<WriteItem> sorted(plan.writes.size());
+    for (WriteItem& w : plan.writes) sorted[start[w.tensor]++] = std::move(w);
+    plan.writes = std::move(sorted);
+  }
   plan.memory.budget = request.memory_budget;
-  plan.memory.minimum = minimum_for(1);
+  plan.memory.minimum = minimum_with(held);
+  plan.memory.held = held;
+  plan.memory.plan_bytes = plan_estimate;
   plan.memory.slab_bytes = largest_item;
   plan.memory.block_bytes = block_bytes;
   const size_t busy = std::min<size_t>(static_cast<size_t>(threads),
@@ -300,8 +365,8 @@ Result<Plan> BuildPlan(PlanRequest request) {
       if (whole && !whole_blocks.insert({item.file, item.tensor, k}).second) return;
       const uint64_t esize = DTypeSize(piece.source->dtype);
       std::map<uint32_t, uint64_t>& into = file_reads[item.file];
-      indexes.Of(piece.source).ForEach(src, [&](const Box& b, uint32_t file, uint32_t) {
-        into[file] += static_cast<uint64_t>(b.num_elements()) * esize;
+      indexes.Of(piece.source).ForEachCount(src, [&](int64_t n, uint32_t file, uint32_t) {
+        into[file] += static_cast<uint64_t>(n) * esize;
       });
     });
   }
@@ -336,12 +401,46 @@ Result<Plan> BuildPlan(PlanRequest request) {
     plan.bytes_needed += pp.bytes_read;
   }
   if (plan.processes > 1) {
-    FC_RETURN_IF_ERROR(PlanExchange(plan, request.source_visibility, request.memory_budget / 4,
+    FC_RETURN_IF_ERROR(PlanExchange(plan, request.source_visibility, data_budget / 4,
                                     request.verify_checksums, indexes));
     // The exchange buffers: what a process sends and receives in one round.
     plan.memory.peak += 2 * plan.memory.round_bytes;
   }
+  // The plan as cut, counted: more write items than estimated (slabs of big slots) hold
+  // more; the minimum says so, and a budget below it is refused.
+  plan.memory.plan_bytes = PlanHeldBytes(plan);
+  if (plan.memory.plan_bytes > plan_estimate) {
+    const uint64_t charged = charged_for(plan.memory.plan_bytes);
+    plan.memory.held = charged;
+    plan.memory.minimum = minimum_with(charged);
+    if (request.memory_budget < plan.memory.minimum) {
+      return below_minimum(charged, plan.memory.plan_bytes);
+    }
+  }
   return plan;
+}
+
+uint64_t PlanHeldBytes(const Plan& plan) {
+  uint64_t n = sizeof(Plan) + HeapBytes(plan.tensors) + HeapBytes(plan.files) +
+               HeapBytes(plan.writes) + HeapBytes(plan.whole_blocks) +
+               HeapBytes(plan.per_process) + HeapBytes(plan.transfers);
+  for (const PlanTensor& t : plan.tensors) {
+    n += HeapBytes(t.name) + HeapBytes(t.shape) + HeapBytes(t.pieces);
+    for (const SourcePiece& p : t.pieces) {
+      n += HeapBytes(p.src_box) + HeapBytes(p.dst_box) + HeapBytes(p.ops);
+      for (const PieceOp& op : p.ops) n += HeapBytes(op.permutation) + HeapBytes(op.shape);
+    }
+  }
+  for (const PlanFile& f : plan.files) {
+    n += HeapBytes(f.name) + HeapBytes(f.slots) + HeapBytes(f.reads);
+    for (const PlanSlot& s : f.slots) n += HeapBytes(s.box);
+  }
+  for (const WriteItem& w : plan.writes) n += HeapBytes(w.region);
+  for (const ProcessPlan& p : plan.per_process) {
+    n += HeapBytes(p.files) + HeapBytes(p.writes) + HeapBytes(p.reads);
+  }
+  for (const Transfer& t : plan.transfers) n += HeapBytes(t.box);
+  return n;
 }
 
 std::string PlanJson(const Plan& plan, const CheckpointIndex& index, bool details) {
@@ -354,6 +453,7 @@ std::string PlanJson(const Plan& plan, const CheckpointIndex& index, bool detail
   j.Key("budget").Uint(plan.memory.budget).Key("minimum").Uint(plan.memory.minimum);
   j.Key("peak").Uint(plan.memory.peak).Key("slab_bytes").Uint(plan.memory.slab_bytes);
   j.Key("block_bytes").Uint(plan.memory.block_bytes);
+  j.Key("held").Uint(plan.memory.held).Key("plan_bytes").Uint(plan.memory.plan_bytes);
   j.Key("round_bytes").Uint(plan.memory.round_bytes).EndObject();
   j.Key("bytes_needed").Uint(plan.bytes_needed).Key("bytes_written").Uint(plan.bytes_written);
   j.Key("write_items").Uint(plan.writes.size());

@@ -22,6 +22,10 @@ class SourceTensorIndex {
     for (size_t i = 0; i < tensor.chunks.size(); ++i) {
       const Chunk& c = tensor.chunks[i];
       if (c.replica_id != 0) continue;
+      if (!c.flat_range) {  // the common case, without a list of one
+        entries_.push_back({c.box, c.file, static_cast<uint32_t>(i)});
+        continue;
+      }
       for (Box& b : StoredBoxes(c.box, c.flat_range)) {
         entries_.push_back({std::move(b), c.file, static_cast<uint32_t>(i)});
       }
@@ -31,6 +35,26 @@ class SourceTensorIndex {
                      [](const Entry& a, const Entry& b) { return First(a.box) < First(b.box); });
     for (const Entry& e : entries_) {
       if (e.box.rank() > 0) max_extent_ = std::max(max_extent_, e.box.local_shape[0]);
+    }
+  }
+
+  // Calls fn(elements, file, chunk index) for every non-empty overlap of `query` with a
+  // stored box, as ForEach, with the overlap's element count only (no box is built).
+  template <typename Fn>
+  void ForEachCount(const Box& query, Fn&& fn) const {
+    const auto [first, last] = Candidates(query);
+    const size_t rank = query.rank();
+    for (auto it = first; it != last; ++it) {
+      const Box& b = it->box;
+      if (b.rank() != rank) continue;
+      int64_t n = 1;
+      for (size_t i = 0; i < rank && n > 0; ++i) {
+        const int64_t lo = std::max(b.global_offset[i], query.global_offset[i]);
+        const int64_t hi = std::min(b.global_offset[i] + b.local_shape[i],
+                                    query.global_offset[i] + query.local_shape[i]);
+        n = hi > lo ? n * (hi - lo) : 0;
+      }
+      if (n > 0) fn(n, it->file, it->chunk);
     }
   }
 
@@ -60,6 +84,21 @@ class SourceTensorIndex {
     uint32_t chunk;
   };
   static int64_t First(const Box& b) { return b.rank() ? b.global_offset[0] : 0; }
+  // The entries ForEach looks at for `query`.
+  std::pair<std::vector<Entry>::const_iterator, std::vector<Entry>::const_iterator> Candidates(
+      const Box& query) const {
+    auto first = entries_.begin();
+    auto last = entries_.end();
+    if (query.rank() > 0) {
+      const int64_t lo = query.global_offset[0] - max_extent_ + 1;
+      const int64_t hi = query.global_offset[0] + query.local_shape[0];
+      first = std::lower_bound(entries_.begin(), entries_.end(), lo,
+                               [](const Entry& e, int64_t v) { return First(e.box) < v; });
+      last = std::lower_bound(first, entries_.end(), hi,
+                              [](const Entry& e, int64_t v) { return First(e.box) < v; });
+    }
+    return {first, last};
+  }
   std::vector<Entry> entries_;
   int64_t max_extent_ = 0;
 };
@@ -87,11 +126,27 @@ void ForEachItemSource(const Plan& plan, const WriteItem& item, Fn&& fn) {
   for (uint32_t k = 0; k < tensor.pieces.size(); ++k) {
     const SourcePiece& piece = tensor.pieces[k];
     if (!piece.source) continue;
-    std::optional<Box> dst_sub = Intersect(piece.dst_box, item.region);
-    if (!dst_sub || dst_sub->empty()) continue;
+    // The common case without copies: the item lies inside the piece, and the piece is an
+    // identity (no ops, same place in source and target), so the item's region is the
+    // source box read.
+    std::optional<Box> intersected;
+    const Box* dst_sub = &item.region;
+    if (Contains(piece.dst_box, item.region)) {
+      if (item.region.empty()) continue;
+    } else {
+      intersected = Intersect(piece.dst_box, item.region);
+      if (!intersected || intersected->empty()) continue;
+      dst_sub = &*intersected;
+    }
     const bool whole = std::binary_search(plan.whole_blocks.begin(), plan.whole_blocks.end(),
                                           std::pair<uint32_t, uint32_t>(item.tensor, k));
-    fn(k, piece, whole, whole ? piece.src_box : SourceSubBox(piece, *dst_sub));
+    if (whole) {
+      fn(k, piece, true, piece.src_box);
+    } else if (piece.ops.empty() && piece.src_box == piece.dst_box) {
+      fn(k, piece, false, *dst_sub);
+    } else {
+      fn(k, piece, false, SourceSubBox(piece, *dst_sub));
+    }
   }
 }
 

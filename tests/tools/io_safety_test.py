@@ -126,8 +126,9 @@ def big_checkpoint():
 
 
 def start_slow(tool, src, out):
-    # Slabs of ~100 elements: a run takes seconds.
-    args = [tool, src, out, "--quiet", "--threads", "1", "--memory-budget", "600"]
+    # Slabs of ~700 elements: a run takes about a second. (Smaller slabs would make a plan
+    # of millions of write items, which the budget must hold too: refused, exit 10.)
+    args = [tool, src, out, "--quiet", "--threads", "1", "--memory-budget", "8192"]
     if tool == CONVERT:
         args += ["--target-layout", MERGE]
     else:

@@ -128,8 +128,12 @@ struct ProcessPlan {
 };
 
 struct PlanMemory {
-  uint64_t budget = 0;      // what the run may use for tensor data
-  uint64_t minimum = 0;     // the least budget this plan runs in (one thread)
+  uint64_t budget = 0;      // what the run may use: --memory-budget
+  uint64_t minimum = 0;     // the least budget this plan runs in (one thread), held included
+  // The job's own bookkeeping charged to the budget (PlanRequest::held_bytes and the plan's
+  // own bytes, less PlanRequest::free_bytes); the tensor buffers get budget - held.
+  uint64_t held = 0;
+  uint64_t plan_bytes = 0;  // what the plan itself holds (counted, fc/core/heap_bytes.h)
   uint64_t peak = 0;        // expected peak of the executor's buffers
   uint64_t slab_bytes = 0;  // largest write item, in bytes of its widest element type
   uint64_t block_bytes = 0;  // largest whole source block kept for reshaping pieces
@@ -182,11 +186,24 @@ struct PlanRequest {
   // Whether the run verifies chunk checksums: then every needed part of a checksummed chunk
   // is read by one process (fc/plan/exchange.h), which hashes the chunk in one pass.
   bool verify_checksums = true;
+  // The job's bookkeeping, charged to memory_budget so that the budget bounds the process
+  // (issue 15 item 4: peak RSS <= budget + 64 MiB): what the process holds besides the plan
+  // (the open checkpoint index, measured by the caller), to which the planner adds what the
+  // plan itself holds (counted). The first free_bytes of the sum are not charged (the part
+  // of the 64 MiB allowance the bookkeeping may use); the rest is taken from the budget
+  // before the tensor buffers are sized and is part of the minimum.
+  // Only with charge_held; without it the budget is for the tensor buffers alone.
+  bool charge_held = false;
+  uint64_t held_bytes = 0;
+  uint64_t free_bytes = 0;
+  // The least budget the job's peak so far fits in (0: none); part of the minimum.
+  uint64_t peak_floor = 0;
 };
 
 // Builds the plan. Errors: kInvalidArgument for a slot naming a tensor out of range, a box
 // outside its tensor or a flat range outside its box; kResourceExhausted when the budget is
-// below the plan's minimum ("--memory-budget 1000 is below the 3.1 MiB this plan needs: ...");
+// below the plan's minimum ("--memory-budget 1000 is below the 3.1 MiB this plan needs: ...",
+// bookkeeping included: PlanRequest::held_bytes);
 // with several threads the thread count is lowered first until the plan fits; kNotFound
 // naming the source file when a needed file is visible to no process.
 Result<Plan> BuildPlan(PlanRequest request);
@@ -197,6 +214,9 @@ std::vector<Box> SlotStoredBoxes(const PlanSlot& slot);
 
 // Bytes a slot stores.
 uint64_t SlotBytes(const PlanSlot& slot, DType dtype);
+
+// What the plan holds on the heap, counted (fc/core/heap_bytes.h), its own struct included.
+uint64_t PlanHeldBytes(const Plan& plan);
 
 // The plan as JSON. `index` names source files and tensors; `details` adds every write item.
 std::string PlanJson(const Plan& plan, const CheckpointIndex& index, bool details);

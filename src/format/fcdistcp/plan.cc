@@ -218,22 +218,24 @@ Status ValidateFcDistcpPlan(const FcDistcpPlan& plan) {
                                     c.key + "', which the plan does not list");
       }
       const FcDistcpTensorSpec& t = *it->second;
-      const std::string what = "fc distcp plan: " + f.name + ": " +
-                               ChunkText(c.key, c.box, c.flat_range);
+      // Built only for an error (a plan may hold millions of chunks).
+      auto what = [&] {
+        return "fc distcp plan: " + f.name + ": " + ChunkText(c.key, c.box, c.flat_range);
+      };
       Status s = ValidateBox(c.box, t.global_shape);
-      if (!s.ok()) return InvalidArgumentError(what + ": " + s.message());
+      if (!s.ok()) return InvalidArgumentError(what() + ": " + s.message());
       if (c.flat_range && (!c.flat_range->SatisfiesInvariants() ||
                            c.flat_range->exclusive_max > c.box.num_elements())) {
-        return InvalidArgumentError(what + ": flattened range outside the box's " +
+        return InvalidArgumentError(what() + ": flattened range outside the box's " +
                                     std::to_string(c.box.num_elements()) + " elements");
       }
       if (c.replica_id < 0) {
-        return InvalidArgumentError(what + ": negative replica id " +
+        return InvalidArgumentError(what() + ": negative replica id " +
                                     std::to_string(c.replica_id));
       }
       const int64_t stored = c.flat_range ? c.flat_range->size() : c.box.num_elements();
       if (!CheckedMulU(static_cast<uint64_t>(stored), DTypeSize(t.dtype))) {
-        return InvalidArgumentError(what + ": byte size overflows");
+        return InvalidArgumentError(what() + ": byte size overflows");
       }
     }
     for (const FcDistcpObjectSpec& o : f.objects) {

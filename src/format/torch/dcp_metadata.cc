@@ -198,6 +198,7 @@ class Walker {
 
   const Tree& t_;
   Work work_;
+  Fields key_fields_, value_fields_;  // ParseStorageEntry's, kept for their capacity
 };
 
 template <typename Tree>
@@ -472,7 +473,7 @@ Status Walker<Tree>::ParseStorageEntry(V key, V value, DcpStorageInfo* s) {
   if (t_.kind(key) != Kind::kObject || ClassName(key) != "MetadataIndex") {
     return DataLossError("storage_data key is not a MetadataIndex: " + Debug(key));
   }
-  Fields kf;
+  Fields& kf = key_fields_;  // reused: one storage entry per chunk
   FC_RETURN_IF_ERROR(ObjectFields(key, "MetadataIndex", &kf));
   FC_ASSIGN_OR_RETURN(s->fqn, Str(Field(kf, "fqn"), "MetadataIndex fqn"));
   // Error contexts. The compact walk's messages are never shown, so it builds none (one
@@ -492,7 +493,7 @@ Status Walker<Tree>::ParseStorageEntry(V key, V value, DcpStorageInfo* s) {
   if (t_.kind(value) != Kind::kObject || ClassName(value) != "_StorageInfo") {
     return DataLossError(ctx + " is not a _StorageInfo: " + Debug(value));
   }
-  Fields vf;
+  Fields& vf = value_fields_;
   FC_RETURN_IF_ERROR(ObjectFields(value, "_StorageInfo", &vf));
   FC_ASSIGN_OR_RETURN(s->relative_path,
                       Str(Field(vf, "relative_path"), with(" relative_path")));

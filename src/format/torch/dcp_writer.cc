@@ -78,10 +78,16 @@ std::span<const std::byte> AsBytes(std::string_view s) {
 // meet are compared (n log n for row splits; quadratic only when every chunk spans axis 0).
 Status CheckTiling(const FcDistcpTensorSpec& t, std::vector<const FcDistcpChunkSpec*> chunks,
                    int64_t numel) {
-  std::set<Shape> offsets;
+  // Sorted by offsets (lexicographic, so by the axis-0 offset first): equal offsets are
+  // neighbours (in plan order), and the overlap scan below can stop at the first chunk past a box's end.
+  // (No set of offset copies: a plan may hold millions of chunks.)
+  std::stable_sort(chunks.begin(), chunks.end(), [](const auto* a, const auto* b) {
+    return a->box.global_offset < b->box.global_offset;
+  });
   int64_t volume = 0;
-  for (const FcDistcpChunkSpec* c : chunks) {
-    if (!offsets.insert(c->box.global_offset).second) {
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const FcDistcpChunkSpec* c = chunks[i];
+    if (i > 0 && chunks[i - 1]->box.global_offset == c->box.global_offset) {
       return InvalidArgumentError("tensor " + Quoted(t.key) + ": two chunks start at " +
                                   c->box.ToString());
     }
@@ -89,9 +95,6 @@ Status CheckTiling(const FcDistcpTensorSpec& t, std::vector<const FcDistcpChunkS
     volume = CheckedAdd(volume, c->box.num_elements()).value_or(INT64_MAX);
   }
   if (!t.global_shape.empty()) {
-    std::sort(chunks.begin(), chunks.end(), [](const auto* a, const auto* b) {
-      return a->box.global_offset[0] < b->box.global_offset[0];
-    });
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (chunks[i]->box.empty()) continue;
       for (size_t j = i + 1; j < chunks.size(); ++j) {
@@ -256,23 +259,24 @@ Status ValidateTorchDcpPlan(const FcDistcpPlan& plan, TorchDcpWriteOptions optio
       return InvalidArgumentError("file " + Quoted(f.name) + " is listed twice");
     }
     for (const FcDistcpChunkSpec& c : f.chunks) {
-      const std::string label = ChunkLabel(f, c);
+      // Built only for an error: a plan may hold millions of chunks.
+      auto label = [&] { return ChunkLabel(f, c); };
       auto it = tensor_index.find(c.key);
       if (it == tensor_index.end()) {
-        return InvalidArgumentError(label + ": no such tensor in the plan");
+        return InvalidArgumentError(label() + ": no such tensor in the plan");
       }
       const FcDistcpTensorSpec& t = plan.tensors[it->second];
       if (c.flat_range) {
-        return InvalidArgumentError(label + ": has a flattened range " +
+        return InvalidArgumentError(label() + ": has a flattened range " +
                                     c.flat_range->ToString() +
                                     "; torch DCP stores whole n-d boxes only");
       }
       if (c.replica_id < 0) {
-        return InvalidArgumentError(label + ": replica_id " + std::to_string(c.replica_id) +
+        return InvalidArgumentError(label() + ": replica_id " + std::to_string(c.replica_id) +
                                     " < 0");
       }
       if (Status s = ValidateBox(c.box, t.global_shape); !s.ok()) {
-        return InvalidArgumentError(label + ": " + s.message());
+        return InvalidArgumentError(label() + ": " + s.message());
       }
       if (c.replica_id == 0) stored[it->second].push_back(&c);
     }

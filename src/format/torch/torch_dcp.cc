@@ -235,28 +235,35 @@ struct OffsetsEq {
 
 // storage_data entries of one fqn: the bytes item (no offsets) and the chunks by offsets.
 // Keys view the Shapes inside DcpMetadata::storage, which outlives the lookups.
+struct ChunkStorage {
+  const DcpStorageInfo* info = nullptr;
+  // The last item (Merge's serial number) whose chunk list named these offsets: a second
+  // chunk of that item at the same offsets is a duplicate. (No set per item: millions.)
+  mutable size_t claimed_by = SIZE_MAX;
+};
 struct FqnStorage {
   const DcpStorageInfo* object = nullptr;
-  std::unordered_map<std::span<const int64_t>, const DcpStorageInfo*, OffsetsHash, OffsetsEq>
-      chunks;
+  std::unordered_map<std::span<const int64_t>, ChunkStorage, OffsetsHash, OffsetsEq> chunks;
 };
 
 // One item byte range, for the overlap check; the label is built only for an error.
 struct ItemRange {
   uint64_t inclusive_min, exclusive_max;
   const DcpItemMetadata* item;
-  const DcpChunkMetadata* chunk;  // nullptr for objects
+  const Box* chunk;  // the index chunk's box; nullptr for objects
 };
 
-std::string ChunkBoxText(const DcpChunkMetadata& cm) {
+std::string ChunkBoxText(const Shape& offsets, const Shape& sizes) {
   // Box::ToString needs equal ranks; fall back to the raw lists otherwise.
-  if (cm.offsets.size() == cm.sizes.size()) return Box{cm.offsets, cm.sizes}.ToString();
-  return "offsets " + ShapeString(cm.offsets) + " sizes " + ShapeString(cm.sizes);
+  if (offsets.size() == sizes.size()) return Box{offsets, sizes}.ToString();
+  return "offsets " + ShapeString(offsets) + " sizes " + ShapeString(sizes);
 }
+std::string ChunkBoxText(const DcpChunkMetadata& cm) { return ChunkBoxText(cm.offsets, cm.sizes); }
 
 std::string ItemLabel(const ItemRange& r) {
   if (!r.item->is_tensor) return "object '" + r.item->fqn + "'";
-  return "tensor '" + r.item->fqn + "' chunk " + ChunkBoxText(*r.chunk);
+  return "tensor '" + r.item->fqn + "' chunk " +
+         ChunkBoxText(r.chunk->global_offset, r.chunk->local_shape);
 }
 
 // One metadata file: the global `.metadata`, or one rank's `__R.metadata` of a save without
@@ -340,11 +347,16 @@ Status DcpReader::ReadTensor(const MergedItem& m, TensorEntry* out) {
   out->global_shape = item.size;
   out->chunks.reserve(m.chunks.size());
   for (const MergedChunk& mc : m.chunks) {
-    const DcpChunkMetadata& cm = *mc.meta;
-    auto label = [&] { return "tensor '" + item.fqn + "' chunk " + ChunkBoxText(cm); };
+    // The box is moved out of the metadata (Merge, the only other reader of the chunk
+    // lists, is done): two allocations and copies fewer per chunk.
+    DcpChunkMetadata& cm = const_cast<DcpChunkMetadata&>(*mc.meta);
     Chunk chunk;
-    chunk.box.global_offset = cm.offsets;
-    chunk.box.local_shape = cm.sizes;
+    chunk.box.global_offset = std::move(cm.offsets);
+    chunk.box.local_shape = std::move(cm.sizes);
+    auto label = [&] {
+      return "tensor '" + item.fqn + "' chunk " +
+             ChunkBoxText(chunk.box.global_offset, chunk.box.local_shape);
+    };
     chunk.replica_id = mc.replica_id;
     if (Status v = ValidateBox(chunk.box, item.size); !v.ok()) {
       return v.With(mc.source->name + ": " + label());
@@ -357,7 +369,6 @@ Status DcpReader::ReadTensor(const MergedItem& m, TensorEntry* out) {
     if (auto f = ItemFile(s, chunk.file); !f.ok() && !options_.lenient) {
       return f.status().With(s.relative_path + ": " + label());
     }
-    ranges_[chunk.file].push_back({s.offset, s.offset + s.length, &item, &cm});
     // The item's range for now; the data's exact place is found by LocateTorchDcpChunk
     // (at the end of Read with options_.locate_chunks, else on first read). An encoded
     // item's range is in its decoded bytes, whose size is unknown until decoded: [0, 0).
@@ -372,6 +383,9 @@ Status DcpReader::ReadTensor(const MergedItem& m, TensorEntry* out) {
     }
     chunk.unlocated_item = UnlocatedItem{item.dtype};
     out->chunks.push_back(std::move(chunk));
+    // `chunks` was reserved and moves with its buffer: the box stays where it is.
+    ranges_[out->chunks.back().file].push_back(
+        {s.offset, s.offset + s.length, &item, &out->chunks.back().box});
   }
   return Status::Ok();
 }
@@ -567,7 +581,7 @@ Status DcpReader::IndexStorage(Source& src) {
     FC_RETURN_IF_ERROR_WITH(CheckRelativePath(s.relative_path),
                             src.name + ": storage_data['" + s.fqn + "']");
     FqnStorage& fs = src.storage[s.fqn];
-    const bool fresh = s.chunk_offsets ? fs.chunks.emplace(*s.chunk_offsets, &s).second
+    const bool fresh = s.chunk_offsets ? fs.chunks.emplace(*s.chunk_offsets, ChunkStorage{&s}).second
                                        : (fs.object == nullptr ? (fs.object = &s, true) : false);
     if (!fresh) {
       return DataLossError(src.name + ": storage_data has two entries for '" + s.fqn + "'" +
@@ -587,6 +601,7 @@ Status DcpReader::IndexStorage(Source& src) {
 // it. Partial overlaps between chunks are left to the cover checks of the consumers.
 Status DcpReader::Merge() {
   std::unordered_map<std::string_view, size_t> by_fqn;
+  size_t item_serial = 0;
   for (const auto& src_ptr : sources_) {
     const Source& src = *src_ptr;
     for (const DcpItemMetadata& item : src.md.items) {
@@ -615,18 +630,22 @@ Status DcpReader::Merge() {
         }
         continue;
       }
-      std::unordered_set<std::span<const int64_t>, OffsetsHash, OffsetsEq> seen;
-      seen.reserve(item.chunks.size());
+      const size_t serial = item_serial++;
       for (const DcpChunkMetadata& cm : item.chunks) {
         auto label = [&] { return what + " chunk " + ChunkBoxText(cm); };
-        if (!seen.insert(cm.offsets).second) {
-          return DataLossError(src.name + ": " + label() + ": two chunks start at offsets " +
-                               ShapeString(cm.offsets));
-        }
+        // A chunk without a storage entry fails below at its first appearance, so a repeat
+        // of its offsets is only possible for offsets that have one.
         const DcpStorageInfo* s = nullptr;
         if (fs != nullptr) {
           auto c = fs->chunks.find(cm.offsets);
-          if (c != fs->chunks.end()) s = c->second;
+          if (c != fs->chunks.end()) {
+            if (c->second.claimed_by == serial) {
+              return DataLossError(src.name + ": " + label() + ": two chunks start at offsets " +
+                                   ShapeString(cm.offsets));
+            }
+            c->second.claimed_by = serial;
+            s = c->second.info;
+          }
         }
         if (s == nullptr) {
           return DataLossError(src.name + ": " + label() +
@@ -669,7 +688,9 @@ Result<CheckpointIndex> DcpReader::Read() {
   FC_RETURN_IF_ERROR(Merge());
 
   // Register every file an item uses (stale storage entries are ignored), in (rank, n) order.
-  std::map<std::string, std::string> first_user;  // file -> label of first item using it
+  // file -> label of first item using it (a hash lookup per chunk; the keys view the
+  // metadata's strings, which outlive this function's use of them)
+  std::unordered_map<std::string_view, std::string> first_user;
   auto note_user = [&first_user](const std::string& path, const char* kind,
                                  const std::string& fqn) {
     if (first_user.find(path) == first_user.end()) {
@@ -681,7 +702,7 @@ Result<CheckpointIndex> DcpReader::Read() {
     if (m.object != nullptr) note_user(m.object->relative_path, "object", m.item->fqn);
   }
   std::map<FileOrder, std::string> names;
-  for (const auto& [path, user] : first_user) names.emplace(OrderOf(path), path);
+  for (const auto& [path, user] : first_user) names.emplace(OrderOf(std::string(path)), path);
 
   CheckpointIndex index;
   index.format = CheckpointFormat::kTorchDcp;
