@@ -855,34 +855,56 @@ def od(*items):
     return collections.OrderedDict(items)
 
 
+
+# Cases that fc-convert --output-format deepspeed re-partitions: gen_at_dp writes the same
+# model (same values, same client state) at another data-parallel size, so a converted
+# checkpoint can be compared with what this generator writes for that size.
+DP_CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied"]
+
+
+def gen_at_dp(out, case, dp=None):
+    """Writes OUT/<case>/ckpt; dp None: the fixture's own DP size."""
+    g1 = [od(("embed.weight", (6, 4)), ("layer.weight", (4, 4)), ("layer.bias", (4,)),
+             ("head.weight", (3, 4)))]
+    if case == "zero1":
+        gen_zero12(out, "zero1", 1, dp or 2, g1, seed=1,
+                   client={"trainer_state": TrainerState()})
+    elif case == "zero2":
+        g2 = [od(("embed.weight", (5, 3)), ("layer.weight", (3, 3))),
+              od(("layer.bias", (3,)), ("head.bias", (1,)))]
+        gen_zero12(out, "zero2", 2, dp or 3, g2, seed=2)
+    elif case == "bf16":
+        gen_zero12(out, "bf16", 1, dp or 2, g1, seed=3, bf16_optimizer=True)
+    elif case == "tp2":
+        client = {"args": argparse.Namespace(tensor_model_parallel_size=2, num_layers=1,
+                                             hidden_size=4),
+                  "iteration": 3, "checkpoint_version": 3.0,
+                  "rng_state": [{"random_rng_state": None,
+                                 "np_rng_state": np.random.RandomState(7).get_state()}]}
+        gen_zero12(out, "tp2", 1, dp or 2, [od(("layer.weight", (2, 4)), ("layer.bias", (2,)))],
+                   seed=4, mp=2, client=client)
+    elif case == "frozen_tied":
+        # Python < 3.11 pickles an Enum member as ZeroStageEnum((value,)); 3.11+ (the rest
+        # here) as getattr(ZeroStageEnum, 'member'). frozen_tied carries the older form.
+        saved = ZeroStageEnum.__reduce_ex__
+        ZeroStageEnum.__reduce_ex__ = lambda self, proto: (self.__class__, (self._value_,))
+        try:
+            gen_zero12(out, "frozen_tied", 2, dp or 2,
+                       [od(("embed.weight", (5, 4)), ("layer.weight", (4, 4)))], seed=5,
+                       frozen=od(("frozen.weight", (3, 4))),
+                       tied={"head.weight": "embed.weight"})
+        finally:
+            ZeroStageEnum.__reduce_ex__ = saved
+    else:
+        raise ValueError("no DP variant of case " + case)
+
+
 def generate(out):
     if os.path.isdir(out):
         for c in CASES:
             shutil.rmtree(os.path.join(out, c), ignore_errors=True)
-    g1 = [od(("embed.weight", (6, 4)), ("layer.weight", (4, 4)), ("layer.bias", (4,)),
-             ("head.weight", (3, 4)))]
-    gen_zero12(out, "zero1", 1, 2, g1, seed=1, client={"trainer_state": TrainerState()})
-    g2 = [od(("embed.weight", (5, 3)), ("layer.weight", (3, 3))),
-          od(("layer.bias", (3,)), ("head.bias", (1,)))]
-    gen_zero12(out, "zero2", 2, 3, g2, seed=2)
-    gen_zero12(out, "bf16", 1, 2, g1, seed=3, bf16_optimizer=True)
-    client = {"args": argparse.Namespace(tensor_model_parallel_size=2, num_layers=1,
-                                         hidden_size=4),
-              "iteration": 3, "checkpoint_version": 3.0,
-              "rng_state": [{"random_rng_state": None,
-                             "np_rng_state": np.random.RandomState(7).get_state()}]}
-    gen_zero12(out, "tp2", 1, 2, [od(("layer.weight", (2, 4)), ("layer.bias", (2,)))], seed=4,
-               mp=2, client=client)
-    # Python < 3.11 pickles an Enum member as ZeroStageEnum((value,)); 3.11+ (the rest here)
-    # as getattr(ZeroStageEnum, 'member'). frozen_tied carries the older form.
-    saved = ZeroStageEnum.__reduce_ex__
-    ZeroStageEnum.__reduce_ex__ = lambda self, proto: (self.__class__, (self._value_,))
-    try:
-        gen_zero12(out, "frozen_tied", 2, 2,
-                   [od(("embed.weight", (5, 4)), ("layer.weight", (4, 4)))], seed=5,
-                   frozen=od(("frozen.weight", (3, 4))), tied={"head.weight": "embed.weight"})
-    finally:
-        ZeroStageEnum.__reduce_ex__ = saved
+    for c in DP_CASES:
+        gen_at_dp(out, c)
     gen_zero3(out, "zero3", 2,
               [od(("embed.weight", (5, 3)), ("layer.bias", (3,))),
                od(("layer.weight", (3, 3)), ("head.bias", (1,)))],

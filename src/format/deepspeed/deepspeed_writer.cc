@@ -1,0 +1,1027 @@
+// A DeepSpeed checkpoint at another DP size. Contract: include/fc/format/deepspeed_writer.h;
+// the partitioning rule: shared/reference/deepspeed.md 3.1.
+//
+// Why every file is re-pickled from the source's value tree rather than built from scratch:
+// the model states and optimizer files carry keys fc has no reason to understand (client
+// state, ds_config, loss scaler objects, Megatron args); re-emitting the parsed tree keeps
+// them as they were, and only the DP-dependent values are replaced by new nodes. Tensors
+// the rewrite does not touch (module weights, steps, frozen fragments) keep their storage
+// records byte for byte, re-keyed in order of appearance.
+//
+// Why the new partitions are described as element ranges of the old ones: the flat buffer
+// of a param group is the same sequence of elements at every DP size (params concatenated
+// in param_shapes order, zero tail padding to a multiple of 2*dp); only where it is cut
+// changes. A new partition is therefore a few ranges of old partitions plus zeros, which the
+// caller's plan reads in place.
+#include "fc/format/deepspeed_writer.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "fc/codec/pickle_writer.h"
+#include "fc/codec/zip_writer.h"
+#include "fc/core/checked_math.h"
+#include "fc/format/torch_save.h"
+#include "fc/io/file.h"
+
+namespace fc {
+namespace {
+
+using internal_torch::Crc32;
+using internal_torch::PickleWriter;
+using PV = PickleValue;
+using K = PickleValue::Kind;
+
+constexpr uint64_t kMaxPickleBytes = uint64_t{256} << 20;
+constexpr std::string_view kByteOrder = "little";
+constexpr std::string_view kVersion = "3\n";
+
+std::span<const std::byte> AsBytes(std::string_view s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
+// ---------------------------------------------------------------------------------------
+// Re-emitting a parsed pickle.
+
+// Called on every node before the default handling; returns a status when it emitted it.
+using EmitHook = std::function<std::optional<Status>(PickleWriter&, const PV&)>;
+
+Status Emit(PickleWriter& w, const PV& v, const std::string& where, const EmitHook& hook) {
+  if (std::optional<Status> done = hook(w, v)) return *done;
+  auto items = [&](const std::vector<PV::Ptr>& list) -> Status {
+    for (const PV::Ptr& item : list) FC_RETURN_IF_ERROR(Emit(w, *item, where, hook));
+    return Status::Ok();
+  };
+  auto entries = [&](const std::vector<std::pair<PV::Ptr, PV::Ptr>>& list) -> Status {
+    for (const auto& [k, value] : list) {
+      FC_RETURN_IF_ERROR(Emit(w, *k, where, hook));
+      FC_RETURN_IF_ERROR(Emit(w, *value, where, hook));
+    }
+    return Status::Ok();
+  };
+  // BUILD state, then list items and dict entries filled in after construction.
+  auto fill = [&]() -> Status {
+    if (v.state) {
+      FC_RETURN_IF_ERROR(Emit(w, *v.state, where, hook));
+      w.Build();
+    }
+    if (v.kind != K::kList && !v.items.empty()) {
+      w.Mark();
+      FC_RETURN_IF_ERROR(items(v.items));
+      w.Appends();
+    }
+    if (v.kind != K::kDict && !v.entries.empty()) {
+      w.Mark();
+      FC_RETURN_IF_ERROR(entries(v.entries));
+      w.SetItems();
+    }
+    return Status::Ok();
+  };
+  switch (v.kind) {
+    case K::kNone: w.None(); return Status::Ok();
+    case K::kBool: w.Bool(v.bool_value); return Status::Ok();
+    case K::kInt: w.Int(v.int_value); return Status::Ok();
+    case K::kFloat: w.Float(v.float_value); return Status::Ok();
+    case K::kStr: w.Str(v.str).Memoize(); return Status::Ok();
+    case K::kTuple:
+      if (v.items.empty()) {
+        w.EmptyTuple();
+        return Status::Ok();
+      }
+      if (v.items.size() > 3) w.Mark();
+      FC_RETURN_IF_ERROR(items(v.items));
+      w.TupleOf(v.items.size()).Memoize();
+      return Status::Ok();
+    case K::kList:
+      w.EmptyList().Memoize();
+      if (!v.items.empty()) {
+        w.Mark();
+        FC_RETURN_IF_ERROR(items(v.items));
+        w.Appends();
+      }
+      return Status::Ok();
+    case K::kDict:
+      w.EmptyDict().Memoize();
+      if (!v.entries.empty()) {
+        w.Mark();
+        FC_RETURN_IF_ERROR(entries(v.entries));
+        w.SetItems();
+      }
+      return Status::Ok();
+    case K::kSet:
+      // Protocol 2 (CPython's save_reduce for sets, with fix_imports): set(list).
+      w.Global("__builtin__", v.bool_value ? "frozenset" : "set");
+      w.EmptyList().Memoize();
+      if (!v.items.empty()) {
+        w.Mark();
+        FC_RETURN_IF_ERROR(items(v.items));
+        w.Appends();
+      }
+      w.TupleOf(1).Memoize();
+      w.Reduce().Memoize();
+      return Status::Ok();
+    case K::kBytes: {
+      if (v.str.size() != v.bytes_length) break;  // payload not inline
+      // Protocol 2: _codecs.encode(<latin-1 text>, 'latin1').
+      std::string text;
+      for (unsigned char c : v.str) {
+        if (c < 0x80) {
+          text += static_cast<char>(c);
+        } else {
+          text += static_cast<char>(0xC0 | (c >> 6));
+          text += static_cast<char>(0x80 | (c & 0x3F));
+        }
+      }
+      w.Global("_codecs", "encode");
+      w.Str(text).Memoize();
+      w.Str("latin1").Memoize();
+      w.TupleOf(2).Memoize();
+      w.Reduce().Memoize();
+      return Status::Ok();
+    }
+    case K::kGlobal: w.Global(v.str, v.name); return Status::Ok();
+    case K::kCall:
+      if (!v.callee || !v.args) break;
+      FC_RETURN_IF_ERROR(Emit(w, *v.callee, where, hook));
+      FC_RETURN_IF_ERROR(Emit(w, *v.args, where, hook));
+      w.Reduce().Memoize();
+      return fill();
+    case K::kObject:
+      if (!v.callee || v.kwargs) break;
+      FC_RETURN_IF_ERROR(Emit(w, *v.callee, where, hook));
+      if (v.args) {
+        FC_RETURN_IF_ERROR(Emit(w, *v.args, where, hook));
+      } else {
+        w.EmptyTuple();
+      }
+      w.NewObj().Memoize();
+      return fill();
+    case K::kBigInt:
+    case K::kPersId: break;
+  }
+  return UnimplementedError(where + ": cannot re-pickle the value " + v.DebugString(80) +
+                            " (a " + std::string(PickleKindName(v.kind)) + ")");
+}
+
+PV::Ptr Node(PV v) { return std::make_shared<const PV>(std::move(v)); }
+
+PV::Ptr IntNode(int64_t i) {
+  PV v;
+  v.kind = K::kInt;
+  v.int_value = i;
+  return Node(std::move(v));
+}
+
+PV::Ptr StrNode(std::string s) {
+  PV v;
+  v.kind = K::kStr;
+  v.str = std::move(s);
+  return Node(std::move(v));
+}
+
+PV::Ptr GlobalNode(std::string module, std::string name) {
+  PV v;
+  v.kind = K::kGlobal;
+  v.str = std::move(module);
+  v.name = std::move(name);
+  return Node(std::move(v));
+}
+
+PV::Ptr EmptyTupleNode() {
+  PV v;
+  v.kind = K::kTuple;
+  return Node(std::move(v));
+}
+
+// A copy of `from` (a dict, or a call/object with entries) with the entries for which
+// `replace` returns a node replaced by it.
+PV::Ptr ReplaceEntries(const PV& from,
+                       const std::function<PV::Ptr(const std::string&, const PV::Ptr&)>& replace) {
+  PV copy = from;
+  for (auto& [k, v] : copy.entries) {
+    if (!k->is_str()) continue;
+    if (PV::Ptr n = replace(k->str, v)) v = std::move(n);
+  }
+  return Node(std::move(copy));
+}
+
+// ---------------------------------------------------------------------------------------
+// Source files.
+
+struct SourceFile {
+  std::string path;  // absolute
+  uint32_t index = 0;  // in DsRepartition::source.files
+  uint64_t size = 0;
+  TorchSaveArchive archive;
+  PickleValue root;
+};
+
+Result<SourceFile> OpenSource(const std::string& dir, const std::string& name) {
+  SourceFile sf;
+  sf.path = JoinPath(dir, name);
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f, RandomAccessFile::Open(sf.path));
+  sf.size = f->size();
+  const RandomAccessFile* fp = f.get();
+  ZipReadFn read = [fp](uint64_t off, std::span<std::byte> dst) { return fp->ReadAt(off, dst); };
+  if (sf.size >= 2) {
+    std::byte magic[2];
+    FC_RETURN_IF_ERROR(f->ReadAt(0, magic).With(sf.path));
+    if (magic[0] == std::byte{0x80}) {
+      return UnimplementedError(sf.path + ": legacy (non-zip) torch.save file "
+                                "(checkpoint_serialization: false): --output-format deepspeed "
+                                "reads zip archives only");
+    }
+  }
+  auto archive = ReadTorchSaveArchive(sf.size, read);
+  if (!archive.ok()) return archive.status().With(sf.path);
+  sf.archive = std::move(*archive);
+  auto root = ReadTorchSavePickle(sf.archive, read, kMaxPickleBytes);
+  if (!root.ok()) return root.status().With(sf.path);
+  sf.root = std::move(*root);
+  return sf;
+}
+
+// The data of storage `key` of a zip source: [offset, + bytes).
+Result<std::pair<uint64_t, uint64_t>> StorageRecord(const SourceFile& sf, const std::string& key) {
+  const ZipEntry* e = sf.archive.FindRecord("data/" + key);
+  if (e == nullptr) {
+    return DataLossError(sf.path + ": storage record data/" + key + " is missing");
+  }
+  if (e->method != 0) {
+    return UnimplementedError(sf.path + ": storage record data/" + key + " is compressed");
+  }
+  if (e->data_exclusive_max() > sf.size || e->data_exclusive_max() < e->data_offset) {
+    return DataLossError(sf.path + ": storage record data/" + key + " passes the file's end");
+  }
+  return std::make_pair(e->data_offset, e->compressed_size);
+}
+
+// Builds one output archive: the pickle of a tree whose storages are re-keyed, tensors the
+// rewrite creates (placeholders) emitted with their new storages.
+class ArchiveBuilder {
+ public:
+  explicit ArchiveBuilder(std::string path) { spec_.path = std::move(path); }
+
+  // A new 1-D tensor of `view` elements over a new storage of record.elements elements.
+  // `storage_class`: the GLOBAL torch.<X>Storage to name (taken from the source tensor).
+  PV::Ptr NewTensor(DsRecord record, int64_t view, PV::Ptr storage_class) {
+    PV::Ptr node = Node(PV());
+    placeholders_[node.get()] = {spec_.records.size(), view, std::move(storage_class)};
+    spec_.records.push_back(std::move(record));
+    return node;
+  }
+
+  // Emits `root`; persistent ids of `source` become copied records.
+  Result<DsArchiveSpec> Finish(const PV& root, const SourceFile& source) {
+    PickleWriter w(2);
+    Status failed = Status::Ok();
+    EmitHook hook = [&](PickleWriter& pw, const PV& v) -> std::optional<Status> {
+      if (auto it = placeholders_.find(&v); it != placeholders_.end()) {
+        EmitNewTensor(pw, it->second);
+        return Status::Ok();
+      }
+      if (v.kind != K::kPersId) return std::nullopt;
+      return EmitSourceStorage(pw, v, source);
+    };
+    FC_RETURN_IF_ERROR(Emit(w, root, spec_.path, hook));
+    spec_.pickle = w.Finish();
+    return std::move(spec_);
+  }
+
+ private:
+  struct Placeholder {
+    size_t record = 0;
+    int64_t view = 0;
+    PV::Ptr storage_class;
+  };
+
+  void EmitNewTensor(PickleWriter& w, const Placeholder& p) {
+    const DsRecord& r = spec_.records[p.record];
+    w.Global("torch._utils", "_rebuild_tensor_v2");
+    w.Mark();
+    w.Mark();  // the persistent id
+    w.Str("storage").Memoize();
+    w.Global(p.storage_class->str, p.storage_class->name);
+    w.Str(std::to_string(p.record)).Memoize();
+    w.Str("cpu").Memoize();
+    w.Int(r.elements);
+    w.TupleOf(5).Memoize();
+    w.BinPersId();
+    w.Int(0);  // storage_offset
+    w.Int(p.view).TupleOf(1).Memoize();
+    w.Int(1).TupleOf(1).Memoize();
+    w.Bool(false);  // requires_grad
+    w.Global("collections", "OrderedDict").EmptyTuple().Reduce().Memoize();
+    w.TupleOf(6).Memoize();
+    w.Reduce().Memoize();
+  }
+
+  // ('storage', class, key, location, numel) with the key renumbered; BINPERSID.
+  Status EmitSourceStorage(PickleWriter& w, const PV& v, const SourceFile& source) {
+    const PV* pid = v.callee.get();
+    if (pid == nullptr || !pid->is_tuple() || pid->items.size() != 5 ||
+        !pid->items[2]->is_str()) {
+      return DataLossError(source.path + ": persistent id " + v.DebugString(80) +
+                           " is not a torch storage");
+    }
+    const std::string& key = pid->items[2]->str;
+    auto it = keys_.find(key);
+    if (it == keys_.end()) {
+      FC_ASSIGN_OR_RETURN(auto rec, StorageRecord(source, key));
+      DsRecord r;
+      r.kind = DsRecord::Kind::kCopy;
+      r.bytes = rec.second;
+      r.copy_from = source.path;
+      r.copy_offset = rec.first;
+      it = keys_.emplace(key, spec_.records.size()).first;
+      spec_.records.push_back(std::move(r));
+    }
+    PV copy = *pid;
+    copy.items[2] = StrNode(std::to_string(it->second));
+    FC_RETURN_IF_ERROR(Emit(w, copy, source.path, [](PickleWriter&, const PV&) {
+      return std::optional<Status>();
+    }));
+    w.BinPersId();
+    return Status::Ok();
+  }
+
+  DsArchiveSpec spec_;
+  std::map<const PV*, Placeholder> placeholders_;
+  std::map<std::string, size_t> keys_;  // source storage key -> record
+};
+
+// ---------------------------------------------------------------------------------------
+// The partition math (deepspeed.md 3.1).
+
+int64_t PaddedLength(int64_t orig, int64_t dp) {
+  const int64_t align = 2 * dp;
+  return (orig + align - 1) / align * align;
+}
+
+// Real (non-padding) elements of rank r's partition.
+int64_t LeanLength(int64_t orig, int64_t ps, int64_t r) {
+  return std::clamp<int64_t>(orig - r * ps, 0, ps);
+}
+
+std::string MpName(int64_t m) {
+  std::string s = std::to_string(m);
+  return std::string("mp_rank_") + (s.size() < 2 ? "0" : "") + s;
+}
+
+// numel of a torch.Size / tuple value.
+Result<int64_t> ShapeNumel(const PV& v, const std::string& where) {
+  const PV* t = &v;
+  if (v.kind == K::kCall && v.args && v.args->is_tuple() && v.args->items.size() == 1) {
+    t = v.args->items[0].get();
+  }
+  if (!t->is_tuple() && !t->is_list()) {
+    return DataLossError(where + ": shape " + v.DebugString(60) + " is not a torch.Size");
+  }
+  int64_t n = 1;
+  for (const PV::Ptr& d : t->items) {
+    if (!d->is_int() || d->int_value < 0) {
+      return DataLossError(where + ": shape " + v.DebugString(60) + " has a bad extent");
+    }
+    auto m = CheckedMul(n, d->int_value);
+    if (!m) return OutOfRangeError(where + ": shape " + v.DebugString(60) + " overflows");
+    n = *m;
+  }
+  return n;
+}
+
+// One source partition tensor, located.
+struct Located {
+  TorchTensorRef ref;
+  uint64_t first = 0;  // absolute offset of element 0
+};
+
+Result<Located> LocateTensor(const SourceFile& sf, const PV* v, const std::string& what) {
+  if (v == nullptr) return DataLossError(sf.path + ": " + what + " is missing");
+  auto ref = DecodeTorchTensor(*v);
+  if (!ref.ok()) return ref.status().With(sf.path + ": " + what);
+  if (ref->shape.size() != 1) {
+    return DataLossError(sf.path + ": " + what + " has " + std::to_string(ref->shape.size()) +
+                         " dimensions, a flat partition has 1");
+  }
+  FC_ASSIGN_OR_RETURN(auto rec, StorageRecord(sf, ref->storage_key));
+  if (rec.second != ref->storage_bytes) {
+    return DataLossError(sf.path + ": " + what + ": storage record holds " +
+                         std::to_string(rec.second) + " bytes, the pickle says " +
+                         std::to_string(ref->storage_bytes));
+  }
+  Located l;
+  l.first = rec.first + static_cast<uint64_t>(ref->storage_offset) * DTypeSize(ref->dtype);
+  l.ref = std::move(*ref);
+  return l;
+}
+
+// The GLOBAL torch.<X>Storage of the first persistent id inside a tensor value (typed
+// storages only: a new storage's numel counts elements).
+Result<PV::Ptr> StorageClassOf(const PV& v, const std::string& where) {
+  if (v.kind == K::kPersId) {
+    const PV* pid = v.callee.get();
+    if (pid && pid->is_tuple() && pid->items.size() == 5 && pid->items[1]->kind == K::kGlobal &&
+        pid->items[1]->name.ends_with("Storage") && pid->items[1]->name != "UntypedStorage") {
+      return pid->items[1];
+    }
+    return UnimplementedError(where + ": storage " + v.DebugString(80) +
+                              " is not a typed torch storage");
+  }
+  for (const PV::Ptr& p : {v.callee, v.args}) {
+    if (p) {
+      auto r = StorageClassOf(*p, where);
+      if (r.ok() || r.status().code() != StatusCode::kNotFound) return r;
+    }
+  }
+  for (const PV::Ptr& p : v.items) {
+    auto r = StorageClassOf(*p, where);
+    if (r.ok() || r.status().code() != StatusCode::kNotFound) return r;
+  }
+  return NotFoundError(where + ": no storage");
+}
+
+struct GroupSource {
+  int64_t orig = 0;                        // real elements of the flat buffer
+  std::vector<std::pair<std::string, int64_t>> params;  // param_shapes order: name, numel
+  PV::Ptr storage_class;                   // the fp32 partition's torch.<X>Storage global
+  PV::Ptr state_storage_class;             // exp_avg's
+  DType dtype = DType::kFloat32;           // master dtype
+  DType state_dtype = DType::kFloat32;
+  // Source tensor index per (old rank) for fp32, exp_avg, exp_avg_sq (lean parts).
+  std::vector<int64_t> fp32, exp_avg, exp_avg_sq;
+};
+
+class Repartitioner {
+ public:
+  Repartitioner(DsRepartition& job) : job_(job) {}
+
+  // Adds a source tensor: the first `elements` of a located 1-D tensor.
+  int64_t AddSource(const std::string& key, const SourceFile& sf, const Located& l,
+                    int64_t elements) {
+    TensorEntry t;
+    t.key = key;
+    t.dtype = l.ref.dtype;
+    t.global_shape = {elements};
+    Chunk c;
+    c.box = Box::Whole(t.global_shape);
+    c.file = sf.index;
+    c.byte_offset = l.first;
+    c.byte_length = static_cast<uint64_t>(elements) * DTypeSize(l.ref.dtype);
+    if (elements > 1 && l.ref.strides[0] != 1) c.strides = {l.ref.strides[0]};
+    if (!c.strides.empty()) {
+      c.byte_length = (static_cast<uint64_t>(elements - 1) * l.ref.strides[0] + 1) *
+                      DTypeSize(l.ref.dtype);
+    }
+    t.chunks.push_back(std::move(c));
+    job_.source.tensors.push_back(std::move(t));
+    return static_cast<int64_t>(job_.source.tensors.size() - 1);
+  }
+
+  uint32_t AddFile(SourceFile& sf) {
+    sf.index = static_cast<uint32_t>(job_.source.files.size());
+    job_.source.files.push_back({Basename(sf.path), sf.size});
+    return sf.index;
+  }
+
+  // The record of new rank r's partition of one state of a group: `storage` elements
+  // (the padded partition) from the old ranks' lean parts, zeros after the real ones.
+  DsRecord Partition(const GroupSource& g, const std::vector<int64_t>& sources, DType dtype,
+                     int64_t r, const std::string& name) const {
+    const int64_t ps_new = PaddedLength(g.orig, job_.dp) / job_.dp;
+    const int64_t ps_old = PaddedLength(g.orig, job_.source_dp) / job_.source_dp;
+    DsRecord rec;
+    rec.kind = DsRecord::Kind::kStream;
+    rec.dtype = dtype;
+    rec.elements = ps_new;
+    rec.bytes = static_cast<uint64_t>(ps_new) * DTypeSize(dtype);
+    rec.name = name;
+    const int64_t begin = r * ps_new, end = begin + ps_new;
+    for (int64_t o = 0; o < job_.source_dp; ++o) {
+      const int64_t lo = std::max(begin, o * ps_old);
+      const int64_t hi = std::min(end, o * ps_old + LeanLength(g.orig, ps_old, o));
+      if (lo < hi) rec.parts.push_back({sources[o], lo - o * ps_old, lo - begin, hi - lo});
+    }
+    const int64_t lean = LeanLength(g.orig, ps_new, r);
+    if (lean < ps_new) rec.parts.push_back({-1, 0, lean, ps_new - lean});
+    return rec;
+  }
+
+ private:
+  DsRepartition& job_;
+};
+
+// param_slice_mappings[g] of new rank r: OrderedDict name -> fragment_address(numel, start).
+PV::Ptr SliceMappings(const GroupSource& g, int64_t ps, int64_t r, const PV::Ptr& fragment_cls) {
+  PV od;
+  od.kind = K::kCall;
+  od.callee = GlobalNode("collections", "OrderedDict");
+  od.args = EmptyTupleNode();
+  const int64_t left = r * ps;
+  int64_t off = 0;
+  for (const auto& [name, n] : g.params) {
+    const int64_t lo = std::max(off, left), hi = std::min(off + n, left + ps);
+    if (lo < hi) {
+      PV state;
+      state.kind = K::kDict;
+      state.entries.emplace_back(StrNode("numel"), IntNode(hi - lo));
+      state.entries.emplace_back(StrNode("start"), IntNode(lo - left));
+      PV frag;
+      frag.kind = K::kObject;
+      frag.callee = fragment_cls;
+      frag.args = EmptyTupleNode();
+      frag.state = Node(std::move(state));
+      od.entries.emplace_back(StrNode(name), Node(std::move(frag)));
+    }
+    off += n;
+  }
+  return Node(std::move(od));
+}
+
+Result<std::string> ResolveTagDir(const std::string& input, std::string* save_dir) {
+  const std::string in = StripTrailingSlashes(input);
+  const std::string latest = JoinPath(in, "latest");
+  if (PathExists(latest) && !IsDirectory(latest)) {
+    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(latest, 4096));
+    std::string tag(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r' || tag.back() == ' ')) {
+      tag.pop_back();
+    }
+    *save_dir = in;
+    return JoinPath(in, tag);
+  }
+  if (PathExists(JoinPath(in, "latest_universal")) || IsDirectory(JoinPath(in, "zero"))) {
+    return UnimplementedError(in + ": a Universal Checkpoint is loaded at any DP size "
+                              "(load_universal); --output-format deepspeed re-partitions "
+                              "ZeRO checkpoints only");
+  }
+  const std::string parent = Dirname(in);
+  if (!parent.empty() && PathExists(JoinPath(parent, "zero_to_fp32.py"))) *save_dir = parent;
+  return in;
+}
+
+// Parses "<prefix>zero_pp_rank_<R>_mp_rank_<XX>_optim_states.pt".
+bool ParseOptimName(const std::string& n, std::string* prefix, int64_t* r, int64_t* m) {
+  const std::string mid = "zero_pp_rank_";
+  const size_t at = n.find(mid);
+  if (at == std::string::npos || !n.ends_with("_optim_states.pt")) return false;
+  *prefix = n.substr(0, at);
+  if (*prefix != "" && *prefix != "bf16_" && *prefix != "fp16_") return false;
+  size_t i = at + mid.size();
+  auto number = [&](int64_t* out) {
+    const size_t start = i;
+    int64_t v = 0;
+    while (i < n.size() && n[i] >= '0' && n[i] <= '9' && i - start < 9) v = v * 10 + (n[i++] - '0');
+    *out = v;
+    return i > start;
+  };
+  if (!number(r)) return false;
+  if (n.compare(i, 9, "_mp_rank_") != 0) return false;
+  i += 9;
+  if (!number(m)) return false;
+  return n.compare(i, std::string::npos, "_optim_states.pt") == 0;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Planning.
+
+Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t dp) {
+  if (dp < 1 || dp > (int64_t{1} << 20)) {
+    return InvalidArgumentError("--dp " + std::to_string(dp) + ": the new data-parallel size "
+                                "must be between 1 and 2^20");
+  }
+  DsRepartition job;
+  job.dp = dp;
+  std::string save_dir;
+  FC_ASSIGN_OR_RETURN(job.tag_dir, ResolveTagDir(input, &save_dir));
+  job.tag = Basename(StripTrailingSlashes(job.tag_dir));
+  job.source.format = CheckpointFormat::kDeepSpeed;
+  job.source.root = job.tag_dir;
+  if (!IsDirectory(job.tag_dir)) return NotFoundError(job.tag_dir + ": no tag directory");
+  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(job.tag_dir));
+  std::sort(names.begin(), names.end());
+
+  std::map<int64_t, std::string> model_files;              // mp rank -> name
+  std::map<int64_t, std::map<int64_t, std::string>> optim;  // mp rank -> dp rank -> name
+  std::set<std::string> prefixes;
+  for (const std::string& n : names) {
+    const std::string path = JoinPath(job.tag_dir, n);
+    if (IsDirectory(path)) {
+      return UnimplementedError(path + ": a directory in the tag dir (NVMe-offloaded "
+                                "optimizer state?) is not re-partitioned");
+    }
+    std::string prefix;
+    int64_t r = 0, m = 0;
+    if (n.find("expert") != std::string::npos || n.starts_with("expp_rank_")) {
+      return UnimplementedError(path + ": MoE checkpoint (expert files): expert groups are "
+                                "partitioned over their own DP size; not re-partitioned");
+    }
+    if (ParseOptimName(n, &prefix, &r, &m)) {
+      optim[m][r] = n;
+      prefixes.insert(prefix);
+    } else if (n.find("zero_pp_rank_") != std::string::npos && n.ends_with("_model_states.pt")) {
+      return UnimplementedError(path + ": ZeRO stage 3 (per-rank model states): "
+                                "--output-format deepspeed re-partitions stage 1/2 and "
+                                "BF16_Optimizer checkpoints");
+    } else if (n.starts_with("mp_rank_") && n.ends_with("_model_states.pt") && n.size() == 26) {
+      model_files[std::stoll(n.substr(8, 2))] = n;
+    } else if (n.starts_with("layer_") && n.ends_with("model_states.pt")) {
+      job.copies.emplace_back(path, JoinPath(job.tag, n));
+    } else {
+      return UnimplementedError(path + ": a file --output-format deepspeed does not know "
+                                "(not mp_rank_XX_model_states.pt, *zero_pp_rank_R_mp_rank_XX_"
+                                "optim_states.pt or layer_*-model_states.pt)");
+    }
+  }
+  if (model_files.empty()) {
+    return NotFoundError(job.tag_dir + ": no mp_rank_XX_model_states.pt");
+  }
+  if (prefixes.size() > 1) {
+    return DataLossError(job.tag_dir + ": optimizer files with different prefixes (" +
+                         *prefixes.begin() + "zero_pp_rank_*, " + *prefixes.rbegin() +
+                         "zero_pp_rank_*)");
+  }
+  job.mp = static_cast<int64_t>(model_files.size());
+  if (model_files.rbegin()->first != job.mp - 1) {
+    return NotFoundError(job.tag_dir + ": model-parallel ranks are not 0.." +
+                         std::to_string(job.mp - 1) + " (" + model_files.rbegin()->second + ")");
+  }
+  for (const auto& [m, ranks] : optim) {
+    if (!model_files.count(m)) {
+      return NotFoundError(job.tag_dir + ": " + ranks.begin()->second + " has no " + MpName(m) +
+                           "_model_states.pt");
+    }
+  }
+  if (!optim.empty() && optim.size() != model_files.size()) {
+    return NotFoundError(job.tag_dir + ": optimizer files for " + std::to_string(optim.size()) +
+                         " of " + std::to_string(model_files.size()) + " model-parallel ranks");
+  }
+  const std::string prefix = prefixes.empty() ? "" : *prefixes.begin();
+  job.variant = optim.empty() ? "none" : "zero";
+  Repartitioner rp(job);
+
+  for (const auto& [m, model_name] : model_files) {
+    FC_ASSIGN_OR_RETURN(SourceFile model, OpenSource(job.tag_dir, model_name));
+    rp.AddFile(model);
+    if (!model.root.is_dict()) return DataLossError(model.path + ": not a dict");
+    const PV* dpws = model.root.Find("dp_world_size");
+    if (optim.empty()) {
+      job.source_dp = dpws && dpws->is_int() ? dpws->int_value : 0;
+    }
+    if (model.root.Find("ds_autoep_layers") || model.root.Find("autoep_layers")) {
+      return UnimplementedError(model.path + ": AutoEP (MoE) checkpoint: not re-partitioned");
+    }
+    // The model states: dp_world_size replaced, everything else kept.
+    ArchiveBuilder model_out(JoinPath(job.tag, model_name));
+    PV::Ptr model_root = ReplaceEntries(model.root, [&](const std::string& k, const PV::Ptr&) {
+      return k == "dp_world_size" ? IntNode(dp) : PV::Ptr();
+    });
+    FC_ASSIGN_OR_RETURN(DsArchiveSpec model_spec, model_out.Finish(*model_root, model));
+    job.archives.push_back(std::move(model_spec));
+    if (optim.empty()) continue;
+
+    // The groups: param_shapes of the model states.
+    const PV* shapes = model.root.Find("param_shapes");
+    if (shapes == nullptr || !shapes->is_list()) {
+      return DataLossError(model.path + ": no param_shapes list (needed to lay out the flat "
+                           "partitions)");
+    }
+    std::vector<GroupSource> groups(shapes->items.size());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (const auto& [k, v] : shapes->items[g]->entries) {
+        if (!k->is_str()) return DataLossError(model.path + ": param_shapes key not a string");
+        FC_ASSIGN_OR_RETURN(int64_t n, ShapeNumel(*v, model.path + ": param_shapes['" + k->str + "']"));
+        groups[g].params.emplace_back(k->str, n);
+        auto sum = CheckedAdd(groups[g].orig, n);
+        if (!sum) return OutOfRangeError(model.path + ": param_shapes group size overflows");
+        groups[g].orig = *sum;
+      }
+    }
+
+    // The source DP ranks.
+    const std::map<int64_t, std::string>& ranks = optim.at(m);
+    const int64_t source_dp = static_cast<int64_t>(ranks.size());
+    if (ranks.rbegin()->first != source_dp - 1) {
+      return NotFoundError(job.tag_dir + ": DP ranks of " + MpName(m) + " are not 0.." +
+                           std::to_string(source_dp - 1) + " (" + ranks.rbegin()->second + ")");
+    }
+    if (job.source_dp != 0 && job.source_dp != source_dp) {
+      return DataLossError(job.tag_dir + ": " + MpName(m) + " has " + std::to_string(source_dp) +
+                           " DP ranks, " + MpName(0) + " " + std::to_string(job.source_dp));
+    }
+    job.source_dp = source_dp;
+    std::vector<SourceFile> files;
+    PV::Ptr fragment_cls;
+    bool bf16 = false;
+    for (const auto& [r, name] : ranks) {
+      FC_ASSIGN_OR_RETURN(SourceFile sf, OpenSource(job.tag_dir, name));
+      rp.AddFile(sf);
+      const PV* osd = sf.root.Find("optimizer_state_dict");
+      if (osd == nullptr || !osd->is_dict()) {
+        return DataLossError(sf.path + ": no optimizer_state_dict dict");
+      }
+      if (osd->Find("fp32_flat_groups")) {
+        return UnimplementedError(sf.path + ": ZeRO stage 3 (fp32_flat_groups): "
+                                  "--output-format deepspeed re-partitions stage 1/2 and "
+                                  "BF16_Optimizer checkpoints");
+      }
+      const PV* pc = osd->Find("partition_count");
+      if (pc != nullptr && (pc->is_list() || pc->is_tuple())) {
+        return UnimplementedError(sf.path + ": partition_count is a list (MoE expert groups "
+                                  "with their own DP size): not re-partitioned");
+      }
+      if (pc == nullptr || !pc->is_int() || pc->int_value != source_dp) {
+        return DataLossError(sf.path + ": partition_count " +
+                             (pc ? pc->DebugString(40) : std::string("missing")) + " but " +
+                             std::to_string(source_dp) + " DP rank files for " + MpName(m));
+      }
+      const bool this_bf16 = osd->Find("zero_stage") == nullptr;
+      if (r == 0) bf16 = this_bf16;
+      if (this_bf16 != bf16) {
+        return DataLossError(sf.path + ": zero_stage present in some DP ranks' files only");
+      }
+      const PV* base = osd->Find("base_optimizer_state");
+      if (base == nullptr || !base->is_dict() || osd->Find("base_optimizer_state_step")) {
+        return UnimplementedError(sf.path + ": elastic (or missing) base_optimizer_state: "
+                                  "not re-partitioned");
+      }
+      const PV* single = osd->Find("single_partition_of_fp32_groups");
+      const PV* state = base->Find("state");
+      const PV* paddings = osd->Find("group_paddings");
+      if (single == nullptr || !single->is_list() || single->items.size() != groups.size()) {
+        return DataLossError(sf.path + ": single_partition_of_fp32_groups is not a list of " +
+                             std::to_string(groups.size()) + " (param_shapes groups of " +
+                             model_name + ")");
+      }
+      if (state == nullptr || !state->is_dict() || state->entries.size() != groups.size()) {
+        return DataLossError(sf.path + ": base_optimizer_state.state does not hold " +
+                             std::to_string(groups.size()) + " groups");
+      }
+      if (paddings == nullptr || !paddings->is_list() ||
+          paddings->items.size() != groups.size()) {
+        return DataLossError(sf.path + ": group_paddings is not a list of " +
+                             std::to_string(groups.size()));
+      }
+      if (const PV* maps = osd->Find("param_slice_mappings"); maps && !fragment_cls) {
+        for (const PV::Ptr& gm : maps->items) {
+          for (const auto& [k, v] : gm->entries) {
+            if (v->kind == K::kObject && v->callee) fragment_cls = v->callee;
+          }
+        }
+      }
+      for (const auto& [k, st] : state->entries) {
+        if (!k->is_int() || k->int_value < 0 ||
+            k->int_value >= static_cast<int64_t>(groups.size()) || !st->is_dict()) {
+          return DataLossError(sf.path + ": base_optimizer_state.state key " +
+                               k->DebugString(20) + " is not a group index");
+        }
+        const int64_t g = k->int_value;
+        GroupSource& gs = groups[g];
+        const int64_t ps = PaddedLength(gs.orig, source_dp) / source_dp;
+        const int64_t lean = LeanLength(gs.orig, ps, r);
+        const std::string where = "group " + std::to_string(g);
+        const PV* pad = paddings->items[g].get();
+        if (!pad->is_int() || pad->int_value != ps - lean) {
+          return DataLossError(sf.path + ": group_paddings[" + std::to_string(g) + "] is " +
+                               pad->DebugString(20) + ", the padding rule gives " +
+                               std::to_string(ps - lean) + " (" + std::to_string(gs.orig) +
+                               " elements over " + std::to_string(source_dp) + " ranks)");
+        }
+        FC_ASSIGN_OR_RETURN(Located fp32, LocateTensor(sf, single->items[g].get(),
+                                                      "single_partition_of_fp32_groups[" +
+                                                          std::to_string(g) + "]"));
+        const int64_t want = bf16 ? ps : lean;
+        if (fp32.ref.shape[0] != want) {
+          return DataLossError(sf.path + ": single_partition_of_fp32_groups[" +
+                               std::to_string(g) + "] has " + std::to_string(fp32.ref.shape[0]) +
+                               " elements, the partition rule gives " + std::to_string(want) +
+                               (bf16 ? " (BF16_Optimizer: padded)" : " (padding stripped)"));
+        }
+        const std::string key = MpName(m) + ".rank" + std::to_string(r) + ".group" +
+                                std::to_string(g) + ".";
+        if (r == 0) {
+          gs.dtype = fp32.ref.dtype;
+          FC_ASSIGN_OR_RETURN(gs.storage_class,
+                              StorageClassOf(*single->items[g], sf.path + ": " + where));
+        }
+        if (fp32.ref.dtype != gs.dtype) {
+          return DataLossError(sf.path + ": " + where + " fp32 partition dtype differs by rank");
+        }
+        gs.fp32.push_back(rp.AddSource(key + "fp32", sf, fp32, lean));
+        for (const char* s : {"exp_avg", "exp_avg_sq"}) {
+          FC_ASSIGN_OR_RETURN(Located t, LocateTensor(sf, st->Find(s),
+                                                     "base_optimizer_state.state[" +
+                                                         std::to_string(g) + "]." + s));
+          if (t.ref.shape[0] != ps) {
+            return DataLossError(sf.path + ": base_optimizer_state.state[" + std::to_string(g) +
+                                 "]." + s + " has " + std::to_string(t.ref.shape[0]) +
+                                 " elements, the padded partition " + std::to_string(ps));
+          }
+          if (r == 0 && s == std::string("exp_avg")) {
+            gs.state_dtype = t.ref.dtype;
+            FC_ASSIGN_OR_RETURN(gs.state_storage_class,
+                                StorageClassOf(*st->Find(s), sf.path + ": " + where));
+          }
+          if (t.ref.dtype != gs.state_dtype) {
+            return DataLossError(sf.path + ": " + where + " " + s + " dtype differs by rank");
+          }
+          (s == std::string("exp_avg") ? gs.exp_avg : gs.exp_avg_sq)
+              .push_back(rp.AddSource(key + s, sf, t, lean));
+        }
+      }
+      files.push_back(std::move(sf));
+    }
+    job.variant = bf16 ? "bf16_optimizer" : "zero";
+    if (!fragment_cls) fragment_cls = GlobalNode("deepspeed.utils.tensor_fragment", "fragment_address");
+
+    // The new DP ranks' files, from DP rank 0's tree.
+    const SourceFile& rank0 = files.front();
+    const PV* osd0 = rank0.root.Find("optimizer_state_dict");
+    for (int64_t r = 0; r < dp; ++r) {
+      const std::string name = prefix + "zero_pp_rank_" + std::to_string(r) + "_" + MpName(m) +
+                               "_optim_states.pt";
+      ArchiveBuilder out(JoinPath(job.tag, name));
+      PV singles, paddings, mappings;
+      singles.kind = paddings.kind = mappings.kind = K::kList;
+      std::vector<PV::Ptr> ea(groups.size()), eas(groups.size());
+      const std::string label = MpName(m) + " rank " + std::to_string(r) + " group ";
+      for (size_t g = 0; g < groups.size(); ++g) {
+        const GroupSource& gs = groups[g];
+        const int64_t ps = PaddedLength(gs.orig, dp) / dp;
+        const int64_t lean = LeanLength(gs.orig, ps, r);
+        const std::string gl = label + std::to_string(g);
+        singles.items.push_back(out.NewTensor(
+            rp.Partition(gs, gs.fp32, gs.dtype, r, gl + " fp32"), bf16 ? ps : lean,
+            gs.storage_class));
+        ea[g] = out.NewTensor(rp.Partition(gs, gs.exp_avg, gs.state_dtype, r, gl + " exp_avg"),
+                              ps, gs.state_storage_class);
+        eas[g] = out.NewTensor(
+            rp.Partition(gs, gs.exp_avg_sq, gs.state_dtype, r, gl + " exp_avg_sq"), ps,
+            gs.state_storage_class);
+        paddings.items.push_back(IntNode(ps - lean));
+        mappings.items.push_back(SliceMappings(gs, ps, r, fragment_cls));
+      }
+      PV::Ptr new_osd = ReplaceEntries(*osd0, [&](const std::string& k, const PV::Ptr& v) -> PV::Ptr {
+        if (k == "single_partition_of_fp32_groups") return Node(singles);
+        if (k == "group_paddings") return Node(paddings);
+        if (k == "partition_count") return IntNode(dp);
+        if (k == "param_slice_mappings") return Node(mappings);
+        if (k != "base_optimizer_state") return nullptr;
+        return ReplaceEntries(*v, [&](const std::string& bk, const PV::Ptr& bv) -> PV::Ptr {
+          if (bk != "state") return nullptr;
+          PV state = *bv;
+          for (auto& [gk, gv] : state.entries) {
+            const int64_t g = gk->int_value;  // checked above
+            gv = ReplaceEntries(*gv, [&](const std::string& sk, const PV::Ptr&) -> PV::Ptr {
+              if (sk == "exp_avg") return ea[g];
+              if (sk == "exp_avg_sq") return eas[g];
+              return nullptr;
+            });
+          }
+          return Node(std::move(state));
+        });
+      });
+      PV::Ptr root = ReplaceEntries(rank0.root, [&](const std::string& k, const PV::Ptr&) {
+        return k == "optimizer_state_dict" ? new_osd : PV::Ptr();
+      });
+      FC_ASSIGN_OR_RETURN(DsArchiveSpec spec, out.Finish(*root, rank0));
+      job.archives.push_back(std::move(spec));
+    }
+  }
+  if (!save_dir.empty()) {
+    const std::string script = JoinPath(save_dir, "zero_to_fp32.py");
+    if (PathExists(script) && !IsDirectory(script)) job.copies.emplace_back(script, "zero_to_fp32.py");
+  }
+  return job;
+}
+
+// ---------------------------------------------------------------------------------------
+// The writer.
+
+struct DsArchiveWriter::ArchiveState {
+  DsArchiveSpec spec;
+  internal_torch::ZipLayout zip;  // records: data.pkl, byteorder, data/0.., version
+  std::unique_ptr<WritableFile> file;
+  std::mutex mu;
+  std::vector<internal_torch::CrcParts> parts;  // per storage record
+  std::vector<uint32_t> crcs;                   // per zip record, known ones
+};
+
+DsArchiveWriter::~DsArchiveWriter() = default;
+
+Result<std::unique_ptr<DsArchiveWriter>> DsArchiveWriter::Create(
+    const std::string& dir, std::vector<DsArchiveSpec> archives) {
+  std::unique_ptr<DsArchiveWriter> w(new DsArchiveWriter());
+  w->dir_ = dir;
+  std::set<std::string> made;
+  for (DsArchiveSpec& spec : archives) {
+    auto st = std::make_unique<ArchiveState>();
+    std::vector<internal_torch::ZipRecordSpec> recs;
+    recs.push_back({"archive/data.pkl", spec.pickle.size()});
+    recs.push_back({"archive/byteorder", kByteOrder.size()});
+    for (size_t k = 0; k < spec.records.size(); ++k) {
+      recs.push_back({"archive/data/" + std::to_string(k), spec.records[k].bytes});
+    }
+    recs.push_back({"archive/version", kVersion.size()});
+    st->zip = internal_torch::ComputeZipLayout(std::move(recs));
+    st->parts.resize(spec.records.size());
+    st->crcs.assign(st->zip.records.size(), 0);
+    const std::string path = JoinPath(dir, spec.path);
+    const std::string parent = Dirname(path);
+    if (made.insert(parent).second) FC_RETURN_IF_ERROR(CreateDirectories(parent));
+    FC_ASSIGN_OR_RETURN(st->file, WritableFile::Create(path));
+    const size_t n = st->zip.records.size();
+    for (size_t i = 0; i < n; ++i) {
+      FC_RETURN_IF_ERROR(st->file->WriteAt(st->zip.placements[i].header_offset,
+                                           AsBytes(internal_torch::ZipLocalHeader(st->zip, i))));
+    }
+    const std::string_view fixed[] = {spec.pickle, kByteOrder};
+    for (size_t i = 0; i < 2; ++i) {
+      st->crcs[i] = Crc32(0, AsBytes(fixed[i]));
+      FC_RETURN_IF_ERROR(st->file->WriteAt(st->zip.placements[i].data_offset, AsBytes(fixed[i])));
+    }
+    st->crcs[n - 1] = Crc32(0, AsBytes(kVersion));
+    FC_RETURN_IF_ERROR(st->file->WriteAt(st->zip.placements[n - 1].data_offset, AsBytes(kVersion)));
+    st->spec = std::move(spec);
+    w->archives_.push_back(std::move(st));
+  }
+  return w;
+}
+
+Status DsArchiveWriter::Write(size_t archive, size_t record, uint64_t offset,
+                              std::span<const std::byte> bytes) {
+  if (archive >= archives_.size() || record >= archives_[archive]->spec.records.size() ||
+      archives_[archive]->spec.records[record].kind != DsRecord::Kind::kStream) {
+    return InvalidArgumentError(dir_ + ": no streamed record " + std::to_string(record) +
+                                " in archive " + std::to_string(archive));
+  }
+  ArchiveState& st = *archives_[archive];
+  const DsRecord& rec = st.spec.records[record];
+  const std::optional<uint64_t> end = CheckedAddU(offset, bytes.size());
+  if (!end || *end > rec.bytes) {
+    return InvalidArgumentError(st.spec.path + ": " + rec.name + ": bytes [" +
+                                std::to_string(offset) + ", +" + std::to_string(bytes.size()) +
+                                ") pass its end " + std::to_string(rec.bytes));
+  }
+  if (bytes.empty()) return Status::Ok();
+  const uint32_t crc = Crc32(0, bytes);
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (internal_torch::AddCrcPart(st.parts[record], offset, *end, crc)) {
+      return InvalidArgumentError(st.spec.path + ": " + rec.name + ": bytes at " +
+                                  std::to_string(offset) + " written twice");
+    }
+  }
+  return st.file->WriteAt(st.zip.placements[record + 2].data_offset + offset, bytes);
+}
+
+Status DsArchiveWriter::Finish(uint64_t copy_block) {
+  copy_block = std::max<uint64_t>(copy_block, 4096);
+  std::vector<std::byte> block;
+  for (const std::unique_ptr<ArchiveState>& a : archives_) {
+    ArchiveState& st = *a;
+    for (size_t k = 0; k < st.spec.records.size(); ++k) {
+      const DsRecord& rec = st.spec.records[k];
+      const uint64_t at = st.zip.placements[k + 2].data_offset;
+      uint32_t crc = 0;
+      if (rec.kind == DsRecord::Kind::kCopy) {
+        FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> in,
+                            RandomAccessFile::Open(rec.copy_from));
+        block.resize(static_cast<size_t>(std::min(copy_block, std::max<uint64_t>(rec.bytes, 1))));
+        for (uint64_t done = 0; done < rec.bytes;) {
+          const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), rec.bytes - done));
+          std::span<std::byte> part(block.data(), n);
+          FC_RETURN_IF_ERROR(in->ReadAt(rec.copy_offset + done, part).With(rec.copy_from));
+          crc = Crc32(crc, part);
+          FC_RETURN_IF_ERROR(st.file->WriteAt(at + done, std::span<const std::byte>(part)));
+          done += n;
+        }
+      } else if (rec.bytes > 0) {
+        const internal_torch::CrcParts& parts = st.parts[k];
+        if (parts.size() != 1 || parts.begin()->first != 0 ||
+            parts.begin()->second.end != rec.bytes) {
+          return InternalError(st.spec.path + ": " + rec.name + ": not every byte was written");
+        }
+        crc = parts.begin()->second.crc;
+      }
+      st.crcs[k + 2] = crc;
+    }
+    for (size_t i = 0; i < st.zip.records.size(); ++i) {
+      FC_RETURN_IF_ERROR(st.file->WriteAt(
+          st.zip.placements[i].descriptor_offset,
+          AsBytes(internal_torch::ZipDataDescriptor(st.zip, i, st.crcs[i]))));
+    }
+    FC_RETURN_IF_ERROR(st.file->WriteAt(st.zip.central_directory_offset,
+                                        AsBytes(internal_torch::ZipDirectoryTail(st.zip, st.crcs))));
+    FC_RETURN_IF_ERROR(st.file->Sync());
+    FC_RETURN_IF_ERROR(st.file->Close());
+  }
+  return Status::Ok();
+}
+
+}  // namespace fc
