@@ -1,0 +1,211 @@
+"""fc-convert --output-format deepspeed --dp N on the DeepSpeed fixtures (testdata/deepspeed):
+every written file is loaded with torch.load (Debian's torch 1.13) and compared with what the
+fixture generator writes for the same model at that DP size (gen.gen_at_dp): the same keys in
+the same order, tensors bit for bit (dtype, shape, strides, storage offset), pickled objects
+(fragment_address, loss scaler, ZeroStageEnum, argparse.Namespace, numpy RNG state) by their
+decoded structure. Then fc-export of the converted checkpoint is byte-identical to fc-export of
+the source, and dp N -> dp M -> dp N gives back the source's tensors.
+
+usage: deepspeed_write_test.py BUILD_ROOT TESTDATA CASE   (CASE: write|roundtrip|errors)
+"""
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+BUILD, TESTDATA, CASE = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3]
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(TESTDATA, "gen", "deepspeed"))
+try:
+    import numpy as np
+    import torch
+    import fcio
+    import gen  # registers the DeepSpeed stand-in classes the pickles name
+except ImportError as e:  # torch or numpy missing: nothing can load the files
+    print("skipping:", e)
+    sys.exit(77)
+
+CONVERT = os.path.join(BUILD, "tools", "fc-convert")
+EXPORT = os.path.join(BUILD, "tools", "fc-export")
+DS = os.path.join(TESTDATA, "deepspeed")
+# (case, source dp, target dps): stage 1 and 2, one and two param groups, BF16_Optimizer,
+# TP 2 with Megatron client state, frozen params and tied weights.
+JOBS = [("zero1", 2, [3, 1, 4]), ("zero2", 3, [2, 1, 5]), ("bf16", 2, [3, 1]),
+        ("tp2", 2, [3]), ("frozen_tied", 2, [3, 1])]
+tmp = tempfile.mkdtemp(prefix="fc-ds-write-test-")
+
+
+def load(path):
+    return torch.load(path, map_location="cpu")
+
+
+INT_OF = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def same(x, y, where):
+    """Structural equality; tensors bit for bit with their view (shape, strides, offset)."""
+    if isinstance(x, torch.Tensor):
+        assert isinstance(y, torch.Tensor), (where, type(y))
+        assert (x.dtype, x.shape, x.stride(), x.storage_offset()) == \
+            (y.dtype, y.shape, y.stride(), y.storage_offset()), \
+            (where, x.dtype, x.shape, x.stride(), x.storage_offset(),
+             y.dtype, y.shape, y.stride(), y.storage_offset())
+        i = INT_OF[x.element_size()]
+        assert torch.equal(x.contiguous().view(i), y.contiguous().view(i)), (where, x, y)
+        return
+    if isinstance(x, np.ndarray):
+        assert isinstance(y, np.ndarray) and x.dtype == y.dtype and np.array_equal(x, y), where
+        return
+    assert type(x) is type(y), (where, type(x), type(y))
+    if isinstance(x, dict):
+        assert list(x) == list(y), (where, list(x), list(y))
+        for k in x:
+            same(x[k], y[k], f"{where}[{k!r}]")
+    elif isinstance(x, (list, tuple)):
+        assert len(x) == len(y), (where, len(x), len(y))
+        for i, (a, b) in enumerate(zip(x, y)):
+            same(a, b, f"{where}[{i}]")
+    elif hasattr(x, "__dict__") and not isinstance(x, type):
+        same(vars(x), vars(y), where + ".__dict__")
+    else:
+        assert x == y, (where, x, y)
+
+
+def tag_dir(ckpt):
+    return os.path.join(ckpt, open(os.path.join(ckpt, "latest")).read().strip())
+
+
+def convert(src, out, dp, extra=()):
+    return fcio.run([CONVERT, src, out, "--output-format", "deepspeed", "--dp", str(dp),
+                     "--quiet", *extra])
+
+
+def expected(case, dp):
+    """The generator's checkpoint of `case` at `dp`."""
+    root = os.path.join(tmp, "expected-%s-%d" % (case, dp))
+    if not os.path.isdir(root):
+        gen.gen_at_dp(root, case, dp)
+    return os.path.join(root, case, "ckpt")
+
+
+def check_same_checkpoint(got, want, label):
+    """Same files; every file's loaded object equal (the generator's module weights are views
+    of a flat buffer padded for its DP size: views compared, not whole storages)."""
+    assert open(os.path.join(got, "latest")).read() == open(os.path.join(want, "latest")).read()
+    g, w = tag_dir(got), tag_dir(want)
+    assert sorted(os.listdir(g)) == sorted(os.listdir(w)), (label, os.listdir(g), os.listdir(w))
+    for n in sorted(os.listdir(w)):
+        assert zipfile.ZipFile(os.path.join(g, n)).testzip() is None, (label, n)
+        same(load(os.path.join(g, n)), load(os.path.join(w, n)), f"{label}: {n}")
+        if n.endswith("_optim_states.pt"):
+            # The padded storage of the lean fp32 partition holds zeros after the view.
+            osd = load(os.path.join(g, n))["optimizer_state_dict"]
+            for t in osd["single_partition_of_fp32_groups"]:
+                s = torch.tensor([], dtype=t.dtype).set_(t.storage())
+                assert torch.count_nonzero(s[t.numel():]) == 0, (label, n)
+
+
+def exports_equal(a, b, label):
+    for extra in ([], ["--weights", "module"]):
+        ea, eb = os.path.join(tmp, "exp-a"), os.path.join(tmp, "exp-b")
+        for d in (ea, eb):
+            shutil.rmtree(d, ignore_errors=True)
+        fcio.run([EXPORT, a, ea, "--quiet", "--include-optimizer", *extra])
+        fcio.run([EXPORT, b, eb, "--quiet", "--include-optimizer", *extra])
+        names = sorted(os.listdir(ea))
+        assert names == sorted(os.listdir(eb)), (label, names, os.listdir(eb))
+        for n in names:
+            assert filecmp.cmp(os.path.join(ea, n), os.path.join(eb, n), shallow=False), \
+                (label, extra, n)
+
+
+def case_write():
+    for case, source_dp, dps in JOBS:
+        src = os.path.join(DS, case, "ckpt")
+        assert load(os.path.join(tag_dir(src), "mp_rank_00_model_states.pt"))["dp_world_size"] \
+            == source_dp
+        for dp in dps:
+            out = os.path.join(tmp, "%s-dp%d" % (case, dp))
+            convert(src, out, dp)
+            check_same_checkpoint(out, expected(case, dp), f"{case} dp {source_dp} -> {dp}")
+            exports_equal(src, out, f"{case} dp {dp}")
+            print("ok write", case, source_dp, "->", dp)
+    # Streaming under a tiny budget (slabs of a few elements, one thread): the same bytes.
+    a = os.path.join(tmp, "zero2-dp2")
+    b = os.path.join(tmp, "zero2-dp2-small")
+    convert(os.path.join(DS, "zero2", "ckpt"), b, 2, ["--memory-budget", "192", "--threads", "1"])
+    for dirpath, _, files in os.walk(a):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            assert filecmp.cmp(p, os.path.join(b, os.path.relpath(p, a)), shallow=False), p
+    # A tag dir as input: the same output.
+    c = os.path.join(tmp, "zero1-tagdir")
+    convert(tag_dir(os.path.join(DS, "zero1", "ckpt")), c, 3)
+    check_same_checkpoint(c, os.path.join(tmp, "zero1-dp3"), "zero1 from the tag dir")
+    # --dry-run: the plan, nothing written.
+    p = convert(os.path.join(DS, "zero1", "ckpt"), os.path.join(tmp, "dry"), 3, ["--dry-run"])
+    assert "dp 2 -> 3" in p.stdout and "zero" in p.stdout, p.stdout
+    assert not os.path.exists(os.path.join(tmp, "dry"))
+    print("ok write small budget, tag dir, dry run")
+
+
+def case_roundtrip():
+    # dp N -> dp M -> dp N: every file equal to the source's (model states storages included:
+    # they are copied byte for byte).
+    for case, source_dp, middle in [("zero1", 2, 3), ("zero2", 3, 4), ("bf16", 2, 3),
+                                    ("frozen_tied", 2, 1), ("tp2", 2, 5)]:
+        src = os.path.join(DS, case, "ckpt")
+        mid = os.path.join(tmp, case + "-mid")
+        back = os.path.join(tmp, case + "-back")
+        convert(src, mid, middle)
+        convert(mid, back, source_dp)
+        check_same_checkpoint(back, src, f"{case} {source_dp} -> {middle} -> {source_dp}")
+        print("ok roundtrip", case)
+
+
+def case_errors():
+    def refused(src, code, words, extra=(), dp="3"):
+        out = os.path.join(tmp, "refused", "out")
+        args = [CONVERT, src, out, "--output-format", "deepspeed", *extra]
+        if dp is not None:
+            args += ["--dp", dp]
+        p = fcio.run(args, expect=code)
+        assert p.stderr.startswith("fc-convert: error: "), p.stderr
+        for w in words:
+            assert w in p.stderr, (src, w, p.stderr)
+        assert not os.path.exists(out), src
+    ckpt = lambda c: os.path.join(DS, c, "ckpt")  # noqa: E731
+    refused(ckpt("zero3"), 6, ["stage 3"])
+    refused(ckpt("moe"), 6, ["MoE"])
+    refused(ckpt("ucp"), 6, ["Universal Checkpoint"])
+    refused(ckpt("legacy"), 6, ["legacy"])
+    refused(os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt"), 6, ["DeepSpeed checkpoints only"])
+    refused(ckpt("zero1"), 2, ["needs --dp"], dp=None)
+    refused(ckpt("zero1"), 2, ["takes no target"], extra=["--preset", "megatron-gpt"])
+    refused(ckpt("zero1"), 3, ["--dp 0"], dp="0")
+    refused(ckpt("zero1"), 3, ["--dtype does not apply"], extra=["--dtype", "float16"])
+    # A source whose DP rank files disagree with partition_count: exit 5 naming the file.
+    broken = os.path.join(tmp, "broken")
+    shutil.copytree(ckpt("zero2"), broken)
+    os.remove(os.path.join(tag_dir(broken), "zero_pp_rank_2_mp_rank_00_optim_states.pt"))
+    p = fcio.run([CONVERT, broken, os.path.join(tmp, "refused", "out"), "--output-format",
+                  "deepspeed", "--dp", "2"], expect=None)
+    assert p.returncode in (4, 5) and "fc-convert: error: " in p.stderr, (p.returncode, p.stderr)
+    assert not os.path.exists(os.path.join(tmp, "refused"))
+    # An OUT that is not empty: exit 8, nothing written into it.
+    busy = os.path.join(tmp, "busy")
+    os.makedirs(busy)
+    open(os.path.join(busy, "keep"), "w").close()
+    p = fcio.run([CONVERT, ckpt("zero1"), busy, "--output-format", "deepspeed", "--dp", "3"],
+                 expect=8)
+    assert os.listdir(busy) == ["keep"]
+    print("ok errors")
+
+
+try:
+    {"write": case_write, "roundtrip": case_roundtrip, "errors": case_errors}[CASE]()
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
