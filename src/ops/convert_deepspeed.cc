@@ -77,11 +77,6 @@ Status CheckSource(const CheckpointIndex& index, const std::string& input) {
     return UnimplementedError(input + ": a Universal Checkpoint is loaded at any DP size "
                               "(load_universal); nothing to re-partition");
   }
-  if (optimizer == "zero3") {
-    return UnimplementedError(input + ": ZeRO stage 3: --output-format deepspeed "
-                              "re-partitions stage 1/2 and BF16_Optimizer checkpoints (not "
-                              "stage 3 yet)");
-  }
   if (!Attr(index, "deepspeed.moe").empty()) {
     return UnimplementedError(input + ": MoE checkpoint (deepspeed.moe): expert groups are "
                               "partitioned over their own DP size; not re-partitioned");

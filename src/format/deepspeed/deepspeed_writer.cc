@@ -16,6 +16,7 @@
 #include "fc/format/deepspeed_writer.h"
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -563,11 +564,13 @@ Result<std::string> ResolveTagDir(const std::string& input, std::string* save_di
   return in;
 }
 
-// Parses "<prefix>zero_pp_rank_<R>_mp_rank_<XX>_optim_states.pt".
-bool ParseOptimName(const std::string& n, std::string* prefix, int64_t* r, int64_t* m) {
+// Parses "<prefix>zero_pp_rank_<R>_mp_rank_<XX><suffix>" (suffix: "_optim_states.pt" or,
+// ZeRO-3, "_model_states.pt").
+bool ParseRankName(const std::string& n, const std::string& suffix, std::string* prefix,
+                   int64_t* r, int64_t* m) {
   const std::string mid = "zero_pp_rank_";
   const size_t at = n.find(mid);
-  if (at == std::string::npos || !n.ends_with("_optim_states.pt")) return false;
+  if (at == std::string::npos || !n.ends_with(suffix)) return false;
   *prefix = n.substr(0, at);
   if (*prefix != "" && *prefix != "bf16_" && *prefix != "fp16_") return false;
   size_t i = at + mid.size();
@@ -582,9 +585,284 @@ bool ParseOptimName(const std::string& n, std::string* prefix, int64_t* r, int64
   if (n.compare(i, 9, "_mp_rank_") != 0) return false;
   i += 9;
   if (!number(m)) return false;
-  return n.compare(i, std::string::npos, "_optim_states.pt") == 0;
+  return n.compare(i, std::string::npos, suffix) == 0;
 }
 
+
+void AddZeroToFp32(DsRepartition& job, const std::string& save_dir) {
+  if (save_dir.empty()) return;
+  const std::string script = JoinPath(save_dir, "zero_to_fp32.py");
+  if (PathExists(script) && !IsDirectory(script)) job.copies.emplace_back(script, "zero_to_fp32.py");
+}
+
+// ZeRO-3 (deepspeed.md 4.1): every param is split on its own, ceil(numel / dp) elements per
+// rank with the padding at the tail; a sub-group's flat tensor is its params' slices
+// concatenated. A new slice is a few ranges of old slices plus zeros.
+struct Zero3Param {
+  std::string name;
+  int64_t numel = 0;
+};
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Appends to `rec` the parts of param `p` of new rank r: its new slice at `dst_at`, from the
+// old ranks' slices at `src_at[o]` of sources[o].
+void AddZero3Parts(DsRecord& rec, int64_t numel, int64_t old_dp, int64_t new_dp, int64_t r,
+                   const std::vector<int64_t>& sources, const std::vector<int64_t>& src_at,
+                   int64_t dst_at) {
+  const int64_t ps_old = CeilDiv(numel, old_dp), ps_new = CeilDiv(numel, new_dp);
+  const int64_t begin = r * ps_new, real = std::clamp<int64_t>(numel - begin, 0, ps_new);
+  for (int64_t o = 0; o < old_dp; ++o) {
+    const int64_t lo = std::max(begin, o * ps_old);
+    const int64_t hi = std::min(begin + real, o * ps_old + std::clamp<int64_t>(numel - o * ps_old, 0, ps_old));
+    if (lo < hi) {
+      rec.parts.push_back({sources[o], src_at[o] + lo - o * ps_old, dst_at + lo - begin, hi - lo});
+    }
+  }
+  if (real < ps_new) rec.parts.push_back({-1, 0, dst_at + real, ps_new - real});
+}
+
+DsRecord StreamRecord(DType dtype, int64_t elements, std::string name) {
+  DsRecord rec;
+  rec.kind = DsRecord::Kind::kStream;
+  rec.dtype = dtype;
+  rec.elements = elements;
+  rec.bytes = static_cast<uint64_t>(elements) * DTypeSize(dtype);
+  rec.name = std::move(name);
+  return rec;
+}
+
+Status PlanZero3(DsRepartition& job,
+                 const std::map<int64_t, std::map<int64_t, std::string>>& model3,
+                 const std::map<int64_t, std::map<int64_t, std::string>>& optim,
+                 const std::string& prefix) {
+  job.variant = "zero3";
+  job.mp = static_cast<int64_t>(model3.size());
+  if (model3.rbegin()->first != job.mp - 1) {
+    return NotFoundError(job.tag_dir + ": model-parallel ranks are not 0.." +
+                         std::to_string(job.mp - 1));
+  }
+  Repartitioner rp(job);
+  const int64_t dp = job.dp;
+  for (const auto& [m, models] : model3) {
+    auto oit = optim.find(m);
+    if (oit == optim.end() || oit->second.size() != models.size()) {
+      return NotFoundError(job.tag_dir + ": " + MpName(m) + ": " + std::to_string(models.size()) +
+                           " ZeRO-3 model-states files but " +
+                           std::to_string(oit == optim.end() ? 0 : oit->second.size()) +
+                           " optimizer files");
+    }
+    const int64_t old_dp = static_cast<int64_t>(models.size());
+    if (models.rbegin()->first != old_dp - 1 || oit->second.rbegin()->first != old_dp - 1) {
+      return NotFoundError(job.tag_dir + ": DP ranks of " + MpName(m) + " are not 0.." +
+                           std::to_string(old_dp - 1));
+    }
+    if (job.source_dp != 0 && job.source_dp != old_dp) {
+      return DataLossError(job.tag_dir + ": " + MpName(m) + " has " + std::to_string(old_dp) +
+                           " DP ranks, " + MpName(0) + " " + std::to_string(job.source_dp));
+    }
+    job.source_dp = old_dp;
+    std::vector<SourceFile> mfiles, ofiles;
+    for (const auto& [r, name] : models) {
+      FC_ASSIGN_OR_RETURN(SourceFile sf, OpenSource(job.tag_dir, name));
+      rp.AddFile(sf);
+      if (!sf.root.is_dict()) return DataLossError(sf.path + ": not a dict");
+      mfiles.push_back(std::move(sf));
+    }
+    for (const auto& [r, name] : oit->second) {
+      FC_ASSIGN_OR_RETURN(SourceFile sf, OpenSource(job.tag_dir, name));
+      rp.AddFile(sf);
+      ofiles.push_back(std::move(sf));
+    }
+    const SourceFile& model0 = mfiles.front();
+    // Sub-groups (param_shapes order) and frozen params.
+    const PV* shapes = model0.root.Find("param_shapes");
+    if (shapes == nullptr || !shapes->is_list()) {
+      return DataLossError(model0.path + ": no param_shapes list");
+    }
+    std::vector<std::vector<Zero3Param>> groups(shapes->items.size());
+    for (size_t k = 0; k < groups.size(); ++k) {
+      for (const auto& [key, v] : shapes->items[k]->entries) {
+        if (!key->is_str()) return DataLossError(model0.path + ": param_shapes key not a string");
+        FC_ASSIGN_OR_RETURN(int64_t n, ShapeNumel(*v, model0.path + ": param_shapes['" + key->str + "']"));
+        groups[k].push_back({key->str, n});
+      }
+    }
+    std::vector<Zero3Param> frozen;
+    if (const PV* fs = model0.root.Find("frozen_param_shapes"); fs && !fs->is_none()) {
+      for (const auto& [key, v] : fs->entries) {
+        if (!key->is_str()) return DataLossError(model0.path + ": frozen_param_shapes key");
+        FC_ASSIGN_OR_RETURN(int64_t n, ShapeNumel(*v, model0.path + ": frozen_param_shapes['" + key->str + "']"));
+        frozen.push_back({key->str, n});
+      }
+    }
+    // Frozen fragments: per param, per old rank, the located fragment.
+    std::vector<std::vector<int64_t>> frozen_src(frozen.size());
+    std::vector<PV::Ptr> frozen_cls(frozen.size());
+    std::vector<DType> frozen_dtype(frozen.size());
+    for (int64_t o = 0; o < old_dp; ++o) {
+      const SourceFile& sf = mfiles[o];
+      const PV* frags = sf.root.Find("frozen_param_fragments");
+      for (size_t i = 0; i < frozen.size(); ++i) {
+        const std::string what = "frozen_param_fragments['" + frozen[i].name + "']";
+        const PV* t = frags ? frags->Find(frozen[i].name) : nullptr;
+        FC_ASSIGN_OR_RETURN(Located l, LocateTensor(sf, t, what));
+        const int64_t ps = CeilDiv(frozen[i].numel, old_dp);
+        if (l.ref.shape[0] != ps) {
+          return DataLossError(sf.path + ": " + what + " has " + std::to_string(l.ref.shape[0]) +
+                               " elements, ceil(" + std::to_string(frozen[i].numel) + " / " +
+                               std::to_string(old_dp) + ") is " + std::to_string(ps));
+        }
+        if (o == 0) {
+          frozen_dtype[i] = l.ref.dtype;
+          FC_ASSIGN_OR_RETURN(frozen_cls[i], StorageClassOf(*t, sf.path + ": " + what));
+        } else if (l.ref.dtype != frozen_dtype[i]) {
+          return DataLossError(sf.path + ": " + what + " dtype differs by rank");
+        }
+        frozen_src[i].push_back(rp.AddSource(MpName(m) + ".rank" + std::to_string(o) + ".frozen." +
+                                                 frozen[i].name, sf, l, ps));
+      }
+    }
+    // Optimizer partitions: per sub-group, per state (fp32, exp_avg, exp_avg_sq), per old rank.
+    const size_t K = groups.size();
+    std::vector<std::array<std::vector<int64_t>, 3>> src(K);
+    std::vector<std::array<PV::Ptr, 3>> cls(K);
+    std::vector<std::array<DType, 3>> dtypes(K);
+    static constexpr const char* kStates[] = {"fp32", "exp_avg", "exp_avg_sq"};
+    for (int64_t o = 0; o < old_dp; ++o) {
+      const SourceFile& sf = ofiles[o];
+      const PV* osd = sf.root.Find("optimizer_state_dict");
+      if (osd == nullptr || !osd->is_dict()) return DataLossError(sf.path + ": no optimizer_state_dict");
+      const PV* flat = osd->Find("fp32_flat_groups");
+      const PV* inner = osd->Find("optimizer_state_dict");
+      const PV* state = inner ? inner->Find("state") : nullptr;
+      const PV* pc = osd->Find("partition_count");
+      if (osd->Find("ds_zero_partition_groups")) {
+        return UnimplementedError(sf.path + ": AutoEP ZeRO-3 partition groups: not re-partitioned");
+      }
+      if (pc == nullptr || !pc->is_int() || pc->int_value != old_dp) {
+        return DataLossError(sf.path + ": partition_count " + (pc ? pc->DebugString(40) : std::string("missing")) +
+                             " but " + std::to_string(old_dp) + " DP rank files for " + MpName(m));
+      }
+      if (flat == nullptr || !flat->is_list() || flat->items.size() != K) {
+        return DataLossError(sf.path + ": fp32_flat_groups is not a list of " + std::to_string(K) +
+                             " (param_shapes sub-groups)");
+      }
+      if (state == nullptr || !state->is_dict() || state->entries.size() != K) {
+        return DataLossError(sf.path + ": optimizer_state_dict.state does not hold " +
+                             std::to_string(K) + " sub-groups");
+      }
+      for (const auto& [key, st] : state->entries) {
+        if (!key->is_int() || key->int_value < 0 || key->int_value >= static_cast<int64_t>(K) ||
+            !st->is_dict()) {
+          return DataLossError(sf.path + ": optimizer_state_dict.state key " + key->DebugString(20) +
+                               " is not a sub-group index");
+        }
+        const size_t k = static_cast<size_t>(key->int_value);
+        int64_t length = 0;
+        for (const Zero3Param& p : groups[k]) length += CeilDiv(p.numel, old_dp);
+        const PV* values[3] = {flat->items[k].get(), st->Find("exp_avg"), st->Find("exp_avg_sq")};
+        for (int s = 0; s < 3; ++s) {
+          const std::string what = s == 0 ? "fp32_flat_groups[" + std::to_string(k) + "]"
+                                          : "optimizer_state_dict.state[" + std::to_string(k) +
+                                                "]." + kStates[s];
+          FC_ASSIGN_OR_RETURN(Located l, LocateTensor(sf, values[s], what));
+          if (l.ref.shape[0] != length) {
+            return DataLossError(sf.path + ": " + what + " has " + std::to_string(l.ref.shape[0]) +
+                                 " elements, its params' slices " + std::to_string(length));
+          }
+          if (o == 0) {
+            dtypes[k][s] = l.ref.dtype;
+            FC_ASSIGN_OR_RETURN(cls[k][s], StorageClassOf(*values[s], sf.path + ": " + what));
+          } else if (l.ref.dtype != dtypes[k][s]) {
+            return DataLossError(sf.path + ": " + what + " dtype differs by rank");
+          }
+          src[k][s].push_back(rp.AddSource(MpName(m) + ".rank" + std::to_string(o) + ".subgroup" +
+                                               std::to_string(k) + "." + kStates[s], sf, l, length));
+        }
+      }
+    }
+    // The new ranks' files, from DP rank 0's trees.
+    for (int64_t r = 0; r < dp; ++r) {
+      const std::string rank = "zero_pp_rank_" + std::to_string(r) + "_" + MpName(m);
+      const std::string label = MpName(m) + " rank " + std::to_string(r);
+      // Model states: dp_world_size, frozen_param_fragments.
+      ArchiveBuilder mout(JoinPath(job.tag, prefix + rank + "_model_states.pt"));
+      PV frags;
+      bool has_frags = false;
+      if (const PV* f0 = model0.root.Find("frozen_param_fragments"); f0 && !f0->is_none()) {
+        frags = *f0;
+        has_frags = true;
+        frags.entries.clear();
+        for (size_t i = 0; i < frozen.size(); ++i) {
+          const int64_t ps = CeilDiv(frozen[i].numel, dp);
+          DsRecord rec = StreamRecord(frozen_dtype[i], ps, label + " frozen " + frozen[i].name);
+          std::vector<int64_t> zeros(static_cast<size_t>(old_dp), 0);
+          AddZero3Parts(rec, frozen[i].numel, old_dp, dp, r, frozen_src[i], zeros, 0);
+          frags.entries.emplace_back(StrNode(frozen[i].name),
+                                     mout.NewTensor(std::move(rec), ps, frozen_cls[i]));
+        }
+      }
+      PV::Ptr mroot = ReplaceEntries(model0.root, [&](const std::string& k, const PV::Ptr&) -> PV::Ptr {
+        if (k == "dp_world_size") return IntNode(dp);
+        if (k == "frozen_param_fragments" && has_frags) return Node(frags);
+        return nullptr;
+      });
+      FC_ASSIGN_OR_RETURN(DsArchiveSpec mspec, mout.Finish(*mroot, model0));
+      job.archives.push_back(std::move(mspec));
+      // Optimizer states: partition_count, fp32_flat_groups, exp_avg, exp_avg_sq.
+      ArchiveBuilder out(JoinPath(job.tag, prefix + rank + "_optim_states.pt"));
+      std::vector<std::array<PV::Ptr, 3>> made(K);
+      for (size_t k = 0; k < K; ++k) {
+        std::vector<int64_t> old_at(static_cast<size_t>(old_dp), 0);
+        int64_t length = 0;
+        for (const Zero3Param& p : groups[k]) length += CeilDiv(p.numel, dp);
+        for (int s = 0; s < 3; ++s) {
+          DsRecord rec = StreamRecord(dtypes[k][s], length,
+                                      label + " sub-group " + std::to_string(k) + " " + kStates[s]);
+          int64_t dst_at = 0;
+          std::fill(old_at.begin(), old_at.end(), 0);
+          for (const Zero3Param& p : groups[k]) {
+            AddZero3Parts(rec, p.numel, old_dp, dp, r, src[k][s], old_at, dst_at);
+            dst_at += CeilDiv(p.numel, dp);
+            for (int64_t& a : old_at) a += CeilDiv(p.numel, old_dp);
+          }
+          made[k][s] = out.NewTensor(std::move(rec), length, cls[k][s]);
+        }
+      }
+      const SourceFile& opt0 = ofiles.front();
+      const PV* osd0 = opt0.root.Find("optimizer_state_dict");
+      PV::Ptr new_osd = ReplaceEntries(*osd0, [&](const std::string& k, const PV::Ptr& v) -> PV::Ptr {
+        if (k == "partition_count") return IntNode(dp);
+        if (k == "fp32_flat_groups") {
+          PV list = *v;
+          for (size_t g = 0; g < K; ++g) list.items[g] = made[g][0];
+          return Node(std::move(list));
+        }
+        if (k != "optimizer_state_dict") return nullptr;
+        return ReplaceEntries(*v, [&](const std::string& ik, const PV::Ptr& iv) -> PV::Ptr {
+          if (ik != "state") return nullptr;
+          PV state = *iv;
+          for (auto& [gk, gv] : state.entries) {
+            const size_t g = static_cast<size_t>(gk->int_value);  // checked above
+            gv = ReplaceEntries(*gv, [&](const std::string& sk, const PV::Ptr&) -> PV::Ptr {
+              if (sk == "exp_avg") return made[g][1];
+              if (sk == "exp_avg_sq") return made[g][2];
+              return nullptr;
+            });
+          }
+          return Node(std::move(state));
+        });
+      });
+      PV::Ptr root = ReplaceEntries(opt0.root, [&](const std::string& k, const PV::Ptr&) {
+        return k == "optimizer_state_dict" ? new_osd : PV::Ptr();
+      });
+      FC_ASSIGN_OR_RETURN(DsArchiveSpec spec, out.Finish(*root, opt0));
+      job.archives.push_back(std::move(spec));
+    }
+  }
+  return Status::Ok();
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -607,6 +885,7 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
   std::sort(names.begin(), names.end());
 
   std::map<int64_t, std::string> model_files;              // mp rank -> name
+  std::map<int64_t, std::map<int64_t, std::string>> model3;  // ZeRO-3: mp -> dp -> name
   std::map<int64_t, std::map<int64_t, std::string>> optim;  // mp rank -> dp rank -> name
   std::set<std::string> prefixes;
   for (const std::string& n : names) {
@@ -621,13 +900,12 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
       return UnimplementedError(path + ": MoE checkpoint (expert files): expert groups are "
                                 "partitioned over their own DP size; not re-partitioned");
     }
-    if (ParseOptimName(n, &prefix, &r, &m)) {
+    if (ParseRankName(n, "_optim_states.pt", &prefix, &r, &m)) {
       optim[m][r] = n;
       prefixes.insert(prefix);
-    } else if (n.find("zero_pp_rank_") != std::string::npos && n.ends_with("_model_states.pt")) {
-      return UnimplementedError(path + ": ZeRO stage 3 (per-rank model states): "
-                                "--output-format deepspeed re-partitions stage 1/2 and "
-                                "BF16_Optimizer checkpoints");
+    } else if (ParseRankName(n, "_model_states.pt", &prefix, &r, &m)) {
+      model3[m][r] = n;
+      prefixes.insert(prefix);
     } else if (n.starts_with("mp_rank_") && n.ends_with("_model_states.pt") && n.size() == 26) {
       model_files[std::stoll(n.substr(8, 2))] = n;
     } else if (n.starts_with("layer_") && n.ends_with("model_states.pt")) {
@@ -638,13 +916,22 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
                                 "optim_states.pt or layer_*-model_states.pt)");
     }
   }
-  if (model_files.empty()) {
-    return NotFoundError(job.tag_dir + ": no mp_rank_XX_model_states.pt");
-  }
   if (prefixes.size() > 1) {
     return DataLossError(job.tag_dir + ": optimizer files with different prefixes (" +
                          *prefixes.begin() + "zero_pp_rank_*, " + *prefixes.rbegin() +
                          "zero_pp_rank_*)");
+  }
+  if (!model3.empty()) {
+    if (!model_files.empty()) {
+      return DataLossError(job.tag_dir + ": both ZeRO-3 per-rank model states and " +
+                           model_files.begin()->second);
+    }
+    FC_RETURN_IF_ERROR(PlanZero3(job, model3, optim, *prefixes.begin()));
+    AddZeroToFp32(job, save_dir);
+    return job;
+  }
+  if (model_files.empty()) {
+    return NotFoundError(job.tag_dir + ": no mp_rank_XX_model_states.pt");
   }
   job.mp = static_cast<int64_t>(model_files.size());
   if (model_files.rbegin()->first != job.mp - 1) {
@@ -893,10 +1180,7 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
       job.archives.push_back(std::move(spec));
     }
   }
-  if (!save_dir.empty()) {
-    const std::string script = JoinPath(save_dir, "zero_to_fp32.py");
-    if (PathExists(script) && !IsDirectory(script)) job.copies.emplace_back(script, "zero_to_fp32.py");
-  }
+  AddZeroToFp32(job, save_dir);
   return job;
 }
 

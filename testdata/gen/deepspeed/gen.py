@@ -859,7 +859,7 @@ def od(*items):
 # Cases that fc-convert --output-format deepspeed re-partitions: gen_at_dp writes the same
 # model (same values, same client state) at another data-parallel size, so a converted
 # checkpoint can be compared with what this generator writes for that size. DP_CASES are
-# written first by generate(); gen_at_dp also writes pp2 and tp2_ucp.
+# written first by generate(); gen_at_dp also writes pp2, tp2_ucp and zero3.
 DP_CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied"]
 
 
@@ -915,6 +915,11 @@ def gen_at_dp(out, case, dp=None):
                        ("norm.weight", (4,)))],
                    seed=8, mp=2, same=("norm.weight",), strided=("embed.weight", "mlp.h_to_4h.weight"),
                    client={"universal_checkpoint_info": UCP_INFO})
+    elif case == "zero3":
+        gen_zero3(out, "zero3", dp or 2,
+                  [od(("embed.weight", (5, 3)), ("layer.bias", (3,))),
+                   od(("layer.weight", (3, 3)), ("head.bias", (1,)))],
+                  frozen=od(("frozen.weight", (5,))), seed=6)
     else:
         raise ValueError("no DP variant of case " + case)
 
@@ -925,10 +930,7 @@ def generate(out):
             shutil.rmtree(os.path.join(out, c), ignore_errors=True)
     for c in DP_CASES:
         gen_at_dp(out, c)
-    gen_zero3(out, "zero3", 2,
-              [od(("embed.weight", (5, 3)), ("layer.bias", (3,))),
-               od(("layer.weight", (3, 3)), ("head.bias", (1,)))],
-              frozen=od(("frozen.weight", (5,))), seed=6)
+    gen_at_dp(out, "zero3")
     gen_at_dp(out, "pp2")
     # Pipeline x TP (Megatron-DeepSpeed GPTModelPipe-like names): pp 2 x tp 2 x dp 2.
     gen_pp(out, "pp2_tp2", 2, [
