@@ -67,9 +67,9 @@ int main(int argc, char** argv) {
                  "checkpoint: OUT/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, "
                  "zero/optimizer_state.pt, the model states copied, then "
                  "<parent of OUT>/latest_universal; no target), or deepspeed (a DeepSpeed "
-                 "ZeRO-1/2 or BF16_Optimizer checkpoint re-partitioned for --dp N: "
-                 "OUT/latest, OUT/<tag>/mp_rank_XX_model_states.pt and "
-                 "[bf16_]zero_pp_rank_R_mp_rank_XX_optim_states.pt for R < N; no target)")
+                 "ZeRO-1/2/3 or BF16_Optimizer checkpoint re-partitioned for --dp N: "
+                 "OUT/latest, OUT/<tag>/mp_rank_XX_model_states.pt (ZeRO-3: one per rank) "
+                 "and [bf16_]zero_pp_rank_R_mp_rank_XX_optim_states.pt for R < N; no target)")
       ->check(CLI::IsMember({"fc", "torch-dcp", "ucp", "deepspeed"}));
   app.add_flag("--inject-missing-state", options.ucp_inject_missing_state,
                "with --output-format ucp: TP > 1 without universal_checkpoint_info: "

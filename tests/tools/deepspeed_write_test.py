@@ -207,6 +207,20 @@ def case_errors():
                   "deepspeed", "--dp", "2"], expect=None)
     assert p.returncode in (4, 5) and "fc-convert: error: " in p.stderr, (p.returncode, p.stderr)
     assert not os.path.exists(os.path.join(tmp, "refused"))
+    # ZeRO-3 whose sub_group_size (10) gives the fixture's split at dp 2 ([embed, bias],
+    # [weight, bias]: slices 8+2, 5+1) but another at dp 1 (15 >= 10 closes the first
+    # sub-group after one param): DeepSpeed would regroup, fc refuses.
+    sized = os.path.join(tmp, "zero3-sized")
+    shutil.copytree(ckpt("zero3"), sized)
+    for n in os.listdir(tag_dir(sized)):
+        if n.endswith("model_states.pt"):
+            path = os.path.join(tag_dir(sized), n)
+            sd = load(path)
+            sd["ds_config"]["zero_optimization"]["sub_group_size"] = 10
+            torch.save(sd, path)
+    refused(sized, 6, ["sub_group_size 10", "dp 1", "regroup"], dp="1")
+    convert(sized, os.path.join(tmp, "zero3-sized-dp2"), 2)
+    print("ok zero3 sub-groups")
     # An OUT that is not empty: exit 8, nothing written into it.
     busy = os.path.join(tmp, "busy")
     os.makedirs(busy)

@@ -1,6 +1,6 @@
-// Writing a DeepSpeed checkpoint of another data-parallel size (ZeRO stage 1/2 and the
-// BF16_Optimizer variant; shared/reference/deepspeed.md sections 1-3), so that training
-// resumes on a different GPU count. TP and PP degrees stay: every model-parallel rank XX of
+// Writing a DeepSpeed checkpoint of another data-parallel size (ZeRO stage 1/2, the
+// BF16_Optimizer variant and ZeRO-3; shared/reference/deepspeed.md sections 1-4), so that
+// training resumes on a different GPU count. TP and PP degrees stay: every model-parallel rank XX of
 // the source gets its own files, re-partitioned independently.
 //
 // Output (relative to OUT, written by fc-convert --output-format deepspeed --dp N):
@@ -23,6 +23,16 @@
 //             objects, from param_shapes of the model states)
 //       every other key (zero_stage, loss_scaler, clip_grad, ds_config, ...) as source DP
 //       rank 0 had it.
+//   ZeRO-3 (4.1), for R < N:
+//   <tag>/[prefix]zero_pp_rank_R_mp_rank_XX_model_states.pt   DP rank 0's dict with
+//       dp_world_size = N and frozen_param_fragments[name] = rank R's ceil(numel / N) slice
+//       (tail padded with zeros); module placeholders, buffers, param_shapes kept
+//   <tag>/[prefix]zero_pp_rank_R_mp_rank_XX_optim_states.pt   DP rank 0's dict with
+//       partition_count = N, fp32_flat_groups[k] and optimizer_state_dict.state[k].exp_avg /
+//       exp_avg_sq = the concatenated ceil(numel / N) slices of sub-group k's params; the
+//       sub-groups (param_shapes) kept as the source had them: refused (kUnimplemented) when
+//       the ds_config's sub_group_size reproduces the source's split at its DP size but
+//       splits differently at N (DeepSpeed would regroup).
 //   <tag>/layer_LL-model_YY-model_states.pt   pipeline layer files, copied byte for byte
 //   zero_to_fp32.py                         copied from the save dir when there
 // Archives are torch.save zips (records archive/data.pkl, byteorder, data/<k>, version) with
@@ -34,7 +44,7 @@
 // caller plans and streams them (a Plan over `source`, whose tensors are the source's 1-D
 // partitions, one chunk each, read in place, padding never read).
 //
-// Refused (kUnimplemented): ZeRO-3, Universal Checkpoints, MoE (per-group partition counts,
+// Refused (kUnimplemented): Universal Checkpoints, MoE, AutoEP (per-group partition counts,
 // expert files), elastic optimizer state, legacy (non-zip) torch.save files, pickled values
 // fc does not re-emit (big ints, NEWOBJ_EX). Checked (kDataLoss, naming file, group and
 // values): the DP rank files against partition_count, every partition's length and
@@ -95,7 +105,8 @@ struct DsRepartition {
   int64_t source_dp = 0;
   int64_t dp = 0;
   int64_t mp = 0;        // model-parallel ranks (source files mp_rank_XX)
-  std::string variant;   // "zero" (stage 1/2), "bf16_optimizer" or "none" (no optimizer files)
+  // "zero" (stage 1/2), "bf16_optimizer", "zero3" or "none" (no optimizer files)
+  std::string variant;
   CheckpointIndex source;  // root = tag_dir; one 1-D tensor per source partition piece
   std::vector<DsArchiveSpec> archives;  // paths "<tag>/..."
   // Files copied whole: source absolute path -> path relative to the output directory.

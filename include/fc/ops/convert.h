@@ -19,7 +19,7 @@
 namespace fc {
 
 // kUcp: a DeepSpeed Universal Checkpoint from a DeepSpeed checkpoint (src/ops/convert_ucp.h;
-// no target: every param whole). kDeepSpeed: the DeepSpeed checkpoint (ZeRO 1/2,
+// no target: every param whole). kDeepSpeed: the DeepSpeed checkpoint (ZeRO 1/2/3,
 // BF16_Optimizer) re-partitioned for data-parallel size degrees.dp
 // (src/ops/convert_deepspeed.h; no target).
 enum class ConvertOutputFormat { kFcDistcp, kTorchDcp, kUcp, kDeepSpeed };

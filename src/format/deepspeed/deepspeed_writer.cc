@@ -622,6 +622,76 @@ void AddZero3Parts(DsRecord& rec, int64_t numel, int64_t old_dp, int64_t new_dp,
   if (real < ps_new) rec.parts.push_back({-1, 0, dst_at + real, ps_new - real});
 }
 
+// DeepSpeed's _create_fp16_sub_groups for one param group: the param counts of its
+// sub-groups (params taken in order until their slices reach sub_group_size).
+std::vector<size_t> SubGroupSplit(const std::vector<int64_t>& numels, int64_t dp, double size) {
+  double total = 0;
+  for (int64_t n : numels) total += static_cast<double>(CeilDiv(n, dp));
+  if (size >= total) return {numels.size()};
+  std::vector<size_t> out;
+  size_t count = 0;
+  double local = 0;
+  for (size_t i = 0; i < numels.size(); ++i) {
+    ++count;
+    local += static_cast<double>(CeilDiv(numels[i], dp));
+    if (local >= size || i + 1 == numels.size()) {
+      out.push_back(count);
+      count = 0;
+      local = 0;
+    }
+  }
+  return out;
+}
+
+// Refuses a re-partition after which DeepSpeed would group the params into other
+// sub-groups: when the config's sub_group_size (default 1e9) gives the source's split at the
+// source DP size but another one at the new size. A source the rule does not reproduce (or
+// without the facts to check) keeps its split.
+Status CheckSubGroups(const std::vector<std::vector<Zero3Param>>& groups, const PV& model,
+                      const PV& optim, int64_t old_dp, int64_t dp, const std::string& where) {
+  double size = 1e9;
+  if (const PV* cfg = model.Find("ds_config"); cfg && cfg->is_dict()) {
+    if (const PV* z = cfg->Find("zero_optimization"); z && z->is_dict()) {
+      if (const PV* v = z->Find("sub_group_size")) {
+        if (v->is_int()) size = static_cast<double>(v->int_value);
+        if (v->kind == K::kFloat) size = v->float_value;
+      }
+    }
+  }
+  const PV* osd = optim.Find("optimizer_state_dict");
+  const PV* inner = osd ? osd->Find("optimizer_state_dict") : nullptr;
+  const PV* pgs = inner ? inner->Find("param_groups") : nullptr;
+  if (pgs == nullptr || !pgs->is_list()) return Status::Ok();
+  for (size_t j = 0; j < pgs->items.size(); ++j) {
+    const PV* ids = pgs->items[j]->Find("params");
+    if (ids == nullptr || !ids->is_list()) return Status::Ok();
+    std::vector<int64_t> numels;
+    std::vector<size_t> split;
+    for (const PV::Ptr& id : ids->items) {
+      if (!id->is_int() || id->int_value < 0 ||
+          id->int_value >= static_cast<int64_t>(groups.size())) {
+        return Status::Ok();
+      }
+      const std::vector<Zero3Param>& g = groups[static_cast<size_t>(id->int_value)];
+      split.push_back(g.size());
+      for (const Zero3Param& p : g) numels.push_back(p.numel);
+    }
+    if (numels.empty()) continue;
+    const std::vector<size_t> at_old = SubGroupSplit(numels, old_dp, size);
+    const std::vector<size_t> at_new = SubGroupSplit(numels, dp, size);
+    if (at_old == split && at_new != at_old) {
+      return UnimplementedError(
+          where + ": param group " + std::to_string(j) + ": sub_group_size " +
+          std::to_string(static_cast<int64_t>(size)) + " splits its params into " +
+          std::to_string(at_old.size()) + " sub-group(s) at dp " + std::to_string(old_dp) +
+          " but " + std::to_string(at_new.size()) + " at dp " + std::to_string(dp) +
+          ", with other boundaries: DeepSpeed would regroup them; fc keeps the source's "
+          "sub-groups and does not regroup");
+    }
+  }
+  return Status::Ok();
+}
+
 DsRecord StreamRecord(DType dtype, int64_t elements, std::string name) {
   DsRecord rec;
   rec.kind = DsRecord::Kind::kStream;
@@ -696,6 +766,8 @@ Status PlanZero3(DsRepartition& job,
         frozen.push_back({key->str, n});
       }
     }
+    FC_RETURN_IF_ERROR(CheckSubGroups(groups, model0.root, ofiles.front().root, old_dp, dp,
+                                      ofiles.front().path));
     // Frozen fragments: per param, per old rank, the located fragment.
     std::vector<std::vector<int64_t>> frozen_src(frozen.size());
     std::vector<PV::Ptr> frozen_cls(frozen.size());
