@@ -221,6 +221,14 @@ def case_errors():
     refused(sized, 6, ["sub_group_size 10", "dp 1", "regroup"], dp="1")
     convert(sized, os.path.join(tmp, "zero3-sized-dp2"), 2)
     print("ok zero3 sub-groups")
+    # round_robin_gradients: the flat buffers' param order depends on the DP size.
+    rr = os.path.join(tmp, "zero1-rr")
+    shutil.copytree(ckpt("zero1"), rr)
+    path = os.path.join(tag_dir(rr), "mp_rank_00_model_states.pt")
+    sd = load(path)
+    sd["ds_config"]["zero_optimization"]["round_robin_gradients"] = True
+    torch.save(sd, path)
+    refused(rr, 6, ["round_robin_gradients"])
     # An OUT that is not empty: exit 8, nothing written into it.
     busy = os.path.join(tmp, "busy")
     os.makedirs(busy)

@@ -44,7 +44,8 @@
 // caller plans and streams them (a Plan over `source`, whose tensors are the source's 1-D
 // partitions, one chunk each, read in place, padding never read).
 //
-// Refused (kUnimplemented): Universal Checkpoints, MoE, AutoEP (per-group partition counts,
+// Refused (kUnimplemented): Universal Checkpoints, MoE, AutoEP, round_robin_gradients (its
+// param order depends on the DP size) (per-group partition counts,
 // expert files), elastic optimizer state, legacy (non-zip) torch.save files, pickled values
 // fc does not re-emit (big ints, NEWOBJ_EX). Checked (kDataLoss, naming file, group and
 // values): the DP rank files against partition_count, every partition's length and

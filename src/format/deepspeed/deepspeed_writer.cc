@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -279,7 +280,6 @@ class ArchiveBuilder {
   // Emits `root`; persistent ids of `source` become copied records.
   Result<DsArchiveSpec> Finish(const PV& root, const SourceFile& source) {
     PickleWriter w(2);
-    Status failed = Status::Ok();
     EmitHook hook = [&](PickleWriter& pw, const PV& v) -> std::optional<Status> {
       if (auto it = placeholders_.find(&v); it != placeholders_.end()) {
         EmitNewTensor(pw, it->second);
@@ -458,7 +458,7 @@ struct GroupSource {
 
 class Repartitioner {
  public:
-  Repartitioner(DsRepartition& job) : job_(job) {}
+  explicit Repartitioner(DsRepartition& job) : job_(job) {}
 
   // Adds a source tensor: the first `elements` of a located 1-D tensor.
   int64_t AddSource(const std::string& key, const SourceFile& sf, const Located& l,
@@ -562,6 +562,21 @@ Result<std::string> ResolveTagDir(const std::string& input, std::string* save_di
   const std::string parent = Dirname(in);
   if (!parent.empty() && PathExists(JoinPath(parent, "zero_to_fp32.py"))) *save_dir = parent;
   return in;
+}
+
+// XX of "mp_rank_XX_model_states.pt" (two or more digits), or -1.
+int64_t MpRankOf(const std::string& n) {
+  const std::string head = "mp_rank_", tail = "_model_states.pt";
+  if (!n.starts_with(head) || !n.ends_with(tail) || n.size() < head.size() + tail.size() + 2 ||
+      n.size() > head.size() + tail.size() + 9) {
+    return -1;
+  }
+  int64_t v = 0;
+  for (size_t i = head.size(); i < n.size() - tail.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(n[i]))) return -1;
+    v = v * 10 + (n[i] - '0');
+  }
+  return v;
 }
 
 // Parses "<prefix>zero_pp_rank_<R>_mp_rank_<XX><suffix>" (suffix: "_optim_states.pt" or,
@@ -978,8 +993,8 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
     } else if (ParseRankName(n, "_model_states.pt", &prefix, &r, &m)) {
       model3[m][r] = n;
       prefixes.insert(prefix);
-    } else if (n.starts_with("mp_rank_") && n.ends_with("_model_states.pt") && n.size() == 26) {
-      model_files[std::stoll(n.substr(8, 2))] = n;
+    } else if (int64_t mp = MpRankOf(n); mp >= 0) {
+      model_files[mp] = n;
     } else if (n.starts_with("layer_") && n.ends_with("model_states.pt")) {
       job.copies.emplace_back(path, JoinPath(job.tag, n));
     } else {
@@ -1044,6 +1059,17 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
     job.archives.push_back(std::move(model_spec));
     if (optim.empty()) continue;
 
+    // round_robin_gradients orders each group's params by k % dp (deepspeed.md 3.1 step 2):
+    // at another DP size the flat buffer holds them in another order.
+    if (const PV* cfg = model.root.Find("ds_config"); cfg && cfg->is_dict()) {
+      const PV* z = cfg->Find("zero_optimization");
+      const PV* rr = z && z->is_dict() ? z->Find("round_robin_gradients") : nullptr;
+      if (rr && rr->kind == K::kBool && rr->bool_value) {
+        return UnimplementedError(model.path + ": ds_config round_robin_gradients: the flat "
+                                  "buffers' param order depends on the DP size; not "
+                                  "re-partitioned");
+      }
+    }
     // The groups: param_shapes of the model states.
     const PV* shapes = model.root.Find("param_shapes");
     if (shapes == nullptr || !shapes->is_list()) {
