@@ -35,8 +35,9 @@
 //       splits differently at N (DeepSpeed would regroup).
 //   <tag>/layer_LL-model_YY-model_states.pt   pipeline layer files, copied byte for byte
 //   zero_to_fp32.py                         copied from the save dir when there
-// Archives are torch.save zips (records archive/data.pkl, byteorder, data/<k>, version) with
-// storage keys renumbered 0.. in the pickle's order; pickles are protocol 2, re-emitted from
+// Archives are torch.save zips (records <name>/data.pkl, byteorder, data/<k>, version; <name>
+// the file name up to its first '.', as torch.save names them) with storage keys renumbered
+// 0.. in the pickle's order; pickles are protocol 2, re-emitted from
 // the parsed value trees (DeepSpeed's classes as the same GLOBAL / REDUCE / NEWOBJ / BUILD
 // opcodes, sets as builtins.set REDUCE, bytes as _codecs.encode), nothing executed.
 //
@@ -79,7 +80,7 @@ struct DsStreamPart {
   int64_t length = 0;
 };
 
-// One storage record (archive/data/<k>) of a written archive.
+// One storage record (<name>/data/<k>) of a written archive.
 struct DsRecord {
   enum class Kind { kStream, kCopy };
   Kind kind = Kind::kStream;
@@ -96,7 +97,7 @@ struct DsRecord {
 
 struct DsArchiveSpec {
   std::string path;    // relative to the output directory
-  std::string pickle;  // archive/data.pkl
+  std::string pickle;  // <name>/data.pkl
   std::vector<DsRecord> records;  // storage keys "0", "1", ... in this order
 };
 

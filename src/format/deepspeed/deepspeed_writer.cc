@@ -1303,13 +1303,17 @@ Result<std::unique_ptr<DsArchiveWriter>> DsArchiveWriter::Create(
   std::set<std::string> made;
   for (DsArchiveSpec& spec : archives) {
     auto st = std::make_unique<ArchiveState>();
+    // torch.save names the records after the file, up to its first '.'.
+    std::string prefix = Basename(spec.path);
+    prefix = prefix.substr(0, prefix.find('.'));
+    if (prefix.empty()) prefix = "archive";
     std::vector<internal_torch::ZipRecordSpec> recs;
-    recs.push_back({"archive/data.pkl", spec.pickle.size()});
-    recs.push_back({"archive/byteorder", kByteOrder.size()});
+    recs.push_back({prefix + "/data.pkl", spec.pickle.size()});
+    recs.push_back({prefix + "/byteorder", kByteOrder.size()});
     for (size_t k = 0; k < spec.records.size(); ++k) {
-      recs.push_back({"archive/data/" + std::to_string(k), spec.records[k].bytes});
+      recs.push_back({prefix + "/data/" + std::to_string(k), spec.records[k].bytes});
     }
-    recs.push_back({"archive/version", kVersion.size()});
+    recs.push_back({prefix + "/version", kVersion.size()});
     st->zip = internal_torch::ComputeZipLayout(std::move(recs));
     st->parts.resize(spec.records.size());
     st->crcs.assign(st->zip.records.size(), 0);
