@@ -153,6 +153,14 @@ def case_write():
         for f in files:
             p = os.path.join(dirpath, f)
             assert filecmp.cmp(p, os.path.join(b, os.path.relpath(p, a)), shallow=False), p
+    # A legacy-serialized source (checkpoint_serialization: false) is written as zips: the
+    # same tensors (fc-diff), the same exports; its round trip: case_roundtrip.
+    leg = os.path.join(tmp, "legacy-dp3")
+    convert(os.path.join(DS, "legacy", "ckpt"), leg, 3)
+    for n in os.listdir(tag_dir(leg)):
+        assert zipfile.is_zipfile(os.path.join(tag_dir(leg), n)), n
+    diff_equal(os.path.join(DS, "legacy", "ckpt"), leg, "legacy dp 3")
+    exports_equal(os.path.join(DS, "legacy", "ckpt"), leg, "legacy dp 3")
     # A tag dir as input: the same output.
     c = os.path.join(tmp, "zero1-tagdir")
     convert(tag_dir(os.path.join(DS, "zero1", "ckpt")), c, 3)
@@ -161,7 +169,7 @@ def case_write():
     p = convert(os.path.join(DS, "zero1", "ckpt"), os.path.join(tmp, "dry"), 3, ["--dry-run"])
     assert "dp 2 -> 3" in p.stdout and "zero" in p.stdout, p.stdout
     assert not os.path.exists(os.path.join(tmp, "dry"))
-    print("ok write small budget, tag dir, dry run")
+    print("ok write small budget, legacy source, tag dir, dry run")
 
 
 def case_roundtrip():
@@ -169,7 +177,7 @@ def case_roundtrip():
     # they are copied byte for byte).
     for case, source_dp, middle in [("zero1", 2, 3), ("zero2", 3, 4), ("bf16", 2, 3),
                                     ("frozen_tied", 2, 1), ("tp2", 2, 5), ("pp2", 2, 1),
-                                    ("tp2_ucp", 2, 3), ("zero3", 2, 3)]:
+                                    ("tp2_ucp", 2, 3), ("zero3", 2, 3), ("legacy", 2, 3)]:
         src = os.path.join(DS, case, "ckpt")
         mid = os.path.join(tmp, case + "-mid")
         back = os.path.join(tmp, case + "-back")
@@ -193,7 +201,6 @@ def case_errors():
     ckpt = lambda c: os.path.join(DS, c, "ckpt")  # noqa: E731
     refused(ckpt("moe"), 6, ["MoE"])
     refused(ckpt("ucp"), 6, ["Universal Checkpoint"])
-    refused(ckpt("legacy"), 6, ["legacy"])
     refused(os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt"), 6, ["DeepSpeed checkpoints only"])
     refused(ckpt("zero1"), 2, ["needs --dp"], dp=None)
     refused(ckpt("zero1"), 2, ["takes no target"], extra=["--preset", "megatron-gpt"])

@@ -37,7 +37,8 @@
 //   zero_to_fp32.py                         copied from the save dir when there
 // Archives are torch.save zips (records <name>/data.pkl, byteorder, data/<k>, version; <name>
 // the file name up to its first '.', as torch.save names them) with storage keys renumbered
-// 0.. in the pickle's order; pickles are protocol 2, re-emitted from
+// 0.. in the pickle's order (sources in either torch.save serialization, zip or legacy
+// (checkpoint_serialization: false), are written as zips, which torch.load reads alike); pickles are protocol 2, re-emitted from
 // the parsed value trees (DeepSpeed's classes as the same GLOBAL / REDUCE / NEWOBJ / BUILD
 // opcodes, sets as builtins.set REDUCE, bytes as _codecs.encode), nothing executed.
 //
@@ -45,10 +46,9 @@
 // caller plans and streams them (a Plan over `source`, whose tensors are the source's 1-D
 // partitions, one chunk each, read in place, padding never read).
 //
-// Refused (kUnimplemented): Universal Checkpoints, MoE, AutoEP, round_robin_gradients (its
-// param order depends on the DP size) (per-group partition counts,
-// expert files), elastic optimizer state, legacy (non-zip) torch.save files, pickled values
-// fc does not re-emit (big ints, NEWOBJ_EX). Checked (kDataLoss, naming file, group and
+// Refused (kUnimplemented): Universal Checkpoints, MoE and AutoEP (per-group partition
+// counts, expert files), round_robin_gradients (its param order depends on the DP size),
+// elastic optimizer state, pickled values fc does not re-emit (big ints, NEWOBJ_EX). Checked (kDataLoss, naming file, group and
 // values): the DP rank files against partition_count, every partition's length and
 // group_paddings against the padding rule for the source DP size.
 //

@@ -27,6 +27,7 @@
 #include "fc/codec/pickle_writer.h"
 #include "fc/codec/zip_writer.h"
 #include "fc/core/checked_math.h"
+#include "fc/format/deepspeed.h"
 #include "fc/format/torch_save.h"
 #include "fc/io/file.h"
 
@@ -38,7 +39,6 @@ using internal_torch::PickleWriter;
 using PV = PickleValue;
 using K = PickleValue::Kind;
 
-constexpr uint64_t kMaxPickleBytes = uint64_t{256} << 20;
 constexpr std::string_view kByteOrder = "little";
 constexpr std::string_view kVersion = "3\n";
 
@@ -218,48 +218,33 @@ struct SourceFile {
   std::string path;  // absolute
   uint32_t index = 0;  // in DsRepartition::source.files
   uint64_t size = 0;
-  TorchSaveArchive archive;
   PickleValue root;
+  // Storage key -> [offset, + bytes) in the file (zip record or legacy raw storage).
+  std::map<std::string, std::pair<uint64_t, uint64_t>> storages;
 };
 
 Result<SourceFile> OpenSource(const std::string& dir, const std::string& name) {
   SourceFile sf;
   sf.path = JoinPath(dir, name);
-  FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f, RandomAccessFile::Open(sf.path));
-  sf.size = f->size();
-  const RandomAccessFile* fp = f.get();
-  ZipReadFn read = [fp](uint64_t off, std::span<std::byte> dst) { return fp->ReadAt(off, dst); };
-  if (sf.size >= 2) {
-    std::byte magic[2];
-    FC_RETURN_IF_ERROR(f->ReadAt(0, magic).With(sf.path));
-    if (magic[0] == std::byte{0x80}) {
-      return UnimplementedError(sf.path + ": legacy (non-zip) torch.save file "
-                                "(checkpoint_serialization: false): --output-format deepspeed "
-                                "reads zip archives only");
-    }
-  }
-  auto archive = ReadTorchSaveArchive(sf.size, read);
-  if (!archive.ok()) return archive.status().With(sf.path);
-  sf.archive = std::move(*archive);
-  auto root = ReadTorchSavePickle(sf.archive, read, kMaxPickleBytes);
-  if (!root.ok()) return root.status().With(sf.path);
-  sf.root = std::move(*root);
+  FC_ASSIGN_OR_RETURN(DeepSpeedPtFile pt, ReadDeepSpeedPtFile(sf.path));
+  sf.size = pt.size;
+  sf.root = std::move(pt.root);
+  sf.storages = std::move(pt.storages);
   return sf;
 }
 
-// The data of storage `key` of a zip source: [offset, + bytes).
+// The data of storage `key`: [offset, + bytes).
 Result<std::pair<uint64_t, uint64_t>> StorageRecord(const SourceFile& sf, const std::string& key) {
-  const ZipEntry* e = sf.archive.FindRecord("data/" + key);
-  if (e == nullptr) {
-    return DataLossError(sf.path + ": storage record data/" + key + " is missing");
+  auto it = sf.storages.find(key);
+  if (it == sf.storages.end()) {
+    return DataLossError(sf.path + ": storage '" + key + "' is not in the file (or compressed)");
   }
-  if (e->method != 0) {
-    return UnimplementedError(sf.path + ": storage record data/" + key + " is compressed");
+  const auto [offset, bytes] = it->second;
+  const std::optional<uint64_t> end = CheckedAddU(offset, bytes);
+  if (!end || *end > sf.size) {
+    return DataLossError(sf.path + ": storage '" + key + "' passes the file's end");
   }
-  if (e->data_exclusive_max() > sf.size || e->data_exclusive_max() < e->data_offset) {
-    return DataLossError(sf.path + ": storage record data/" + key + " passes the file's end");
-  }
-  return std::make_pair(e->data_offset, e->compressed_size);
+  return it->second;
 }
 
 // Builds one output archive: the pickle of a tree whose storages are re-keyed, tensors the
@@ -324,8 +309,9 @@ class ArchiveBuilder {
   // ('storage', class, key, location, numel) with the key renumbered; BINPERSID.
   Status EmitSourceStorage(PickleWriter& w, const PV& v, const SourceFile& source) {
     const PV* pid = v.callee.get();
-    if (pid == nullptr || !pid->is_tuple() || pid->items.size() != 5 ||
-        !pid->items[2]->is_str()) {
+    // Legacy files add a sixth item, view_metadata (None); the zip form has five.
+    if (pid == nullptr || !pid->is_tuple() || pid->items.size() < 5 || pid->items.size() > 6 ||
+        !pid->items[2]->is_str() || (pid->items.size() == 6 && !pid->items[5]->is_none())) {
       return DataLossError(source.path + ": persistent id " + v.DebugString(80) +
                            " is not a torch storage");
     }
@@ -342,6 +328,7 @@ class ArchiveBuilder {
       spec_.records.push_back(std::move(r));
     }
     PV copy = *pid;
+    copy.items.resize(5);
     copy.items[2] = StrNode(std::to_string(it->second));
     FC_RETURN_IF_ERROR(Emit(w, copy, source.path, [](PickleWriter&, const PV&) {
       return std::optional<Status>();
@@ -425,7 +412,7 @@ Result<Located> LocateTensor(const SourceFile& sf, const PV* v, const std::strin
 Result<PV::Ptr> StorageClassOf(const PV& v, const std::string& where) {
   if (v.kind == K::kPersId) {
     const PV* pid = v.callee.get();
-    if (pid && pid->is_tuple() && pid->items.size() == 5 && pid->items[1]->kind == K::kGlobal &&
+    if (pid && pid->is_tuple() && pid->items.size() >= 5 && pid->items[1]->kind == K::kGlobal &&
         pid->items[1]->name.ends_with("Storage") && pid->items[1]->name != "UntypedStorage") {
       return pid->items[1];
     }
