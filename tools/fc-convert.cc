@@ -139,6 +139,12 @@ int main(int argc, char** argv) {
   if (options.preset.empty()) {
     for (const char* degree : {"--tp", "--pp", "--dp", "--sharding", "--ep"}) {
       if (out_format == "deepspeed" && std::string(degree) == "--dp") continue;
+      if (out_format == "deepspeed" && app.count(degree)) {
+        return fc::cli::UsageError(tool, "--output-format deepspeed changes the data-parallel "
+                                   "size only (--dp); TP, PP, sharding and EP stay as the "
+                                   "source has them: " + std::string(degree) +
+                                   " does not apply");
+      }
       if (app.count(degree)) {
         return fc::cli::UsageError(tool, std::string(degree) + " applies to --preset only (the "
                                    "degrees of --target-like, --target-layout and "

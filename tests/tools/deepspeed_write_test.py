@@ -205,6 +205,7 @@ def case_errors():
     refused(ckpt("zero1"), 2, ["needs --dp"], dp=None)
     refused(ckpt("zero1"), 2, ["takes no target"], extra=["--preset", "megatron-gpt"])
     refused(ckpt("zero1"), 3, ["--dp 0"], dp="0")
+    refused(ckpt("tp2"), 2, ["data-parallel size only", "--tp does not apply"], extra=["--tp", "1"])
     refused(ckpt("zero1"), 3, ["--dtype does not apply"], extra=["--dtype", "float16"])
     # A source whose DP rank files disagree with partition_count: exit 5 naming the file.
     broken = os.path.join(tmp, "broken")
