@@ -165,6 +165,21 @@ def case_write():
     c = os.path.join(tmp, "zero1-tagdir")
     convert(tag_dir(os.path.join(DS, "zero1", "ckpt")), c, 3)
     check_same_checkpoint(c, os.path.join(tmp, "zero1-dp3"), "zero1 from the tag dir")
+    # No optimizer files (stage 0 or a weights-only copy): the model states alone, with the
+    # new dp_world_size.
+    w0 = os.path.join(tmp, "weights-only")
+    os.makedirs(w0)
+    shutil.copy(os.path.join(tag_dir(os.path.join(DS, "zero1", "ckpt")),
+                             "mp_rank_00_model_states.pt"), w0)
+    w4 = os.path.join(tmp, "weights-only-dp4")
+    convert(w0, w4, 4)
+    assert open(os.path.join(w4, "latest")).read() == "weights-only"
+    assert os.listdir(tag_dir(w4)) == ["mp_rank_00_model_states.pt"]
+    got = load(os.path.join(tag_dir(w4), "mp_rank_00_model_states.pt"))
+    want = load(os.path.join(w0, "mp_rank_00_model_states.pt"))
+    assert got["dp_world_size"] == 4 and want["dp_world_size"] == 2
+    want["dp_world_size"] = 4
+    same(got, want, "weights-only")
     # --dry-run: the plan, nothing written.
     p = convert(os.path.join(DS, "zero1", "ckpt"), os.path.join(tmp, "dry"), 3, ["--dry-run"])
     assert "dp 2 -> 3" in p.stdout and "zero" in p.stdout, p.stdout

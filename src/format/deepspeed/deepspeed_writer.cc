@@ -937,6 +937,253 @@ Status PlanZero3(DsRepartition& job,
   }
   return Status::Ok();
 }
+// Stage 1/2 and BF16_Optimizer: the files of model-parallel rank m at job.dp. optim_ranks:
+// its DP rank files (nullptr: no optimizer files; the model states only).
+Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
+                  const std::string& model_name,
+                  const std::map<int64_t, std::string>* optim_ranks,
+                  const std::string& prefix) {
+  const int64_t dp = job.dp;
+  FC_ASSIGN_OR_RETURN(SourceFile model, OpenSource(job.tag_dir, model_name));
+  rp.AddFile(model);
+  if (!model.root.is_dict()) return DataLossError(model.path + ": not a dict");
+  const PV* dpws = model.root.Find("dp_world_size");
+  if (optim_ranks == nullptr) {
+    job.source_dp = dpws && dpws->is_int() ? dpws->int_value : 0;
+  }
+  if (model.root.Find("ds_autoep_layers") || model.root.Find("autoep_layers")) {
+    return UnimplementedError(model.path + ": AutoEP (MoE) checkpoint: not re-partitioned");
+  }
+  // The model states: dp_world_size replaced, everything else kept.
+  ArchiveBuilder model_out(JoinPath(job.tag, model_name));
+  PV::Ptr model_root = ReplaceEntries(model.root, [&](const std::string& k, const PV::Ptr&) {
+    return k == "dp_world_size" ? IntNode(dp) : PV::Ptr();
+  });
+  FC_ASSIGN_OR_RETURN(DsArchiveSpec model_spec, model_out.Finish(*model_root, model));
+  job.archives.push_back(std::move(model_spec));
+  if (optim_ranks == nullptr) return Status::Ok();
+
+  // round_robin_gradients orders each group's params by k % dp (deepspeed.md 3.1 step 2):
+  // at another DP size the flat buffer holds them in another order.
+  if (const PV* cfg = model.root.Find("ds_config"); cfg && cfg->is_dict()) {
+    const PV* z = cfg->Find("zero_optimization");
+    const PV* rr = z && z->is_dict() ? z->Find("round_robin_gradients") : nullptr;
+    if (rr && rr->kind == K::kBool && rr->bool_value) {
+      return UnimplementedError(model.path + ": ds_config round_robin_gradients: the flat "
+                                "buffers' param order depends on the DP size; not "
+                                "re-partitioned");
+    }
+  }
+  // The groups: param_shapes of the model states.
+  const PV* shapes = model.root.Find("param_shapes");
+  if (shapes == nullptr || !shapes->is_list()) {
+    return DataLossError(model.path + ": no param_shapes list (needed to lay out the flat "
+                         "partitions)");
+  }
+  std::vector<GroupSource> groups(shapes->items.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& [k, v] : shapes->items[g]->entries) {
+      if (!k->is_str()) return DataLossError(model.path + ": param_shapes key not a string");
+      FC_ASSIGN_OR_RETURN(int64_t n, ShapeNumel(*v, model.path + ": param_shapes['" + k->str + "']"));
+      groups[g].params.emplace_back(k->str, n);
+      auto sum = CheckedAdd(groups[g].orig, n);
+      if (!sum) return OutOfRangeError(model.path + ": param_shapes group size overflows");
+      groups[g].orig = *sum;
+    }
+  }
+
+  // The source DP ranks.
+  const std::map<int64_t, std::string>& ranks = *optim_ranks;
+  const int64_t source_dp = static_cast<int64_t>(ranks.size());
+  if (ranks.rbegin()->first != source_dp - 1) {
+    return NotFoundError(job.tag_dir + ": DP ranks of " + MpName(m) + " are not 0.." +
+                         std::to_string(source_dp - 1) + " (" + ranks.rbegin()->second + ")");
+  }
+  if (job.source_dp != 0 && job.source_dp != source_dp) {
+    return DataLossError(job.tag_dir + ": " + MpName(m) + " has " + std::to_string(source_dp) +
+                         " DP ranks, " + MpName(0) + " " + std::to_string(job.source_dp));
+  }
+  job.source_dp = source_dp;
+  std::vector<SourceFile> files;
+  PV::Ptr fragment_cls;
+  bool bf16 = false;
+  for (const auto& [r, name] : ranks) {
+    FC_ASSIGN_OR_RETURN(SourceFile sf, OpenSource(job.tag_dir, name));
+    rp.AddFile(sf);
+    const PV* osd = sf.root.Find("optimizer_state_dict");
+    if (osd == nullptr || !osd->is_dict()) {
+      return DataLossError(sf.path + ": no optimizer_state_dict dict");
+    }
+    if (osd->Find("fp32_flat_groups")) {
+      return UnimplementedError(sf.path + ": ZeRO stage 3 (fp32_flat_groups): "
+                                "--output-format deepspeed re-partitions stage 1/2 and "
+                                "BF16_Optimizer checkpoints");
+    }
+    const PV* pc = osd->Find("partition_count");
+    if (pc != nullptr && (pc->is_list() || pc->is_tuple())) {
+      return UnimplementedError(sf.path + ": partition_count is a list (MoE expert groups "
+                                "with their own DP size): not re-partitioned");
+    }
+    if (pc == nullptr || !pc->is_int() || pc->int_value != source_dp) {
+      return DataLossError(sf.path + ": partition_count " +
+                           (pc ? pc->DebugString(40) : std::string("missing")) + " but " +
+                           std::to_string(source_dp) + " DP rank files for " + MpName(m));
+    }
+    const bool this_bf16 = osd->Find("zero_stage") == nullptr;
+    if (r == 0) bf16 = this_bf16;
+    if (this_bf16 != bf16) {
+      return DataLossError(sf.path + ": zero_stage present in some DP ranks' files only");
+    }
+    const PV* base = osd->Find("base_optimizer_state");
+    if (base == nullptr || !base->is_dict() || osd->Find("base_optimizer_state_step")) {
+      return UnimplementedError(sf.path + ": elastic (or missing) base_optimizer_state: "
+                                "not re-partitioned");
+    }
+    const PV* single = osd->Find("single_partition_of_fp32_groups");
+    const PV* state = base->Find("state");
+    const PV* paddings = osd->Find("group_paddings");
+    if (single == nullptr || !single->is_list() || single->items.size() != groups.size()) {
+      return DataLossError(sf.path + ": single_partition_of_fp32_groups is not a list of " +
+                           std::to_string(groups.size()) + " (param_shapes groups of " +
+                           model_name + ")");
+    }
+    if (state == nullptr || !state->is_dict() || state->entries.size() != groups.size()) {
+      return DataLossError(sf.path + ": base_optimizer_state.state does not hold " +
+                           std::to_string(groups.size()) + " groups");
+    }
+    if (paddings == nullptr || !paddings->is_list() ||
+        paddings->items.size() != groups.size()) {
+      return DataLossError(sf.path + ": group_paddings is not a list of " +
+                           std::to_string(groups.size()));
+    }
+    if (const PV* maps = osd->Find("param_slice_mappings"); maps && !fragment_cls) {
+      for (const PV::Ptr& gm : maps->items) {
+        for (const auto& [k, v] : gm->entries) {
+          if (v->kind == K::kObject && v->callee) fragment_cls = v->callee;
+        }
+      }
+    }
+    for (const auto& [k, st] : state->entries) {
+      if (!k->is_int() || k->int_value < 0 ||
+          k->int_value >= static_cast<int64_t>(groups.size()) || !st->is_dict()) {
+        return DataLossError(sf.path + ": base_optimizer_state.state key " +
+                             k->DebugString(20) + " is not a group index");
+      }
+      const int64_t g = k->int_value;
+      GroupSource& gs = groups[g];
+      const int64_t ps = PaddedLength(gs.orig, source_dp) / source_dp;
+      const int64_t lean = LeanLength(gs.orig, ps, r);
+      const std::string where = "group " + std::to_string(g);
+      const PV* pad = paddings->items[g].get();
+      if (!pad->is_int() || pad->int_value != ps - lean) {
+        return DataLossError(sf.path + ": group_paddings[" + std::to_string(g) + "] is " +
+                             pad->DebugString(20) + ", the padding rule gives " +
+                             std::to_string(ps - lean) + " (" + std::to_string(gs.orig) +
+                             " elements over " + std::to_string(source_dp) + " ranks)");
+      }
+      FC_ASSIGN_OR_RETURN(Located fp32, LocateTensor(sf, single->items[g].get(),
+                                                    "single_partition_of_fp32_groups[" +
+                                                        std::to_string(g) + "]"));
+      const int64_t want = bf16 ? ps : lean;
+      if (fp32.ref.shape[0] != want) {
+        return DataLossError(sf.path + ": single_partition_of_fp32_groups[" +
+                             std::to_string(g) + "] has " + std::to_string(fp32.ref.shape[0]) +
+                             " elements, the partition rule gives " + std::to_string(want) +
+                             (bf16 ? " (BF16_Optimizer: padded)" : " (padding stripped)"));
+      }
+      const std::string key = MpName(m) + ".rank" + std::to_string(r) + ".group" +
+                              std::to_string(g) + ".";
+      if (r == 0) {
+        gs.dtype = fp32.ref.dtype;
+        FC_ASSIGN_OR_RETURN(gs.storage_class,
+                            StorageClassOf(*single->items[g], sf.path + ": " + where));
+      }
+      if (fp32.ref.dtype != gs.dtype) {
+        return DataLossError(sf.path + ": " + where + " fp32 partition dtype differs by rank");
+      }
+      gs.fp32.push_back(rp.AddSource(key + "fp32", sf, fp32, lean));
+      for (const char* s : {"exp_avg", "exp_avg_sq"}) {
+        FC_ASSIGN_OR_RETURN(Located t, LocateTensor(sf, st->Find(s),
+                                                   "base_optimizer_state.state[" +
+                                                       std::to_string(g) + "]." + s));
+        if (t.ref.shape[0] != ps) {
+          return DataLossError(sf.path + ": base_optimizer_state.state[" + std::to_string(g) +
+                               "]." + s + " has " + std::to_string(t.ref.shape[0]) +
+                               " elements, the padded partition " + std::to_string(ps));
+        }
+        if (r == 0 && s == std::string("exp_avg")) {
+          gs.state_dtype = t.ref.dtype;
+          FC_ASSIGN_OR_RETURN(gs.state_storage_class,
+                              StorageClassOf(*st->Find(s), sf.path + ": " + where));
+        }
+        if (t.ref.dtype != gs.state_dtype) {
+          return DataLossError(sf.path + ": " + where + " " + s + " dtype differs by rank");
+        }
+        (s == std::string("exp_avg") ? gs.exp_avg : gs.exp_avg_sq)
+            .push_back(rp.AddSource(key + s, sf, t, lean));
+      }
+    }
+    files.push_back(std::move(sf));
+  }
+  job.variant = bf16 ? "bf16_optimizer" : "zero";
+  if (!fragment_cls) fragment_cls = GlobalNode("deepspeed.utils.tensor_fragment", "fragment_address");
+
+  // The new DP ranks' files, from DP rank 0's tree.
+  const SourceFile& rank0 = files.front();
+  const PV* osd0 = rank0.root.Find("optimizer_state_dict");
+  for (int64_t r = 0; r < dp; ++r) {
+    const std::string name = prefix + "zero_pp_rank_" + std::to_string(r) + "_" + MpName(m) +
+                             "_optim_states.pt";
+    ArchiveBuilder out(JoinPath(job.tag, name));
+    PV singles, paddings, mappings;
+    singles.kind = paddings.kind = mappings.kind = K::kList;
+    std::vector<PV::Ptr> ea(groups.size()), eas(groups.size());
+    const std::string label = MpName(m) + " rank " + std::to_string(r) + " group ";
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const GroupSource& gs = groups[g];
+      const int64_t ps = PaddedLength(gs.orig, dp) / dp;
+      const int64_t lean = LeanLength(gs.orig, ps, r);
+      const std::string gl = label + std::to_string(g);
+      singles.items.push_back(out.NewTensor(
+          rp.Partition(gs, gs.fp32, gs.dtype, r, gl + " fp32"), bf16 ? ps : lean,
+          gs.storage_class));
+      ea[g] = out.NewTensor(rp.Partition(gs, gs.exp_avg, gs.state_dtype, r, gl + " exp_avg"),
+                            ps, gs.state_storage_class);
+      eas[g] = out.NewTensor(
+          rp.Partition(gs, gs.exp_avg_sq, gs.state_dtype, r, gl + " exp_avg_sq"), ps,
+          gs.state_storage_class);
+      paddings.items.push_back(IntNode(ps - lean));
+      mappings.items.push_back(SliceMappings(gs, ps, r, fragment_cls));
+    }
+    PV::Ptr new_osd = ReplaceEntries(*osd0, [&](const std::string& k, const PV::Ptr& v) -> PV::Ptr {
+      if (k == "single_partition_of_fp32_groups") return Node(singles);
+      if (k == "group_paddings") return Node(paddings);
+      if (k == "partition_count") return IntNode(dp);
+      if (k == "param_slice_mappings") return Node(mappings);
+      if (k != "base_optimizer_state") return nullptr;
+      return ReplaceEntries(*v, [&](const std::string& bk, const PV::Ptr& bv) -> PV::Ptr {
+        if (bk != "state") return nullptr;
+        PV state = *bv;
+        for (auto& [gk, gv] : state.entries) {
+          const int64_t g = gk->int_value;  // checked above
+          gv = ReplaceEntries(*gv, [&](const std::string& sk, const PV::Ptr&) -> PV::Ptr {
+            if (sk == "exp_avg") return ea[g];
+            if (sk == "exp_avg_sq") return eas[g];
+            return nullptr;
+          });
+        }
+        return Node(std::move(state));
+      });
+    });
+    PV::Ptr root = ReplaceEntries(rank0.root, [&](const std::string& k, const PV::Ptr&) {
+      return k == "optimizer_state_dict" ? new_osd : PV::Ptr();
+    });
+    FC_ASSIGN_OR_RETURN(DsArchiveSpec spec, out.Finish(*root, rank0));
+    job.archives.push_back(std::move(spec));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -1027,243 +1274,8 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
   Repartitioner rp(job);
 
   for (const auto& [m, model_name] : model_files) {
-    FC_ASSIGN_OR_RETURN(SourceFile model, OpenSource(job.tag_dir, model_name));
-    rp.AddFile(model);
-    if (!model.root.is_dict()) return DataLossError(model.path + ": not a dict");
-    const PV* dpws = model.root.Find("dp_world_size");
-    if (optim.empty()) {
-      job.source_dp = dpws && dpws->is_int() ? dpws->int_value : 0;
-    }
-    if (model.root.Find("ds_autoep_layers") || model.root.Find("autoep_layers")) {
-      return UnimplementedError(model.path + ": AutoEP (MoE) checkpoint: not re-partitioned");
-    }
-    // The model states: dp_world_size replaced, everything else kept.
-    ArchiveBuilder model_out(JoinPath(job.tag, model_name));
-    PV::Ptr model_root = ReplaceEntries(model.root, [&](const std::string& k, const PV::Ptr&) {
-      return k == "dp_world_size" ? IntNode(dp) : PV::Ptr();
-    });
-    FC_ASSIGN_OR_RETURN(DsArchiveSpec model_spec, model_out.Finish(*model_root, model));
-    job.archives.push_back(std::move(model_spec));
-    if (optim.empty()) continue;
-
-    // round_robin_gradients orders each group's params by k % dp (deepspeed.md 3.1 step 2):
-    // at another DP size the flat buffer holds them in another order.
-    if (const PV* cfg = model.root.Find("ds_config"); cfg && cfg->is_dict()) {
-      const PV* z = cfg->Find("zero_optimization");
-      const PV* rr = z && z->is_dict() ? z->Find("round_robin_gradients") : nullptr;
-      if (rr && rr->kind == K::kBool && rr->bool_value) {
-        return UnimplementedError(model.path + ": ds_config round_robin_gradients: the flat "
-                                  "buffers' param order depends on the DP size; not "
-                                  "re-partitioned");
-      }
-    }
-    // The groups: param_shapes of the model states.
-    const PV* shapes = model.root.Find("param_shapes");
-    if (shapes == nullptr || !shapes->is_list()) {
-      return DataLossError(model.path + ": no param_shapes list (needed to lay out the flat "
-                           "partitions)");
-    }
-    std::vector<GroupSource> groups(shapes->items.size());
-    for (size_t g = 0; g < groups.size(); ++g) {
-      for (const auto& [k, v] : shapes->items[g]->entries) {
-        if (!k->is_str()) return DataLossError(model.path + ": param_shapes key not a string");
-        FC_ASSIGN_OR_RETURN(int64_t n, ShapeNumel(*v, model.path + ": param_shapes['" + k->str + "']"));
-        groups[g].params.emplace_back(k->str, n);
-        auto sum = CheckedAdd(groups[g].orig, n);
-        if (!sum) return OutOfRangeError(model.path + ": param_shapes group size overflows");
-        groups[g].orig = *sum;
-      }
-    }
-
-    // The source DP ranks.
-    const std::map<int64_t, std::string>& ranks = optim.at(m);
-    const int64_t source_dp = static_cast<int64_t>(ranks.size());
-    if (ranks.rbegin()->first != source_dp - 1) {
-      return NotFoundError(job.tag_dir + ": DP ranks of " + MpName(m) + " are not 0.." +
-                           std::to_string(source_dp - 1) + " (" + ranks.rbegin()->second + ")");
-    }
-    if (job.source_dp != 0 && job.source_dp != source_dp) {
-      return DataLossError(job.tag_dir + ": " + MpName(m) + " has " + std::to_string(source_dp) +
-                           " DP ranks, " + MpName(0) + " " + std::to_string(job.source_dp));
-    }
-    job.source_dp = source_dp;
-    std::vector<SourceFile> files;
-    PV::Ptr fragment_cls;
-    bool bf16 = false;
-    for (const auto& [r, name] : ranks) {
-      FC_ASSIGN_OR_RETURN(SourceFile sf, OpenSource(job.tag_dir, name));
-      rp.AddFile(sf);
-      const PV* osd = sf.root.Find("optimizer_state_dict");
-      if (osd == nullptr || !osd->is_dict()) {
-        return DataLossError(sf.path + ": no optimizer_state_dict dict");
-      }
-      if (osd->Find("fp32_flat_groups")) {
-        return UnimplementedError(sf.path + ": ZeRO stage 3 (fp32_flat_groups): "
-                                  "--output-format deepspeed re-partitions stage 1/2 and "
-                                  "BF16_Optimizer checkpoints");
-      }
-      const PV* pc = osd->Find("partition_count");
-      if (pc != nullptr && (pc->is_list() || pc->is_tuple())) {
-        return UnimplementedError(sf.path + ": partition_count is a list (MoE expert groups "
-                                  "with their own DP size): not re-partitioned");
-      }
-      if (pc == nullptr || !pc->is_int() || pc->int_value != source_dp) {
-        return DataLossError(sf.path + ": partition_count " +
-                             (pc ? pc->DebugString(40) : std::string("missing")) + " but " +
-                             std::to_string(source_dp) + " DP rank files for " + MpName(m));
-      }
-      const bool this_bf16 = osd->Find("zero_stage") == nullptr;
-      if (r == 0) bf16 = this_bf16;
-      if (this_bf16 != bf16) {
-        return DataLossError(sf.path + ": zero_stage present in some DP ranks' files only");
-      }
-      const PV* base = osd->Find("base_optimizer_state");
-      if (base == nullptr || !base->is_dict() || osd->Find("base_optimizer_state_step")) {
-        return UnimplementedError(sf.path + ": elastic (or missing) base_optimizer_state: "
-                                  "not re-partitioned");
-      }
-      const PV* single = osd->Find("single_partition_of_fp32_groups");
-      const PV* state = base->Find("state");
-      const PV* paddings = osd->Find("group_paddings");
-      if (single == nullptr || !single->is_list() || single->items.size() != groups.size()) {
-        return DataLossError(sf.path + ": single_partition_of_fp32_groups is not a list of " +
-                             std::to_string(groups.size()) + " (param_shapes groups of " +
-                             model_name + ")");
-      }
-      if (state == nullptr || !state->is_dict() || state->entries.size() != groups.size()) {
-        return DataLossError(sf.path + ": base_optimizer_state.state does not hold " +
-                             std::to_string(groups.size()) + " groups");
-      }
-      if (paddings == nullptr || !paddings->is_list() ||
-          paddings->items.size() != groups.size()) {
-        return DataLossError(sf.path + ": group_paddings is not a list of " +
-                             std::to_string(groups.size()));
-      }
-      if (const PV* maps = osd->Find("param_slice_mappings"); maps && !fragment_cls) {
-        for (const PV::Ptr& gm : maps->items) {
-          for (const auto& [k, v] : gm->entries) {
-            if (v->kind == K::kObject && v->callee) fragment_cls = v->callee;
-          }
-        }
-      }
-      for (const auto& [k, st] : state->entries) {
-        if (!k->is_int() || k->int_value < 0 ||
-            k->int_value >= static_cast<int64_t>(groups.size()) || !st->is_dict()) {
-          return DataLossError(sf.path + ": base_optimizer_state.state key " +
-                               k->DebugString(20) + " is not a group index");
-        }
-        const int64_t g = k->int_value;
-        GroupSource& gs = groups[g];
-        const int64_t ps = PaddedLength(gs.orig, source_dp) / source_dp;
-        const int64_t lean = LeanLength(gs.orig, ps, r);
-        const std::string where = "group " + std::to_string(g);
-        const PV* pad = paddings->items[g].get();
-        if (!pad->is_int() || pad->int_value != ps - lean) {
-          return DataLossError(sf.path + ": group_paddings[" + std::to_string(g) + "] is " +
-                               pad->DebugString(20) + ", the padding rule gives " +
-                               std::to_string(ps - lean) + " (" + std::to_string(gs.orig) +
-                               " elements over " + std::to_string(source_dp) + " ranks)");
-        }
-        FC_ASSIGN_OR_RETURN(Located fp32, LocateTensor(sf, single->items[g].get(),
-                                                      "single_partition_of_fp32_groups[" +
-                                                          std::to_string(g) + "]"));
-        const int64_t want = bf16 ? ps : lean;
-        if (fp32.ref.shape[0] != want) {
-          return DataLossError(sf.path + ": single_partition_of_fp32_groups[" +
-                               std::to_string(g) + "] has " + std::to_string(fp32.ref.shape[0]) +
-                               " elements, the partition rule gives " + std::to_string(want) +
-                               (bf16 ? " (BF16_Optimizer: padded)" : " (padding stripped)"));
-        }
-        const std::string key = MpName(m) + ".rank" + std::to_string(r) + ".group" +
-                                std::to_string(g) + ".";
-        if (r == 0) {
-          gs.dtype = fp32.ref.dtype;
-          FC_ASSIGN_OR_RETURN(gs.storage_class,
-                              StorageClassOf(*single->items[g], sf.path + ": " + where));
-        }
-        if (fp32.ref.dtype != gs.dtype) {
-          return DataLossError(sf.path + ": " + where + " fp32 partition dtype differs by rank");
-        }
-        gs.fp32.push_back(rp.AddSource(key + "fp32", sf, fp32, lean));
-        for (const char* s : {"exp_avg", "exp_avg_sq"}) {
-          FC_ASSIGN_OR_RETURN(Located t, LocateTensor(sf, st->Find(s),
-                                                     "base_optimizer_state.state[" +
-                                                         std::to_string(g) + "]." + s));
-          if (t.ref.shape[0] != ps) {
-            return DataLossError(sf.path + ": base_optimizer_state.state[" + std::to_string(g) +
-                                 "]." + s + " has " + std::to_string(t.ref.shape[0]) +
-                                 " elements, the padded partition " + std::to_string(ps));
-          }
-          if (r == 0 && s == std::string("exp_avg")) {
-            gs.state_dtype = t.ref.dtype;
-            FC_ASSIGN_OR_RETURN(gs.state_storage_class,
-                                StorageClassOf(*st->Find(s), sf.path + ": " + where));
-          }
-          if (t.ref.dtype != gs.state_dtype) {
-            return DataLossError(sf.path + ": " + where + " " + s + " dtype differs by rank");
-          }
-          (s == std::string("exp_avg") ? gs.exp_avg : gs.exp_avg_sq)
-              .push_back(rp.AddSource(key + s, sf, t, lean));
-        }
-      }
-      files.push_back(std::move(sf));
-    }
-    job.variant = bf16 ? "bf16_optimizer" : "zero";
-    if (!fragment_cls) fragment_cls = GlobalNode("deepspeed.utils.tensor_fragment", "fragment_address");
-
-    // The new DP ranks' files, from DP rank 0's tree.
-    const SourceFile& rank0 = files.front();
-    const PV* osd0 = rank0.root.Find("optimizer_state_dict");
-    for (int64_t r = 0; r < dp; ++r) {
-      const std::string name = prefix + "zero_pp_rank_" + std::to_string(r) + "_" + MpName(m) +
-                               "_optim_states.pt";
-      ArchiveBuilder out(JoinPath(job.tag, name));
-      PV singles, paddings, mappings;
-      singles.kind = paddings.kind = mappings.kind = K::kList;
-      std::vector<PV::Ptr> ea(groups.size()), eas(groups.size());
-      const std::string label = MpName(m) + " rank " + std::to_string(r) + " group ";
-      for (size_t g = 0; g < groups.size(); ++g) {
-        const GroupSource& gs = groups[g];
-        const int64_t ps = PaddedLength(gs.orig, dp) / dp;
-        const int64_t lean = LeanLength(gs.orig, ps, r);
-        const std::string gl = label + std::to_string(g);
-        singles.items.push_back(out.NewTensor(
-            rp.Partition(gs, gs.fp32, gs.dtype, r, gl + " fp32"), bf16 ? ps : lean,
-            gs.storage_class));
-        ea[g] = out.NewTensor(rp.Partition(gs, gs.exp_avg, gs.state_dtype, r, gl + " exp_avg"),
-                              ps, gs.state_storage_class);
-        eas[g] = out.NewTensor(
-            rp.Partition(gs, gs.exp_avg_sq, gs.state_dtype, r, gl + " exp_avg_sq"), ps,
-            gs.state_storage_class);
-        paddings.items.push_back(IntNode(ps - lean));
-        mappings.items.push_back(SliceMappings(gs, ps, r, fragment_cls));
-      }
-      PV::Ptr new_osd = ReplaceEntries(*osd0, [&](const std::string& k, const PV::Ptr& v) -> PV::Ptr {
-        if (k == "single_partition_of_fp32_groups") return Node(singles);
-        if (k == "group_paddings") return Node(paddings);
-        if (k == "partition_count") return IntNode(dp);
-        if (k == "param_slice_mappings") return Node(mappings);
-        if (k != "base_optimizer_state") return nullptr;
-        return ReplaceEntries(*v, [&](const std::string& bk, const PV::Ptr& bv) -> PV::Ptr {
-          if (bk != "state") return nullptr;
-          PV state = *bv;
-          for (auto& [gk, gv] : state.entries) {
-            const int64_t g = gk->int_value;  // checked above
-            gv = ReplaceEntries(*gv, [&](const std::string& sk, const PV::Ptr&) -> PV::Ptr {
-              if (sk == "exp_avg") return ea[g];
-              if (sk == "exp_avg_sq") return eas[g];
-              return nullptr;
-            });
-          }
-          return Node(std::move(state));
-        });
-      });
-      PV::Ptr root = ReplaceEntries(rank0.root, [&](const std::string& k, const PV::Ptr&) {
-        return k == "optimizer_state_dict" ? new_osd : PV::Ptr();
-      });
-      FC_ASSIGN_OR_RETURN(DsArchiveSpec spec, out.Finish(*root, rank0));
-      job.archives.push_back(std::move(spec));
-    }
+    FC_RETURN_IF_ERROR(PlanZero12(job, rp, m, model_name, optim.empty() ? nullptr : &optim.at(m),
+                                  prefix));
   }
   AddZeroToFp32(job, save_dir);
   return job;
