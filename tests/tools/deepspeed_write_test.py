@@ -145,6 +145,15 @@ def case_write():
             if case not in NO_EXPORT:
                 exports_equal(src, out, f"{case} dp {dp}")
             print("ok write", case, source_dp, "->", dp)
+    # Sources at dp 4 (written by the generator): to dp 3 and dp 1.
+    for case in ("zero1", "bf16", "zero3"):
+        src = expected(case, 4)
+        for dp in (3, 1):
+            out = os.path.join(tmp, "%s-dp4-dp%d" % (case, dp))
+            convert(src, out, dp)
+            check_same_checkpoint(out, expected(case, dp), f"{case} dp 4 -> {dp}")
+            diff_equal(src, out, f"{case} dp 4 -> {dp}")
+        print("ok write", case, "4 -> 3, 1")
     # Streaming under a tiny budget (slabs of a few elements, one thread): the same bytes.
     a = os.path.join(tmp, "zero2-dp2")
     b = os.path.join(tmp, "zero2-dp2-small")
