@@ -833,6 +833,10 @@ Status PlanZero3(DsRepartition& job,
                                " is not a sub-group index");
         }
         const size_t k = static_cast<size_t>(key->int_value);
+        if (src[k][0].size() != static_cast<size_t>(o)) {
+          return DataLossError(sf.path + ": optimizer_state_dict.state holds sub-group " +
+                               std::to_string(k) + " twice");
+        }
         int64_t length = 0;
         for (const Zero3Param& p : groups[k]) length += CeilDiv(p.numel, old_dp);
         const PV* values[3] = {flat->items[k].get(), st->Find("exp_avg"), st->Find("exp_avg_sq")};
@@ -1070,6 +1074,10 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
                              k->DebugString(20) + " is not a group index");
       }
       const int64_t g = k->int_value;
+      if (groups[g].fp32.size() != static_cast<size_t>(r)) {
+        return DataLossError(sf.path + ": base_optimizer_state.state holds group " +
+                             std::to_string(g) + " twice");
+      }
       GroupSource& gs = groups[g];
       const int64_t ps = PaddedLength(gs.orig, source_dp) / source_dp;
       const int64_t lean = LeanLength(gs.orig, ps, r);
