@@ -52,8 +52,9 @@
 // values): the DP rank files against partition_count, every partition's length and
 // group_paddings against the padding rule for the source DP size.
 //
-// Thread-safety: DsArchiveWriter::Write may run concurrently for distinct byte ranges;
-// Create and Finish from one thread.
+// The archives are written by DsArchiveWriter (fc/format/ds_archive_writer.h).
+//
+// Thread-safety: pure functions.
 #ifndef FC_FORMAT_DEEPSPEED_WRITER_H_
 #define FC_FORMAT_DEEPSPEED_WRITER_H_
 
@@ -66,40 +67,10 @@
 
 #include "fc/core/dtype.h"
 #include "fc/core/status.h"
+#include "fc/format/ds_archive_writer.h"
 #include "fc/model/checkpoint_index.h"
 
 namespace fc {
-
-// Elements [dst_begin, + length) of a streamed record come from elements
-// [src_begin, + length) of source tensor `source` (index into DsRepartition::source.tensors),
-// or are zeros when source < 0.
-struct DsStreamPart {
-  int64_t source = -1;
-  int64_t src_begin = 0;
-  int64_t dst_begin = 0;
-  int64_t length = 0;
-};
-
-// One storage record (<name>/data/<k>) of a written archive.
-struct DsRecord {
-  enum class Kind { kStream, kCopy };
-  Kind kind = Kind::kStream;
-  uint64_t bytes = 0;
-  // kStream: `elements` of `dtype`, filled from `parts` (they tile [0, elements)).
-  DType dtype = DType::kFloat32;
-  int64_t elements = 0;
-  std::vector<DsStreamPart> parts;
-  std::string name;  // kStream: what it holds, e.g. "mp_rank_00 rank 1 group 0 exp_avg"
-  // kCopy: bytes [copy_offset, + bytes) of the file copy_from (absolute path).
-  std::string copy_from;
-  uint64_t copy_offset = 0;
-};
-
-struct DsArchiveSpec {
-  std::string path;    // relative to the output directory
-  std::string pickle;  // <name>/data.pkl
-  std::vector<DsRecord> records;  // storage keys "0", "1", ... in this order
-};
 
 struct DsRepartition {
   std::string tag;       // the tag directory's name
@@ -119,31 +90,6 @@ struct DsRepartition {
 // Errors: kInvalidArgument for dp < 1; kUnimplemented for what is refused above; kNotFound /
 // kDataLoss for missing or inconsistent source files.
 Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t dp);
-
-class DsArchiveWriter {
- public:
-  // Creates every archive under `dir` (and its directories) and writes what is fixed: the
-  // pickle, byteorder and every local header. Errors: kIoError.
-  static Result<std::unique_ptr<DsArchiveWriter>> Create(const std::string& dir,
-                                                         std::vector<DsArchiveSpec> archives);
-  ~DsArchiveWriter();
-  DsArchiveWriter(const DsArchiveWriter&) = delete;
-  DsArchiveWriter& operator=(const DsArchiveWriter&) = delete;
-
-  // Bytes [offset, + bytes.size()) of kStream record `record` of archive `archive`.
-  // Errors: kInvalidArgument for bytes outside the record, written twice, or a kCopy record.
-  Status Write(size_t archive, size_t record, uint64_t offset, std::span<const std::byte> bytes);
-  // Copies every kCopy record in blocks of at most `copy_block` bytes (CRC computed while
-  // copying), writes descriptors and directories, checks every streamed byte was written
-  // (kInternal otherwise), syncs and closes.
-  Status Finish(uint64_t copy_block);
-
- private:
-  struct ArchiveState;
-  DsArchiveWriter() = default;
-  std::string dir_;
-  std::vector<std::unique_ptr<ArchiveState>> archives_;
-};
 
 }  // namespace fc
 

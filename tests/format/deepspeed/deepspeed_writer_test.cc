@@ -3,6 +3,7 @@
 // the archive it writes reads back (zip directory, records, CRCs), bytes written twice or
 // left out are errors. Whole conversions loaded with torch: tests/tools/deepspeed_write_test.py.
 #include "fc/format/deepspeed_writer.h"
+#include "fc/format/ds_archive_writer.h"
 
 #include <catch2/catch.hpp>
 
