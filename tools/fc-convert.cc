@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   // The input-format flag of earlier versions; hidden (no help line), same meaning as --format.
   app.add_option("--input-format", old_input_format)->group("");
   auto* target = app.add_option_group(
-      "target", "where every chunk goes (exactly one; none with --output-format ucp)");
+      "target", "where every chunk goes (exactly one; none with --output-format ucp or deepspeed)");
   target->add_option("--target-like", options.target_like,
                      "take the chunk layout of this existing checkpoint (metadata only), e.g. "
                      "the step-0 checkpoint of the new run");
@@ -40,10 +40,12 @@ int main(int argc, char** argv) {
   target->add_option("--preset", options.preset, "built-in rules: " + presets);
   target->add_option("--target-manifest", options.target_manifest,
                      "a per-rank chunk manifest written by --emit-manifest");
-  target->require_option(0, 1);  // exactly one unless ucp: checked below
+  target->require_option(0, 1);  // exactly one unless ucp / deepspeed: checked below
   app.add_option("--tp", options.degrees.tp, "with --preset: tensor-parallel degree");
   app.add_option("--pp", options.degrees.pp, "with --preset: pipeline-parallel degree");
-  app.add_option("--dp", options.degrees.dp, "with --preset: data-parallel (replica) degree");
+  app.add_option("--dp", options.degrees.dp,
+                 "with --preset: data-parallel (replica) degree; with --output-format "
+                 "deepspeed: the new data-parallel size");
   app.add_option("--sharding", options.degrees.sharding,
                  "with --preset: ZeRO-1 sharding degree of flattened optimizer states");
   app.add_option("--ep", options.degrees.ep, "with --preset: expert-parallel degree");
@@ -66,8 +68,11 @@ int main(int argc, char** argv) {
                  "possible there), or ucp (a DeepSpeed Universal Checkpoint from a DeepSpeed "
                  "checkpoint: OUT/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, "
                  "zero/optimizer_state.pt, the model states copied, then "
-                 "<parent of OUT>/latest_universal; no target)")
-      ->check(CLI::IsMember({"fc", "torch-dcp", "ucp"}));
+                 "<parent of OUT>/latest_universal; no target), or deepspeed (a DeepSpeed "
+                 "ZeRO-1/2/3 or BF16_Optimizer checkpoint re-partitioned for --dp N: "
+                 "OUT/latest, OUT/<tag>/mp_rank_XX_model_states.pt (ZeRO-3: one per rank) "
+                 "and [bf16_]zero_pp_rank_R_mp_rank_XX_optim_states.pt for R < N; no target)")
+      ->check(CLI::IsMember({"fc", "torch-dcp", "ucp", "deepspeed"}));
   app.add_flag("--inject-missing-state", options.ucp_inject_missing_state,
                "with --output-format ucp: TP > 1 without universal_checkpoint_info: "
                "concatenate every param's TP slices along dim 0 (ds_to_universal.py "
@@ -130,8 +135,20 @@ int main(int argc, char** argv) {
   if (!options.dry_run && options.output_dir.empty()) {
     return fc::cli::UsageError(tool, "OUT is required unless --dry-run");
   }
+  const bool no_target = out_format == "ucp" || out_format == "deepspeed";
+  if (out_format == "deepspeed" && !app.count("--dp")) {
+    return fc::cli::UsageError(tool, "--output-format deepspeed needs --dp N (the new "
+                               "data-parallel size)");
+  }
   if (options.preset.empty()) {
     for (const char* degree : {"--tp", "--pp", "--dp", "--sharding", "--ep"}) {
+      if (out_format == "deepspeed" && std::string(degree) == "--dp") continue;
+      if (out_format == "deepspeed" && app.count(degree)) {
+        return fc::cli::UsageError(tool, "--output-format deepspeed changes the data-parallel "
+                                   "size only (--dp); TP, PP, sharding and EP stay as the "
+                                   "source has them: " + std::string(degree) +
+                                   " does not apply");
+      }
       if (app.count(degree)) {
         return fc::cli::UsageError(tool, std::string(degree) + " applies to --preset only (the "
                                    "degrees of --target-like, --target-layout and "
@@ -144,7 +161,12 @@ int main(int argc, char** argv) {
                                "written whole): leave out --target-like, --target-layout, "
                                "--preset and --target-manifest");
   }
-  if (out_format != "ucp" && target->count_all() == 0) {
+  if (out_format == "deepspeed" && target->count_all() > 0) {
+    return fc::cli::UsageError(tool, "--output-format deepspeed takes no target (the layout is "
+                               "DeepSpeed's for --dp N): leave out --target-like, "
+                               "--target-layout, --preset and --target-manifest");
+  }
+  if (!no_target && target->count_all() == 0) {
     return fc::cli::UsageError(tool, "give exactly one target: --target-like, --target-layout, "
                                "--preset or --target-manifest");
   }
@@ -179,6 +201,7 @@ int main(int argc, char** argv) {
   }
   if (out_format == "torch-dcp") options.output_format = fc::ConvertOutputFormat::kTorchDcp;
   if (out_format == "ucp") options.output_format = fc::ConvertOutputFormat::kUcp;
+  if (out_format == "deepspeed") options.output_format = fc::ConvertOutputFormat::kDeepSpeed;
   fc::Transport transport;
   if (int code = fc::cli::CheckTransportOption(app, tool, transport_name, &transport); code >= 0) {
     return code;
@@ -198,6 +221,10 @@ int main(int argc, char** argv) {
     spdlog::info("wrote a Universal Checkpoint: {} file(s) ({}), {} copied, to {}",
                  summary->chunks, fc::HumanBytes(summary->bytes_written), summary->objects,
                  options.output_dir);
+  } else if (!options.dry_run && lead && out_format == "deepspeed") {
+    spdlog::info("wrote a DeepSpeed checkpoint for dp {}: {} archive(s) ({}), {} file(s) "
+                 "copied, to {}", summary->ranks, summary->chunks,
+                 fc::HumanBytes(summary->bytes_written), summary->objects, options.output_dir);
   } else if (!options.dry_run && lead) {
     spdlog::info("wrote {} chunks for {} rank(s) ({}), {} object(s), to {}", summary->chunks,
                  summary->ranks, fc::HumanBytes(summary->bytes_written), summary->objects,

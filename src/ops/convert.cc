@@ -27,6 +27,7 @@
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
 #include "src/ops/claim_output.h"
+#include "src/ops/convert_deepspeed.h"
 #include "src/ops/job_memory.h"
 #include "src/ops/convert_ucp.h"
 #include "src/ops/plan_report.h"
@@ -628,6 +629,9 @@ ConvertOptions PlannedWith(const ConvertOptions& options, Communicator& comm) {
 
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
   if (options.output_format == ConvertOutputFormat::kUcp) return RunConvertUcp(options, out);
+  if (options.output_format == ConvertOutputFormat::kDeepSpeed) {
+    return RunConvertDeepSpeed(options, out);
+  }
   RunStatsMeter meter;
   Communicator* comm = options.comm ? options.comm : &SingleProcessCommunicator();
   const int me = comm->rank();

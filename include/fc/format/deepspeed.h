@@ -115,9 +115,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "fc/codec/pickle.h"
 #include "fc/core/status.h"
@@ -146,6 +148,18 @@ Result<CheckpointIndex> ReadDeepSpeedCheckpoint(const std::string& path,
 // nothing run; tensors stay unresolved persistent ids. For the non-tensor parts of a file
 // (optimizer state dicts, universal_checkpoint_info). Errors: those of reading the file.
 Result<PickleValue> ReadDeepSpeedPickle(const std::string& path);
+
+// One DeepSpeed .pt file as a writer that re-emits it needs it (fc/format/deepspeed_writer.h):
+// the pickled object (nothing run, tensors unresolved) and, per storage key, the place of that
+// storage's bytes in the file, [offset, + bytes): a zip's STORED data/<key> records, or a
+// legacy file's raw storages. Errors: those of reading the file.
+struct DeepSpeedPtFile {
+  PickleValue root;
+  bool legacy = false;  // legacy (non-zip) torch.save
+  uint64_t size = 0;    // file bytes
+  std::map<std::string, std::pair<uint64_t, uint64_t>> storages;
+};
+Result<DeepSpeedPtFile> ReadDeepSpeedPtFile(const std::string& path);
 
 // Which weights an export writes under the plain parameter names.
 enum class DeepSpeedWeights {

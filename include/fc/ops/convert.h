@@ -20,8 +20,10 @@
 namespace fc {
 
 // kUcp: a DeepSpeed Universal Checkpoint from a DeepSpeed checkpoint (src/ops/convert_ucp.h;
-// no target: every param whole).
-enum class ConvertOutputFormat { kFcDistcp, kTorchDcp, kUcp };
+// no target: every param whole). kDeepSpeed: the DeepSpeed checkpoint (ZeRO 1/2/3,
+// BF16_Optimizer) re-partitioned for data-parallel size degrees.dp
+// (src/ops/convert_deepspeed.h; no target).
+enum class ConvertOutputFormat { kFcDistcp, kTorchDcp, kUcp, kDeepSpeed };
 
 struct ConvertOptions {
   std::string input;
@@ -32,7 +34,7 @@ struct ConvertOptions {
   std::string target_like;
   std::string target_layout_file;
   std::string preset;
-  ParallelDegrees degrees;                     // with preset
+  ParallelDegrees degrees;                     // with preset; kDeepSpeed: dp is the new DP size
   std::string target_manifest;
   std::string emit_manifest;                   // write the resolved per-rank chunk list here
   std::string aoa_file;                        // structure changes (convert mode)

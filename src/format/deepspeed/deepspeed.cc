@@ -2442,6 +2442,25 @@ Result<PickleValue> ReadDeepSpeedPickle(const std::string& path) {
   return std::move(pt->root);
 }
 
+Result<DeepSpeedPtFile> ReadDeepSpeedPtFile(const std::string& path) {
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<PtFile> pt, OpenPt(Dirname(path), Basename(path), 0));
+  DeepSpeedPtFile out;
+  out.legacy = pt->legacy;
+  out.size = pt->file->size();
+  if (pt->legacy) {
+    out.storages = std::move(pt->legacy_storages);
+  } else {
+    const std::string data = pt->archive.prefix + "/data/";
+    for (const ZipEntry& e : pt->archive.zip.entries) {
+      if (e.name.starts_with(data) && e.method == 0) {
+        out.storages[e.name.substr(data.size())] = {e.data_offset, e.compressed_size};
+      }
+    }
+  }
+  out.root = std::move(pt->root);
+  return out;
+}
+
 Result<DeepSpeedWeights> ParseDeepSpeedWeights(std::string_view name) {
   if (name == "fp32" || name == "master") return DeepSpeedWeights::kFp32;
   if (name == "module" || name == "16bit") return DeepSpeedWeights::kModule;

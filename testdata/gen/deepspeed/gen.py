@@ -940,47 +940,83 @@ def od(*items):
     return collections.OrderedDict(items)
 
 
+
+# Cases that fc-convert --output-format deepspeed re-partitions: gen_at_dp writes the same
+# model (same values, same client state) at another data-parallel size, so a converted
+# checkpoint can be compared with what this generator writes for that size. DP_CASES are
+# written first by generate(); gen_at_dp also writes pp2, tp2_ucp and zero3.
+DP_CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied"]
+
+
+def gen_at_dp(out, case, dp=None):
+    """Writes OUT/<case>/ckpt; dp None: the fixture's own DP size."""
+    g1 = [od(("embed.weight", (6, 4)), ("layer.weight", (4, 4)), ("layer.bias", (4,)),
+             ("head.weight", (3, 4)))]
+    if case == "zero1":
+        gen_zero12(out, "zero1", 1, dp or 2, g1, seed=1,
+                   client={"trainer_state": TrainerState()})
+    elif case == "zero2":
+        g2 = [od(("embed.weight", (5, 3)), ("layer.weight", (3, 3))),
+              od(("layer.bias", (3,)), ("head.bias", (1,)))]
+        gen_zero12(out, "zero2", 2, dp or 3, g2, seed=2)
+    elif case == "bf16":
+        gen_zero12(out, "bf16", 1, dp or 2, g1, seed=3, bf16_optimizer=True)
+    elif case == "tp2":
+        client = {"args": argparse.Namespace(tensor_model_parallel_size=2, num_layers=1,
+                                             hidden_size=4),
+                  "iteration": 3, "checkpoint_version": 3.0,
+                  "rng_state": [{"random_rng_state": None,
+                                 "np_rng_state": np.random.RandomState(7).get_state()}]}
+        gen_zero12(out, "tp2", 1, dp or 2, [od(("layer.weight", (2, 4)), ("layer.bias", (2,)))],
+                   seed=4, mp=2, client=client)
+    elif case == "frozen_tied":
+        # Python < 3.11 pickles an Enum member as ZeroStageEnum((value,)); 3.11+ (the rest
+        # here) as getattr(ZeroStageEnum, 'member'). frozen_tied carries the older form.
+        saved = ZeroStageEnum.__reduce_ex__
+        ZeroStageEnum.__reduce_ex__ = lambda self, proto: (self.__class__, (self._value_,))
+        try:
+            gen_zero12(out, "frozen_tied", 2, dp or 2,
+                       [od(("embed.weight", (5, 4)), ("layer.weight", (4, 4)))], seed=5,
+                       frozen=od(("frozen.weight", (3, 4))),
+                       tied={"head.weight": "embed.weight"})
+        finally:
+            ZeroStageEnum.__reduce_ex__ = saved
+    elif case == "pp2":
+        # Pipeline: pp 2 x dp 2; layer 0 and layer 4 are the tied embedding (TiedLayerSpec
+        # 'embed' without forward_fn, saved under both layer indices), layer 3 has no state.
+        gen_pp(out, "pp2", dp or 2, [
+            (od(("tied_modules.embed.weight", (6, 4)), ("1.weight", (4, 4)), ("1.bias", (4,))),
+             [(0, {"weight": "tied_modules.embed.weight"}),
+              (1, {"weight": "1.weight", "bias": "1.bias"})]),
+            (od(("2.weight", (4, 4)), ("2.bias", (4,)), ("tied_modules.embed.weight", (6, 4))),
+             [(2, {"weight": "2.weight", "bias": "2.bias"}),
+              (4, {"weight": "tied_modules.embed.weight"})])], seed=7)
+    elif case == "tp2_ucp":
+        # TP 2 with universal_checkpoint_info: vocabulary (padded 8 -> 7 rows), column and row
+        # parallel, two sub-params (SwiGLU-style), replicated (norm.*, equal on both ranks).
+        gen_zero12(out, "tp2_ucp", 1, dp or 2,
+                   [od(("embed.weight", (4, 3)), ("layer.weight", (2, 4)), ("layer.bias", (2,)),
+                       ("dense.weight", (4, 2)), ("mlp.h_to_4h.weight", (4, 3)),
+                       ("norm.weight", (4,)))],
+                   seed=8, mp=2, same=("norm.weight",), strided=("embed.weight", "mlp.h_to_4h.weight"),
+                   client={"universal_checkpoint_info": UCP_INFO})
+    elif case == "zero3":
+        gen_zero3(out, "zero3", dp or 2,
+                  [od(("embed.weight", (5, 3)), ("layer.bias", (3,))),
+                   od(("layer.weight", (3, 3)), ("head.bias", (1,)))],
+                  frozen=od(("frozen.weight", (5,))), seed=6)
+    else:
+        raise ValueError("no DP variant of case " + case)
+
+
 def generate(out):
     if os.path.isdir(out):
         for c in CASES:
             shutil.rmtree(os.path.join(out, c), ignore_errors=True)
-    g1 = [od(("embed.weight", (6, 4)), ("layer.weight", (4, 4)), ("layer.bias", (4,)),
-             ("head.weight", (3, 4)))]
-    gen_zero12(out, "zero1", 1, 2, g1, seed=1, client={"trainer_state": TrainerState()})
-    g2 = [od(("embed.weight", (5, 3)), ("layer.weight", (3, 3))),
-          od(("layer.bias", (3,)), ("head.bias", (1,)))]
-    gen_zero12(out, "zero2", 2, 3, g2, seed=2)
-    gen_zero12(out, "bf16", 1, 2, g1, seed=3, bf16_optimizer=True)
-    client = {"args": argparse.Namespace(tensor_model_parallel_size=2, num_layers=1,
-                                         hidden_size=4),
-              "iteration": 3, "checkpoint_version": 3.0,
-              "rng_state": [{"random_rng_state": None,
-                             "np_rng_state": np.random.RandomState(7).get_state()}]}
-    gen_zero12(out, "tp2", 1, 2, [od(("layer.weight", (2, 4)), ("layer.bias", (2,)))], seed=4,
-               mp=2, client=client)
-    # Python < 3.11 pickles an Enum member as ZeroStageEnum((value,)); 3.11+ (the rest here)
-    # as getattr(ZeroStageEnum, 'member'). frozen_tied carries the older form.
-    saved = ZeroStageEnum.__reduce_ex__
-    ZeroStageEnum.__reduce_ex__ = lambda self, proto: (self.__class__, (self._value_,))
-    try:
-        gen_zero12(out, "frozen_tied", 2, 2,
-                   [od(("embed.weight", (5, 4)), ("layer.weight", (4, 4)))], seed=5,
-                   frozen=od(("frozen.weight", (3, 4))), tied={"head.weight": "embed.weight"})
-    finally:
-        ZeroStageEnum.__reduce_ex__ = saved
-    gen_zero3(out, "zero3", 2,
-              [od(("embed.weight", (5, 3)), ("layer.bias", (3,))),
-               od(("layer.weight", (3, 3)), ("head.bias", (1,)))],
-              frozen=od(("frozen.weight", (5,))), seed=6)
-    # Pipeline: pp 2 x dp 2; layer 0 and layer 4 are the tied embedding (TiedLayerSpec
-    # 'embed' without forward_fn, saved under both layer indices), layer 3 has no state.
-    gen_pp(out, "pp2", 2, [
-        (od(("tied_modules.embed.weight", (6, 4)), ("1.weight", (4, 4)), ("1.bias", (4,))),
-         [(0, {"weight": "tied_modules.embed.weight"}),
-          (1, {"weight": "1.weight", "bias": "1.bias"})]),
-        (od(("2.weight", (4, 4)), ("2.bias", (4,)), ("tied_modules.embed.weight", (6, 4))),
-         [(2, {"weight": "2.weight", "bias": "2.bias"}),
-          (4, {"weight": "tied_modules.embed.weight"})])], seed=7)
+    for c in DP_CASES:
+        gen_at_dp(out, c)
+    gen_at_dp(out, "zero3")
+    gen_at_dp(out, "pp2")
     # Pipeline x TP (Megatron-DeepSpeed GPTModelPipe-like names): pp 2 x tp 2 x dp 2.
     gen_pp(out, "pp2_tp2", 2, [
         (od(("tied_modules.embed.word_embeddings.weight", (4, 3)), ("1.dense.weight", (3, 2)),
@@ -998,14 +1034,7 @@ def generate(out):
             "tp_replicated_parameter_patterns": [r"\d+\.input_layernorm"],
             "parameter_with_row_parallelism_patterns": [r"\d+\.dense\.weight"],
             "original_vocab_size": 6, "padded_vocab_size": 8})
-    # TP 2 with universal_checkpoint_info: vocabulary (padded 8 -> 7 rows), column and row
-    # parallel, two sub-params (SwiGLU-style), replicated (norm.*, equal on both ranks).
-    gen_zero12(out, "tp2_ucp", 1, 2,
-               [od(("embed.weight", (4, 3)), ("layer.weight", (2, 4)), ("layer.bias", (2,)),
-                   ("dense.weight", (4, 2)), ("mlp.h_to_4h.weight", (4, 3)),
-                   ("norm.weight", (4,)))],
-               seed=8, mp=2, same=("norm.weight",), strided=("embed.weight", "mlp.h_to_4h.weight"),
-               client={"universal_checkpoint_info": UCP_INFO})
+    gen_at_dp(out, "tp2_ucp")
     # An averaged param (parameter_to_average_patterns): fc keeps its TP copies apart.
     gen_zero12(out, "tp2_avg", 1, 2, [od(("layer.weight", (2, 4)), ("layer.bias", (2,)))],
                seed=9, mp=2, client={"universal_checkpoint_info": dict(
