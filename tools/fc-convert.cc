@@ -166,6 +166,10 @@ int main(int argc, char** argv) {
                                "DeepSpeed's for --dp N): leave out --target-like, "
                                "--target-layout, --preset and --target-manifest");
   }
+  if (out_format == "deepspeed" && app.count("--source-layout")) {
+    return fc::cli::UsageError(tool, "--source-layout has no effect with --output-format "
+                               "deepspeed: the TP shards are written as they are");
+  }
   if (!no_target && target->count_all() == 0) {
     return fc::cli::UsageError(tool, "give exactly one target: --target-like, --target-layout, "
                                "--preset or --target-manifest");

@@ -335,6 +335,10 @@ def case_source_layout():
     p = fcio.run([CONVERT, ckpt, os.path.join(tmp, "ucp"), "--output-format", "ucp",
                   "--source-layout", rules], expect=6)
     assert "merged by --source-layout" in p.stderr, p.stderr
+    # DeepSpeed output keeps the TP shards as they are: the rules would have no effect.
+    p = fcio.run([CONVERT, ckpt, os.path.join(tmp, "ds"), "--output-format", "deepspeed",
+                  "--dp", "1", "--source-layout", rules], expect=2)
+    assert "--source-layout has no effect" in p.stderr, p.stderr
     # An axis a tensor lacks: exit 3 naming it.
     bad = os.path.join(tmp, "bad.json")
     json.dump({"tensor_parallel": [{"regex": r"layer\.bias$", "axis": 1}]}, open(bad, "w"))
