@@ -23,6 +23,7 @@
 #include <optional>
 #include <set>
 
+#include "fc/codec/pickle_reemit.h"
 #include "fc/codec/pickle_writer.h"
 #include "fc/core/checked_math.h"
 #include "fc/format/deepspeed.h"
@@ -37,128 +38,6 @@ using PV = PickleValue;
 using K = PickleValue::Kind;
 
 // ---------------------------------------------------------------------------------------
-// Re-emitting a parsed pickle.
-
-// Called on every node before the default handling; returns a status when it emitted it.
-using EmitHook = std::function<std::optional<Status>(PickleWriter&, const PV&)>;
-
-Status Emit(PickleWriter& w, const PV& v, const std::string& where, const EmitHook& hook) {
-  if (std::optional<Status> done = hook(w, v)) return *done;
-  auto items = [&](const std::vector<PV::Ptr>& list) -> Status {
-    for (const PV::Ptr& item : list) FC_RETURN_IF_ERROR(Emit(w, *item, where, hook));
-    return Status::Ok();
-  };
-  auto entries = [&](const std::vector<std::pair<PV::Ptr, PV::Ptr>>& list) -> Status {
-    for (const auto& [k, value] : list) {
-      FC_RETURN_IF_ERROR(Emit(w, *k, where, hook));
-      FC_RETURN_IF_ERROR(Emit(w, *value, where, hook));
-    }
-    return Status::Ok();
-  };
-  // BUILD state, then list items and dict entries filled in after construction.
-  auto fill = [&]() -> Status {
-    if (v.state) {
-      FC_RETURN_IF_ERROR(Emit(w, *v.state, where, hook));
-      w.Build();
-    }
-    if (v.kind != K::kList && !v.items.empty()) {
-      w.Mark();
-      FC_RETURN_IF_ERROR(items(v.items));
-      w.Appends();
-    }
-    if (v.kind != K::kDict && !v.entries.empty()) {
-      w.Mark();
-      FC_RETURN_IF_ERROR(entries(v.entries));
-      w.SetItems();
-    }
-    return Status::Ok();
-  };
-  switch (v.kind) {
-    case K::kNone: w.None(); return Status::Ok();
-    case K::kBool: w.Bool(v.bool_value); return Status::Ok();
-    case K::kInt: w.Int(v.int_value); return Status::Ok();
-    case K::kFloat: w.Float(v.float_value); return Status::Ok();
-    case K::kStr: w.Str(v.str).Memoize(); return Status::Ok();
-    case K::kTuple:
-      if (v.items.empty()) {
-        w.EmptyTuple();
-        return Status::Ok();
-      }
-      if (v.items.size() > 3) w.Mark();
-      FC_RETURN_IF_ERROR(items(v.items));
-      w.TupleOf(v.items.size()).Memoize();
-      return Status::Ok();
-    case K::kList:
-      w.EmptyList().Memoize();
-      if (!v.items.empty()) {
-        w.Mark();
-        FC_RETURN_IF_ERROR(items(v.items));
-        w.Appends();
-      }
-      return Status::Ok();
-    case K::kDict:
-      w.EmptyDict().Memoize();
-      if (!v.entries.empty()) {
-        w.Mark();
-        FC_RETURN_IF_ERROR(entries(v.entries));
-        w.SetItems();
-      }
-      return Status::Ok();
-    case K::kSet:
-      // Protocol 2 (CPython's save_reduce for sets, with fix_imports): set(list).
-      w.Global("__builtin__", v.bool_value ? "frozenset" : "set");
-      w.EmptyList().Memoize();
-      if (!v.items.empty()) {
-        w.Mark();
-        FC_RETURN_IF_ERROR(items(v.items));
-        w.Appends();
-      }
-      w.TupleOf(1).Memoize();
-      w.Reduce().Memoize();
-      return Status::Ok();
-    case K::kBytes: {
-      if (v.str.size() != v.bytes_length) break;  // payload not inline
-      // Protocol 2: _codecs.encode(<latin-1 text>, 'latin1').
-      std::string text;
-      for (unsigned char c : v.str) {
-        if (c < 0x80) {
-          text += static_cast<char>(c);
-        } else {
-          text += static_cast<char>(0xC0 | (c >> 6));
-          text += static_cast<char>(0x80 | (c & 0x3F));
-        }
-      }
-      w.Global("_codecs", "encode");
-      w.Str(text).Memoize();
-      w.Str("latin1").Memoize();
-      w.TupleOf(2).Memoize();
-      w.Reduce().Memoize();
-      return Status::Ok();
-    }
-    case K::kGlobal: w.Global(v.str, v.name); return Status::Ok();
-    case K::kCall:
-      if (!v.callee || !v.args) break;
-      FC_RETURN_IF_ERROR(Emit(w, *v.callee, where, hook));
-      FC_RETURN_IF_ERROR(Emit(w, *v.args, where, hook));
-      w.Reduce().Memoize();
-      return fill();
-    case K::kObject:
-      if (!v.callee || v.kwargs) break;
-      FC_RETURN_IF_ERROR(Emit(w, *v.callee, where, hook));
-      if (v.args) {
-        FC_RETURN_IF_ERROR(Emit(w, *v.args, where, hook));
-      } else {
-        w.EmptyTuple();
-      }
-      w.NewObj().Memoize();
-      return fill();
-    case K::kBigInt:
-    case K::kPersId: break;
-  }
-  return UnimplementedError(where + ": cannot re-pickle the value " + v.DebugString(80) +
-                            " (a " + std::string(PickleKindName(v.kind)) + ")");
-}
-
 PV::Ptr Node(PV v) { return std::make_shared<const PV>(std::move(v)); }
 
 PV::Ptr IntNode(int64_t i) {
@@ -255,7 +134,7 @@ class ArchiveBuilder {
   // Emits `root`; persistent ids of `source` become copied records.
   Result<DsArchiveSpec> Finish(const PV& root, const SourceFile& source) {
     PickleWriter w(2);
-    EmitHook hook = [&](PickleWriter& pw, const PV& v) -> std::optional<Status> {
+    PickleEmitHook hook = [&](PickleWriter& pw, const PV& v) -> std::optional<Status> {
       if (auto it = placeholders_.find(&v); it != placeholders_.end()) {
         EmitNewTensor(pw, it->second);
         return Status::Ok();
@@ -263,7 +142,7 @@ class ArchiveBuilder {
       if (v.kind != K::kPersId) return std::nullopt;
       return EmitSourceStorage(pw, v, source);
     };
-    FC_RETURN_IF_ERROR(Emit(w, root, spec_.path, hook));
+    FC_RETURN_IF_ERROR(EmitPickleValue(w, root, spec_.path, hook));
     spec_.pickle = w.Finish();
     return std::move(spec_);
   }
@@ -320,9 +199,7 @@ class ArchiveBuilder {
     PV copy = *pid;
     copy.items.resize(5);
     copy.items[2] = StrNode(std::to_string(it->second));
-    FC_RETURN_IF_ERROR(Emit(w, copy, source.path, [](PickleWriter&, const PV&) {
-      return std::optional<Status>();
-    }));
+    FC_RETURN_IF_ERROR(EmitPickleValue(w, copy, source.path));
     w.BinPersId();
     return Status::Ok();
   }

@@ -21,6 +21,7 @@
 
 #include <re2/re2.h>
 
+#include "fc/codec/pickle_reemit.h"
 #include "fc/codec/pickle_writer.h"
 #include "fc/codec/zip_writer.h"
 #include "fc/core/checked_math.h"
@@ -43,100 +44,6 @@ std::span<const std::byte> AsBytes(std::string_view s) {
   return std::as_bytes(std::span<const char>(s.data(), s.size()));
 }
 
-// Re-emits a parsed value (see the file comment). Memoizes where CPython's pickler does for
-// the kinds emitted (strings, tuples, lists, dicts, reduce results), so the output is an
-// ordinary protocol-2 pickle; shared sub-values are written once per reference.
-Status EmitValue(PickleWriter& w, const PickleValue& v, const std::string& where) {
-  using K = PickleValue::Kind;
-  auto items = [&](const std::vector<PickleValue::Ptr>& list) -> Status {
-    for (const PickleValue::Ptr& item : list) FC_RETURN_IF_ERROR(EmitValue(w, *item, where));
-    return Status::Ok();
-  };
-  auto entries = [&](const std::vector<std::pair<PickleValue::Ptr, PickleValue::Ptr>>& list)
-      -> Status {
-    for (const auto& [k, value] : list) {
-      FC_RETURN_IF_ERROR(EmitValue(w, *k, where));
-      FC_RETURN_IF_ERROR(EmitValue(w, *value, where));
-    }
-    return Status::Ok();
-  };
-  // BUILD state, then list items and dict entries filled in after construction.
-  auto fill = [&]() -> Status {
-    if (v.state) {
-      FC_RETURN_IF_ERROR(EmitValue(w, *v.state, where));
-      w.Build();
-    }
-    if (v.kind != K::kList && !v.items.empty()) {
-      w.Mark();
-      FC_RETURN_IF_ERROR(items(v.items));
-      w.Appends();
-    }
-    if (v.kind != K::kDict && !v.entries.empty()) {
-      w.Mark();
-      FC_RETURN_IF_ERROR(entries(v.entries));
-      w.SetItems();
-    }
-    return Status::Ok();
-  };
-  switch (v.kind) {
-    case K::kNone: w.None(); return Status::Ok();
-    case K::kBool: w.Bool(v.bool_value); return Status::Ok();
-    case K::kInt: w.Int(v.int_value); return Status::Ok();
-    case K::kFloat: w.Float(v.float_value); return Status::Ok();
-    case K::kStr: w.Str(v.str).Memoize(); return Status::Ok();
-    case K::kTuple:
-      if (v.items.empty()) {
-        w.EmptyTuple();
-        return Status::Ok();
-      }
-      if (v.items.size() > 3) w.Mark();
-      FC_RETURN_IF_ERROR(items(v.items));
-      w.TupleOf(v.items.size()).Memoize();
-      return Status::Ok();
-    case K::kList:
-      w.EmptyList().Memoize();
-      if (!v.items.empty()) {
-        w.Mark();
-        FC_RETURN_IF_ERROR(items(v.items));
-        w.Appends();
-      }
-      return Status::Ok();
-    case K::kDict:
-      w.EmptyDict().Memoize();
-      if (!v.entries.empty()) {
-        w.Mark();
-        FC_RETURN_IF_ERROR(entries(v.entries));
-        w.SetItems();
-      }
-      return Status::Ok();
-    case K::kGlobal: w.Global(v.str, v.name); return Status::Ok();
-    case K::kCall:
-      if (!v.callee || !v.args) break;
-      FC_RETURN_IF_ERROR(EmitValue(w, *v.callee, where));
-      FC_RETURN_IF_ERROR(EmitValue(w, *v.args, where));
-      w.Reduce().Memoize();
-      return fill();
-    case K::kObject:
-      if (!v.callee || v.kwargs) break;
-      FC_RETURN_IF_ERROR(EmitValue(w, *v.callee, where));
-      if (v.args) {
-        FC_RETURN_IF_ERROR(EmitValue(w, *v.args, where));
-      } else {
-        w.EmptyTuple();
-      }
-      w.NewObj().Memoize();
-      return fill();
-    case K::kBigInt:
-    case K::kBytes:
-    case K::kSet:
-    case K::kPersId: break;
-  }
-  return UnimplementedError(where + ": cannot write the value " + v.DebugString(80) + " (a " +
-                            std::string(PickleKindName(v.kind)) +
-                            "; fc re-pickles plain data and objects, not tensors, bytes, sets "
-                            "or big ints)");
-}
-
 // CPython's dict pickling: one SETITEM for a single entry, else MARK ... SETITEMS.
 Result<std::string> DictPickle(const UcpFileSpec& spec) {
   PickleWriter w(2);
@@ -145,13 +52,13 @@ Result<std::string> DictPickle(const UcpFileSpec& spec) {
   if (n > 1) w.Mark();
   for (const auto& [k, v] : spec.meta.before) {
     w.Str(k).Memoize();
-    FC_RETURN_IF_ERROR(EmitValue(w, *v, spec.path + "['" + k + "']"));
+    FC_RETURN_IF_ERROR(EmitPickleValue(w, *v, spec.path + "['" + k + "']"));
   }
   w.Str("param").Memoize();
   internal_torch::EmitTensor(w, spec.dtype, spec.shape);
   for (const auto& [k, v] : spec.meta.after) {
     w.Str(k).Memoize();
-    FC_RETURN_IF_ERROR(EmitValue(w, *v, spec.path + "['" + k + "']"));
+    FC_RETURN_IF_ERROR(EmitPickleValue(w, *v, spec.path + "['" + k + "']"));
   }
   if (n > 1) {
     w.SetItems();
@@ -214,7 +121,7 @@ PickleValue::Ptr PickleBool(bool b) {
 
 Result<std::string> PlainValueArchive(const PickleValue& value) {
   PickleWriter w(2);
-  FC_RETURN_IF_ERROR(EmitValue(w, value, "value"));
+  FC_RETURN_IF_ERROR(EmitPickleValue(w, value, "value"));
   return ArchiveBytes(w.Finish());
 }
 
