@@ -110,6 +110,17 @@ def main():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, ("odd dir", r.returncode, r.stdout, r.stderr)
     same_tree(ref, out, "odd dir")
+    # The input with a trailing slash: readers then build "dir//name".
+    src = os.path.join(TESTDATA, "deepspeed/zero2/ckpt")
+    ref = os.path.join(tmp, "slash_ref")
+    fcio.run([EXPORT, src, ref, "--quiet"])
+    parts = os.path.join(tmp, "slash")
+    split(src, parts, 2)
+    out = os.path.join(tmp, "slash_out")
+    r = subprocess.run(MPI + ["2", EXPORT, parts + "_{rank}/", out, "--quiet"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, ("trailing slash", r.returncode, r.stdout, r.stderr)
+    same_tree(ref, out, "trailing slash")
     print(f"ok: {checked} split exports and a split convert give one process's bytes")
 
 
