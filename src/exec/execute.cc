@@ -181,7 +181,10 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
       for (const auto& [peer, bytes] : send_bytes) held += bytes;
       for (const auto& [peer, bytes] : receive_bytes) held += bytes;
       exchange_peak = std::max(exchange_peak, held);
-      status = comm->Exchange(sends, receives);
+      // Agreed: an NCCL exchange can fail on some processes only (a CUDA error, its step
+      // timeout) while the others go on to the next collective; a failed process 0 would
+      // then wait in EndCounters for the others' last counts forever.
+      status = comm->AllOk(comm->Exchange(sends, receives));
       if (!status.ok()) break;
       for (const auto& [peer, bytes] : send_bytes) stats.bytes_sent += bytes;
       for (const auto& [peer, bytes] : receive_bytes) stats.bytes_received += bytes;

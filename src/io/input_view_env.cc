@@ -14,6 +14,25 @@ std::string StripSlashes(std::string p) {
   return p;
 }
 
+// `p` without repeated slashes, "." components and trailing slashes, so that the names
+// readers build ("dir/" + "/" + name when the input ends in a slash, "dir/./name") match the
+// entries ("" stays ""; ".." is kept: it is not resolved through symlinks here).
+std::string Collapse(const std::string& p) {
+  std::string out = !p.empty() && p[0] == '/' ? "/" : "";
+  for (size_t at = 0; at <= p.size();) {
+    size_t slash = p.find('/', at);
+    if (slash == std::string::npos) slash = p.size();
+    const std::string_view part(p.data() + at, slash - at);
+    if (!part.empty() && part != ".") {
+      if (!out.empty() && out.back() != '/') out += '/';
+      out += part;
+    }
+    at = slash + 1;
+  }
+  if (out.empty() && !p.empty()) out = ".";
+  return out;
+}
+
 // A file that this process does not read from a disk of its own (it lies on another
 // process's disk, or reads go through the fetch function): its size is known, its bytes are
 // those fetched for it.
@@ -65,7 +84,7 @@ class ViewFile final : public EnvReadableFile {
 InputViewEnv::InputViewEnv(Env* base, std::string logical_root, std::string local_root,
                            std::map<std::string, Entry> entries)
     : base_(base),
-      logical_root_(StripSlashes(std::move(logical_root))),
+      logical_root_(Collapse(logical_root)),
       local_root_(StripSlashes(std::move(local_root))),
       entries_(std::move(entries)) {
   for (const auto& [name, e] : entries_) {
@@ -76,11 +95,13 @@ InputViewEnv::InputViewEnv(Env* base, std::string logical_root, std::string loca
 }
 
 bool InputViewEnv::IsRoot(const std::string& path) const {
-  return StripSlashes(path) == logical_root_;
+  return (logical_root_ == "." ? StripSlashes(path) : Collapse(path)) == logical_root_;
 }
 
 std::string InputViewEnv::RelativeName(const std::string& path) const {
-  const std::string p = StripSlashes(path);
+  // The working directory as the root (a single file given without a directory): only
+  // names that start with "./" are below it, as before.
+  const std::string p = logical_root_ == "." ? StripSlashes(path) : Collapse(path);
   if (p.size() <= logical_root_.size() + 1 || p.compare(0, logical_root_.size(), logical_root_) != 0 ||
       p[logical_root_.size()] != '/') {
     return "";
@@ -89,13 +110,9 @@ std::string InputViewEnv::RelativeName(const std::string& path) const {
 }
 
 std::string InputViewEnv::Local(const std::string& path) const {
-  const std::string p = StripSlashes(path);
-  if (p == logical_root_) return local_root_;
-  if (p.size() > logical_root_.size() && p.compare(0, logical_root_.size(), logical_root_) == 0 &&
-      p[logical_root_.size()] == '/') {
-    return local_root_ + p.substr(logical_root_.size());
-  }
-  return path;
+  if (IsRoot(path)) return local_root_;
+  const std::string name = RelativeName(path);
+  return name.empty() ? path : local_root_ + "/" + name;
 }
 
 bool InputViewEnv::LocalFile(const std::string& path) {

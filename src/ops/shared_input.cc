@@ -266,6 +266,9 @@ Result<SharedInput> ShareInput(const std::string& input, Communicator& comm) {
 
   // 3. Metadata: read once, by the lowest process that has it, and broadcast.
   std::map<std::string, InputViewEnv::Entry> entries;
+  // Every process holds every shared metadata file: their total is bounded, not only each
+  // one (the sizes come from the union, so every process decides alike).
+  uint64_t shared_bytes = 0;
   for (const auto& [name, listed] : all) {
     InputViewEnv::Entry e;
     e.size = listed.size;
@@ -273,7 +276,9 @@ Result<SharedInput> ShareInput(const std::string& input, Communicator& comm) {
     e.on_every_process = listed.ranks.size() == static_cast<size_t>(comm.size());
     e.reader = listed.ranks.front();
     e.seen_by = Processes(listed.ranks);
-    if (IsMetadataName(Basename(name)) && listed.size <= kMaxSharedMetadata) {
+    // Beyond the bound a metadata file stays where it is, like a data file.
+    if (IsMetadataName(Basename(name)) && listed.size <= kMaxSharedMetadata - shared_bytes) {
+      shared_bytes += listed.size;
       const int root = listed.ranks.front();
       std::string message;
       if (comm.rank() == root) {
@@ -343,19 +348,31 @@ Status ServeFetch(InputViewEnv& view, const std::string& input, const std::strin
 
 Result<CheckpointIndex> OpenSharedCheckpoint(SharedInput& input, const OpenOptions& options,
                                              Communicator& comm) {
-  const std::optional<CheckpointFormat>& format = options.format;
+  OpenOptions agreed = options;
   CheckpointIndex index;
   auto open = [&]() -> Status {
-    FC_ASSIGN_OR_RETURN(index, OpenCheckpoint(input.path, options));
+    FC_ASSIGN_OR_RETURN(index, OpenCheckpoint(input.path, agreed));
     return Status::Ok();
   };
   bool fetch = input.view && input.view->HasUnsharedFiles();
   if (fetch) {
-    // Every process detects alike: detection looks at names only.
-    Result<CheckpointFormat> detected =
-        format ? Result<CheckpointFormat>(*format) : DetectCheckpointFormat(input.path);
-    fetch = detected.ok() && *detected != CheckpointFormat::kTorchDcp &&
-            *detected != CheckpointFormat::kFcDistcp;
+    // Process 0 detects the format for all: detection looks at names only, but each
+    // process's listing of a directory adds what it alone has there (an empty directory, a
+    // refused symlink), so two processes may detect different formats; taking different
+    // paths below would pair process 0's fetch requests with the others' AllOk and hang.
+    std::string decision;  // fetch (0 or 1), then the detected format when there is one
+    if (comm.rank() == 0) {
+      Result<CheckpointFormat> detected = options.format
+                                              ? Result<CheckpointFormat>(*options.format)
+                                              : DetectCheckpointFormat(input.path);
+      fetch = detected.ok() && *detected != CheckpointFormat::kTorchDcp &&
+              *detected != CheckpointFormat::kFcDistcp;
+      decision.push_back(fetch ? '\1' : '\0');
+      if (detected.ok()) decision.push_back(static_cast<char>(*detected));
+    }
+    comm.Broadcast(decision, 0);
+    fetch = !decision.empty() && decision[0] == '\1';
+    if (decision.size() == 2) agreed.format = static_cast<CheckpointFormat>(decision[1]);
   }
   if (!fetch) {
     FC_RETURN_IF_ERROR(comm.AllOk(open()));

@@ -10,7 +10,7 @@
 //   2. process 0 merges the listings (a name with two different sizes is an error naming
 //      both processes) and broadcasts the union;
 //   3. metadata files (`.metadata`, `*.metadata`, `*.json`, `latest`) are read by the lowest
-//      process that has them and broadcast;
+//      process that has them and broadcast (4 GiB in all; beyond, they stay like data files);
 //   4. an InputViewEnv (fc/io/input_view_env.h) installed as DefaultEnv() serves the union
 //      under the input path as given, so every process opens the same checkpoint.
 // ShareVisibility (collective, after the checkpoint is open) says which processes can read
@@ -50,7 +50,8 @@ Result<SharedInput> ShareInput(const std::string& input, Communicator& comm);
 // data files when they open (safetensors headers, DeepSpeed, Megatron and Paddle pickles);
 // when some file is not on every process's disk, process 0 opens first while the others
 // serve what it reads of such files: each read is done by the lowest process that has the
-// file and broadcast, so every process holds it; then the others open from those bytes.
+// file and broadcast, so every process holds it; then the others open from those bytes, in
+// the format process 0 detected.
 // At most 4 GiB are fetched so (kResourceExhausted beyond).
 Result<CheckpointIndex> OpenSharedCheckpoint(SharedInput& input, const OpenOptions& options,
                                              Communicator& comm);

@@ -76,6 +76,24 @@ TEST_CASE("input view: nested union, local files, fetched ranges of others'") {
   CHECK(status.code() == StatusCode::kNotFound);
 }
 
+TEST_CASE("input view: names with repeated slashes and '.' components are the entries") {
+  // Readers join "dir/" + "/" + name when the input is given with a trailing slash.
+  InMemoryEnv mem;
+  REQUIRE(mem.CreateDirectory("local").ok());
+  std::map<std::string, InputViewEnv::Entry> entries;
+  entries["tag/theirs.pt"] = Elsewhere(100, 0);
+  InputViewEnv view(&mem, "./ckpt_{rank}/", "local", entries);
+  CHECK(view.Type("ckpt_{rank}//tag", true) == EnvFileType::kDirectory);
+  CHECK(view.Type("ckpt_{rank}//tag/./theirs.pt", true) == EnvFileType::kRegular);
+  CHECK(view.Type("./ckpt_{rank}/tag//theirs.pt", true) == EnvFileType::kRegular);
+  auto top = view.ListDirectory("ckpt_{rank}/./");
+  REQUIRE(top.ok());
+  CHECK(*top == std::vector<std::string>{"tag"});
+  auto f = view.OpenForRead("ckpt_{rank}//tag/theirs.pt");
+  REQUIRE(f.ok());
+  CHECK((*f)->size() == 100);
+}
+
 TEST_CASE("input view: while fetching, reads of files not on every process go through it") {
   InMemoryEnv mem;
   REQUIRE(mem.CreateDirectory("local").ok());

@@ -96,6 +96,31 @@ def main():
     fcio.run([EXPORT, ref, a, "--quiet", "--include-optimizer"])
     fcio.run([EXPORT, out, b, "--quiet", "--include-optimizer"])
     same_tree(a, b, "convert np 2")
+    # A directory that only one process has, named like another format's metadata (an empty
+    # `.metadata`): that process alone would detect torch DCP and skip the fetch protocol
+    # process 0 runs (a hang); process 0's detection holds for all.
+    src = os.path.join(TESTDATA, "safetensors/hf_sharded")
+    ref = os.path.join(tmp, "odd_dir_ref")
+    fcio.run([EXPORT, src, ref, "--quiet"])
+    parts = os.path.join(tmp, "odd_dir")
+    split(src, parts, 2)
+    os.makedirs(parts + "_1/.metadata")
+    out = os.path.join(tmp, "odd_dir_out")
+    r = subprocess.run(MPI + ["2", EXPORT, parts + "_{rank}", out, "--quiet"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, ("odd dir", r.returncode, r.stdout, r.stderr)
+    same_tree(ref, out, "odd dir")
+    # The input with a trailing slash: readers then build "dir//name".
+    src = os.path.join(TESTDATA, "deepspeed/zero2/ckpt")
+    ref = os.path.join(tmp, "slash_ref")
+    fcio.run([EXPORT, src, ref, "--quiet"])
+    parts = os.path.join(tmp, "slash")
+    split(src, parts, 2)
+    out = os.path.join(tmp, "slash_out")
+    r = subprocess.run(MPI + ["2", EXPORT, parts + "_{rank}/", out, "--quiet"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, ("trailing slash", r.returncode, r.stdout, r.stderr)
+    same_tree(ref, out, "trailing slash")
     print(f"ok: {checked} split exports and a split convert give one process's bytes")
 
 

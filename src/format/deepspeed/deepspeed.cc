@@ -2056,7 +2056,12 @@ Status Reader::MergeBySourceSplit(const std::string& name, bool step,
       s.box.global_offset[d] += off;
       m->chunks.push_back(std::move(s));
     }
-    off += p->global_shape[d];
+    const std::optional<int64_t> next = CheckedAdd(off, p->global_shape[d]);
+    if (!next) {
+      return DataLossError(dir_ + ": TP slices of '" + e0.key + "' overflow dim " +
+                           std::to_string(d) + " when concatenated");
+    }
+    off = *next;
   }
   m->global_shape[d] = off;
   return Status::Ok();
