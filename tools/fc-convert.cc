@@ -3,9 +3,11 @@
 #include <spdlog/spdlog.h>
 
 #include <iostream>
+#include <vector>
 
 #include "cli_common.h"
 #include "fc/format/chunk_reader.h"
+#include "fc/format/output_format.h"
 #include "fc/comm/communicator.h"
 #include "fc/layout/layout_rules.h"
 #include "fc/ops/convert.h"
@@ -61,18 +63,15 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype,
                  "cast floating-point target tensors: bfloat16, float16, float32, float64")
       ->check(CLI::IsMember({"bfloat16", "float16", "float32", "float64"}));
-  std::string out_format = "fc";
-  app.add_option("--output-format", out_format,
-                 "output format: fc (fc distcp with checksums, default) or torch-dcp (PyTorch "
-                 "DCP that torch's load_state_dict reads; flattened target chunks are not "
-                 "possible there), or ucp (a DeepSpeed Universal Checkpoint from a DeepSpeed "
-                 "checkpoint: OUT/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, "
-                 "zero/optimizer_state.pt, the model states copied, then "
-                 "<parent of OUT>/latest_universal; no target), or deepspeed (a DeepSpeed "
-                 "ZeRO-1/2/3 or BF16_Optimizer checkpoint re-partitioned for --dp N: "
-                 "OUT/latest, OUT/<tag>/mp_rank_XX_model_states.pt (ZeRO-3: one per rank) "
-                 "and [bf16_]zero_pp_rank_R_mp_rank_XX_optim_states.pt for R < N; no target)")
-      ->check(CLI::IsMember({"fc", "torch-dcp", "ucp", "deepspeed"}));
+  std::string& out_format = options.output_format;
+  std::string format_help = "output format:";
+  std::vector<std::string> format_names;
+  for (const fc::OutputFormat& f : fc::OutputFormats()) {
+    format_help += "\n  " + std::string(f.name) + ": " + std::string(f.summary);
+    format_names.emplace_back(f.name);
+  }
+  app.add_option("--output-format", out_format, format_help)
+      ->check(CLI::IsMember(format_names));
   app.add_flag("--inject-missing-state", options.ucp_inject_missing_state,
                "with --output-format ucp: TP > 1 without universal_checkpoint_info: "
                "concatenate every param's TP slices along dim 0 (ds_to_universal.py "
@@ -203,9 +202,6 @@ int main(int argc, char** argv) {
     if (!b.ok()) return fc::cli::Finish(tool, b.status());
     options.memory_budget = *b;
   }
-  if (out_format == "torch-dcp") options.output_format = fc::ConvertOutputFormat::kTorchDcp;
-  if (out_format == "ucp") options.output_format = fc::ConvertOutputFormat::kUcp;
-  if (out_format == "deepspeed") options.output_format = fc::ConvertOutputFormat::kDeepSpeed;
   fc::Transport transport;
   if (int code = fc::cli::CheckTransportOption(app, tool, transport_name, &transport); code >= 0) {
     return code;

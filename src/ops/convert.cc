@@ -19,7 +19,7 @@
 #include "fc/format/fc_distcp.h"
 #include "fc/codec/json_writer.h"
 #include "fc/format/open.h"
-#include "fc/format/torch_dcp_writer.h"
+#include "fc/format/output_format.h"
 #include "fc/io/file.h"
 #include "fc/io/output_dir.h"
 #include "fc/layout/layout_rules.h"
@@ -230,6 +230,8 @@ void PrintPlan(const CheckpointIndex& index, const Plan& plan,
 // Everything RunConvert decides before writing a byte. Every process of a multi-process
 // run builds the same plan from the same inputs. Not movable: targets point into `index`.
 struct ConvertPlan {
+  const OutputFormat* format = nullptr;     // a kTargetFiles entry (fc/format/output_format.h)
+  OutputSettings settings;
   CheckpointIndex index;
   std::vector<OutputTensor> targets;
   FcDistcpPlan write_plan;                  // one data file per target rank, objects in file 0
@@ -239,38 +241,6 @@ struct ConvertPlan {
   ConvertSummary summary;
   std::vector<std::vector<int>> visibility;  // which processes see each source file (empty: all)
 };
-
-// --torch-version (default: the source's torch generation, else 2) and
-// --torch-serialization as writer options.
-Result<TorchDcpWriteOptions> TorchWriteOptions(const ConvertOptions& options,
-                                               const std::string& source_torch_generation) {
-  TorchDcpWriteOptions wo;
-  std::string version = options.torch_version;
-  if (version.empty()) version = source_torch_generation;
-  if (version.empty()) version = "2";
-  if (version == "1.13") {
-    wo.generation = TorchGeneration::k1_13;
-  } else if (version == "2.0") {
-    wo.generation = TorchGeneration::k2_0;
-  } else if (version == "2") {
-    wo.generation = TorchGeneration::k2;
-  } else {
-    return InvalidArgumentError("--torch-version '" + version + "': expected 1.13, 2.0 or 2");
-  }
-  if (options.torch_serialization == "safetensors") {
-    wo.serialization = TorchDcpSerialization::kSafetensors;
-  } else if (!options.torch_serialization.empty() &&
-             options.torch_serialization != "torch-save") {
-    return InvalidArgumentError("--torch-serialization '" + options.torch_serialization +
-                                "': expected torch-save or safetensors");
-  }
-  return wo;
-}
-
-std::string SourceTorchGeneration(const CheckpointIndex& index) {
-  auto it = index.attributes.find("torch_generation");
-  return it == index.attributes.end() ? std::string() : it->second;
-}
 
 // What the write plan holds (counted): it stays with the job while it runs.
 uint64_t WritePlanBytes(const FcDistcpPlan& plan) {
@@ -345,10 +315,9 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
     final_dtype[t.key] = t.dtype.value_or(target.dtype);
     plan.tensors.push_back({t.key, final_dtype[t.key], t.global_shape});
   }
-  const bool torch_out = options.output_format == ConvertOutputFormat::kTorchDcp;
   for (TargetRank& r : layout.ranks) {
     FcDistcpFileSpec file;
-    file.name = torch_out ? "__" + std::to_string(r.rank) + "_0.distcp" : FcDistcpFileName(r.rank, 0);
+    file.name = p.format->file_name(r.rank);
     // Moved: the layout's chunks are not used again (the plan request reads these).
     file.chunks.reserve(r.chunks.size());
     for (TargetChunk& c : r.chunks) {
@@ -360,27 +329,22 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
   }
   if (plan.files.empty()) return InvalidArgumentError("the target layout has no ranks");
   for (const ObjectEntry& o : index.objects) {
-    if (torch_out && o.encoding != ObjectEncoding::kTorchSave) {
-      // torch DCP stores non-tensor values as torch.save items; raw bytes have no such form.
+    if (!p.format->stores_object(o.encoding)) {
       if (write_manifest) {
-        spdlog::warn("object '{}' is raw bytes, not a torch.save value: left out of the torch "
-                     "DCP output", o.key);
+        spdlog::warn("object '{}' is {}: left out of the {} output (no such form there)", o.key,
+                     o.encoding == ObjectEncoding::kRaw ? "raw bytes, not a torch.save value"
+                                                        : "a torch.save value",
+                     p.format->name);
       }
       continue;
     }
     p.objects.push_back(&o);
     plan.files.front().objects.push_back({o.key, o.encoding, o.byte_length});
   }
-  if (torch_out) {
-    // The writer's checks (torch DCP: no flattened ranges, chunks that tile each tensor,
-    // dtypes of the torch generation, ...) run on the plan here, so that --dry-run refuses
-    // what the real run would, with the same message, before any output exists.
-    FC_ASSIGN_OR_RETURN(TorchDcpWriteOptions wo,
-                        TorchWriteOptions(options, SourceTorchGeneration(index)));
-    FC_RETURN_IF_ERROR(ValidateTorchDcpPlan(plan, wo));
-  } else {
-    FC_RETURN_IF_ERROR(ValidateFcDistcpPlan(plan));
-  }
+  // The writer's checks (torch DCP: no flattened ranges, chunks that tile each tensor,
+  // dtypes of the torch generation, ...) run on the plan here, so that --dry-run refuses
+  // what the real run would, with the same message, before any output exists.
+  FC_RETURN_IF_ERROR(p.format->check(plan, p.settings));
 
   PlanRequest request;
   request.kind = PlanKind::kConvert;
@@ -416,125 +380,11 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
   return Status::Ok();
 }
 
-// Digests travel between processes as little-endian u64 words:
-// count, then per file: file index, chunk count, chunk digests, object count, object digests.
-std::string SerializeDigests(const std::vector<FcDistcpFileDigests>& digests) {
-  std::vector<uint64_t> words{digests.size()};
-  for (const FcDistcpFileDigests& d : digests) {
-    words.push_back(d.file);
-    words.push_back(d.chunk_xxh3.size());
-    words.insert(words.end(), d.chunk_xxh3.begin(), d.chunk_xxh3.end());
-    words.push_back(d.object_xxh3.size());
-    words.insert(words.end(), d.object_xxh3.begin(), d.object_xxh3.end());
-  }
-  std::string bytes(words.size() * 8, '\0');
-  for (size_t i = 0; i < words.size(); ++i) {
-    for (int b = 0; b < 8; ++b) bytes[i * 8 + b] = static_cast<char>(words[i] >> (8 * b));
-  }
-  return bytes;
-}
-
-Status ParseDigests(const std::string& bytes, std::vector<FcDistcpFileDigests>& out) {
-  if (bytes.empty()) return Status::Ok();  // a process that wrote no file
-  if (bytes.size() % 8 != 0) {
-    return InternalError("digest message of " + std::to_string(bytes.size()) + " bytes");
-  }
-  std::vector<uint64_t> words(bytes.size() / 8);
-  for (size_t i = 0; i < words.size(); ++i) {
-    for (int b = 0; b < 8; ++b) {
-      words[i] |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i * 8 + b])) << (8 * b);
-    }
-  }
-  size_t at = 0;
-  auto next = [&](uint64_t& v) {
-    if (at >= words.size()) return false;
-    v = words[at++];
-    return true;
-  };
-  auto list = [&](std::vector<uint64_t>& v) {
-    uint64_t n = 0;
-    if (!next(n) || n > words.size() - at) return false;
-    const auto first = words.begin() + static_cast<std::ptrdiff_t>(at);
-    v.assign(first, first + static_cast<std::ptrdiff_t>(n));
-    at += n;
-    return true;
-  };
-  uint64_t count = 0;
-  next(count);
-  for (uint64_t i = 0; i < count; ++i) {
-    FcDistcpFileDigests d;
-    uint64_t file = 0;
-    if (!next(file) || !list(d.chunk_xxh3) || !list(d.object_xxh3)) {
-      return InternalError("truncated digest message");
-    }
-    d.file = static_cast<size_t>(file);
-    out.push_back(std::move(d));
-  }
-  if (at != words.size()) return InternalError("digest message has trailing words");
-  return Status::Ok();
-}
-
-// One process's part of the output: its target files, written through the writer of the
-// chosen format on a staging directory shared by all processes.
-class OutputPart {
- public:
-  static Result<std::unique_ptr<OutputPart>> Create(const ConvertOptions& options,
-                                                    const ConvertPlan& p,
-                                                    const std::string& staging,
-                                                    std::vector<size_t> files,
-                                                    const std::string& source_torch_generation) {
-    auto part = std::unique_ptr<OutputPart>(new OutputPart());
-    if (options.output_format == ConvertOutputFormat::kTorchDcp) {
-      FC_ASSIGN_OR_RETURN(TorchDcpWriteOptions wo,
-                          TorchWriteOptions(options, source_torch_generation));
-      wo.files = std::move(files);
-      wo.staging_dir = staging;
-      FC_ASSIGN_OR_RETURN(part->torch_,
-                          TorchDcpWriter::Create(options.output_dir, p.write_plan, wo));
-    } else {
-      FcDistcpWriterOptions wo;
-      wo.files = std::move(files);
-      wo.staging_dir = staging;
-      FC_ASSIGN_OR_RETURN(part->fc_, FcDistcpWriter::Create(options.output_dir, p.write_plan, wo));
-    }
-    return part;
-  }
-
-  Status WriteChunk(size_t f, size_t c, uint64_t offset, std::span<const std::byte> b) {
-    return torch_ ? torch_->WriteChunk(f, c, offset, b) : fc_->WriteChunk(f, c, offset, b);
-  }
-  Status WriteObject(size_t o, std::span<const std::byte> b) {
-    return torch_ ? torch_->WriteObject(0, o, 0, b) : fc_->WriteObject(0, o, 0, b);
-  }
-  // Finishes this part's files; the digests (fc distcp) go to the committing process.
-  Result<std::string> FinishDataFiles() {
-    if (torch_) {
-      FC_RETURN_IF_ERROR(torch_->FinishDataFiles());
-      return std::string();
-    }
-    FC_ASSIGN_OR_RETURN(std::vector<FcDistcpFileDigests> digests, fc_->FinishDataFiles());
-    return SerializeDigests(digests);
-  }
-  // Process 0 only, after every part finished: .metadata / fc.metadata.json and the rename.
-  Status Commit(const ConvertOptions& options, const ConvertPlan& p, const std::string& staging,
-                const std::vector<std::string>& messages) {
-    if (torch_) return torch_->CommitMetadata();
-    std::vector<FcDistcpFileDigests> digests;
-    for (const std::string& m : messages) FC_RETURN_IF_ERROR(ParseDigests(m, digests));
-    return CommitFcDistcpMetadata(options.output_dir, staging, p.write_plan, digests);
-  }
-
- private:
-  OutputPart() = default;
-  std::unique_ptr<FcDistcpWriter> fc_;
-  std::unique_ptr<TorchDcpWriter> torch_;
-};
-
 // The convert's writers, as the executor's sink (none on a process without target files:
 // it only reads for others).
 class PartSink : public PlanSink {
  public:
-  explicit PartSink(OutputPart* part) : part_(part) {}
+  explicit PartSink(TargetFilesWriter* part) : part_(part) {}
   Status Write(uint32_t file, uint32_t slot, uint64_t byte_offset,
                std::span<const std::byte> bytes) override {
     if (part_ == nullptr) return InternalError("write item for a process without target files");
@@ -542,7 +392,7 @@ class PartSink : public PlanSink {
   }
 
  private:
-  OutputPart* part_;
+  TargetFilesWriter* part_;
 };
 
 // Objects (with file 0), copied byte for byte.
@@ -567,7 +417,7 @@ Result<std::vector<std::byte>> ReadObject(const ConvertPlan& p, ChunkReader& rea
 // Objects go into target file 0. Collective: with every file visible everywhere its writer
 // reads them; otherwise each is read by the lowest process that sees its file and sent to
 // the writer of file 0 (objects are small: iteration counters, RNG states, configs).
-Status WriteObjects(const ConvertPlan& p, ChunkReader& reader, OutputPart* part,
+Status WriteObjects(const ConvertPlan& p, ChunkReader& reader, TargetFilesWriter* part,
                     Communicator& comm) {
   if (p.objects.empty() || p.plan.files.empty()) return Status::Ok();
   const int me = comm.rank();
@@ -603,7 +453,7 @@ Status WriteObjects(const ConvertPlan& p, ChunkReader& reader, OutputPart* part,
 // This process's files: objects (with file 0), then its write items through the executor,
 // which every process enters (it exchanges data in step), also one without target files.
 Result<ExecuteStats> WritePart(const ConvertOptions& options, const ConvertPlan& p,
-                               Communicator& comm, OutputPart* part) {
+                               Communicator& comm, TargetFilesWriter* part) {
   const int me = comm.rank();
   ChunkReader reader(p.index);
   FC_RETURN_IF_ERROR(WriteObjects(p, reader, part, comm));
@@ -628,8 +478,9 @@ ConvertOptions PlannedWith(const ConvertOptions& options, Communicator& comm) {
 }  // namespace
 
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
-  if (options.output_format == ConvertOutputFormat::kUcp) return RunConvertUcp(options, out);
-  if (options.output_format == ConvertOutputFormat::kDeepSpeed) {
+  FC_ASSIGN_OR_RETURN(const OutputFormat* format, FindOutputFormat(options.output_format));
+  if (format->shape == OutputShape::kDeepSpeedUniversal) return RunConvertUcp(options, out);
+  if (format->shape == OutputShape::kDeepSpeedRepartitioned) {
     return RunConvertDeepSpeed(options, out);
   }
   RunStatsMeter meter;
@@ -640,11 +491,17 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   // threads and memory, not the files). Agreeing on the outcome keeps a process that failed
   // alone (an unreadable file) from leaving the others waiting.
   auto p = std::make_unique<ConvertPlan>();
+  p->format = format;
   // The input as every process sees it (fc/ops/shared_input.h), opened everywhere.
   FC_ASSIGN_OR_RETURN(SharedInput input, ShareInput(options.input, *comm));
   FC_ASSIGN_OR_RETURN(p->index, OpenSharedCheckpoint(input, OpenOptions{.format = options.format, .source_split = options.source_split}, *comm));
   FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,
                       ShareVisibility(p->index, input, *comm));
+  p->settings.torch_version = options.torch_version;
+  p->settings.torch_serialization = options.torch_serialization;
+  if (auto g = p->index.attributes.find("torch_generation"); g != p->index.attributes.end()) {
+    p->settings.source_torch_generation = g->second;
+  }
   int processes = comm->size();
   if (options.dry_run && options.simulate_processes > 0) {
     if (comm->size() > 1) {
@@ -693,17 +550,14 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   // it can commit.
   const std::vector<uint32_t>& planned = p->plan.per_process[static_cast<size_t>(me)].files;
   const std::vector<size_t> files(planned.begin(), planned.end());
-  std::unique_ptr<OutputPart> part;
+  std::unique_ptr<TargetFilesWriter> part;
   ExecuteStats executed;
   std::string digests;
   Status written = [&]() -> Status {
     Status created = Status::Ok();
     if (!files.empty()) {  // more processes than target files: this one only reads
-      auto generation = p->index.attributes.find("torch_generation");
-      Result<std::unique_ptr<OutputPart>> made =
-          OutputPart::Create(options, *p, staging, files,
-                             generation == p->index.attributes.end() ? std::string()
-                                                                     : generation->second);
+      Result<std::unique_ptr<TargetFilesWriter>> made =
+          p->format->create(options.output_dir, p->write_plan, files, staging, p->settings);
       if (made.ok()) part = std::move(*made);
       created = made.status();
     }
@@ -722,7 +576,7 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   const std::vector<std::string> messages = comm->Gather(digests, 0);
   Status committed = Status::Ok();
   if (me == 0) {
-    committed = part ? part->Commit(options, *p, staging, messages)
+    committed = part ? part->Commit(messages)
                      : InternalError("process 0 was assigned no target file");
   }
   if (me == 0 && committed.ok()) output->MarkCommitted();  // the writer renamed it

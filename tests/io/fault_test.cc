@@ -168,7 +168,7 @@ TEST_CASE("convert to torch DCP: every failure point leaves no output", "[io][fa
     o.input = TestData("torch_dcp/mixed/ckpt");
     o.target_like = TestData("torch_dcp/mixed/ckpt");
     o.output_dir = out;
-    o.output_format = ConvertOutputFormat::kTorchDcp;
+    o.output_format = "torch-dcp";
     o.progress = Progress::Mode::kQuiet;
     o.threads = 1;
     std::ostringstream text;

@@ -19,12 +19,6 @@
 
 namespace fc {
 
-// kUcp: a DeepSpeed Universal Checkpoint from a DeepSpeed checkpoint (src/ops/convert_ucp.h;
-// no target: every param whole). kDeepSpeed: the DeepSpeed checkpoint (ZeRO 1/2/3,
-// BF16_Optimizer) re-partitioned for data-parallel size degrees.dp
-// (src/ops/convert_deepspeed.h; no target).
-enum class ConvertOutputFormat { kFcDistcp, kTorchDcp, kUcp, kDeepSpeed };
-
 struct ConvertOptions {
   std::string input;
   std::optional<CheckpointFormat> format;      // forced input format
@@ -43,7 +37,12 @@ struct ConvertOptions {
   std::vector<std::string> include;
   std::vector<std::string> exclude;
   std::optional<DType> dtype;                  // cast floating-point target tensors to this
-  ConvertOutputFormat output_format = ConvertOutputFormat::kFcDistcp;
+  // A name from the output table (fc/format/output_format.h): "fc", "torch-dcp" (the
+  // target's files), "ucp" (a DeepSpeed Universal Checkpoint from a DeepSpeed checkpoint,
+  // src/ops/convert_ucp.h; no target: every param whole) or "deepspeed" (the DeepSpeed
+  // checkpoint re-partitioned for data-parallel size degrees.dp, src/ops/convert_deepspeed.h;
+  // no target).
+  std::string output_format = "fc";
   std::string torch_version;  // "1.13", "2.0" (2.0-2.3) or "2" (2.4+); empty: like a torch source, else 2
   // torch DCP output with torch_version 2: "safetensors" writes the SAFETENSORS serialization
   // (fc/format/torch_dcp_writer.h); empty or "torch-save": one torch.save archive per chunk.
