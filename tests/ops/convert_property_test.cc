@@ -163,6 +163,7 @@ TEST_CASE("convert: random source and target layouts, flattened on either side",
     o.threads = 2;
     std::ostringstream out;
     auto summary = RunConvert(o, out);
+    INFO(summary.status().ToString());
     REQUIRE(summary.ok());
     CheckOutput(o.output_dir, shape, dst.size());
   }

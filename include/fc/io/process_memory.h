@@ -17,7 +17,9 @@ struct ProcessMemory {
   uint64_t peak_resident = 0;  // VmHWM, bytes: the peak so far (what wait4's ru_maxrss reports)
 };
 
-// nullopt where the kernel gives no such file (not Linux, procfs not mounted).
+// nullopt where the kernel gives no such file (not Linux, procfs not mounted), and in a
+// build with AddressSanitizer, whose shadow memory and quarantine make the kernel's figures
+// several times what the program holds (the jobs then charge nothing for the index).
 std::optional<ProcessMemory> ReadProcessMemory();
 
 // Hands memory the allocator holds but does not use back to the system (glibc malloc_trim;
