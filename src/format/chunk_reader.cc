@@ -38,6 +38,21 @@ bool ContiguousIn(const Box& outer, const Box& box) {
   return true;
 }
 
+// True when `box`'s elements are one run of `outer`'s row-major order: whole on every axis
+// after some axis k, a single index on every axis before it (k is free). Wider than
+// ContiguousIn: part of one row is a run too (a flattened range that cuts a row ends in one).
+bool OneRunIn(const Box& outer, const Box& box) {
+  size_t last_partial = box.rank();
+  for (size_t i = 0; i < box.rank(); ++i) {
+    if (box.local_shape[i] != outer.local_shape[i]) last_partial = i;
+  }
+  if (last_partial == box.rank()) return true;
+  for (size_t i = 0; i < last_partial; ++i) {
+    if (box.local_shape[i] != 1) return false;
+  }
+  return true;
+}
+
 // Row-major element offset of box's first element inside `outer`.
 int64_t FirstElementOffset(const Box& outer, const Box& box) {
   int64_t offset = 0;
@@ -575,9 +590,10 @@ Status ChunkReader::CopyChunkRegion(const TensorEntry& tensor, const Chunk& chun
                            ": a checksummed chunk must be located and packed");
     }
     if (!Contains(region, chunk.box)) {
-      // Parts of the chunk: each overlap with one of its stored boxes. Whole rows of a stored
-      // box are one run of the chunk's bytes, hashed as copied (in order, or kept until the
-      // bytes before them are in); anything else (a column cut) is verified from the file.
+      // Parts of the chunk: each overlap with one of its stored boxes. A part that is one run
+      // of the chunk's bytes (whole rows, or part of one row) is hashed as copied (in order,
+      // or kept until the bytes before them are in); anything else (a column cut over
+      // several rows) is verified from the file.
       const size_t esize = DTypeSize(tensor.dtype);
       struct Part {
         Box stored;
@@ -595,7 +611,7 @@ Status ChunkReader::CopyChunkRegion(const TensorEntry& tensor, const Chunk& chun
                                     : std::vector<Box>{}) {
         std::optional<Box> part = Intersect(stored, region);
         if (part && !part->empty()) {
-          if (!ContiguousIn(stored, *part)) runs = false;
+          if (!OneRunIn(stored, *part)) runs = false;
           parts.push_back({stored, element, *part});
         }
         element += static_cast<uint64_t>(stored.num_elements());

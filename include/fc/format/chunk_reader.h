@@ -13,8 +13,8 @@
 // Checksums: a chunk that carries an xxh3_64 (fc distcp) is verified from the bytes
 // CopyChunkRegion copies, and remembered as verified for the reader's lifetime:
 //   - a read of the whole chunk hashes what it copied (no second read);
-//   - reads of whole rows (axis 0) of a row-major chunk, or of one of a flattened range's
-//     stored boxes, are runs of the chunk's bytes: hashed as copied when a run is the next in
+//   - reads of whole rows (axis 0), or of part of one row, of a row-major chunk or of one of
+//     a flattened range's stored boxes, are runs of the chunk's bytes: hashed as copied when a run is the next in
 //     the chunk's byte order, else copied, packed and kept until the runs before it are in
 //     (other threads, other rounds, parts read for other processes first), so a chunk read
 //     in parts by one process is read once; past the reorder limit (SetReorderLimit) the gap
@@ -130,16 +130,17 @@ class ChunkReader {
   Status CheckDigest(const TensorEntry& tensor, const Chunk& chunk, uint64_t actual) const;
   // Hashes the chunk's bytes from its file and checks them.
   Status VerifyFromFile(const TensorEntry& tensor, const Chunk& chunk);
-  // Copies `part` (whole rows of `stored`, one of the chunk's stored boxes, whose data starts
-  // at element `stored_element` of the chunk) and feeds it to the chunk's running hash:
+  // Copies `part` (one run of `stored`: whole rows or part of one row; `stored` is one of
+  // the chunk's stored boxes, whose data starts at element `stored_element` of the chunk)
+  // and feeds it to the chunk's running hash:
   // directly when it is the next run of the chunk's bytes, else kept (packed) until the
   // bytes before it are in, within the reorder limit, else after hashing the gap from the
   // file. Checks the digest once the chunk is complete.
   Status CopyPartHashing(const TensorEntry& tensor, const Chunk& chunk, const Box& stored,
                          uint64_t stored_element, const Box& part, void* dst,
                          const Box& dst_box);
-  // Copies `rows` (whole rows of `stored`, a stored box of `chunk`) in batches, feeding each
-  // to `xxh3_state` (an XXH3_state_t; opaque here, the source inlines xxHash under renamed
+  // Copies `rows` (one run of `stored`, a stored box of `chunk`) in batches of rows, feeding
+  // each to `xxh3_state` (an XXH3_state_t; opaque here, the source inlines xxHash under renamed
   // types).
   Status CopyRowsHashing(const TensorEntry& tensor, const Chunk& chunk, const Box& stored,
                          const Box& rows, void* dst, const Box& dst_box, void* xxh3_state);

@@ -491,6 +491,20 @@ TEST_CASE("ChunkReader verifies checksums on read", "[fcdistcp]") {
     CHECK(reader.verify_bytes_read() == 0);
     CHECK(dst[3 * 6 + 0] == static_cast<float>(fcdistcp_sample::SampleValue("optim.exp_avg", 12)));
   }
+  SECTION("a flattened range that cuts a row: the part row is a run, nothing reread") {
+    // A target chunk flat [0, 18) of [8, 4] ends in row 4 (two of its four elements); the
+    // next starts there. Both read from embed's second chunk (rows [4, 8)).
+    ChunkReader reader(*good, ChunkReaderOptions{.verify_checksums = true});
+    const Chunk& c = embed.chunks[1];
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{4, 0}, {1, 2}}, dst.data(), wide));
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{5, 0}, {3, 4}}, dst.data(), wide));
+    CHECK(reader.chunks_verified() == 0);  // rows 5-7 wait for the rest of row 4
+    FC_REQUIRE_OK(reader.CopyChunkRegion(embed, c, Box{{4, 2}, {1, 2}}, dst.data(), wide));
+    CHECK(reader.chunks_verified() == 1);
+    CHECK(reader.verify_bytes_read() == 0);
+    CHECK(dst[4 * 6 + 3] ==
+          static_cast<float>(fcdistcp_sample::SampleValue("model.embed.weight", 4 * 4 + 3)));
+  }
   SECTION("a column cut is verified from the file before it is used") {
     ChunkReader reader(*good, ChunkReaderOptions{.verify_checksums = true});
     const Chunk& c = embed.chunks[1];
@@ -539,6 +553,16 @@ TEST_CASE("ChunkReader verifies checksums on read", "[fcdistcp]") {
     s = columns.CopyChunkRegion(bad_embed, bad_embed.chunks[1], Box{{4, 2}, {4, 2}},
                                 dst.data(), wide);
     CHECK(s.code() == StatusCode::kDataLoss);
+    // In parts that cut row 4, the damaged half last: refused as the hash completes.
+    ChunkReader cut(*bad, ChunkReaderOptions{.verify_checksums = true});
+    FC_EXPECT_OK(cut.CopyChunkRegion(bad_embed, bad_embed.chunks[1], Box{{4, 2}, {1, 2}},
+                                     dst.data(), wide));
+    FC_EXPECT_OK(cut.CopyChunkRegion(bad_embed, bad_embed.chunks[1], Box{{5, 0}, {3, 4}},
+                                     dst.data(), wide));
+    s = cut.CopyChunkRegion(bad_embed, bad_embed.chunks[1], Box{{4, 0}, {1, 2}}, dst.data(),
+                            wide);
+    CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK(cut.verify_bytes_read() == 0);
   }
   SECTION("the damaged row read alone: FinishVerification refuses it") {
     ChunkReader reader(*bad, ChunkReaderOptions{.verify_checksums = true});
