@@ -98,6 +98,7 @@
 #ifndef FC_FORMAT_FC_DISTCP_H_
 #define FC_FORMAT_FC_DISTCP_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -315,6 +316,11 @@ struct FcDistcpWriterOptions {
   // A directory from CreateFcDistcpStagingDir shared by several writers; empty = the
   // writer creates (and owns) its own.
   std::string staging_dir;
+  // Bytes of slabs that arrive ahead of the bytes before them in their entry (several
+  // threads writing one chunk) kept in memory until those are in, so that each entry is
+  // hashed as it is written. 0, or a slab that would pass the limit: the entry is hashed
+  // from the file by FinishDataFiles instead (a second read of it).
+  uint64_t reorder_limit = 0;
 };
 
 class FcDistcpWriter {
@@ -336,6 +342,9 @@ class FcDistcpWriter {
   const std::string& staging_dir() const { return staging_dir_; }
   const FcDistcpPlan& plan() const { return plan_; }
   const std::vector<FcDistcpFileLayout>& layouts() const { return layouts_; }
+  // Bytes FinishDataFiles hashed from the written files: entries whose slabs came out of
+  // order past the reorder limit (FcDistcpWriterOptions::reorder_limit).
+  uint64_t rehashed_bytes() const { return rehashed_bytes_; }
 
   // Writes `bytes` at `offset` of chunk `chunk` of plan file `file` (offset in bytes
   // from the chunk's first stored element). kInvalidArgument for a file this writer does
@@ -361,6 +370,8 @@ class FcDistcpWriter {
   struct FileState;
   FcDistcpWriter();
   Status WriteEntry(size_t file, size_t entry, uint64_t offset, std::span<const std::byte> bytes);
+  // Forgets the slabs of `entry` kept ahead of its hash (it is hashed from the file instead).
+  void DropPending(FileState& fs, size_t entry);
 
   std::string out_dir_;
   std::string staging_dir_;
@@ -369,6 +380,9 @@ class FcDistcpWriter {
   std::vector<FcDistcpFileLayout> layouts_;
   std::vector<std::unique_ptr<FileState>> files_;  // per plan file; null when not ours
   enum class State { kOpen, kDataDone, kCommitted, kAborted } state_ = State::kOpen;
+  uint64_t reorder_limit_ = 0;
+  uint64_t rehashed_bytes_ = 0;
+  std::atomic<uint64_t> pending_bytes_{0};  // slabs kept ahead of their entry's hash, all files
 };
 
 }  // namespace fc

@@ -64,6 +64,11 @@ struct OutputSettings {
   std::string source_torch_generation;
   // torch-dcp with version 2: "safetensors" or "torch-save" (empty: torch-save).
   std::string torch_serialization;
+  // fc distcp: bytes of slabs written ahead of the bytes before them in their chunk (several
+  // workers on one chunk) that a part may keep to hash each chunk as it is written
+  // (FcDistcpWriterOptions::reorder_limit); past it a chunk is hashed from the file at the
+  // end. fc-convert gives an eighth of the memory budget, as the executor gives the reader.
+  uint64_t reorder_bytes = 0;
 };
 
 enum class OutputShape { kTargetFiles, kDeepSpeedUniversal, kDeepSpeedRepartitioned };

@@ -95,10 +95,11 @@ OutputFormat FcDistcpOutputFormat() {
       },
       .create = [](const std::string& out_dir, const FcDistcpPlan& plan, std::vector<size_t> files,
                    const std::string& staging_dir,
-                   const OutputSettings&) -> Result<std::unique_ptr<TargetFilesWriter>> {
+                   const OutputSettings& settings) -> Result<std::unique_ptr<TargetFilesWriter>> {
         FcDistcpWriterOptions options;
         options.files = std::move(files);
         options.staging_dir = staging_dir;
+        options.reorder_limit = settings.reorder_bytes;
         FC_ASSIGN_OR_RETURN(std::unique_ptr<FcDistcpWriter> writer,
                             FcDistcpWriter::Create(out_dir, plan, options));
         return std::unique_ptr<TargetFilesWriter>(new FcDistcpPart(std::move(writer)));

@@ -11,7 +11,9 @@
 #include <xxhash.h>
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
+#include <utility>
 
 #include "fc/format/fc_distcp.h"
 #include "fc/io/file.h"
@@ -44,6 +46,9 @@ struct FcDistcpWriter::FileState {
   std::unique_ptr<SafetensorsWriter> writer;
   std::mutex mu;  // orders (write, hash update) pairs of this file
   std::vector<EntryHash> hashes;  // chunks, then objects
+  // Slabs written ahead of their entry's hash, by (entry, offset): one map per file, not per
+  // entry (a file may hold millions of entries).
+  std::map<std::pair<size_t, uint64_t>, std::vector<std::byte>> pending;
 };
 
 FcDistcpWriter::FcDistcpWriter() = default;
@@ -113,6 +118,7 @@ Result<std::unique_ptr<FcDistcpWriter>> FcDistcpWriter::Create(const std::string
   }
   w->plan_ = std::move(plan);
   w->layouts_ = std::move(layouts);
+  w->reorder_limit_ = options.reorder_limit;
   w->files_.resize(w->plan_.files.size());
   // From here on, an error return destroys `w`, whose destructor cleans up.
   for (size_t f = 0; f < w->plan_.files.size(); ++f) {
@@ -154,6 +160,13 @@ FcDistcpWriter::~FcDistcpWriter() {
   }
 }
 
+void FcDistcpWriter::DropPending(FileState& fs, size_t entry) {
+  const auto first = fs.pending.lower_bound({entry, 0});
+  const auto last = fs.pending.lower_bound({entry + 1, 0});
+  for (auto it = first; it != last; ++it) pending_bytes_ -= it->second.size();
+  fs.pending.erase(first, last);
+}
+
 Status FcDistcpWriter::WriteEntry(size_t file, size_t entry, uint64_t offset,
                                   std::span<const std::byte> bytes) {
   if (state_ != State::kOpen) {
@@ -168,10 +181,22 @@ Status FcDistcpWriter::WriteEntry(size_t file, size_t entry, uint64_t offset,
   FC_RETURN_IF_ERROR(fs.writer->Write(entry, offset, bytes));
   EntryHash& h = fs.hashes[entry];
   if (h.rehash || h.digest) return Status::Ok();
+  // Slabs never overlap (the SafetensorsWriter refuses bytes written twice), so one that is
+  // not the next is ahead of it.
   if (offset != h.next) {
-    // Out of order: hashing would need the missing prefix. Re-read at the end instead.
-    h.Drop();
-    h.rehash = true;
+    uint64_t held = pending_bytes_.load();
+    do {
+      if (held + bytes.size() > reorder_limit_) {
+        // Hashing would need the missing prefix, and there is no room to wait for it:
+        // re-read the entry at the end instead.
+        DropPending(fs, entry);
+        h.Drop();
+        h.rehash = true;
+        return Status::Ok();
+      }
+    } while (!pending_bytes_.compare_exchange_weak(held, held + bytes.size()));
+    fs.pending.emplace(std::make_pair(entry, offset),
+                       std::vector<std::byte>(bytes.begin(), bytes.end()));
     return Status::Ok();
   }
   if (!h.state) {
@@ -181,6 +206,14 @@ Status FcDistcpWriter::WriteEntry(size_t file, size_t entry, uint64_t offset,
   }
   XXH3_64bits_update(h.state, bytes.data(), bytes.size());
   h.next += bytes.size();
+  // The slabs that waited for this one.
+  for (auto it = fs.pending.find({entry, h.next}); it != fs.pending.end();
+       it = fs.pending.find({entry, h.next})) {
+    XXH3_64bits_update(h.state, it->second.data(), it->second.size());
+    h.next += it->second.size();
+    pending_bytes_ -= it->second.size();
+    fs.pending.erase(it);
+  }
   if (h.next == fs.writer->layout().tensor_bytes[entry]) {
     h.digest = XXH3_64bits_digest(h.state);
     h.Drop();
@@ -230,6 +263,7 @@ Result<std::vector<FcDistcpFileDigests>> FcDistcpWriter::FinishDataFiles() {
         FC_ASSIGN_OR_RETURN(h.digest,
                             Xxh3OfFileRange(*reread, fs.writer->layout().tensor_offset[e],
                                             fs.writer->layout().tensor_bytes[e]));
+        rehashed_bytes_ += fs.writer->layout().tensor_bytes[e];
       }
       (e < chunks ? d.chunk_xxh3 : d.object_xxh3).push_back(*h.digest);
     }

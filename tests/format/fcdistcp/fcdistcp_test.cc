@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <random>
 #include <regex>
@@ -302,13 +303,18 @@ TEST_CASE("round trip: random plans, random slab orders", "[fcdistcp]") {
 }
 
 TEST_CASE("concurrent slab writes from several threads", "[fcdistcp]") {
-  for (uint64_t seed = 40; seed < 46; ++seed) {
-    INFO("seed " << seed);
+  // Out-of-order slabs: hashed from the file at the end (limit 0), kept until the bytes
+  // before them are in (a limit that holds them all), or a mix of both (a small limit).
+  for (uint64_t seed = 40; seed < 49; ++seed) {
+    const uint64_t reorder_limit = std::array<uint64_t, 3>{0, 64, 64u << 20}[seed % 3];
+    INFO("seed " << seed << " reorder limit " << reorder_limit);
     std::mt19937_64 rng(seed);
     RandomCheckpoint r = MakeRandomCheckpoint(rng);
     TempDir tmp;
     const std::string out = tmp.Join("ckpt");
-    auto w = FcDistcpWriter::Create(out, r.plan);
+    FcDistcpWriterOptions options;
+    options.reorder_limit = reorder_limit;
+    auto w = FcDistcpWriter::Create(out, r.plan, options);
     FC_REQUIRE_OK(w);
     // Every slab of every entry, dealt round-robin to 4 threads (so one entry's slabs
     // arrive from several threads, in and out of order).
@@ -348,6 +354,7 @@ TEST_CASE("concurrent slab writes from several threads", "[fcdistcp]") {
     for (auto& th : threads) th.join();
     for (const Status& s : results) FC_REQUIRE_OK(s);
     FC_REQUIRE_OK((*w)->Finish());
+    if (reorder_limit == (64u << 20)) CHECK((*w)->rehashed_bytes() == 0);
     CheckReadBack(out, r);
   }
 }
