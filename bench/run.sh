@@ -5,7 +5,7 @@
 # usage: bench/run.sh export|export-torch|export-deepspeed|convert|convert-np2 [SIZE_GB=1] [RUNS=3] [BUDGET=512MiB] [BUILD=build]
 # Writes a synthetic TP-8 bfloat16 fc distcp checkpoint of SIZE_GB under $BENCH_DIR
 # (default /tmp/fc-bench), warms the page cache, then times RUNS copies with cp -r and RUNS
-# runs of the tool (median of each), and reports:
+# runs of the tool (median of each; the two take turns going first), and reports:
 #   ratio = median cp seconds / median tool seconds   (target >= 0.7)
 #   peak RSS of the tool against --memory-budget      (target <= budget + 64 MB)
 # export: to HF safetensors (5GB shards). export-torch: the same, from the same tensors as a
@@ -74,8 +74,11 @@ PY
 fi
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 cp_times=(); fc_times=(); rss=()
-for i in $(seq "$runs"); do
-  rm -rf "$dir/cp-out" "$dir/fc-out"; sync
+# The baseline and the tool take turns going first: on this kind of VM the second of two
+# back-to-back writes of gigabytes waits for the first's write-back, which would otherwise
+# always count against the same side.
+run_baseline() {
+  local t0 t1
   t0=$(date +%s.%N)
   if [[ $mode == convert-np2 ]]; then
     "$build/tools/fc-convert" "$src" "$dir/cp-out" --target-manifest "$dir/tp2-zero2.json" \
@@ -87,9 +90,11 @@ for i in $(seq "$runs"); do
   fi
   sync; t1=$(date +%s.%N)
   cp_times+=("$(echo "$t1 - $t0" | bc)")
-  [[ $mode == convert-np2 ]] || { rm -rf "$dir/cp-out"; sync; }
+}
+run_tool() {
+  local t0 t1 stats=()
   t0=$(date +%s.%N)
-  stats=(); [[ $i == "$runs" ]] && stats=(--stats "$dir/stats.json")
+  [[ $i == "$runs" ]] && stats=(--stats "$dir/stats.json")
   if [[ $mode == export || $mode == export-torch ]]; then
     /usr/bin/time -f "%M" -o "$dir/rss.txt" "$build/tools/fc-export" "$src" "$dir/fc-out" \
         --memory-budget "$budget" --quiet "${stats[@]}" ${FC_BENCH_FLAGS:-}
@@ -110,11 +115,23 @@ for i in $(seq "$runs"); do
   fi
   sync; t1=$(date +%s.%N)
   fc_times+=("$(echo "$t1 - $t0" | bc)")
+  rss+=("$(cat "$dir/rss.txt")")
+}
+for i in $(seq "$runs"); do
+  rm -rf "$dir/cp-out" "$dir/fc-out"; sync
+  if (( i % 2 == 1 )); then
+    run_baseline
+    [[ $mode == convert-np2 ]] || { rm -rf "$dir/cp-out"; sync; }
+    run_tool
+  else
+    run_tool
+    [[ $mode == convert-np2 ]] || { rm -rf "$dir/fc-out"; sync; }
+    run_baseline
+  fi
   if [[ $mode == convert-np2 ]]; then  # not timed: the same bytes as np 1
     diff -r "$dir/cp-out" "$dir/fc-out" >/dev/null || { echo "np 2 output differs from np 1"; exit 1; }
-    rm -rf "$dir/cp-out"
   fi
-  rss+=("$(cat "$dir/rss.txt")")
+  rm -rf "$dir/cp-out" "$dir/fc-out"
 done
 cp_med=$(printf '%s\n' "${cp_times[@]}" | median)
 fc_med=$(printf '%s\n' "${fc_times[@]}" | median)
