@@ -5,6 +5,14 @@
 // so a FIFO planted in place of a data or metadata file would hang the tool before fstat
 // could refuse it. With O_NONBLOCK the open returns at once; fstat then shows the type.
 // Regular files ignore O_NONBLOCK.
+//
+// Why PosixWritable starts write-back early: fc's output is durable, so every file ends with
+// fdatasync. Left alone, the kernel holds the written pages dirty until memory pressure or
+// its timers, and the final fdatasync then writes the whole file while fc waits. Every
+// kWriteBackStride bytes written to a file, sync_file_range(SYNC_FILE_RANGE_WRITE) asks the
+// kernel to start writing the file's dirty pages without waiting for them: the disk works
+// while fc reads and assembles, and the fdatasync at the end finds little left to do. When the
+// device's queue is full the call waits, which holds back a writer that runs ahead of the disk.
 #include "fc/io/env.h"
 
 #include <dirent.h>
@@ -16,6 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <climits>
@@ -122,6 +131,8 @@ class PosixReadable : public EnvReadableFile {
   uint64_t size_;
 };
 
+constexpr uint64_t kWriteBackStride = uint64_t{16} << 20;
+
 class PosixWritable : public EnvWritableFile {
  public:
   PosixWritable(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
@@ -141,6 +152,7 @@ class PosixWritable : public EnvWritableFile {
       if (n == 0) return IoError("writing " + path_ + ": no progress (disk full?)");
       done += static_cast<size_t>(n);
     }
+    StartWriteBack(data.size());
     return Status::Ok();
   }
   Status Sync() override {
@@ -157,8 +169,20 @@ class PosixWritable : public EnvWritableFile {
   }
 
  private:
+  // Best effort: a failure here shows again, with its errno, at the fdatasync in Sync().
+  void StartWriteBack(size_t written) {
+#ifdef __linux__
+    if (unstarted_bytes_.fetch_add(written) + written < kWriteBackStride) return;
+    if (unstarted_bytes_.exchange(0) < kWriteBackStride) return;  // another writer started it
+    (void)::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+#else
+    (void)written;
+#endif
+  }
+
   std::string path_;
   int fd_;
+  std::atomic<uint64_t> unstarted_bytes_{0};  // written since write-back was last started
 };
 
 class Posix : public Env {

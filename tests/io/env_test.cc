@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <thread>
+
 #include "fc/io/env.h"
 #include "fc/io/file.h"
 #include "fc/io/output_dir.h"
@@ -136,6 +138,46 @@ TEST_CASE("reads: symlinks out of their directory need follow_symlinks", "[io][p
   SetIoPolicy(IoPolicy{true});
   CHECK(RandomAccessFile::Open(JoinPath(s.dir, "ckpt/out")).ok());
   SetIoPolicy(IoPolicy{false});
+}
+
+TEST_CASE("posix writes: disjoint ranges from two threads, across write-back starts", "[io][env]") {
+  // 40 MiB in 1 MiB pieces, odd and even pieces from two threads, the second thread from the
+  // end: more than two write-back strides, started while the other thread writes.
+  Scratch s;
+  const std::string path = JoinPath(s.dir, "big");
+  auto file = PosixEnv()->CreateForWrite(path);
+  REQUIRE(file.ok());
+  constexpr size_t kPiece = size_t{1} << 20, kPieces = 40;
+  auto fill = [](size_t piece) {
+    std::vector<std::byte> b(kPiece);
+    for (size_t i = 0; i < b.size(); i += 4096) b[i] = std::byte(piece * 7 + i / 4096);
+    return b;
+  };
+  std::vector<Status> status(2);
+  auto writer = [&](int parity) {
+    for (size_t k = 0; k < kPieces / 2; ++k) {
+      const size_t piece = parity == 0 ? 2 * k : kPieces - 1 - 2 * k;
+      Status st = (*file)->WriteAt(piece * kPiece, fill(piece));
+      if (!st.ok()) status[parity] = st;
+    }
+  };
+  std::thread other(writer, 1);
+  writer(0);
+  other.join();
+  REQUIRE(status[0].ok());
+  REQUIRE(status[1].ok());
+  REQUIRE((*file)->Sync().ok());
+  REQUIRE((*file)->Close().ok());
+  auto read = PosixEnv()->OpenForRead(path);
+  REQUIRE(read.ok());
+  REQUIRE((*read)->size() == kPieces * kPiece);
+  std::vector<std::byte> got(kPiece);
+  for (size_t piece = 0; piece < kPieces; ++piece) {
+    auto n = (*read)->Read(piece * kPiece, got);
+    REQUIRE(n.ok());
+    REQUIRE(*n == kPiece);
+    REQUIRE(got == fill(piece));
+  }
 }
 
 TEST_CASE("cancel: every later operation fails", "[io][cancel]") {

@@ -69,7 +69,8 @@ std::unique_ptr<EnvReadableFile> NewMemoryReadableFile(std::span<const std::byte
                                                        std::shared_ptr<const void> holder);
 
 // An open file for writing (created or truncated). WriteAt may be called concurrently for
-// disjoint ranges.
+// disjoint ranges. Written bytes are durable only after Sync(); the POSIX file starts the
+// kernel's write-back of what it has been given every 16 MiB, without waiting for it.
 class EnvWritableFile {
  public:
   virtual ~EnvWritableFile() = default;
