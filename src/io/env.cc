@@ -6,13 +6,21 @@
 // could refuse it. With O_NONBLOCK the open returns at once; fstat then shows the type.
 // Regular files ignore O_NONBLOCK.
 //
-// Why PosixWritable starts write-back early: fc's output is durable, so every file ends with
-// fdatasync. Left alone, the kernel holds the written pages dirty until memory pressure or
-// its timers, and the final fdatasync then writes the whole file while fc waits. Every
-// kWriteBackStride bytes written to a file, sync_file_range(SYNC_FILE_RANGE_WRITE) asks the
-// kernel to start writing the file's dirty pages without waiting for them: the disk works
-// while fc reads and assembles, and the fdatasync at the end finds little left to do. When the
-// device's queue is full the call waits, which holds back a writer that runs ahead of the disk.
+// Why PosixWritable starts write-back early and drops written pages: fc's output is durable,
+// so every file ends with fdatasync. Left alone, the kernel holds the written pages dirty
+// until memory pressure or its timers, and the final fdatasync then writes the whole file
+// while fc waits. Every kWriteBackStride bytes written to a file,
+// sync_file_range(SYNC_FILE_RANGE_WRITE) asks the kernel to start writing the file's dirty
+// pages without waiting for them: the disk works while fc reads and assembles, and the
+// fdatasync at the end finds little left to do. When the device's queue is full the call
+// waits, which holds back a writer that runs ahead of the disk. Then
+// posix_fadvise(POSIX_FADV_DONTNEED) drops the file's pages already on disk (dirty pages and
+// pages under write-back stay): the output does not fill the page cache, which would evict
+// the input being read and cost the kernel reclaim work per page. Measured on the 2-core VM
+// (10 GB export, warm source): keeping the pages took 7.8-16.2 s with 11-28 s of system
+// CPU, dropping them 5.2-5.7 s with 3.7-4.1 s; at 1 GB 0.60-0.83 s against 0.52-0.67 s.
+// The output is therefore not in the page cache after a run; nothing in fc reads it back
+// but for file sizes.
 #include "fc/io/env.h"
 
 #include <dirent.h>
@@ -169,12 +177,14 @@ class PosixWritable : public EnvWritableFile {
   }
 
  private:
-  // Best effort: a failure here shows again, with its errno, at the fdatasync in Sync().
+  // Best effort: a write-back failure shows again, with its errno, at the fdatasync in Sync();
+  // dropping pages is advice.
   void StartWriteBack(size_t written) {
 #ifdef __linux__
     if (unstarted_bytes_.fetch_add(written) + written < kWriteBackStride) return;
     if (unstarted_bytes_.exchange(0) < kWriteBackStride) return;  // another writer started it
     (void)::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+    (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
 #else
     (void)written;
 #endif

@@ -141,16 +141,18 @@ TEST_CASE("reads: symlinks out of their directory need follow_symlinks", "[io][p
 }
 
 TEST_CASE("posix writes: disjoint ranges from two threads, across write-back starts", "[io][env]") {
-  // 40 MiB in 1 MiB pieces, odd and even pieces from two threads, the second thread from the
-  // end: more than two write-back strides, started while the other thread writes.
+  // 40 pieces of 1 MiB + 1000 bytes, odd and even pieces from two threads, the second thread
+  // from the end: more than two write-back strides, started (and written pages dropped) while
+  // the other thread writes. Pieces end mid-page, so a page one thread filled in part may be
+  // written back and dropped before the other thread writes the rest of it.
   Scratch s;
   const std::string path = JoinPath(s.dir, "big");
   auto file = PosixEnv()->CreateForWrite(path);
   REQUIRE(file.ok());
-  constexpr size_t kPiece = size_t{1} << 20, kPieces = 40;
+  constexpr size_t kPiece = (size_t{1} << 20) + 1000, kPieces = 40;
   auto fill = [](size_t piece) {
     std::vector<std::byte> b(kPiece);
-    for (size_t i = 0; i < b.size(); i += 4096) b[i] = std::byte(piece * 7 + i / 4096);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = std::byte((piece * 131 + i * 7) & 0xff);
     return b;
   };
   std::vector<Status> status(2);

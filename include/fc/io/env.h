@@ -70,7 +70,8 @@ std::unique_ptr<EnvReadableFile> NewMemoryReadableFile(std::span<const std::byte
 
 // An open file for writing (created or truncated). WriteAt may be called concurrently for
 // disjoint ranges. Written bytes are durable only after Sync(); the POSIX file starts the
-// kernel's write-back of what it has been given every 16 MiB, without waiting for it.
+// kernel's write-back of what it has been given every 16 MiB, without waiting for it, and
+// drops from the page cache the pages already written back.
 class EnvWritableFile {
  public:
   virtual ~EnvWritableFile() = default;
