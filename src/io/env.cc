@@ -19,8 +19,9 @@
 // the input being read and cost the kernel reclaim work per page. Measured on the 2-core VM
 // (10 GB export, warm source): keeping the pages took 7.8-16.2 s with 11-28 s of system
 // CPU, dropping them 5.2-5.7 s with 3.7-4.1 s; at 1 GB 0.60-0.83 s against 0.52-0.67 s.
-// The output is therefore not in the page cache after a run; nothing in fc reads it back
-// but for file sizes.
+// The output is therefore not in the page cache after a run. fc reads its own output back
+// only where the fc distcp writer re-hashes a chunk whose slabs came too far out of order
+// (FcDistcpWriterOptions::reorder_limit); those bytes then come from the disk.
 #include "fc/io/env.h"
 
 #include <dirent.h>
