@@ -6,7 +6,7 @@
 # Writes a synthetic TP-8 bfloat16 fc distcp checkpoint of SIZE_GB under $BENCH_DIR
 # (default /tmp/fc-bench), warms the page cache, then times RUNS copies with cp -r and RUNS
 # runs of the tool (median of each; the two take turns going first), and reports:
-#   ratio = median cp seconds / median tool seconds   (target >= 0.7)
+#   ratio = median cp seconds / median tool seconds   (targets: export >= 1.2, convert >= 1.0)
 #   peak RSS of the tool against --memory-budget      (target <= budget + 64 MB)
 # export: to HF safetensors (5GB shards). export-torch: the same, from the same tensors as a
 # PyTorch DCP checkpoint (torch.save items inside .distcp files, written by fc-convert
