@@ -62,16 +62,7 @@ class SourceTensorIndex {
   // stored box, in increasing order of the stored boxes' first axis-0 offset.
   template <typename Fn>
   void ForEach(const Box& query, Fn&& fn) const {
-    auto first = entries_.begin();
-    auto last = entries_.end();
-    if (query.rank() > 0) {
-      const int64_t lo = query.global_offset[0] - max_extent_ + 1;
-      const int64_t hi = query.global_offset[0] + query.local_shape[0];
-      first = std::lower_bound(entries_.begin(), entries_.end(), lo,
-                               [](const Entry& e, int64_t v) { return First(e.box) < v; });
-      last = std::lower_bound(first, entries_.end(), hi,
-                              [](const Entry& e, int64_t v) { return First(e.box) < v; });
-    }
+    const auto [first, last] = Candidates(query);
     for (auto it = first; it != last; ++it) {
       if (auto o = Intersect(it->box, query); o && !o->empty()) fn(*o, it->file, it->chunk);
     }

@@ -281,12 +281,6 @@ def case_mpi():
     src = os.path.join(fx, "ckpt")
     tensors = inspect_json(src)["tensors"]
 
-    def same_tree(a, b, label):
-        fa, fb = sorted(os.listdir(a)), sorted(os.listdir(b))
-        assert fa == fb, (label, fa, fb)
-        for f in fa:
-            assert open(os.path.join(a, f), "rb").read() == open(os.path.join(b, f), "rb").read(), (label, f)
-
     def no_leftovers():
         left = [n for n in os.listdir(tmp) if ".fc-tmp-" in n]
         assert not left, left
@@ -300,7 +294,7 @@ def case_mpi():
         for np_ in (2, 5):  # 5 > the 3 target files: two processes write nothing
             multi = os.path.join(tmp, f"mpi{np_}-{label}")
             fcio.run([*mpi, str(np_), CONVERT, src, multi, "--quiet", *flags])
-            same_tree(single, multi, f"{label} -np {np_}")
+            fcio.same_tree(single, multi, f"{label} -np {np_}")
             print(f"ok mpi {label} -np {np_}: byte-identical to the single-process run")
     fcio.run([INSPECT, os.path.join(tmp, "mpi2-flat"), "--verify"])
     check_export_matches(os.path.join(tmp, "mpi5-flat"), fx, "mpi5-flat")

@@ -53,14 +53,6 @@ def split(src, dst, n):
         os.makedirs(f"{dst}_{r}", exist_ok=True)
 
 
-def same_tree(a, b, label):
-    fa, fb = sorted(os.listdir(a)), sorted(os.listdir(b))
-    assert fa == fb, (label, fa, fb)
-    for f in fa:
-        with open(os.path.join(a, f), "rb") as x, open(os.path.join(b, f), "rb") as y:
-            assert x.read() == y.read(), (label, f)
-
-
 def main():
     checked = 0
     for name, rel, flags in CASES:
@@ -76,7 +68,7 @@ def main():
             r = subprocess.run(MPI + [str(n), EXPORT, parts + "_{rank}", out, "--quiet"] + flags,
                                capture_output=True, text=True, timeout=300)
             assert r.returncode == 0, (name, n, r.returncode, r.stdout, r.stderr)
-            same_tree(ref, out, f"{name} np {n}")
+            fcio.same_tree(ref, out, f"{name} np {n}")
             checked += 1
     # Convert too: the DeepSpeed ZeRO-2 checkpoint (with its optimizer states) to fc
     # distcp, split over 2 processes.
@@ -95,7 +87,7 @@ def main():
     a, b = os.path.join(tmp, "convert_ref_export"), os.path.join(tmp, "convert_np2_export")
     fcio.run([EXPORT, ref, a, "--quiet", "--include-optimizer"])
     fcio.run([EXPORT, out, b, "--quiet", "--include-optimizer"])
-    same_tree(a, b, "convert np 2")
+    fcio.same_tree(a, b, "convert np 2")
     # A directory that only one process has, named like another format's metadata (an empty
     # `.metadata`): that process alone would detect torch DCP and skip the fetch protocol
     # process 0 runs (a hang); process 0's detection holds for all.
@@ -109,7 +101,7 @@ def main():
     r = subprocess.run(MPI + ["2", EXPORT, parts + "_{rank}", out, "--quiet"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, ("odd dir", r.returncode, r.stdout, r.stderr)
-    same_tree(ref, out, "odd dir")
+    fcio.same_tree(ref, out, "odd dir")
     # The input with a trailing slash: readers then build "dir//name".
     src = os.path.join(TESTDATA, "deepspeed/zero2/ckpt")
     ref = os.path.join(tmp, "slash_ref")
@@ -120,7 +112,7 @@ def main():
     r = subprocess.run(MPI + ["2", EXPORT, parts + "_{rank}/", out, "--quiet"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, ("trailing slash", r.returncode, r.stdout, r.stderr)
-    same_tree(ref, out, "trailing slash")
+    fcio.same_tree(ref, out, "trailing slash")
     print(f"ok: {checked} split exports and a split convert give one process's bytes")
 
 

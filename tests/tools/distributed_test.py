@@ -32,14 +32,6 @@ MiB = 1 << 20
 tmp = tempfile.mkdtemp(prefix="fc-dist-test-")
 
 
-def same_tree(a, b, label):
-    fa, fb = sorted(os.listdir(a)), sorted(os.listdir(b))
-    assert fa == fb, (label, fa, fb)
-    for f in fa:
-        with open(os.path.join(a, f), "rb") as x, open(os.path.join(b, f), "rb") as y:
-            assert x.read() == y.read(), (label, f)
-
-
 def source():
     """A TP-8 fc distcp checkpoint of about 4 MB (8 data files) and a target layout over 3
     ranks that cuts every tensor into uneven row blocks (every target needs every source rank)."""
@@ -136,7 +128,7 @@ def case_split():
             # One round, then many rounds.
             for o, _ in read_once(tool, np_, pattern, os.path.join(tmp, f"{name}-{np_}"), ("64MiB", "256KiB"),
                                   flags, f"{name} np {np_} split", moved=True):
-                same_tree(single, o, f"{name} np {np_} {o}")
+                fcio.same_tree(single, o, f"{name} np {np_} {o}")
         # The dry run under mpirun shows the exchange: several rounds with the small budget.
         p = fcio.run([*MPI, "3", tool, os.path.join(tmp, "split-3", "ckpt_{rank}"),
                       os.path.join(tmp, "never"), "--dry-run", "--json", "--memory-budget", "256KiB", *flags])
@@ -169,7 +161,7 @@ def case_split():
     fcio.run([CONVERT, flat, single, "--quiet", "--target-manifest", layout])
     for o, _ in read_once(CONVERT, 3, split(flat, 3, "flatsplit"), os.path.join(tmp, "from-flat-3"),
                           ("256KiB",), ["--target-manifest", layout], "flat source np 3 split", moved=True):
-        same_tree(single, o, "flat source np 3")
+        fcio.same_tree(single, o, "flat source np 3")
     # torch DCP with non-tensor objects, its .metadata on the last process only: the objects
     # are read where they lie and sent to the writer of target file 0.
     mixed = os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt")
@@ -183,16 +175,16 @@ def case_split():
     fcio.run([CONVERT, mixed, single, "--quiet", "--target-like", mixed])
     out = os.path.join(tmp, "mixed-np3")
     fcio.run([*MPI, "3", CONVERT, os.path.join(base, "c{rank}"), out, "--quiet", "--target-like", mixed])
-    same_tree(single, out, "torch DCP with objects np 3")
+    fcio.same_tree(single, out, "torch DCP with objects np 3")
     # fc-export --objects under the same split: each object is read by a process whose disk
     # holds its file and written by process 0; the same files as one process's dump.
     single = os.path.join(tmp, "mixed-export-single")
     fcio.run([EXPORT, mixed, single, "--quiet", "--objects", single + "-objects"])
     out = os.path.join(tmp, "mixed-export-np3")
     fcio.run([*MPI, "3", EXPORT, os.path.join(base, "c{rank}"), out, "--quiet", "--objects", out + "-objects"])
-    same_tree(single, out, "torch DCP export np 3")
+    fcio.same_tree(single, out, "torch DCP export np 3")
     assert os.listdir(single + "-objects"), "the fixture has objects"
-    same_tree(single + "-objects", out + "-objects", "torch DCP export --objects np 3")
+    fcio.same_tree(single + "-objects", out + "-objects", "torch DCP export --objects np 3")
     print("ok split")
 
 
@@ -204,7 +196,7 @@ def case_shared():
         for np_ in (2, 3, 4):
             for o, s in read_once(tool, np_, src, os.path.join(tmp, f"{name}-shared-{np_}"), ("64MiB",),
                                   flags, f"{name} np {np_} shared", moved=False):
-                same_tree(single, o, f"{name} shared np {np_}")
+                fcio.same_tree(single, o, f"{name} shared np {np_}")
                 reads = [p["bytes_read"] for p in s["processes"]]
                 balance = max(reads) * len(reads) / sum(reads)
                 # The planner's bound is 1.15 on tensor bytes; metadata (read by one process) on top.
@@ -227,7 +219,7 @@ def case_shared():
         single, multi = os.path.join(tmp, "-".join(rel) + "-1"), os.path.join(tmp, "-".join(rel) + "-2")
         fcio.run([EXPORT, ckpt, single, "--quiet", "--include-optimizer"])
         fcio.run([*MPI, "2", EXPORT, ckpt, multi, "--quiet", "--include-optimizer"])
-        same_tree(single, multi, "/".join(rel))
+        fcio.same_tree(single, multi, "/".join(rel))
         print(f"ok {'/'.join(rel)} np 2 shared")
 
 

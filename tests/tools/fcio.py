@@ -70,6 +70,15 @@ def bf16_bits_to_f32(b):
     return (np.asarray(b, dtype=np.uint16).reshape(-1).astype(np.uint32) << 16).view(np.float32)
 
 
+def same_tree(a, b, label):
+    """Asserts that directories a and b hold the same file names with the same bytes."""
+    fa, fb = sorted(os.listdir(a)), sorted(os.listdir(b))
+    assert fa == fb, (label, fa, fb)
+    for f in fa:
+        with open(os.path.join(a, f), "rb") as x, open(os.path.join(b, f), "rb") as y:
+            assert x.read() == y.read(), (label, f)
+
+
 def run(args, expect=0, **kw):
     p = subprocess.run(args, capture_output=True, text=True, **kw)
     if expect is not None and p.returncode != expect:

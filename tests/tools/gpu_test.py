@@ -124,7 +124,7 @@ def case_nccl():
                 st = out + ".stats.json"
                 fcio.run([*dt.MPI, "2", tool, pattern, out, "--quiet", "--transport", "nccl",
                           "--memory-budget", budget, "--stats", st, "--no-verify-checksums", *flags])
-                dt.same_tree(single, out, f"{name} nccl np 2 budget {budget}")
+                fcio.same_tree(single, out, f"{name} nccl np 2 budget {budget}")
                 dt.check_stats(dt.stats(st), f"{name} nccl np 2 {budget}", moved=True)
         # A process killed mid-run: the job fails, OUT does not appear.
         out = os.path.join(dt.tmp, "killed")
