@@ -3,7 +3,7 @@
 # Usage: scripts/install-deps.sh [--with-torch]   (--with-torch: PyTorch for interop tests)
 set -euo pipefail
 pkgs=(g++ meson ninja-build pkg-config libcli11-dev libspdlog-dev libsimdjson-dev catch2
-      libxxhash-dev libre2-dev libzstd-dev libopenmpi-dev openmpi-bin python3 python3-numpy
+      libxxhash-dev libre2-dev libzstd-dev libjemalloc-dev libopenmpi-dev openmpi-bin python3 python3-numpy
       clang libclang-rt-14-dev)  # clang + libFuzzer runtime: scripts/fuzz.sh
 if [[ "${1:-}" == "--with-torch" ]]; then
   pkgs+=(python3-torch zstd)  # zstd: the CLI that testdata/gen/torch2 compresses items with

@@ -73,8 +73,8 @@ class CompactPickleMachine {
       : data_(data), limits_(limits) {
     // Heights are 16-bit and saturate: a deeper limit could not be checked.
     limits_.max_depth = std::min<size_t>(limits_.max_depth, UINT16_MAX - 2);
-    budget_ = (data.size() > (UINT64_MAX >> 5) ? UINT64_MAX : 16 * uint64_t{data.size()}) +
-              (uint64_t{64} << 20);
+    budget_ = (data.size() > (UINT64_MAX >> 5) ? UINT64_MAX : 8 * uint64_t{data.size()}) +
+              (uint64_t{32} << 20);
   }
 
   Result<CompactPickle> Run();

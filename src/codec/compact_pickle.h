@@ -21,8 +21,10 @@
 // views into the input, which must outlive the CompactPickle.
 //
 // Memory: a node (container, global, float, large int) is 40 bytes, a link 8, a memo slot
-// 8; all in fixed blocks. The budget is 16 bytes per input byte + 64 MiB, checked as it
-// grows. A torch DCP .metadata takes about 440 bytes a chunk (0.45 GB for 1M chunks).
+// 8; all in fixed blocks. The budget is 8 bytes per input byte + 32 MiB, checked as it
+// grows. A torch DCP .metadata takes about 440 bytes a chunk (0.45 GB for 1M chunks, whose
+// .metadata is 178 MB: 2.5 bytes per input byte). A file past the budget goes to the
+// general decoder (ParsePickle), whose own budget then refuses it or reads it.
 //
 // Cycles and depth are refused as ParsePickle refuses them. When no list, dict, object or
 // unshared call is pushed twice (BINGET, DUP), the value is a tree of subtrees final when

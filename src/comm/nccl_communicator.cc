@@ -227,13 +227,17 @@ class NcclCommunicator final : public Communicator {
     ncclUniqueId unique;
     std::memcpy(&unique, id.data(), sizeof unique);
     ncclComm_t comm = nullptr;
+    Status init = Status::Ok();
     if (ncclResult_t r = Api().ncclCommInitRank(&comm, size(), unique, rank()); r != ncclSuccess) {
-      return IoError(NcclFailure("ncclCommInitRank", r, nullptr) + " (rank " +
+      init = IoError(NcclFailure("ncclCommInitRank", r, nullptr) + " (rank " +
                      std::to_string(rank()) + " of " + std::to_string(size()) + ", device " +
                      std::to_string(device_) + ")");
+    } else {
+      comm_ = comm;  // the destructor releases it, also when another process failed
     }
-    comm_ = comm;
-    return Status::Ok();
+    // Agreed, like the start-up above: a process whose init failed must not leave the others
+    // to find out at their first exchange (as a timeout, without the reason).
+    return control_->AllOk(init);
   }
 
   int rank() const override { return control_->rank(); }

@@ -20,6 +20,12 @@
 #endif
 #endif
 
+// jemalloc's control interface, defined where a tool links jemalloc (meson -Djemalloc,
+// tools/malloc_conf.cc). A weak reference: the library links and runs on any allocator,
+// and the address is null where jemalloc is absent.
+extern "C" int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp,
+                       size_t newlen) __attribute__((weak));
+
 namespace fc {
 namespace {
 
@@ -79,6 +85,13 @@ std::optional<ProcessMemory> ReadProcessMemory() {
 }
 
 void ReleaseFreeMemory() {
+  if (mallctl != nullptr) {
+    // jemalloc keeps freed pages for seconds (they are what makes its next allocations
+    // cheap); "arena.<MALLCTL_ARENAS_ALL>.purge" returns them now. 4096 is
+    // MALLCTL_ARENAS_ALL, spelled out because jemalloc's header is not included.
+    mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);
+    return;
+  }
 #if defined(__GLIBC__)
   malloc_trim(0);
 #endif

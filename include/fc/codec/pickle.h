@@ -144,10 +144,12 @@ struct PickleLimits {
   // Memory budget of the value tree, counted in bytes (nodes ~220 bytes each, links, string
   // bytes), not in values: base + per_input_byte * input size. A 1M-chunk torch DCP
   // .metadata (178 MB) needs about 10 bytes of tree per input byte; a pickle of nothing but
-  // tiny containers ("]]]]...") about 300, which this refuses. 16 keeps the peak memory of
-  // reading any metadata file (tree plus the file's bytes) under 20 x its size + 64 MiB.
+  // tiny containers ("]]]]...") about 300, which this refuses. 16 and 32 MiB keep the peak
+  // memory of reading any metadata file (tree plus the file's bytes, plus what the allocator
+  // keeps: jemalloc, which the tools link, holds ~15% more than glibc for a tree of small
+  // nodes) under 20 x its size + 64 MiB (tests/tools/metadata_memory_test.py).
   uint64_t max_tree_bytes_per_input_byte = 16;
-  uint64_t max_tree_bytes_base = uint64_t{64} << 20;
+  uint64_t max_tree_bytes_base = uint64_t{32} << 20;
 };
 
 // Runs the pickle in `data` and returns the value left by STOP.

@@ -22,8 +22,9 @@ struct ProcessMemory {
 // several times what the program holds (the jobs then charge nothing for the index).
 std::optional<ProcessMemory> ReadProcessMemory();
 
-// Hands memory the allocator holds but does not use back to the system (glibc malloc_trim;
-// nothing elsewhere), so that what is resident afterwards is what the process still uses.
+// Hands memory the allocator holds but does not use back to the system (jemalloc's purge
+// where the tool links jemalloc, else glibc malloc_trim; nothing elsewhere), so that what is
+// resident afterwards is what the process still uses.
 void ReleaseFreeMemory();
 
 }  // namespace fc

@@ -23,6 +23,7 @@
 
 #include "fc/format/torch_dcp.h"
 #include "fc/format/torch_save.h"
+#include "fc/io/process_memory.h"
 #include "src/codec/compact_pickle.h"
 #include "src/format/torch/dcp_metadata_parse.h"
 
@@ -621,6 +622,9 @@ Result<DcpMetadata> ParseDcpMetadataCompact(std::span<const std::byte> bytes) {
 Result<DcpMetadata> ParseDcpMetadata(std::span<const std::byte> bytes) {
   auto fast = ParseDcpMetadataCompact(bytes);
   if (fast.ok()) return fast;
+  // The compact machine's blocks are free now, but an allocator may keep them resident
+  // (jemalloc does, for seconds); the general decoder's own budget assumes they are gone.
+  ReleaseFreeMemory();
   return ParseDcpMetadataGeneral(bytes);
 }
 
