@@ -112,9 +112,10 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
     return done.get();
   };
   ExchangedSourceReader sources(reader);
-  // Parts of checksummed chunks read ahead of the bytes before them wait for their hash (an
-  // eighth of the budget, at least 1 MiB) rather than being read again (fc/format/chunk_reader.h).
-  reader.SetReorderLimit(std::max<uint64_t>(plan.memory.budget / 8, 1u << 20));
+  // Parts of checksummed chunks read ahead of the bytes before them wait for their hash
+  // rather than being read again (fc/format/chunk_reader.h): in what the budget leaves
+  // (ReorderAllowance), and at least 1 MiB, which the 64 MiB beyond the budget covers.
+  reader.SetReorderLimit(std::max<uint64_t>(ReorderAllowance(plan.memory), 1u << 20));
   // Writes this process's items [first, last) of mine.writes.
   auto write_items = [&](size_t first, size_t last) {
     return reporting([&] {

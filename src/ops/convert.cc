@@ -515,8 +515,9 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   FC_RETURN_IF_ERROR(comm->AllOk(
       BuildConvertPlan(PlannedWith(options, *comm), processes, me == 0, std::move(visibility),
                        job, options.memory_budget > 0, *p)));
-  // Chunks several workers write at once are hashed as written (fc/format/output_format.h).
-  p->settings.reorder_bytes = p->plan.memory.budget / 8;
+  // Chunks several workers write at once are hashed as written (fc/format/output_format.h),
+  // in what the budget leaves beyond the plan's own buffers.
+  p->settings.reorder_bytes = ReorderAllowance(p->plan.memory);
   if (me == 0) {
     // -v: what the plan rests on, before any byte is read.
     spdlog::debug("{}: {}, {} tensor(s), {} object(s) in {} file(s)", options.input,

@@ -420,6 +420,12 @@ Result<Plan> BuildPlan(PlanRequest request) {
   return plan;
 }
 
+uint64_t ReorderAllowance(const PlanMemory& memory) {
+  const uint64_t used = memory.held + memory.peak;
+  if (used < memory.held || memory.budget <= used) return 0;  // (the sum wrapped) or none left
+  return std::min(memory.budget / 8, (memory.budget - used) / 2);
+}
+
 uint64_t PlanHeldBytes(const Plan& plan) {
   uint64_t n = sizeof(Plan) + HeapBytes(plan.tensors) + HeapBytes(plan.files) +
                HeapBytes(plan.writes) + HeapBytes(plan.whole_blocks) +

@@ -224,6 +224,21 @@ TEST_CASE("plan: a reshaping piece is read whole once per file and sets the mini
   }
 }
 
+TEST_CASE("plan: the reorder pools get what the budget leaves, half each", "[plan]") {
+  PlanMemory m;
+  m.budget = 800 << 20;
+  CHECK(ReorderAllowance(m) == 100 << 20);  // nothing else used: an eighth each
+  m.held = 300 << 20;
+  m.peak = 300 << 20;
+  CHECK(ReorderAllowance(m) == 100 << 20);  // 200 MiB left: half is more than the eighth
+  m.peak = 400 << 20;
+  CHECK(ReorderAllowance(m) == 50 << 20);  // 100 MiB left, shared by the reader and writer
+  m.peak = 500 << 20;
+  CHECK(ReorderAllowance(m) == 0);  // the plan's buffers take the whole budget
+  m.held = UINT64_MAX - 10;
+  CHECK(ReorderAllowance(m) == 0);
+}
+
 TEST_CASE("plan: bad requests are refused", "[plan]") {
   const CheckpointIndex index = IndexOf({SplitTensor("w", {4, 4}, 0, 1, 0)});
   PlanRequest r;

@@ -67,7 +67,8 @@ struct OutputSettings {
   // fc distcp: bytes of slabs written ahead of the bytes before them in their chunk (several
   // workers on one chunk) that a part may keep to hash each chunk as it is written
   // (FcDistcpWriterOptions::reorder_limit); past it a chunk is hashed from the file at the
-  // end. fc-convert gives an eighth of the memory budget, as the executor gives the reader.
+  // end. fc-convert gives ReorderAllowance (fc/plan/plan.h), as the executor gives the
+  // reader.
   uint64_t reorder_bytes = 0;
 };
 

@@ -218,6 +218,14 @@ uint64_t SlotBytes(const PlanSlot& slot, DType dtype);
 // What the plan holds on the heap, counted (fc/core/heap_bytes.h), its own struct included.
 uint64_t PlanHeldBytes(const Plan& plan);
 
+// Bytes each of the two reorder pools may keep: the reader's parts of checksummed source
+// chunks read ahead of the bytes before them (ChunkReader::SetReorderLimit) and the fc
+// distcp writer's slabs written ahead of theirs (FcDistcpWriterOptions::reorder_limit).
+// They get what the budget leaves beyond the bookkeeping and the executor's buffers
+// (memory.held + memory.peak), half each, at most an eighth of the budget each; 0 when
+// nothing is left (such bytes are then read, or hashed, from the file again).
+uint64_t ReorderAllowance(const PlanMemory& memory);
+
 // The plan as JSON. `index` names source files and tensors; `details` adds every write item.
 std::string PlanJson(const Plan& plan, const CheckpointIndex& index, bool details);
 
