@@ -97,6 +97,19 @@ TEST_CASE("ParallelFor runs every task once and reports the first failure", "[ex
   REQUIRE(s.message() == "task 42");
 }
 
+TEST_CASE("DefaultWorkerThreads: the CPUs this process may use, shared on its node", "[exec]") {
+  CHECK(DefaultWorkerThreads(4, 16, nullptr) == 4);   // taskset / cpuset of 4
+  CHECK(DefaultWorkerThreads(1, 2, "2") == 1);        // mpirun -np 2: bound to a core each
+  CHECK(DefaultWorkerThreads(2, 2, "3") == 1);        // -np 3 unbound on 2 CPUs
+  CHECK(DefaultWorkerThreads(16, 16, "4") == 4);      // 4 unbound processes share 16
+  CHECK(DefaultWorkerThreads(8, 16, "4") == 8);       // bound to 8 (a socket): as bound
+  CHECK(DefaultWorkerThreads(64, 64, nullptr) == 8);  // capped
+  CHECK(DefaultWorkerThreads(0, 6, "x") == 6);        // unknown mask; junk in the variable
+  CHECK(DefaultWorkerThreads(0, 0, "") == 1);
+  CHECK(WorkerThreads(3) == 3);
+  CHECK(WorkerThreads(0) >= 1);
+}
+
 TEST_CASE("BalanceByBytes: every item once, largest first to the lightest part", "[exec]") {
   const std::vector<uint64_t> sizes = {5, 100, 30, 30, 0, 70};
   const auto parts = BalanceByBytes(sizes, 3);

@@ -22,8 +22,16 @@ Status ParallelFor(size_t count, int threads, const std::function<Status(size_t)
 Status ParallelFor(size_t count, int threads,
                    const std::function<Status(size_t index, int worker)>& task);
 
-// Worker threads for a run: `requested` when > 0, else the hardware concurrency capped at 8.
+// Worker threads for a run: `requested` when > 0, else DefaultWorkerThreads of this process:
+// the CPUs it may run on (sched_getaffinity), the online CPUs, and Open MPI's
+// OMPI_COMM_WORLD_LOCAL_SIZE.
 int WorkerThreads(int requested);
+
+// The default, pure: the CPUs in the process's affinity mask (<= 0: unknown, use the online
+// count), divided among the job's processes on this node (`local_processes`, a decimal
+// string or null) when the mask spans every online CPU (processes not bound to their own
+// cores); capped to 1..8.
+int DefaultWorkerThreads(int affinity_cpus, int online_cpus, const char* local_processes);
 
 // Bytes of physical memory (8 GiB when unknown).
 uint64_t PhysicalMemoryBytes();
