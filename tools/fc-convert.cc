@@ -107,7 +107,9 @@ int main(int argc, char** argv) {
                  "after the run, write measured figures (bytes read/written, calls, peak "
                  "buffers, seconds per process) as JSON to this file");
   app.add_option("--memory-budget", budget, "peak memory for tensor data (default: RAM/4)");
-  app.add_option("--threads", options.threads, "worker threads (default: the cores this process may use, shared with the job's other unbound processes on this node; at most 8)")
+  app.add_option("--threads", options.threads,
+                 "worker threads (default: the cores this process may use, shared with the "
+                 "job's other unbound processes on this node; at most 8)")
       ->check(CLI::PositiveNumber);
   bool follow_symlinks = false;
   app.add_flag("--follow-symlinks", follow_symlinks,

@@ -53,7 +53,9 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   app.add_option("--memory-budget", budget,
                  "peak memory for tensor data, e.g. 4GB (default: a quarter of RAM)");
-  app.add_option("--threads", options.threads, "worker threads (default: the cores this process may use, shared with the job's other unbound processes on this node; at most 8)")
+  app.add_option("--threads", options.threads,
+                 "worker threads (default: the cores this process may use, shared with the "
+                 "job's other unbound processes on this node; at most 8)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--json", json, "print the report as one JSON object on stdout");
   app.add_flag("-q,--quiet", quiet, "no progress and no text report; only the exit status "

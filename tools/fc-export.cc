@@ -43,7 +43,9 @@ int main(int argc, char** argv) {
                "also export optimizer states (exp_avg, exp_avg_sq, fp32 master weights, ...)");
   app.add_option("--memory-budget", budget,
                  "peak memory for tensor data, e.g. 4GB (default: a quarter of RAM)");
-  app.add_option("--threads", options.threads, "worker threads (default: the cores this process may use, shared with the job's other unbound processes on this node; at most 8)")
+  app.add_option("--threads", options.threads,
+                 "worker threads (default: the cores this process may use, shared with the "
+                 "job's other unbound processes on this node; at most 8)")
       ->check(CLI::PositiveNumber);
   app.add_option("--objects", options.objects_dir,
                  "write non-tensor objects (iteration, RNG state, ...) as files into this "

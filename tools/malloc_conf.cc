@@ -5,8 +5,8 @@
 // Why huge pages: opening a checkpoint's metadata builds its whole index in memory (a
 // million chunks is ~900 MB of small objects), and every 4 KiB page the heap touches for
 // the first time is a page fault. Those cost microseconds each on virtual machines: with
-// glibc's malloc fc-convert --dry-run spent 3.4 of its 9.7 s in 490k faults, with this
-// setting 4.4 s in all and 24k faults (bench/plan_scale.sh). The data path's buffers are
+// glibc's malloc fc-convert --dry-run at 1M chunks took 9.7-10.7 s, a third of it in the
+// kernel for 490k faults; with this setting 4.2 s and 24k faults (bench/plan_scale.sh). The data path's buffers are
 // bounded by --memory-budget either way; a huge page only rounds them up to 2 MiB.
 //
 // One arena: jemalloc's default is four per CPU, threads spread over them, and each arena a

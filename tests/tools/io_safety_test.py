@@ -6,6 +6,7 @@ CASE: fifo | symlink | nested | lock | sigterm | sigkill
 import fcntl
 import glob
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -125,20 +126,41 @@ def big_checkpoint():
     return src
 
 
+SLOW_BUDGETS = {}
+
+
 def start_slow(tool, src, out):
-    # Slabs of ~700 elements: a run takes about a second. (Smaller slabs would make a plan
-    # of millions of write items, which the budget must hold too: refused, exit 10.)
-    args = [tool, src, out, "--quiet", "--threads", "1", "--memory-budget", "8192"]
+    # 8 KiB for tensor data beyond what the job's own bookkeeping needs (the minimum the tool
+    # names for a budget of 1 byte): slabs of ~700 elements, a run of about a second. (The
+    # bookkeeping, ~15 MiB of plan plus the process itself, sits near the 32 MiB the budget
+    # leaves uncharged, and where exactly depends on the allocator: a fixed budget of 8 KiB
+    # was refused now and then.)
+    args = [tool, src, out, "--quiet", "--threads", "1"]
     if tool == CONVERT:
         args += ["--target-layout", MERGE]
     else:
         args += ["--max-shard-size", "8MB", "--dtype", "float32"]
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not glob.glob(out + ".fc-tmp-%d-*" % p.pid):
-        assert p.poll() is None, f"{tool} ended before writing: {p.communicate()}"
-        assert time.time() < deadline, "no staging directory appeared"
-        time.sleep(0.02)
+    for attempt in range(3):
+        if tool not in SLOW_BUDGETS:
+            probe = run(args + ["--memory-budget", "1"], expect=10)
+            m = re.search(r"is below the (\d+) bytes", probe.stderr)
+            assert m, probe.stderr
+            SLOW_BUDGETS[tool] = int(m.group(1)) + 8192
+        p = subprocess.Popen(args + ["--memory-budget", str(SLOW_BUDGETS[tool])],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while not glob.glob(out + ".fc-tmp-%d-*" % p.pid):
+            if p.poll() is not None:
+                break
+            assert time.time() < deadline, "no staging directory appeared"
+            time.sleep(0.02)
+        if p.poll() is None or p.returncode != 10 or attempt == 2:
+            break
+        # Refused: this run's process measured a little more of itself than the probe's
+        # (the heap's huge pages). Probe again.
+        p.communicate()
+        del SLOW_BUDGETS[tool]
+    assert p.poll() is None, f"{tool} ended before writing: {p.communicate()}"
     time.sleep(0.3)  # inside the data writes
     assert p.poll() is None, f"{tool} finished before the signal; make the input larger"
     return p
