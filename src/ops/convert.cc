@@ -511,7 +511,7 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     processes = options.simulate_processes;
     visibility = SimulatedVisibility(p->index, processes, options.simulate_shared);
   }
-  const JobMemory job = MeasureJobMemory(*comm);
+  const JobMemory job = MeasureJobMemory(*comm, options.memory_budget > 0);
   FC_RETURN_IF_ERROR(comm->AllOk(
       BuildConvertPlan(PlannedWith(options, *comm), processes, me == 0, std::move(visibility),
                        job, options.memory_budget > 0, *p)));

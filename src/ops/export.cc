@@ -408,7 +408,7 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   FC_ASSIGN_OR_RETURN(p->index, OpenSharedCheckpoint(input, OpenOptions{.format = options.format, .source_split = options.source_split}, *comm));
   FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,
                       ShareVisibility(p->index, input, *comm));
-  const JobMemory job = MeasureJobMemory(*comm);
+  const JobMemory job = MeasureJobMemory(*comm, options.memory_budget > 0);
   FC_RETURN_IF_ERROR(
       comm->AllOk(BuildExportPlan(PlannedWith(options, *comm), comm->size(),
                                   std::move(visibility), job, options.memory_budget > 0, *p)));

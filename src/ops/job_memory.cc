@@ -24,7 +24,8 @@ uint64_t GetU64(const std::string& in, size_t at) {
 
 }  // namespace
 
-JobMemory MeasureJobMemory(Communicator& comm) {
+JobMemory MeasureJobMemory(Communicator& comm, bool budget_given) {
+  if (!budget_given) return JobMemory{};
   // The metadata parse's buffers are free now; what stays resident is the index.
   ReleaseFreeMemory();
   JobMemory job;
