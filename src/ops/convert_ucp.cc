@@ -10,10 +10,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <optional>
 #include <set>
 
 #include <spdlog/spdlog.h>
 
+#include "fc/core/checked_math.h"
 #include "fc/exec/assemble.h"
 #include "fc/exec/execute.h"
 #include "fc/exec/parallel.h"
@@ -79,18 +82,157 @@ struct UcpParam {
   const TensorEntry* step = nullptr;          // TP rank 0's
 };
 
+// A source that is not DeepSpeed's: its Adam states by the names torch and fc give them
+// (convert_ucp.h). `exp_avg` is the key found; nullopt when it names no such state.
+struct AdamNames {
+  std::string param, exp_avg_sq, step;
+  std::vector<std::string> weights;  // the param's weight, first found wins
+};
+
+std::optional<AdamNames> AdamNamesOf(std::string_view exp_avg) {
+  for (std::string_view prefix : {"optim.state.", "optimizer.state."}) {
+    constexpr std::string_view kSuffix = ".exp_avg";
+    if (exp_avg.size() > prefix.size() + kSuffix.size() && exp_avg.starts_with(prefix) &&
+        exp_avg.ends_with(kSuffix)) {
+      AdamNames n;
+      n.param = std::string(exp_avg.substr(prefix.size(),
+                                           exp_avg.size() - prefix.size() - kSuffix.size()));
+      const std::string base = std::string(prefix) + n.param;
+      n.exp_avg_sq = base + ".exp_avg_sq";
+      n.step = base + ".step";
+      n.weights = {n.param, "model." + n.param, "module." + n.param};
+      return n;
+    }
+  }
+  constexpr std::string_view kFcPrefix = "optimizer.exp_avg.";
+  if (exp_avg.size() > kFcPrefix.size() && exp_avg.starts_with(kFcPrefix)) {
+    AdamNames n;
+    n.param = std::string(exp_avg.substr(kFcPrefix.size()));
+    n.exp_avg_sq = "optimizer.exp_avg_sq." + n.param;
+    n.step = "optimizer.step." + n.param;
+    n.weights = {n.param, "module." + n.param};
+    return n;
+  }
+  return std::nullopt;
+}
+
+// The roles in a source that is not DeepSpeed's, found by AdamNamesOf; every tensor of a
+// param the same shape, floating point (cast to fp32 when written), and a step tensor each.
+Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
+                                             const std::string& input,
+                                             std::vector<const TensorEntry*>* steps,
+                                             std::vector<std::string>* unused) {
+  std::vector<UcpParam> params;
+  std::set<std::string> seen, used;
+  for (const TensorEntry& t : index.tensors) {
+    std::optional<AdamNames> names = AdamNamesOf(t.key);
+    if (!names || !seen.insert(names->param).second) continue;
+    UcpParam param;
+    param.name = names->param;
+    const TensorEntry* weight = nullptr;
+    for (const std::string& w : names->weights) {
+      if ((weight = index.FindTensor(w)) != nullptr) break;
+    }
+    if (weight == nullptr) {
+      return InvalidArgumentError(input + ": " + t.key + " has no weight (looked for " +
+                                  names->weights.front() + ", " + names->weights[1] +
+                                  (names->weights.size() > 2 ? ", " + names->weights[2] : "") +
+                                  ")");
+    }
+    const TensorEntry* sq = index.FindTensor(names->exp_avg_sq);
+    if (sq == nullptr) {
+      return InvalidArgumentError(input + ": " + t.key + " has no " + names->exp_avg_sq);
+    }
+    const TensorEntry* step = index.FindTensor(names->step);
+    if (step == nullptr) {
+      return InvalidArgumentError(input + ": " + t.key + " has no step tensor " + names->step +
+                                  " (a Universal Checkpoint's moments need the step)");
+    }
+    for (const TensorEntry* e : {weight, &t, sq}) {
+      if (!IsFloating(e->dtype)) {
+        return InvalidArgumentError(input + ": " + e->key + " is " +
+                                    std::string(DTypeName(e->dtype)) +
+                                    ", not a floating-point weight or Adam state");
+      }
+      if (e->global_shape != weight->global_shape) {
+        return InvalidArgumentError(input + ": " + e->key + " has shape " +
+                                    Box::Whole(e->global_shape).ToString() + ", its weight " +
+                                    weight->key + " " + Box::Whole(weight->global_shape).ToString());
+      }
+      used.insert(e->key);
+    }
+    used.insert(step->key);
+    param.states[0] = {weight};
+    param.states[1] = {&t};
+    param.states[2] = {sq};
+    steps->push_back(step);
+    params.push_back(std::move(param));
+  }
+  if (params.empty()) {
+    return InvalidArgumentError(
+        input + ": no Adam states found (optim.state.<param>.exp_avg, "
+        "optimizer.state.<param>.exp_avg or optimizer.exp_avg.<param> with their exp_avg_sq and "
+        "step): nothing a Universal Checkpoint holds");
+  }
+  for (const TensorEntry& t : index.tensors) {
+    if (!used.count(t.key)) unused->push_back(t.key);
+  }
+  return params;
+}
+
+// The value of a one-element step tensor, as a non-negative integer.
+Result<int64_t> StepValue(ChunkReader& reader, const TensorEntry& step) {
+  const Result<int64_t> n = CheckedNumElements(step.global_shape);
+  if (!n.ok() || *n != 1 || step.chunks.size() != 1) {
+    return InvalidArgumentError(step.key + ": a step of shape " +
+                                Box::Whole(step.global_shape).ToString() +
+                                ", expected one element");
+  }
+  alignas(8) std::byte buf[8] = {};
+  const Box whole = Box::Whole(step.global_shape);
+  FC_RETURN_IF_ERROR(reader.CopyChunkRegion(step, step.chunks[0], whole, buf, whole));
+  double value = 0;
+  switch (step.dtype) {
+    case DType::kFloat32: { float f; std::memcpy(&f, buf, 4); value = f; break; }
+    case DType::kFloat64: std::memcpy(&value, buf, 8); break;
+    case DType::kInt64: { int64_t i; std::memcpy(&i, buf, 8); value = static_cast<double>(i); break; }
+    case DType::kInt32: { int32_t i; std::memcpy(&i, buf, 4); value = i; break; }
+    default:
+      return InvalidArgumentError(step.key + ": a step of dtype " +
+                                  std::string(DTypeName(step.dtype)));
+  }
+  if (!(value >= 0) || value > 9.0e15 || value != static_cast<double>(static_cast<int64_t>(value))) {
+    return InvalidArgumentError(step.key + ": step " + std::to_string(value) +
+                                " is not a count of steps");
+  }
+  return static_cast<int64_t>(value);
+}
+
+// The one step every param has (DeepSpeed keeps one per param group, and a synthesized UCP
+// has one group).
+Result<int64_t> CommonStep(const CheckpointIndex& index,
+                           const std::vector<const TensorEntry*>& steps) {
+  ChunkReader reader(index);
+  std::optional<int64_t> common;
+  const TensorEntry* first = nullptr;
+  for (const TensorEntry* s : steps) {
+    FC_ASSIGN_OR_RETURN(int64_t v, StepValue(reader, *s));
+    if (common && v != *common) {
+      return UnimplementedError(first->key + " is " + std::to_string(*common) + " but " +
+                                s->key + " is " + std::to_string(v) +
+                                ": a Universal Checkpoint written by fc has one param group, "
+                                "whose params share one step");
+    }
+    common = v;
+    if (first == nullptr) first = s;
+  }
+  return common.value_or(0);
+}
+
 // The roles: which params the UCP holds, refused with what is missing.
 Result<std::vector<UcpParam>> UcpParams(const CheckpointIndex& index,
                                         const ConvertOptions& options) {
   const std::string& input = options.input;
-  if (index.format != CheckpointFormat::kDeepSpeed) {
-    return InvalidArgumentError(
-        input + ": --output-format ucp needs each param's fp32 master weight, exp_avg, "
-        "exp_avg_sq and step, which fc knows by name in DeepSpeed checkpoints (ZeRO 1/2/3, "
-        "BF16_Optimizer, UCP: include/fc/format/deepspeed.h); a " +
-        std::string(CheckpointFormatName(index.format)) +
-        " checkpoint's optimizer-state names are not mapped to them");
-  }
   const std::string optimizer = Attr(index, "deepspeed.optimizer");
   if (optimizer.empty() || optimizer == "none") {
     return InvalidArgumentError(input + ": no fp32 master weights (no optimizer files: stage 0 "
@@ -181,16 +323,42 @@ struct UcpJob {
   std::vector<UcpFileSpec> specs;       // plan file i == specs[i]
   std::vector<std::string> int_steps;   // step.pt paths holding the int step
   std::optional<int64_t> int_step;
+  std::vector<std::string> unused;      // a synthesized UCP: source tensors left out
   Plan plan;
 };
 
+// A param name becomes the directory zero/<name>/: one path component.
+Status CheckParamName(const std::string& input, const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos) {
+    return InvalidArgumentError(input + ": param name '" + name +
+                                "' cannot be a directory name under zero/");
+  }
+  return Status::Ok();
+}
+
 Status BuildJob(const ConvertOptions& options, UcpJob& job) {
   const CheckpointIndex& index = job.index;
-  FC_ASSIGN_OR_RETURN(job.params, UcpParams(index, options));
-  std::vector<std::string> names;
-  for (const UcpParam& p : job.params) names.push_back(p.name);
-  FC_ASSIGN_OR_RETURN(job.source, ReadUcpSource(options.input, index, names));
-  FC_ASSIGN_OR_RETURN(job.int_step, IntStep(index));
+  if (index.format == CheckpointFormat::kDeepSpeed) {
+    FC_ASSIGN_OR_RETURN(job.params, UcpParams(index, options));
+    std::vector<std::string> names;
+    for (const UcpParam& p : job.params) names.push_back(p.name);
+    for (const std::string& n : names) FC_RETURN_IF_ERROR(CheckParamName(options.input, n));
+    FC_ASSIGN_OR_RETURN(job.source, ReadUcpSource(options.input, index, names));
+    FC_ASSIGN_OR_RETURN(job.int_step, IntStep(index));
+  } else {
+    std::vector<const TensorEntry*> steps;
+    FC_ASSIGN_OR_RETURN(job.params, NamedUcpParams(index, options.input, &steps, &job.unused));
+    std::vector<std::pair<std::string, Shape>> shapes;
+    for (const UcpParam& p : job.params) {
+      FC_RETURN_IF_ERROR(CheckParamName(options.input, p.name));
+      shapes.emplace_back(p.name, p.states[0].front()->global_shape);
+    }
+    FC_ASSIGN_OR_RETURN(int64_t step, CommonStep(index, steps));
+    FC_ASSIGN_OR_RETURN(job.source, SynthesizedUcpSource(shapes, step));
+    // DeepSpeed's FusedAdam and CPUAdam keep the step as a Python int.
+    job.int_step = step;
+  }
   const bool zero3 = Attr(index, "deepspeed.optimizer") == "zero3";
   PlanRequest request;
   request.kind = PlanKind::kExport;
@@ -223,13 +391,21 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
       pieces.push_back(std::move(piece));
     }
     if (!shape.empty()) shape[0] = at;
+    // Master weights and Adam states are fp32 in a UCP (a DeepSpeed source's already are;
+    // another source's 16-bit or fp64 tensors are cast).
+    const bool step_file = path.ends_with("/step.pt");
+    const DType dtype = step_file ? first.dtype : DType::kFloat32;
+    for (SourcePiece& piece : pieces) {
+      if (piece.source->dtype != dtype) {
+        piece.ops.push_back(PieceOp{PieceOp::Kind::kCast, {}, dtype, {}});
+      }
+    }
     const uint32_t t = static_cast<uint32_t>(request.tensors.size());
     FC_RETURN_IF_ERROR(PiecesCover(path, pieces, Box::Whole(shape)));
-    request.tensors.push_back({first.key, first.dtype, shape, std::move(pieces)});
+    request.tensors.push_back({first.key, dtype, shape, std::move(pieces)});
     PlanSlot slot{t, Box::Whole(shape), std::nullopt};
-    UcpFileSpec spec{path, first.dtype, shape, std::move(meta)};
-    if (spec.meta.form == UcpFileForm::kRawTensor && shape.size() != 1 &&
-        !path.ends_with("/step.pt")) {
+    UcpFileSpec spec{path, dtype, shape, std::move(meta)};
+    if (spec.meta.form == UcpFileForm::kRawTensor && shape.size() != 1 && !step_file) {
       // The stage-3 form: the param flattened (row-major) into one dimension.
       int64_t n = 1;
       for (int64_t s : shape) n *= s;
@@ -275,11 +451,21 @@ void PrintPlan(const UcpJob& job, const ConvertOptions& options, std::ostream& o
   out << "memory: budget " << HumanBytes(plan.memory.budget) << ", estimated peak "
       << HumanBytes(plan.memory.peak) << ", minimum " << HumanBytes(plan.memory.minimum) << "\n";
   out << "also: zero/optimizer_state.pt ("
-      << (job.source.optimizer_state_copy.empty() ? "from rank 0's optimizer state"
-                                                  : "copied")
-      << "), " << job.int_steps.size() << " int step file(s), copied from " << job.source.dir
-      << ": " << (job.source.copy_files.empty() ? std::string("nothing")
-                                                : FirstNames(job.source.copy_files))
+      << (!job.source.model_states_archive.empty()     ? "ds_version and no param groups"
+          : job.source.optimizer_state_copy.empty() ? "from rank 0's optimizer state"
+                                                    : "copied")
+      << "), " << job.int_steps.size() << " int step file(s), ";
+  if (!job.source.model_states_archive.empty()) {
+    out << kSynthesizedModelStatesName << " (written: the source is not DeepSpeed's)\n";
+    if (!job.unused.empty()) {
+      out << "left out (no Adam state): " << job.unused.size()
+          << " tensor(s): " << FirstNames(job.unused) << "\n";
+    }
+    return;
+  }
+  out << "copied from " << job.source.dir << ": "
+      << (job.source.copy_files.empty() ? std::string("nothing")
+                                        : FirstNames(job.source.copy_files))
       << "\n";
 }
 
@@ -346,6 +532,10 @@ Result<ExecuteStats> WriteStaging(const ConvertOptions& options, const UcpJob& j
   for (const std::string& name : job.source.copy_files) {
     FC_RETURN_IF_ERROR(CopyFile(JoinPath(job.source.dir, name), JoinPath(staging, name)));
   }
+  if (!job.source.model_states_archive.empty()) {
+    FC_RETURN_IF_ERROR(WriteSmallFile(JoinPath(staging, kSynthesizedModelStatesName),
+                                      job.source.model_states_archive));
+  }
   return stats;
 }
 
@@ -372,9 +562,13 @@ Result<ConvertSummary> RunConvertUcp(const ConvertOptions& options, std::ostream
   FC_RETURN_IF_ERROR(BuildJob(options, *job));
   ConvertSummary summary;
   summary.ranks = 0;
-  summary.chunks = job->specs.size() + job->int_steps.size();
+  // chunks: the files fc writes; objects: those it copies.
+  const UcpSource& src = job->source;
+  summary.chunks = job->specs.size() + job->int_steps.size() +
+                   (src.optimizer_state_copy.empty() ? 1 : 0) +
+                   (src.model_states_archive.empty() ? 0 : 1);
   summary.bytes_written = job->plan.bytes_written;
-  summary.objects = job->source.copy_files.size() + 1;  // model states + optimizer_state.pt
+  summary.objects = src.copy_files.size() + (src.optimizer_state_copy.empty() ? 0 : 1);
   if (options.dry_run) {
     if (!options.output_dir.empty()) {
       FC_RETURN_IF_ERROR(CheckOutputNotNested(options.output_dir, options.input));

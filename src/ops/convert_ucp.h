@@ -10,9 +10,17 @@
 // basename of OUT, written to a temporary file and renamed). No target is given: the
 // output holds every param whole.
 //
-// Refused: a source that is not a DeepSpeed checkpoint (kInvalidArgument: fc knows the
-// roles fp32 / exp_avg / exp_avg_sq / step only from the DeepSpeed reader's names), one
-// without fp32 master weights or Adam states (kInvalidArgument), TP shards left unmerged
+// From a checkpoint DeepSpeed did not write: the params with Adam states under torch's
+// names (optim.state.<p>.exp_avg / .exp_avg_sq / .step, or optimizer.state.<p>.*, weight
+// <p> / model.<p> / module.<p>) or fc's DeepSpeed names (optimizer.exp_avg.<p>, ...), each
+// tensor cast to fp32, the common step read from the step tensors and written as an int,
+// and the model states and optimizer state DeepSpeed's universal loader reads written by
+// fc (SynthesizedUcpSource, fc/format/ucp_writer.h); tensors without Adam states left out.
+//
+// Refused: a source without Adam states by those names (kInvalidArgument), steps that
+// differ between params (kUnimplemented), a param name that is not one path component
+// (kInvalidArgument), a DeepSpeed source without fp32 master weights or Adam states
+// (kInvalidArgument), TP shards left unmerged
 // and MoE (kUnimplemented; TP > 1 without universal_checkpoint_info is written with every
 // param's slices concatenated along dim 0 when ucp_inject_missing_state), several processes (kUnimplemented), and the options that shape
 // a target (--target-*, --preset, --aoa, --include/--exclude, --dtype: kInvalidArgument).

@@ -5,8 +5,10 @@ merge_tp_slices for TP) element by element; dict keys against ds_to_universal's 
 (deepspeed.md 5.5) evaluated here with Python's re.match on the source's
 universal_checkpoint_info; optimizer_state.pt against rank 0's optimizer state (5.3); model
 states byte for byte. Then fc reads the UCP back: fc-export and fc-diff against the source.
+Case torch: a UCP written from a torch DCP checkpoint (torch's Adam state names), checked
+against the values torch saved.
 
-usage: ucp_write_test.py BUILD_ROOT TESTDATA CASE   (CASE: write|readback|errors)
+usage: ucp_write_test.py BUILD_ROOT TESTDATA CASE   (CASE: write|readback|torch|errors)
 """
 import filecmp
 import os
@@ -243,6 +245,70 @@ def case_readback():
         print("ok readback", case)
 
 
+def case_torch():
+    """A UCP from a torch DCP checkpoint (testdata/torch_dcp/fsdp_adam: model.<fqn> and
+    optim.state.<fqn>.{exp_avg,exp_avg_sq,step} as torch.distributed.checkpoint flattens a
+    {"model", "optim"} state dict): the files DeepSpeed's universal loader reads, with the
+    values torch saved (bf16 weights and states as fp32), one int step, synthesized model
+    states and optimizer state; read back by fc."""
+    fixture = os.path.join(TESTDATA, "torch_dcp", "fsdp_adam")
+    root = os.path.join(tmp, "torch")
+    out = os.path.join(root, "universal")
+    plan = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp",
+                     "--dry-run"]).stdout
+    assert "left out (no Adam state): 1 tensor(s): model.rope.inv_freq" in plan, plan
+    assert not os.path.exists(root)
+    fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp", "--quiet"])
+    expected = fcio.expected_values(fixture)
+    params = {"embed.weight": [8, 4], "layers.0.proj.weight": [6, 4], "norm.weight": [4]}
+    assert sorted(os.listdir(os.path.join(out, "zero"))) == sorted(params) + ["optimizer_state.pt"]
+    assert sorted(os.listdir(root)) == ["latest_universal", "universal"]
+    assert open(os.path.join(root, "latest_universal")).read() == "universal"
+    for p, shape in params.items():
+        folder = os.path.join(out, "zero", p)
+        assert sorted(os.listdir(folder)) == ["exp_avg.pt", "exp_avg_sq.pt", "fp32.pt", "step.pt"]
+        for state, key in (("fp32", "model." + p), ("exp_avg", f"optim.state.{p}.exp_avg"),
+                           ("exp_avg_sq", f"optim.state.{p}.exp_avg_sq")):
+            d = load(os.path.join(folder, state + ".pt"))
+            assert list(d) == ["cat_dim", "param"] and d["cat_dim"] == 0, (p, state, d.keys())
+            want = expected[key]
+            if want.dtype == np.uint16:  # bfloat16 bit patterns: exact in fp32
+                want = fcio.bf16_bits_to_f32(want).reshape(want.shape)
+            assert list(d["param"].shape) == shape, (p, state, d["param"].shape)
+            same_bits(d["param"], want, p + "/" + state)
+        step = load(os.path.join(folder, "step.pt"))
+        assert type(step) is int and step == 12, (p, step)
+    model = load(os.path.join(out, "mp_rank_00_model_states.pt"))
+    assert list(model["param_shapes"][0].items()) == [(p, torch.Size(s)) for p, s in params.items()]
+    assert len(model["param_shapes"]) == 1 and len(model["module"]) == 0, model
+    assert model["buffer_names"] == [] and model["shared_params"] == {}, model
+    assert model["frozen_param_shapes"] is None and model["skipped_steps"] == 0, model
+    assert (model["global_steps"], model["dp_world_size"], model["mp_world_size"]) == (12, 1, 1)
+    assert model["ds_version"] == "0.14.1" and "lr_scheduler" not in model, model
+    osd = load(os.path.join(out, "zero", "optimizer_state.pt"))
+    assert osd == {"ds_version": "0.14.1", "param_groups": []}, osd
+    # fc reads it back as a UCP: the exported fp32 weights and states are torch's values.
+    exported = os.path.join(tmp, "torch-exported")
+    fcio.run([EXPORT, out, exported, "--quiet", "--include-optimizer"])
+    got, _ = fcio.read_hf_dir(exported)
+    for p in params:
+        for name, key in ((p, "model." + p), ("optimizer.exp_avg." + p, f"optim.state.{p}.exp_avg"),
+                          ("optimizer.exp_avg_sq." + p, f"optim.state.{p}.exp_avg_sq")):
+            want = expected[key]
+            if want.dtype == np.uint16:
+                want = fcio.bf16_bits_to_f32(want).reshape(want.shape)
+            assert got[name][0] == "F32", (name, got[name][0])
+            assert np.array_equal(fcio.bits(got[name][1]), fcio.bits(want.astype(np.float32))), name
+    # Params whose steps differ: refused, naming both, nothing written.
+    p = fcio.run([CONVERT, os.path.join(TESTDATA, "torch_dcp", "fsdp_adam_steps", "ckpt"),
+                  os.path.join(tmp, "steps", "universal"), "--output-format", "ucp"], expect=6)
+    for w in ("optim.state.embed.weight.step is 12", "optim.state.norm.weight.step is 11",
+              "one step"):
+        assert w in p.stderr, (w, p.stderr)
+    assert not os.path.exists(os.path.join(tmp, "steps"))
+    print("ok torch")
+
+
 def case_errors():
     def refused(case_or_path, code, words, extra=(), out=None):
         src = case_or_path if os.path.isabs(case_or_path) else os.path.join(DS, case_or_path, "ckpt")
@@ -263,8 +329,9 @@ def case_errors():
     os.makedirs(weights_only)
     shutil.copy(os.path.join(tag_dir("zero1"), "mp_rank_00_model_states.pt"), weights_only)
     refused(weights_only, 3, ["no fp32 master weights"])
-    # Other formats: their optimizer-state names are not mapped to the UCP's roles.
-    refused(os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt"), 3, ["exp_avg_sq", "not mapped"])
+    # Other formats: Adam states by torch's or fc's names (case_torch); none here.
+    refused(os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt"), 3,
+            ["no Adam states found", "optim.state.<param>.exp_avg"])
     # Usage: a target with ucp, none without.
     refused("zero1", 2, ["takes no target"], extra=["--preset", "megatron-gpt"])
     p = fcio.run([CONVERT, os.path.join(DS, "zero1", "ckpt"), os.path.join(tmp, "x")], expect=2)
@@ -288,6 +355,7 @@ def case_errors():
 
 
 try:
-    {"write": case_write, "readback": case_readback, "errors": case_errors}[CASE]()
+    {"write": case_write, "readback": case_readback, "torch": case_torch,
+     "errors": case_errors}[CASE]()
 finally:
     shutil.rmtree(tmp, ignore_errors=True)

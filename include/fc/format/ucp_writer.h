@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "fc/codec/pickle.h"
+#include "fc/codec/pickle_build.h"
 #include "fc/core/box.h"
 #include "fc/core/dtype.h"
 #include "fc/core/status.h"
@@ -59,8 +60,10 @@ struct UcpFileSpec {
 
 class UcpWriter {
  public:
-  // Creates every file (and its directories) under `dir`. Errors: kUnimplemented for a
-  // dict entry whose value fc cannot pickle (bytes, sets, big ints, tensors); kIoError.
+  // Creates every file (and its directories) under `dir`. Errors: kInvalidArgument for a
+  // path that is absolute or has an empty, "." or ".." component (paths come from param
+  // names in the source); kUnimplemented for a dict entry whose value fc cannot pickle
+  // (bytes, sets, big ints, tensors); kIoError.
   static Result<std::unique_ptr<UcpWriter>> Create(const std::string& dir,
                                                    std::vector<UcpFileSpec> files);
   ~UcpWriter();
@@ -87,9 +90,6 @@ class UcpWriter {
 Result<std::string> PlainValueArchive(const PickleValue& value);
 // True when the value holds a persistent id (a tensor or storage) anywhere.
 bool HoldsTensor(const PickleValue& value);
-// A plain int / bool node (for dict entries fc computes).
-PickleValue::Ptr PickleInt(int64_t v);
-PickleValue::Ptr PickleBool(bool v);
 
 // What a UCP written from a DeepSpeed checkpoint carries besides the tensors.
 struct UcpSource {
@@ -105,7 +105,35 @@ struct UcpSource {
   std::string optimizer_state_archive;
   // Per "<param>/<state>" (state: fp32, exp_avg, exp_avg_sq): the file's non-tensor part.
   std::map<std::string, UcpFileMeta> meta;
+  // A source that is not DeepSpeed's: the model states fc writes as
+  // kSynthesizedModelStatesName (empty: none; copy_files are copied instead).
+  std::string model_states_archive;
 };
+
+inline constexpr const char* kSynthesizedModelStatesName = "mp_rank_00_model_states.pt";
+
+// The DeepSpeed release a synthesized UCP names as its ds_version: 0.14.1, the first whose
+// universal loader reads step.pt and the optimizer-state files found in each param folder
+// (the ZeRO-1 loader also requires >= 0.3.17). DeepSpeed reads it only from
+// zero/optimizer_state.pt.
+inline constexpr const char* kSynthesizedDsVersion = "0.14.1";
+
+// The non-tensor part of a UCP written from a checkpoint DeepSpeed did not write (torch DCP,
+// fc distcp, ...), in the form DeepSpeed's universal loader reads for ZeRO 1/2 and
+// BF16_Optimizer, one data-parallel and one model-parallel rank:
+//   mp_rank_00_model_states.pt: {module: {} (not read in universal mode: weights come from
+//     zero/), buffer_names: [], param_shapes: [OrderedDict(name -> torch.Size)] (`params`, in
+//     order, one group), frozen_param_shapes: None, shared_params: {}, skipped_steps: 0,
+//     global_steps: `step`, dp_world_size: 1, mp_world_size: 1, ds_version}; no
+//     lr_scheduler (the source's schedule is not DeepSpeed's: load with
+//     load_lr_scheduler_states=False).
+//   zero/optimizer_state.pt: {ds_version, param_groups: []} (the hyperparameters come from
+//     the DeepSpeed config).
+//   each param file: {'cat_dim': 0, 'param': tensor} (ds_to_universal's form for a param
+//     without merge rules).
+// Errors: kUnimplemented if a value cannot be pickled (not expected).
+Result<UcpSource> SynthesizedUcpSource(const std::vector<std::pair<std::string, Shape>>& params,
+                                       int64_t step);
 
 // Reads the non-tensor part of a UCP from the DeepSpeed checkpoint `input` (save dir, tag
 // dir or UCP dir, resolved as ReadDeepSpeedCheckpoint does) for `params` (the trainable

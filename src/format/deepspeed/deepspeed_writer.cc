@@ -23,6 +23,7 @@
 #include <optional>
 #include <set>
 
+#include "fc/codec/pickle_build.h"
 #include "fc/codec/pickle_reemit.h"
 #include "fc/codec/pickle_writer.h"
 #include "fc/core/checked_math.h"
@@ -39,34 +40,6 @@ using K = PickleValue::Kind;
 
 // ---------------------------------------------------------------------------------------
 PV::Ptr Node(PV v) { return std::make_shared<const PV>(std::move(v)); }
-
-PV::Ptr IntNode(int64_t i) {
-  PV v;
-  v.kind = K::kInt;
-  v.int_value = i;
-  return Node(std::move(v));
-}
-
-PV::Ptr StrNode(std::string s) {
-  PV v;
-  v.kind = K::kStr;
-  v.str = std::move(s);
-  return Node(std::move(v));
-}
-
-PV::Ptr GlobalNode(std::string module, std::string name) {
-  PV v;
-  v.kind = K::kGlobal;
-  v.str = std::move(module);
-  v.name = std::move(name);
-  return Node(std::move(v));
-}
-
-PV::Ptr EmptyTupleNode() {
-  PV v;
-  v.kind = K::kTuple;
-  return Node(std::move(v));
-}
 
 // A copy of `from` (a dict, or a call/object with entries) with the entries for which
 // `replace` returns a node replaced by it.
@@ -198,7 +171,7 @@ class ArchiveBuilder {
     }
     PV copy = *pid;
     copy.items.resize(5);
-    copy.items[2] = StrNode(std::to_string(it->second));
+    copy.items[2] = PickleStr(std::to_string(it->second));
     FC_RETURN_IF_ERROR(EmitPickleValue(w, copy, source.path));
     w.BinPersId();
     return Status::Ok();
@@ -373,8 +346,8 @@ class Repartitioner {
 PV::Ptr SliceMappings(const GroupSource& g, int64_t ps, int64_t r, const PV::Ptr& fragment_cls) {
   PV od;
   od.kind = K::kCall;
-  od.callee = GlobalNode("collections", "OrderedDict");
-  od.args = EmptyTupleNode();
+  od.callee = PickleGlobal("collections", "OrderedDict");
+  od.args = PickleTuple({});
   const int64_t left = r * ps;
   int64_t off = 0;
   for (const auto& [name, n] : g.params) {
@@ -382,14 +355,14 @@ PV::Ptr SliceMappings(const GroupSource& g, int64_t ps, int64_t r, const PV::Ptr
     if (lo < hi) {
       PV state;
       state.kind = K::kDict;
-      state.entries.emplace_back(StrNode("numel"), IntNode(hi - lo));
-      state.entries.emplace_back(StrNode("start"), IntNode(lo - left));
+      state.entries.emplace_back(PickleStr("numel"), PickleInt(hi - lo));
+      state.entries.emplace_back(PickleStr("start"), PickleInt(lo - left));
       PV frag;
       frag.kind = K::kObject;
       frag.callee = fragment_cls;
-      frag.args = EmptyTupleNode();
+      frag.args = PickleTuple({});
       frag.state = Node(std::move(state));
-      od.entries.emplace_back(StrNode(name), Node(std::move(frag)));
+      od.entries.emplace_back(PickleStr(name), Node(std::move(frag)));
     }
     off += n;
   }
@@ -744,12 +717,12 @@ Status PlanZero3(DsRepartition& job,
           DsRecord rec = StreamRecord(frozen_dtype[i], ps, label + " frozen " + frozen[i].name);
           std::vector<int64_t> zeros(static_cast<size_t>(old_dp), 0);
           AddZero3Parts(rec, frozen[i].numel, old_dp, dp, r, frozen_src[i], zeros, 0);
-          frags.entries.emplace_back(StrNode(frozen[i].name),
+          frags.entries.emplace_back(PickleStr(frozen[i].name),
                                      mout.NewTensor(std::move(rec), ps, frozen_cls[i]));
         }
       }
       PV::Ptr mroot = ReplaceEntries(model0.root, [&](const std::string& k, const PV::Ptr&) -> PV::Ptr {
-        if (k == "dp_world_size") return IntNode(dp);
+        if (k == "dp_world_size") return PickleInt(dp);
         if (k == "frozen_param_fragments" && has_frags) return Node(frags);
         return nullptr;
       });
@@ -778,7 +751,7 @@ Status PlanZero3(DsRepartition& job,
       const SourceFile& opt0 = ofiles.front();
       const PV* osd0 = opt0.root.Find("optimizer_state_dict");
       PV::Ptr new_osd = ReplaceEntries(*osd0, [&](const std::string& k, const PV::Ptr& v) -> PV::Ptr {
-        if (k == "partition_count") return IntNode(dp);
+        if (k == "partition_count") return PickleInt(dp);
         if (k == "fp32_flat_groups") {
           PV list = *v;
           for (size_t g = 0; g < K; ++g) list.items[g] = made[g][0];
@@ -828,7 +801,7 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
   // The model states: dp_world_size replaced, everything else kept.
   ArchiveBuilder model_out(JoinPath(job.tag, model_name));
   PV::Ptr model_root = ReplaceEntries(model.root, [&](const std::string& k, const PV::Ptr&) {
-    return k == "dp_world_size" ? IntNode(dp) : PV::Ptr();
+    return k == "dp_world_size" ? PickleInt(dp) : PV::Ptr();
   });
   FC_ASSIGN_OR_RETURN(DsArchiveSpec model_spec, model_out.Finish(*model_root, model));
   job.archives.push_back(std::move(model_spec));
@@ -1001,7 +974,7 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
     files.push_back(std::move(sf));
   }
   job.variant = bf16 ? "bf16_optimizer" : "zero";
-  if (!fragment_cls) fragment_cls = GlobalNode("deepspeed.utils.tensor_fragment", "fragment_address");
+  if (!fragment_cls) fragment_cls = PickleGlobal("deepspeed.utils.tensor_fragment", "fragment_address");
 
   // The new DP ranks' files, from DP rank 0's tree.
   const SourceFile& rank0 = files.front();
@@ -1027,13 +1000,13 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
       eas[g] = out.NewTensor(
           rp.Partition(gs, gs.exp_avg_sq, gs.state_dtype, r, gl + " exp_avg_sq"), ps,
           gs.state_storage_class);
-      paddings.items.push_back(IntNode(ps - lean));
+      paddings.items.push_back(PickleInt(ps - lean));
       mappings.items.push_back(SliceMappings(gs, ps, r, fragment_cls));
     }
     PV::Ptr new_osd = ReplaceEntries(*osd0, [&](const std::string& k, const PV::Ptr& v) -> PV::Ptr {
       if (k == "single_partition_of_fp32_groups") return Node(singles);
       if (k == "group_paddings") return Node(paddings);
-      if (k == "partition_count") return IntNode(dp);
+      if (k == "partition_count") return PickleInt(dp);
       if (k == "param_slice_mappings") return Node(mappings);
       if (k != "base_optimizer_state") return nullptr;
       return ReplaceEntries(*v, [&](const std::string& bk, const PV::Ptr& bv) -> PV::Ptr {

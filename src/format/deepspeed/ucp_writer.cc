@@ -21,6 +21,7 @@
 
 #include <re2/re2.h>
 
+#include "fc/codec/pickle_build.h"
 #include "fc/codec/pickle_reemit.h"
 #include "fc/codec/pickle_writer.h"
 #include "fc/codec/zip_writer.h"
@@ -105,20 +106,6 @@ bool HoldsTensor(const PickleValue& v) {
   return false;
 }
 
-PickleValue::Ptr PickleInt(int64_t i) {
-  auto v = std::make_shared<PickleValue>();
-  v->kind = PickleValue::Kind::kInt;
-  v->int_value = i;
-  return v;
-}
-
-PickleValue::Ptr PickleBool(bool b) {
-  auto v = std::make_shared<PickleValue>();
-  v->kind = PickleValue::Kind::kBool;
-  v->bool_value = b;
-  return v;
-}
-
 Result<std::string> PlainValueArchive(const PickleValue& value) {
   PickleWriter w(2);
   FC_RETURN_IF_ERROR(EmitPickleValue(w, value, "value"));
@@ -144,6 +131,20 @@ Result<std::unique_ptr<UcpWriter>> UcpWriter::Create(const std::string& dir,
   w->dir_ = dir;
   std::set<std::string> made;
   for (UcpFileSpec& spec : files) {
+    // The path comes from param names in the source: it must stay inside `dir`.
+    if (spec.path.empty() || spec.path.front() == '/' ||
+        spec.path.find('\0') != std::string::npos) {
+      return InvalidArgumentError("UCP file path '" + spec.path + "' is not relative");
+    }
+    for (size_t at = 0; at <= spec.path.size();) {
+      const size_t end = std::min(spec.path.find('/', at), spec.path.size());
+      const std::string_view part(spec.path.data() + at, end - at);
+      if (part.empty() || part == "." || part == "..") {
+        return InvalidArgumentError("UCP file path '" + spec.path +
+                                    "' has an empty, '.' or '..' component");
+      }
+      at = end + 1;
+    }
     auto state = std::make_unique<FileState>();
     std::optional<uint64_t> bytes = DTypeSize(spec.dtype);
     for (int64_t s : spec.shape) {
@@ -258,13 +259,6 @@ bool AnyMatch(const PickleValue* info, std::string_view key, const std::string& 
 
 PickleValue::Ptr Node(PickleValue v) { return std::make_shared<PickleValue>(std::move(v)); }
 
-PickleValue::Ptr StrNode(const std::string& text) {
-  PickleValue v;
-  v.kind = PickleValue::Kind::kStr;
-  v.str = text;
-  return Node(std::move(v));
-}
-
 // The sub_param_shape ds_to_universal saves for a fused param (deepspeed.md 5.5 rule 4):
 // SubparamShape(patterns, shape, partition_dim) of the first parameter_with_sub_params entry
 // with a pattern matching `name`, its shape as in the entry, except that before version 0.4
@@ -322,9 +316,9 @@ Result<PickleValue::Ptr> SubParamShapeFor(const PickleValue* info, const std::st
     }
     PickleValue state;
     state.kind = PickleValue::Kind::kDict;
-    state.entries.emplace_back(StrNode("patterns"), std::make_shared<PickleValue>(*patterns));
-    state.entries.emplace_back(StrNode("shape"), shape_out);
-    state.entries.emplace_back(StrNode("partition_dim"), PickleInt(pd->int_value));
+    state.entries.emplace_back(PickleStr("patterns"), std::make_shared<PickleValue>(*patterns));
+    state.entries.emplace_back(PickleStr("shape"), shape_out);
+    state.entries.emplace_back(PickleStr("partition_dim"), PickleInt(pd->int_value));
     PickleValue cls;
     cls.kind = PickleValue::Kind::kGlobal;
     cls.str = "deepspeed.checkpoint.universal_checkpoint";
@@ -469,6 +463,40 @@ Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex&
     }
     for (const char* state : kStates) src.meta[p + "/" + state] = meta;
   }
+  return src;
+}
+
+Result<UcpSource> SynthesizedUcpSource(const std::vector<std::pair<std::string, Shape>>& params,
+                                       int64_t step) {
+  UcpSource src;
+  std::vector<std::pair<std::string, PickleValue::Ptr>> shapes;
+  shapes.reserve(params.size());
+  for (const auto& [name, shape] : params) {
+    shapes.emplace_back(name, PickleTorchSize(shape));
+    UcpFileMeta meta;
+    meta.before.emplace_back("cat_dim", PickleInt(0));
+    for (const char* state : {"fp32", "exp_avg", "exp_avg_sq"}) {
+      src.meta[name + "/" + state] = meta;
+    }
+  }
+  const PickleValue::Ptr model = PickleDict({
+      {"module", PickleOrderedDict({})},
+      {"buffer_names", PickleList({})},
+      {"param_shapes", PickleList({PickleOrderedDict(std::move(shapes))})},
+      {"frozen_param_shapes", PickleNone()},
+      {"shared_params", PickleDict({})},
+      {"skipped_steps", PickleInt(0)},
+      {"global_steps", PickleInt(step)},
+      {"dp_world_size", PickleInt(1)},
+      {"mp_world_size", PickleInt(1)},
+      {"ds_version", PickleStr(kSynthesizedDsVersion)},
+  });
+  FC_ASSIGN_OR_RETURN(src.model_states_archive, PlainValueArchive(*model));
+  const PickleValue::Ptr optimizer = PickleDict({
+      {"ds_version", PickleStr(kSynthesizedDsVersion)},
+      {"param_groups", PickleList({})},
+  });
+  FC_ASSIGN_OR_RETURN(src.optimizer_state_archive, PlainValueArchive(*optimizer));
   return src;
 }
 

@@ -4,6 +4,7 @@
 // left out are errors. Whole conversions loaded with torch: tests/tools/deepspeed_write_test.py.
 #include "fc/format/deepspeed_writer.h"
 #include "fc/format/ds_archive_writer.h"
+#include "fc/format/ucp_writer.h"
 
 #include <catch2/catch.hpp>
 
@@ -191,6 +192,27 @@ TEST_CASE("DsArchiveWriter: records read back; twice-written and missing bytes a
     CHECK(names == std::vector<std::string>{"a/data.pkl", "a/byteorder", "a/data/0",
                                             "a/data/1", "a/version"});
   }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("UcpWriter: paths from param names stay inside the output directory") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("fc-ucp-writer-test-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const std::string path : {"zero/../../escaped/fp32.pt", "/tmp/fp32.pt", "zero//fp32.pt",
+                                 "zero/./fp32.pt", "zero/p/..", ""}) {
+    UcpFileSpec spec{path, DType::kFloat32, {2}, {}};
+    auto w = UcpWriter::Create(dir, {spec});
+    CHECK(w.status().code() == StatusCode::kInvalidArgument);
+  }
+  CHECK(std::filesystem::is_empty(dir));
+  UcpFileSpec ok{"zero/a..b/fp32.pt", DType::kFloat32, {2}, {}};
+  auto w = UcpWriter::Create(dir, {ok});
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Write(0, 0, testing::AsBytes("abcdefgh")).ok());
+  REQUIRE((*w)->Finish().ok());
+  CHECK(std::filesystem::is_regular_file(dir + "/zero/a..b/fp32.pt"));
   std::filesystem::remove_all(dir);
 }
 
