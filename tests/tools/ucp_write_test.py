@@ -246,12 +246,12 @@ def case_readback():
 
 
 def case_torch():
-    """A UCP from a torch DCP checkpoint (testdata/torch_dcp/fsdp_adam: model.<fqn> and
+    """A UCP from a torch DCP checkpoint (testdata/torch_dcp_adam/fsdp_adam: model.<fqn> and
     optim.state.<fqn>.{exp_avg,exp_avg_sq,step} as torch.distributed.checkpoint flattens a
     {"model", "optim"} state dict): the files DeepSpeed's universal loader reads, with the
     values torch saved (bf16 weights and states as fp32), one int step, synthesized model
     states and optimizer state; read back by fc."""
-    fixture = os.path.join(TESTDATA, "torch_dcp", "fsdp_adam")
+    fixture = os.path.join(TESTDATA, "torch_dcp_adam", "fsdp_adam")
     root = os.path.join(tmp, "torch")
     out = os.path.join(root, "universal")
     plan = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp",
@@ -300,7 +300,7 @@ def case_torch():
             assert got[name][0] == "F32", (name, got[name][0])
             assert np.array_equal(fcio.bits(got[name][1]), fcio.bits(want.astype(np.float32))), name
     # Params whose steps differ: refused, naming both, nothing written.
-    p = fcio.run([CONVERT, os.path.join(TESTDATA, "torch_dcp", "fsdp_adam_steps", "ckpt"),
+    p = fcio.run([CONVERT, os.path.join(TESTDATA, "torch_dcp_adam", "fsdp_adam_steps", "ckpt"),
                   os.path.join(tmp, "steps", "universal"), "--output-format", "ucp"], expect=6)
     for w in ("optim.state.embed.weight.step is 12", "optim.state.norm.weight.step is 11",
               "one step"):
