@@ -76,6 +76,10 @@ int main(int argc, char** argv) {
                "with --output-format ucp: TP > 1 without universal_checkpoint_info: "
                "concatenate every param's TP slices along dim 0 (ds_to_universal.py "
                "--inject_missing_state) instead of refusing");
+  app.add_flag("--ucp-zero3", options.ucp_zero3,
+               "with --output-format ucp from a checkpoint DeepSpeed did not write: the form "
+               "DeepSpeed's ZeRO-3 loader reads (raw flat param files, no step.pt, "
+               "zero_pp_rank_0_mp_rank_00_model_states.pt; default: the ZeRO 1/2 form)");
   app.add_option("--torch-version", options.torch_version,
                  "with --output-format torch-dcp: metadata for torch 1.13, 2.0 (torch 2.0-2.3: "
                  "no storage_meta, no version) or 2 (torch 2.4+: storage_meta and version "
@@ -174,6 +178,9 @@ int main(int argc, char** argv) {
   if (!no_target && target->count_all() == 0) {
     return fc::cli::UsageError(tool, "give exactly one target: --target-like, --target-layout, "
                                "--preset or --target-manifest");
+  }
+  if (options.ucp_zero3 && out_format != "ucp") {
+    return fc::cli::UsageError(tool, "--ucp-zero3 applies to --output-format ucp only");
   }
   if (options.ucp_inject_missing_state && out_format != "ucp") {
     return fc::cli::UsageError(tool, "--inject-missing-state applies to --output-format ucp only");

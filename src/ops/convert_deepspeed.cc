@@ -49,6 +49,7 @@ Status CheckOptions(const ConvertOptions& o) {
   if (o.dtype) given.push_back("--dtype");
   if (!o.torch_version.empty() || !o.torch_serialization.empty()) given.push_back("--torch-*");
   if (o.ucp_inject_missing_state) given.push_back("--inject-missing-state");
+  if (o.ucp_zero3) given.push_back("--ucp-zero3");
   if (!given.empty()) {
     return InvalidArgumentError("--output-format deepspeed re-partitions every file of the "
                                 "checkpoint as it is, for --dp: " + given.front() +

@@ -340,6 +340,11 @@ Status CheckParamName(const std::string& input, const std::string& name) {
 Status BuildJob(const ConvertOptions& options, UcpJob& job) {
   const CheckpointIndex& index = job.index;
   if (index.format == CheckpointFormat::kDeepSpeed) {
+    if (options.ucp_zero3) {
+      return InvalidArgumentError(options.input + ": --ucp-zero3 applies to sources DeepSpeed "
+                                  "did not write: a DeepSpeed source's UCP takes its form from "
+                                  "the source's ZeRO stage");
+    }
     FC_ASSIGN_OR_RETURN(job.params, UcpParams(index, options));
     std::vector<std::string> names;
     for (const UcpParam& p : job.params) names.push_back(p.name);
@@ -355,11 +360,12 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
       shapes.emplace_back(p.name, p.states[0].front()->global_shape);
     }
     FC_ASSIGN_OR_RETURN(int64_t step, CommonStep(index, steps));
-    FC_ASSIGN_OR_RETURN(job.source, SynthesizedUcpSource(shapes, step));
-    // DeepSpeed's FusedAdam and CPUAdam keep the step as a Python int.
-    job.int_step = step;
+    FC_ASSIGN_OR_RETURN(job.source, SynthesizedUcpSource(shapes, step, options.ucp_zero3));
+    // DeepSpeed's FusedAdam and CPUAdam keep the step as a Python int (the ZeRO-3 form keeps
+    // it in optimizer_state.pt).
+    if (!options.ucp_zero3) job.int_step = step;
   }
-  const bool zero3 = Attr(index, "deepspeed.optimizer") == "zero3";
+  const bool zero3 = Attr(index, "deepspeed.optimizer") == "zero3" || options.ucp_zero3;
   PlanRequest request;
   request.kind = PlanKind::kExport;
   // One file of one tensor: the slices side by side along dim 0.
@@ -451,12 +457,14 @@ void PrintPlan(const UcpJob& job, const ConvertOptions& options, std::ostream& o
   out << "memory: budget " << HumanBytes(plan.memory.budget) << ", estimated peak "
       << HumanBytes(plan.memory.peak) << ", minimum " << HumanBytes(plan.memory.minimum) << "\n";
   out << "also: zero/optimizer_state.pt ("
-      << (!job.source.model_states_archive.empty()     ? "ds_version and no param groups"
+      << (!job.source.model_states_archive.empty()
+              ? (job.int_step ? "ds_version and no param groups"
+                              : "the step and one empty param group")
           : job.source.optimizer_state_copy.empty() ? "from rank 0's optimizer state"
                                                     : "copied")
       << "), " << job.int_steps.size() << " int step file(s), ";
   if (!job.source.model_states_archive.empty()) {
-    out << kSynthesizedModelStatesName << " (written: the source is not DeepSpeed's)\n";
+    out << job.source.model_states_name << " (written: the source is not DeepSpeed's)\n";
     if (!job.unused.empty()) {
       out << "left out (no Adam state): " << job.unused.size()
           << " tensor(s): " << FirstNames(job.unused) << "\n";
@@ -533,7 +541,7 @@ Result<ExecuteStats> WriteStaging(const ConvertOptions& options, const UcpJob& j
     FC_RETURN_IF_ERROR(CopyFile(JoinPath(job.source.dir, name), JoinPath(staging, name)));
   }
   if (!job.source.model_states_archive.empty()) {
-    FC_RETURN_IF_ERROR(WriteSmallFile(JoinPath(staging, kSynthesizedModelStatesName),
+    FC_RETURN_IF_ERROR(WriteSmallFile(JoinPath(staging, job.source.model_states_name),
                                       job.source.model_states_archive));
   }
   return stats;

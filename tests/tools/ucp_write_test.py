@@ -299,6 +299,37 @@ def case_torch():
                 want = fcio.bf16_bits_to_f32(want).reshape(want.shape)
             assert got[name][0] == "F32", (name, got[name][0])
             assert np.array_equal(fcio.bits(got[name][1]), fcio.bits(want.astype(np.float32))), name
+    # --ucp-zero3: the form DeepSpeed's stage-3 loader reads (raw flat tensors, the step in
+    # optimizer_state_dict, zero_pp_rank_0 model states), read back by fc through param_shapes.
+    out3 = os.path.join(tmp, "torch-z3", "universal")
+    fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out3, "--output-format", "ucp", "--quiet",
+              "--ucp-zero3"])
+    assert sorted(os.listdir(out3)) == ["zero", "zero_pp_rank_0_mp_rank_00_model_states.pt"]
+    for p in params:
+        folder = os.path.join(out3, "zero", p)
+        assert sorted(os.listdir(folder)) == ["exp_avg.pt", "exp_avg_sq.pt", "fp32.pt"], folder
+        for state, key in (("fp32", "model." + p), ("exp_avg", f"optim.state.{p}.exp_avg"),
+                           ("exp_avg_sq", f"optim.state.{p}.exp_avg_sq")):
+            t = load(os.path.join(folder, state + ".pt"))
+            assert torch.is_tensor(t) and t.dim() == 1, (p, state, type(t))
+            want = expected[key]
+            if want.dtype == np.uint16:
+                want = fcio.bf16_bits_to_f32(want)
+            same_bits(t, np.asarray(want).reshape(-1), p + "/" + state + " (zero3)")
+    osd = load(os.path.join(out3, "zero", "optimizer_state.pt"))
+    assert osd == {"ds_version": "0.14.1", "optimizer_state_dict": {
+        "state": {0: {"step": 12}}, "param_groups": [{}]}}, osd
+    model3 = load(os.path.join(out3, "zero_pp_rank_0_mp_rank_00_model_states.pt"))
+    assert model3.keys() == model.keys() and model3["global_steps"] == 12, model3
+    exported3 = os.path.join(tmp, "torch-z3-exported")
+    fcio.run([EXPORT, out3, exported3, "--quiet", "--include-optimizer"])
+    got3, _ = fcio.read_hf_dir(exported3)
+    assert sorted(got3) == sorted(k for k in got if not k.startswith("optimizer.step.")), got3
+    for k in got3:
+        assert np.array_equal(fcio.bits(got3[k][1]), fcio.bits(got[k][1])), k
+    p = fcio.run([CONVERT, os.path.join(DS, "zero1", "ckpt"), os.path.join(tmp, "z3ds"),
+                  "--output-format", "ucp", "--ucp-zero3"], expect=3)
+    assert "takes its form from the source's ZeRO stage" in p.stderr, p.stderr
     # Params whose steps differ: refused, naming both, nothing written.
     p = fcio.run([CONVERT, os.path.join(TESTDATA, "torch_dcp_adam", "fsdp_adam_steps", "ckpt"),
                   os.path.join(tmp, "steps", "universal"), "--output-format", "ucp"], expect=6)

@@ -105,12 +105,11 @@ struct UcpSource {
   std::string optimizer_state_archive;
   // Per "<param>/<state>" (state: fp32, exp_avg, exp_avg_sq): the file's non-tensor part.
   std::map<std::string, UcpFileMeta> meta;
-  // A source that is not DeepSpeed's: the model states fc writes as
-  // kSynthesizedModelStatesName (empty: none; copy_files are copied instead).
+  // A source that is not DeepSpeed's: the model states fc writes as model_states_name
+  // (empty: none; copy_files are copied instead).
   std::string model_states_archive;
+  std::string model_states_name;
 };
-
-inline constexpr const char* kSynthesizedModelStatesName = "mp_rank_00_model_states.pt";
 
 // The DeepSpeed release a synthesized UCP names as its ds_version: 0.14.1, the first whose
 // universal loader reads step.pt and the optimizer-state files found in each param folder
@@ -120,7 +119,8 @@ inline constexpr const char* kSynthesizedDsVersion = "0.14.1";
 
 // The non-tensor part of a UCP written from a checkpoint DeepSpeed did not write (torch DCP,
 // fc distcp, ...), in the form DeepSpeed's universal loader reads for ZeRO 1/2 and
-// BF16_Optimizer, one data-parallel and one model-parallel rank:
+// BF16_Optimizer (`zero3` false) or ZeRO-3, one data-parallel and one model-parallel rank.
+// ZeRO 1/2:
 //   mp_rank_00_model_states.pt: {module: {} (not read in universal mode: weights come from
 //     zero/), buffer_names: [], param_shapes: [OrderedDict(name -> torch.Size)] (`params`, in
 //     order, one group), frozen_param_shapes: None, shared_params: {}, skipped_steps: 0,
@@ -130,10 +130,15 @@ inline constexpr const char* kSynthesizedDsVersion = "0.14.1";
 //   zero/optimizer_state.pt: {ds_version, param_groups: []} (the hyperparameters come from
 //     the DeepSpeed config).
 //   each param file: {'cat_dim': 0, 'param': tensor} (ds_to_universal's form for a param
-//     without merge rules).
+//     without merge rules); step.pt (written by the caller).
+// ZeRO-3: the same model states as zero_pp_rank_0_mp_rank_00_model_states.pt (the one
+//   DeepSpeed's stage-3 universal load opens); zero/optimizer_state.pt {ds_version,
+//   optimizer_state_dict: {state: {0: {step: `step`}}, param_groups: [{}]}} (the stage-3
+//   loader gives every sub-group that step and copies group 0's entries, none here, into
+//   every live group); param files raw flat tensors, no step.pt.
 // Errors: kUnimplemented if a value cannot be pickled (not expected).
 Result<UcpSource> SynthesizedUcpSource(const std::vector<std::pair<std::string, Shape>>& params,
-                                       int64_t step);
+                                       int64_t step, bool zero3);
 
 // Reads the non-tensor part of a UCP from the DeepSpeed checkpoint `input` (save dir, tag
 // dir or UCP dir, resolved as ReadDeepSpeedCheckpoint does) for `params` (the trainable

@@ -50,6 +50,9 @@ struct ConvertOptions {
   // kUcp: TP > 1 without universal_checkpoint_info: concatenate every param's TP slices
   // along dim 0 (ds_to_universal.py --inject_missing_state) instead of refusing.
   bool ucp_inject_missing_state = false;
+  // kUcp from a source DeepSpeed did not write: the ZeRO-3 form (raw flat param files, no
+  // step.pt, zero_pp_rank_0_mp_rank_00_model_states.pt; SynthesizedUcpSource).
+  bool ucp_zero3 = false;
   bool dry_run = false;                        // print the plan, write nothing
   // With dry_run: plan for this many processes without starting them (0: the real count);
   // each sees the files of its source ranks (rank of a file: the first number in its name,

@@ -467,14 +467,20 @@ Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex&
 }
 
 Result<UcpSource> SynthesizedUcpSource(const std::vector<std::pair<std::string, Shape>>& params,
-                                       int64_t step) {
+                                       int64_t step, bool zero3) {
   UcpSource src;
+  src.model_states_name =
+      zero3 ? "zero_pp_rank_0_mp_rank_00_model_states.pt" : "mp_rank_00_model_states.pt";
   std::vector<std::pair<std::string, PickleValue::Ptr>> shapes;
   shapes.reserve(params.size());
   for (const auto& [name, shape] : params) {
     shapes.emplace_back(name, PickleTorchSize(shape));
     UcpFileMeta meta;
-    meta.before.emplace_back("cat_dim", PickleInt(0));
+    if (zero3) {
+      meta.form = UcpFileForm::kRawTensor;
+    } else {
+      meta.before.emplace_back("cat_dim", PickleInt(0));
+    }
     for (const char* state : {"fp32", "exp_avg", "exp_avg_sq"}) {
       src.meta[name + "/" + state] = meta;
     }
@@ -492,10 +498,24 @@ Result<UcpSource> SynthesizedUcpSource(const std::vector<std::pair<std::string, 
       {"ds_version", PickleStr(kSynthesizedDsVersion)},
   });
   FC_ASSIGN_OR_RETURN(src.model_states_archive, PlainValueArchive(*model));
-  const PickleValue::Ptr optimizer = PickleDict({
-      {"ds_version", PickleStr(kSynthesizedDsVersion)},
-      {"param_groups", PickleList({})},
-  });
+  PickleValue::Ptr optimizer;
+  if (zero3) {
+    // {0: {'step': step}}: the state of sub-group 0, an int key.
+    PickleValue state;
+    state.kind = PickleValue::Kind::kDict;
+    state.entries.emplace_back(PickleInt(0), PickleDict({{"step", PickleInt(step)}}));
+    optimizer = PickleDict({
+        {"ds_version", PickleStr(kSynthesizedDsVersion)},
+        {"optimizer_state_dict",
+         PickleDict({{"state", std::make_shared<const PickleValue>(std::move(state))},
+                     {"param_groups", PickleList({PickleDict({})})}})},
+    });
+  } else {
+    optimizer = PickleDict({
+        {"ds_version", PickleStr(kSynthesizedDsVersion)},
+        {"param_groups", PickleList({})},
+    });
+  }
   FC_ASSIGN_OR_RETURN(src.optimizer_state_archive, PlainValueArchive(*optimizer));
   return src;
 }
