@@ -80,6 +80,10 @@ int main(int argc, char** argv) {
                "with --output-format ucp from a checkpoint DeepSpeed did not write: the form "
                "DeepSpeed's ZeRO-3 loader reads (raw flat param files, no step.pt, "
                "zero_pp_rank_0_mp_rank_00_model_states.pt; default: the ZeRO 1/2 form)");
+  app.add_flag("--ucp-fresh-optimizer", options.ucp_fresh_optimizer,
+               "with --output-format ucp from weights without Adam states (e.g. HF "
+               "safetensors): every floating-point tensor a param, with zero exp_avg and "
+               "exp_avg_sq and step 0 (a fresh optimizer, as hf_to_universal.py)");
   app.add_option("--torch-version", options.torch_version,
                  "with --output-format torch-dcp: metadata for torch 1.13, 2.0 (torch 2.0-2.3: "
                  "no storage_meta, no version) or 2 (torch 2.4+: storage_meta and version "
@@ -181,6 +185,9 @@ int main(int argc, char** argv) {
   }
   if (options.ucp_zero3 && out_format != "ucp") {
     return fc::cli::UsageError(tool, "--ucp-zero3 applies to --output-format ucp only");
+  }
+  if (options.ucp_fresh_optimizer && out_format != "ucp") {
+    return fc::cli::UsageError(tool, "--ucp-fresh-optimizer applies to --output-format ucp only");
   }
   if (options.ucp_inject_missing_state && out_format != "ucp") {
     return fc::cli::UsageError(tool, "--inject-missing-state applies to --output-format ucp only");

@@ -50,6 +50,7 @@ Status CheckOptions(const ConvertOptions& o) {
   if (!o.torch_version.empty() || !o.torch_serialization.empty()) given.push_back("--torch-*");
   if (o.ucp_inject_missing_state) given.push_back("--inject-missing-state");
   if (o.ucp_zero3) given.push_back("--ucp-zero3");
+  if (o.ucp_fresh_optimizer) given.push_back("--ucp-fresh-optimizer");
   if (!given.empty()) {
     return InvalidArgumentError("--output-format deepspeed re-partitions every file of the "
                                 "checkpoint as it is, for --dp: " + given.front() +

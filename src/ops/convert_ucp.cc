@@ -180,6 +180,33 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
   return params;
 }
 
+// --ucp-fresh-optimizer: every floating-point tensor is a param whose moments are zeros (an
+// empty states[1] / states[2]); refused when the source has Adam states by AdamNamesOf.
+Result<std::vector<UcpParam>> FreshUcpParams(const CheckpointIndex& index,
+                                             const std::string& input,
+                                             std::vector<std::string>* unused) {
+  std::vector<UcpParam> params;
+  for (const TensorEntry& t : index.tensors) {
+    if (AdamNamesOf(t.key)) {
+      return InvalidArgumentError(input + ": " + t.key + " is an Adam state: leave out "
+                                  "--ucp-fresh-optimizer to carry the optimizer over");
+    }
+    if (!IsFloating(t.dtype)) {
+      unused->push_back(t.key);
+      continue;
+    }
+    UcpParam param;
+    param.name = t.key;
+    param.states[0] = {&t};
+    params.push_back(std::move(param));
+  }
+  if (params.empty()) {
+    return InvalidArgumentError(input + ": no floating-point tensors: nothing a Universal "
+                                "Checkpoint holds");
+  }
+  return params;
+}
+
 // The value of a one-element step tensor, as a non-negative integer.
 Result<int64_t> StepValue(ChunkReader& reader, const TensorEntry& step) {
   const Result<int64_t> n = CheckedNumElements(step.global_shape);
@@ -345,6 +372,11 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
                                   "did not write: a DeepSpeed source's UCP takes its form from "
                                   "the source's ZeRO stage");
     }
+    if (options.ucp_fresh_optimizer) {
+      return InvalidArgumentError(options.input + ": --ucp-fresh-optimizer applies to sources "
+                                  "DeepSpeed did not write: this one's optimizer states are "
+                                  "carried over");
+    }
     FC_ASSIGN_OR_RETURN(job.params, UcpParams(index, options));
     std::vector<std::string> names;
     for (const UcpParam& p : job.params) names.push_back(p.name);
@@ -353,7 +385,11 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
     FC_ASSIGN_OR_RETURN(job.int_step, IntStep(index));
   } else {
     std::vector<const TensorEntry*> steps;
-    FC_ASSIGN_OR_RETURN(job.params, NamedUcpParams(index, options.input, &steps, &job.unused));
+    if (options.ucp_fresh_optimizer) {
+      FC_ASSIGN_OR_RETURN(job.params, FreshUcpParams(index, options.input, &job.unused));
+    } else {
+      FC_ASSIGN_OR_RETURN(job.params, NamedUcpParams(index, options.input, &steps, &job.unused));
+    }
     std::vector<std::pair<std::string, Shape>> shapes;
     for (const UcpParam& p : job.params) {
       FC_RETURN_IF_ERROR(CheckParamName(options.input, p.name));
@@ -368,47 +404,59 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
   const bool zero3 = Attr(index, "deepspeed.optimizer") == "zero3" || options.ucp_zero3;
   PlanRequest request;
   request.kind = PlanKind::kExport;
-  // One file of one tensor: the slices side by side along dim 0.
+  // One file of one tensor: the slices side by side along dim 0 (no slice: zeros of the
+  // shape of the param's fp32 tensor, the last one added: --ucp-fresh-optimizer's moments).
   auto add = [&](const std::string& path, const std::vector<const TensorEntry*>& slices,
                  UcpFileMeta meta) -> Status {
-    const TensorEntry& first = *slices.front();
-    Shape shape = first.global_shape;
-    std::vector<SourcePiece> pieces;
-    int64_t at = 0;
-    for (const TensorEntry* src : slices) {
-      FC_RETURN_IF_ERROR(CheckSourceCoverage(*src));
-      const Shape& s = src->global_shape;
-      if (slices.size() > 1 &&
-          (s.empty() || s.size() != shape.size() ||
-           !std::equal(s.begin() + 1, s.end(), shape.begin() + 1))) {
-        return InvalidArgumentError(path + ": TP slices " + first.key + " " +
-                                    Box::Whole(first.global_shape).ToString() + " and " +
-                                    src->key + " " + Box::Whole(s).ToString() +
-                                    " do not concatenate along dim 0");
-      }
-      SourcePiece piece;
-      piece.source = src;
-      piece.src_box = Box::Whole(s);
-      piece.dst_box = piece.src_box;
-      if (!s.empty()) {
-        piece.dst_box.global_offset[0] = at;
-        at += s[0];
-      }
-      pieces.push_back(std::move(piece));
-    }
-    if (!shape.empty()) shape[0] = at;
-    // Master weights and Adam states are fp32 in a UCP (a DeepSpeed source's already are;
-    // another source's 16-bit or fp64 tensors are cast).
     const bool step_file = path.ends_with("/step.pt");
-    const DType dtype = step_file ? first.dtype : DType::kFloat32;
-    for (SourcePiece& piece : pieces) {
-      if (piece.source->dtype != dtype) {
-        piece.ops.push_back(PieceOp{PieceOp::Kind::kCast, {}, dtype, {}});
+    std::string key = path;
+    Shape shape;
+    DType dtype = DType::kFloat32;
+    std::vector<SourcePiece> pieces;
+    if (slices.empty()) {
+      shape = request.tensors.back().shape;
+      SourcePiece zeros;  // no source: filled with fill_value 0
+      zeros.dst_box = Box::Whole(shape);
+      pieces.push_back(std::move(zeros));
+    } else {
+      const TensorEntry& first = *slices.front();
+      key = first.key;
+      shape = first.global_shape;
+      int64_t at = 0;
+      for (const TensorEntry* src : slices) {
+        FC_RETURN_IF_ERROR(CheckSourceCoverage(*src));
+        const Shape& s = src->global_shape;
+        if (slices.size() > 1 &&
+            (s.empty() || s.size() != shape.size() ||
+             !std::equal(s.begin() + 1, s.end(), shape.begin() + 1))) {
+          return InvalidArgumentError(path + ": TP slices " + first.key + " " +
+                                      Box::Whole(first.global_shape).ToString() + " and " +
+                                      src->key + " " + Box::Whole(s).ToString() +
+                                      " do not concatenate along dim 0");
+        }
+        SourcePiece piece;
+        piece.source = src;
+        piece.src_box = Box::Whole(s);
+        piece.dst_box = piece.src_box;
+        if (!s.empty()) {
+          piece.dst_box.global_offset[0] = at;
+          at += s[0];
+        }
+        pieces.push_back(std::move(piece));
+      }
+      if (!shape.empty()) shape[0] = at;
+      // Master weights and Adam states are fp32 in a UCP (a DeepSpeed source's already are;
+      // another source's 16-bit or fp64 tensors are cast).
+      if (step_file) dtype = first.dtype;
+      for (SourcePiece& piece : pieces) {
+        if (piece.source->dtype != dtype) {
+          piece.ops.push_back(PieceOp{PieceOp::Kind::kCast, {}, dtype, {}});
+        }
       }
     }
     const uint32_t t = static_cast<uint32_t>(request.tensors.size());
     FC_RETURN_IF_ERROR(PiecesCover(path, pieces, Box::Whole(shape)));
-    request.tensors.push_back({first.key, dtype, shape, std::move(pieces)});
+    request.tensors.push_back({key, dtype, shape, std::move(pieces)});
     PlanSlot slot{t, Box::Whole(shape), std::nullopt};
     UcpFileSpec spec{path, dtype, shape, std::move(meta)};
     if (spec.meta.form == UcpFileForm::kRawTensor && shape.size() != 1 && !step_file) {
@@ -466,7 +514,8 @@ void PrintPlan(const UcpJob& job, const ConvertOptions& options, std::ostream& o
   if (!job.source.model_states_archive.empty()) {
     out << job.source.model_states_name << " (written: the source is not DeepSpeed's)\n";
     if (!job.unused.empty()) {
-      out << "left out (no Adam state): " << job.unused.size()
+      out << "left out (" << (options.ucp_fresh_optimizer ? "not floating point" : "no Adam state")
+          << "): " << job.unused.size()
           << " tensor(s): " << FirstNames(job.unused) << "\n";
     }
     return;

@@ -16,6 +16,8 @@
 // tensor cast to fp32, the common step read from the step tensors and written as an int,
 // and the model states and optimizer state DeepSpeed's universal loader reads written by
 // fc (SynthesizedUcpSource, fc/format/ucp_writer.h); tensors without Adam states left out.
+// With ucp_fresh_optimizer (a source without Adam states): every floating-point tensor a
+// param, its moments zeros (plan pieces without a source) and step 0.
 //
 // Refused: a source without Adam states by those names (kInvalidArgument), steps that
 // differ between params (kUnimplemented), a param name that is not one path component

@@ -330,6 +330,29 @@ def case_torch():
     p = fcio.run([CONVERT, os.path.join(DS, "zero1", "ckpt"), os.path.join(tmp, "z3ds"),
                   "--output-format", "ucp", "--ucp-zero3"], expect=3)
     assert "takes its form from the source's ZeRO stage" in p.stderr, p.stderr
+    # --ucp-fresh-optimizer: weights without Adam states (HF safetensors) become params with
+    # zero moments and step 0; integer and bool tensors are left out.
+    hf = os.path.join(TESTDATA, "safetensors", "hf_sharded")
+    fresh = os.path.join(tmp, "fresh", "universal")
+    plan = fcio.run([CONVERT, hf, fresh, "--output-format", "ucp", "--ucp-fresh-optimizer",
+                     "--dry-run"]).stdout
+    assert "left out (not floating point): 2 tensor(s)" in plan, plan
+    fcio.run([CONVERT, hf, fresh, "--output-format", "ucp", "--ucp-fresh-optimizer", "--quiet"])
+    source, _ = fcio.read_hf_dir(hf)
+    floating = {k: v for k, v in source.items() if v[0] in ("F32", "F16", "BF16")}
+    assert sorted(os.listdir(os.path.join(fresh, "zero"))) == sorted(floating) + ["optimizer_state.pt"]
+    for name, (dt, arr) in floating.items():
+        want = fcio.bf16_bits_to_f32(arr).reshape(arr.shape) if dt == "BF16" else arr
+        folder = os.path.join(fresh, "zero", name)
+        same_bits(load(os.path.join(folder, "fp32.pt"))["param"], want, name + " (fresh)")
+        for state in ("exp_avg", "exp_avg_sq"):
+            same_bits(load(os.path.join(folder, state + ".pt"))["param"],
+                      np.zeros(arr.shape, np.float32), name + "/" + state + " (fresh)")
+        assert load(os.path.join(folder, "step.pt")) == 0, name
+    assert load(os.path.join(fresh, "mp_rank_00_model_states.pt"))["global_steps"] == 0
+    p = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), os.path.join(tmp, "fresh2"),
+                  "--output-format", "ucp", "--ucp-fresh-optimizer"], expect=3)
+    assert "is an Adam state: leave out --ucp-fresh-optimizer" in p.stderr, p.stderr
     # Params whose steps differ: refused, naming both, nothing written.
     p = fcio.run([CONVERT, os.path.join(TESTDATA, "torch_dcp_adam", "fsdp_adam_steps", "ckpt"),
                   os.path.join(tmp, "steps", "universal"), "--output-format", "ucp"], expect=6)

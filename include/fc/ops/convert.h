@@ -53,6 +53,9 @@ struct ConvertOptions {
   // kUcp from a source DeepSpeed did not write: the ZeRO-3 form (raw flat param files, no
   // step.pt, zero_pp_rank_0_mp_rank_00_model_states.pt; SynthesizedUcpSource).
   bool ucp_zero3 = false;
+  // kUcp from a source without Adam states: every floating-point tensor a param with zero
+  // moments and step 0 (a fresh optimizer, as DeepSpeed's hf_to_universal.py writes).
+  bool ucp_fresh_optimizer = false;
   bool dry_run = false;                        // print the plan, write nothing
   // With dry_run: plan for this many processes without starting them (0: the real count);
   // each sees the files of its source ranks (rank of a file: the first number in its name,
