@@ -134,9 +134,9 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
       if ((weight = index.FindTensor(w)) != nullptr) break;
     }
     if (weight == nullptr) {
-      return InvalidArgumentError(input + ": " + t.key + " has no weight (looked for " +
-                                  names->weights.front() + ", " + names->weights[1] +
-                                  (names->weights.size() > 2 ? ", " + names->weights[2] : "") +
+      std::string looked;
+      for (const std::string& w : names->weights) looked += (looked.empty() ? "" : ", ") + w;
+      return InvalidArgumentError(input + ": " + t.key + " has no weight (looked for " + looked +
                                   ")");
     }
     const TensorEntry* sq = index.FindTensor(names->exp_avg_sq);

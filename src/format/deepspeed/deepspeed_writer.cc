@@ -344,29 +344,22 @@ class Repartitioner {
 
 // param_slice_mappings[g] of new rank r: OrderedDict name -> fragment_address(numel, start).
 PV::Ptr SliceMappings(const GroupSource& g, int64_t ps, int64_t r, const PV::Ptr& fragment_cls) {
-  PV od;
-  od.kind = K::kCall;
-  od.callee = PickleGlobal("collections", "OrderedDict");
-  od.args = PickleTuple({});
+  std::vector<std::pair<std::string, PV::Ptr>> entries;
   const int64_t left = r * ps;
   int64_t off = 0;
   for (const auto& [name, n] : g.params) {
     const int64_t lo = std::max(off, left), hi = std::min(off + n, left + ps);
     if (lo < hi) {
-      PV state;
-      state.kind = K::kDict;
-      state.entries.emplace_back(PickleStr("numel"), PickleInt(hi - lo));
-      state.entries.emplace_back(PickleStr("start"), PickleInt(lo - left));
       PV frag;
       frag.kind = K::kObject;
       frag.callee = fragment_cls;
       frag.args = PickleTuple({});
-      frag.state = Node(std::move(state));
-      od.entries.emplace_back(PickleStr(name), Node(std::move(frag)));
+      frag.state = PickleDict({{"numel", PickleInt(hi - lo)}, {"start", PickleInt(lo - left)}});
+      entries.emplace_back(name, Node(std::move(frag)));
     }
     off += n;
   }
-  return Node(std::move(od));
+  return PickleOrderedDict(std::move(entries));
 }
 
 Result<std::string> ResolveTagDir(const std::string& input, std::string* save_dir) {

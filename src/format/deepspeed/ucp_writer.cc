@@ -314,19 +314,12 @@ Result<PickleValue::Ptr> SubParamShapeFor(const PickleValue* info, const std::st
     } else {
       shape_out = std::make_shared<PickleValue>(*shape);
     }
-    PickleValue state;
-    state.kind = PickleValue::Kind::kDict;
-    state.entries.emplace_back(PickleStr("patterns"), std::make_shared<PickleValue>(*patterns));
-    state.entries.emplace_back(PickleStr("shape"), shape_out);
-    state.entries.emplace_back(PickleStr("partition_dim"), PickleInt(pd->int_value));
-    PickleValue cls;
-    cls.kind = PickleValue::Kind::kGlobal;
-    cls.str = "deepspeed.checkpoint.universal_checkpoint";
-    cls.name = "SubparamShape";
     PickleValue obj;
     obj.kind = PickleValue::Kind::kObject;
-    obj.callee = Node(std::move(cls));
-    obj.state = Node(std::move(state));
+    obj.callee = PickleGlobal("deepspeed.checkpoint.universal_checkpoint", "SubparamShape");
+    obj.state = PickleDict({{"patterns", std::make_shared<PickleValue>(*patterns)},
+                            {"shape", shape_out},
+                            {"partition_dim", PickleInt(pd->int_value)}});
     return Node(std::move(obj));
   }
   return PickleValue::Ptr();
