@@ -11,9 +11,11 @@ against the values torch saved.
 usage: ucp_write_test.py BUILD_ROOT TESTDATA CASE   (CASE: write|readback|torch|errors)
 """
 import filecmp
+import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -353,6 +355,52 @@ def case_torch():
     p = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), os.path.join(tmp, "fresh2"),
                   "--output-format", "ucp", "--ucp-fresh-optimizer"], expect=3)
     assert "is an Adam state: leave out --ucp-fresh-optimizer" in p.stderr, p.stderr
+    # Refusals on hand-made safetensors files (torch's names, one problem each): exit 3 with
+    # the message naming what is wrong, nothing written.
+    def st(tensors):
+        path = os.path.join(tmp, "bad-%d.safetensors" % len(os.listdir(tmp)))
+        header, blob = {}, b""
+        for name, (dtype, shape, values) in tensors.items():
+            np_type = {"F32": np.float32, "I64": np.int64}[dtype]
+            data = np.asarray(values, np_type).reshape(shape).tobytes()
+            header[name] = {"dtype": dtype, "shape": shape,
+                            "data_offsets": [len(blob), len(blob) + len(data)]}
+            blob += data
+        text = json.dumps(header).encode()
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text + blob)
+        return path
+    def refused_st(tensors, words, extra=()):
+        out = os.path.join(tmp, "bad-out", "universal")
+        p = fcio.run([CONVERT, st(tensors), out, "--output-format", "ucp", *extra], expect=3)
+        for w in words:
+            assert w in p.stderr, (w, p.stderr)
+        assert not os.path.exists(os.path.dirname(out)), out
+    avg = {"optim.state.w.exp_avg": ("F32", [2], [1, 2])}
+    sq = {"optim.state.w.exp_avg_sq": ("F32", [2], [3, 4])}
+    w = {"w": ("F32", [2], [5, 6])}
+    step = {"optim.state.w.step": ("F32", [], [3])}
+    refused_st(avg, ["optim.state.w.exp_avg has no weight (looked for w, model.w, module.w)"])
+    refused_st({**avg, **w}, ["has no optim.state.w.exp_avg_sq"])
+    refused_st({**avg, **w, **sq}, ["has no step tensor optim.state.w.step"])
+    refused_st({**avg, **w, **sq, "optim.state.w.step": ("F32", [2], [3, 3])},
+               ["optim.state.w.step: a step of shape", "expected one element"])
+    refused_st({**avg, **w, **sq, "optim.state.w.step": ("F32", [], [1.5])},
+               ["optim.state.w.step: step 1.5", "is not a count of steps"])
+    refused_st({**avg, **sq, **step, "w": ("I64", [2], [5, 6])},
+               ["w is int64, not a floating-point weight or Adam state"])
+    refused_st({**avg, **sq, **step, "w": ("F32", [3], [5, 6, 7])}, ["has shape", "its weight w"])
+    refused_st({"ids": ("I64", [2], [1, 2])}, ["no floating-point tensors"],
+               ["--ucp-fresh-optimizer"])
+    for bad in ("a/b", ".."):
+        refused_st({bad: ("F32", [2], [1, 2])},
+                   ["param name '%s' cannot be a directory name under zero/" % bad],
+                   ["--ucp-fresh-optimizer"])
+    # An int64 step (older torch) is read as well.
+    int_step = os.path.join(tmp, "int-step", "universal")
+    fcio.run([CONVERT, st({**avg, **w, **sq, "optim.state.w.step": ("I64", [], [7])}), int_step,
+              "--output-format", "ucp", "--quiet"])
+    assert load(os.path.join(int_step, "zero", "w", "step.pt")) == 7
     # Params whose steps differ: refused, naming both, nothing written.
     p = fcio.run([CONVERT, os.path.join(TESTDATA, "torch_dcp_adam", "fsdp_adam_steps", "ckpt"),
                   os.path.join(tmp, "steps", "universal"), "--output-format", "ucp"], expect=6)
