@@ -80,8 +80,9 @@ Status CheckSource(const CheckpointIndex& index, const std::string& input) {
                               "(load_universal); nothing to re-partition");
   }
   if (!Attr(index, "deepspeed.moe").empty()) {
-    return UnimplementedError(input + ": MoE checkpoint (deepspeed.moe): expert groups are "
-                              "partitioned over their own DP size; not re-partitioned");
+    return UnimplementedError(input + ": MoE checkpoint (deepspeed.moe): fc reads its expert "
+                              "groups but does not write them (re-partitioning over another "
+                              "expert-data-parallel size is not built)");
   }
   return Status::Ok();
 }

@@ -266,8 +266,14 @@ Result<std::vector<UcpParam>> UcpParams(const CheckpointIndex& index,
                                 "or a weights-only copy); a Universal Checkpoint needs them");
   }
   if (!Attr(index, "deepspeed.moe").empty()) {
-    return UnimplementedError(input + ": MoE checkpoint (deepspeed.moe): its optimizer states "
-                              "are not read, so no UCP can be written");
+    // DeepSpeed's universal loader looks each param up as zero/<name> under its local
+    // (per expert-parallel rank) expert name: it is not expert-parallel aware, so a UCP of
+    // global expert names would not load, and one of local names cannot hold every rank.
+    return UnimplementedError(input + ": MoE checkpoint (deepspeed.moe): DeepSpeed's universal "
+                              "checkpoint loader does not support expert parallelism (it looks "
+                              "params up by their local expert names), so no UCP is written; "
+                              "fc-export --include-optimizer writes every expert's fp32 weights "
+                              "and Adam states under global names");
   }
   if (const std::string u = Attr(index, "deepspeed.tp_unmerged"); !u.empty()) {
     return UnimplementedError(input + ": TP shards fc does not merge (averaged params): " + u);

@@ -106,7 +106,8 @@ def case_inspect():
               "ucp_zero3": ("3", "universal", "2"),
               "moe": ("not read (MoE)", "not read (MoE)", "2"),
               "tp2_fused": ("1", "zero", "2"), "tp2_fused_v02": ("2", "zero", "2"),
-              "ucp_tp2_fused": ("1", "universal", "2")}
+              "ucp_tp2_fused": ("1", "universal", "2"),
+              "moe_zero2": ("2", "zero", "4"), "moe_zero1_dbe": ("1", "zero", "6")}
     for ckpt in FIXTURES:
         fx = os.path.dirname(ckpt)
         label = os.path.basename(fx)

@@ -224,6 +224,7 @@ def case_errors():
         assert not os.path.exists(out), src
     ckpt = lambda c: os.path.join(DS, c, "ckpt")  # noqa: E731
     refused(ckpt("moe"), 6, ["MoE"])
+    refused(ckpt("moe_zero2"), 6, ["MoE", "expert-data-parallel size is not built"])
     refused(ckpt("ucp"), 6, ["Universal Checkpoint"])
     refused(os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt"), 6, ["DeepSpeed checkpoints only"])
     refused(ckpt("zero1"), 2, ["needs --dp"], dp=None)

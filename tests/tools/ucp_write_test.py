@@ -426,6 +426,7 @@ def case_errors():
     assert "applies to --output-format ucp only" in p.stderr, p.stderr
     refused("tp2_avg", 6, ["layer.bias", "parameter_to_average_patterns"])
     refused("moe", 6, ["MoE"])
+    refused("moe_zero2", 6, ["MoE", "does not support expert parallelism"])
     # No fp32 master weights: the model states alone (stage 0 / weights-only copy).
     weights_only = os.path.join(tmp, "weights-only")
     os.makedirs(weights_only)

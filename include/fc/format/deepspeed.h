@@ -16,11 +16,17 @@
 //     layer_LL-model_YY-model_states.pt (or layer_LL-model_states.pt: a topology without a
 //     model axis) holding layer LL's state dict for TP rank YY.
 //   MoE (DeepSpeedEngine._save_moe_checkpoint): layer_L_expert_E_mp_rank_XX_model_states.pt,
-//     one expert's 16-bit weights under their full names, beside the non-expert module of
-//     mp_rank_XX_model_states.pt. Only the module and expert weights are read: the optimizer
-//     files (expp_rank_*, zero_pp_rank_*) are not (expert groups are partitioned over their
-//     own DP size and the model states carry no param_shapes for them); attributes
-//     deepspeed.moe, deepspeed.optimizer "not read (MoE)"; an fp32 export is refused.
+//     one expert's 16-bit weights under their full names (global expert id E), beside the
+//     non-expert module of mp_rank_XX_model_states.pt (no param_shapes). With ZeRO 1/2, one
+//     model-parallel rank and no pipeline, the zero_pp_rank_R files are read too: dense param
+//     groups cut over all DP ranks, expert groups (ep_size_<E>, moe True) over the rank's
+//     expert-data-parallel group (partition_count per group); rank R is expert-parallel rank
+//     R % E, or R / (dp / E) with ds_config use_data_before_expert_parallelism; params named
+//     by param_slice_mappings (required; local expert k of expert-parallel rank e is global
+//     expert e * experts / E + k), shapes from the module and expert files. Attributes
+//     deepspeed.moe, deepspeed.ep_degree, deepspeed.moe_topology. Other MoE optimizers
+//     (BF16_Optimizer, ZeRO-3, TP / pipeline with MoE, the non-ZeRO expp_rank_* files) are
+//     not read: deepspeed.optimizer "not read (MoE)", and an fp32 export is refused.
 //   Universal Checkpoint (ds_to_universal.py): zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt,
 //     zero/optimizer_state.pt and the copied model states (frozen params, buffers, module).
 // Stage detection (deepspeed.md section 6): `fp32_flat_groups` in the optimizer state ->
@@ -99,7 +105,8 @@
 // argparse.Namespace, numpy RNG state); nothing is ever executed. Other globals are kept
 // opaque and listed in deepspeed.opaque_globals; they never make the read fail.
 //
-// Not read (kUnimplemented, exit 6): MoE optimizer states and per-group partition counts,
+// Not read (kUnimplemented, exit 6): MoE optimizer states other than ZeRO 1/2 at TP 1 / PP 1
+// (the module and expert weights are still read), per-group partition counts without MoE,
 // elastic optimizer state, big-endian legacy torch.save files, AutoEP/MiCS/hpZ layouts,
 // universal_checkpoint_info patterns RE2 cannot run, autotp_unsupported_parameter_patterns.
 // Checked on read: file count == partition_count, every partition's size against the
@@ -175,8 +182,8 @@ Result<DeepSpeedWeights> ParseDeepSpeedWeights(std::string_view name);
 // as separate copies (safetensors has no sharing).
 // Errors: kUnimplemented when the TP degree is > 1 and the checkpoint has no
 // universal_checkpoint_info (nothing says how the shards concatenate), or when some params
-// were left unmerged (deepspeed.tp_unmerged), or for kFp32 of a MoE checkpoint (its fp32
-// master weights are not read); kInvalidArgument when the index is not a DeepSpeed one.
+// were left unmerged (deepspeed.tp_unmerged), or for kFp32 of a MoE checkpoint whose
+// optimizer files were not read (deepspeed.optimizer "not read (MoE)"); kInvalidArgument when the index is not a DeepSpeed one.
 Status SelectDeepSpeedWeights(DeepSpeedWeights weights, CheckpointIndex* index);
 
 }  // namespace fc

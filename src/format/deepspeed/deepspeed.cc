@@ -624,6 +624,15 @@ Result<std::vector<ParamList>> ParamShapes(const PtFile& model) {
   return groups;
 }
 
+// fragment_address(numel, start), pickled as NEWOBJ + BUILD {numel, start}.
+std::optional<std::pair<int64_t, int64_t>> FragmentOf(const PV* v) {
+  const PV* st = v ? v->state.get() : nullptr;
+  auto numel = IntOf(st ? st->Find("numel") : nullptr);
+  auto start = IntOf(st ? st->Find("start") : nullptr);
+  if (!numel || !start) return std::nullopt;
+  return std::make_pair(*numel, *start);
+}
+
 // param_slice_mappings[g] (when saved) must list exactly the params that intersect each
 // rank's partition, with fragment_address(numel, start) as the partition math says.
 Status CheckSliceMappings(const std::vector<const PtFile*>& optims,
@@ -649,14 +658,12 @@ Status CheckSliceMappings(const std::vector<const PtFile*>& optims,
     std::map<std::string, std::pair<int64_t, int64_t>> got;
     for (const auto& [k, v] : *e) {
       auto name = StrOf(k.get());
-      const PV* st = v ? v->state.get() : nullptr;
-      auto numel = IntOf(st ? st->Find("numel") : nullptr);
-      auto start = IntOf(st ? st->Find("start") : nullptr);
-      if (!name || !numel || !start) {
+      auto frag = FragmentOf(v.get());
+      if (!name || !frag) {
         return DataLossError(where + ": entry " + k->DebugString() + ": " + v->DebugString() +
                              " is not name: fragment_address(numel, start)");
       }
-      got[*name] = {*numel, *start};
+      got[*name] = *frag;
     }
     if (got != want) {
       for (const auto& [name, ns] : want) {
@@ -1153,6 +1160,8 @@ class Reader {
                     const std::vector<const PV*>& osds, bool bf16_optimizer);
   Status ReadZero3(const std::vector<const PtFile*>& models,
                    const std::vector<const PtFile*>& optims, const std::vector<const PV*>& osds);
+  Status ReadMoeZero12(const std::vector<const PtFile*>& optims,
+                       const std::vector<const PV*>& osds);
   Status AddFrozenFull(const PtFile& model);
   Status AddFrozenZero3(const std::vector<const PtFile*>& models);
   Status AddModule(const PtFile& model, bool zero3_placeholders);
@@ -1177,6 +1186,12 @@ class Reader {
   DeepSpeedReadOptions options_;
   bool pipeline_ = false;   // layer_* files hold the module weights
   bool universal_ = false;  // a Universal Checkpoint (zero/<param>/*.pt)
+  bool moe_ = false;        // MoE expert files: the ZeRO files are read by ReadMoeZero12
+  // MoE: every module and expert tensor's shape (the model states carry no param_shapes),
+  // and per expert module (the name up to "deepspeed_experts.") its number of experts.
+  std::map<std::string, Shape> moe_shapes_;
+  std::map<std::string, int64_t> moe_experts_;
+  bool moe_optimizer_read_ = false;
   std::vector<std::unique_ptr<PtFile>> files_;
   Builder weights_, frozen_, buffers_, other_, module_, exp_avg_, exp_avg_sq_, step_;
   std::map<std::string, std::string> aliases_;  // alias -> owner (prefixed)
@@ -1210,6 +1225,82 @@ Status Reader::AddStep(const PtFile& f, const PV* state, int64_t g, const ParamL
   return Status::Ok();
 }
 
+// Per rank and param group of ZeRO 1/2: the fp32 partition, exp_avg, exp_avg_sq and the
+// element counts (lean: the partition without its tail padding; padded: with it).
+struct RankPart {
+  Located fp32;
+  std::optional<Located> exp_avg, exp_avg_sq;
+  int64_t lean = 0, padded = 0;
+  const PV* state = nullptr;
+};
+
+// Group g of optimizer state `osd` (file f), which must list `ngroups` groups (as
+// `groups_what` says).
+Result<RankPart> LoadRankPart(const PtFile& f, const PV* osd, size_t g, size_t ngroups,
+                              const std::string& groups_what, bool bf16_optimizer) {
+  const std::string gs = std::to_string(g);
+  const auto* singles = ListItems(osd->Find("single_partition_of_fp32_groups"));
+  const auto* paddings = ListItems(osd->Find("group_paddings"));
+  if (singles == nullptr || singles->size() != ngroups) {
+    return DataLossError(f.name + ": single_partition_of_fp32_groups has " +
+                         (singles ? std::to_string(singles->size()) : "no") +
+                         " groups, " + groups_what + " has " + std::to_string(ngroups));
+  }
+  if (paddings == nullptr || paddings->size() != ngroups) {
+    return DataLossError(f.name + ": group_paddings does not list " +
+                         std::to_string(ngroups) + " groups");
+  }
+  auto pad = IntOf((*paddings)[g].get());
+  if (!pad || *pad < 0) {
+    return DataLossError(f.name + ": group_paddings[" + gs + "] is " +
+                         (*paddings)[g]->DebugString());
+  }
+  RankPart p;
+  FC_ASSIGN_OR_RETURN(p.fp32, f.Locate((*singles)[g].get(),
+                                       "single_partition_of_fp32_groups[" + gs + "]"));
+  if (p.fp32.shape.size() != 1) {
+    return DataLossError(f.name + ": single_partition_of_fp32_groups[" + gs +
+                         "] has shape " + ShapeText(p.fp32.shape) + ", expected 1-D");
+  }
+  if (bf16_optimizer) {
+    // BF16_Optimizer saves the padded partition: strip group_paddings here.
+    if (*pad > p.fp32.numel) {
+      return DataLossError(f.name + ": group_paddings[" + gs + "] = " +
+                           std::to_string(*pad) + " exceeds the partition's " +
+                           std::to_string(p.fp32.numel) + " elements");
+    }
+    p.padded = p.fp32.numel;
+    p.lean = p.fp32.numel - *pad;
+  } else {
+    p.lean = p.fp32.numel;
+    auto padded = CheckedAdd(p.fp32.numel, *pad);
+    if (!padded) return OutOfRangeError(f.name + ": group " + gs + " padding overflows");
+    p.padded = *padded;
+  }
+  const PV* base = osd->Find("base_optimizer_state");
+  if (base != nullptr && base->is_list()) {
+    return UnimplementedError(f.name + ": elastic optimizer state (base_optimizer_state "
+                              "is a list) is not read yet");
+  }
+  const PV* state = base ? FindIntKey(base->Find("state"), static_cast<int64_t>(g)) : nullptr;
+  p.state = state;
+  if (state != nullptr) {
+    for (const char* key : {"exp_avg", "exp_avg_sq"}) {
+      const PV* t = state->Find(key);
+      if (t == nullptr) continue;
+      FC_ASSIGN_OR_RETURN(Located l, f.Locate(t, std::string("base_optimizer_state state[") +
+                                                     gs + "]." + key));
+      if (l.shape.size() != 1 || l.numel < p.lean) {
+        return DataLossError(f.name + ": base_optimizer_state state[" + gs + "]." + key +
+                             " has shape " + ShapeText(l.shape) + ", expected 1-D with at least " +
+                             std::to_string(p.lean) + " elements");
+      }
+      (std::string(key) == "exp_avg" ? p.exp_avg : p.exp_avg_sq) = l;
+    }
+  }
+  return p;
+}
+
 Status Reader::ReadZero12(const PtFile& model, const std::vector<const PtFile*>& optims,
                           const std::vector<const PV*>& osds, bool bf16_optimizer) {
   FC_ASSIGN_OR_RETURN(std::vector<ParamList> groups, ParamShapes(model));
@@ -1222,77 +1313,13 @@ Status Reader::ReadZero12(const PtFile& model, const std::vector<const PtFile*>&
       if (!sum) return OutOfRangeError(model.name + ": group " + gs + " overflows");
       total = *sum;
     }
-    // Per rank: fp32 partition, exp_avg, exp_avg_sq and the element counts.
-    struct RankPart {
-      Located fp32;
-      std::optional<Located> exp_avg, exp_avg_sq;
-      int64_t lean = 0, padded = 0;
-      const PV* state = nullptr;
-    };
-    std::vector<RankPart> parts(static_cast<size_t>(ws));
+    std::vector<RankPart> parts;
     for (int64_t r = 0; r < ws; ++r) {
-      const PtFile& f = *optims[static_cast<size_t>(r)];
-      const PV* osd = osds[static_cast<size_t>(r)];
-      const auto* singles = ListItems(osd->Find("single_partition_of_fp32_groups"));
-      const auto* paddings = ListItems(osd->Find("group_paddings"));
-      if (singles == nullptr || singles->size() != groups.size()) {
-        return DataLossError(f.name + ": single_partition_of_fp32_groups has " +
-                             (singles ? std::to_string(singles->size()) : "no") +
-                             " groups, param_shapes of " + model.name + " has " +
-                             std::to_string(groups.size()));
-      }
-      if (paddings == nullptr || paddings->size() != groups.size()) {
-        return DataLossError(f.name + ": group_paddings does not list " +
-                             std::to_string(groups.size()) + " groups");
-      }
-      auto pad = IntOf((*paddings)[g].get());
-      if (!pad || *pad < 0) {
-        return DataLossError(f.name + ": group_paddings[" + gs + "] is " +
-                             (*paddings)[g]->DebugString());
-      }
-      RankPart& p = parts[static_cast<size_t>(r)];
-      FC_ASSIGN_OR_RETURN(p.fp32, f.Locate((*singles)[g].get(),
-                                           "single_partition_of_fp32_groups[" + gs + "]"));
-      if (p.fp32.shape.size() != 1) {
-        return DataLossError(f.name + ": single_partition_of_fp32_groups[" + gs +
-                             "] has shape " + ShapeText(p.fp32.shape) + ", expected 1-D");
-      }
-      if (bf16_optimizer) {
-        // BF16_Optimizer saves the padded partition: strip group_paddings here.
-        if (*pad > p.fp32.numel) {
-          return DataLossError(f.name + ": group_paddings[" + gs + "] = " +
-                               std::to_string(*pad) + " exceeds the partition's " +
-                               std::to_string(p.fp32.numel) + " elements");
-        }
-        p.padded = p.fp32.numel;
-        p.lean = p.fp32.numel - *pad;
-      } else {
-        p.lean = p.fp32.numel;
-        auto padded = CheckedAdd(p.fp32.numel, *pad);
-        if (!padded) return OutOfRangeError(f.name + ": group " + gs + " padding overflows");
-        p.padded = *padded;
-      }
-      const PV* base = osd->Find("base_optimizer_state");
-      if (base != nullptr && base->is_list()) {
-        return UnimplementedError(f.name + ": elastic optimizer state (base_optimizer_state "
-                                  "is a list) is not read yet");
-      }
-      const PV* state = base ? FindIntKey(base->Find("state"), static_cast<int64_t>(g)) : nullptr;
-      p.state = state;
-      if (state != nullptr) {
-        for (const char* key : {"exp_avg", "exp_avg_sq"}) {
-          const PV* t = state->Find(key);
-          if (t == nullptr) continue;
-          FC_ASSIGN_OR_RETURN(Located l, f.Locate(t, std::string("base_optimizer_state state[") +
-                                                         gs + "]." + key));
-          if (l.shape.size() != 1 || l.numel < p.lean) {
-            return DataLossError(f.name + ": base_optimizer_state state[" + gs + "]." + key +
-                                 " has shape " + ShapeText(l.shape) + ", expected 1-D with at least " +
-                                 std::to_string(p.lean) + " elements");
-          }
-          (std::string(key) == "exp_avg" ? p.exp_avg : p.exp_avg_sq) = l;
-        }
-      }
+      FC_ASSIGN_OR_RETURN(RankPart p, LoadRankPart(*optims[static_cast<size_t>(r)],
+                                                   osds[static_cast<size_t>(r)], g, groups.size(),
+                                                   "param_shapes of " + model.name,
+                                                   bf16_optimizer));
+      parts.push_back(p);
     }
     // Every rank owns `ps` elements of the aligned flat buffer; padding is at the tail only.
     const int64_t ps = parts[0].padded;
@@ -1348,6 +1375,279 @@ Status Reader::ReadZero12(const PtFile& model, const std::vector<const PtFile*>&
                                            groups[g]));
   }
   return AddFrozenFull(model);
+}
+
+// An expert param's name: <prefix>deepspeed_experts.<id>.<rest> (deepspeed.moe's Experts
+// module); the prefix ends after "deepspeed_experts.".
+struct ExpertName {
+  std::string prefix, rest;  // rest starts with '.'
+  int64_t id = 0;
+};
+
+std::optional<ExpertName> ParseExpertName(const std::string& name) {
+  constexpr std::string_view kExperts = "deepspeed_experts.";
+  const size_t at = name.find(kExperts);
+  if (at == std::string::npos) return std::nullopt;
+  const size_t digits = at + kExperts.size();
+  size_t end = digits;
+  while (end < name.size() && end - digits < 9 && name[end] >= '0' && name[end] <= '9') ++end;
+  if (end == digits || end >= name.size() || name[end] != '.') return std::nullopt;
+  return ExpertName{name.substr(0, digits), name.substr(end),
+                    std::stoll(name.substr(digits, end - digits))};
+}
+
+// MoE with ZeRO 1/2 (DeepSpeedEngine._save_moe_checkpoint + _save_zero_checkpoint; not in
+// deepspeed.md: from DeepSpeed's source, stage_1_and_2.py _configure_moe_settings,
+// moe/utils.py split_params_into_different_moe_groups_for_optimizer, utils/groups.py
+// _create_expert_and_data_parallel). The param groups are the dense groups, then the expert
+// groups (name "ep_size_<E>", moe True). A dense group is cut over all W DP ranks like any
+// ZeRO group. An expert group holds only the rank's own (local) experts and is cut over its
+// expert-data-parallel group: partition_count[g] = W / E. Rank R is expert-parallel rank
+// R % E and expert-DP rank R / E (DeepSpeed's default), or, with
+// use_data_before_expert_parallelism in ds_config, R / (W/E) and R % (W/E). The model states
+// carry no param_shapes: the params, their order and offsets come from param_slice_mappings
+// (required here), their shapes from the module and the expert files. Local expert k of
+// expert-parallel rank e is global expert e * (experts / E) + k, the name the expert files
+// use (_save_moe_checkpoint).
+Status Reader::ReadMoeZero12(const std::vector<const PtFile*>& optims,
+                             const std::vector<const PV*>& osds) {
+  const int64_t ws = static_cast<int64_t>(optims.size());
+  std::optional<bool> data_before_expert;
+  for (const PtFile* f : optims) {
+    bool flag = false;
+    const PV* cfg = f->root.Find("ds_config");
+    const PV* v = cfg ? cfg->Find("use_data_before_expert_parallelism") : nullptr;
+    if (v != nullptr && !v->is_none()) {
+      if (v->kind != PV::Kind::kBool) {
+        return DataLossError(f->name + ": ds_config use_data_before_expert_parallelism is " +
+                             v->DebugString() + ", expected a bool");
+      }
+      flag = v->bool_value;
+    }
+    if (data_before_expert && *data_before_expert != flag) {
+      return DataLossError(f->name + ": ds_config use_data_before_expert_parallelism differs "
+                           "from " + optims[0]->name + "'s");
+    }
+    data_before_expert = flag;
+  }
+  const auto* singles0 = ListItems(osds[0]->Find("single_partition_of_fp32_groups"));
+  if (singles0 == nullptr) {
+    return DataLossError(optims[0]->name + ": no single_partition_of_fp32_groups list");
+  }
+  const size_t ngroups = singles0->size();
+  // partition_count: a list per group (an int: every group over all W ranks).
+  std::vector<int64_t> counts;
+  for (int64_t r = 0; r < ws; ++r) {
+    const PtFile& f = *optims[static_cast<size_t>(r)];
+    const PV* pc = osds[static_cast<size_t>(r)]->Find("partition_count");
+    std::vector<int64_t> c;
+    if (auto one = IntOf(pc)) c.assign(ngroups, *one);
+    if (const auto* items = ListItems(pc)) {
+      for (const auto& i : *items) {
+        auto v = IntOf(i.get());
+        if (!v) break;
+        c.push_back(*v);
+      }
+    }
+    if (c.size() != ngroups) {
+      return DataLossError(f.name + ": partition_count is " +
+                           (pc ? pc->DebugString() : std::string("missing")) +
+                           ", expected one count per param group (" + std::to_string(ngroups) +
+                           ")");
+    }
+    if (r > 0 && c != counts) {
+      return DataLossError(f.name + ": partition_count " + pc->DebugString() + " differs from " +
+                           optims[0]->name + "'s");
+    }
+    counts = std::move(c);
+  }
+  const PV* base0 = osds[0]->Find("base_optimizer_state");
+  const auto* param_groups = ListItems(base0 ? base0->Find("param_groups") : nullptr);
+  int64_t max_ep = 1;
+  for (size_t g = 0; g < ngroups; ++g) {
+    const std::string gs = std::to_string(g);
+    const int64_t count = counts[g];
+    if (count <= 0 || ws % count != 0) {
+      return DataLossError(optims[0]->name + ": partition_count[" + gs + "] = " +
+                           std::to_string(count) + " does not divide the " + std::to_string(ws) +
+                           " DP ranks' files");
+    }
+    const int64_t ep = ws / count;
+    bool expert_group = ep > 1;
+    if (param_groups != nullptr && g < param_groups->size()) {
+      const PV* pg = (*param_groups)[g].get();
+      const PV* moe = pg->Find("moe");
+      const bool flagged = moe != nullptr && moe->kind == PV::Kind::kBool && moe->bool_value;
+      if (ep > 1 && !flagged) {
+        return DataLossError(optims[0]->name + ": param group " + gs + " is partitioned over " +
+                             std::to_string(count) + " of " + std::to_string(ws) +
+                             " ranks but is not an expert group (no moe: True)");
+      }
+      expert_group = expert_group || flagged;
+      auto name = StrOf(pg->Find("name"));
+      if (flagged && name && name->starts_with("ep_size_") &&
+          *name != "ep_size_" + std::to_string(ep)) {
+        return DataLossError(optims[0]->name + ": param group " + gs + " is named '" + *name +
+                             "' but partition_count " + std::to_string(count) + " of " +
+                             std::to_string(ws) + " ranks means ep_size " + std::to_string(ep));
+      }
+    }
+    max_ep = std::max(max_ep, ep);
+    // Local expert k of expert-parallel rank e -> global expert e * local + k.
+    auto global_name = [&](const std::string& local, int64_t e,
+                           const std::string& where) -> Result<std::string> {
+      const std::optional<ExpertName> x = ParseExpertName(local);
+      if (!expert_group || !x) return local;
+      auto it = moe_experts_.find(x->prefix);
+      if (it == moe_experts_.end()) {
+        return DataLossError(where + ": expert param '" + local + "', but no layer_*_expert_* "
+                             "file holds experts named " + x->prefix + "<id>.*");
+      }
+      if (it->second % ep != 0) {
+        return DataLossError(where + ": " + std::to_string(it->second) + " experts of " +
+                             x->prefix + "* do not split over " + std::to_string(ep) +
+                             " expert-parallel ranks");
+      }
+      const int64_t per_rank = it->second / ep;
+      if (x->id >= per_rank) {
+        return DataLossError(where + ": local expert " + std::to_string(x->id) + " in '" + local +
+                             "', but each of the " + std::to_string(ep) +
+                             " expert-parallel ranks holds " + std::to_string(per_rank));
+      }
+      return x->prefix + std::to_string(e * per_rank + x->id) + x->rest;
+    };
+    for (int64_t e = 0; e < ep; ++e) {
+      std::vector<size_t> members;  // partition j -> rank
+      for (int64_t j = 0; j < count; ++j) {
+        members.push_back(static_cast<size_t>(*data_before_expert ? e * count + j : e + j * ep));
+      }
+      std::vector<RankPart> parts;
+      for (size_t m : members) {
+        FC_ASSIGN_OR_RETURN(RankPart p, LoadRankPart(*optims[m], osds[m], g, ngroups,
+                                                     optims[0]->name, /*bf16_optimizer=*/false));
+        parts.push_back(p);
+      }
+      const int64_t ps = parts[0].padded;
+      // Fragments per param: (partition j, numel, start in the partition).
+      struct Fragment {
+        size_t j;
+        int64_t numel, start;
+      };
+      std::vector<std::string> order;
+      std::map<std::string, std::vector<Fragment>> frags;
+      for (size_t j = 0; j < members.size(); ++j) {
+        const PtFile& f = *optims[members[j]];
+        const std::string where = f.name + ": param_slice_mappings[" + gs + "]";
+        const auto* all = ListItems(osds[members[j]]->Find("param_slice_mappings"));
+        if (all == nullptr || g >= all->size()) {
+          return UnimplementedError(where + " is missing: without param_shapes (a MoE "
+                                    "checkpoint has none) it is what names the params of a "
+                                    "partition (DeepSpeed >= 0.7 saves it)");
+        }
+        const Entries* entries = DictEntries((*all)[g].get());
+        if (entries == nullptr) return DataLossError(where + " is " + (*all)[g]->DebugString());
+        for (const auto& [k, v] : *entries) {
+          auto name = StrOf(k.get());
+          auto frag = FragmentOf(v.get());
+          if (!name || !frag) {
+            return DataLossError(where + ": entry " + k->DebugString() + ": " + v->DebugString() +
+                                 " is not name: fragment_address(numel, start)");
+          }
+          const auto [numel, start] = *frag;
+          if (numel <= 0 || start < 0 || start > parts[j].lean - numel) {
+            return DataLossError(where + ": '" + *name + "' fragment_address(numel=" +
+                                 std::to_string(numel) + ", start=" + std::to_string(start) +
+                                 ") is outside the partition's " + std::to_string(parts[j].lean) +
+                                 " elements");
+          }
+          auto [it, fresh] = frags.try_emplace(*name);
+          if (fresh) order.push_back(*name);
+          it->second.push_back({j, numel, start});
+        }
+      }
+      // Params lie back to back from flat element 0 (flatten_dense_tensors_aligned), each
+      // cut into consecutive fragments of consecutive partitions.
+      int64_t off = 0;
+      ParamList params;
+      for (const std::string& local : order) {
+        const std::vector<Fragment>& fs = frags[local];
+        const PtFile& first = *optims[members[fs[0].j]];
+        FC_ASSIGN_OR_RETURN(std::string name, global_name(local, e, first.name));
+        int64_t at = off;
+        for (const Fragment& fr : fs) {
+          const int64_t pos = static_cast<int64_t>(fr.j) * ps + fr.start;
+          if (pos != at) {
+            return DataLossError(optims[members[fr.j]]->name + ": param_slice_mappings[" + gs +
+                                 "]: '" + local + "' starts at flat element " +
+                                 std::to_string(pos) + " of the group, expected " +
+                                 std::to_string(at) + " (params back to back)");
+          }
+          at += fr.numel;
+        }
+        auto shape = moe_shapes_.find(name);
+        if (shape == moe_shapes_.end()) {
+          return DataLossError(first.name + ": param '" + name + "'" +
+                               (name != local ? " (local '" + local + "')" : std::string()) +
+                               " of param group " + gs +
+                               " is in no module or expert file, so its shape is unknown");
+        }
+        const int64_t n = *CheckedNumElements(shape->second);
+        if (n != at - off) {
+          return DataLossError(first.name + ": param '" + name + "' has " +
+                               std::to_string(at - off) + " elements in the partitions of group " +
+                               gs + ", its module tensor " + ShapeText(shape->second) + " has " +
+                               std::to_string(n));
+        }
+        for (const Fragment& fr : fs) {
+          const RankPart& p = parts[fr.j];
+          const PtFile& f = *optims[members[fr.j]];
+          const int64_t lo = static_cast<int64_t>(fr.j) * ps + fr.start - off;
+          const FlatRange range{lo, lo + fr.numel};
+          const std::string what = f.name + ": param '" + name + "'";
+          FC_ASSIGN_OR_RETURN(Chunk c, FlatChunk(p.fp32, f.index, shape->second, range, fr.start,
+                                                 what));
+          FC_RETURN_IF_ERROR(weights_.Add(name, p.fp32.dtype, shape->second, c, f.name));
+          if (p.exp_avg) {
+            FC_ASSIGN_OR_RETURN(c, FlatChunk(*p.exp_avg, f.index, shape->second, range, fr.start,
+                                             what));
+            FC_RETURN_IF_ERROR(exp_avg_.Add("optimizer.exp_avg." + name, p.exp_avg->dtype,
+                                            shape->second, c, f.name));
+          }
+          if (p.exp_avg_sq) {
+            FC_ASSIGN_OR_RETURN(c, FlatChunk(*p.exp_avg_sq, f.index, shape->second, range,
+                                             fr.start, what));
+            FC_RETURN_IF_ERROR(exp_avg_sq_.Add("optimizer.exp_avg_sq." + name,
+                                               p.exp_avg_sq->dtype, shape->second, c, f.name));
+          }
+        }
+        params.emplace_back(name, shape->second);
+        off = at;
+      }
+      for (size_t j = 0; j < members.size(); ++j) {
+        const int64_t want = std::clamp<int64_t>(off - static_cast<int64_t>(j) * ps, 0, ps);
+        if (parts[j].padded != ps || parts[j].lean != want) {
+          return DataLossError(optims[members[j]]->name + ": group " + gs + " partition " +
+                               std::to_string(j) + " holds " + std::to_string(parts[j].lean) +
+                               " elements + " + std::to_string(parts[j].padded - parts[j].lean) +
+                               " padding; its params' " + std::to_string(off) +
+                               " elements over " + std::to_string(count) + " partitions of " +
+                               std::to_string(ps) + " need " + std::to_string(want) + " + " +
+                               std::to_string(ps - want));
+        }
+      }
+      master_dtype_ = std::string(DTypeName(parts[0].fp32.dtype));
+      FC_RETURN_IF_ERROR(AddStep(*optims[members[0]], parts[0].state, static_cast<int64_t>(g),
+                                 params));
+    }
+  }
+  moe_optimizer_read_ = true;
+  index_.attributes["deepspeed.ep_degree"] = std::to_string(max_ep);
+  index_.attributes["deepspeed.moe_topology"] =
+      *data_before_expert
+          ? "data before expert (use_data_before_expert_parallelism): rank R is expert-parallel "
+            "rank R / (dp / ep)"
+          : "expert before data (DeepSpeed's default): rank R is expert-parallel rank R % ep";
+  return Status::Ok();
 }
 
 // Frozen params (stage 2): full tensors in frozen_param_fragments.
@@ -1610,6 +1910,27 @@ Status Reader::ReadRank(int64_t mp, RankFiles& rf) {
     } else {
       return UnimplementedError(optims[0]->name + ": optimizer_state_dict is neither ZeRO "
                                 "(zero_stage / fp32_flat_groups) nor BF16_Optimizer");
+    }
+    if (moe_) {
+      if (variant != "zero") {
+        // BF16_Optimizer / ZeRO-3 with MoE: not known how their expert groups lie in the
+        // files; the module and expert weights are read, the optimizer files are not.
+        SetAttr("deepspeed.optimizer", "not read (MoE)", optims[0]->name);
+        SetAttr("deepspeed.zero_stage", "not read (MoE)", optims[0]->name);
+        if (rf.model == nullptr) {
+          return UnimplementedError(optims[0]->name + ": MoE checkpoint with a " + variant +
+                                    " optimizer and no mp_rank_XX_model_states.pt: not read");
+        }
+        return AddModule(*rf.model, false);
+      }
+      if (rf.model == nullptr) {
+        return NotFoundError(dir_ + ": mp_rank_00_model_states.pt is missing");
+      }
+      SetAttr("deepspeed.zero_stage", std::to_string(stage), optims[0]->name);
+      SetAttr("deepspeed.optimizer", variant, optims[0]->name);
+      SetAttr("deepspeed.dp_degree", std::to_string(optims.size()), optims[0]->name);
+      FC_RETURN_IF_ERROR(ReadMoeZero12(optims, osds));
+      return AddModule(*rf.model, false);
     }
     for (size_t r = 0; r < osds.size(); ++r) {
       const PV* pc = osds[r]->Find("partition_count");
@@ -2187,17 +2508,27 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   std::map<int64_t, RankFiles> ranks;
   std::map<int64_t, std::vector<std::pair<int64_t, const PtFile*>>> layers;  // TP rank ->
   std::map<int64_t, std::vector<const PtFile*>> experts;                        // mp rank ->
-  // MoE (expert files present): the module weights are read, the optimizer files are not.
-  // DeepSpeed's MoE checkpoints partition expert groups over their own data-parallel size
-  // and save no param_shapes for them (zero_to_fp32 cannot read them either).
-  const bool moe = std::any_of(names.begin(), names.end(), [](const std::string& n) {
-    return ClassifyName(n).kind == FileKind::kExpert;
-  });
+  // MoE (expert files present): the module and expert weights are read; the ZeRO files too
+  // (ReadMoeZero12) when there is one model-parallel rank and no pipeline, the layout
+  // DeepSpeed's MoE checkpoints are known in (expert groups partitioned over their own
+  // expert-data-parallel ranks, no param_shapes; zero_to_fp32 cannot read them). The
+  // expp_rank_* files hold {'optimizer': None} under ZeRO and are never read.
+  bool moe = false, moe_single = true;
+  for (const std::string& n : names) {
+    const NameInfo info = ClassifyName(n);
+    moe = moe || info.kind == FileKind::kExpert;
+    if (info.kind == FileKind::kPipelineLayer ||
+        ((info.kind == FileKind::kModelMp || info.kind == FileKind::kOptim ||
+          info.kind == FileKind::kExpert) && info.mp != 0)) {
+      moe_single = false;
+    }
+  }
+  moe_ = moe && moe_single;
   int64_t skipped_optim = 0;
   for (const std::string& n : names) {
     const NameInfo info = ClassifyName(n);
     if (info.kind == FileKind::kOther) continue;
-    if (info.kind == FileKind::kExpertOptim || (moe && info.kind == FileKind::kOptim)) {
+    if (info.kind == FileKind::kExpertOptim || (moe && !moe_ && info.kind == FileKind::kOptim)) {
       ++skipped_optim;
       continue;
     }
@@ -2278,21 +2609,51 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
     }
   }
   if (universal_) SetAttr("deepspeed.optimizer", "universal", dir);
-  if (skipped_optim > 0 || moe) {
-    if (!moe) {
-      return UnimplementedError(dir + ": expp_rank_*_optim_states.pt (MoE optimizer) without "
-                                "layer_*_expert_* files");
+  if (skipped_optim > 0 && !moe) {
+    return UnimplementedError(dir + ": expp_rank_*_optim_states.pt (MoE optimizer) without "
+                              "layer_*_expert_* files");
+  }
+  if (moe_) {
+    // Shapes of the module and expert tensors, and the number of experts of each expert
+    // module, for ReadMoeZero12.
+    auto add_shapes = [&](const PtFile& f, const Entries* entries) -> Status {
+      for (const auto& [k, v] : entries ? *entries : Entries()) {
+        auto name = StrOf(k.get());
+        if (!name || v->is_none()) continue;
+        FC_ASSIGN_OR_RETURN(Located l, f.Locate(v.get(), "['" + *name + "']"));
+        moe_shapes_[*name] = l.shape;
+      }
+      return Status::Ok();
+    };
+    if (const PtFile* m = ranks.begin()->second.model) {
+      FC_RETURN_IF_ERROR(add_shapes(*m, DictEntries(m->root.Find("module"))));
     }
+    std::map<std::string, std::set<int64_t>> ids;
+    for (const PtFile* f : experts[0]) {
+      FC_RETURN_IF_ERROR(add_shapes(*f, DictEntries(&f->root)));
+      for (const auto& [k, v] : DictEntries(&f->root) ? *DictEntries(&f->root) : Entries()) {
+        auto name = StrOf(k.get());
+        if (auto x = name ? ParseExpertName(*name) : std::nullopt) ids[x->prefix].insert(x->id);
+      }
+    }
+    for (const auto& [prefix, set] : ids) {
+      const int64_t n = static_cast<int64_t>(set.size());
+      if (*set.rbegin() != n - 1) {
+        return NotFoundError(dir + ": the expert files hold " + std::to_string(n) +
+                             " experts of " + prefix + "* but the highest id is " +
+                             std::to_string(*set.rbegin()) + " (an expert file is missing)");
+      }
+      moe_experts_[prefix] = n;
+    }
+  }
+  if (moe && (!moe_ || ranks.begin()->second.optim.empty())) {
     SetAttr("deepspeed.optimizer", "not read (MoE)", dir);
     SetAttr("deepspeed.zero_stage", "not read (MoE)", dir);
+  }
+  if (moe) {
     if (auto dp = IntOf(first_model ? first_model->root.Find("dp_world_size") : nullptr)) {
       SetAttr("deepspeed.dp_degree", std::to_string(*dp), first_model->name);
     }
-    size_t n = 0;
-    for (const auto& [mp, fs] : experts) n += fs.size();
-    index_.attributes["deepspeed.moe"] =
-        std::to_string(n) + " expert files read (16-bit weights); " +
-        std::to_string(skipped_optim) + " optimizer files not read";
   }
 
   std::vector<Families> per_tp(static_cast<size_t>(tp));
@@ -2329,6 +2690,14 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
         }
       }
     }
+  }
+  if (moe) {
+    size_t n = 0;
+    for (const auto& [mp, fs] : experts) n += fs.size();
+    index_.attributes["deepspeed.moe"] =
+        std::to_string(n) + " expert files read (16-bit weights); " +
+        (moe_optimizer_read_ ? "optimizer states read from the zero_pp_rank files"
+                             : "optimizer files not read");
   }
   for (auto& [t, ls] : layers) {
     std::sort(ls.begin(), ls.end());
@@ -2491,7 +2860,9 @@ Status SelectDeepSpeedWeights(DeepSpeedWeights weights, CheckpointIndex* index) 
         "export refused. fc-inspect shows the per-rank tensors (mp_rank_XX.<name>); "
         "--source-layout FILE (a layout file's tensor_parallel rules) says how to merge them");
   }
-  if (index->attributes.count("deepspeed.moe") && weights == DeepSpeedWeights::kFp32) {
+  auto optimizer = index->attributes.find("deepspeed.optimizer");
+  if (optimizer != index->attributes.end() && optimizer->second == "not read (MoE)" &&
+      weights == DeepSpeedWeights::kFp32) {
     return UnimplementedError(index->root + ": MoE DeepSpeed checkpoint: fc reads its 16-bit "
                               "module and expert weights only (its optimizer files, which hold "
                               "the fp32 master weights, are not read); export with --weights "

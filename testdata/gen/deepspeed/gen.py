@@ -33,6 +33,10 @@ Fixtures (each OUT_ROOT/<case>/ckpt is a DeepSpeed save dir with `latest` -> glo
   ucp_tp2      ds_to_universal.py's output for tp2_ucp (TP slices merged by its rules)
   ucp_zero3    ds_to_universal.py's stage-3 output for zero3 (raw 1-D tensors, no step.pt)
   moe          MoE: non-expert module weights + layer_0_expert_{0,1} files + expp optimizer
+  moe_zero2    MoE with ZeRO-2: dp 4, ep 2, 4 experts; expert groups partitioned over the
+               expert-data-parallel group (ranks e, e + 2), local names in the mappings
+  moe_zero1_dbe  MoE with ZeRO-1: dp 6, ep 3, 6 experts, use_data_before_expert_parallelism
+               (expert-DP groups {0,1}, {2,3}, {4,5})
   legacy       like frozen_tied, every file in torch.save's legacy (non-zip) format
 
 The 16-bit module weights of stage 0-2 are views of one flat 16-bit buffer (as DeepSpeed's
@@ -481,6 +485,146 @@ def gen_moe(out, case, seed):
     save({"optimizer": None}, os.path.join(tagdir, "expp_rank_0_mp_rank_00_optim_states.pt"))
 
 
+EXPERTS = "layers.1.moe.deepspeed_moe.experts.deepspeed_experts."
+
+
+def gen_moe_zero(out, case, stage, ws, ep, num_experts, seed, data_before_expert=False):
+    """MoE with ZeRO 1/2 (DeepSpeedEngine._save_moe_checkpoint + _save_zero_checkpoint), tp 1,
+    `ws` data-parallel ranks, one MoE layer of `num_experts` experts over `ep` expert-parallel
+    ranks (num_local = num_experts / ep, ep_size_<ep> groups partitioned over ws / ep ranks):
+      mp_rank_00_model_states.pt   module without expert params, no param_shapes, num_experts
+      layer_0_expert_G_mp_rank_00_model_states.pt   global expert G's 16-bit params
+      zero_pp_rank_R_mp_rank_00_optim_states.pt     every DP rank R: four groups as
+          split_params_into_different_moe_groups_for_optimizer orders them (the two dense
+          groups, then per original group its expert params: name ep_size_<ep>, moe True),
+          partition_count [ws, ws, ws/ep, ws/ep], param_slice_mappings under the local expert
+          names (deepspeed_experts.<k>), expert groups cut over the expert-data-parallel group
+      expp_rank_E_mp_rank_00_optim_states.pt        {'optimizer': None} (ZeRO on)
+    Rank R's expert-parallel rank: R % ep, its expert-DP rank R // ep (DeepSpeed's default);
+    with use_data_before_expert_parallelism in ds_config: R // (ws/ep) and R % (ws/ep)."""
+    root = os.path.join(out, case, "ckpt")
+    write_save_dir(root)
+    tagdir = os.path.join(root, TAG)
+    cnt = ws // ep
+    local = num_experts // ep
+    gate = "layers.1.moe.deepspeed_moe.gate.wg.weight"
+    dense = [od(("embed.weight", (5, 4)), (gate, (num_experts, 4)), ("head.weight", (3, 4))),
+             od(("norm.bias", (4,)), ("head.bias", (3,)))]
+    # Per original group, the expert params of each local expert (named_parameters order).
+    expert_params = [od(("fc1.weight", (3, 4)), ("fc2.weight", (4, 3))), od(("fc1.bias", (3,)),)]
+    expert_groups = [od(*((EXPERTS + "%d.%s" % (k, n), s) for k in range(local)
+                          for n, s in g.items())) for g in expert_params]
+    dense_osds, dense_flats = zero12_rank_states(dense, ws, seed, stage, False, {})
+    module = module_from_flats(dense, dense_flats, torch.float16)
+    per_ep = []
+    for e in range(ep):
+        osds, flats = zero12_rank_states(expert_groups, cnt, seed + 100 * (e + 1), stage, False,
+                                         {})
+        per_ep.append(osds)
+        weights = module_from_flats(expert_groups, flats, torch.float16)
+        for k in range(local):
+            g = e * local + k
+            expert = collections.OrderedDict()
+            for n in ("fc1.weight", "fc1.bias", "fc2.weight"):
+                expert[EXPERTS + "%d.%s" % (g, n)] = weights[EXPERTS + "%d.%s" % (k, n)].clone()
+            save(expert, os.path.join(tagdir, "layer_0_expert_%d_mp_rank_00_model_states.pt" % g))
+    config = ds_config(stage, False)
+    if data_before_expert:
+        config["use_data_before_expert_parallelism"] = True
+    sd = {"module": module, "lr_scheduler": None, "data_sampler": None, "random_ltd": None,
+          "sparse_tensor_module_names": set(), "skipped_steps": 0, "global_steps": 3,
+          "global_samples": 24, "dp_world_size": ws, "mp_world_size": 1,
+          "num_experts": [num_experts], "ds_config": config, "ds_version": DS_VERSION}
+    save(sd, os.path.join(tagdir, "mp_rank_00_model_states.pt"))
+    for r in range(ws):
+        e, j = (r // cnt, r % cnt) if data_before_expert else (r % ep, r // ep)
+        d, x = dense_osds[r], per_ep[e][j]
+        osd = dict(d)
+        base_d, base_x = d["base_optimizer_state"], x["base_optimizer_state"]
+        groups = []
+        for gi, name in enumerate(["dense-decay", "dense-no-decay"]):
+            groups.append(dict(base_d["param_groups"][gi], name=name, params=[gi]))
+        for gi in range(2):
+            groups.append(dict(base_x["param_groups"][gi], name="ep_size_%d" % ep, moe=True,
+                               params=[2 + gi]))
+        osd["base_optimizer_state"] = {
+            "state": {0: base_d["state"][0], 1: base_d["state"][1],
+                      2: base_x["state"][0], 3: base_x["state"][1]},
+            "param_groups": groups}
+        for key in ("single_partition_of_fp32_groups", "group_paddings", "param_slice_mappings"):
+            osd[key] = d[key] + x[key]
+        osd["partition_count"] = [ws, ws, cnt, cnt]
+        save({"optimizer_state_dict": osd, "ds_config": config, "ds_version": DS_VERSION},
+             os.path.join(tagdir, "zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
+    for e in range(ep):
+        save({"optimizer": None},
+             os.path.join(tagdir, "expp_rank_%d_mp_rank_00_optim_states.pt" % e))
+
+
+def reconstruct_moe_zero(tagdir, names):
+    """The helper's recipe, from the loaded files: per group, the partition group of each
+    expert-parallel rank (all ranks for a dense group) concatenated in partition order; the
+    params in the order param_slice_mappings lists them, shapes from the module and the
+    expert files, local expert k of ep rank e renamed to global e * (experts / ep) + k."""
+    model = load(os.path.join(tagdir, "mp_rank_00_model_states.pt"))
+    num_experts = model["num_experts"][0]
+    shapes = {k: v.shape for k, v in model["module"].items()}
+    module = collections.OrderedDict(model["module"])
+    for n in names:
+        if "_expert_" in n:
+            module.update(load(os.path.join(tagdir, n)))
+    shapes.update({k: v.shape for k, v in module.items()})
+    optim = sorted((n for n in names if n.startswith("zero_pp_rank_")),
+                   key=lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0]))
+    files = [load(os.path.join(tagdir, n)) for n in optim]
+    states = [f["optimizer_state_dict"] for f in files]
+    dbe = files[0]["ds_config"].get("use_data_before_expert_parallelism", False)
+    ws = len(states)
+    sd = collections.OrderedDict()
+    keys = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict(),
+            "step": collections.OrderedDict()}
+    for g in range(len(states[0]["partition_count"])):
+        cnt = states[0]["partition_count"][g]
+        ep = ws // cnt
+        for e in range(ep):
+            ranks = [e * cnt + j if dbe else e + j * ep for j in range(cnt)]
+            full = torch.cat([states[r]["single_partition_of_fp32_groups"][g] for r in ranks])
+            opt = {}
+            for key in ("exp_avg", "exp_avg_sq"):
+                opt[key] = torch.cat([
+                    states[r]["base_optimizer_state"]["state"][g][key][
+                        :states[r]["single_partition_of_fp32_groups"][g].numel()]
+                    for r in ranks])
+            order = []
+            for r in ranks:
+                for name in states[r]["param_slice_mappings"][g]:
+                    if name not in order:
+                        order.append(name)
+            off = 0
+            for name in order:
+                if EXPERTS in name:
+                    k, rest = name[len(EXPERTS):].split(".", 1)
+                    name = EXPERTS + "%d.%s" % (e * (num_experts // ep) + int(k), rest)
+                shape = shapes[name]
+                n = numel(shape)
+                sd[name] = full[off:off + n].view(shape)
+                for key in ("exp_avg", "exp_avg_sq"):
+                    keys[key][name] = opt[key][off:off + n].view(shape)
+                keys["step"][name] = states[ranks[0]]["base_optimizer_state"]["state"][g]["step"]
+                off += n
+    # The 16-bit weights DeepSpeed saves are its fp32 master weights cast: a wrong rank
+    # mapping or renaming would break this.
+    for k, v in module.items():
+        assert torch.equal(sd[k].half(), v), k
+    out = collections.OrderedDict(sd)
+    for k, v in module.items():
+        out["module." + k] = v
+    for key in ("exp_avg", "exp_avg_sq", "step"):
+        for k, v in keys[key].items():
+            out["optimizer.%s.%s" % (key, k)] = v
+    return out
+
+
 def reconstruct_moe(tagdir, names):
     """The module weights: the model states' `module` plus every expert file's state dict."""
     out = collections.OrderedDict()
@@ -579,6 +723,8 @@ def reconstruct(ckpt):
     if not mp_files:  # stage 3
         return reconstruct_zero3(tagdir, names)
     if any("_expert_" in n for n in names):
+        if any(n.startswith("zero_pp_rank_") for n in names):
+            return reconstruct_moe_zero(tagdir, names)
         return reconstruct_moe(tagdir, names)
     if any(n.startswith("layer_") for n in names):
         tp = len([n for n in names if n.startswith("layer_01-")])
@@ -1080,6 +1226,9 @@ def generate(out):
     gen_ucp_zero3(out, "ucp_zero3", "zero3")
     gen_ucp(out, "ucp_tp2_fused", "tp2_fused", tp=2, keys=ucp_keys)
     gen_moe(out, "moe", seed=12)
+    gen_moe_zero(out, "moe_zero2", 2, ws=4, ep=2, num_experts=4, seed=15)
+    gen_moe_zero(out, "moe_zero1_dbe", 1, ws=6, ep=3, num_experts=6, seed=16,
+                 data_before_expert=True)
     # checkpoint_serialization: false -> every file in torch.save's legacy format.
     LEGACY[0] = True
     try:
@@ -1094,7 +1243,7 @@ def generate(out):
 
 CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3", "pp2", "pp2_tp2", "tp2_ucp",
          "tp2_avg", "ucp", "ucp_tp2", "ucp_zero3", "moe", "legacy", "tp2_fused", "tp2_fused_v02",
-         "ucp_tp2_fused"]
+         "ucp_tp2_fused", "moe_zero2", "moe_zero1_dbe"]
 
 
 def same_value(x, y):

@@ -24,7 +24,7 @@ using testing::WriteFileBytes;
 const char* kCases[] = {"zero1", "zero2", "bf16",    "tp2",    "frozen_tied",
                         "zero3", "pp2",   "pp2_tp2", "tp2_ucp", "tp2_avg", "ucp",
                         "ucp_tp2", "ucp_zero3", "moe", "legacy", "tp2_fused",
-                        "tp2_fused_v02", "ucp_tp2_fused"};
+                        "tp2_fused_v02", "ucp_tp2_fused", "moe_zero2", "moe_zero1_dbe"};
 
 std::string Fixture(const std::string& name) {
   const char* root = std::getenv("FC_TESTDATA");
@@ -310,6 +310,54 @@ TEST_CASE("deepspeed: weights only (no optimizer files) and unsupported inputs",
   REQUIRE(!r.ok());
   CHECK(r.status().code() == StatusCode::kDataLoss);
   CHECK_THAT(r.status().message(), Catch::Contains("layer_1_expert_0_mp_rank_00_model_states.pt"));
+
+  // MoE with ZeRO: the optimizer files are read (values: the kCases loop), the topology is
+  // reported, and the fp32 master weights export.
+  auto moe2 = ReadDeepSpeedCheckpoint(Fixture("moe_zero2") + "/ckpt");
+  REQUIRE(moe2.ok());
+  CHECK(moe2->attributes.at("deepspeed.optimizer") == "zero");
+  CHECK(moe2->attributes.at("deepspeed.ep_degree") == "2");
+  CHECK_THAT(moe2->attributes.at("deepspeed.moe_topology"), Catch::StartsWith("expert before data"));
+  // Global expert 3 = local expert 1 of expert-parallel rank 1: ranks 1 and 3 hold it.
+  const TensorEntry* e3 = moe2->FindTensor("layers.1.moe.deepspeed_moe.experts.deepspeed_experts.3.fc1.weight");
+  REQUIRE(e3 != nullptr);
+  for (const Chunk& c : e3->chunks) {
+    const std::string& file = moe2->files[c.file].path;
+    CHECK((file == "zero_pp_rank_1_mp_rank_00_optim_states.pt" ||
+           file == "zero_pp_rank_3_mp_rank_00_optim_states.pt"));
+  }
+  CHECK(SelectDeepSpeedWeights(DeepSpeedWeights::kFp32, &*moe2).ok());
+  auto dbe = ReadDeepSpeedCheckpoint(Fixture("moe_zero1_dbe") + "/ckpt");
+  REQUIRE(dbe.ok());
+  CHECK_THAT(dbe->attributes.at("deepspeed.moe_topology"), Catch::StartsWith("data before expert"));
+  // A missing expert file: its experts' shapes are unknown; named, not guessed.
+  const std::string gap = tmp.path() + "/moe_gap";
+  std::filesystem::create_directories(gap);
+  testing::CopyDirectoryFiles(Fixture("moe_zero2") + "/ckpt/global_step3", gap);
+  std::filesystem::remove(gap + "/layer_0_expert_1_mp_rank_00_model_states.pt");
+  r = ReadDeepSpeedCheckpoint(gap);
+  REQUIRE(!r.ok());
+  CHECK(r.status().code() == StatusCode::kNotFound);
+  CHECK_THAT(r.status().message(), Catch::Contains("an expert file is missing"));
+  // Another expert-data-parallel partition in a rank's place: the params do not lie back to
+  // back; the file is named.
+  const std::string swapped = tmp.path() + "/moe_swapped";
+  std::filesystem::create_directories(swapped);
+  testing::CopyDirectoryFiles(Fixture("moe_zero2") + "/ckpt/global_step3", swapped);
+  std::filesystem::copy_file(swapped + "/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                             swapped + "/zero_pp_rank_2_mp_rank_00_optim_states.pt",
+                             std::filesystem::copy_options::overwrite_existing);
+  r = ReadDeepSpeedCheckpoint(swapped);
+  REQUIRE(!r.ok());
+  CHECK(r.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(r.status().message(), Catch::Contains("zero_pp_rank_2_mp_rank_00_optim_states.pt"));
+  // A DP rank's file missing: the partition counts no longer divide the files.
+  std::filesystem::remove(swapped + "/zero_pp_rank_2_mp_rank_00_optim_states.pt");
+  std::filesystem::remove(swapped + "/zero_pp_rank_3_mp_rank_00_optim_states.pt");
+  r = ReadDeepSpeedCheckpoint(swapped);
+  REQUIRE(!r.ok());
+  CHECK(r.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(r.status().message(), Catch::Contains("partition_count"));
 }
 
 TEST_CASE("deepspeed: pipeline stages, TP merge and universal checkpoints", "[deepspeed]") {

@@ -137,7 +137,7 @@ TEST_CASE("legacy torch.save sources are read; refused sources") {
   CheckTiling(*legacy);
   CHECK(PlanDeepSpeedRepartition(Fixture("zero1"), 0).status().code() ==
         StatusCode::kInvalidArgument);
-  for (const char* c : {"moe", "ucp"}) {
+  for (const char* c : {"moe", "moe_zero2", "ucp"}) {
     INFO(c);
     CHECK(PlanDeepSpeedRepartition(Fixture(c), 2).status().code() == StatusCode::kUnimplemented);
   }
