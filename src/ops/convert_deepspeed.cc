@@ -79,10 +79,10 @@ Status CheckSource(const CheckpointIndex& index, const std::string& input) {
     return UnimplementedError(input + ": a Universal Checkpoint is loaded at any DP size "
                               "(load_universal); nothing to re-partition");
   }
-  if (!Attr(index, "deepspeed.moe").empty()) {
-    return UnimplementedError(input + ": MoE checkpoint (deepspeed.moe): fc reads its expert "
-                              "groups but does not write them (re-partitioning over another "
-                              "expert-data-parallel size is not built)");
+  if (!Attr(index, "deepspeed.moe").empty() && optimizer == "not read (MoE)") {
+    return UnimplementedError(input + ": MoE checkpoint whose optimizer files fc does not read "
+                              "(deepspeed.moe): not re-partitioned (MoE: ZeRO 1/2 at one "
+                              "model-parallel rank)");
   }
   return Status::Ok();
 }

@@ -33,6 +33,14 @@
 //       sub-groups (param_shapes) kept as the source had them: refused (kUnimplemented) when
 //       the ds_config's sub_group_size reproduces the source's split at its DP size but
 //       splits differently at N (DeepSpeed would regroup).
+//   MoE (expert files; ZeRO 1/2, one mp rank, no pipeline): the groups laid out as fc's
+//   reader reads them (fc/format/deepspeed.h): dense groups over N, each expert group of
+//   ep_size E per expert-parallel rank e over N / E ranks (N % E != 0: kInvalidArgument);
+//   new rank R holds e = R % E, partition R / E (use_data_before_expert_parallelism in
+//   ds_config: e = R / (N/E), partition R % (N/E)); partition_count the list of the new
+//   counts; param_slice_mappings under the local expert names; the params of each (group, e)
+//   from the source's param_slice_mappings (required: no param_shapes). The expert files
+//   and expp_rank_* files are copied.
 //   <tag>/layer_LL-model_YY-model_states.pt   pipeline layer files, copied byte for byte
 //   zero_to_fp32.py                         copied from the save dir when there
 // Archives are torch.save zips (records <name>/data.pkl, byteorder, data/<k>, version; <name>
@@ -46,8 +54,8 @@
 // caller plans and streams them (a Plan over `source`, whose tensors are the source's 1-D
 // partitions, one chunk each, read in place, padding never read).
 //
-// Refused (kUnimplemented): Universal Checkpoints, MoE and AutoEP (per-group partition
-// counts, expert files), round_robin_gradients (its param order depends on the DP size),
+// Refused (kUnimplemented): Universal Checkpoints, MoE other than the above, AutoEP,
+// round_robin_gradients (its param order depends on the DP size),
 // elastic optimizer state, pickled values fc does not re-emit (big ints, NEWOBJ_EX). Checked (kDataLoss, naming file, group and
 // values): the DP rank files against partition_count, every partition's length and
 // group_paddings against the padding rule for the source DP size.

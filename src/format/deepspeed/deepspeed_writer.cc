@@ -319,8 +319,16 @@ class Repartitioner {
   // (the padded partition) from the old ranks' lean parts, zeros after the real ones.
   DsRecord Partition(const GroupSource& g, const std::vector<int64_t>& sources, DType dtype,
                      int64_t r, const std::string& name) const {
-    const int64_t ps_new = PaddedLength(g.orig, job_.dp) / job_.dp;
-    const int64_t ps_old = PaddedLength(g.orig, job_.source_dp) / job_.source_dp;
+    return PartitionOver(g, sources, dtype, job_.source_dp, job_.dp, r, name);
+  }
+
+  // The same for a group cut over `old_count` partitions before and `new_count` after
+  // (MoE expert groups: the expert-data-parallel sizes); r is the new partition.
+  static DsRecord PartitionOver(const GroupSource& g, const std::vector<int64_t>& sources,
+                                DType dtype, int64_t old_count, int64_t new_count, int64_t r,
+                                const std::string& name) {
+    const int64_t ps_new = PaddedLength(g.orig, new_count) / new_count;
+    const int64_t ps_old = PaddedLength(g.orig, old_count) / old_count;
     DsRecord rec;
     rec.kind = DsRecord::Kind::kStream;
     rec.dtype = dtype;
@@ -328,7 +336,7 @@ class Repartitioner {
     rec.bytes = static_cast<uint64_t>(ps_new) * DTypeSize(dtype);
     rec.name = name;
     const int64_t begin = r * ps_new, end = begin + ps_new;
-    for (int64_t o = 0; o < job_.source_dp; ++o) {
+    for (int64_t o = 0; o < old_count; ++o) {
       const int64_t lo = std::max(begin, o * ps_old);
       const int64_t hi = std::min(end, o * ps_old + LeanLength(g.orig, ps_old, o));
       if (lo < hi) rec.parts.push_back({sources[o], lo - o * ps_old, lo - begin, hi - lo});
@@ -776,6 +784,33 @@ Status PlanZero3(DsRepartition& job,
 }
 // Stage 1/2 and BF16_Optimizer: the files of model-parallel rank m at job.dp. optim_ranks:
 // its DP rank files (nullptr: no optimizer files; the model states only).
+// The model states: dp_world_size replaced, everything else kept.
+Status AddModelStates(DsRepartition& job, const std::string& model_name,
+                      const SourceFile& model) {
+  ArchiveBuilder model_out(JoinPath(job.tag, model_name));
+  PV::Ptr model_root = ReplaceEntries(model.root, [&](const std::string& k, const PV::Ptr&) {
+    return k == "dp_world_size" ? PickleInt(job.dp) : PV::Ptr();
+  });
+  FC_ASSIGN_OR_RETURN(DsArchiveSpec model_spec, model_out.Finish(*model_root, model));
+  job.archives.push_back(std::move(model_spec));
+  return Status::Ok();
+}
+
+// round_robin_gradients orders each group's params by k % dp (deepspeed.md 3.1 step 2): at
+// another DP size the flat buffer holds them in another order.
+Status CheckNoRoundRobin(const SourceFile& model) {
+  if (const PV* cfg = model.root.Find("ds_config"); cfg && cfg->is_dict()) {
+    const PV* z = cfg->Find("zero_optimization");
+    const PV* rr = z && z->is_dict() ? z->Find("round_robin_gradients") : nullptr;
+    if (rr && rr->kind == K::kBool && rr->bool_value) {
+      return UnimplementedError(model.path + ": ds_config round_robin_gradients: the flat "
+                                "buffers' param order depends on the DP size; not "
+                                "re-partitioned");
+    }
+  }
+  return Status::Ok();
+}
+
 Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
                   const std::string& model_name,
                   const std::map<int64_t, std::string>* optim_ranks,
@@ -791,26 +826,9 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
   if (model.root.Find("ds_autoep_layers") || model.root.Find("autoep_layers")) {
     return UnimplementedError(model.path + ": AutoEP (MoE) checkpoint: not re-partitioned");
   }
-  // The model states: dp_world_size replaced, everything else kept.
-  ArchiveBuilder model_out(JoinPath(job.tag, model_name));
-  PV::Ptr model_root = ReplaceEntries(model.root, [&](const std::string& k, const PV::Ptr&) {
-    return k == "dp_world_size" ? PickleInt(dp) : PV::Ptr();
-  });
-  FC_ASSIGN_OR_RETURN(DsArchiveSpec model_spec, model_out.Finish(*model_root, model));
-  job.archives.push_back(std::move(model_spec));
+  FC_RETURN_IF_ERROR(AddModelStates(job, model_name, model));
   if (optim_ranks == nullptr) return Status::Ok();
-
-  // round_robin_gradients orders each group's params by k % dp (deepspeed.md 3.1 step 2):
-  // at another DP size the flat buffer holds them in another order.
-  if (const PV* cfg = model.root.Find("ds_config"); cfg && cfg->is_dict()) {
-    const PV* z = cfg->Find("zero_optimization");
-    const PV* rr = z && z->is_dict() ? z->Find("round_robin_gradients") : nullptr;
-    if (rr && rr->kind == K::kBool && rr->bool_value) {
-      return UnimplementedError(model.path + ": ds_config round_robin_gradients: the flat "
-                                "buffers' param order depends on the DP size; not "
-                                "re-partitioned");
-    }
-  }
+  FC_RETURN_IF_ERROR(CheckNoRoundRobin(model));
   // The groups: param_shapes of the model states.
   const PV* shapes = model.root.Find("param_shapes");
   if (shapes == nullptr || !shapes->is_list()) {
@@ -1025,6 +1043,319 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
   return Status::Ok();
 }
 
+// MoE with ZeRO 1/2 at one model-parallel rank, no pipeline (the layout fc's reader reads,
+// fc/format/deepspeed.h): the dense groups are re-cut over the new DP size N; each expert
+// group of ep_size E is re-cut, per expert-parallel rank e, over its new
+// expert-data-parallel group of N / E ranks. E and ds_config's
+// use_data_before_expert_parallelism stay (they are the model's and the config's), so rank
+// R of the new job is expert-parallel rank R % E and expert-DP rank R / E (or R / (N/E) and
+// R % (N/E)). The params of each (group, e) come from param_slice_mappings under their local
+// expert names, which are the same at any DP size. The expert files and expp_rank_* files
+// do not depend on the DP size: copied.
+Status PlanMoeZero12(DsRepartition& job, Repartitioner& rp, const std::string& model_name,
+                     const std::map<int64_t, std::string>& ranks, const std::string& prefix) {
+  const int64_t dp = job.dp;
+  FC_ASSIGN_OR_RETURN(SourceFile model, OpenSource(job.tag_dir, model_name));
+  rp.AddFile(model);
+  if (!model.root.is_dict()) return DataLossError(model.path + ": not a dict");
+  FC_RETURN_IF_ERROR(AddModelStates(job, model_name, model));
+  FC_RETURN_IF_ERROR(CheckNoRoundRobin(model));
+  const int64_t ws = static_cast<int64_t>(ranks.size());
+  if (ranks.rbegin()->first != ws - 1) {
+    return NotFoundError(job.tag_dir + ": DP ranks are not 0.." + std::to_string(ws - 1) +
+                         " (" + ranks.rbegin()->second + ")");
+  }
+  job.source_dp = ws;
+  job.variant = "zero";
+  std::vector<SourceFile> files;
+  std::optional<bool> data_before_expert;
+  std::vector<int64_t> counts;
+  PV::Ptr fragment_cls;
+  for (const auto& [r, name] : ranks) {
+    FC_ASSIGN_OR_RETURN(SourceFile sf, OpenSource(job.tag_dir, name));
+    rp.AddFile(sf);
+    const PV* osd = sf.root.Find("optimizer_state_dict");
+    if (osd == nullptr || !osd->is_dict()) {
+      return DataLossError(sf.path + ": no optimizer_state_dict dict");
+    }
+    if (osd->Find("fp32_flat_groups") || osd->Find("zero_stage") == nullptr) {
+      return UnimplementedError(sf.path + ": MoE with a ZeRO-3 or BF16_Optimizer optimizer: "
+                                "not re-partitioned (MoE: ZeRO stage 1/2 only)");
+    }
+    const PV* base = osd->Find("base_optimizer_state");
+    if (base == nullptr || !base->is_dict() || osd->Find("base_optimizer_state_step")) {
+      return UnimplementedError(sf.path + ": elastic (or missing) base_optimizer_state: "
+                                "not re-partitioned");
+    }
+    bool flag = false;
+    const PV* cfg = sf.root.Find("ds_config");
+    const PV* v = cfg && cfg->is_dict() ? cfg->Find("use_data_before_expert_parallelism") : nullptr;
+    if (v != nullptr && !v->is_none()) {
+      if (v->kind != K::kBool) {
+        return DataLossError(sf.path + ": ds_config use_data_before_expert_parallelism is " +
+                             v->DebugString(20) + ", expected a bool");
+      }
+      flag = v->bool_value;
+    }
+    if (data_before_expert && *data_before_expert != flag) {
+      return DataLossError(sf.path + ": ds_config use_data_before_expert_parallelism differs "
+                           "between the DP ranks' files");
+    }
+    data_before_expert = flag;
+    const PV* pc = osd->Find("partition_count");
+    std::vector<int64_t> c;
+    if (pc != nullptr && (pc->is_list() || pc->is_tuple())) {
+      for (const PV::Ptr& i : pc->items) {
+        if (!i->is_int()) break;
+        c.push_back(i->int_value);
+      }
+      if (c.size() != pc->items.size()) c.clear();
+    }
+    if (c.empty() || (r > 0 && c != counts)) {
+      return DataLossError(sf.path + ": partition_count " +
+                           (pc ? pc->DebugString(60) : std::string("missing")) +
+                           (r > 0 ? " differs from DP rank 0's" : " is not a list of counts"));
+    }
+    counts = std::move(c);
+    if (const PV* maps = osd->Find("param_slice_mappings"); maps && !fragment_cls) {
+      for (const PV::Ptr& gm : maps->items) {
+        for (const auto& [k, fv] : gm->entries) {
+          if (fv->kind == K::kObject && fv->callee) fragment_cls = fv->callee;
+        }
+      }
+    }
+    files.push_back(std::move(sf));
+  }
+  if (!fragment_cls) fragment_cls = PickleGlobal("deepspeed.utils.tensor_fragment", "fragment_address");
+  const size_t ngroups = counts.size();
+  // Per group: E, the old and new partition counts, and per expert-parallel rank the group's
+  // flat buffer.
+  struct MoeGroup {
+    int64_t ep = 1, old_count = 0, new_count = 0;
+    std::vector<GroupSource> per_ep;
+  };
+  std::vector<MoeGroup> groups(ngroups);
+  auto member = [&](int64_t e, int64_t j, int64_t count, int64_t ep) {
+    return *data_before_expert ? e * count + j : e + j * ep;
+  };
+  for (size_t g = 0; g < ngroups; ++g) {
+    const std::string gl = "group " + std::to_string(g);
+    MoeGroup& mg = groups[g];
+    mg.old_count = counts[g];
+    if (mg.old_count <= 0 || ws % mg.old_count != 0) {
+      return DataLossError(files[0].path + ": partition_count[" + std::to_string(g) + "] = " +
+                           std::to_string(mg.old_count) + " does not divide the " +
+                           std::to_string(ws) + " DP ranks");
+    }
+    mg.ep = ws / mg.old_count;
+    if (dp % mg.ep != 0) {
+      return InvalidArgumentError("--dp " + std::to_string(dp) + ": param " + gl + " is an "
+                                  "expert group over " + std::to_string(mg.ep) +
+                                  " expert-parallel ranks; the new DP size must be a multiple "
+                                  "of " + std::to_string(mg.ep));
+    }
+    mg.new_count = dp / mg.ep;
+    mg.per_ep.resize(static_cast<size_t>(mg.ep));
+    for (int64_t e = 0; e < mg.ep; ++e) {
+      GroupSource& gs = mg.per_ep[static_cast<size_t>(e)];
+      // The params: param_slice_mappings of the partitions in order, back to back.
+      const int64_t count = mg.old_count;
+      std::vector<const SourceFile*> parts;
+      for (int64_t j = 0; j < count; ++j) parts.push_back(&files[member(e, j, count, mg.ep)]);
+      std::vector<int64_t> lean(parts.size());
+      for (size_t j = 0; j < parts.size(); ++j) {
+        const PV* single = parts[j]->root.Find("optimizer_state_dict")
+                               ->Find("single_partition_of_fp32_groups");
+        if (single == nullptr || !single->is_list() || single->items.size() != ngroups) {
+          return DataLossError(parts[j]->path + ": single_partition_of_fp32_groups is not a "
+                               "list of " + std::to_string(ngroups));
+        }
+        FC_ASSIGN_OR_RETURN(Located l, LocateTensor(*parts[j], single->items[g].get(),
+                                                    "single_partition_of_fp32_groups[" +
+                                                        std::to_string(g) + "]"));
+        lean[j] = l.ref.shape[0];
+      }
+      int64_t ps_old = 0;
+      {
+        const PV* pads = parts[0]->root.Find("optimizer_state_dict")->Find("group_paddings");
+        if (pads == nullptr || !pads->is_list() || pads->items.size() != ngroups ||
+            !pads->items[g]->is_int()) {
+          return DataLossError(parts[0]->path + ": group_paddings is not a list of " +
+                               std::to_string(ngroups) + " ints");
+        }
+        ps_old = lean[0] + pads->items[g]->int_value;
+      }
+      int64_t at = 0;
+      std::map<std::string, size_t> seen;
+      for (size_t j = 0; j < parts.size(); ++j) {
+        const PV* maps = parts[j]->root.Find("optimizer_state_dict")->Find("param_slice_mappings");
+        if (maps == nullptr || !maps->is_list() || maps->items.size() != ngroups) {
+          return UnimplementedError(parts[j]->path + ": no param_slice_mappings for " +
+                                    std::to_string(ngroups) + " groups (a MoE checkpoint has "
+                                    "no param_shapes; they name the params)");
+        }
+        for (const auto& [k, fv] : maps->items[g]->entries) {
+          const PV* st = fv->state.get();
+          const PV* numel = st ? st->Find("numel") : nullptr;
+          const PV* start = st ? st->Find("start") : nullptr;
+          if (!k->is_str() || !numel || !numel->is_int() || !start || !start->is_int()) {
+            return DataLossError(parts[j]->path + ": param_slice_mappings[" +
+                                 std::to_string(g) + "] entry " + k->DebugString(40) +
+                                 " is not name: fragment_address(numel, start)");
+          }
+          const int64_t pos = static_cast<int64_t>(j) * ps_old + start->int_value;
+          if (pos != at || numel->int_value <= 0 || start->int_value + numel->int_value > lean[j]) {
+            return DataLossError(parts[j]->path + ": param_slice_mappings[" +
+                                 std::to_string(g) + "]: '" + k->str + "' at flat element " +
+                                 std::to_string(pos) + " (" + std::to_string(numel->int_value) +
+                                 " elements), expected the params back to back from " +
+                                 std::to_string(at));
+          }
+          auto [it, fresh] = seen.try_emplace(k->str, gs.params.size());
+          if (fresh) gs.params.emplace_back(k->str, 0);
+          else if (it->second + 1 != gs.params.size()) {
+            return DataLossError(parts[j]->path + ": param_slice_mappings[" +
+                                 std::to_string(g) + "]: '" + k->str + "' is split around "
+                                 "another param");
+          }
+          gs.params[it->second].second += numel->int_value;
+          at += numel->int_value;
+        }
+      }
+      gs.orig = at;
+      if (PaddedLength(gs.orig, count) / count != ps_old) {
+        return DataLossError(parts[0]->path + ": " + gl + " partitions of " +
+                             std::to_string(ps_old) + " elements, but its params' " +
+                             std::to_string(gs.orig) + " elements over " +
+                             std::to_string(count) + " ranks give " +
+                             std::to_string(PaddedLength(gs.orig, count) / count));
+      }
+      for (size_t j = 0; j < parts.size(); ++j) {
+        const SourceFile& sf = *parts[j];
+        const PV* osd = sf.root.Find("optimizer_state_dict");
+        const int64_t want = LeanLength(gs.orig, ps_old, static_cast<int64_t>(j));
+        const PV* pads = osd->Find("group_paddings");
+        if (lean[j] != want || pads == nullptr || !pads->is_list() ||
+            pads->items.size() != ngroups || !pads->items[g]->is_int() ||
+            pads->items[g]->int_value != ps_old - want) {
+          return DataLossError(sf.path + ": " + gl + " partition holds " +
+                               std::to_string(lean[j]) + " elements; the padding rule gives " +
+                               std::to_string(want) + " + " + std::to_string(ps_old - want) +
+                               " padding");
+        }
+        const PV* single = osd->Find("single_partition_of_fp32_groups");
+        const PV* state = osd->Find("base_optimizer_state")->Find("state");
+        const PV* st = nullptr;
+        if (state != nullptr && state->is_dict()) {
+          for (const auto& [sk, sv] : state->entries) {
+            if (sk->is_int() && sk->int_value == static_cast<int64_t>(g)) st = sv.get();
+          }
+        }
+        if (st == nullptr || !st->is_dict()) {
+          return DataLossError(sf.path + ": base_optimizer_state.state has no " + gl);
+        }
+        FC_ASSIGN_OR_RETURN(Located fp32, LocateTensor(sf, single->items[g].get(),
+                                                      "single_partition_of_fp32_groups[" +
+                                                          std::to_string(g) + "]"));
+        const std::string key = "rank" + std::to_string(member(e, static_cast<int64_t>(j), count, mg.ep)) +
+                                ".group" + std::to_string(g) + ".";
+        if (j == 0) {
+          gs.dtype = fp32.ref.dtype;
+          FC_ASSIGN_OR_RETURN(gs.storage_class, StorageClassOf(*single->items[g], sf.path));
+        }
+        if (fp32.ref.dtype != gs.dtype) {
+          return DataLossError(sf.path + ": " + gl + " fp32 partition dtype differs by rank");
+        }
+        gs.fp32.push_back(rp.AddSource(key + "fp32", sf, fp32, lean[j]));
+        for (const char* sname : {"exp_avg", "exp_avg_sq"}) {
+          FC_ASSIGN_OR_RETURN(Located t, LocateTensor(sf, st->Find(sname),
+                                                     "base_optimizer_state.state[" +
+                                                         std::to_string(g) + "]." + sname));
+          if (t.ref.shape[0] != ps_old) {
+            return DataLossError(sf.path + ": base_optimizer_state.state[" + std::to_string(g) +
+                                 "]." + sname + " has " + std::to_string(t.ref.shape[0]) +
+                                 " elements, the padded partition " + std::to_string(ps_old));
+          }
+          if (j == 0 && sname == std::string("exp_avg")) {
+            gs.state_dtype = t.ref.dtype;
+            FC_ASSIGN_OR_RETURN(gs.state_storage_class, StorageClassOf(*st->Find(sname), sf.path));
+          }
+          if (t.ref.dtype != gs.state_dtype) {
+            return DataLossError(sf.path + ": " + gl + " " + sname + " dtype differs by rank");
+          }
+          (sname == std::string("exp_avg") ? gs.exp_avg : gs.exp_avg_sq)
+              .push_back(rp.AddSource(key + sname, sf, t, lean[j]));
+        }
+      }
+    }
+  }
+
+  // The new DP ranks' files, from DP rank 0's tree.
+  const SourceFile& rank0 = files.front();
+  const PV* osd0 = rank0.root.Find("optimizer_state_dict");
+  for (int64_t r = 0; r < dp; ++r) {
+    const std::string name = prefix + "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00" +
+                             "_optim_states.pt";
+    ArchiveBuilder out(JoinPath(job.tag, name));
+    PV singles, paddings, mappings, partition_count;
+    singles.kind = paddings.kind = mappings.kind = partition_count.kind = K::kList;
+    std::vector<PV::Ptr> ea(ngroups), eas(ngroups);
+    for (size_t g = 0; g < ngroups; ++g) {
+      const MoeGroup& mg = groups[g];
+      const int64_t count = mg.new_count;
+      const int64_t e = *data_before_expert ? r / count : r % mg.ep;
+      const int64_t j = *data_before_expert ? r % count : r / mg.ep;
+      const GroupSource& gs = mg.per_ep[static_cast<size_t>(e)];
+      const int64_t ps = PaddedLength(gs.orig, count) / count;
+      const int64_t lean = LeanLength(gs.orig, ps, j);
+      const std::string gl = "rank " + std::to_string(r) + " group " + std::to_string(g);
+      auto part = [&](const std::vector<int64_t>& sources, DType dtype, const char* what) {
+        return Repartitioner::PartitionOver(gs, sources, dtype, mg.old_count, count, j,
+                                            gl + " " + what);
+      };
+      singles.items.push_back(out.NewTensor(part(gs.fp32, gs.dtype, "fp32"), lean,
+                                            gs.storage_class));
+      ea[g] = out.NewTensor(part(gs.exp_avg, gs.state_dtype, "exp_avg"), ps,
+                            gs.state_storage_class);
+      eas[g] = out.NewTensor(part(gs.exp_avg_sq, gs.state_dtype, "exp_avg_sq"), ps,
+                             gs.state_storage_class);
+      paddings.items.push_back(PickleInt(ps - lean));
+      mappings.items.push_back(SliceMappings(gs, ps, j, fragment_cls));
+      partition_count.items.push_back(PickleInt(count));
+    }
+    PV::Ptr new_osd = ReplaceEntries(*osd0, [&](const std::string& k, const PV::Ptr& v) -> PV::Ptr {
+      if (k == "single_partition_of_fp32_groups") return Node(singles);
+      if (k == "group_paddings") return Node(paddings);
+      if (k == "partition_count") return Node(partition_count);
+      if (k == "param_slice_mappings") return Node(mappings);
+      if (k != "base_optimizer_state") return nullptr;
+      return ReplaceEntries(*v, [&](const std::string& bk, const PV::Ptr& bv) -> PV::Ptr {
+        if (bk != "state") return nullptr;
+        PV state = *bv;
+        for (auto& [gk, gv] : state.entries) {
+          if (!gk->is_int() || gk->int_value < 0 ||
+              gk->int_value >= static_cast<int64_t>(ngroups)) {
+            continue;
+          }
+          const size_t g = static_cast<size_t>(gk->int_value);
+          gv = ReplaceEntries(*gv, [&](const std::string& sk, const PV::Ptr&) -> PV::Ptr {
+            if (sk == "exp_avg") return ea[g];
+            if (sk == "exp_avg_sq") return eas[g];
+            return nullptr;
+          });
+        }
+        return Node(std::move(state));
+      });
+    });
+    PV::Ptr root = ReplaceEntries(rank0.root, [&](const std::string& k, const PV::Ptr&) {
+      return k == "optimizer_state_dict" ? new_osd : PV::Ptr();
+    });
+    FC_ASSIGN_OR_RETURN(DsArchiveSpec spec, out.Finish(*root, rank0));
+    job.archives.push_back(std::move(spec));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -1050,6 +1381,7 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
   std::map<int64_t, std::map<int64_t, std::string>> model3;  // ZeRO-3: mp -> dp -> name
   std::map<int64_t, std::map<int64_t, std::string>> optim;  // mp rank -> dp rank -> name
   std::set<std::string> prefixes;
+  std::vector<std::string> moe_files;
   for (const std::string& n : names) {
     const std::string path = JoinPath(job.tag_dir, n);
     if (IsDirectory(path)) {
@@ -1058,9 +1390,11 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
     }
     std::string prefix;
     int64_t r = 0, m = 0;
-    if (n.find("expert") != std::string::npos || n.starts_with("expp_rank_")) {
-      return UnimplementedError(path + ": MoE checkpoint (expert files): expert groups are "
-                                "partitioned over their own DP size; not re-partitioned");
+    if ((n.starts_with("layer_") && n.find("_expert_") != std::string::npos &&
+         n.ends_with("_model_states.pt")) ||
+        (n.starts_with("expp_rank_") && n.ends_with("_optim_states.pt"))) {
+      moe_files.push_back(n);  // MoE: DP-independent, copied
+      continue;
     }
     if (ParseRankName(n, "_optim_states.pt", &prefix, &r, &m)) {
       optim[m][r] = n;
@@ -1077,6 +1411,10 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
                                 "(not mp_rank_XX_model_states.pt, *zero_pp_rank_R_mp_rank_XX_"
                                 "optim_states.pt or layer_*-model_states.pt)");
     }
+  }
+  if (!moe_files.empty() && !model3.empty()) {
+    return UnimplementedError(job.tag_dir + ": MoE checkpoint (expert files) with ZeRO-3: not "
+                              "re-partitioned (MoE: ZeRO 1/2 at one model-parallel rank)");
   }
   if (prefixes.size() > 1) {
     return DataLossError(job.tag_dir + ": optimizer files with different prefixes (" +
@@ -1113,6 +1451,23 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
   const std::string prefix = prefixes.empty() ? "" : *prefixes.begin();
   job.variant = optim.empty() ? "none" : "zero";
   Repartitioner rp(job);
+  if (!moe_files.empty()) {
+    const bool layers = std::any_of(job.copies.begin(), job.copies.end(), [](const auto& c) {
+      return Basename(c.first).starts_with("layer_");
+    });
+    if (job.mp != 1 || layers || optim.empty()) {
+      return UnimplementedError(job.tag_dir + ": MoE checkpoint (expert files) with tensor or "
+                                "pipeline parallelism, ZeRO-3 or no ZeRO optimizer files: not "
+                                "re-partitioned (MoE: ZeRO 1/2 at one model-parallel rank)");
+    }
+    for (const std::string& n : moe_files) {
+      job.copies.emplace_back(JoinPath(job.tag_dir, n), JoinPath(job.tag, n));
+    }
+    FC_RETURN_IF_ERROR(PlanMoeZero12(job, rp, model_files.begin()->second, optim.begin()->second,
+                                     prefix));
+    AddZeroToFp32(job, save_dir);
+    return job;
+  }
 
   for (const auto& [m, model_name] : model_files) {
     FC_RETURN_IF_ERROR(PlanZero12(job, rp, m, model_name, optim.empty() ? nullptr : &optim.at(m),

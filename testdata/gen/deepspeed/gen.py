@@ -1094,8 +1094,18 @@ def od(*items):
 DP_CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied"]
 
 
+# MoE fixtures: (stage, own DP size, ep, experts, seed, use_data_before_expert_parallelism);
+# the values do not depend on the DP size.
+MOE_CASES = {"moe_zero2": (2, 4, 2, 4, 15, False), "moe_zero1_dbe": (1, 6, 3, 6, 16, True)}
+
+
 def gen_at_dp(out, case, dp=None):
     """Writes OUT/<case>/ckpt; dp None: the fixture's own DP size."""
+    if case in MOE_CASES:
+        stage, ws, ep, experts, seed, dbe = MOE_CASES[case]
+        gen_moe_zero(out, case, stage, ws=dp or ws, ep=ep, num_experts=experts, seed=seed,
+                     data_before_expert=dbe)
+        return
     g1 = [od(("embed.weight", (6, 4)), ("layer.weight", (4, 4)), ("layer.bias", (4,)),
              ("head.weight", (3, 4)))]
     if case == "zero1":
@@ -1226,9 +1236,8 @@ def generate(out):
     gen_ucp_zero3(out, "ucp_zero3", "zero3")
     gen_ucp(out, "ucp_tp2_fused", "tp2_fused", tp=2, keys=ucp_keys)
     gen_moe(out, "moe", seed=12)
-    gen_moe_zero(out, "moe_zero2", 2, ws=4, ep=2, num_experts=4, seed=15)
-    gen_moe_zero(out, "moe_zero1_dbe", 1, ws=6, ep=3, num_experts=6, seed=16,
-                 data_before_expert=True)
+    gen_at_dp(out, "moe_zero2")
+    gen_at_dp(out, "moe_zero1_dbe")
     # checkpoint_serialization: false -> every file in torch.save's legacy format.
     LEGACY[0] = True
     try:

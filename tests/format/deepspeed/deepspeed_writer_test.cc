@@ -137,7 +137,15 @@ TEST_CASE("legacy torch.save sources are read; refused sources") {
   CheckTiling(*legacy);
   CHECK(PlanDeepSpeedRepartition(Fixture("zero1"), 0).status().code() ==
         StatusCode::kInvalidArgument);
-  for (const char* c : {"moe", "moe_zero2", "ucp"}) {
+  // MoE with ZeRO 1/2: expert groups re-cut per expert-parallel rank; ep 2 needs an even
+  // DP size.
+  auto moe = PlanDeepSpeedRepartition(Fixture("moe_zero2"), 6);
+  REQUIRE(moe.ok());
+  CheckTiling(*moe);
+  CHECK(moe->copies.size() == 6);  // 4 expert files, 2 expp_rank files
+  CHECK(PlanDeepSpeedRepartition(Fixture("moe_zero2"), 3).status().code() ==
+        StatusCode::kInvalidArgument);
+  for (const char* c : {"moe", "ucp"}) {
     INFO(c);
     CHECK(PlanDeepSpeedRepartition(Fixture(c), 2).status().code() == StatusCode::kUnimplemented);
   }
