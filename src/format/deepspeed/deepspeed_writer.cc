@@ -545,6 +545,26 @@ DsRecord StreamRecord(DType dtype, int64_t elements, std::string name) {
   return rec;
 }
 
+// An optimizer's `state` dict {group: {exp_avg, exp_avg_sq, step, ...}} with each group's
+// exp_avg / exp_avg_sq replaced by moment(g, squared); keys outside 0..groups-1 (the callers
+// checked there are none) and the other entries kept.
+template <typename Moment>
+PV::Ptr WithMoments(const PV& state, size_t groups, Moment moment) {
+  PV copy = state;
+  for (auto& [gk, gv] : copy.entries) {
+    if (!gk->is_int() || gk->int_value < 0 || gk->int_value >= static_cast<int64_t>(groups)) {
+      continue;
+    }
+    const size_t g = static_cast<size_t>(gk->int_value);
+    gv = ReplaceEntries(*gv, [&](const std::string& sk, const PV::Ptr&) -> PV::Ptr {
+      if (sk == "exp_avg") return moment(g, false);
+      if (sk == "exp_avg_sq") return moment(g, true);
+      return nullptr;
+    });
+  }
+  return Node(std::move(copy));
+}
+
 Status PlanZero3(DsRepartition& job,
                  const std::map<int64_t, std::map<int64_t, std::string>>& model3,
                  const std::map<int64_t, std::map<int64_t, std::string>>& optim,
@@ -761,16 +781,7 @@ Status PlanZero3(DsRepartition& job,
         if (k != "optimizer_state_dict") return nullptr;
         return ReplaceEntries(*v, [&](const std::string& ik, const PV::Ptr& iv) -> PV::Ptr {
           if (ik != "state") return nullptr;
-          PV state = *iv;
-          for (auto& [gk, gv] : state.entries) {
-            const size_t g = static_cast<size_t>(gk->int_value);  // checked above
-            gv = ReplaceEntries(*gv, [&](const std::string& sk, const PV::Ptr&) -> PV::Ptr {
-              if (sk == "exp_avg") return made[g][1];
-              if (sk == "exp_avg_sq") return made[g][2];
-              return nullptr;
-            });
-          }
-          return Node(std::move(state));
+          return WithMoments(*iv, made.size(), [&](size_t g, bool sq) { return made[g][sq ? 2 : 1]; });
         });
       });
       PV::Ptr root = ReplaceEntries(opt0.root, [&](const std::string& k, const PV::Ptr&) {
@@ -782,8 +793,6 @@ Status PlanZero3(DsRepartition& job,
   }
   return Status::Ok();
 }
-// Stage 1/2 and BF16_Optimizer: the files of model-parallel rank m at job.dp. optim_ranks:
-// its DP rank files (nullptr: no optimizer files; the model states only).
 // The model states: dp_world_size replaced, everything else kept.
 Status AddModelStates(DsRepartition& job, const std::string& model_name,
                       const SourceFile& model) {
@@ -811,6 +820,83 @@ Status CheckNoRoundRobin(const SourceFile& model) {
   return Status::Ok();
 }
 
+// A new DP rank's ZeRO 1/2 optimizer file: source DP rank 0's tree with the partitions, the
+// padding and partition counts, the slice mappings and each group's exp_avg / exp_avg_sq
+// replaced (tensors placed in `out` by the caller); every other key kept.
+Status AddOptimStates(DsRepartition& job, ArchiveBuilder out, const SourceFile& rank0,
+                      PV::Ptr singles, PV::Ptr paddings, PV::Ptr partition_count,
+                      PV::Ptr mappings, const std::vector<PV::Ptr>& ea,
+                      const std::vector<PV::Ptr>& eas) {
+  const PV* osd0 = rank0.root.Find("optimizer_state_dict");
+  PV::Ptr new_osd = ReplaceEntries(*osd0, [&](const std::string& k, const PV::Ptr& v) -> PV::Ptr {
+    if (k == "single_partition_of_fp32_groups") return singles;
+    if (k == "group_paddings") return paddings;
+    if (k == "partition_count") return partition_count;
+    if (k == "param_slice_mappings") return mappings;
+    if (k != "base_optimizer_state") return nullptr;
+    return ReplaceEntries(*v, [&](const std::string& bk, const PV::Ptr& bv) -> PV::Ptr {
+      if (bk != "state") return nullptr;
+      return WithMoments(*bv, ea.size(), [&](size_t g, bool sq) { return sq ? eas[g] : ea[g]; });
+    });
+  });
+  PV::Ptr root = ReplaceEntries(rank0.root, [&](const std::string& k, const PV::Ptr&) {
+    return k == "optimizer_state_dict" ? new_osd : PV::Ptr();
+  });
+  FC_ASSIGN_OR_RETURN(DsArchiveSpec spec, out.Finish(*root, rank0));
+  job.archives.push_back(std::move(spec));
+  return Status::Ok();
+}
+
+// One old rank's partition of group g as plan sources: its fp32 partition (`lean` real
+// elements; saved padded to `ps` by BF16_Optimizer, stripped otherwise) and the exp_avg /
+// exp_avg_sq of `state` (padded to `ps`). The first rank (first) sets the group's dtypes and
+// storage classes; the others must agree.
+Status AddPartitionSources(Repartitioner& rp, const SourceFile& sf, const PV& single,
+                           const PV& state, size_t g, int64_t ps, int64_t lean, bool bf16,
+                           bool first, const std::string& key, GroupSource* gs) {
+  const std::string where = "group " + std::to_string(g);
+  FC_ASSIGN_OR_RETURN(Located fp32, LocateTensor(sf, &single, "single_partition_of_fp32_groups[" +
+                                                                  std::to_string(g) + "]"));
+  const int64_t want = bf16 ? ps : lean;
+  if (fp32.ref.shape[0] != want) {
+    return DataLossError(sf.path + ": single_partition_of_fp32_groups[" + std::to_string(g) +
+                         "] has " + std::to_string(fp32.ref.shape[0]) +
+                         " elements, the partition rule gives " + std::to_string(want) +
+                         (bf16 ? " (BF16_Optimizer: padded)" : " (padding stripped)"));
+  }
+  if (first) {
+    gs->dtype = fp32.ref.dtype;
+    FC_ASSIGN_OR_RETURN(gs->storage_class, StorageClassOf(single, sf.path + ": " + where));
+  }
+  if (fp32.ref.dtype != gs->dtype) {
+    return DataLossError(sf.path + ": " + where + " fp32 partition dtype differs by rank");
+  }
+  gs->fp32.push_back(rp.AddSource(key + "fp32", sf, fp32, lean));
+  for (const char* s : {"exp_avg", "exp_avg_sq"}) {
+    FC_ASSIGN_OR_RETURN(Located t, LocateTensor(sf, state.Find(s),
+                                               "base_optimizer_state.state[" +
+                                                   std::to_string(g) + "]." + s));
+    if (t.ref.shape[0] != ps) {
+      return DataLossError(sf.path + ": base_optimizer_state.state[" + std::to_string(g) +
+                           "]." + s + " has " + std::to_string(t.ref.shape[0]) +
+                           " elements, the padded partition " + std::to_string(ps));
+    }
+    if (first && s == std::string("exp_avg")) {
+      gs->state_dtype = t.ref.dtype;
+      FC_ASSIGN_OR_RETURN(gs->state_storage_class,
+                          StorageClassOf(*state.Find(s), sf.path + ": " + where));
+    }
+    if (t.ref.dtype != gs->state_dtype) {
+      return DataLossError(sf.path + ": " + where + " " + s + " dtype differs by rank");
+    }
+    (s == std::string("exp_avg") ? gs->exp_avg : gs->exp_avg_sq)
+        .push_back(rp.AddSource(key + s, sf, t, lean));
+  }
+  return Status::Ok();
+}
+
+// Stage 1/2 and BF16_Optimizer: the files of model-parallel rank m at job.dp. optim_ranks:
+// its DP rank files (nullptr: no optimizer files; the model states only).
 Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
                   const std::string& model_name,
                   const std::map<int64_t, std::string>* optim_ranks,
@@ -940,47 +1026,9 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
                              std::to_string(ps - lean) + " (" + std::to_string(gs.orig) +
                              " elements over " + std::to_string(source_dp) + " ranks)");
       }
-      FC_ASSIGN_OR_RETURN(Located fp32, LocateTensor(sf, single->items[g].get(),
-                                                    "single_partition_of_fp32_groups[" +
-                                                        std::to_string(g) + "]"));
-      const int64_t want = bf16 ? ps : lean;
-      if (fp32.ref.shape[0] != want) {
-        return DataLossError(sf.path + ": single_partition_of_fp32_groups[" +
-                             std::to_string(g) + "] has " + std::to_string(fp32.ref.shape[0]) +
-                             " elements, the partition rule gives " + std::to_string(want) +
-                             (bf16 ? " (BF16_Optimizer: padded)" : " (padding stripped)"));
-      }
-      const std::string key = MpName(m) + ".rank" + std::to_string(r) + ".group" +
-                              std::to_string(g) + ".";
-      if (r == 0) {
-        gs.dtype = fp32.ref.dtype;
-        FC_ASSIGN_OR_RETURN(gs.storage_class,
-                            StorageClassOf(*single->items[g], sf.path + ": " + where));
-      }
-      if (fp32.ref.dtype != gs.dtype) {
-        return DataLossError(sf.path + ": " + where + " fp32 partition dtype differs by rank");
-      }
-      gs.fp32.push_back(rp.AddSource(key + "fp32", sf, fp32, lean));
-      for (const char* s : {"exp_avg", "exp_avg_sq"}) {
-        FC_ASSIGN_OR_RETURN(Located t, LocateTensor(sf, st->Find(s),
-                                                   "base_optimizer_state.state[" +
-                                                       std::to_string(g) + "]." + s));
-        if (t.ref.shape[0] != ps) {
-          return DataLossError(sf.path + ": base_optimizer_state.state[" + std::to_string(g) +
-                               "]." + s + " has " + std::to_string(t.ref.shape[0]) +
-                               " elements, the padded partition " + std::to_string(ps));
-        }
-        if (r == 0 && s == std::string("exp_avg")) {
-          gs.state_dtype = t.ref.dtype;
-          FC_ASSIGN_OR_RETURN(gs.state_storage_class,
-                              StorageClassOf(*st->Find(s), sf.path + ": " + where));
-        }
-        if (t.ref.dtype != gs.state_dtype) {
-          return DataLossError(sf.path + ": " + where + " " + s + " dtype differs by rank");
-        }
-        (s == std::string("exp_avg") ? gs.exp_avg : gs.exp_avg_sq)
-            .push_back(rp.AddSource(key + s, sf, t, lean));
-      }
+      FC_RETURN_IF_ERROR(AddPartitionSources(
+          rp, sf, *single->items[g], *st, g, ps, lean, bf16, r == 0,
+          MpName(m) + ".rank" + std::to_string(r) + ".group" + std::to_string(g) + ".", &gs));
     }
     files.push_back(std::move(sf));
   }
@@ -989,7 +1037,6 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
 
   // The new DP ranks' files, from DP rank 0's tree.
   const SourceFile& rank0 = files.front();
-  const PV* osd0 = rank0.root.Find("optimizer_state_dict");
   for (int64_t r = 0; r < dp; ++r) {
     const std::string name = prefix + "zero_pp_rank_" + std::to_string(r) + "_" + MpName(m) +
                              "_optim_states.pt";
@@ -1014,31 +1061,9 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
       paddings.items.push_back(PickleInt(ps - lean));
       mappings.items.push_back(SliceMappings(gs, ps, r, fragment_cls));
     }
-    PV::Ptr new_osd = ReplaceEntries(*osd0, [&](const std::string& k, const PV::Ptr& v) -> PV::Ptr {
-      if (k == "single_partition_of_fp32_groups") return Node(singles);
-      if (k == "group_paddings") return Node(paddings);
-      if (k == "partition_count") return PickleInt(dp);
-      if (k == "param_slice_mappings") return Node(mappings);
-      if (k != "base_optimizer_state") return nullptr;
-      return ReplaceEntries(*v, [&](const std::string& bk, const PV::Ptr& bv) -> PV::Ptr {
-        if (bk != "state") return nullptr;
-        PV state = *bv;
-        for (auto& [gk, gv] : state.entries) {
-          const int64_t g = gk->int_value;  // checked above
-          gv = ReplaceEntries(*gv, [&](const std::string& sk, const PV::Ptr&) -> PV::Ptr {
-            if (sk == "exp_avg") return ea[g];
-            if (sk == "exp_avg_sq") return eas[g];
-            return nullptr;
-          });
-        }
-        return Node(std::move(state));
-      });
-    });
-    PV::Ptr root = ReplaceEntries(rank0.root, [&](const std::string& k, const PV::Ptr&) {
-      return k == "optimizer_state_dict" ? new_osd : PV::Ptr();
-    });
-    FC_ASSIGN_OR_RETURN(DsArchiveSpec spec, out.Finish(*root, rank0));
-    job.archives.push_back(std::move(spec));
+    FC_RETURN_IF_ERROR(AddOptimStates(job, std::move(out), rank0, Node(std::move(singles)),
+                                      Node(std::move(paddings)), PickleInt(dp),
+                                      Node(std::move(mappings)), ea, eas));
   }
   return Status::Ok();
 }
@@ -1254,45 +1279,17 @@ Status PlanMoeZero12(DsRepartition& job, Repartitioner& rp, const std::string& m
         if (st == nullptr || !st->is_dict()) {
           return DataLossError(sf.path + ": base_optimizer_state.state has no " + gl);
         }
-        FC_ASSIGN_OR_RETURN(Located fp32, LocateTensor(sf, single->items[g].get(),
-                                                      "single_partition_of_fp32_groups[" +
-                                                          std::to_string(g) + "]"));
-        const std::string key = "rank" + std::to_string(member(e, static_cast<int64_t>(j), count, mg.ep)) +
-                                ".group" + std::to_string(g) + ".";
-        if (j == 0) {
-          gs.dtype = fp32.ref.dtype;
-          FC_ASSIGN_OR_RETURN(gs.storage_class, StorageClassOf(*single->items[g], sf.path));
-        }
-        if (fp32.ref.dtype != gs.dtype) {
-          return DataLossError(sf.path + ": " + gl + " fp32 partition dtype differs by rank");
-        }
-        gs.fp32.push_back(rp.AddSource(key + "fp32", sf, fp32, lean[j]));
-        for (const char* sname : {"exp_avg", "exp_avg_sq"}) {
-          FC_ASSIGN_OR_RETURN(Located t, LocateTensor(sf, st->Find(sname),
-                                                     "base_optimizer_state.state[" +
-                                                         std::to_string(g) + "]." + sname));
-          if (t.ref.shape[0] != ps_old) {
-            return DataLossError(sf.path + ": base_optimizer_state.state[" + std::to_string(g) +
-                                 "]." + sname + " has " + std::to_string(t.ref.shape[0]) +
-                                 " elements, the padded partition " + std::to_string(ps_old));
-          }
-          if (j == 0 && sname == std::string("exp_avg")) {
-            gs.state_dtype = t.ref.dtype;
-            FC_ASSIGN_OR_RETURN(gs.state_storage_class, StorageClassOf(*st->Find(sname), sf.path));
-          }
-          if (t.ref.dtype != gs.state_dtype) {
-            return DataLossError(sf.path + ": " + gl + " " + sname + " dtype differs by rank");
-          }
-          (sname == std::string("exp_avg") ? gs.exp_avg : gs.exp_avg_sq)
-              .push_back(rp.AddSource(key + sname, sf, t, lean[j]));
-        }
+        FC_RETURN_IF_ERROR(AddPartitionSources(
+            rp, sf, *single->items[g], *st, g, ps_old, lean[j], /*bf16=*/false, j == 0,
+            "rank" + std::to_string(member(e, static_cast<int64_t>(j), count, mg.ep)) +
+                ".group" + std::to_string(g) + ".",
+            &gs));
       }
     }
   }
 
   // The new DP ranks' files, from DP rank 0's tree.
   const SourceFile& rank0 = files.front();
-  const PV* osd0 = rank0.root.Find("optimizer_state_dict");
   for (int64_t r = 0; r < dp; ++r) {
     const std::string name = prefix + "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00" +
                              "_optim_states.pt";
@@ -1323,35 +1320,9 @@ Status PlanMoeZero12(DsRepartition& job, Repartitioner& rp, const std::string& m
       mappings.items.push_back(SliceMappings(gs, ps, j, fragment_cls));
       partition_count.items.push_back(PickleInt(count));
     }
-    PV::Ptr new_osd = ReplaceEntries(*osd0, [&](const std::string& k, const PV::Ptr& v) -> PV::Ptr {
-      if (k == "single_partition_of_fp32_groups") return Node(singles);
-      if (k == "group_paddings") return Node(paddings);
-      if (k == "partition_count") return Node(partition_count);
-      if (k == "param_slice_mappings") return Node(mappings);
-      if (k != "base_optimizer_state") return nullptr;
-      return ReplaceEntries(*v, [&](const std::string& bk, const PV::Ptr& bv) -> PV::Ptr {
-        if (bk != "state") return nullptr;
-        PV state = *bv;
-        for (auto& [gk, gv] : state.entries) {
-          if (!gk->is_int() || gk->int_value < 0 ||
-              gk->int_value >= static_cast<int64_t>(ngroups)) {
-            continue;
-          }
-          const size_t g = static_cast<size_t>(gk->int_value);
-          gv = ReplaceEntries(*gv, [&](const std::string& sk, const PV::Ptr&) -> PV::Ptr {
-            if (sk == "exp_avg") return ea[g];
-            if (sk == "exp_avg_sq") return eas[g];
-            return nullptr;
-          });
-        }
-        return Node(std::move(state));
-      });
-    });
-    PV::Ptr root = ReplaceEntries(rank0.root, [&](const std::string& k, const PV::Ptr&) {
-      return k == "optimizer_state_dict" ? new_osd : PV::Ptr();
-    });
-    FC_ASSIGN_OR_RETURN(DsArchiveSpec spec, out.Finish(*root, rank0));
-    job.archives.push_back(std::move(spec));
+    FC_RETURN_IF_ERROR(AddOptimStates(job, std::move(out), rank0, Node(std::move(singles)),
+                                      Node(std::move(paddings)), Node(std::move(partition_count)),
+                                      Node(std::move(mappings)), ea, eas));
   }
   return Status::Ok();
 }

@@ -561,6 +561,17 @@ def gen_moe_zero(out, case, stage, ws, ep, num_experts, seed, data_before_expert
              os.path.join(tagdir, "expp_rank_%d_mp_rank_00_optim_states.pt" % e))
 
 
+def with_module_and_states(sd, module, keys):
+    """fc's key order: the weights, module.<name>, then optimizer.<state>.<name>."""
+    out = collections.OrderedDict(sd)
+    for k, v in module.items():
+        out["module." + k] = v
+    for key in ("exp_avg", "exp_avg_sq", "step"):
+        for k, v in keys[key].items():
+            out["optimizer.%s.%s" % (key, k)] = v
+    return out
+
+
 def reconstruct_moe_zero(tagdir, names):
     """The helper's recipe, from the loaded files: per group, the partition group of each
     expert-parallel rank (all ranks for a dense group) concatenated in partition order; the
@@ -616,13 +627,7 @@ def reconstruct_moe_zero(tagdir, names):
     # mapping or renaming would break this.
     for k, v in module.items():
         assert torch.equal(sd[k].half(), v), k
-    out = collections.OrderedDict(sd)
-    for k, v in module.items():
-        out["module." + k] = v
-    for key in ("exp_avg", "exp_avg_sq", "step"):
-        for k, v in keys[key].items():
-            out["optimizer.%s.%s" % (key, k)] = v
-    return out
+    return with_module_and_states(sd, module, keys)
 
 
 def reconstruct_moe(tagdir, names):
@@ -791,13 +796,7 @@ def reconstruct_mp(tagdir, names, mf, m):
     for alias, owner in model["shared_params"].items():
         if owner in sd:
             sd[alias] = sd[owner]
-    out = collections.OrderedDict(sd)
-    for k, v in module.items():
-        out["module." + k] = v
-    for key in ("exp_avg", "exp_avg_sq", "step"):
-        for k, v in keys[key].items():
-            out["optimizer.%s.%s" % (key, k)] = v
-    return out
+    return with_module_and_states(sd, module, keys)
 
 
 def reconstruct_pipeline(tagdir, names, mp_files, t, tp):
