@@ -81,7 +81,7 @@ Status CheckSource(const CheckpointIndex& index, const std::string& input) {
   }
   if (!Attr(index, "deepspeed.moe").empty() && optimizer == "not read (MoE)") {
     return UnimplementedError(input + ": MoE checkpoint whose optimizer files fc does not read "
-                              "(deepspeed.moe): not re-partitioned (MoE: ZeRO 1/2 at one "
+                              "(deepspeed.moe): not re-partitioned (MoE: ZeRO 1/2 or BF16_Optimizer at one "
                               "model-parallel rank)");
   }
   return Status::Ok();

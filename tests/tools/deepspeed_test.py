@@ -107,7 +107,8 @@ def case_inspect():
               "moe": ("not read (MoE)", "not read (MoE)", "2"),
               "tp2_fused": ("1", "zero", "2"), "tp2_fused_v02": ("2", "zero", "2"),
               "ucp_tp2_fused": ("1", "universal", "2"),
-              "moe_zero2": ("2", "zero", "4"), "moe_zero1_dbe": ("1", "zero", "6")}
+              "moe_zero2": ("2", "zero", "4"), "moe_zero1_dbe": ("1", "zero", "6"),
+              "moe_bf16": ("1", "bf16_optimizer", "4")}
     for ckpt in FIXTURES:
         fx = os.path.dirname(ckpt)
         label = os.path.basename(fx)

@@ -40,7 +40,8 @@ DS = os.path.join(TESTDATA, "deepspeed")
 # files copied), in DeepSpeed's default rank order and with use_data_before_expert_parallelism.
 JOBS = [("zero1", 2, [3, 1, 4]), ("zero2", 3, [2, 1, 5]), ("bf16", 2, [3, 1]),
         ("tp2", 2, [3]), ("tp2_ucp", 2, [3]), ("frozen_tied", 2, [3, 1]), ("pp2", 2, [3, 1]),
-        ("zero3", 2, [3, 1, 4]), ("moe_zero2", 4, [2, 6, 8]), ("moe_zero1_dbe", 6, [3, 9])]
+        ("zero3", 2, [3, 1, 4]), ("moe_zero2", 4, [2, 6, 8]), ("moe_zero1_dbe", 6, [3, 9]),
+        ("moe_bf16", 4, [2, 6])]
 NO_EXPORT = {"tp2"}  # TP 2 without universal_checkpoint_info: fc-export refuses it
 tmp = tempfile.mkdtemp(prefix="fc-ds-write-test-")
 
@@ -204,7 +205,8 @@ def case_roundtrip():
     for case, source_dp, middle in [("zero1", 2, 3), ("zero2", 3, 4), ("bf16", 2, 3),
                                     ("frozen_tied", 2, 1), ("tp2", 2, 5), ("pp2", 2, 1),
                                     ("tp2_ucp", 2, 3), ("zero3", 2, 3), ("legacy", 2, 3),
-                                    ("moe_zero2", 4, 6), ("moe_zero1_dbe", 6, 3)]:
+                                    ("moe_zero2", 4, 6), ("moe_zero1_dbe", 6, 3),
+                                    ("moe_bf16", 4, 2)]:
         src = os.path.join(DS, case, "ckpt")
         mid = os.path.join(tmp, case + "-mid")
         back = os.path.join(tmp, case + "-back")

@@ -17,15 +17,16 @@
 //     model axis) holding layer LL's state dict for TP rank YY.
 //   MoE (DeepSpeedEngine._save_moe_checkpoint): layer_L_expert_E_mp_rank_XX_model_states.pt,
 //     one expert's 16-bit weights under their full names (global expert id E), beside the
-//     non-expert module of mp_rank_XX_model_states.pt (no param_shapes). With ZeRO 1/2, one
-//     model-parallel rank and no pipeline, the zero_pp_rank_R files are read too: dense param
+//     non-expert module of mp_rank_XX_model_states.pt (no param_shapes). With ZeRO 1/2 or
+//     BF16_Optimizer, one model-parallel rank and no pipeline, the zero_pp_rank_R files are
+//     read too: dense param
 //     groups cut over all DP ranks, expert groups (ep_size_<E>, moe True) over the rank's
 //     expert-data-parallel group (partition_count per group); rank R is expert-parallel rank
 //     R % E, or R / (dp / E) with ds_config use_data_before_expert_parallelism; params named
 //     by param_slice_mappings (required; local expert k of expert-parallel rank e is global
 //     expert e * experts / E + k), shapes from the module and expert files. Attributes
 //     deepspeed.moe, deepspeed.ep_degree, deepspeed.moe_topology. Other MoE optimizers
-//     (BF16_Optimizer, ZeRO-3, TP / pipeline with MoE, the non-ZeRO expp_rank_* files) are
+//     (ZeRO-3, TP / pipeline with MoE, the non-ZeRO expp_rank_* files) are
 //     not read: deepspeed.optimizer "not read (MoE)", and an fp32 export is refused.
 //   Universal Checkpoint (ds_to_universal.py): zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt,
 //     zero/optimizer_state.pt and the copied model states (frozen params, buffers, module).
@@ -105,7 +106,8 @@
 // argparse.Namespace, numpy RNG state); nothing is ever executed. Other globals are kept
 // opaque and listed in deepspeed.opaque_globals; they never make the read fail.
 //
-// Not read (kUnimplemented, exit 6): MoE optimizer states other than ZeRO 1/2 at TP 1 / PP 1
+// Not read (kUnimplemented, exit 6): MoE optimizer states other than ZeRO 1/2 and
+// BF16_Optimizer at TP 1 / PP 1
 // (the module and expert weights are still read), per-group partition counts without MoE,
 // elastic optimizer state, big-endian legacy torch.save files, AutoEP/MiCS/hpZ layouts,
 // universal_checkpoint_info patterns RE2 cannot run, autotp_unsupported_parameter_patterns.

@@ -33,7 +33,7 @@
 //       sub-groups (param_shapes) kept as the source had them: refused (kUnimplemented) when
 //       the ds_config's sub_group_size reproduces the source's split at its DP size but
 //       splits differently at N (DeepSpeed would regroup).
-//   MoE (expert files; ZeRO 1/2, one mp rank, no pipeline): the groups laid out as fc's
+//   MoE (expert files; ZeRO 1/2 or BF16_Optimizer, one mp rank, no pipeline): the groups laid out as fc's
 //   reader reads them (fc/format/deepspeed.h): dense groups over N, each expert group of
 //   ep_size E per expert-parallel rank e over N / E ranks (N % E != 0: kInvalidArgument);
 //   new rank R holds e = R % E, partition R / E (use_data_before_expert_parallelism in

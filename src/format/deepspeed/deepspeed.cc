@@ -1161,7 +1161,7 @@ class Reader {
   Status ReadZero3(const std::vector<const PtFile*>& models,
                    const std::vector<const PtFile*>& optims, const std::vector<const PV*>& osds);
   Status ReadMoeZero12(const std::vector<const PtFile*>& optims,
-                       const std::vector<const PV*>& osds);
+                       const std::vector<const PV*>& osds, bool bf16_optimizer);
   Status AddFrozenFull(const PtFile& model);
   Status AddFrozenZero3(const std::vector<const PtFile*>& models);
   Status AddModule(const PtFile& model, bool zero3_placeholders);
@@ -1396,8 +1396,9 @@ std::optional<ExpertName> ParseExpertName(const std::string& name) {
                     std::stoll(name.substr(digits, end - digits))};
 }
 
-// MoE with ZeRO 1/2 (DeepSpeedEngine._save_moe_checkpoint + _save_zero_checkpoint; not in
-// deepspeed.md: from DeepSpeed's source, stage_1_and_2.py _configure_moe_settings,
+// MoE with ZeRO 1/2 or BF16_Optimizer (DeepSpeedEngine._save_moe_checkpoint +
+// _save_zero_checkpoint; not in deepspeed.md: from DeepSpeed's source, stage_1_and_2.py and
+// bf16_optimizer.py _configure_moe_settings (BF16_Optimizer since DeepSpeed PR #5259, 2024),
 // moe/utils.py split_params_into_different_moe_groups_for_optimizer, utils/groups.py
 // _create_expert_and_data_parallel). The param groups are the dense groups, then the expert
 // groups (name "ep_size_<E>", moe True). A dense group is cut over all W DP ranks like any
@@ -1410,7 +1411,7 @@ std::optional<ExpertName> ParseExpertName(const std::string& name) {
 // expert-parallel rank e is global expert e * (experts / E) + k, the name the expert files
 // use (_save_moe_checkpoint).
 Status Reader::ReadMoeZero12(const std::vector<const PtFile*>& optims,
-                             const std::vector<const PV*>& osds) {
+                             const std::vector<const PV*>& osds, bool bf16_optimizer) {
   const int64_t ws = static_cast<int64_t>(optims.size());
   std::optional<bool> data_before_expert;
   for (const PtFile* f : optims) {
@@ -1524,7 +1525,7 @@ Status Reader::ReadMoeZero12(const std::vector<const PtFile*>& optims,
       std::vector<RankPart> parts;
       for (size_t m : members) {
         FC_ASSIGN_OR_RETURN(RankPart p, LoadRankPart(*optims[m], osds[m], g, ngroups,
-                                                     optims[0]->name, /*bf16_optimizer=*/false));
+                                                     optims[0]->name, bf16_optimizer));
         parts.push_back(p);
       }
       const int64_t ps = parts[0].padded;
@@ -1912,9 +1913,9 @@ Status Reader::ReadRank(int64_t mp, RankFiles& rf) {
                                 "(zero_stage / fp32_flat_groups) nor BF16_Optimizer");
     }
     if (moe_) {
-      if (variant != "zero") {
-        // BF16_Optimizer / ZeRO-3 with MoE: not known how their expert groups lie in the
-        // files; the module and expert weights are read, the optimizer files are not.
+      if (variant == "zero3") {
+        // ZeRO-3 with MoE: not known how its expert groups lie in the files; the module and
+        // expert weights are read, the optimizer files are not.
         SetAttr("deepspeed.optimizer", "not read (MoE)", optims[0]->name);
         SetAttr("deepspeed.zero_stage", "not read (MoE)", optims[0]->name);
         if (rf.model == nullptr) {
@@ -1929,7 +1930,7 @@ Status Reader::ReadRank(int64_t mp, RankFiles& rf) {
       SetAttr("deepspeed.zero_stage", std::to_string(stage), optims[0]->name);
       SetAttr("deepspeed.optimizer", variant, optims[0]->name);
       SetAttr("deepspeed.dp_degree", std::to_string(optims.size()), optims[0]->name);
-      FC_RETURN_IF_ERROR(ReadMoeZero12(optims, osds));
+      FC_RETURN_IF_ERROR(ReadMoeZero12(optims, osds, variant == "bf16_optimizer"));
       return AddModule(*rf.model, false);
     }
     for (size_t r = 0; r < osds.size(); ++r) {

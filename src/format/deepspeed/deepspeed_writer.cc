@@ -1068,8 +1068,8 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
   return Status::Ok();
 }
 
-// MoE with ZeRO 1/2 at one model-parallel rank, no pipeline (the layout fc's reader reads,
-// fc/format/deepspeed.h): the dense groups are re-cut over the new DP size N; each expert
+// MoE with ZeRO 1/2 or BF16_Optimizer at one model-parallel rank, no pipeline (the layout
+// fc's reader reads, fc/format/deepspeed.h): the dense groups are re-cut over the new DP size N; each expert
 // group of ep_size E is re-cut, per expert-parallel rank e, over its new
 // expert-data-parallel group of N / E ranks. E and ds_config's
 // use_data_before_expert_parallelism stay (they are the model's and the config's), so rank
@@ -1091,8 +1091,8 @@ Status PlanMoeZero12(DsRepartition& job, Repartitioner& rp, const std::string& m
                          " (" + ranks.rbegin()->second + ")");
   }
   job.source_dp = ws;
-  job.variant = "zero";
   std::vector<SourceFile> files;
+  bool bf16 = false;  // BF16_Optimizer: no zero_stage, fp32 partitions saved padded
   std::optional<bool> data_before_expert;
   std::vector<int64_t> counts;
   PV::Ptr fragment_cls;
@@ -1103,9 +1103,14 @@ Status PlanMoeZero12(DsRepartition& job, Repartitioner& rp, const std::string& m
     if (osd == nullptr || !osd->is_dict()) {
       return DataLossError(sf.path + ": no optimizer_state_dict dict");
     }
-    if (osd->Find("fp32_flat_groups") || osd->Find("zero_stage") == nullptr) {
-      return UnimplementedError(sf.path + ": MoE with a ZeRO-3 or BF16_Optimizer optimizer: "
-                                "not re-partitioned (MoE: ZeRO stage 1/2 only)");
+    if (osd->Find("fp32_flat_groups")) {
+      return UnimplementedError(sf.path + ": MoE with ZeRO-3: not re-partitioned (MoE: ZeRO "
+                                "stage 1/2 and BF16_Optimizer)");
+    }
+    const bool this_bf16 = osd->Find("zero_stage") == nullptr;
+    if (r == 0) bf16 = this_bf16;
+    if (this_bf16 != bf16) {
+      return DataLossError(sf.path + ": zero_stage present in some DP ranks' files only");
     }
     const PV* base = osd->Find("base_optimizer_state");
     if (base == nullptr || !base->is_dict() || osd->Find("base_optimizer_state_step")) {
@@ -1152,6 +1157,7 @@ Status PlanMoeZero12(DsRepartition& job, Repartitioner& rp, const std::string& m
     files.push_back(std::move(sf));
   }
   if (!fragment_cls) fragment_cls = PickleGlobal("deepspeed.utils.tensor_fragment", "fragment_address");
+  job.variant = bf16 ? "bf16_optimizer" : "zero";
   const size_t ngroups = counts.size();
   // Per group: E, the old and new partition counts, and per expert-parallel rank the group's
   // flat buffer.
@@ -1198,16 +1204,19 @@ Status PlanMoeZero12(DsRepartition& job, Repartitioner& rp, const std::string& m
         FC_ASSIGN_OR_RETURN(Located l, LocateTensor(*parts[j], single->items[g].get(),
                                                     "single_partition_of_fp32_groups[" +
                                                         std::to_string(g) + "]"));
-        lean[j] = l.ref.shape[0];
+        const PV* pads = parts[j]->root.Find("optimizer_state_dict")->Find("group_paddings");
+        if (pads == nullptr || !pads->is_list() || pads->items.size() != ngroups ||
+            !pads->items[g]->is_int() || pads->items[g]->int_value < 0 ||
+            (bf16 && pads->items[g]->int_value > l.ref.shape[0])) {
+          return DataLossError(parts[j]->path + ": group_paddings is not a list of " +
+                               std::to_string(ngroups) + " paddings of its partitions");
+        }
+        // The real elements (BF16_Optimizer: the saved partition less its padding).
+        lean[j] = l.ref.shape[0] - (bf16 ? pads->items[g]->int_value : 0);
       }
       int64_t ps_old = 0;
       {
         const PV* pads = parts[0]->root.Find("optimizer_state_dict")->Find("group_paddings");
-        if (pads == nullptr || !pads->is_list() || pads->items.size() != ngroups ||
-            !pads->items[g]->is_int()) {
-          return DataLossError(parts[0]->path + ": group_paddings is not a list of " +
-                               std::to_string(ngroups) + " ints");
-        }
         ps_old = lean[0] + pads->items[g]->int_value;
       }
       int64_t at = 0;
@@ -1280,7 +1289,7 @@ Status PlanMoeZero12(DsRepartition& job, Repartitioner& rp, const std::string& m
           return DataLossError(sf.path + ": base_optimizer_state.state has no " + gl);
         }
         FC_RETURN_IF_ERROR(AddPartitionSources(
-            rp, sf, *single->items[g], *st, g, ps_old, lean[j], /*bf16=*/false, j == 0,
+            rp, sf, *single->items[g], *st, g, ps_old, lean[j], bf16, j == 0,
             "rank" + std::to_string(member(e, static_cast<int64_t>(j), count, mg.ep)) +
                 ".group" + std::to_string(g) + ".",
             &gs));
@@ -1310,7 +1319,7 @@ Status PlanMoeZero12(DsRepartition& job, Repartitioner& rp, const std::string& m
         return Repartitioner::PartitionOver(gs, sources, dtype, mg.old_count, count, j,
                                             gl + " " + what);
       };
-      singles.items.push_back(out.NewTensor(part(gs.fp32, gs.dtype, "fp32"), lean,
+      singles.items.push_back(out.NewTensor(part(gs.fp32, gs.dtype, "fp32"), bf16 ? ps : lean,
                                             gs.storage_class));
       ea[g] = out.NewTensor(part(gs.exp_avg, gs.state_dtype, "exp_avg"), ps,
                             gs.state_storage_class);
@@ -1385,7 +1394,7 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
   }
   if (!moe_files.empty() && !model3.empty()) {
     return UnimplementedError(job.tag_dir + ": MoE checkpoint (expert files) with ZeRO-3: not "
-                              "re-partitioned (MoE: ZeRO 1/2 at one model-parallel rank)");
+                              "re-partitioned (MoE: ZeRO 1/2 or BF16_Optimizer at one model-parallel rank)");
   }
   if (prefixes.size() > 1) {
     return DataLossError(job.tag_dir + ": optimizer files with different prefixes (" +
@@ -1429,7 +1438,7 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
     if (job.mp != 1 || layers || optim.empty()) {
       return UnimplementedError(job.tag_dir + ": MoE checkpoint (expert files) with tensor or "
                                 "pipeline parallelism, ZeRO-3 or no ZeRO optimizer files: not "
-                                "re-partitioned (MoE: ZeRO 1/2 at one model-parallel rank)");
+                                "re-partitioned (MoE: ZeRO 1/2 or BF16_Optimizer at one model-parallel rank)");
     }
     for (const std::string& n : moe_files) {
       job.copies.emplace_back(JoinPath(job.tag_dir, n), JoinPath(job.tag, n));

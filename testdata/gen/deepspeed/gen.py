@@ -37,6 +37,7 @@ Fixtures (each OUT_ROOT/<case>/ckpt is a DeepSpeed save dir with `latest` -> glo
                expert-data-parallel group (ranks e, e + 2), local names in the mappings
   moe_zero1_dbe  MoE with ZeRO-1: dp 6, ep 3, 6 experts, use_data_before_expert_parallelism
                (expert-DP groups {0,1}, {2,3}, {4,5})
+  moe_bf16     MoE with BF16_Optimizer: dp 4, ep 2, bf16 weights, padded fp32 partitions
   legacy       like frozen_tied, every file in torch.save's legacy (non-zip) format
 
 The 16-bit module weights of stage 0-2 are views of one flat 16-bit buffer (as DeepSpeed's
@@ -488,7 +489,8 @@ def gen_moe(out, case, seed):
 EXPERTS = "layers.1.moe.deepspeed_moe.experts.deepspeed_experts."
 
 
-def gen_moe_zero(out, case, stage, ws, ep, num_experts, seed, data_before_expert=False):
+def gen_moe_zero(out, case, stage, ws, ep, num_experts, seed, data_before_expert=False,
+                 bf16_optimizer=False):
     """MoE with ZeRO 1/2 (DeepSpeedEngine._save_moe_checkpoint + _save_zero_checkpoint), tp 1,
     `ws` data-parallel ranks, one MoE layer of `num_experts` experts over `ep` expert-parallel
     ranks (num_local = num_experts / ep, ep_size_<ep> groups partitioned over ws / ep ranks):
@@ -501,7 +503,9 @@ def gen_moe_zero(out, case, stage, ws, ep, num_experts, seed, data_before_expert
           names (deepspeed_experts.<k>), expert groups cut over the expert-data-parallel group
       expp_rank_E_mp_rank_00_optim_states.pt        {'optimizer': None} (ZeRO on)
     Rank R's expert-parallel rank: R % ep, its expert-DP rank R // ep (DeepSpeed's default);
-    with use_data_before_expert_parallelism in ds_config: R // (ws/ep) and R % (ws/ep)."""
+    with use_data_before_expert_parallelism in ds_config: R // (ws/ep) and R % (ws/ep).
+    bf16_optimizer: BF16_Optimizer (bf16 weights, no zero_stage, padded fp32 partitions,
+    bf16_ file prefix), which cuts expert groups the same way (its _configure_moe_settings)."""
     root = os.path.join(out, case, "ckpt")
     write_save_dir(root)
     tagdir = os.path.join(root, TAG)
@@ -514,21 +518,22 @@ def gen_moe_zero(out, case, stage, ws, ep, num_experts, seed, data_before_expert
     expert_params = [od(("fc1.weight", (3, 4)), ("fc2.weight", (4, 3))), od(("fc1.bias", (3,)),)]
     expert_groups = [od(*((EXPERTS + "%d.%s" % (k, n), s) for k in range(local)
                           for n, s in g.items())) for g in expert_params]
-    dense_osds, dense_flats = zero12_rank_states(dense, ws, seed, stage, False, {})
-    module = module_from_flats(dense, dense_flats, torch.float16)
+    dtype = torch.bfloat16 if bf16_optimizer else torch.float16
+    dense_osds, dense_flats = zero12_rank_states(dense, ws, seed, stage, bf16_optimizer, {})
+    module = module_from_flats(dense, dense_flats, dtype)
     per_ep = []
     for e in range(ep):
-        osds, flats = zero12_rank_states(expert_groups, cnt, seed + 100 * (e + 1), stage, False,
-                                         {})
+        osds, flats = zero12_rank_states(expert_groups, cnt, seed + 100 * (e + 1), stage,
+                                         bf16_optimizer, {})
         per_ep.append(osds)
-        weights = module_from_flats(expert_groups, flats, torch.float16)
+        weights = module_from_flats(expert_groups, flats, dtype)
         for k in range(local):
             g = e * local + k
             expert = collections.OrderedDict()
             for n in ("fc1.weight", "fc1.bias", "fc2.weight"):
                 expert[EXPERTS + "%d.%s" % (g, n)] = weights[EXPERTS + "%d.%s" % (k, n)].clone()
             save(expert, os.path.join(tagdir, "layer_0_expert_%d_mp_rank_00_model_states.pt" % g))
-    config = ds_config(stage, False)
+    config = ds_config(stage, bf16_optimizer)
     if data_before_expert:
         config["use_data_before_expert_parallelism"] = True
     sd = {"module": module, "lr_scheduler": None, "data_sampler": None, "random_ltd": None,
@@ -555,7 +560,8 @@ def gen_moe_zero(out, case, stage, ws, ep, num_experts, seed, data_before_expert
             osd[key] = d[key] + x[key]
         osd["partition_count"] = [ws, ws, cnt, cnt]
         save({"optimizer_state_dict": osd, "ds_config": config, "ds_version": DS_VERSION},
-             os.path.join(tagdir, "zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
+             os.path.join(tagdir, "%szero_pp_rank_%d_mp_rank_00_optim_states.pt" %
+                          ("bf16_" if bf16_optimizer else "", r)))
     for e in range(ep):
         save({"optimizer": None},
              os.path.join(tagdir, "expp_rank_%d_mp_rank_00_optim_states.pt" % e))
@@ -585,7 +591,7 @@ def reconstruct_moe_zero(tagdir, names):
         if "_expert_" in n:
             module.update(load(os.path.join(tagdir, n)))
     shapes.update({k: v.shape for k, v in module.items()})
-    optim = sorted((n for n in names if n.startswith("zero_pp_rank_")),
+    optim = sorted((n for n in names if "zero_pp_rank_" in n),
                    key=lambda n: int(n.split("zero_pp_rank_")[1].split("_")[0]))
     files = [load(os.path.join(tagdir, n)) for n in optim]
     states = [f["optimizer_state_dict"] for f in files]
@@ -599,13 +605,16 @@ def reconstruct_moe_zero(tagdir, names):
         ep = ws // cnt
         for e in range(ep):
             ranks = [e * cnt + j if dbe else e + j * ep for j in range(cnt)]
-            full = torch.cat([states[r]["single_partition_of_fp32_groups"][g] for r in ranks])
+            # BF16_Optimizer (no zero_stage) saves the padded partition: strip the padding.
+            lean = [states[r]["single_partition_of_fp32_groups"][g].numel() -
+                    (0 if "zero_stage" in states[r] else states[r]["group_paddings"][g])
+                    for r in ranks]
+            full = torch.cat([states[r]["single_partition_of_fp32_groups"][g][:n]
+                              for r, n in zip(ranks, lean)])
             opt = {}
             for key in ("exp_avg", "exp_avg_sq"):
-                opt[key] = torch.cat([
-                    states[r]["base_optimizer_state"]["state"][g][key][
-                        :states[r]["single_partition_of_fp32_groups"][g].numel()]
-                    for r in ranks])
+                opt[key] = torch.cat([states[r]["base_optimizer_state"]["state"][g][key][:n]
+                                      for r, n in zip(ranks, lean)])
             order = []
             for r in ranks:
                 for name in states[r]["param_slice_mappings"][g]:
@@ -626,7 +635,7 @@ def reconstruct_moe_zero(tagdir, names):
     # The 16-bit weights DeepSpeed saves are its fp32 master weights cast: a wrong rank
     # mapping or renaming would break this.
     for k, v in module.items():
-        assert torch.equal(sd[k].half(), v), k
+        assert torch.equal(sd[k].to(v.dtype), v), k
     return with_module_and_states(sd, module, keys)
 
 
@@ -728,7 +737,7 @@ def reconstruct(ckpt):
     if not mp_files:  # stage 3
         return reconstruct_zero3(tagdir, names)
     if any("_expert_" in n for n in names):
-        if any(n.startswith("zero_pp_rank_") for n in names):
+        if any("zero_pp_rank_" in n for n in names):
             return reconstruct_moe_zero(tagdir, names)
         return reconstruct_moe(tagdir, names)
     if any(n.startswith("layer_") for n in names):
@@ -1095,7 +1104,8 @@ DP_CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied"]
 
 # MoE fixtures: (stage, own DP size, ep, experts, seed, use_data_before_expert_parallelism);
 # the values do not depend on the DP size.
-MOE_CASES = {"moe_zero2": (2, 4, 2, 4, 15, False), "moe_zero1_dbe": (1, 6, 3, 6, 16, True)}
+MOE_CASES = {"moe_zero2": (2, 4, 2, 4, 15, False), "moe_zero1_dbe": (1, 6, 3, 6, 16, True),
+             "moe_bf16": (1, 4, 2, 4, 17, False)}
 
 
 def gen_at_dp(out, case, dp=None):
@@ -1103,7 +1113,7 @@ def gen_at_dp(out, case, dp=None):
     if case in MOE_CASES:
         stage, ws, ep, experts, seed, dbe = MOE_CASES[case]
         gen_moe_zero(out, case, stage, ws=dp or ws, ep=ep, num_experts=experts, seed=seed,
-                     data_before_expert=dbe)
+                     data_before_expert=dbe, bf16_optimizer=case == "moe_bf16")
         return
     g1 = [od(("embed.weight", (6, 4)), ("layer.weight", (4, 4)), ("layer.bias", (4,)),
              ("head.weight", (3, 4)))]
@@ -1237,6 +1247,7 @@ def generate(out):
     gen_moe(out, "moe", seed=12)
     gen_at_dp(out, "moe_zero2")
     gen_at_dp(out, "moe_zero1_dbe")
+    gen_at_dp(out, "moe_bf16")
     # checkpoint_serialization: false -> every file in torch.save's legacy format.
     LEGACY[0] = True
     try:
@@ -1251,7 +1262,7 @@ def generate(out):
 
 CASES = ["zero1", "zero2", "bf16", "tp2", "frozen_tied", "zero3", "pp2", "pp2_tp2", "tp2_ucp",
          "tp2_avg", "ucp", "ucp_tp2", "ucp_zero3", "moe", "legacy", "tp2_fused", "tp2_fused_v02",
-         "ucp_tp2_fused", "moe_zero2", "moe_zero1_dbe"]
+         "ucp_tp2_fused", "moe_zero2", "moe_zero1_dbe", "moe_bf16"]
 
 
 def same_value(x, y):

@@ -24,7 +24,7 @@ using testing::WriteFileBytes;
 const char* kCases[] = {"zero1", "zero2", "bf16",    "tp2",    "frozen_tied",
                         "zero3", "pp2",   "pp2_tp2", "tp2_ucp", "tp2_avg", "ucp",
                         "ucp_tp2", "ucp_zero3", "moe", "legacy", "tp2_fused",
-                        "tp2_fused_v02", "ucp_tp2_fused", "moe_zero2", "moe_zero1_dbe"};
+                        "tp2_fused_v02", "ucp_tp2_fused", "moe_zero2", "moe_zero1_dbe", "moe_bf16"};
 
 std::string Fixture(const std::string& name) {
   const char* root = std::getenv("FC_TESTDATA");
