@@ -267,6 +267,14 @@ def case_errors():
     sd["ds_config"]["zero_optimization"]["round_robin_gradients"] = True
     torch.save(sd, path)
     refused(rr, 6, ["round_robin_gradients"])
+    # MoE model states carry no ds_config: the optimizer files' copy says it.
+    rr = os.path.join(tmp, "moe-rr")
+    shutil.copytree(ckpt("moe_zero2"), rr)
+    path = os.path.join(tag_dir(rr), "zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    sd = load(path)
+    sd["ds_config"]["zero_optimization"]["round_robin_gradients"] = True
+    torch.save(sd, path)
+    refused(rr, 6, ["round_robin_gradients", "zero_pp_rank_1_mp_rank_00_optim_states.pt"], dp="2")
     # An OUT that is not empty: exit 8, nothing written into it.
     busy = os.path.join(tmp, "busy")
     os.makedirs(busy)

@@ -808,6 +808,7 @@ Status AddModelStates(DsRepartition& job, const std::string& model_name,
 // round_robin_gradients orders each group's params by k % dp (deepspeed.md 3.1 step 2): at
 // another DP size the flat buffer holds them in another order.
 Status CheckNoRoundRobin(const SourceFile& model) {
+  // (MoE model states carry no ds_config; the optimizer files' copy is checked too.)
   if (const PV* cfg = model.root.Find("ds_config"); cfg && cfg->is_dict()) {
     const PV* z = cfg->Find("zero_optimization");
     const PV* rr = z && z->is_dict() ? z->Find("round_robin_gradients") : nullptr;
@@ -1099,6 +1100,7 @@ Status PlanMoeZero12(DsRepartition& job, Repartitioner& rp, const std::string& m
   for (const auto& [r, name] : ranks) {
     FC_ASSIGN_OR_RETURN(SourceFile sf, OpenSource(job.tag_dir, name));
     rp.AddFile(sf);
+    FC_RETURN_IF_ERROR(CheckNoRoundRobin(sf));
     const PV* osd = sf.root.Find("optimizer_state_dict");
     if (osd == nullptr || !osd->is_dict()) {
       return DataLossError(sf.path + ": no optimizer_state_dict dict");
