@@ -61,9 +61,11 @@ int main(int argc, char** argv) {
                  "after the run, write measured figures (bytes read/written, calls, peak "
                  "buffers, seconds per process) as JSON to this file");
   app.add_option("--weights", options.weights,
-                 "DeepSpeed input: which weights to export under the parameter names: fp32 "
+                 "which weights to export under the parameter names. DeepSpeed input: fp32 "
                  "(default; the fp32 master weights from the ZeRO optimizer files) or module "
-                 "(the 16-bit module weights of the model states)")
+                 "(the 16-bit module weights of the model states). Megatron legacy input: "
+                 "module (default; the model weights) or fp32 (the distributed optimizer's "
+                 "master weights from distrib_optim.pt)")
       ->check(CLI::IsMember({"fp32", "module"}));
   bool follow_symlinks = false;
   app.add_flag("--follow-symlinks", follow_symlinks,

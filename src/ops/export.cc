@@ -13,6 +13,7 @@
 #include "fc/exec/parallel.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/deepspeed.h"
+#include "fc/format/megatron.h"
 #include "fc/format/open.h"
 #include "fc/format/safetensors.h"
 #include "fc/io/file.h"
@@ -156,8 +157,20 @@ Status BuildExportPlan(const ExportOptions& options, int processes,
                                                                       ? "fp32"
                                                                       : options.weights));
     FC_RETURN_IF_ERROR(SelectDeepSpeedWeights(w, &p.index));
+  } else if (p.index.format == CheckpointFormat::kMegatronLegacy && !options.weights.empty()) {
+    // Plain names: the model weights (default, what Megatron's converters export) or the
+    // distributed optimizer's fp32 master weights.
+    FC_ASSIGN_OR_RETURN(DeepSpeedWeights w, ParseDeepSpeedWeights(options.weights));
+    if (w == DeepSpeedWeights::kFp32) FC_RETURN_IF_ERROR(SelectMegatronMasterWeights(&p.index));
   } else if (!options.weights.empty()) {
-    return InvalidArgumentError("--weights applies to DeepSpeed checkpoints only");
+    return InvalidArgumentError("--weights applies to DeepSpeed and Megatron checkpoints only");
+  }
+  if (options.include_optimizer && p.index.format == CheckpointFormat::kMegatronLegacy) {
+    auto d = p.index.attributes.find("megatron.distrib_optim");
+    if (d != p.index.attributes.end() && d->second.find(", not read") != std::string::npos) {
+      spdlog::warn("{}: the distributed optimizer's states are not exported: distrib_optim.pt {}",
+                   p.index.root, d->second);
+    }
   }
   const CheckpointIndex& index = p.index;
   FC_ASSIGN_OR_RETURN(NameFilter filter, NameFilter::Compile(options.include, options.exclude));

@@ -3,7 +3,12 @@
 safetensors reader (fcio: json + numpy) and compared element by element with the full tensors
 the generator cut the ranks from (expected/*.npy).
 
-usage: megatron_test.py BUILD_ROOT TESTDATA CASE   (CASE: export|inspect|errors|source_layout)
+The distributed optimizer's states (distrib_optim.pt: fp32 master weights and Adam moments)
+are compared with expected_optimizer/*.npy, and every master weight is checked to round to
+its bf16 model weight.
+
+usage: megatron_test.py BUILD_ROOT TESTDATA CASE
+       (CASE: export|inspect|errors|source_layout|optimizer)
 """
 import json
 import os
@@ -23,15 +28,24 @@ BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 EXPORT = os.path.join(BUILD, "tools", "fc-export")
 INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
 ROOT = os.path.join(TESTDATA, "megatron_legacy")
-CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2"]
+CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
+         "gpt_vpp2_tied"]
+OPTIMIZER_CASES = ["gpt_tp2_pp2", "gpt_vpp2_tied"]
 tmp = tempfile.mkdtemp(prefix="fc-megatron-test-")
+
+
+def expected_optimizer(label):
+    d = os.path.join(ROOT, label, "expected_optimizer")
+    if not os.path.isdir(d):
+        return {}
+    return {f[:-4]: np.load(os.path.join(d, f)) for f in sorted(os.listdir(d))}
 
 
 def check_same(got, expected, label):
     assert sorted(got) == sorted(expected), (label, sorted(set(got) ^ set(expected)))
     for name, want in expected.items():
         dt, arr = got[name]
-        assert dt == "BF16", (label, name, dt)
+        assert dt == ("F32" if want.dtype == np.float32 else "BF16"), (label, name, dt)
         assert tuple(arr.shape) == tuple(want.shape), (label, name, arr.shape, want.shape)
         assert np.array_equal(fcio.bits(arr), fcio.bits(want)), f"{label}: {name} differs"
 
@@ -62,7 +76,8 @@ def case_inspect():
             "gpt_tp1": ("3", "1", "1", "1", "release"),
             "gpt_pp2_vpp2": ("7", "1", "2", "1", "iter_0000007"),
             "moe_tp2_ep2": ("5", "2", "1", "2", "iter_0000005"),
-            "legacy_tp2_pp2": ("9", "2", "2", "1", "iter_0000009")}
+            "legacy_tp2_pp2": ("9", "2", "2", "1", "iter_0000009"),
+            "gpt_vpp2_tied": ("11", "1", "2", "1", "iter_0000011")}
     for label in CASES:
         ckpt = os.path.join(ROOT, label, "ckpt")
         j = json.loads(fcio.run([INSPECT, ckpt, "--json"]).stdout)
@@ -73,6 +88,7 @@ def case_inspect():
                 a["megatron.ep_degree"], a["megatron.checkpoint_dir"]) == want[label], (label, a)
         assert a["megatron.checkpoint_version"] == "3.0", (label, a)
         exp = fcio.expected_values(os.path.join(ROOT, label))
+        exp.update(expected_optimizer(label))
         assert sorted(t["key"] for t in j["tensors"]) == sorted(exp), label
         for t in j["tensors"]:
             assert t["global_shape"] == list(exp[t["key"]].shape), (label, t)
@@ -83,7 +99,7 @@ def case_inspect():
             assert s in text, (label, s, text)
         print("ok inspect", label)
     text = fcio.run([INSPECT, os.path.join(ROOT, "gpt_tp2_pp2", "ckpt")]).stdout
-    assert "megatron.swiglu true" in text and "megatron.distrib_optim 4 files, not read" in text
+    assert "megatron.swiglu true" in text and "megatron.distrib_optim 4 files, read" in text
     assert "megatron.core.transformer.enums.AttnBackend" in text, text  # opaque, reported
 
 
@@ -161,6 +177,54 @@ def case_source_layout():
     p = fcio.run([INSPECT, ckpt, "--source-layout", typo], expect=3)
     assert "tensor_paralel" in p.stderr and "typo.json" in p.stderr, p.stderr
     print("ok source_layout")
+
+
+def case_optimizer():
+    """The distributed optimizer's states: --include-optimizer exports them (fp32), --weights
+    fp32 puts the master weights under the param names; a distrib_optim.pt that does not
+    belong to its rank is not read, and the tools say so."""
+    for label in OPTIMIZER_CASES:
+        ckpt = os.path.join(ROOT, label, "ckpt")
+        model = fcio.expected_values(os.path.join(ROOT, label))
+        optim = expected_optimizer(label)
+        out = os.path.join(tmp, label + "_opt")
+        fcio.run([EXPORT, ckpt, out, "--quiet", "--include-optimizer"])
+        got, _ = fcio.read_hf_dir(out)
+        check_same(got, dict(model, **optim), label)
+        # Independent of fc's layout: each master weight rounds to its bf16 model weight.
+        for name, want in model.items():
+            master = optim["optimizer.fp32." + name]
+            assert np.array_equal(fcio.f32_to_bf16_bits(master).reshape(want.shape),
+                                  want.view(np.uint16)), (label, name)
+        out = os.path.join(tmp, label + "_fp32")
+        fcio.run([EXPORT, ckpt, out, "--quiet", "--weights", "fp32"])
+        got, _ = fcio.read_hf_dir(out)
+        check_same(got, {n: optim["optimizer.fp32." + n] for n in model}, label + " fp32")
+        # --weights module is the default.
+        out = os.path.join(tmp, label + "_module")
+        fcio.run([EXPORT, ckpt, out, "--quiet", "--weights", "module"])
+        got, _ = fcio.read_hf_dir(out)
+        check_same(got, model, label + " module")
+        print("ok optimizer", label)
+    # Stage 0's TP ranks' optimizer files swapped: not read, reported; the weights still export.
+    save = os.path.join(tmp, "swapped")
+    shutil.copytree(os.path.join(ROOT, "gpt_tp2_pp2", "ckpt"), save)
+    it = os.path.join(save, "iter_0000003")
+    a, b = (os.path.join(it, d, "distrib_optim.pt") for d in ("mp_rank_00_000", "mp_rank_01_000"))
+    os.rename(a, a + ".x")
+    os.rename(b, a)
+    os.rename(a + ".x", b)
+    text = fcio.run([INSPECT, save]).stdout
+    assert "megatron.distrib_optim 4 files, not read: mp_rank_00_000/distrib_optim.pt" in text, text
+    assert "optimizer.fp32." not in text, text
+    p = fcio.run([EXPORT, save, os.path.join(tmp, "sw"), "--include-optimizer"])
+    assert "distributed optimizer's states are not exported" in p.stderr, p.stderr
+    got, _ = fcio.read_hf_dir(os.path.join(tmp, "sw"))
+    check_same(got, fcio.expected_values(os.path.join(ROOT, "gpt_tp2_pp2")), "swapped")
+    p = fcio.run([EXPORT, save, os.path.join(tmp, "sw32"), "--weights", "fp32"], expect=6)
+    assert "no fp32 master weights" in p.stderr and "not read" in p.stderr, p.stderr
+    assert not os.path.exists(os.path.join(tmp, "sw32", "model.safetensors"))
+    print("ok optimizer not read")
 
 
 try:

@@ -118,6 +118,12 @@ struct MegatronReadOptions {
 Result<CheckpointIndex> ReadMegatronLegacyCheckpoint(const std::string& path,
                                                      MegatronReadOptions options = {});
 
+// fc-export --weights fp32 on a Megatron index: each param's fp32 master weight
+// (optimizer.fp32.<name>) replaces its model weight <name>; the optimizer.fp32.* entries are
+// dropped, the Adam moments kept. Errors: kUnimplemented naming megatron.distrib_optim's
+// reason when the index has no master weights; kInvalidArgument for another format.
+Status SelectMegatronMasterWeights(CheckpointIndex* index);
+
 }  // namespace fc
 
 #endif  // FC_FORMAT_MEGATRON_H_

@@ -12,20 +12,24 @@
 #include "fc/format/megatron.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "fc/codec/pickle_globals.h"
 #include "fc/core/checked_math.h"
+#include "fc/core/dtype_convert.h"
 #include "fc/format/file_names.h"
 #include "fc/format/torch_save.h"
 #include "fc/io/file.h"
+#include "src/format/megatron/distrib_optim_layout.h"
 
 namespace fc {
 namespace {
@@ -250,8 +254,10 @@ struct RankFile {
   }
 };
 
+// `state_dict`: the root must be a dict (model_optim_rng.pt); distrib_optim.pt may also be
+// a list (a ChainedOptimizer's).
 Result<std::unique_ptr<RankFile>> OpenRankFile(const std::string& dir, const std::string& rel,
-                                               uint32_t index) {
+                                               uint32_t index, bool state_dict = true) {
   auto rf = std::make_unique<RankFile>();
   rf->rel = rel;
   rf->index = index;
@@ -273,7 +279,7 @@ Result<std::unique_ptr<RankFile>> OpenRankFile(const std::string& dir, const std
   auto root = ReadTorchSavePickle(rf->archive, read, kMaxPickleBytes);
   if (!root.ok()) return root.status().With(rel);
   rf->root = std::move(*root);
-  if (DictEntries(&rf->root) == nullptr) {
+  if (state_dict && DictEntries(&rf->root) == nullptr) {
     return DataLossError(rel + ": the saved object is " + rf->root.DebugString() +
                          ", expected Megatron's state dict (a dict with args, model, ...)");
   }
@@ -395,6 +401,76 @@ Status FlattenStateDict(const RankFile& f, const PV& dict, const std::string& pr
   return Status::Ok();
 }
 
+// --- distrib_optim.pt -------------------------------------------------------------------
+
+// The value under integer key `key` of a dict (the file's buffer index), or nullptr.
+const PV* FindIntKey(const PV& dict, int64_t key) {
+  const Entries* entries = DictEntries(&dict);
+  if (entries == nullptr) return nullptr;
+  const PV* found = nullptr;
+  for (const auto& [k, v] : *entries) {
+    if (k && k->is_int() && k->int_value == key) found = v.get();
+  }
+  return found;
+}
+
+// A pickled torch dtype (GLOBAL torch.<name>), or nullopt.
+std::optional<DType> TorchDTypeOf(const PV* v) {
+  if (v == nullptr || v->kind != PV::Kind::kGlobal || v->str != "torch") return std::nullopt;
+  auto d = TorchDTypeFromName(v->name);
+  if (!d.ok()) return std::nullopt;
+  return *d;
+}
+
+// File offset of the element at row-major position `flat` of a located tensor.
+uint64_t ElementOffset(const Located& l, int64_t flat) {
+  int64_t pos = 0;
+  for (size_t d = l.shape.size(); d-- > 0;) {
+    pos += (flat % l.shape[d]) * l.strides[d];
+    flat /= l.shape[d];
+  }
+  return l.first + static_cast<uint64_t>(pos) * DTypeSize(l.dtype);
+}
+
+std::string Hex(uint64_t bits, size_t bytes) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s = "0x";
+  for (size_t i = bytes * 2; i-- > 0;) s += kDigits[(bits >> (4 * i)) & 0xf];
+  return s;
+}
+
+// Megatron copies the fp32 main params into the model params after every step (a cast,
+// round to nearest even), so a param's saved model weight is its master weight in the
+// model's dtype. Checks that on the first and last few elements of every param: a layout
+// that puts any param at a wrong offset fails here. kDataLoss names the param and values.
+Status CheckMasterRoundsToModel(const RandomAccessFile& optim_file, const Located& master,
+                                const RandomAccessFile& model_file, const Located& model,
+                                const std::string& name) {
+  constexpr int64_t kEnds = 4;
+  int64_t n = 1;
+  for (int64_t d : model.shape) n *= d;
+  const size_t item = DTypeSize(model.dtype);
+  for (int64_t i = 0; i < n; i = (i + 1 == kEnds && n > 2 * kEnds) ? n - kEnds : i + 1) {
+    float m = 0;
+    FC_RETURN_IF_ERROR(optim_file.ReadAt(master.first + static_cast<uint64_t>(i) * 4,
+                                         std::as_writable_bytes(std::span(&m, 1))));
+    uint64_t want = 0, got = 0;
+    FC_RETURN_IF_ERROR(ConvertElements(&m, DType::kFloat32, &want, model.dtype, 1));
+    FC_RETURN_IF_ERROR(model_file.ReadAt(ElementOffset(model, i),
+                                         std::as_writable_bytes(std::span(&got, 1)).first(item)));
+    const bool both_nan = m != m && [&] {
+      float back = 0;
+      return ConvertElements(&got, model.dtype, &back, DType::kFloat32, 1).ok() && back != back;
+    }();
+    if (want != got && !both_nan) {
+      return DataLossError("'" + name + "' element " + std::to_string(i) + ": the fp32 value " +
+                           std::to_string(m) + " rounds to " + Hex(want, item) + ", the model holds " +
+                           Hex(got, item));
+    }
+  }
+  return Status::Ok();
+}
+
 // --- The reader --------------------------------------------------------------------------
 
 struct Degrees {
@@ -420,6 +496,17 @@ class Reader {
   // caller's rules (options_.tp_axis).
   Result<RoleInfo> TpRole(const std::string& name, const Located& l0) const;
 
+  // distrib_optim.pt of every rank: fills optim_. An error says why the states are not
+  // read (the model weights never depend on them).
+  using Grid = std::map<std::tuple<int64_t, int64_t, int64_t>, const RankFile*>;  // p, e, t
+  using Pieces = std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::vector<Piece>>;
+  Status ReadDistribOptim(const Grid& grid, const Pieces& pieces, const Degrees& deg,
+                          int64_t vpp);
+  Status ReadRankDistribOptim(const RankFile& model, const Pieces& pieces, int64_t p, int64_t t,
+                              const Degrees& deg, int64_t vpp);
+  // The candidate layouts of model chunk v of stage p: what args say, both alignments.
+  Result<std::vector<BufferLayoutRule>> LayoutCandidates(int64_t p, int64_t v) const;
+
   MegatronReadOptions options_;
   std::string dir_;
   CheckpointIndex index_;
@@ -427,7 +514,220 @@ class Reader {
   const PV* args_ = nullptr;
   std::string args_file_;
   std::set<std::string> unmerged_;
+  // (p, e, t, v, local name) -> the param's fp32 master weight, exp_avg, exp_avg_sq.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, std::string>, std::array<Located, 3>>
+      optim_;
+  std::set<std::string> optim_layouts_;  // the rules that matched, for the attribute
 };
+
+constexpr std::array<std::string_view, 3> kOptimRoles = {"fp32", "exp_avg", "exp_avg_sq"};
+constexpr std::array<std::string_view, 3> kOptimKeys = {"param", "exp_avg", "exp_avg_sq"};
+
+std::string RuleText(const BufferLayoutRule& r) {
+  return "params aligned to " + std::to_string(r.param_alignment) + " elements, " +
+         (r.bucket_size ? "buckets of " + std::to_string(*r.bucket_size) + " elements"
+                        : std::string("one bucket"));
+}
+
+Result<std::vector<BufferLayoutRule>> Reader::LayoutCandidates(int64_t p, int64_t v) const {
+  std::vector<std::optional<int64_t>> sizes;
+  const std::optional<bool> overlap = BoolOf(args_ ? args_->Find("overlap_grad_reduce") : nullptr);
+  const std::optional<bool> with_step =
+      BoolOf(args_ ? args_->Find("overlap_param_gather_with_optimizer_step") : nullptr);
+  // Megatron disables bucketing without overlap_grad_reduce, after the first pipeline stage,
+  // after the first model chunk, and with overlap_param_gather_with_optimizer_step.
+  if (!overlap.value_or(false) || p > 0 || v > 0 || with_step.value_or(false)) {
+    sizes.push_back(std::nullopt);
+  } else if (auto b = ArgInt("ddp_bucket_size")) {
+    sizes.push_back(*b);
+  } else if (auto nb = ArgInt("ddp_num_buckets")) {
+    return UnimplementedError(args_file_ + ": args.ddp_num_buckets " + std::to_string(*nb) +
+                              " (bucket size from the parameter count): fc does not "
+                              "recompute that layout");
+  } else {
+    // Megatron's default, max(40M, 1M x DP), with DP counted with or without context
+    // parallelism depending on the version: both are tried.
+    const int64_t dp = std::max<int64_t>(ArgInt("data_parallel_size").value_or(1), 1);
+    const int64_t cp = std::max<int64_t>(ArgInt("context_parallel_size").value_or(1), 1);
+    sizes.push_back(std::max<int64_t>(40000000, 1000000 * dp));
+    if (cp > 1) sizes.push_back(std::max<int64_t>(40000000, 1000000 * dp * cp));
+  }
+  std::vector<BufferLayoutRule> out;
+  for (int64_t align : {64, 1}) {
+    for (const auto& size : sizes) out.push_back(BufferLayoutRule{align, size});
+  }
+  return out;
+}
+
+Status Reader::ReadDistribOptim(const Grid& grid, const Pieces& pieces, const Degrees& deg,
+                                int64_t vpp) {
+  for (const auto& [key, list] : pieces) {
+    for (const Piece& pc : list) {
+      if (ExpertOf(Split(pc.name, '.'))) {
+        return UnimplementedError("MoE: the expert params have an optimizer of their own (a "
+                                  "ChainedOptimizer), a layout fc does not read yet");
+      }
+    }
+  }
+  for (const auto& [pet, f] : grid) {
+    const auto [p, e, t] = pet;
+    FC_RETURN_IF_ERROR(ReadRankDistribOptim(*f, pieces, p, t, deg, vpp));
+  }
+  return Status::Ok();
+}
+
+Status Reader::ReadRankDistribOptim(const RankFile& model, const Pieces& pieces, int64_t p,
+                                    int64_t t, const Degrees& deg, int64_t vpp) {
+  const std::string rank_dir = model.rel.substr(0, model.rel.find('/'));
+  const std::string rel = rank_dir + "/" + std::string(kDistribOptimFile);
+  if (!PathExists(dir_ + "/" + rel)) {
+    return NotFoundError(rel + " is missing (other ranks have theirs)");
+  }
+  FC_ASSIGN_OR_RETURN(std::unique_ptr<RankFile> f,
+                      OpenRankFile(dir_, rel, static_cast<uint32_t>(files_.size()), false));
+  const PV* root = &f->root;
+  if (root->is_list()) {
+    // A ChainedOptimizer saves one entry per optimizer.
+    if (root->items.size() != 1 || !root->items[0]) {
+      return UnimplementedError(rel + " holds " + std::to_string(root->items.size()) +
+                                " optimizers (a ChainedOptimizer: MoE or "
+                                "overlap_param_gather_with_optimizer_step); fc reads one");
+    }
+    root = root->items[0].get();
+  }
+  if (DictEntries(root) == nullptr) {
+    return DataLossError(rel + ": the saved object is " + root->DebugString() +
+                         ", expected the distributed optimizer's parameter state");
+  }
+  const std::optional<bool> coalesced = BoolOf(root->Find("buckets_coalesced"));
+  if (!coalesced.value_or(false)) {
+    return UnimplementedError(rel + ": no 'buckets_coalesced' (saved by Megatron before "
+                              "February 2024, per-bucket tensors); fc reads the coalesced "
+                              "form only");
+  }
+  // The rank's buffers: each model chunk's params grouped by dtype (first seen first).
+  struct Buffer {
+    int64_t v = 0;
+    DType dtype = DType::kFloat32;
+    std::vector<const Piece*> params;
+    std::vector<Located> located;
+  };
+  std::vector<Buffer> buffers;
+  for (int64_t v = 0; v < vpp; ++v) {
+    const size_t first = buffers.size();
+    for (const Piece& pc : pieces.at({p, 0, t, v})) {
+      FC_ASSIGN_OR_RETURN(Located l, model.Locate(*pc.value, "'" + pc.name + "'"));
+      size_t b = first;
+      while (b < buffers.size() && buffers[b].dtype != l.dtype) ++b;
+      if (b == buffers.size()) buffers.push_back(Buffer{v, l.dtype, {}, {}});
+      buffers[b].params.push_back(&pc);
+      buffers[b].located.push_back(std::move(l));
+    }
+  }
+  int64_t saved_buffers = 0;
+  for (const auto& [k, v] : *DictEntries(root)) {
+    if (k && k->is_int()) ++saved_buffers;
+  }
+  if (saved_buffers != static_cast<int64_t>(buffers.size())) {
+    return DataLossError(rel + " holds " + std::to_string(saved_buffers) + " buffers; the " +
+                         std::to_string(vpp) + " model chunk(s) of " + model.rel + " make " +
+                         std::to_string(buffers.size()) + " (one per chunk and dtype)");
+  }
+  const std::optional<bool> untie =
+      BoolOf(args_ ? args_->Find("untie_embeddings_and_output_weights") : nullptr);
+  const bool shared_embeddings = deg.pp > 1 && !untie.value_or(false);
+  for (size_t g = 0; g < buffers.size(); ++g) {
+    Buffer& b = buffers[g];
+    const std::string where = rel + " buffer " + std::to_string(g);
+    const PV* by_dtype = FindIntKey(*root, static_cast<int64_t>(g));
+    const Entries* entries = DictEntries(by_dtype);
+    if (entries == nullptr || entries->size() != 1 || !(*entries)[0].first ||
+        !(*entries)[0].second) {
+      return DataLossError(where + ": expected {dtype: states}, found " +
+                           (by_dtype ? by_dtype->DebugString() : std::string("nothing")));
+    }
+    // The key: (param dtype, grad dtype), or (older) the grad dtype alone.
+    const PV& dkey = *(*entries)[0].first;
+    const PV* param_dtype = dkey.is_tuple() && dkey.items.size() == 2 ? dkey.items[0].get() : nullptr;
+    if (param_dtype != nullptr && TorchDTypeOf(param_dtype) != b.dtype) {
+      return DataLossError(where + " is for " + dkey.DebugString() + " params, the model chunk's are " +
+                           std::string(DTypeName(b.dtype)));
+    }
+    if (param_dtype == nullptr && !TorchDTypeOf(&dkey)) {
+      return DataLossError(where + ": unexpected key " + dkey.DebugString());
+    }
+    const PV& states = *(*entries)[0].second;
+    const std::optional<int64_t> numel = IntOf(states.Find("numel_unpadded"));
+    if (!numel || *numel < 0) {
+      return DataLossError(where + ": no numel_unpadded");
+    }
+    std::array<Located, 3> flat;
+    for (size_t r = 0; r < 3; ++r) {
+      const PV* tensor = states.Find(kOptimKeys[r]);
+      if (tensor == nullptr || !LooksLikeTensor(*tensor)) {
+        return DataLossError(where + ": no '" + std::string(kOptimKeys[r]) + "' tensor");
+      }
+      FC_ASSIGN_OR_RETURN(flat[r], f->Locate(*tensor, "buffer " + std::to_string(g) + " '" +
+                                                           std::string(kOptimKeys[r]) + "'"));
+      if (flat[r].dtype != DType::kFloat32 || flat[r].shape != Shape{*numel} || !flat[r].contiguous) {
+        return DataLossError(flat[r].where + " is " + std::string(DTypeName(flat[r].dtype)) + " " +
+                             ShapeText(flat[r].shape) + ", expected contiguous float32 [" +
+                             std::to_string(*numel) + "] (numel_unpadded)");
+      }
+    }
+    std::vector<BufferParam> params;
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      const std::string& n = b.params[i]->name;
+      int64_t count = 1;
+      for (int64_t d : b.located[i].shape) count *= d;
+      params.push_back(BufferParam{count, shared_embeddings && (n.ends_with("word_embeddings.weight") ||
+                                                                n.ends_with("output_layer.weight"))});
+    }
+    FC_ASSIGN_OR_RETURN(std::vector<BufferLayoutRule> rules, LayoutCandidates(p, b.v));
+    std::string tried;
+    std::optional<CoalescedLayout> found;
+    for (const BufferLayoutRule& rule : rules) {
+      FC_ASSIGN_OR_RETURN(CoalescedLayout layout, CoalescedBufferLayout(params, rule));
+      Status ok = Status::Ok();
+      if (layout.numel_unpadded != *numel) {
+        ok = DataLossError("makes " + std::to_string(layout.numel_unpadded) + " elements, the file has " +
+                           std::to_string(*numel));
+      }
+      for (size_t i = 0; ok.ok() && i < params.size(); ++i) {
+        Located master = flat[0];
+        master.first += static_cast<uint64_t>(layout.offsets[i]) * 4;
+        ok = CheckMasterRoundsToModel(*f->file, master, *model.file, b.located[i],
+                                      b.params[i]->name);
+      }
+      if (ok.ok()) {
+        found = std::move(layout);
+        optim_layouts_.insert(RuleText(rule));
+        break;
+      }
+      tried += "; " + RuleText(rule) + ": " + ok.message();
+    }
+    if (!found) {
+      return DataLossError(where + ": no Megatron buffer layout fits (params of " + model.rel +
+                           " in reverse order" + tried + ")");
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::array<Located, 3> states3;
+      for (size_t r = 0; r < 3; ++r) {
+        Located& l = states3[r];
+        l = flat[r];
+        l.shape = b.located[i].shape;
+        l.strides.assign(l.shape.size(), 1);
+        for (size_t d = l.shape.size(); d-- > 1;) l.strides[d - 1] = l.strides[d] * l.shape[d];
+        l.first += static_cast<uint64_t>(found->offsets[i]) * 4;
+        l.where = rel + ": " + std::string(kOptimRoles[r]) + " of '" + b.params[i]->name + "'";
+      }
+      optim_[{p, 0, t, b.v, b.params[i]->name}] = std::move(states3);
+    }
+  }
+  files_.push_back(std::move(f));
+  index_.files.push_back(FileInfo{files_.back()->rel, files_.back()->file->size()});
+  return Status::Ok();
+}
 
 Result<std::string> Reader::ResolveDir(const std::string& path) {
   if (!IsDirectory(path)) return NotFoundError(path + ": not a directory");
@@ -606,7 +906,12 @@ Result<RoleInfo> Reader::TpRole(const std::string& name, const Located& l0) cons
     }
     return role;
   }
-  const std::optional<int64_t> axis = options_.tp_axis(name);
+  std::string_view param = name;
+  for (std::string_view role : kOptimRoles) {
+    const std::string prefix = "optimizer." + std::string(role) + ".";
+    if (param.starts_with(prefix)) param.remove_prefix(prefix.size());
+  }
+  const std::optional<int64_t> axis = options_.tp_axis(param);
   if (!axis) return RoleInfo{Role::kReplicated, false};
   if (*axis < 0 || static_cast<size_t>(*axis) >= l0.shape.size()) {
     return InvalidArgumentError(options_.tp_axis_origin + ": tensor_parallel axis " +
@@ -840,9 +1145,28 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
                          " expert-parallel ranks");
   }
 
+  // The distributed optimizer's states, when every rank's distrib_optim.pt maps onto its
+  // params; otherwise the reason they are not read.
+  std::string optim_not_read;
+  if (distrib_optim > 0) {
+    const size_t opened = files_.size();
+    Status st = deg.ep > 1 ? UnimplementedError("expert parallelism: fc does not read that "
+                                                "layout yet")
+                           : ReadDistribOptim(grid, pieces, deg, vpp);
+    if (!st.ok()) {
+      optim_not_read = st.message();
+      optim_.clear();
+      optim_layouts_.clear();
+      files_.resize(opened);
+      index_.files.resize(opened);
+    }
+  }
+
   // Global names, per TP rank; the first stage / EP rank 0 copy of a shared tensor wins.
   std::vector<std::map<std::string, Located>> per_tp(static_cast<size_t>(deg.tp));
   std::vector<std::string> order;
+  std::vector<std::map<std::string, Located>> optim_per_tp(static_cast<size_t>(deg.tp));
+  std::vector<std::string> optim_order;
   for (int64_t v = 0; v < vpp; ++v) {
     for (int64_t p = 0; p < deg.pp; ++p) {
       for (int64_t e = 0; e < deg.ep; ++e) {
@@ -897,6 +1221,13 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
             }
             if (t == 0) order.push_back(name);
             mine.emplace(name, std::move(l));
+            if (auto it = optim_.find({p, e, t, v, pc.name}); it != optim_.end()) {
+              for (size_t r = 0; r < kOptimRoles.size(); ++r) {
+                std::string key = "optimizer." + std::string(kOptimRoles[r]) + "." + name;
+                if (t == 0) optim_order.push_back(key);
+                optim_per_tp[static_cast<size_t>(t)].emplace(std::move(key), it->second[r]);
+              }
+            }
           }
         }
       }
@@ -906,6 +1237,7 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   const PV* swiglu_v = args_ ? args_->Find("swiglu") : nullptr;
   const std::optional<bool> swiglu = BoolOf(swiglu_v);
   FC_RETURN_IF_ERROR(MergeTp(order, per_tp, swiglu));
+  FC_RETURN_IF_ERROR(MergeTp(optim_order, optim_per_tp, swiglu));
 
   // Every element of every tensor is covered exactly once by construction; count to be sure.
   for (const TensorEntry& t : index_.tensors) {
@@ -941,6 +1273,9 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   const PV* opt = files_[0]->root.Find("optimizer");
   if (opt == nullptr || opt->is_none()) {
     a["megatron.optimizer"] = "absent";
+  } else if (!optim_.empty()) {
+    a["megatron.optimizer"] = "distributed optimizer: fp32 master weights and Adam moments "
+                              "read (optimizer.{fp32,exp_avg,exp_avg_sq}.<param>)";
   } else if (opt->Find("param_state_sharding_type") != nullptr || distrib_optim > 0) {
     a["megatron.optimizer"] = "distributed optimizer, not read";
   } else if (opt->Find("fp32_from_fp16_params") != nullptr) {
@@ -948,8 +1283,31 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   } else {
     a["megatron.optimizer"] = "present, not read";
   }
-  if (distrib_optim > 0) {
-    a["megatron.distrib_optim"] = std::to_string(distrib_optim) + " files, not read";
+  if (distrib_optim > 0 && !optim_.empty()) {
+    std::string rules;
+    for (const std::string& r : optim_layouts_) rules += (rules.empty() ? "" : " | ") + r;
+    a["megatron.distrib_optim"] = std::to_string(distrib_optim) + " files, read (" + rules + ")";
+  } else if (distrib_optim > 0) {
+    a["megatron.distrib_optim"] = std::to_string(distrib_optim) + " files, not read: " +
+                                  optim_not_read;
+  }
+  if (opt != nullptr) {
+    // The Adam step: Megatron keeps it per param group (FusedAdam), and the distributed
+    // optimizer drops the groups' param lists, so it is an attribute, not a tensor.
+    const PV* inner = opt->is_list() && !opt->items.empty() ? opt->items[0].get() : opt;
+    const PV* groups = inner ? inner->Find("optimizer") : nullptr;
+    groups = groups ? groups->Find("param_groups") : nullptr;
+    std::set<int64_t> steps;
+    if (groups != nullptr && groups->is_list()) {
+      for (const auto& g : groups->items) {
+        if (auto st = g ? IntOf(g->Find("step")) : std::nullopt) steps.insert(*st);
+      }
+    }
+    if (!steps.empty()) {
+      std::string s;
+      for (int64_t st : steps) s += (s.empty() ? "" : ", ") + std::to_string(st);
+      a["megatron.optimizer_step"] = s;
+    }
   }
   std::set<std::string> opaque;
   for (const auto& f : files_) CollectUnknownGlobals(f->root, AllowedGlobal, &opaque);
@@ -974,6 +1332,41 @@ Result<CheckpointIndex> ReadMegatronLegacyCheckpoint(const std::string& path,
                                                      MegatronReadOptions options) {
   Reader reader(std::move(options));
   return reader.Read(path);
+}
+
+Status SelectMegatronMasterWeights(CheckpointIndex* index) {
+  if (index->format != CheckpointFormat::kMegatronLegacy) {
+    return InvalidArgumentError("not a Megatron checkpoint");
+  }
+  constexpr std::string_view kFp32 = "optimizer.fp32.";
+  std::unordered_map<std::string, size_t> master;
+  for (size_t i = 0; i < index->tensors.size(); ++i) {
+    const std::string& k = index->tensors[i].key;
+    if (k.starts_with(kFp32)) master.emplace(k.substr(kFp32.size()), i);
+  }
+  if (master.empty()) {
+    auto d = index->attributes.find("megatron.distrib_optim");
+    return UnimplementedError(index->root + ": no fp32 master weights to export (" +
+                              (d == index->attributes.end()
+                                   ? std::string("no distrib_optim.pt: fc reads master weights "
+                                                 "from the distributed optimizer only")
+                                   : "distrib_optim.pt: " + d->second) +
+                              "); export the model weights (--weights module)");
+  }
+  std::vector<TensorEntry> out;
+  out.reserve(index->tensors.size() - master.size());
+  for (TensorEntry& t : index->tensors) {
+    if (t.key.starts_with(kFp32)) continue;
+    if (auto it = master.find(t.key); it != master.end()) {
+      TensorEntry m = index->tensors[it->second];
+      m.key = t.key;
+      out.push_back(std::move(m));
+      continue;
+    }
+    out.push_back(std::move(t));
+  }
+  index->tensors = std::move(out);
+  return Status::Ok();
 }
 
 }  // namespace fc

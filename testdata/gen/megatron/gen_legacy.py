@@ -25,7 +25,9 @@ strided view of the full tensor (the file then holds the full storage) to exerci
 Fixtures (OUT_ROOT/<case>/ckpt is the save dir; OUT_ROOT/<case>/expected/<name>.npy is every
 FULL tensor, C order, bfloat16 as uint16 bits, the names fc gives them):
   gpt_tp2_pp2   Megatron-Core GPT, TE names, 2 layers, hidden 8, swiglu, TP 2 x PP 2, iteration
-                3, bf16, distributed optimizer (distrib_optim.pt beside each file)
+                3, bf16, distributed optimizer (distrib_optim.pt beside each file: fp32
+                master weights and Adam moments in Megatron-Core's coalesced buffer layout,
+                buckets of 100 elements on the first stage, dp 2)
   gpt_tp1       the same full tensors at TP 1 x PP 1 as a `release` dir, no optimizer
   gpt_pp2_vpp2  local (non-TE) names, 4 layers, no swiglu, TP 1 x PP 2 x virtual PP 2
                 (model0/model1), Float16 optimizer state
@@ -38,6 +40,12 @@ FULL tensor, C order, bfloat16 as uint16 bits, the names fc gives them):
                 TP 2 x PP 2
   no_swiglu_arg gpt_tp2_pp2's tensors at TP 2 x PP 1, args without `swiglu` (fc refuses to
                 merge linear_fc1); no expected/
+  gpt_vpp2_tied local names, 4 layers, TP 1 x PP 2 x virtual PP 2, tied embeddings, dp 4,
+                distributed optimizer saved as a one-element list (ChainedOptimizer), one
+                buffer per model chunk, the shared embedding params in buckets of their own
+Cases with a distributed optimizer also have expected_optimizer/optimizer.<role>.<name>.npy
+(role fp32, exp_avg, exp_avg_sq: full fp32 tensors). Every fp32 master weight rounds to its
+bf16 model weight (asserted), which is what fc checks to trust its layout.
 
 usage: /usr/bin/python3 testdata/gen/megatron/gen_legacy.py [OUT_ROOT]
        /usr/bin/python3 testdata/gen/megatron/gen_legacy.py --check [OUT_ROOT]
@@ -49,6 +57,7 @@ import collections
 import enum
 import filecmp
 import io
+import math
 import os
 import random
 import shutil
@@ -265,7 +274,12 @@ def make_args(**kw):
         transformer_impl="transformer_engine" if kw["te"] else "local",
         use_distributed_optimizer=kw.get("distopt", False), bf16=True, fp16=False,
         params_dtype=torch.bfloat16, untie_embeddings_and_output_weights=True,
-        attention_backend=AttnBackend.auto, iteration=3, data_parallel_size=1)
+        attention_backend=AttnBackend.auto, iteration=3, data_parallel_size=kw.get("dp", 1),
+        context_parallel_size=1, accumulate_allreduce_grads_in_fp32=True,
+        overlap_grad_reduce=kw.get("bucket_size") is not None,
+        ddp_bucket_size=kw.get("bucket_size"), overlap_param_gather_with_optimizer_step=False)
+    if kw.get("tied"):
+        a.untie_embeddings_and_output_weights = False
     return a
 
 
@@ -288,8 +302,100 @@ def float16_optimizer(sd):
             "fp32_from_fp16_params": [[p.float() for p in params[:2]]]}
 
 
+def master_of(t, seed):
+    """An fp32 master weight that rounds (to nearest even) to the bf16 model weight `t`: the
+    value plus noise below a quarter of its bf16 ulp, as after Megatron's
+    _copy_main_params_to_model_params."""
+    x = t.float()
+    _, e = torch.frexp(x)
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(x.shape, generator=g) * 2 - 1
+    m = torch.where(x == 0, torch.zeros_like(x), x + u * torch.pow(2.0, (e - 10).float()))
+    assert torch.equal(m.to(torch.bfloat16).view(torch.int16), t.view(torch.int16))
+    return m
+
+
+def optimizer_full(full, seed):
+    """{role: {name: full fp32 tensor}}: master weights and Adam moments of every param."""
+    out = {"fp32": collections.OrderedDict(), "exp_avg": collections.OrderedDict(),
+           "exp_avg_sq": collections.OrderedDict()}
+    for i, (name, t) in enumerate(full.items()):
+        out["fp32"][name] = master_of(t, seed + 3 * i)
+        g = torch.Generator().manual_seed(seed + 3 * i + 1)
+        out["exp_avg"][name] = torch.randn(t.shape, generator=g) * 1e-3
+        g = torch.Generator().manual_seed(seed + 3 * i + 2)
+        out["exp_avg_sq"][name] = torch.rand(t.shape, generator=g) * 1e-6
+    return out
+
+
+def coalesced_layout(params, bucket_size, align, shared, dp):
+    """Megatron-Core (>= 0.8) ParamAndGradBuffer layout as distrib_optim.pt saves it.
+
+    params: [(name, numel)] in named_parameters order. The buffer takes them in reverse
+    order, each start padded to `align` elements; a bucket closes once it holds
+    `bucket_size` elements, and around a shared embedding (tied, PP > 1); bucket ends are
+    padded to lcm(dp, 128). The saved tensor is the buckets back to back, each cut at its
+    unpadded end (the alignment gaps inside a bucket stay). Returns ({name: offset in the
+    saved tensor}, numel_unpadded)."""
+    def pad(x, m):
+        return -(-x // m) * m
+    index, bucket_starts, unpadded = {}, [0], []
+    state = {"start": 0, "bstart": 0, "nonempty": False, "end": 0}
+
+    def close(end_index):
+        unpadded.append(end_index - state["bstart"])
+        bend = pad(end_index, math.lcm(dp, 128))
+        state["bstart"] = bend
+        bucket_starts.append(bend)
+        state["nonempty"] = False
+        return bend
+    for name, n in reversed(params):
+        start = pad(state["start"], align)
+        if name in shared and state["nonempty"]:
+            start = close(start)
+        index[name] = (start, len(unpadded))
+        end = start + n
+        state["end"] = end
+        state["nonempty"] = True
+        if (bucket_size is not None and end - state["bstart"] >= bucket_size) or name in shared:
+            state["start"] = close(end)
+        else:
+            state["start"] = end
+    if state["nonempty"]:
+        close(state["end"])
+    offsets = {name: s - bucket_starts[b] + sum(unpadded[:b]) for name, (s, b) in index.items()}
+    return offsets, sum(unpadded)
+
+
+def distrib_optim(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, as_list):
+    """distrib_optim.pt of one rank (get_parameter_state_dp_zero, coalesced buckets): one
+    buffer per model chunk (all params bf16, grads reduced in fp32)."""
+    state = {"buckets_coalesced": True}
+    for v, key in enumerate(sorted(chunk_states)):
+        sd = chunk_states[key]
+        params = [(n, t.numel()) for n, t in sd.items() if isinstance(t, torch.Tensor)]
+        shared = set()
+        if tied and pp > 1:
+            shared = {n for n, _ in params
+                      if n.endswith("word_embeddings.weight") or n.endswith("output_layer.weight")}
+        # No buckets on later stages and chunks (Megatron's disable_bucketing).
+        size = bucket_size if stage == 0 and v == 0 else None
+        offsets, numel = coalesced_layout(params, size, 64, shared, dp)
+        world = {}
+        for role in ("param", "exp_avg", "exp_avg_sq"):
+            flat = torch.zeros(numel)
+            src = optim_chunks[key]["fp32" if role == "param" else role]
+            for n, count in params:
+                flat[offsets[n]:offsets[n] + count] = src[n].reshape(-1)
+            world[role] = flat
+        world["numel_unpadded"] = numel
+        state[v] = {(torch.bfloat16, torch.float32): world}
+    return [state] if as_list else state
+
+
 def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=None, ep=1,
-                     experts=0, optimizer=None, release=False, drop_args=(), nest=None):
+                     experts=0, optimizer=None, release=False, drop_args=(), nest=None,
+                     optim_full=None, bucket_size=None, dp=1, tied=False, as_list=False):
     os.makedirs(out, exist_ok=True)
     sub = "release" if release else "iter_%07d" % iteration
     with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -303,7 +409,8 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
             lo = v * (layers // nv) + p * per
             chunks_of[p][(p, v)] = (lo, lo + per, p == 0 and v == 0, p == pp - 1 and v == nv - 1)
     args = make_args(num_layers=layers, swiglu=swiglu, tp=tp, pp=pp, vpp=vpp, ep=ep,
-                     experts=experts, te=te, distopt=optimizer == "distributed")
+                     experts=experts, te=te, distopt=optimizer == "distributed", dp=dp,
+                     bucket_size=bucket_size, tied=tied)
     for a in drop_args:
         delattr(args, a)
     for p in range(pp):
@@ -329,16 +436,20 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
                     state["optimizer"] = float16_optimizer(sds[(p, 0)])
                     state["opt_param_scheduler"] = {"max_lr": 1e-4, "num_steps": 3}
                 elif optimizer == "distributed":
+                    groups = [{"lr": 1e-4, "weight_decay": wd, "step": iteration}
+                              for wd in (0.1, 0.0)]
                     state["optimizer"] = {"param_state_sharding_type": "dp_zero_gather_scatter",
-                                          "optimizer": {"param_groups": []}}
+                                          "optimizer": {"param_groups": groups},
+                                          "grad_scaler": None}
                     state["opt_param_scheduler"] = {"max_lr": 1e-4, "num_steps": 3}
-                    n = sum(t.numel() for t in sds[(p, 0)].values()
-                            if isinstance(t, torch.Tensor))
-                    torch.save({"buckets_coalesced": True,
-                                0: {(torch.bfloat16, torch.float32): {
-                                    "param": torch.zeros(n), "exp_avg": torch.zeros(n),
-                                    "exp_avg_sq": torch.zeros(n), "numel_unpadded": n}},
-                                "per_bucket_numel": [[n]], "per_bucket_numel_unpadded": [[n]]},
+                    optim_chunks = {}
+                    for c in sds:
+                        optim_chunks[c] = {
+                            role: rank_state_dict(optim_full[role], tp, r, swiglu, layers,
+                                                  {c: chunks_of[p][c]}, ep, e, experts, te)[c]
+                            for role in optim_full}
+                    torch.save(distrib_optim(sds, optim_chunks, bucket_size, p, tied, pp, dp,
+                                             as_list),
                                os.path.join(d, "distrib_optim.pt"))
                 if optimizer is not None:
                     state["rng_state"] = rng_state(100 + r + 10 * p + 100 * e)
@@ -363,17 +474,30 @@ def write_expected(case_dir, full, per_rank=(), tp=1):
             np.save(os.path.join(d, key + ".npy"), to_numpy(v))
 
 
+def write_expected_optimizer(case_dir, optim_full):
+    """expected_optimizer/optimizer.<role>.<name>.npy: the full fp32 tensors fc exposes."""
+    d = os.path.join(case_dir, "expected_optimizer")
+    os.makedirs(d, exist_ok=True)
+    for role, tensors in optim_full.items():
+        for k, v in tensors.items():
+            np.save(os.path.join(d, "optimizer.%s.%s.npy" % (role, k)), to_numpy(v))
+
+
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
-         "no_swiglu_arg"]
+         "no_swiglu_arg", "gpt_vpp2_tied"]
 
 
 def generate(out):
     for c in CASES:
         shutil.rmtree(os.path.join(out, c), ignore_errors=True)
     gpt = gpt_full(2, te=True, swiglu=True, seed=1)
+    gpt_optim = optimizer_full(gpt, 1000)
+    # Buckets of 100 elements on the first stage (overlap_grad_reduce, ddp_bucket_size 100).
     write_checkpoint(os.path.join(out, "gpt_tp2_pp2", "ckpt"), gpt, tp=2, pp=2, layers=2,
-                     swiglu=True, te=True, optimizer="distributed")
+                     swiglu=True, te=True, optimizer="distributed", optim_full=gpt_optim,
+                     bucket_size=100, dp=2)
     write_expected(os.path.join(out, "gpt_tp2_pp2"), gpt)
+    write_expected_optimizer(os.path.join(out, "gpt_tp2_pp2"), gpt_optim)
     write_checkpoint(os.path.join(out, "gpt_tp1", "ckpt"), gpt, tp=1, pp=1, layers=2,
                      swiglu=True, te=True, release=True)
     write_expected(os.path.join(out, "gpt_tp1"), gpt)
@@ -394,6 +518,16 @@ def generate(out):
     # args without `swiglu` at TP 2: fc cannot tell how linear_fc1 splits (refused).
     write_checkpoint(os.path.join(out, "no_swiglu_arg", "ckpt"), gpt, tp=2, pp=1, layers=2,
                      swiglu=True, te=True, drop_args=("swiglu",))
+    # Distributed optimizer with virtual pipeline chunks (one buffer each) and tied
+    # embeddings at PP 2 (the shared embedding params get buckets of their own), saved by a
+    # ChainedOptimizer of one optimizer as a list.
+    vt = gpt_full(4, te=False, swiglu=False, seed=300)
+    vt_optim = optimizer_full(vt, 2000)
+    write_checkpoint(os.path.join(out, "gpt_vpp2_tied", "ckpt"), vt, tp=1, pp=2, layers=4,
+                     swiglu=False, te=False, vpp=2, iteration=11, optimizer="distributed",
+                     optim_full=vt_optim, dp=4, tied=True, as_list=True)
+    write_expected(os.path.join(out, "gpt_vpp2_tied"), vt)
+    write_expected_optimizer(os.path.join(out, "gpt_vpp2_tied"), vt_optim)
 
 
 def compare_dirs(a, b):

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "fc/format/open.h"
+#include "src/format/megatron/distrib_optim_layout.h"
 #include "tests/format/torch/torch_test_support.h"
 
 namespace fc {
@@ -66,25 +67,31 @@ std::vector<std::byte> Reassemble(const CheckpointIndex& index, const TensorEntr
 }
 
 TEST_CASE("megatron: fixtures reassemble to the full tensors", "[megatron]") {
-  for (const char* name :
-       {"gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2"}) {
+  for (const char* name : {"gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2",
+                           "legacy_tp2_pp2", "gpt_vpp2_tied"}) {
     INFO(name);
     auto index = OpenCheckpoint(Fixture(name) + "/ckpt");
     REQUIRE(index.ok());
     CHECK(index->format == CheckpointFormat::kMegatronLegacy);
+    // The model weights (bf16) in expected/, the distributed optimizer's fp32 master weights
+    // and Adam moments (optimizer.<role>.<name>) in expected_optimizer/.
     std::set<std::string> expected;
-    for (const auto& e : std::filesystem::directory_iterator(Fixture(name) + "/expected")) {
-      std::string f = e.path().filename().string();
-      expected.insert(f.substr(0, f.size() - 4));
+    for (const char* dir : {"/expected", "/expected_optimizer"}) {
+      if (!std::filesystem::exists(Fixture(name) + dir)) continue;
+      for (const auto& e : std::filesystem::directory_iterator(Fixture(name) + dir)) {
+        std::string f = e.path().filename().string();
+        expected.insert(f.substr(0, f.size() - 4));
+      }
     }
     std::set<std::string> got;
     for (const TensorEntry& t : index->tensors) got.insert(t.key);
     CHECK(got == expected);
     for (const TensorEntry& t : index->tensors) {
       INFO(t.key);
-      const testing::NpyArray want =
-          testing::ReadNpy(Fixture(name) + "/expected/" + t.key + ".npy");
-      CHECK(t.dtype == DType::kBFloat16);
+      const bool optimizer = t.key.starts_with("optimizer.");
+      const testing::NpyArray want = testing::ReadNpy(
+          Fixture(name) + (optimizer ? "/expected_optimizer/" : "/expected/") + t.key + ".npy");
+      CHECK(t.dtype == (optimizer ? DType::kFloat32 : DType::kBFloat16));
       CHECK(t.global_shape == want.shape);
       CHECK(Reassemble(*index, t) == want.data);
     }
@@ -102,13 +109,18 @@ TEST_CASE("megatron: attributes, degrees and directory resolution", "[megatron]"
   CHECK(a.at("megatron.pp_degree") == "2");
   CHECK(a.at("megatron.ep_degree") == "1");
   CHECK(a.at("megatron.swiglu") == "true");
-  CHECK(a.at("megatron.distrib_optim") == "4 files, not read");
+  // Buckets of 100 elements on the first stage (ddp_bucket_size), one on the second.
+  CHECK(a.at("megatron.distrib_optim") ==
+        "4 files, read (params aligned to 64 elements, buckets of 100 elements | params "
+        "aligned to 64 elements, one bucket)");
+  CHECK(a.at("megatron.optimizer_step") == "3");
+  CHECK(g->files.size() == 8);  // model_optim_rng.pt and distrib_optim.pt of 4 ranks
   CHECK(a.count("megatron.tp_unmerged") == 0);
   // Unknown classes are kept opaque and reported, not refused.
   CHECK(a.at("megatron.opaque_globals") ==
         "_io.BytesIO, megatron.core.transformer.enums.AttnBackend");
-  CHECK(g->files.size() == 4);
   CHECK(g->files[0].path == "mp_rank_00_000/model_optim_rng.pt");
+  CHECK(g->files[4].path == "mp_rank_00_000/distrib_optim.pt");
   // SwiGLU: 2 halves per TP rank; the strided fc2 view keeps its strides.
   CHECK(g->FindTensor("decoder.layers.1.mlp.linear_fc1.weight")->chunks.size() == 4);
   CHECK(!g->FindTensor("decoder.layers.1.mlp.linear_fc2.weight")->chunks[0].strides.empty());
@@ -151,6 +163,110 @@ std::string CopySave(const testing::TempDir& tmp, const std::string& name) {
   const std::string dir = tmp.path() + "/" + name + "_" + std::to_string(copies++);
   std::filesystem::copy(Fixture(name) + "/ckpt", dir, std::filesystem::copy_options::recursive);
   return dir;
+}
+
+TEST_CASE("megatron: distrib_optim buffer layout", "[megatron]") {
+  // Worked by hand from ParamAndGradBuffer: params d, c, b, a (reverse order), starts
+  // aligned to 64, a bucket closes at >= 100 elements; each saved bucket ends unpadded.
+  const std::vector<BufferParam> params = {{10, false}, {100, false}, {5, false}, {70, false}};
+  auto l = CoalescedBufferLayout(params, {64, 100});
+  REQUIRE(l.ok());
+  // d [0, 70); c [128, 133) closes bucket 0 (133); b [0, 100) of bucket 1 closes it;
+  // a [0, 10) of bucket 2.
+  CHECK(l->offsets == std::vector<int64_t>{233, 133, 128, 0});
+  CHECK(l->numel_unpadded == 243);
+  CHECK(l->buckets == 3);
+  // One bucket, no alignment: back to back in reverse order.
+  l = CoalescedBufferLayout(params, {1, std::nullopt});
+  REQUIRE(l.ok());
+  CHECK(l->offsets == std::vector<int64_t>{175, 75, 70, 0});
+  CHECK(l->numel_unpadded == 185);
+  // A shared embedding (first in named order, so last in the buffer): the open bucket closes
+  // at its aligned start (gap kept), and it is a bucket of its own.
+  std::vector<BufferParam> shared = params;
+  shared[0].shared_embedding = true;
+  l = CoalescedBufferLayout(shared, {64, std::nullopt});
+  REQUIRE(l.ok());
+  CHECK(l->offsets == std::vector<int64_t>{320, 192, 128, 0});
+  CHECK(l->numel_unpadded == 330);
+  CHECK(l->buckets == 2);
+  CHECK(!CoalescedBufferLayout(params, {0, std::nullopt}).ok());
+  CHECK(!CoalescedBufferLayout(std::vector<BufferParam>{{-1, false}}, {64, std::nullopt}).ok());
+  CHECK(CoalescedBufferLayout(std::vector<BufferParam>{{INT64_MAX - 10, false}, {64, false}},
+                              {64, std::nullopt})
+            .status()
+            .code() == StatusCode::kOutOfRange);
+}
+
+TEST_CASE("megatron: a distrib_optim.pt that does not fit its params is not read", "[megatron]") {
+  testing::TempDir tmp;
+  auto model_tensors = [](const CheckpointIndex& index) {
+    std::set<std::string> names;
+    for (const TensorEntry& t : index.tensors) {
+      CHECK(!t.key.starts_with("optimizer."));
+      names.insert(t.key);
+    }
+    return names;
+  };
+  const auto full = ReadMegatronLegacyCheckpoint(Fixture("gpt_tp2_pp2") + "/ckpt");
+  REQUIRE(full.ok());
+  std::set<std::string> weights;
+  for (const TensorEntry& t : full->tensors) {
+    if (!t.key.starts_with("optimizer.")) weights.insert(t.key);
+  }
+  {  // TP ranks 0 and 1 of stage 0 swapped: same sizes, the values do not round to the model
+    const std::string dir = CopySave(tmp, "gpt_tp2_pp2");
+    const std::string a = dir + "/iter_0000003/mp_rank_00_000/distrib_optim.pt";
+    const std::string b = dir + "/iter_0000003/mp_rank_01_000/distrib_optim.pt";
+    std::filesystem::rename(a, a + ".x");
+    std::filesystem::rename(b, a);
+    std::filesystem::rename(a + ".x", b);
+    auto g = ReadMegatronLegacyCheckpoint(dir);
+    REQUIRE(g.ok());
+    const std::string& why = g->attributes.at("megatron.distrib_optim");
+    INFO(why);
+    CHECK(why.starts_with("4 files, not read: mp_rank_00_000/distrib_optim.pt buffer 0: no "
+                          "Megatron buffer layout fits"));
+    CHECK(why.find("element 0: the fp32 value") != std::string::npos);
+    CHECK(g->attributes.at("megatron.optimizer") == "distributed optimizer, not read");
+    CHECK(model_tensors(*g) == weights);
+    CHECK(g->files.size() == 4);  // the optimizer files are not listed
+    CHECK(SelectMegatronMasterWeights(&*g).code() == StatusCode::kUnimplemented);
+  }
+  {  // one rank's file missing
+    const std::string dir = CopySave(tmp, "gpt_tp2_pp2");
+    std::filesystem::remove(dir + "/iter_0000003/mp_rank_01_001/distrib_optim.pt");
+    auto g = ReadMegatronLegacyCheckpoint(dir);
+    REQUIRE(g.ok());
+    CHECK(g->attributes.at("megatron.distrib_optim") ==
+          "3 files, not read: mp_rank_01_001/distrib_optim.pt is missing (other ranks have "
+          "theirs)");
+    CHECK(model_tensors(*g) == weights);
+  }
+  {  // a master weight one bf16 ulp off: the layout check compares values, not sizes only
+    const std::string dir = CopySave(tmp, "gpt_tp2_pp2");
+    const std::string path = dir + "/iter_0000003/mp_rank_00_001/distrib_optim.pt";
+    std::vector<std::byte> bytes = ReadFileBytes(path);
+    // output_layer.weight's first fp32 master element, moved by 2^-6 relative: more than
+    // a bf16 rounding step.
+    auto g = ReadMegatronLegacyCheckpoint(Fixture("gpt_tp2_pp2") + "/ckpt");
+    REQUIRE(g.ok());
+    const TensorEntry* master = g->FindTensor("optimizer.fp32.output_layer.weight");
+    REQUIRE(master != nullptr);
+    const Chunk& c = master->chunks[0];
+    REQUIRE(g->files[c.file].path == "mp_rank_00_001/distrib_optim.pt");
+    float v = 0;
+    std::memcpy(&v, bytes.data() + c.byte_offset, 4);
+    v *= 1.0f + 1.0f / 64;
+    std::memcpy(bytes.data() + c.byte_offset, &v, 4);
+    WriteFileBytes(path, bytes);
+    auto bad = ReadMegatronLegacyCheckpoint(dir);
+    REQUIRE(bad.ok());
+    const std::string& why = bad->attributes.at("megatron.distrib_optim");
+    INFO(why);
+    CHECK(why.find("not read: mp_rank_00_001/distrib_optim.pt buffer 0") != std::string::npos);
+    CHECK(why.find("'output_layer.weight' element 0") != std::string::npos);
+  }
 }
 
 TEST_CASE("megatron: refusals name what is wrong", "[megatron]") {
@@ -221,7 +337,11 @@ TEST_CASE("megatron: byte mutations never crash or give a wrong-sized index", "[
       if (e.path().filename() == "model_optim_rng.pt") files.push_back(e.path().string());
     }
     REQUIRE(files.size() == 4);
-    for (const std::string& path : {files[0], files[3]}) {
+    std::vector<std::string> mutated = {files[0], files[3]};
+    if (std::string(name) == "gpt_tp2_pp2") {
+      mutated.push_back(dir + "/iter_0000003/mp_rank_00_000/distrib_optim.pt");
+    }
+    for (const std::string& path : mutated) {
       const std::vector<std::byte> orig = ReadFileBytes(path);
       for (int i = 0; i < 150; ++i) {
         std::vector<std::byte> b = orig;

@@ -1,0 +1,63 @@
+// CoalescedBufferLayout: Megatron-Core's ParamAndGradBuffer placement, replayed relative to
+// each bucket's start (see the header for why that is enough).
+#include "src/format/megatron/distrib_optim_layout.h"
+
+#include "fc/core/checked_math.h"
+
+namespace fc {
+
+Result<CoalescedLayout> CoalescedBufferLayout(std::span<const BufferParam> params,
+                                              const BufferLayoutRule& rule) {
+  if (rule.param_alignment <= 0 || (rule.bucket_size && *rule.bucket_size <= 0)) {
+    return InvalidArgumentError("distrib_optim layout: alignment and bucket size must be positive");
+  }
+  CoalescedLayout out;
+  out.offsets.assign(params.size(), 0);
+  const int64_t align = rule.param_alignment;
+  // Positions relative to the open bucket's start; `saved` = the unpadded sizes of the
+  // closed buckets, i.e. where the open bucket begins in the saved tensor.
+  int64_t next = 0;  // where the next param may start (before alignment)
+  int64_t saved = 0;
+  int64_t last_end = 0;
+  bool open = false;
+  auto close = [&](int64_t end) -> Status {
+    const auto s = CheckedAdd(saved, end);
+    if (!s) return OutOfRangeError("distrib_optim layout: sizes overflow");
+    saved = *s;
+    ++out.buckets;
+    next = 0;
+    open = false;
+    return Status::Ok();
+  };
+  auto pad = [&](int64_t x) -> std::optional<int64_t> {
+    const auto up = CheckedAdd(x, align - 1);
+    if (!up) return std::nullopt;
+    return *up / align * align;
+  };
+  for (size_t k = params.size(); k-- > 0;) {
+    const BufferParam& p = params[k];
+    if (p.numel < 0) return InvalidArgumentError("distrib_optim layout: negative numel");
+    auto start = pad(next);
+    if (!start) return OutOfRangeError("distrib_optim layout: sizes overflow");
+    if (p.shared_embedding && open) {
+      // Megatron closes the bucket at the padded start, gap included.
+      FC_RETURN_IF_ERROR(close(*start));
+      start = 0;
+    }
+    out.offsets[k] = saved + *start;
+    const auto end = CheckedAdd(*start, p.numel);
+    if (!end) return OutOfRangeError("distrib_optim layout: sizes overflow");
+    last_end = *end;
+    open = true;
+    if ((rule.bucket_size && *end >= *rule.bucket_size) || p.shared_embedding) {
+      FC_RETURN_IF_ERROR(close(*end));
+    } else {
+      next = *end;
+    }
+  }
+  if (open) FC_RETURN_IF_ERROR(close(last_end));
+  out.numel_unpadded = saved;
+  return out;
+}
+
+}  // namespace fc
