@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <optional>
 #include <set>
@@ -110,7 +111,8 @@ std::optional<AdamNames> AdamNamesOf(std::string_view exp_avg) {
     n.param = std::string(exp_avg.substr(kFcPrefix.size()));
     n.exp_avg_sq = "optimizer.exp_avg_sq." + n.param;
     n.step = "optimizer.step." + n.param;
-    n.weights = {n.param, "module." + n.param};
+    // Megatron's distributed optimizer: the fp32 master weight (the weight <p> is bf16).
+    n.weights = {"optimizer.fp32." + n.param, n.param, "module." + n.param};
     return n;
   }
   return std::nullopt;
@@ -118,8 +120,11 @@ std::optional<AdamNames> AdamNamesOf(std::string_view exp_avg) {
 
 // The roles in a source that is not DeepSpeed's, found by AdamNamesOf; every tensor of a
 // param the same shape, floating point (cast to fp32 when written), and a step tensor each.
+// `group_step`: the step of a source that keeps it per param group rather than as tensors
+// (Megatron: megatron.optimizer_step); used for params without a step tensor.
 Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
                                              const std::string& input,
+                                             std::optional<int64_t> group_step,
                                              std::vector<const TensorEntry*>* steps,
                                              std::vector<std::string>* unused) {
   std::vector<UcpParam> params;
@@ -144,7 +149,7 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
       return InvalidArgumentError(input + ": " + t.key + " has no " + names->exp_avg_sq);
     }
     const TensorEntry* step = index.FindTensor(names->step);
-    if (step == nullptr) {
+    if (step == nullptr && !group_step) {
       return InvalidArgumentError(input + ": " + t.key + " has no step tensor " + names->step +
                                   " (a Universal Checkpoint's moments need the step)");
     }
@@ -161,11 +166,13 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
       }
       used.insert(e->key);
     }
-    used.insert(step->key);
     param.states[0] = {weight};
     param.states[1] = {&t};
     param.states[2] = {sq};
-    steps->push_back(step);
+    if (step != nullptr) {
+      used.insert(step->key);
+      steps->push_back(step);
+    }
     params.push_back(std::move(param));
   }
   if (params.empty()) {
@@ -391,10 +398,22 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
     FC_ASSIGN_OR_RETURN(job.int_step, IntStep(index));
   } else {
     std::vector<const TensorEntry*> steps;
+    std::optional<int64_t> group_step;
+    if (const std::string s = Attr(index, "megatron.optimizer_step"); !s.empty()) {
+      int64_t v = 0;
+      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+      if (ec != std::errc() || end != s.data() + s.size()) {
+        return UnimplementedError(options.input + ": the param groups' Adam steps differ (" + s +
+                                  "): a Universal Checkpoint written by fc has one param "
+                                  "group, whose params share one step");
+      }
+      group_step = v;
+    }
     if (options.ucp_fresh_optimizer) {
       FC_ASSIGN_OR_RETURN(job.params, FreshUcpParams(index, options.input, &job.unused));
     } else {
-      FC_ASSIGN_OR_RETURN(job.params, NamedUcpParams(index, options.input, &steps, &job.unused));
+      FC_ASSIGN_OR_RETURN(job.params, NamedUcpParams(index, options.input, group_step, &steps,
+                                                     &job.unused));
     }
     std::vector<std::pair<std::string, Shape>> shapes;
     for (const UcpParam& p : job.params) {
@@ -402,6 +421,14 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
       shapes.emplace_back(p.name, p.states[0].front()->global_shape);
     }
     FC_ASSIGN_OR_RETURN(int64_t step, CommonStep(index, steps));
+    if (group_step) {
+      if (!steps.empty() && step != *group_step) {
+        return UnimplementedError(options.input + ": the step tensors say " +
+                                  std::to_string(step) + ", the param groups " +
+                                  std::to_string(*group_step));
+      }
+      step = *group_step;
+    }
     FC_ASSIGN_OR_RETURN(job.source, SynthesizedUcpSource(shapes, step, options.ucp_zero3));
     // DeepSpeed's FusedAdam and CPUAdam keep the step as a Python int (the ZeRO-3 form keeps
     // it in optimizer_state.pt).

@@ -12,8 +12,10 @@
 //
 // From a checkpoint DeepSpeed did not write: the params with Adam states under torch's
 // names (optim.state.<p>.exp_avg / .exp_avg_sq / .step, or optimizer.state.<p>.*, weight
-// <p> / model.<p> / module.<p>) or fc's DeepSpeed names (optimizer.exp_avg.<p>, ...), each
-// tensor cast to fp32, the common step read from the step tensors and written as an int,
+// <p> / model.<p> / module.<p>) or fc's DeepSpeed and Megatron names (optimizer.exp_avg.<p>,
+// ..., weight optimizer.fp32.<p> / <p> / module.<p>), each tensor cast to fp32, the common
+// step read from the step tensors (Megatron: the attribute megatron.optimizer_step, one value)
+// and written as an int,
 // and the model states and optimizer state DeepSpeed's universal loader reads written by
 // fc (SynthesizedUcpSource, fc/format/ucp_writer.h); tensors without Adam states left out.
 // With ucp_fresh_optimizer (a source without Adam states): every floating-point tensor a

@@ -27,6 +27,7 @@ except ImportError as e:  # numpy missing: the independent reader cannot run
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 EXPORT = os.path.join(BUILD, "tools", "fc-export")
 INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
+CONVERT = os.path.join(BUILD, "tools", "fc-convert")
 ROOT = os.path.join(TESTDATA, "megatron_legacy")
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
          "gpt_vpp2_tied"]
@@ -225,6 +226,30 @@ def case_optimizer():
     assert "no fp32 master weights" in p.stderr and "not read" in p.stderr, p.stderr
     assert not os.path.exists(os.path.join(tmp, "sw32", "model.safetensors"))
     print("ok optimizer not read")
+    # A Universal Checkpoint from the distributed optimizer: fp32.pt holds the master weight
+    # (not the bf16 weight cast), the moments as saved, step.pt the param groups' step.
+    try:
+        import torch
+    except ImportError:
+        print("torch missing: the UCP check is skipped")
+        return
+    parent = os.path.join(tmp, "ucp_parent")
+    os.makedirs(parent)
+    ucp = os.path.join(parent, "global_step3_universal")
+    fcio.run([CONVERT, os.path.join(ROOT, "gpt_tp2_pp2", "ckpt"), ucp, "--output-format", "ucp",
+              "--quiet"])
+    optim = expected_optimizer("gpt_tp2_pp2")
+    model = fcio.expected_values(os.path.join(ROOT, "gpt_tp2_pp2"))
+    assert sorted(os.listdir(os.path.join(ucp, "zero"))) == sorted(list(model) + ["optimizer_state.pt"])
+    for name in model:
+        for role in ("fp32", "exp_avg", "exp_avg_sq"):
+            t = torch.load(os.path.join(ucp, "zero", name, role + ".pt"))
+            t = t["param"] if isinstance(t, dict) else t
+            assert t.dtype == torch.float32, (name, role, t.dtype)
+            assert np.array_equal(t.numpy(), optim["optimizer.%s.%s" % (role, name)]), (name, role)
+        assert torch.load(os.path.join(ucp, "zero", name, "step.pt")) == 3, name
+    assert open(os.path.join(parent, "latest_universal")).read() == "global_step3_universal"
+    print("ok optimizer ucp")
 
 
 try:

@@ -11,7 +11,7 @@
 //                                              _EEE when pipeline_model_parallel_size <= 1
 //                                              and expert_model_parallel_size > 1, else _PPP)
 //   mp_rank_TT_PPP_EEE/model_optim_rng.pt      PP > 1, EP > 1
-//   distrib_optim.pt beside it (distributed optimizer): listed, not read (see below).
+//   distrib_optim.pt beside it (distributed optimizer): read, see DISTRIBUTED OPTIMIZER.
 // TT: TP rank (2 digits), PPP: pipeline stage, EEE: expert-parallel rank (3 digits). The
 // ranks must form a full TP x PP x EP grid (a missing one: kNotFound naming its file).
 // Each file is a torch.save zip (torch >= 1.6); legacy (non-zip) torch.save files are
@@ -64,11 +64,34 @@
 // address the torch.save storage records in place, strides and storage offsets honoured;
 // the SwiGLU split narrows a chunk to rows of its box); nothing is copied.
 //
+// DISTRIBUTED OPTIMIZER. Each rank dir's distrib_optim.pt (DistributedOptimizer.
+// save_parameter_state: the states of all DP ranks gathered by DP rank 0) holds, per
+// param-and-grad buffer (one per model chunk and param dtype, chunks in order), flat fp32
+// "param" (the master weights), "exp_avg" and "exp_avg_sq" tensors in the coalesced form
+// Megatron writes since February 2024 ({"buckets_coalesced": True, i: {(param dtype, grad
+// dtype) or grad dtype: {..., "numel_unpadded"}}}, or a one-element list of that, a
+// ChainedOptimizer's). Positions follow Megatron-Core's ParamAndGradBuffer layout
+// (src/format/megatron/distrib_optim_layout.h): params in reverse state-dict order, starts
+// aligned to 64 elements (Megatron-Core >= 0.8) or not (older), buckets from args
+// (overlap_grad_reduce, ddp_bucket_size, else max(40M, 1M x DP), none after the first
+// stage / chunk), a bucket of its own for each shared embedding (tied embeddings, PP > 1).
+// Every candidate layout is checked before use: the sizes must add up to numel_unpadded, and
+// at both ends of every param the fp32 master value must round to the saved model weight
+// (Megatron copies master to model weights after each step). The states become
+//   optimizer.fp32.<name>, optimizer.exp_avg.<name>, optimizer.exp_avg_sq.<name>
+// (float32, the param's global shape, merged over TP like the weights). The Adam step is per
+// param group in model_optim_rng.pt (the groups' param lists are dropped): attribute
+// megatron.optimizer_step (the distinct values). When any file does not fit (missing, the
+// pre-2024 per-bucket form, several optimizers: MoE, expert parallelism,
+// args.ddp_num_buckets, frozen params or a layout that fails the check), no state is
+// exposed and megatron.distrib_optim says why; the weights are unaffected.
+//
 // Attributes: megatron.iteration, megatron.checkpoint_dir (iter_NNNNNNN | release),
 // megatron.checkpoint_version, megatron.tp_degree, megatron.pp_degree, megatron.ep_degree,
 // megatron.vpp_degree, megatron.num_layers, megatron.swiglu (true|false|unknown),
-// megatron.tp_merge, megatron.tp_unmerged, megatron.optimizer (what was found, "not read"),
-// megatron.distrib_optim ("N files, not read"), megatron.skipped (how many _extra_state /
+// megatron.tp_merge, megatron.tp_unmerged, megatron.optimizer (what was found, read or not),
+// megatron.distrib_optim ("N files, read (<layout rules>)" or "N files, not read: <why>"),
+// megatron.optimizer_step, megatron.skipped (how many _extra_state /
 // non-tensor entries), megatron.opaque_globals (pickle globals outside the allow-list, kept
 // as opaque objects: this is the warning).
 //
@@ -78,10 +101,9 @@
 // ever executed. Other globals (Megatron enums, io.BytesIO, ...) are kept opaque and listed
 // in megatron.opaque_globals; they never make the read fail.
 //
-// Not read: the optimizer states (the Float16 optimizer's state is keyed by param index in
-// Megatron's param-group order, and distrib_optim.pt's flat buffers by the bucket layout of
-// the distributed optimizer; neither file says which param a position belongs to), the RNG
-// states and the scheduler. checkpoint_version < 2.0 (the old QKV ordering) is refused
+// Not read: the Float16 (non-distributed) optimizer's states (keyed by param index in
+// Megatron's param-group order, which the file does not record), the RNG states and the
+// scheduler. checkpoint_version < 2.0 (the old QKV ordering) is refused
 // (kUnimplemented), as is expert_tensor_parallel_size != tensor_model_parallel_size.
 // Errors: kNotFound (no iteration dir, a missing rank dir or file), kDataLoss (degrees, layer
 // counts, shapes or iterations that disagree; truncated archives; the message names the file

@@ -95,7 +95,7 @@ def values(shape, seed):
     return torch.randn(*shape, generator=g, dtype=torch.float32).to(torch.bfloat16)
 
 
-def gpt_full(layers, te, swiglu, seed, experts=0, grouped_layers=(), unknown=None):
+def gpt_full(layers, te, swiglu, seed, experts=0, grouped_layers=(), unknown=None, vocab=VOCAB):
     """{name: full bf16 tensor} of a tiny Megatron-Core GPT (global layer numbers)."""
     full = collections.OrderedDict()
     s = [seed]
@@ -104,7 +104,7 @@ def gpt_full(layers, te, swiglu, seed, experts=0, grouped_layers=(), unknown=Non
         s[0] += 1
         full[name] = values(shape, s[0])
 
-    add("embedding.word_embeddings.weight", (VOCAB, HIDDEN))
+    add("embedding.word_embeddings.weight", (vocab, HIDDEN))
     fc1_rows = 2 * FFN if swiglu else FFN
     for l in range(layers):
         p = "decoder.layers.%d." % l
@@ -138,7 +138,7 @@ def gpt_full(layers, te, swiglu, seed, experts=0, grouped_layers=(), unknown=Non
     if unknown:
         add(unknown, (2, 4))  # a name outside fc's TP table: saved whole by every TP rank
     add("decoder.final_layernorm.weight", (HIDDEN,))
-    add("output_layer.weight", (VOCAB, HIDDEN))
+    add("output_layer.weight", (vocab, HIDDEN))
     return full
 
 
@@ -267,7 +267,7 @@ def nest_legacy(sd):
 def make_args(**kw):
     a = argparse.Namespace(
         num_layers=kw["num_layers"], hidden_size=HIDDEN, ffn_hidden_size=FFN,
-        num_attention_heads=HEADS, padded_vocab_size=VOCAB, swiglu=kw["swiglu"],
+        num_attention_heads=HEADS, padded_vocab_size=kw.get("vocab", VOCAB), swiglu=kw["swiglu"],
         tensor_model_parallel_size=kw["tp"], pipeline_model_parallel_size=kw["pp"],
         virtual_pipeline_model_parallel_size=kw.get("vpp"),
         expert_model_parallel_size=kw.get("ep", 1), num_experts=kw.get("experts") or None,
@@ -395,7 +395,8 @@ def distrib_optim(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, 
 
 def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=None, ep=1,
                      experts=0, optimizer=None, release=False, drop_args=(), nest=None,
-                     optim_full=None, bucket_size=None, dp=1, tied=False, as_list=False):
+                     optim_full=None, bucket_size=None, dp=1, tied=False, as_list=False,
+                     vocab=VOCAB):
     os.makedirs(out, exist_ok=True)
     sub = "release" if release else "iter_%07d" % iteration
     with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -410,7 +411,7 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
             chunks_of[p][(p, v)] = (lo, lo + per, p == 0 and v == 0, p == pp - 1 and v == nv - 1)
     args = make_args(num_layers=layers, swiglu=swiglu, tp=tp, pp=pp, vpp=vpp, ep=ep,
                      experts=experts, te=te, distopt=optimizer == "distributed", dp=dp,
-                     bucket_size=bucket_size, tied=tied)
+                     bucket_size=bucket_size, tied=tied, vocab=vocab)
     for a in drop_args:
         delattr(args, a)
     for p in range(pp):
@@ -521,11 +522,13 @@ def generate(out):
     # Distributed optimizer with virtual pipeline chunks (one buffer each) and tied
     # embeddings at PP 2 (the shared embedding params get buckets of their own), saved by a
     # ChainedOptimizer of one optimizer as a list.
-    vt = gpt_full(4, te=False, swiglu=False, seed=300)
+    # Vocabulary 20: the embeddings' 160 elements are not a multiple of the 64-element
+    # alignment, so their buckets of their own move the params after them.
+    vt = gpt_full(4, te=False, swiglu=False, seed=300, vocab=20)
     vt_optim = optimizer_full(vt, 2000)
     write_checkpoint(os.path.join(out, "gpt_vpp2_tied", "ckpt"), vt, tp=1, pp=2, layers=4,
                      swiglu=False, te=False, vpp=2, iteration=11, optimizer="distributed",
-                     optim_full=vt_optim, dp=4, tied=True, as_list=True)
+                     optim_full=vt_optim, dp=4, tied=True, as_list=True, vocab=20)
     write_expected(os.path.join(out, "gpt_vpp2_tied"), vt)
     write_expected_optimizer(os.path.join(out, "gpt_vpp2_tied"), vt_optim)
 
