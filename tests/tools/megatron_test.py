@@ -30,8 +30,8 @@ INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
 CONVERT = os.path.join(BUILD, "tools", "fc-convert")
 ROOT = os.path.join(TESTDATA, "megatron_legacy")
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
-         "gpt_vpp2_tied"]
-OPTIMIZER_CASES = ["gpt_tp2_pp2", "gpt_vpp2_tied"]
+         "gpt_vpp2_tied", "moe_distopt"]
+OPTIMIZER_CASES = ["gpt_tp2_pp2", "gpt_vpp2_tied", "moe_distopt"]
 tmp = tempfile.mkdtemp(prefix="fc-megatron-test-")
 
 
@@ -78,7 +78,8 @@ def case_inspect():
             "gpt_pp2_vpp2": ("7", "1", "2", "1", "iter_0000007"),
             "moe_tp2_ep2": ("5", "2", "1", "2", "iter_0000005"),
             "legacy_tp2_pp2": ("9", "2", "2", "1", "iter_0000009"),
-            "gpt_vpp2_tied": ("11", "1", "2", "1", "iter_0000011")}
+            "gpt_vpp2_tied": ("11", "1", "2", "1", "iter_0000011"),
+            "moe_distopt": ("13", "2", "1", "2", "iter_0000013")}
     for label in CASES:
         ckpt = os.path.join(ROOT, label, "ckpt")
         j = json.loads(fcio.run([INSPECT, ckpt, "--json"]).stdout)

@@ -502,8 +502,12 @@ class Reader {
   using Pieces = std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::vector<Piece>>;
   Status ReadDistribOptim(const Grid& grid, const Pieces& pieces, const Degrees& deg,
                           int64_t vpp);
-  Status ReadRankDistribOptim(const RankFile& model, const Pieces& pieces, int64_t p, int64_t t,
-                              const Degrees& deg, int64_t vpp);
+  Status ReadRankDistribOptim(const RankFile& model, const Pieces& pieces, int64_t p, int64_t e,
+                              int64_t t, const Degrees& deg, int64_t vpp);
+  // One optimizer's state (`state`, of file `f`) over the rank's dense or expert params.
+  Status ReadOptimizerState(const RankFile& model, const RankFile& f, const PV& state,
+                            const std::string& rel, bool experts, const Pieces& pieces,
+                            int64_t p, int64_t e, int64_t t, const Degrees& deg, int64_t vpp);
   // The candidate layouts of model chunk v of stage p: what args say, both alignments.
   Result<std::vector<BufferLayoutRule>> LayoutCandidates(int64_t p, int64_t v) const;
 
@@ -561,23 +565,15 @@ Result<std::vector<BufferLayoutRule>> Reader::LayoutCandidates(int64_t p, int64_
 
 Status Reader::ReadDistribOptim(const Grid& grid, const Pieces& pieces, const Degrees& deg,
                                 int64_t vpp) {
-  for (const auto& [key, list] : pieces) {
-    for (const Piece& pc : list) {
-      if (ExpertOf(Split(pc.name, '.'))) {
-        return UnimplementedError("MoE: the expert params have an optimizer of their own (a "
-                                  "ChainedOptimizer), a layout fc does not read yet");
-      }
-    }
-  }
   for (const auto& [pet, f] : grid) {
     const auto [p, e, t] = pet;
-    FC_RETURN_IF_ERROR(ReadRankDistribOptim(*f, pieces, p, t, deg, vpp));
+    FC_RETURN_IF_ERROR(ReadRankDistribOptim(*f, pieces, p, e, t, deg, vpp));
   }
   return Status::Ok();
 }
 
 Status Reader::ReadRankDistribOptim(const RankFile& model, const Pieces& pieces, int64_t p,
-                                    int64_t t, const Degrees& deg, int64_t vpp) {
+                                    int64_t e, int64_t t, const Degrees& deg, int64_t vpp) {
   const std::string rank_dir = model.rel.substr(0, model.rel.find('/'));
   const std::string rel = rank_dir + "/" + std::string(kDistribOptimFile);
   if (!PathExists(dir_ + "/" + rel)) {
@@ -585,16 +581,52 @@ Status Reader::ReadRankDistribOptim(const RankFile& model, const Pieces& pieces,
   }
   FC_ASSIGN_OR_RETURN(std::unique_ptr<RankFile> f,
                       OpenRankFile(dir_, rel, static_cast<uint32_t>(files_.size()), false));
-  const PV* root = &f->root;
-  if (root->is_list()) {
-    // A ChainedOptimizer saves one entry per optimizer.
-    if (root->items.size() != 1 || !root->items[0]) {
-      return UnimplementedError(rel + " holds " + std::to_string(root->items.size()) +
-                                " optimizers (a ChainedOptimizer: MoE or "
-                                "overlap_param_gather_with_optimizer_step); fc reads one");
+  bool has_experts = false;
+  for (int64_t v = 0; v < vpp && !has_experts; ++v) {
+    for (const Piece& pc : pieces.at({p, e, t, v})) {
+      if (ExpertOf(Split(pc.name, '.'))) has_experts = true;
     }
-    root = root->items[0].get();
   }
+  // A ChainedOptimizer saves a list, one entry per optimizer (None where this process is not
+  // DP rank 0 of that optimizer's group): [dense] or, with MoE, [dense, expert]; a lone
+  // optimizer saves its dict.
+  const PV* dense = &f->root;
+  const PV* expert = nullptr;
+  if (f->root.is_list()) {
+    const auto& items = f->root.items;
+    if (items.size() != (has_experts ? 2u : 1u)) {
+      return UnimplementedError(rel + " holds " + std::to_string(items.size()) +
+                                " optimizers (a ChainedOptimizer); fc reads " +
+                                (has_experts ? "two (dense, expert)" : "one") +
+                                " for this rank's params (overlap_param_gather_with_optimizer_"
+                                "step splits them further)");
+    }
+    dense = items[0] && !items[0]->is_none() ? items[0].get() : nullptr;
+    expert = has_experts && items[1] && !items[1]->is_none() ? items[1].get() : nullptr;
+  } else if (has_experts) {
+    return DataLossError(rel + " holds one optimizer, but " + model.rel +
+                         " has expert params (a separate optimizer's)");
+  }
+  // Dense params are read from EP rank 0 only (the other EP ranks' copies are not used).
+  if (e == 0) {
+    if (dense == nullptr) return DataLossError(rel + ": no state for the dense params");
+    FC_RETURN_IF_ERROR(ReadOptimizerState(model, *f, *dense, rel, false, pieces, p, e, t, deg, vpp));
+  }
+  if (has_experts) {
+    if (expert == nullptr) return DataLossError(rel + ": no state for the expert params");
+    FC_RETURN_IF_ERROR(ReadOptimizerState(model, *f, *expert, rel + " (expert optimizer)", true,
+                                          pieces, p, e, t, deg, vpp));
+  }
+  files_.push_back(std::move(f));
+  index_.files.push_back(FileInfo{files_.back()->rel, files_.back()->file->size()});
+  return Status::Ok();
+}
+
+Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, const PV& state,
+                                  const std::string& rel, bool experts, const Pieces& pieces,
+                                  int64_t p, int64_t e, int64_t t, const Degrees& deg,
+                                  int64_t vpp) {
+  const PV* root = &state;
   if (DictEntries(root) == nullptr) {
     return DataLossError(rel + ": the saved object is " + root->DebugString() +
                          ", expected the distributed optimizer's parameter state");
@@ -615,7 +647,8 @@ Status Reader::ReadRankDistribOptim(const RankFile& model, const Pieces& pieces,
   std::vector<Buffer> buffers;
   for (int64_t v = 0; v < vpp; ++v) {
     const size_t first = buffers.size();
-    for (const Piece& pc : pieces.at({p, 0, t, v})) {
+    for (const Piece& pc : pieces.at({p, e, t, v})) {
+      if (ExpertOf(Split(pc.name, '.')).has_value() != experts) continue;
       FC_ASSIGN_OR_RETURN(Located l, model.Locate(*pc.value, "'" + pc.name + "'"));
       size_t b = first;
       while (b < buffers.size() && buffers[b].dtype != l.dtype) ++b;
@@ -667,7 +700,7 @@ Status Reader::ReadRankDistribOptim(const RankFile& model, const Pieces& pieces,
       if (tensor == nullptr || !LooksLikeTensor(*tensor)) {
         return DataLossError(where + ": no '" + std::string(kOptimKeys[r]) + "' tensor");
       }
-      FC_ASSIGN_OR_RETURN(flat[r], f->Locate(*tensor, "buffer " + std::to_string(g) + " '" +
+      FC_ASSIGN_OR_RETURN(flat[r], f.Locate(*tensor, "buffer " + std::to_string(g) + " '" +
                                                            std::string(kOptimKeys[r]) + "'"));
       if (flat[r].dtype != DType::kFloat32 || flat[r].shape != Shape{*numel} || !flat[r].contiguous) {
         return DataLossError(flat[r].where + " is " + std::string(DTypeName(flat[r].dtype)) + " " +
@@ -696,7 +729,7 @@ Status Reader::ReadRankDistribOptim(const RankFile& model, const Pieces& pieces,
       for (size_t i = 0; ok.ok() && i < params.size(); ++i) {
         Located master = flat[0];
         master.first += static_cast<uint64_t>(layout.offsets[i]) * 4;
-        ok = CheckMasterRoundsToModel(*f->file, master, *model.file, b.located[i],
+        ok = CheckMasterRoundsToModel(*f.file, master, *model.file, b.located[i],
                                       b.params[i]->name);
       }
       if (ok.ok()) {
@@ -719,13 +752,11 @@ Status Reader::ReadRankDistribOptim(const RankFile& model, const Pieces& pieces,
         l.strides.assign(l.shape.size(), 1);
         for (size_t d = l.shape.size(); d-- > 1;) l.strides[d - 1] = l.strides[d] * l.shape[d];
         l.first += static_cast<uint64_t>(found->offsets[i]) * 4;
-        l.where = rel + ": " + std::string(kOptimRoles[r]) + " of '" + b.params[i]->name + "'";
+        l.where = f.rel + ": " + std::string(kOptimRoles[r]) + " of '" + b.params[i]->name + "'";
       }
-      optim_[{p, 0, t, b.v, b.params[i]->name}] = std::move(states3);
+      optim_[{p, e, t, b.v, b.params[i]->name}] = std::move(states3);
     }
   }
-  files_.push_back(std::move(f));
-  index_.files.push_back(FileInfo{files_.back()->rel, files_.back()->file->size()});
   return Status::Ok();
 }
 
@@ -1150,9 +1181,7 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   std::string optim_not_read;
   if (distrib_optim > 0) {
     const size_t opened = files_.size();
-    Status st = deg.ep > 1 ? UnimplementedError("expert parallelism: fc does not read that "
-                                                "layout yet")
-                           : ReadDistribOptim(grid, pieces, deg, vpp);
+    Status st = ReadDistribOptim(grid, pieces, deg, vpp);
     if (!st.ok()) {
       optim_not_read = st.message();
       optim_.clear();

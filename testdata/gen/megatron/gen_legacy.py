@@ -43,6 +43,9 @@ FULL tensor, C order, bfloat16 as uint16 bits, the names fc gives them):
   gpt_vpp2_tied local names, 4 layers, TP 1 x PP 2 x virtual PP 2, tied embeddings, dp 4,
                 distributed optimizer saved as a one-element list (ChainedOptimizer), one
                 buffer per model chunk, the shared embedding params in buckets of their own
+  moe_distopt   local names, 2 layers, swiglu, 4 experts (layer 1 TEGroupedMLP names), TP 2 x
+                EP 2, distributed optimizer: each rank's distrib_optim.pt a ChainedOptimizer's
+                [dense, expert] list (dense None on EP rank 1), buckets of 60 elements
 Cases with a distributed optimizer also have expected_optimizer/optimizer.<role>.<name>.npy
 (role fp32, exp_avg, exp_avg_sq: full fp32 tensors). Every fp32 master weight rounds to its
 bf16 model weight (asserted), which is what fc checks to trust its layout.
@@ -367,13 +370,29 @@ def coalesced_layout(params, bucket_size, align, shared, dp):
     return offsets, sum(unpadded)
 
 
-def distrib_optim(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, as_list):
+def distrib_optim(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, as_list,
+                  ep_rank=0, moe=False):
     """distrib_optim.pt of one rank (get_parameter_state_dp_zero, coalesced buckets): one
-    buffer per model chunk (all params bf16, grads reduced in fp32)."""
+    buffer per model chunk (all params bf16, grads reduced in fp32). With MoE a
+    ChainedOptimizer's list: [dense, expert], the dense state only where this process is
+    DP rank 0 of the dense group (EP rank 0), None elsewhere."""
+    if moe:
+        dense = (optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp,
+                                 lambda n: expert_of(n) is None) if ep_rank == 0 else None)
+        return [dense, optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp,
+                                       dp, lambda n: expert_of(n) is not None)]
+    state = optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp,
+                            lambda n: True)
+    return [state] if as_list else state
+
+
+def optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, mine):
+    """One DistributedOptimizer's get_parameter_state_dp_zero over the params `mine` keeps."""
     state = {"buckets_coalesced": True}
     for v, key in enumerate(sorted(chunk_states)):
         sd = chunk_states[key]
-        params = [(n, t.numel()) for n, t in sd.items() if isinstance(t, torch.Tensor)]
+        params = [(n, t.numel()) for n, t in sd.items()
+                  if isinstance(t, torch.Tensor) and mine(n)]
         shared = set()
         if tied and pp > 1:
             shared = {n for n, _ in params
@@ -390,7 +409,7 @@ def distrib_optim(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, 
             world[role] = flat
         world["numel_unpadded"] = numel
         state[v] = {(torch.bfloat16, torch.float32): world}
-    return [state] if as_list else state
+    return state
 
 
 def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=None, ep=1,
@@ -450,7 +469,7 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
                                                   {c: chunks_of[p][c]}, ep, e, experts, te)[c]
                             for role in optim_full}
                     torch.save(distrib_optim(sds, optim_chunks, bucket_size, p, tied, pp, dp,
-                                             as_list),
+                                             as_list, e, experts > 0),
                                os.path.join(d, "distrib_optim.pt"))
                 if optimizer is not None:
                     state["rng_state"] = rng_state(100 + r + 10 * p + 100 * e)
@@ -485,7 +504,7 @@ def write_expected_optimizer(case_dir, optim_full):
 
 
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
-         "no_swiglu_arg", "gpt_vpp2_tied"]
+         "no_swiglu_arg", "gpt_vpp2_tied", "moe_distopt"]
 
 
 def generate(out):
@@ -531,6 +550,15 @@ def generate(out):
                      optim_full=vt_optim, dp=4, tied=True, as_list=True, vocab=20)
     write_expected(os.path.join(out, "gpt_vpp2_tied"), vt)
     write_expected_optimizer(os.path.join(out, "gpt_vpp2_tied"), vt_optim)
+    # MoE with the distributed optimizer: TP 2 x EP 2, each rank's file [dense, expert]
+    # (dense on EP rank 0 only), experts with buckets of 60 elements.
+    md = gpt_full(2, te=False, swiglu=True, seed=400, experts=4, grouped_layers=(1,))
+    md_optim = optimizer_full(md, 3000)
+    write_checkpoint(os.path.join(out, "moe_distopt", "ckpt"), md, tp=2, pp=1, layers=2,
+                     swiglu=True, te=False, ep=2, experts=4, iteration=13,
+                     optimizer="distributed", optim_full=md_optim, bucket_size=60, dp=4)
+    write_expected(os.path.join(out, "moe_distopt"), md)
+    write_expected_optimizer(os.path.join(out, "moe_distopt"), md_optim)
 
 
 def compare_dirs(a, b):

@@ -68,7 +68,7 @@ std::vector<std::byte> Reassemble(const CheckpointIndex& index, const TensorEntr
 
 TEST_CASE("megatron: fixtures reassemble to the full tensors", "[megatron]") {
   for (const char* name : {"gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2",
-                           "legacy_tp2_pp2", "gpt_vpp2_tied"}) {
+                           "legacy_tp2_pp2", "gpt_vpp2_tied", "moe_distopt"}) {
     INFO(name);
     auto index = OpenCheckpoint(Fixture(name) + "/ckpt");
     REQUIRE(index.ok());
