@@ -69,8 +69,10 @@
 // param-and-grad buffer (one per model chunk and param dtype, chunks in order), flat fp32
 // "param" (the master weights), "exp_avg" and "exp_avg_sq" tensors in the coalesced form
 // Megatron writes since February 2024 ({"buckets_coalesced": True, i: {(param dtype, grad
-// dtype) or grad dtype: {..., "numel_unpadded"}}}, or a one-element list of that, a
-// ChainedOptimizer's). Positions follow Megatron-Core's ParamAndGradBuffer layout
+// dtype) or grad dtype: {..., "numel_unpadded"}}}, or a ChainedOptimizer's list of those:
+// [dense] or, with MoE, [dense, expert], None where the saving process was not DP rank 0 of
+// that optimizer's group; dense states are read from EP rank 0, the expert params, in
+// buffers of their own, from every EP rank). Positions follow Megatron-Core's ParamAndGradBuffer layout
 // (src/format/megatron/distrib_optim_layout.h): params in reverse state-dict order, starts
 // aligned to 64 elements (Megatron-Core >= 0.8) or not (older), buckets from args
 // (overlap_grad_reduce, ddp_bucket_size, else max(40M, 1M x DP), none after the first
@@ -82,8 +84,9 @@
 // (float32, the param's global shape, merged over TP like the weights). The Adam step is per
 // param group in model_optim_rng.pt (the groups' param lists are dropped): attribute
 // megatron.optimizer_step (the distinct values). When any file does not fit (missing, the
-// pre-2024 per-bucket form, several optimizers: MoE, expert parallelism,
-// args.ddp_num_buckets, frozen params or a layout that fails the check), no state is
+// pre-2024 per-bucket form, more optimizers than dense + expert
+// (overlap_param_gather_with_optimizer_step), args.ddp_num_buckets, frozen params or a
+// layout that fails the check), no state is
 // exposed and megatron.distrib_optim says why; the weights are unaffected.
 //
 // Attributes: megatron.iteration, megatron.checkpoint_dir (iter_NNNNNNN | release),
