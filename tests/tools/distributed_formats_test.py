@@ -33,7 +33,8 @@ CASES = [
     ("deepspeed_pp2_tp2", "deepspeed/pp2_tp2/ckpt", []),
     ("deepspeed_ucp", "deepspeed/ucp/ckpt", ["--include-optimizer"]),
     ("deepspeed_moe_zero2", "deepspeed/moe_zero2/ckpt", ["--include-optimizer"]),
-    ("megatron_tp2_pp2", "megatron_legacy/gpt_tp2_pp2/ckpt", []),
+    ("megatron_tp2_pp2", "megatron_legacy/gpt_tp2_pp2/ckpt", ["--include-optimizer"]),
+    ("megatron_moe_distopt", "megatron_legacy/moe_distopt/ckpt", ["--include-optimizer"]),
     ("safetensors_sharded", "safetensors/hf_sharded", []),
     ("paddle_tp2", "paddle_flex/tp2/ckpt", []),
 ]

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <set>
@@ -442,7 +443,9 @@ std::string Hex(uint64_t bits, size_t bytes) {
 // Megatron copies the fp32 main params into the model params after every step (a cast,
 // round to nearest even), so a param's saved model weight is its master weight in the
 // model's dtype. Checks that on the first and last few elements of every param: a layout
-// that puts any param at a wrong offset fails here. kDataLoss names the param and values.
+// that puts any param at a wrong offset fails here. Two reads per file and param (the
+// model's elements one by one when it is a strided view). kDataLoss names the param and
+// values.
 Status CheckMasterRoundsToModel(const RandomAccessFile& optim_file, const Located& master,
                                 const RandomAccessFile& model_file, const Located& model,
                                 const std::string& name) {
@@ -450,22 +453,40 @@ Status CheckMasterRoundsToModel(const RandomAccessFile& optim_file, const Locate
   int64_t n = 1;
   for (int64_t d : model.shape) n *= d;
   const size_t item = DTypeSize(model.dtype);
-  for (int64_t i = 0; i < n; i = (i + 1 == kEnds && n > 2 * kEnds) ? n - kEnds : i + 1) {
-    float m = 0;
-    FC_RETURN_IF_ERROR(optim_file.ReadAt(master.first + static_cast<uint64_t>(i) * 4,
-                                         std::as_writable_bytes(std::span(&m, 1))));
-    uint64_t want = 0, got = 0;
-    FC_RETURN_IF_ERROR(ConvertElements(&m, DType::kFloat32, &want, model.dtype, 1));
-    FC_RETURN_IF_ERROR(model_file.ReadAt(ElementOffset(model, i),
-                                         std::as_writable_bytes(std::span(&got, 1)).first(item)));
-    const bool both_nan = m != m && [&] {
+  // [first, first + count) runs: the head, and the tail when it does not overlap it.
+  std::vector<std::pair<int64_t, int64_t>> runs = {{0, std::min(n, kEnds)}};
+  if (n > kEnds) runs.emplace_back(std::max(kEnds, n - kEnds), n - std::max(kEnds, n - kEnds));
+  for (const auto& [first, count] : runs) {
+    std::array<float, kEnds> m{};
+    std::array<std::byte, kEnds * 8> got{}, want{};
+    const size_t c = static_cast<size_t>(count);
+    FC_RETURN_IF_ERROR(optim_file.ReadAt(master.first + static_cast<uint64_t>(first) * 4,
+                                         std::as_writable_bytes(std::span(m.data(), c))));
+    FC_RETURN_IF_ERROR(ConvertElements(m.data(), DType::kFloat32, want.data(), model.dtype, c));
+    if (model.contiguous) {
+      FC_RETURN_IF_ERROR(model_file.ReadAt(ElementOffset(model, first),
+                                           std::span(got.data(), c * item)));
+    } else {
+      for (size_t i = 0; i < c; ++i) {
+        FC_RETURN_IF_ERROR(model_file.ReadAt(ElementOffset(model, first + static_cast<int64_t>(i)),
+                                             std::span(got.data() + i * item, item)));
+      }
+    }
+    for (size_t i = 0; i < c; ++i) {
+      const std::byte* g = got.data() + i * item;
+      const std::byte* w = want.data() + i * item;
+      if (std::memcmp(g, w, item) == 0) continue;
       float back = 0;
-      return ConvertElements(&got, model.dtype, &back, DType::kFloat32, 1).ok() && back != back;
-    }();
-    if (want != got && !both_nan) {
-      return DataLossError("'" + name + "' element " + std::to_string(i) + ": the fp32 value " +
-                           std::to_string(m) + " rounds to " + Hex(want, item) + ", the model holds " +
-                           Hex(got, item));
+      if (m[i] != m[i] && ConvertElements(g, model.dtype, &back, DType::kFloat32, 1).ok() &&
+          back != back) {
+        continue;  // NaN in both
+      }
+      uint64_t gb = 0, wb = 0;
+      std::memcpy(&gb, g, item);
+      std::memcpy(&wb, w, item);
+      return DataLossError("'" + name + "' element " + std::to_string(first + static_cast<int64_t>(i)) +
+                           ": the fp32 value " + std::to_string(m[i]) + " rounds to " +
+                           Hex(wb, item) + ", the model holds " + Hex(gb, item));
     }
   }
   return Status::Ok();
