@@ -1,5 +1,7 @@
 #include "fc/model/checkpoint_index.h"
 
+#include <unordered_map>
+
 namespace fc {
 
 std::string_view CheckpointFormatName(CheckpointFormat format) {
@@ -28,6 +30,27 @@ Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
 
 const TensorEntry* CheckpointIndex::FindTensor(std::string_view key) const {
   return tensor_lookup.Find(tensors, key);
+}
+
+void FoldPrefixedTensors(CheckpointIndex* index, std::string_view prefix, bool substitute) {
+  std::unordered_map<std::string, size_t> prefixed;
+  for (size_t i = 0; i < index->tensors.size(); ++i) {
+    const std::string& k = index->tensors[i].key;
+    if (k.starts_with(prefix)) prefixed.emplace(k.substr(prefix.size()), i);
+  }
+  std::vector<TensorEntry> out;
+  out.reserve(index->tensors.size() - prefixed.size());
+  for (TensorEntry& t : index->tensors) {
+    if (t.key.starts_with(prefix)) continue;
+    if (auto it = prefixed.find(t.key); substitute && it != prefixed.end()) {
+      TensorEntry m = index->tensors[it->second];
+      m.key = t.key;
+      out.push_back(std::move(m));
+      continue;
+    }
+    out.push_back(std::move(t));
+  }
+  index->tensors = std::move(out);
 }
 
 uint64_t CheckpointIndex::total_file_bytes() const {

@@ -139,6 +139,12 @@ struct CheckpointIndex {
   KeyLookupCache tensor_lookup;  // FindTensor's cache; not part of the value
 };
 
+// For formats that hold two copies of a weight (DeepSpeed: the fp32 <p> and the 16-bit
+// module.<p>; Megatron: the model <p> and the master optimizer.fp32.<p>): drops every tensor
+// named <prefix><name>; with `substitute`, each first takes the place of the tensor <name>
+// (under that name) where one exists. Other tensors keep their order.
+void FoldPrefixedTensors(CheckpointIndex* index, std::string_view prefix, bool substitute);
+
 }  // namespace fc
 
 #endif  // FC_MODEL_CHECKPOINT_INDEX_H_

@@ -2874,28 +2874,7 @@ Status SelectDeepSpeedWeights(DeepSpeedWeights weights, CheckpointIndex* index) 
                               u->second + "; export refused (fc-inspect shows them as "
                               "mp_rank_XX.<name>)");
   }
-  constexpr std::string_view kModule = "module.";
-  std::map<std::string, size_t> module_pos;
-  for (size_t i = 0; i < index->tensors.size(); ++i) {
-    if (index->tensors[i].key.starts_with(kModule)) {
-      module_pos[index->tensors[i].key.substr(kModule.size())] = i;
-    }
-  }
-  std::vector<TensorEntry> out;
-  for (TensorEntry& t : index->tensors) {
-    if (t.key.starts_with(kModule)) continue;
-    if (weights == DeepSpeedWeights::kModule) {
-      auto it = module_pos.find(t.key);
-      if (it != module_pos.end()) {
-        TensorEntry m = index->tensors[it->second];
-        m.key = t.key;
-        out.push_back(std::move(m));
-        continue;
-      }
-    }
-    out.push_back(std::move(t));
-  }
-  index->tensors = std::move(out);
+  FoldPrefixedTensors(index, "module.", weights == DeepSpeedWeights::kModule);
   return Status::Ok();
 }
 

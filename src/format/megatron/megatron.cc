@@ -20,7 +20,6 @@
 #include <set>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -1389,12 +1388,9 @@ Status SelectMegatronMasterWeights(CheckpointIndex* index) {
     return InvalidArgumentError("not a Megatron checkpoint");
   }
   constexpr std::string_view kFp32 = "optimizer.fp32.";
-  std::unordered_map<std::string, size_t> master;
-  for (size_t i = 0; i < index->tensors.size(); ++i) {
-    const std::string& k = index->tensors[i].key;
-    if (k.starts_with(kFp32)) master.emplace(k.substr(kFp32.size()), i);
-  }
-  if (master.empty()) {
+  const bool any = std::any_of(index->tensors.begin(), index->tensors.end(),
+                               [&](const TensorEntry& t) { return t.key.starts_with(kFp32); });
+  if (!any) {
     auto d = index->attributes.find("megatron.distrib_optim");
     return UnimplementedError(index->root + ": no fp32 master weights to export (" +
                               (d == index->attributes.end()
@@ -1403,19 +1399,7 @@ Status SelectMegatronMasterWeights(CheckpointIndex* index) {
                                    : "distrib_optim.pt: " + d->second) +
                               "); export the model weights (--weights module)");
   }
-  std::vector<TensorEntry> out;
-  out.reserve(index->tensors.size() - master.size());
-  for (TensorEntry& t : index->tensors) {
-    if (t.key.starts_with(kFp32)) continue;
-    if (auto it = master.find(t.key); it != master.end()) {
-      TensorEntry m = index->tensors[it->second];
-      m.key = t.key;
-      out.push_back(std::move(m));
-      continue;
-    }
-    out.push_back(std::move(t));
-  }
-  index->tensors = std::move(out);
+  FoldPrefixedTensors(index, kFp32, true);
   return Status::Ok();
 }
 
