@@ -31,7 +31,7 @@ CONVERT = os.path.join(BUILD, "tools", "fc-convert")
 ROOT = os.path.join(TESTDATA, "megatron_legacy")
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
          "gpt_vpp2_tied", "moe_distopt"]
-OPTIMIZER_CASES = ["gpt_tp2_pp2", "gpt_vpp2_tied", "moe_distopt"]
+OPTIMIZER_CASES = ["gpt_tp2_pp2", "gpt_vpp2_tied", "moe_distopt", "gpt_pp2_vpp2", "moe_tp2_ep2"]
 tmp = tempfile.mkdtemp(prefix="fc-megatron-test-")
 
 
@@ -194,14 +194,19 @@ def case_optimizer():
         got, _ = fcio.read_hf_dir(out)
         check_same(got, dict(model, **optim), label)
         # Independent of fc's layout: each master weight rounds to its bf16 model weight.
+        def master_name(name):  # per-rank names: mp_rank_TT.optimizer.fp32.<name>
+            if name.startswith("mp_rank_"):
+                rank, rest = name.split(".", 1)
+                return rank + ".optimizer.fp32." + rest
+            return "optimizer.fp32." + name
         for name, want in model.items():
-            master = optim["optimizer.fp32." + name]
+            master = optim[master_name(name)]
             assert np.array_equal(fcio.f32_to_bf16_bits(master).reshape(want.shape),
                                   want.view(np.uint16)), (label, name)
         out = os.path.join(tmp, label + "_fp32")
         fcio.run([EXPORT, ckpt, out, "--quiet", "--weights", "fp32"])
         got, _ = fcio.read_hf_dir(out)
-        check_same(got, {n: optim["optimizer.fp32." + n] for n in model}, label + " fp32")
+        check_same(got, {n: optim[master_name(n)] for n in model}, label + " fp32")
         # --weights module is the default.
         out = os.path.join(tmp, label + "_module")
         fcio.run([EXPORT, ckpt, out, "--quiet", "--weights", "module"])

@@ -104,9 +104,19 @@
 // ever executed. Other globals (Megatron enums, io.BytesIO, ...) are kept opaque and listed
 // in megatron.opaque_globals; they never make the read fail.
 //
-// Not read: the Float16 (non-distributed) optimizer's states (keyed by param index in
-// Megatron's param-group order, which the file does not record), the RNG states and the
-// scheduler. checkpoint_version < 2.0 (the old QKV ordering) is refused
+// FLOAT16 OPTIMIZER (no distributed optimizer): model_optim_rng.pt's 'optimizer' is
+// Float16OptimizerWithFloat16Params.state_dict() ({optimizer: torch Adam's state_dict,
+// fp32_from_fp16_params: per param group, the 16-bit params' fp32 masters}), or a
+// ChainedOptimizer's [dense, expert] list with expert parallelism. Megatron groups the
+// trainable params by (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr), no weight
+// decay for ".bias" and 1-D params, each group in named_parameters order over the model
+// chunks; the saved groups keep those keys (the oldest form: two groups, weight decay first),
+// so each param goes to the group whose keys fit it, whatever the groups' order. Checked:
+// group sizes, every state's shape, and every master rounding to its model weight at both
+// ends. Same names as above; when anything does not fit (lr_mult != 1, frozen params, a
+// param without a state yet), megatron.optimizer says "..., not read: <why>".
+//
+// Not read: the RNG states and the scheduler. checkpoint_version < 2.0 (the old QKV ordering) is refused
 // (kUnimplemented), as is expert_tensor_parallel_size != tensor_model_parallel_size.
 // Errors: kNotFound (no iteration dir, a missing rank dir or file), kDataLoss (degrees, layer
 // counts, shapes or iterations that disagree; truncated archives; the message names the file

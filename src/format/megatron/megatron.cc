@@ -15,6 +15,7 @@
 #include <array>
 #include <charconv>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -531,6 +532,16 @@ class Reader {
   // The candidate layouts of model chunk v of stage p: what args say, both alignments.
   Result<std::vector<BufferLayoutRule>> LayoutCandidates(int64_t p, int64_t v) const;
 
+  // The Float16 (non-distributed) optimizer's state in each model_optim_rng.pt: fills
+  // optim_, or says why not.
+  Status ReadFloat16Optimizer(const Grid& grid, const Pieces& pieces, int64_t vpp);
+  // One optimizer's state dict `state` over the rank's params that `member` accepts;
+  // records those `keep` accepts.
+  Status ReadFloat16State(const RankFile& f, const PV& state, const std::string& rel,
+                          const std::function<bool(const Piece&)>& member,
+                          const std::function<bool(const Piece&)>& keep, const Pieces& pieces,
+                          int64_t p, int64_t e, int64_t t, int64_t vpp);
+
   MegatronReadOptions options_;
   std::string dir_;
   CheckpointIndex index_;
@@ -581,6 +592,205 @@ Result<std::vector<BufferLayoutRule>> Reader::LayoutCandidates(int64_t p, int64_
     for (const auto& size : sizes) out.push_back(BufferLayoutRule{align, size});
   }
   return out;
+}
+
+bool IsExpertPiece(const Piece& pc) { return ExpertOf(Split(pc.name, '.')).has_value(); }
+
+std::optional<double> NumberOf(const PV* v) {
+  if (v == nullptr) return std::nullopt;
+  if (v->kind == PV::Kind::kFloat) return v->float_value;
+  if (v->is_int()) return static_cast<double>(v->int_value);
+  return std::nullopt;
+}
+
+Status Reader::ReadFloat16Optimizer(const Grid& grid, const Pieces& pieces, int64_t vpp) {
+  for (const auto& [pet, f] : grid) {
+    const auto [p, e, t] = pet;
+    const PV* opt = f->root.Find("optimizer");
+    const std::string rel = f->rel + ": optimizer";
+    if (opt == nullptr) return DataLossError(f->rel + ": no 'optimizer'");
+    bool has_experts = false;
+    for (int64_t v = 0; v < vpp; ++v) {
+      for (const Piece& pc : pieces.at({p, e, t, v})) has_experts |= IsExpertPiece(pc);
+    }
+    auto all = [](const Piece&) { return true; };
+    auto dense_only = [](const Piece& pc) { return !IsExpertPiece(pc); };
+    // EP rank 0 keeps the dense params' states; the other EP ranks their experts'.
+    auto keep = [e](const Piece& pc) { return e == 0 || IsExpertPiece(pc); };
+    if (opt->is_list()) {
+      // A ChainedOptimizer: [dense, expert] (expert parallelism puts the experts apart).
+      if (opt->items.size() != (has_experts ? 2u : 1u) ||
+          std::any_of(opt->items.begin(), opt->items.end(), [](const auto& i) { return !i; })) {
+        return UnimplementedError(rel + " holds " + std::to_string(opt->items.size()) +
+                                  " optimizers; fc reads a dense one and, with experts, an "
+                                  "expert one");
+      }
+      if (e == 0) {
+        FC_RETURN_IF_ERROR(ReadFloat16State(*f, *opt->items[0], rel + "[0]", dense_only,
+                                            dense_only, pieces, p, e, t, vpp));
+      }
+      if (has_experts) {
+        FC_RETURN_IF_ERROR(ReadFloat16State(*f, *opt->items[1], rel + "[1]", IsExpertPiece,
+                                            IsExpertPiece, pieces, p, e, t, vpp));
+      }
+    } else {
+      FC_RETURN_IF_ERROR(ReadFloat16State(*f, *opt, rel, all, keep, pieces, p, e, t, vpp));
+    }
+  }
+  return Status::Ok();
+}
+
+// Megatron's param groups (megatron/core/optimizer _get_param_groups): trainable params in
+// named_parameters order over the model chunks, a group per (wd_mult, lr_mult,
+// is_expert_parallel, is_decoupled_lr); no weight decay for ".bias" and 1-D params. The
+// saved groups keep those keys (the oldest: two groups, weight decay first), so each param's
+// group is the one whose keys match; group order does not matter. Indices into `state` are
+// the groups' `params` lists; fp32_from_fp16_params[g] lists the group's 16-bit params'
+// master weights in order. Checked: group sizes, shapes, and every master rounding to its
+// model weight at both ends.
+Status Reader::ReadFloat16State(const RankFile& f, const PV& state, const std::string& rel,
+                                const std::function<bool(const Piece&)>& member,
+                                const std::function<bool(const Piece&)>& keep,
+                                const Pieces& pieces, int64_t p, int64_t e, int64_t t,
+                                int64_t vpp) {
+  const PV* inner = state.Find("optimizer");
+  const PV* masters = state.Find("fp32_from_fp16_params");
+  const PV* groups = inner ? inner->Find("param_groups") : nullptr;
+  const PV* states = inner ? inner->Find("state") : nullptr;
+  if (masters == nullptr || !masters->is_list() || groups == nullptr || !groups->is_list() ||
+      DictEntries(states) == nullptr) {
+    return UnimplementedError(rel + " is not a Float16 optimizer's state ({optimizer: "
+                              "{state, param_groups}, fp32_from_fp16_params})");
+  }
+  if (masters->items.size() != groups->items.size()) {
+    return DataLossError(rel + ": " + std::to_string(masters->items.size()) +
+                         " fp32_from_fp16_params lists for " +
+                         std::to_string(groups->items.size()) + " param groups");
+  }
+  struct Member {
+    const Piece* piece;
+    int64_t v;
+    Located model;
+  };
+  // Each group's kind from its keys.
+  struct Kind {
+    std::optional<bool> no_wd, expert, decoupled;
+  };
+  std::vector<Kind> kinds;
+  bool decoupled_used = false;
+  for (size_t g = 0; g < groups->items.size(); ++g) {
+    const PV* grp = groups->items[g].get();
+    if (grp == nullptr || DictEntries(grp) == nullptr) {
+      return DataLossError(rel + ": param group " + std::to_string(g) + " is not a dict");
+    }
+    Kind k;
+    if (auto lr = NumberOf(grp->Find("lr_mult")); lr && *lr != 1.0) {
+      return UnimplementedError(rel + ": param group " + std::to_string(g) + " has lr_mult " +
+                                std::to_string(*lr) + " (scale_lr_cond: which params it holds "
+                                "is not recorded)");
+    }
+    if (auto wd = NumberOf(grp->Find("wd_mult"))) {
+      k.no_wd = *wd == 0.0;
+    } else if (groups->items.size() == 2) {
+      k.no_wd = g == 1;  // the oldest form: [weight decay, no weight decay]
+    } else {
+      return UnimplementedError(rel + ": param group " + std::to_string(g) + " has no wd_mult");
+    }
+    k.expert = BoolOf(grp->Find("is_expert_parallel"));
+    k.decoupled = BoolOf(grp->Find("is_decoupled_lr"));
+    decoupled_used |= k.decoupled.value_or(false);
+    kinds.push_back(k);
+  }
+  std::vector<std::vector<Member>> members(kinds.size());
+  for (int64_t v = 0; v < vpp; ++v) {
+    for (const Piece& pc : pieces.at({p, e, t, v})) {
+      if (!member(pc)) continue;
+      FC_ASSIGN_OR_RETURN(Located l, f.Locate(*pc.value, "'" + pc.name + "'"));
+      const bool no_wd = pc.name.ends_with(".bias") || l.shape.size() == 1;
+      const bool expert = IsExpertPiece(pc);
+      const bool embedding = pc.name.ends_with("word_embeddings.weight") ||
+                             pc.name.ends_with("output_layer.weight");
+      std::optional<size_t> group;
+      for (size_t g = 0; g < kinds.size(); ++g) {
+        const Kind& k = kinds[g];
+        if (*k.no_wd != no_wd || (k.expert && *k.expert != expert) ||
+            (decoupled_used && k.decoupled.value_or(false) != embedding)) {
+          continue;
+        }
+        if (group) {
+          return UnimplementedError(rel + ": param groups " + std::to_string(*group) + " and " +
+                                    std::to_string(g) + " both fit '" + pc.name + "'");
+        }
+        group = g;
+      }
+      if (!group) return DataLossError(rel + ": no param group fits '" + pc.name + "'");
+      members[*group].push_back(Member{&pc, v, std::move(l)});
+    }
+  }
+  for (size_t g = 0; g < kinds.size(); ++g) {
+    const PV* ids_value = groups->items[g]->Find("params");
+    if (ids_value == nullptr || !masters->items[g]) {
+      return DataLossError(rel + ": param group " + std::to_string(g) + " has no params list");
+    }
+    const PV& ids = *ids_value;
+    const PV& fp32 = *masters->items[g];
+    if (!ids.is_list() || ids.items.size() != members[g].size()) {
+      return DataLossError(rel + ": param group " + std::to_string(g) + " holds " +
+                           (ids.is_list() ? std::to_string(ids.items.size()) : std::string("no")) +
+                           " params, the model " + std::to_string(members[g].size()) +
+                           " of its kind (frozen params, or another grouping rule)");
+    }
+    size_t next_master = 0;
+    for (size_t i = 0; i < members[g].size(); ++i) {
+      const Member& m = members[g][i];
+      const std::string& name = m.piece->name;
+      std::array<Located, 3> located;
+      if (m.model.dtype == DType::kFloat32) {
+        located[0] = m.model;  // an fp32 param is its own master
+      } else {
+        if (!fp32.is_list() || next_master >= fp32.items.size() || !fp32.items[next_master]) {
+          return DataLossError(rel + ": fp32_from_fp16_params[" + std::to_string(g) +
+                               "] has no entry for '" + name + "'");
+        }
+        FC_ASSIGN_OR_RETURN(located[0], f.Locate(*fp32.items[next_master++],
+                                                 "fp32 master of '" + name + "'"));
+      }
+      const std::optional<int64_t> id = ids.items[i] ? IntOf(ids.items[i].get()) : std::nullopt;
+      const PV* st = id ? FindIntKey(*states, *id) : nullptr;
+      if (st == nullptr) {
+        return UnimplementedError(rel + ": no Adam state for '" + name + "' (param " +
+                                  (id ? std::to_string(*id) : std::string("?")) +
+                                  "; a param without a gradient yet)");
+      }
+      for (size_t r = 1; r < 3; ++r) {
+        const PV* tensor = st->Find(kOptimKeys[r]);
+        if (tensor == nullptr || !LooksLikeTensor(*tensor)) {
+          return DataLossError(rel + ": state of '" + name + "' has no " + std::string(kOptimKeys[r]));
+        }
+        FC_ASSIGN_OR_RETURN(located[r], f.Locate(*tensor, std::string(kOptimRoles[r]) + " of '" +
+                                                              name + "'"));
+      }
+      for (const Located& l : located) {
+        if (l.dtype != DType::kFloat32 || l.shape != m.model.shape) {
+          return DataLossError(l.where + " is " + std::string(DTypeName(l.dtype)) + " " +
+                               ShapeText(l.shape) + ", the param " + ShapeText(m.model.shape) +
+                               " (expected float32 of its shape)");
+        }
+      }
+      if (!located[0].contiguous) {
+        return UnimplementedError(located[0].where + " is a strided view");
+      }
+      FC_RETURN_IF_ERROR(CheckMasterRoundsToModel(*f.file, located[0], *f.file, m.model, name)
+                             .With(rel));
+      if (keep(*m.piece)) optim_[{p, e, t, m.v, name}] = std::move(located);
+    }
+    if (fp32.is_list() && next_master != fp32.items.size()) {
+      return DataLossError(rel + ": fp32_from_fp16_params[" + std::to_string(g) + "] has " +
+                           std::to_string(fp32.items.size()) + " entries, the group " +
+                           std::to_string(next_master) + " 16-bit params");
+    }
+  }
+  return Status::Ok();
 }
 
 Status Reader::ReadDistribOptim(const Grid& grid, const Pieces& pieces, const Degrees& deg,
@@ -1210,6 +1420,17 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
       index_.files.resize(opened);
     }
   }
+  const PV* opt = files_[0]->root.Find("optimizer");
+  const PV* opt0 = opt != nullptr && opt->is_list() && !opt->items.empty() ? opt->items[0].get() : opt;
+  const bool float16 = distrib_optim == 0 && opt0 != nullptr &&
+                       opt0->Find("fp32_from_fp16_params") != nullptr;
+  if (float16) {
+    Status st = ReadFloat16Optimizer(grid, pieces, vpp);
+    if (!st.ok()) {
+      optim_not_read = st.message();
+      optim_.clear();
+    }
+  }
 
   // Global names, per TP rank; the first stage / EP rank 0 copy of a shared tensor wins.
   std::vector<std::map<std::string, Located>> per_tp(static_cast<size_t>(deg.tp));
@@ -1319,16 +1540,17 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   if (skipped > 0) {
     a["megatron.skipped"] = std::to_string(skipped) + " non-tensor / _extra_state entries";
   }
-  const PV* opt = files_[0]->root.Find("optimizer");
   if (opt == nullptr || opt->is_none()) {
     a["megatron.optimizer"] = "absent";
   } else if (!optim_.empty()) {
-    a["megatron.optimizer"] = "distributed optimizer: fp32 master weights and Adam moments "
-                              "read (optimizer.{fp32,exp_avg,exp_avg_sq}.<param>)";
+    a["megatron.optimizer"] = std::string(float16 ? "Float16 optimizer" : "distributed optimizer") +
+                              ": fp32 master weights and Adam moments read "
+                              "(optimizer.{fp32,exp_avg,exp_avg_sq}.<param>)";
   } else if (opt->Find("param_state_sharding_type") != nullptr || distrib_optim > 0) {
     a["megatron.optimizer"] = "distributed optimizer, not read";
-  } else if (opt->Find("fp32_from_fp16_params") != nullptr) {
-    a["megatron.optimizer"] = "Float16 optimizer (fp32_from_fp16_params), not read";
+  } else if (float16) {
+    a["megatron.optimizer"] = "Float16 optimizer (fp32_from_fp16_params), not read: " +
+                              optim_not_read;
   } else {
     a["megatron.optimizer"] = "present, not read";
   }
@@ -1398,6 +1620,15 @@ Status SelectMegatronMasterWeights(CheckpointIndex* index) {
                                                  "from the distributed optimizer only")
                                    : "distrib_optim.pt: " + d->second) +
                               "); export the model weights (--weights module)");
+  }
+  // Names outside the TP table stay per rank, "mp_rank_TT.optimizer.fp32.<name>": the
+  // master weight of "mp_rank_TT.<name>".
+  for (TensorEntry& t : index->tensors) {
+    const size_t dot = t.key.find('.');
+    if (t.key.starts_with("mp_rank_") && dot != std::string::npos &&
+        std::string_view(t.key).substr(dot + 1).starts_with(kFp32)) {
+      t.key = std::string(kFp32) + t.key.substr(0, dot + 1) + t.key.substr(dot + 1 + kFp32.size());
+    }
   }
   FoldPrefixedTensors(index, kFp32, true);
   return Status::Ok();

@@ -30,11 +30,12 @@ FULL tensor, C order, bfloat16 as uint16 bits, the names fc gives them):
                 buckets of 100 elements on the first stage, dp 2)
   gpt_tp1       the same full tensors at TP 1 x PP 1 as a `release` dir, no optimizer
   gpt_pp2_vpp2  local (non-TE) names, 4 layers, no swiglu, TP 1 x PP 2 x virtual PP 2
-                (model0/model1), Float16 optimizer state
+                (model0/model1), Float16 optimizer state (groups by weight decay, both
+                chunks' params, fp32_from_fp16_params)
   moe_tp2_ep2   local names, 2 layers, 4 experts, TP 2 x EP 2 (mp_rank_TT_EEE), layer 0 a
                 SequentialMLP (local_experts.I), layer 1 TEGroupedMLP names (weightI), and
                 decoder.layers.1.mlp.custom_scale, a name outside fc's TP table (expected
-                per rank as mp_rank_TT.<name>)
+                per rank as mp_rank_TT.<name>), Float16 optimizers [dense, expert]
   legacy_tp2_pp2 pre-Core Megatron names (language_model.{embedding,encoder,output_layer}
                 nested dicts; query_key_value, dense, dense_h_to_4h (swiglu), dense_4h_to_h),
                 TP 2 x PP 2
@@ -294,15 +295,37 @@ def rng_state(seed):
              "cuda_rng_state": None, "rng_tracker_states": {}}]
 
 
-def float16_optimizer(sd):
-    params = [t for t in sd.values() if isinstance(t, torch.Tensor)]
-    return {"optimizer": {"state": {i: {"step": 3, "exp_avg": torch.zeros(p.shape),
-                                        "exp_avg_sq": torch.ones(p.shape)}
-                                    for i, p in enumerate(params[:2])},
-                          "param_groups": [{"lr": 1e-4, "weight_decay": 0.1,
-                                            "params": list(range(len(params)))}]},
-            "grad_scaler": None,
-            "fp32_from_fp16_params": [[p.float() for p in params[:2]]]}
+def float16_optimizer(chunk_states, optim_chunks, iteration, mine=lambda n: True):
+    """Float16OptimizerWithFloat16Params.state_dict() of one rank: the torch optimizer's
+    state (indices in group order) and param groups, and fp32_from_fp16_params. Groups as
+    Megatron-Core's _get_param_groups makes them (r0.6 on): keyed by (wd_mult, lr_mult,
+    is_expert_parallel, is_decoupled_lr), no weight decay for ".bias" and 1-D params, in
+    order of first appearance over the model chunks' params; params in that order."""
+    groups = collections.OrderedDict()
+    for key in sorted(chunk_states):
+        for name, t in chunk_states[key].items():
+            if not isinstance(t, torch.Tensor) or not mine(name):
+                continue
+            wd = 0.0 if name.endswith(".bias") or t.dim() == 1 else 1.0
+            kind = (wd, 1.0, expert_of(name) is not None, False)
+            groups.setdefault(kind, []).append((key, name))
+    param_groups, state, masters, index = [], {}, [], 0
+    for (wd, lr, expert, decoupled), members in groups.items():
+        ids = []
+        for key, name in members:
+            o = optim_chunks[key]
+            state[index] = {"exp_avg": o["exp_avg"][name].contiguous(),
+                            "exp_avg_sq": o["exp_avg_sq"][name].contiguous()}
+            ids.append(index)
+            index += 1
+        param_groups.append({"lr": 1e-4, "bias_correction": True, "betas": (0.9, 0.95),
+                             "eps": 1e-8, "weight_decay": 0.1 * wd, "step": iteration,
+                             "params": ids, "wd_mult": wd, "lr_mult": lr,
+                             "is_expert_parallel": expert, "is_decoupled_lr": decoupled,
+                             "max_lr": 1e-4, "min_lr": 1e-5})
+        masters.append([optim_chunks[key]["fp32"][name].contiguous() for key, name in members])
+    return {"optimizer": {"state": state, "param_groups": param_groups},
+            "fp32_from_fp16_params": masters}
 
 
 def master_of(t, seed):
@@ -452,8 +475,22 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
                         state["model%d" % v] = sd
                 else:
                     state["model"] = sds[(p, 0)]
+                optim_chunks = {}
+                if optim_full is not None:
+                    for c in sds:
+                        optim_chunks[c] = {
+                            role: rank_state_dict(optim_full[role], tp, r, swiglu, layers,
+                                                  {c: chunks_of[p][c]}, ep, e, experts, te)[c]
+                            for role in optim_full}
                 if optimizer == "float16":
-                    state["optimizer"] = float16_optimizer(sds[(p, 0)])
+                    if ep > 1:  # a ChainedOptimizer: [dense, expert], both in every file
+                        state["optimizer"] = [
+                            float16_optimizer(sds, optim_chunks, iteration,
+                                              lambda n: expert_of(n) is None),
+                            float16_optimizer(sds, optim_chunks, iteration,
+                                              lambda n: expert_of(n) is not None)]
+                    else:
+                        state["optimizer"] = float16_optimizer(sds, optim_chunks, iteration)
                     state["opt_param_scheduler"] = {"max_lr": 1e-4, "num_steps": 3}
                 elif optimizer == "distributed":
                     groups = [{"lr": 1e-4, "weight_decay": wd, "step": iteration}
@@ -462,12 +499,6 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
                                           "optimizer": {"param_groups": groups},
                                           "grad_scaler": None}
                     state["opt_param_scheduler"] = {"max_lr": 1e-4, "num_steps": 3}
-                    optim_chunks = {}
-                    for c in sds:
-                        optim_chunks[c] = {
-                            role: rank_state_dict(optim_full[role], tp, r, swiglu, layers,
-                                                  {c: chunks_of[p][c]}, ep, e, experts, te)[c]
-                            for role in optim_full}
                     torch.save(distrib_optim(sds, optim_chunks, bucket_size, p, tied, pp, dp,
                                              as_list, e, experts > 0),
                                os.path.join(d, "distrib_optim.pt"))
@@ -494,13 +525,17 @@ def write_expected(case_dir, full, per_rank=(), tp=1):
             np.save(os.path.join(d, key + ".npy"), to_numpy(v))
 
 
-def write_expected_optimizer(case_dir, optim_full):
-    """expected_optimizer/optimizer.<role>.<name>.npy: the full fp32 tensors fc exposes."""
+def write_expected_optimizer(case_dir, optim_full, per_rank=(), tp=1):
+    """expected_optimizer/optimizer.<role>.<name>.npy: the full fp32 tensors fc exposes (names
+    outside fc's TP table: mp_rank_TT.optimizer.<role>.<name>, one per TP rank)."""
     d = os.path.join(case_dir, "expected_optimizer")
     os.makedirs(d, exist_ok=True)
     for role, tensors in optim_full.items():
         for k, v in tensors.items():
-            np.save(os.path.join(d, "optimizer.%s.%s.npy" % (role, k)), to_numpy(v))
+            key = "optimizer.%s.%s" % (role, k)
+            keys = ["mp_rank_%02d.%s" % (r, key) for r in range(tp)] if k in per_rank else [key]
+            for name in keys:
+                np.save(os.path.join(d, name + ".npy"), to_numpy(v))
 
 
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
@@ -522,15 +557,22 @@ def generate(out):
                      swiglu=True, te=True, release=True)
     write_expected(os.path.join(out, "gpt_tp1"), gpt)
     vp = gpt_full(4, te=False, swiglu=False, seed=50)
+    vp_optim = optimizer_full(vp, 4000)
     write_checkpoint(os.path.join(out, "gpt_pp2_vpp2", "ckpt"), vp, tp=1, pp=2, layers=4,
-                     swiglu=False, te=False, vpp=2, iteration=7, optimizer="float16")
+                     swiglu=False, te=False, vpp=2, iteration=7, optimizer="float16",
+                     optim_full=vp_optim)
     write_expected(os.path.join(out, "gpt_pp2_vpp2"), vp)
+    write_expected_optimizer(os.path.join(out, "gpt_pp2_vpp2"), vp_optim)
     unknown = "decoder.layers.1.mlp.custom_scale"
     moe = gpt_full(2, te=False, swiglu=False, seed=90, experts=4, grouped_layers=(1,),
                    unknown=unknown)
+    moe_optim = optimizer_full(moe, 5000)
     write_checkpoint(os.path.join(out, "moe_tp2_ep2", "ckpt"), moe, tp=2, pp=1, layers=2,
-                     swiglu=False, te=False, ep=2, experts=4, iteration=5, optimizer="float16")
+                     swiglu=False, te=False, ep=2, experts=4, iteration=5, optimizer="float16",
+                     optim_full=moe_optim)
     write_expected(os.path.join(out, "moe_tp2_ep2"), moe, per_rank=(unknown,), tp=2)
+    write_expected_optimizer(os.path.join(out, "moe_tp2_ep2"), moe_optim, per_rank=(unknown,),
+                             tp=2)
     old = legacy_gpt_full(2, seed=120)
     write_checkpoint(os.path.join(out, "legacy_tp2_pp2", "ckpt"), old, tp=2, pp=2, layers=2,
                      swiglu=True, te=False, iteration=9, nest=nest_legacy)
