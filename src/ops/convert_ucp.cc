@@ -111,7 +111,7 @@ std::optional<AdamNames> AdamNamesOf(std::string_view exp_avg) {
     n.param = std::string(exp_avg.substr(kFcPrefix.size()));
     n.exp_avg_sq = "optimizer.exp_avg_sq." + n.param;
     n.step = "optimizer.step." + n.param;
-    // Megatron's distributed optimizer: the fp32 master weight (the weight <p> is bf16).
+    // Megatron's optimizer states: the fp32 master weight (the weight <p> is 16-bit).
     n.weights = {"optimizer.fp32." + n.param, n.param, "module." + n.param};
     return n;
   }

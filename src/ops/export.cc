@@ -166,10 +166,11 @@ Status BuildExportPlan(const ExportOptions& options, int processes,
     return InvalidArgumentError("--weights applies to DeepSpeed and Megatron checkpoints only");
   }
   if (options.include_optimizer && p.index.format == CheckpointFormat::kMegatronLegacy) {
-    auto d = p.index.attributes.find("megatron.distrib_optim");
-    if (d != p.index.attributes.end() && d->second.find(", not read") != std::string::npos) {
-      spdlog::warn("{}: the distributed optimizer's states are not exported: distrib_optim.pt {}",
-                   p.index.root, d->second);
+    auto o = p.index.attributes.find("megatron.optimizer");
+    if (o != p.index.attributes.end() && o->second.find(", not read") != std::string::npos) {
+      auto d = p.index.attributes.find("megatron.distrib_optim");
+      spdlog::warn("{}: the optimizer states are not exported: {}", p.index.root,
+                   d != p.index.attributes.end() ? "distrib_optim.pt " + d->second : o->second);
     }
   }
   const CheckpointIndex& index = p.index;

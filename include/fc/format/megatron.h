@@ -155,8 +155,10 @@ Result<CheckpointIndex> ReadMegatronLegacyCheckpoint(const std::string& path,
 
 // fc-export --weights fp32 on a Megatron index: each param's fp32 master weight
 // (optimizer.fp32.<name>) replaces its model weight <name>; the optimizer.fp32.* entries are
-// dropped, the Adam moments kept. Errors: kUnimplemented naming megatron.distrib_optim's
-// reason when the index has no master weights; kInvalidArgument for another format.
+// dropped, the Adam moments kept; per-rank (unmerged) masters mp_rank_TT.optimizer.fp32.<name>
+// replace mp_rank_TT.<name>. Errors: kUnimplemented naming why the optimizer states were not
+// read (megatron.distrib_optim or megatron.optimizer) when the index has no master weights;
+// kInvalidArgument for another format.
 Status SelectMegatronMasterWeights(CheckpointIndex* index);
 
 }  // namespace fc

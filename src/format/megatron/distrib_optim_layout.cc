@@ -8,8 +8,10 @@ namespace fc {
 
 Result<CoalescedLayout> CoalescedBufferLayout(std::span<const BufferParam> params,
                                               const BufferLayoutRule& rule) {
-  if (rule.param_alignment <= 0 || (rule.bucket_size && *rule.bucket_size <= 0)) {
-    return InvalidArgumentError("distrib_optim layout: alignment and bucket size must be positive");
+  if (rule.param_alignment <= 0 || (rule.bucket_size && *rule.bucket_size <= 0) ||
+      (rule.shared_start_dp > 0 && rule.shared_start_unit <= 0)) {
+    return InvalidArgumentError("distrib_optim layout: alignment, bucket size and padding unit "
+                                "must be positive");
   }
   CoalescedLayout out;
   out.offsets.assign(params.size(), 0);
@@ -29,22 +31,28 @@ Result<CoalescedLayout> CoalescedBufferLayout(std::span<const BufferParam> param
     open = false;
     return Status::Ok();
   };
-  auto pad = [&](int64_t x) -> std::optional<int64_t> {
-    const auto up = CheckedAdd(x, align - 1);
+  auto pad = [](int64_t x, int64_t unit) -> std::optional<int64_t> {
+    const auto up = CheckedAdd(x, unit - 1);
     if (!up) return std::nullopt;
-    return *up / align * align;
+    return *up / unit * unit;
   };
   for (size_t k = params.size(); k-- > 0;) {
     const BufferParam& p = params[k];
     if (p.numel < 0) return InvalidArgumentError("distrib_optim layout: negative numel");
-    auto start = pad(next);
+    auto start = pad(next, align);
+    if (start && p.shared_embedding && rule.shared_start_dp > 0 &&
+        *start % rule.shared_start_dp != 0) {
+      start = pad(*start, rule.shared_start_unit);
+    }
     if (!start) return OutOfRangeError("distrib_optim layout: sizes overflow");
     if (p.shared_embedding && open) {
       // Megatron closes the bucket at the padded start, gap included.
       FC_RETURN_IF_ERROR(close(*start));
       start = 0;
     }
-    out.offsets[k] = saved + *start;
+    const auto offset = CheckedAdd(saved, *start);
+    if (!offset) return OutOfRangeError("distrib_optim layout: sizes overflow");
+    out.offsets[k] = *offset;
     const auto end = CheckedAdd(*start, p.numel);
     if (!end) return OutOfRangeError("distrib_optim layout: sizes overflow");
     last_end = *end;

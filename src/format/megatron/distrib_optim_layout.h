@@ -15,8 +15,11 @@
 // bucket). Bucket ends are padded (to lcm(dp, 128)) in memory, but the saved tensor drops
 // each bucket's end padding: the buckets lie back to back, each `unpadded` elements long,
 // so a param's offset is its start relative to its bucket's start plus the unpadded sizes
-// of the buckets before it. Bucket starts are multiples of the alignment, so the offsets do
-// not depend on the data-parallel size.
+// of the buckets before it. Bucket starts are multiples of the alignment and of dp, so the
+// offsets do not depend on the data-parallel size, with one exception: Megatron-Core 0.8 to
+// 0.13.0 first pad a shared embedding param's start that dp does not divide to the bucket
+// end unit, lcm(dp, 128) (the bucket before it then ends there); `shared_start_dp` and
+// `shared_start_unit` replay that.
 //
 // Pure computation; thread-safe.
 #ifndef FC_SRC_FORMAT_MEGATRON_DISTRIB_OPTIM_LAYOUT_H_
@@ -39,6 +42,8 @@ struct BufferParam {
 struct BufferLayoutRule {
   int64_t param_alignment = 64;
   std::optional<int64_t> bucket_size;  // elements; nullopt: one bucket
+  int64_t shared_start_dp = 0;         // > 0: the Megatron-Core 0.8 - 0.13.0 rule (above)
+  int64_t shared_start_unit = 0;       // its padding unit, a multiple of param_alignment
 };
 
 struct CoalescedLayout {

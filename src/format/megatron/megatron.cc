@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <set>
 #include <string>
 #include <string_view>
@@ -450,8 +451,8 @@ Status CheckMasterRoundsToModel(const RandomAccessFile& optim_file, const Locate
                                 const RandomAccessFile& model_file, const Located& model,
                                 const std::string& name) {
   constexpr int64_t kEnds = 4;
-  int64_t n = 1;
-  for (int64_t d : model.shape) n *= d;
+  FC_ASSIGN_OR_RETURN(const int64_t n, CheckedNumElements(model.shape));
+  if (n == 0) return Status::Ok();  // nothing to compare (and no element to address)
   const size_t item = DTypeSize(model.dtype);
   // [first, first + count) runs: the head, and the tail when it does not overlap it.
   std::vector<std::pair<int64_t, int64_t>> runs = {{0, std::min(n, kEnds)}};
@@ -485,7 +486,7 @@ Status CheckMasterRoundsToModel(const RandomAccessFile& optim_file, const Locate
       std::memcpy(&gb, g, item);
       std::memcpy(&wb, w, item);
       return DataLossError("'" + name + "' element " + std::to_string(first + static_cast<int64_t>(i)) +
-                           ": the fp32 value " + std::to_string(m[i]) + " rounds to " +
+                           ": the fp32 value " + FloatText(m[i]) + " rounds to " +
                            Hex(wb, item) + ", the model holds " + Hex(gb, item));
     }
   }
@@ -558,10 +559,22 @@ class Reader {
 constexpr std::array<std::string_view, 3> kOptimRoles = {"fp32", "exp_avg", "exp_avg_sq"};
 constexpr std::array<std::string_view, 3> kOptimKeys = {"param", "exp_avg", "exp_avg_sq"};
 
+// The param an index name is about: <name> for optimizer.<role>.<name>.
+std::string_view ParamNameOf(std::string_view name) {
+  for (std::string_view role : kOptimRoles) {
+    const std::string prefix = "optimizer." + std::string(role) + ".";
+    if (name.starts_with(prefix)) return name.substr(prefix.size());
+  }
+  return name;
+}
+
 std::string RuleText(const BufferLayoutRule& r) {
   return "params aligned to " + std::to_string(r.param_alignment) + " elements, " +
          (r.bucket_size ? "buckets of " + std::to_string(*r.bucket_size) + " elements"
-                        : std::string("one bucket"));
+                        : std::string("one bucket")) +
+         (r.shared_start_dp > 0 ? ", shared embedding padded for dp " +
+                                      std::to_string(r.shared_start_dp) + " (Megatron-Core < 0.13.1)"
+                                : std::string());
 }
 
 Result<std::vector<BufferLayoutRule>> Reader::LayoutCandidates(int64_t p, int64_t v) const {
@@ -582,19 +595,49 @@ Result<std::vector<BufferLayoutRule>> Reader::LayoutCandidates(int64_t p, int64_
   } else {
     // Megatron's default, max(40M, 1M x DP), with DP counted with or without context
     // parallelism depending on the version: both are tried.
-    const int64_t dp = std::max<int64_t>(ArgInt("data_parallel_size").value_or(1), 1);
-    const int64_t cp = std::max<int64_t>(ArgInt("context_parallel_size").value_or(1), 1);
+    // (Degrees as saved in args, bounded so the products cannot overflow.)
+    const int64_t dp = std::clamp<int64_t>(ArgInt("data_parallel_size").value_or(1), 1, 1 << 24);
+    const int64_t cp = std::clamp<int64_t>(ArgInt("context_parallel_size").value_or(1), 1, 1 << 24);
     sizes.push_back(std::max<int64_t>(40000000, 1000000 * dp));
     if (cp > 1) sizes.push_back(std::max<int64_t>(40000000, 1000000 * dp * cp));
   }
+  // Megatron-Core 0.8 - 0.13.0's shared embedding padding (distrib_optim_layout.h), for
+  // the data-parallel sizes the buffer may have had: DP, DP x CP, over the distributed
+  // optimizer instances.
+  const int64_t dp = std::clamp<int64_t>(ArgInt("data_parallel_size").value_or(1), 1, 1 << 24);
+  const int64_t cp = std::clamp<int64_t>(ArgInt("context_parallel_size").value_or(1), 1, 1 << 24);
+  const int64_t instances =
+      std::clamp<int64_t>(ArgInt("num_distributed_optimizer_instances").value_or(1), 1, 1 << 24);
+  const bool busbw =
+      BoolOf(args_ ? args_->Find("ddp_pad_buckets_for_high_nccl_busbw") : nullptr).value_or(false);
+  std::set<int64_t> dps;
+  for (int64_t d : {dp, dp * cp}) {
+    dps.insert(d);
+    if (d % instances == 0) dps.insert(d / instances);
+  }
   std::vector<BufferLayoutRule> out;
   for (int64_t align : {64, 1}) {
-    for (const auto& size : sizes) out.push_back(BufferLayoutRule{align, size});
+    for (const auto& size : sizes) {
+      out.push_back(BufferLayoutRule{align, size});
+      if (align != 64) continue;  // the rule came with the alignment
+      for (int64_t d : dps) {
+        const int64_t unit = std::lcm(std::lcm(d, int64_t{128}), busbw ? int64_t{1} << 16 : 1);
+        out.push_back(BufferLayoutRule{align, size, d, unit});
+      }
+    }
   }
   return out;
 }
 
 bool IsExpertPiece(const Piece& pc) { return ExpertOf(Split(pc.name, '.')).has_value(); }
+
+// The word embedding and output layer weights (Megatron's is_embedding_or_output_parameter,
+// and the params it marks shared_embedding when tied embeddings span a pipeline; pre-Core
+// models name the last stage's copy word_embeddings_for_head).
+bool IsEmbeddingOrOutput(std::string_view name) {
+  return name.ends_with("word_embeddings.weight") || name.ends_with("output_layer.weight") ||
+         name.ends_with("word_embeddings_for_head.weight");
+}
 
 std::optional<double> NumberOf(const PV* v) {
   if (v == nullptr) return std::nullopt;
@@ -708,8 +751,7 @@ Status Reader::ReadFloat16State(const RankFile& f, const PV& state, const std::s
       FC_ASSIGN_OR_RETURN(Located l, f.Locate(*pc.value, "'" + pc.name + "'"));
       const bool no_wd = pc.name.ends_with(".bias") || l.shape.size() == 1;
       const bool expert = IsExpertPiece(pc);
-      const bool embedding = pc.name.ends_with("word_embeddings.weight") ||
-                             pc.name.ends_with("output_layer.weight");
+      const bool embedding = IsEmbeddingOrOutput(pc.name);
       std::optional<size_t> group;
       for (size_t g = 0; g < kinds.size(); ++g) {
         const Kind& k = kinds[g];
@@ -727,6 +769,7 @@ Status Reader::ReadFloat16State(const RankFile& f, const PV& state, const std::s
       members[*group].push_back(Member{&pc, v, std::move(l)});
     }
   }
+  std::set<int64_t> used_ids;
   for (size_t g = 0; g < kinds.size(); ++g) {
     const PV* ids_value = groups->items[g]->Find("params");
     if (ids_value == nullptr || !masters->items[g]) {
@@ -756,6 +799,10 @@ Status Reader::ReadFloat16State(const RankFile& f, const PV& state, const std::s
                                                  "fp32 master of '" + name + "'"));
       }
       const std::optional<int64_t> id = ids.items[i] ? IntOf(ids.items[i].get()) : std::nullopt;
+      if (id && !used_ids.insert(*id).second) {
+        return DataLossError(rel + ": state " + std::to_string(*id) + " is listed twice in the "
+                             "param groups");
+      }
       const PV* st = id ? FindIntKey(*states, *id) : nullptr;
       if (st == nullptr) {
         return UnimplementedError(rel + ": no Adam state for '" + name + "' (param " +
@@ -814,7 +861,7 @@ Status Reader::ReadRankDistribOptim(const RankFile& model, const Pieces& pieces,
   bool has_experts = false;
   for (int64_t v = 0; v < vpp && !has_experts; ++v) {
     for (const Piece& pc : pieces.at({p, e, t, v})) {
-      if (ExpertOf(Split(pc.name, '.'))) has_experts = true;
+      has_experts |= IsExpertPiece(pc);
     }
   }
   // A ChainedOptimizer saves a list, one entry per optimizer (None where this process is not
@@ -878,7 +925,7 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
   for (int64_t v = 0; v < vpp; ++v) {
     const size_t first = buffers.size();
     for (const Piece& pc : pieces.at({p, e, t, v})) {
-      if (ExpertOf(Split(pc.name, '.')).has_value() != experts) continue;
+      if (IsExpertPiece(pc) != experts) continue;
       FC_ASSIGN_OR_RETURN(Located l, model.Locate(*pc.value, "'" + pc.name + "'"));
       size_t b = first;
       while (b < buffers.size() && buffers[b].dtype != l.dtype) ++b;
@@ -941,16 +988,20 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
     std::vector<BufferParam> params;
     for (size_t i = 0; i < b.params.size(); ++i) {
       const std::string& n = b.params[i]->name;
-      int64_t count = 1;
-      for (int64_t d : b.located[i].shape) count *= d;
-      params.push_back(BufferParam{count, shared_embeddings && (n.ends_with("word_embeddings.weight") ||
-                                                                n.ends_with("output_layer.weight"))});
+      FC_ASSIGN_OR_RETURN(const int64_t count, CheckedNumElements(b.located[i].shape));
+      params.push_back(BufferParam{count, shared_embeddings && IsEmbeddingOrOutput(n)});
     }
     FC_ASSIGN_OR_RETURN(std::vector<BufferLayoutRule> rules, LayoutCandidates(p, b.v));
     std::string tried;
     std::optional<CoalescedLayout> found;
+    std::string found_rule;
+    // Every candidate is tried: two that fit with different offsets (constant params next to
+    // zero-filled gaps could do that) leave the file unread rather than guessed.
     for (const BufferLayoutRule& rule : rules) {
-      FC_ASSIGN_OR_RETURN(CoalescedLayout layout, CoalescedBufferLayout(params, rule));
+      auto computed = CoalescedBufferLayout(params, rule);
+      if (!computed.ok()) return computed.status().With(where);
+      CoalescedLayout& layout = *computed;
+      if (found && found->offsets == layout.offsets) continue;  // already checked
       Status ok = Status::Ok();
       if (layout.numel_unpadded != *numel) {
         ok = DataLossError("makes " + std::to_string(layout.numel_unpadded) + " elements, the file has " +
@@ -962,13 +1013,20 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
         ok = CheckMasterRoundsToModel(*f.file, master, *model.file, b.located[i],
                                       b.params[i]->name);
       }
-      if (ok.ok()) {
-        found = std::move(layout);
-        optim_layouts_.insert(RuleText(rule));
-        break;
+      if (!ok.ok()) {
+        tried += "; " + RuleText(rule) + ": " + ok.message();
+        continue;
       }
-      tried += "; " + RuleText(rule) + ": " + ok.message();
+      if (found && found->offsets != layout.offsets) {
+        return DataLossError(where + ": two Megatron buffer layouts fit (" + found_rule + "; " +
+                             RuleText(rule) + ") with different offsets; not guessing");
+      }
+      if (!found) {
+        found = std::move(layout);
+        found_rule = RuleText(rule);
+      }
     }
+    if (found) optim_layouts_.insert(found_rule);
     if (!found) {
       return DataLossError(where + ": no Megatron buffer layout fits (params of " + model.rel +
                            " in reverse order" + tried + ")");
@@ -1099,7 +1157,7 @@ Status Reader::MergeTp(const std::vector<std::string>& order,
     };
     if (role.role == Role::kUnknown) {
       // Not in the table: nothing says how the ranks' copies combine; keep them apart.
-      unmerged_.insert(name);
+      unmerged_.insert(std::string(ParamNameOf(name)));
       for (int64_t t = 0; t < tp; ++t) {
         const Located& l = *parts[static_cast<size_t>(t)];
         TensorEntry r;
@@ -1167,12 +1225,7 @@ Result<RoleInfo> Reader::TpRole(const std::string& name, const Located& l0) cons
     }
     return role;
   }
-  std::string_view param = name;
-  for (std::string_view role : kOptimRoles) {
-    const std::string prefix = "optimizer." + std::string(role) + ".";
-    if (param.starts_with(prefix)) param.remove_prefix(prefix.size());
-  }
-  const std::optional<int64_t> axis = options_.tp_axis(param);
+  const std::optional<int64_t> axis = options_.tp_axis(ParamNameOf(name));
   if (!axis) return RoleInfo{Role::kReplicated, false};
   if (*axis < 0 || static_cast<size_t>(*axis) >= l0.shape.size()) {
     return InvalidArgumentError(options_.tp_axis_origin + ": tensor_parallel axis " +
@@ -1565,8 +1618,7 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   if (opt != nullptr) {
     // The Adam step: Megatron keeps it per param group (FusedAdam), and the distributed
     // optimizer drops the groups' param lists, so it is an attribute, not a tensor.
-    const PV* inner = opt->is_list() && !opt->items.empty() ? opt->items[0].get() : opt;
-    const PV* groups = inner ? inner->Find("optimizer") : nullptr;
+    const PV* groups = opt0 ? opt0->Find("optimizer") : nullptr;
     groups = groups ? groups->Find("param_groups") : nullptr;
     std::set<int64_t> steps;
     if (groups != nullptr && groups->is_list()) {
@@ -1614,12 +1666,13 @@ Status SelectMegatronMasterWeights(CheckpointIndex* index) {
                                [&](const TensorEntry& t) { return t.key.starts_with(kFp32); });
   if (!any) {
     auto d = index->attributes.find("megatron.distrib_optim");
-    return UnimplementedError(index->root + ": no fp32 master weights to export (" +
-                              (d == index->attributes.end()
-                                   ? std::string("no distrib_optim.pt: fc reads master weights "
-                                                 "from the distributed optimizer only")
-                                   : "distrib_optim.pt: " + d->second) +
-                              "); export the model weights (--weights module)");
+    auto o = index->attributes.find("megatron.optimizer");
+    return UnimplementedError(
+        index->root + ": no fp32 master weights to export (" +
+        (d != index->attributes.end() ? "distrib_optim.pt: " + d->second
+         : o != index->attributes.end() ? "optimizer: " + o->second
+                                        : std::string("no optimizer state")) +
+        "); export the model weights (--weights module)");
   }
   // Names outside the TP table stay per rank, "mp_rank_TT.optimizer.fp32.<name>": the
   // master weight of "mp_rank_TT.<name>".
