@@ -64,8 +64,8 @@ int main(int argc, char** argv) {
                  "which weights to export under the parameter names. DeepSpeed input: fp32 "
                  "(default; the fp32 master weights from the ZeRO optimizer files) or module "
                  "(the 16-bit module weights of the model states). Megatron legacy input: "
-                 "module (default; the model weights) or fp32 (the distributed optimizer's "
-                 "master weights from distrib_optim.pt)")
+                 "module (default; the model weights) or fp32 (the fp32 master weights of the "
+                 "distributed or Float16 optimizer)")
       ->check(CLI::IsMember({"fp32", "module"}));
   bool follow_symlinks = false;
   app.add_flag("--follow-symlinks", follow_symlinks,

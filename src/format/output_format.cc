@@ -16,7 +16,7 @@ std::span<const OutputFormat> OutputFormats() {
                    .summary = "a DeepSpeed Universal Checkpoint from a DeepSpeed checkpoint, "
                               "as ds_to_universal.py writes it, or from torch Adam states "
                               "(optim.state.<param>.exp_avg ...) in any format, or from a "
-                              "Megatron distributed optimizer: "
+                              "Megatron checkpoint's optimizer states: "
                               "OUT/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, "
                               "zero/optimizer_state.pt, the model states (copied or written), then "
                               "<parent of OUT>/latest_universal; no target",
