@@ -659,7 +659,8 @@ Status Reader::ReadFloat16Optimizer(const Grid& grid, const Pieces& pieces, int6
     auto all = [](const Piece&) { return true; };
     auto dense_only = [](const Piece& pc) { return !IsExpertPiece(pc); };
     // EP rank 0 keeps the dense params' states; the other EP ranks their experts'.
-    auto keep = [e](const Piece& pc) { return e == 0 || IsExpertPiece(pc); };
+    const bool ep_rank0 = e == 0;  // (a lambda cannot capture a structured binding in clang < 16)
+    auto keep = [ep_rank0](const Piece& pc) { return ep_rank0 || IsExpertPiece(pc); };
     if (opt->is_list()) {
       // A ChainedOptimizer: [dense, expert] (expert parallelism puts the experts apart).
       if (opt->items.size() != (has_experts ? 2u : 1u) ||
