@@ -84,6 +84,12 @@ int main(int argc, char** argv) {
                "with --output-format ucp from weights without Adam states (e.g. HF "
                "safetensors): every floating-point tensor a param, with zero exp_avg and "
                "exp_avg_sq and step 0 (a fresh optimizer, as hf_to_universal.py)");
+  int64_t ucp_step = -1;
+  app.add_option("--ucp-step", ucp_step,
+                 "with --output-format ucp from a source that stores no Adam step (PaddlePaddle, "
+                 "Megatron torch_dist): the step written to every param's step.pt (the "
+                 "iteration the optimizer states belong to); refused where the source has one")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--torch-version", options.torch_version,
                  "with --output-format torch-dcp: metadata for torch 1.13, 2.0 (torch 2.0-2.3: "
                  "no storage_meta, no version) or 2 (torch 2.4+: storage_meta and version "
@@ -188,6 +194,16 @@ int main(int argc, char** argv) {
   }
   if (options.ucp_fresh_optimizer && out_format != "ucp") {
     return fc::cli::UsageError(tool, "--ucp-fresh-optimizer applies to --output-format ucp only");
+  }
+  if (ucp_step >= 0) {
+    if (out_format != "ucp") {
+      return fc::cli::UsageError(tool, "--ucp-step applies to --output-format ucp only");
+    }
+    if (options.ucp_fresh_optimizer) {
+      return fc::cli::UsageError(tool, "--ucp-step does not apply with --ucp-fresh-optimizer "
+                                 "(zero moments go with step 0)");
+    }
+    options.ucp_step = ucp_step;
   }
   if (options.ucp_inject_missing_state && out_format != "ucp") {
     return fc::cli::UsageError(tool, "--inject-missing-state applies to --output-format ucp only");

@@ -83,55 +83,82 @@ struct UcpParam {
   const TensorEntry* step = nullptr;          // TP rank 0's
 };
 
-// A source that is not DeepSpeed's: its Adam states by the names torch and fc give them
-// (convert_ucp.h). `exp_avg` is the key found; nullopt when it names no such state.
+// A source that is not DeepSpeed's: one way its writer names a param's Adam states
+// (convert_ucp.h).
 struct AdamNames {
-  std::string param, exp_avg_sq, step;
+  std::string_view writer;           // for messages
+  std::string param, exp_avg_sq;
+  std::string step;                  // empty: the writer keeps no step tensor
   std::vector<std::string> weights;  // the param's weight, first found wins
+  // States the step stands for, left out of the UCP without a warning (PaddlePaddle's
+  // beta1^step and beta2^step).
+  std::vector<std::string> step_powers;
 };
 
-std::optional<AdamNames> AdamNamesOf(std::string_view exp_avg) {
+// The namings under which `key` is a param's exp_avg, in the order tried (the first whose
+// exp_avg_sq exists is taken); empty when it is none.
+std::vector<AdamNames> AdamNamesOf(std::string_view key) {
+  // The middle of key between prefix and suffix, when it has both and a middle.
+  auto middle = [key](std::string_view prefix, std::string_view suffix) {
+    return key.size() > prefix.size() + suffix.size() && key.starts_with(prefix) &&
+                   key.ends_with(suffix)
+               ? std::optional<std::string>(std::string(
+                     key.substr(prefix.size(), key.size() - prefix.size() - suffix.size())))
+               : std::nullopt;
+  };
+  std::vector<AdamNames> names;
+  // torch.distributed.checkpoint's flattened {"model", "optim"} state dict (and the same
+  // under "optimizer"): <prefix><p>.exp_avg, .exp_avg_sq, .step.
   for (std::string_view prefix : {"optim.state.", "optimizer.state."}) {
-    constexpr std::string_view kSuffix = ".exp_avg";
-    if (exp_avg.size() > prefix.size() + kSuffix.size() && exp_avg.starts_with(prefix) &&
-        exp_avg.ends_with(kSuffix)) {
-      AdamNames n;
-      n.param = std::string(exp_avg.substr(prefix.size(),
-                                           exp_avg.size() - prefix.size() - kSuffix.size()));
-      const std::string base = std::string(prefix) + n.param;
-      n.exp_avg_sq = base + ".exp_avg_sq";
-      n.step = base + ".step";
-      n.weights = {n.param, "model." + n.param, "module." + n.param};
-      return n;
+    if (std::optional<std::string> p = middle(prefix, ".exp_avg")) {
+      const std::string base = std::string(prefix) + *p;
+      names.push_back({"torch", *p, base + ".exp_avg_sq", base + ".step",
+                       {*p, "model." + *p, "module." + *p}, {}});
     }
   }
-  constexpr std::string_view kFcPrefix = "optimizer.exp_avg.";
-  if (exp_avg.size() > kFcPrefix.size() && exp_avg.starts_with(kFcPrefix)) {
-    AdamNames n;
-    n.param = std::string(exp_avg.substr(kFcPrefix.size()));
-    n.exp_avg_sq = "optimizer.exp_avg_sq." + n.param;
-    n.step = "optimizer.step." + n.param;
-    // Megatron's optimizer states: the fp32 master weight (the weight <p> is 16-bit).
-    n.weights = {"optimizer.fp32." + n.param, n.param, "module." + n.param};
-    return n;
+  // Megatron-Core's dist checkpointing (torch_dist): optimizer.state.<state>.<sharded key>,
+  // the fp32 master weight as state fp32_param; the step stays in common.pt.
+  if (std::optional<std::string> p = middle("optimizer.state.exp_avg.", "")) {
+    names.push_back({"Megatron torch_dist", *p, "optimizer.state.exp_avg_sq." + *p, "",
+                     {"optimizer.state.fp32_param." + *p, *p}, {}});
   }
-  return std::nullopt;
+  // fc's DeepSpeed and Megatron legacy names (the fp32 master weight optimizer.fp32.<p>
+  // where the weight <p> is 16-bit).
+  if (std::optional<std::string> p = middle("optimizer.exp_avg.", "")) {
+    names.push_back({"fc", *p, "optimizer.exp_avg_sq." + *p, "optimizer.step." + *p,
+                     {"optimizer.fp32." + *p, *p, "module." + *p}, {}});
+  }
+  // PaddlePaddle's optimizer state keys (semantics.md): <p>.moment1_0, .moment2_0, the
+  // master weight <p>.w_0; no step, only its powers of beta1 and beta2.
+  if (std::optional<std::string> p = middle("", ".moment1_0")) {
+    names.push_back({"PaddlePaddle", *p, *p + ".moment2_0", "", {*p + ".w_0", *p},
+                     {*p + ".beta1_pow_acc_0", *p + ".beta2_pow_acc_0"}});
+  }
+  return names;
 }
 
 // The roles in a source that is not DeepSpeed's, found by AdamNamesOf; every tensor of a
-// param the same shape, floating point (cast to fp32 when written), and a step tensor each.
-// `group_step`: the step of a source that keeps it per param group rather than as tensors
-// (Megatron: megatron.optimizer_step); used for params without a step tensor.
+// param the same shape, floating point (cast to fp32 when written), and a step tensor each
+// unless `step_given` (the source keeps it per param group, megatron.optimizer_step, or
+// --ucp-step gives it).
 Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
-                                             const std::string& input,
-                                             std::optional<int64_t> group_step,
+                                             const std::string& input, bool step_given,
                                              std::vector<const TensorEntry*>* steps,
                                              std::vector<std::string>* unused) {
   std::vector<UcpParam> params;
   std::set<std::string> seen, used;
   for (const TensorEntry& t : index.tensors) {
-    std::optional<AdamNames> names = AdamNamesOf(t.key);
-    if (!names || !seen.insert(names->param).second) continue;
+    const std::vector<AdamNames> candidates = AdamNamesOf(t.key);
+    if (candidates.empty()) continue;
+    const AdamNames* names = &candidates.front();
+    const TensorEntry* sq = nullptr;
+    for (const AdamNames& c : candidates) {
+      if ((sq = index.FindTensor(c.exp_avg_sq)) != nullptr) {
+        names = &c;
+        break;
+      }
+    }
+    if (!seen.insert(names->param).second) continue;
     UcpParam param;
     param.name = names->param;
     const TensorEntry* weight = nullptr;
@@ -144,14 +171,18 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
       return InvalidArgumentError(input + ": " + t.key + " has no weight (looked for " + looked +
                                   ")");
     }
-    const TensorEntry* sq = index.FindTensor(names->exp_avg_sq);
     if (sq == nullptr) {
       return InvalidArgumentError(input + ": " + t.key + " has no " + names->exp_avg_sq);
     }
-    const TensorEntry* step = index.FindTensor(names->step);
-    if (step == nullptr && !group_step) {
-      return InvalidArgumentError(input + ": " + t.key + " has no step tensor " + names->step +
-                                  " (a Universal Checkpoint's moments need the step)");
+    const TensorEntry* step = names->step.empty() ? nullptr : index.FindTensor(names->step);
+    if (step == nullptr && !step_given) {
+      return InvalidArgumentError(
+          input + ": " + t.key +
+          (names->step.empty() ? ": " + std::string(names->writer) +
+                                     " keeps no Adam step with the states"
+                               : " has no step tensor " + names->step) +
+          " (a Universal Checkpoint's moments need the step: give --ucp-step N, the iteration "
+          "they belong to)");
     }
     for (const TensorEntry* e : {weight, &t, sq}) {
       if (!IsFloating(e->dtype)) {
@@ -173,13 +204,17 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
       used.insert(step->key);
       steps->push_back(step);
     }
+    // The 16-bit weight a master weight stands for, and the step's powers: carried over.
+    for (const std::string& w : names->weights) used.insert(w);
+    for (const std::string& power : names->step_powers) used.insert(power);
     params.push_back(std::move(param));
   }
   if (params.empty()) {
     return InvalidArgumentError(
-        input + ": no Adam states found (optim.state.<param>.exp_avg, "
-        "optimizer.state.<param>.exp_avg or optimizer.exp_avg.<param> with their exp_avg_sq and "
-        "step): nothing a Universal Checkpoint holds");
+        input + ": no Adam states found (torch's optim.state.<param>.exp_avg or "
+        "optimizer.state.<param>.exp_avg, Megatron torch_dist's optimizer.state.exp_avg.<param>, "
+        "fc's optimizer.exp_avg.<param> or PaddlePaddle's <param>.moment1_0, each with its "
+        "second moment): nothing a Universal Checkpoint holds");
   }
   for (const TensorEntry& t : index.tensors) {
     if (!used.count(t.key)) unused->push_back(t.key);
@@ -194,7 +229,7 @@ Result<std::vector<UcpParam>> FreshUcpParams(const CheckpointIndex& index,
                                              std::vector<std::string>* unused) {
   std::vector<UcpParam> params;
   for (const TensorEntry& t : index.tensors) {
-    if (AdamNamesOf(t.key)) {
+    if (!AdamNamesOf(t.key).empty()) {
       return InvalidArgumentError(input + ": " + t.key + " is an Adam state: leave out "
                                   "--ucp-fresh-optimizer to carry the optimizer over");
     }
@@ -390,6 +425,10 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
                                   "DeepSpeed did not write: this one's optimizer states are "
                                   "carried over");
     }
+    if (options.ucp_step) {
+      return InvalidArgumentError(options.input + ": --ucp-step applies to sources that store "
+                                  "no Adam step: DeepSpeed's optimizer files hold it");
+    }
     FC_ASSIGN_OR_RETURN(job.params, UcpParams(index, options));
     std::vector<std::string> names;
     for (const UcpParam& p : job.params) names.push_back(p.name);
@@ -409,11 +448,25 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
       }
       group_step = v;
     }
+    if (options.ucp_step && (group_step || options.ucp_fresh_optimizer)) {
+      return InvalidArgumentError(
+          options.input + ": --ucp-step applies to sources that store no Adam step" +
+          (group_step ? ": this one's param groups hold step " + std::to_string(*group_step) +
+                            " (megatron.optimizer_step)"
+                      : std::string(" (a fresh optimizer starts at step 0)")));
+    }
     if (options.ucp_fresh_optimizer) {
       FC_ASSIGN_OR_RETURN(job.params, FreshUcpParams(index, options.input, &job.unused));
     } else {
-      FC_ASSIGN_OR_RETURN(job.params, NamedUcpParams(index, options.input, group_step, &steps,
-                                                     &job.unused));
+      FC_ASSIGN_OR_RETURN(job.params,
+                          NamedUcpParams(index, options.input,
+                                         group_step.has_value() || options.ucp_step.has_value(),
+                                         &steps, &job.unused));
+    }
+    if (options.ucp_step && !steps.empty()) {
+      return InvalidArgumentError(options.input + ": --ucp-step applies to sources that store no "
+                                  "Adam step: this one has step tensors (" + steps.front()->key +
+                                  ")");
     }
     std::vector<std::pair<std::string, Shape>> shapes;
     for (const UcpParam& p : job.params) {
@@ -429,6 +482,7 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
       }
       step = *group_step;
     }
+    if (options.ucp_step) step = *options.ucp_step;
     FC_ASSIGN_OR_RETURN(job.source, SynthesizedUcpSource(shapes, step, options.ucp_zero3));
     // DeepSpeed's FusedAdam and CPUAdam keep the step as a Python int (the ZeRO-3 form keeps
     // it in optimizer_state.pt).

@@ -12,10 +12,15 @@
 //
 // From a checkpoint DeepSpeed did not write: the params with Adam states under torch's
 // names (optim.state.<p>.exp_avg / .exp_avg_sq / .step, or optimizer.state.<p>.*, weight
-// <p> / model.<p> / module.<p>) or fc's DeepSpeed and Megatron names (optimizer.exp_avg.<p>,
-// ..., weight optimizer.fp32.<p> / <p> / module.<p>), each tensor cast to fp32, the common
-// step read from the step tensors (Megatron: the attribute megatron.optimizer_step, one value)
-// and written as an int,
+// <p> / model.<p> / module.<p>), Megatron torch_dist's (optimizer.state.exp_avg.<p>,
+// optimizer.state.exp_avg_sq.<p>, weight optimizer.state.fp32_param.<p> / <p>), fc's
+// DeepSpeed and Megatron names (optimizer.exp_avg.<p>, ..., weight optimizer.fp32.<p> / <p> /
+// module.<p>) or PaddlePaddle's (<p>.moment1_0, <p>.moment2_0, weight <p>.w_0 / <p>; the
+// beta powers <p>.beta{1,2}_pow_acc_0 stand for the step), each tensor cast to fp32, the
+// common step read from the step tensors (Megatron legacy: the attribute
+// megatron.optimizer_step, one value) or, for a source that stores none (Megatron
+// torch_dist, PaddlePaddle), given as ucp_step (refused where the source stores one), and
+// written as an int,
 // and the model states and optimizer state DeepSpeed's universal loader reads written by
 // fc (SynthesizedUcpSource, fc/format/ucp_writer.h); tensors without Adam states left out.
 // With ucp_fresh_optimizer (a source without Adam states): every floating-point tensor a

@@ -6,9 +6,10 @@ merge_tp_slices for TP) element by element; dict keys against ds_to_universal's 
 universal_checkpoint_info; optimizer_state.pt against rank 0's optimizer state (5.3); model
 states byte for byte. Then fc reads the UCP back: fc-export and fc-diff against the source.
 Case torch: a UCP written from a torch DCP checkpoint (torch's Adam state names), checked
-against the values torch saved.
+against the values torch saved; case others: from Megatron torch_dist's and PaddlePaddle's
+names, with --ucp-step.
 
-usage: ucp_write_test.py BUILD_ROOT TESTDATA CASE   (CASE: write|readback|torch|errors)
+usage: ucp_write_test.py BUILD_ROOT TESTDATA CASE   (CASE: write|readback|torch|others|errors)
 """
 import filecmp
 import json
@@ -411,6 +412,119 @@ def case_torch():
     print("ok torch")
 
 
+def check_named_ucp(out, params, step):
+    """OUT is a UCP (ZeRO 1/2 form) of `params`: {param: {state: want}}, want the source's
+    values (bfloat16 bit patterns widened), every file a {"param", "cat_dim"} dict of fp32
+    and step.pt the int `step`; fc exports it back to the same values."""
+    assert sorted(os.listdir(os.path.join(out, "zero"))) == sorted(params) + ["optimizer_state.pt"]
+    for p, states in params.items():
+        folder = os.path.join(out, "zero", p)
+        assert sorted(os.listdir(folder)) == ["exp_avg.pt", "exp_avg_sq.pt", "fp32.pt", "step.pt"]
+        for state, want in states.items():
+            d = load(os.path.join(folder, state + ".pt"))
+            assert list(d) == ["cat_dim", "param"] and d["cat_dim"] == 0, (p, state, d.keys())
+            if want.dtype == np.uint16:  # bfloat16 bit patterns: exact in fp32
+                want = fcio.bf16_bits_to_f32(want).reshape(want.shape)
+            assert d["param"].dtype == torch.float32, (p, state, d["param"].dtype)
+            assert list(d["param"].shape) == list(want.shape), (p, state, d["param"].shape)
+            same_bits(d["param"], want, p + "/" + state)
+        got_step = load(os.path.join(folder, "step.pt"))
+        assert type(got_step) is int and got_step == step, (p, got_step)
+    model = load(os.path.join(out, "mp_rank_00_model_states.pt"))
+    assert list(model["param_shapes"][0]) == list(params), model["param_shapes"]
+    assert model["global_steps"] == step, model["global_steps"]
+    exported = out + "-exported"
+    fcio.run([EXPORT, out, exported, "--quiet", "--include-optimizer"])
+    got, _ = fcio.read_hf_dir(exported)
+    for p, states in params.items():
+        for state, name in (("fp32", p), ("exp_avg", "optimizer.exp_avg." + p),
+                            ("exp_avg_sq", "optimizer.exp_avg_sq." + p)):
+            want = states[state]
+            if want.dtype == np.uint16:
+                want = fcio.bf16_bits_to_f32(want).reshape(want.shape)
+            assert got[name][0] == "F32", (name, got[name][0])
+            assert np.array_equal(fcio.bits(got[name][1]), fcio.bits(want.astype(np.float32))), name
+
+
+def case_others():
+    """UCPs from the other namings of Adam states: Megatron-Core's dist checkpointing
+    (testdata/torch_dcp_adam/megatron_dist: optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<key>,
+    bf16 weights, the step kept in common.pt) and PaddlePaddle (testdata/paddle_flex/adam:
+    <key>.w_0 master weights, .moment1_0, .moment2_0 flattened ZeRO shards, the beta powers).
+    Neither stores the step as a tensor: --ucp-step gives it, and without it nothing is
+    written. The fp32 master weight wins over the 16-bit weight where both exist."""
+    # Megatron torch_dist.
+    fixture = os.path.join(TESTDATA, "torch_dcp_adam", "megatron_dist")
+    root = os.path.join(tmp, "megatron-dist")
+    out = os.path.join(root, "universal")
+    p = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp"], expect=3)
+    for w in ("Megatron torch_dist keeps no Adam step", "--ucp-step"):
+        assert w in p.stderr, (w, p.stderr)
+    assert not os.path.exists(root)
+    plan = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp",
+                     "--ucp-step", "40", "--dry-run"]).stdout
+    assert ("left out (no Adam state): 1 tensor(s): "
+            "decoder.layers.self_attention.core_attention.inv_freq") in plan, plan
+    fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp", "--quiet",
+              "--ucp-step", "40"])
+    expected = fcio.expected_values(fixture)
+    keys = ["embedding.word_embeddings.weight", "decoder.layers.mlp.linear_fc1.weight",
+            "decoder.final_layernorm.weight"]
+    params = {k: {"fp32": expected["optimizer.state.fp32_param." + k],
+                  "exp_avg": expected["optimizer.state.exp_avg." + k],
+                  "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + k]} for k in keys}
+    for k in keys:  # random values: a UCP of the bf16 weights would differ
+        assert not np.array_equal(fcio.bf16_bits_to_f32(expected[k]),
+                                  params[k]["fp32"].reshape(-1)), k
+    check_named_ucp(out, params, 40)
+    assert open(os.path.join(root, "latest_universal")).read() == "universal"
+    print("ok megatron torch_dist")
+    # PaddlePaddle.
+    fixture = os.path.join(TESTDATA, "paddle_flex", "adam")
+    root = os.path.join(tmp, "paddle")
+    out = os.path.join(root, "universal")
+    p = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp"], expect=3)
+    for w in ("PaddlePaddle keeps no Adam step", "--ucp-step"):
+        assert w in p.stderr, (w, p.stderr)
+    assert not os.path.exists(root)
+    # The beta powers stand for the step: only the tensor without state is left out.
+    plan = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp",
+                     "--ucp-step", "30", "--dry-run"]).stdout
+    assert "left out (no Adam state): 1 tensor(s): rope.inv_freq\n" in plan, plan
+    fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp", "--quiet",
+              "--ucp-step", "30"])
+    expected = fcio.expected_values(fixture)
+    params = {"emb.w": {"fp32": expected["emb.w.w_0"]}, "norm.w": {"fp32": expected["norm.w"]}}
+    for k, states in params.items():
+        states["exp_avg"] = expected[k + ".moment1_0"]
+        states["exp_avg_sq"] = expected[k + ".moment2_0"]
+    # The master weight is not the bf16 weight widened (it rounds to it).
+    assert not np.array_equal(fcio.bf16_bits_to_f32(expected["emb.w"]),
+                              expected["emb.w.w_0"].reshape(-1))
+    check_named_ucp(out, params, 30)
+    print("ok paddle")
+    # --ucp-step where the source stores a step: refused, nothing written.
+    for src, words in ((os.path.join(TESTDATA, "torch_dcp_adam", "fsdp_adam", "ckpt"),
+                        ["--ucp-step applies to sources that store no Adam step",
+                         "optim.state.embed.weight.step"]),
+                       (os.path.join(DS, "zero1", "ckpt"), ["DeepSpeed's optimizer files"]),
+                       (os.path.join(TESTDATA, "megatron_legacy", "gpt_tp2_pp2", "ckpt"),
+                        ["megatron.optimizer_step"])):
+        p = fcio.run([CONVERT, src, os.path.join(tmp, "step-given", "universal"),
+                      "--output-format", "ucp", "--ucp-step", "5"], expect=3)
+        for w in words:
+            assert w in p.stderr, (src, w, p.stderr)
+        assert not os.path.exists(os.path.join(tmp, "step-given"))
+    for extra, words in ((["--ucp-step", "5", "--preset", "megatron-gpt"], "applies to --output-format ucp only"),
+                         (["--output-format", "ucp", "--ucp-step", "5", "--ucp-fresh-optimizer"],
+                          "does not apply with --ucp-fresh-optimizer"),
+                         (["--output-format", "ucp", "--ucp-step", "-1"], "--ucp-step")):
+        p = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), os.path.join(tmp, "x"), *extra],
+                     expect=2)
+        assert words in p.stderr, (extra, p.stderr)
+    print("ok others")
+
+
 def case_errors():
     def refused(case_or_path, code, words, extra=(), out=None):
         src = case_or_path if os.path.isabs(case_or_path) else os.path.join(DS, case_or_path, "ckpt")
@@ -459,6 +573,6 @@ def case_errors():
 
 try:
     {"write": case_write, "readback": case_readback, "torch": case_torch,
-     "errors": case_errors}[CASE]()
+     "others": case_others, "errors": case_errors}[CASE]()
 finally:
     shutil.rmtree(tmp, ignore_errors=True)

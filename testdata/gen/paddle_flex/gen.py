@@ -86,7 +86,7 @@ import stfile  # noqa: E402  (testdata/gen/safetensors/stfile.py)
 CURRENT = "paddle.distributed.flex_checkpoint.dcp.metadata"
 OLDER = "paddle.distributed.checkpoint.metadata"
 NAME_TABLE = "StructuredToParameterName@@"
-FIXTURES = ("tp2", "zero_flat", "older", "tp2_safetensors")
+FIXTURES = ("tp2", "zero_flat", "older", "tp2_safetensors", "adam")
 
 
 # ---------------------------------------------------------------- fake paddle modules
@@ -445,8 +445,58 @@ def fixture_older(out_dir):
     write_expected(out_dir, {"a.w": a_w, "a.b": a_b})
 
 
+def bf16_round_bits(values):
+    """float32 values -> the uint16 bit patterns of their bfloat16 roundings (to nearest,
+    ties to even), as a bf16 model weight is its fp32 master weight cast."""
+    bits = np.asarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def fixture_adam(out_dir):
+    """A bf16 model with master weights and AdamW states under PaddlePaddle's optimizer
+    state keys (<key>.w_0, .moment1_0, .moment2_0, .beta1_pow_acc_0, .beta2_pow_acc_0),
+    the states flattened ZeRO shards (sharding stage 1), as an optimizer's sharded state
+    dict is saved beside the model's. Step 30: the beta powers are 0.9^30 and 0.999^30."""
+    emb_master = ((np.arange(24, dtype=np.float32) - 11.0) * 0.1).reshape(6, 4)
+    norm = np.array([1.0, 0.75, -0.5, 2.0], dtype=np.float32)
+    inv_freq = np.array([1.0, 0.01], dtype=np.float32)
+    states = {
+        "emb.w": (emb_master, np.arange(24, dtype=np.float32).reshape(6, 4) * -0.01,
+                  np.arange(24, dtype=np.float32).reshape(6, 4) * 0.001 + 0.5, [(0, 10), (10, 24)]),
+        "norm.w": (norm, np.array([0.25, -0.125, 4.0, 0.0], dtype=np.float32),
+                   np.array([1e-8, 2.0, 0.5, 3.0], dtype=np.float32), [(0, 1), (1, 4)]),
+    }
+    pows = {"beta1_pow_acc_0": np.array([0.9 ** 30], dtype=np.float32),
+            "beta2_pow_acc_0": np.array([0.999 ** 30], dtype=np.float32)}
+    expected = {"emb.w": bf16_round_bits(emb_master), "norm.w": norm, "rope.inv_freq": inv_freq,
+                "emb.w.w_0": emb_master}
+
+    def rank_sd(rank):
+        sd = {"emb.w": shard(expected["emb.w"], "bfloat16", "embedding_0.w_0", 0, 2, rank),
+              "norm.w": whole(norm, "float32", "rms_norm_0.w_0"),
+              "emb.w.w_0": flat_shard(emb_master, "float32", "embedding_0.w_0_fp32_master_0",
+                                      *states["emb.w"][3][rank])}
+        if rank == 0:
+            sd["rope.inv_freq"] = whole(inv_freq, "float32", "generated_tensor_0")
+        for key, (_, m1, m2, ranges) in states.items():
+            name = "embedding_0.w_0" if key == "emb.w" else "rms_norm_0.w_0"
+            sd[key + ".moment1_0"] = flat_shard(m1, "float32", name + "_moment1_0", *ranges[rank])
+            sd[key + ".moment2_0"] = flat_shard(m2, "float32", name + "_moment2_0", *ranges[rank])
+            for suffix, value in pows.items():
+                sd[key + "." + suffix] = whole(value, "float32", name + "_" + suffix)
+        return sd
+
+    for key, (_, m1, m2, _) in states.items():
+        expected[key + ".moment1_0"] = m1
+        expected[key + ".moment2_0"] = m2
+        for suffix, value in pows.items():
+            expected[key + "." + suffix] = value
+    save_state_dict_current([rank_sd(0), rank_sd(1)], os.path.join(out_dir, "ckpt"))
+    write_expected(out_dir, expected)
+
+
 WRITERS = {"tp2": fixture_tp2, "zero_flat": fixture_zero_flat, "older": fixture_older,
-           "tp2_safetensors": lambda d: fixture_tp2(d, safetensors=True)}
+           "tp2_safetensors": lambda d: fixture_tp2(d, safetensors=True), "adam": fixture_adam}
 
 
 def generate(out_root):

@@ -9,6 +9,12 @@ fixture writer (real multi-rank saves by Debian's torch 1.13). The steps are who
   fsdp_adam        3 params (fp32 row-split, bf16 column-split with bf16 states, fp32 whole)
                    + a buffer without optimizer state; every step 12
   fsdp_adam_steps  the same with the norm's step 11 (params that disagree on the step)
+  megatron_dist    the names Megatron-Core's dist checkpointing (torch_dist) gives a bf16
+                   model and its mixed-precision Adam: model keys without a prefix (a
+                   layer-stacked [2, 6, 4] fc1 weight), optimizer.state.fp32_param.<key>,
+                   optimizer.state.exp_avg.<key>, optimizer.state.exp_avg_sq.<key> (fp32, cut
+                   like the weights), no step tensor (Megatron keeps the step in common.pt), a
+                   bf16 buffer-like tensor without state, an object item
 
 usage: /usr/bin/python3 make_fsdp_adam.py SHARED_TOOLS_DIR OUT_DIR  (writes OUT_DIR/<name>)
 """
@@ -17,7 +23,8 @@ sys.path.insert(0, sys.argv[1])
 import torch_dcp_fixture as fixture  # noqa: E402
 import torch  # noqa: E402
 
-STEPS = {"fsdp_adam": {}, "fsdp_adam_steps": {"optim.state.norm.weight.step": 11.0}}
+STEPS = {"fsdp_adam": {}, "fsdp_adam_steps": {"optim.state.norm.weight.step": 11.0},
+         "megatron_dist": {}}
 
 
 def split(axis, sizes=None):
@@ -43,6 +50,24 @@ SPEC = {"world": 2, "seed": 11, "tensors": (
     + [{"name": "model.rope.inv_freq", "shape": [2], "dtype": "float32", "on": 0}]),
     "objects": {"optim.param_groups.lr": 0.001}}
 
+
+def megatron_param(key, shape, placement):
+    tensors = [dict(name=key, shape=shape, dtype="bfloat16", **placement)]
+    for state in ("fp32_param", "exp_avg", "exp_avg_sq"):
+        tensors.append(dict(name=f"optimizer.state.{state}.{key}", shape=shape, dtype="float32",
+                            **placement))
+    return tensors
+
+
+MEGATRON_SPEC = {"world": 2, "seed": 23, "tensors": (
+    megatron_param("embedding.word_embeddings.weight", [8, 4], {"split": split(0)})
+    + megatron_param("decoder.layers.mlp.linear_fc1.weight", [2, 6, 4], {"split": split(1)})
+    + megatron_param("decoder.final_layernorm.weight", [4], {"on": 1})
+    + [{"name": "decoder.layers.self_attention.core_attention.inv_freq", "shape": [2],
+        "dtype": "bfloat16", "on": 0}]),
+    "objects": {"rng_state/shard_0.0_1.2": 7}}
+SPECS = {"fsdp_adam": SPEC, "fsdp_adam_steps": SPEC, "megatron_dist": MEGATRON_SPEC}
+
 # The writer's ranks are spawned processes that import this file again (not its main
 # block): the step values reach them through the environment.
 _random_value = fixture.full_value
@@ -62,7 +87,7 @@ if __name__ == "__main__":
     for name, steps in STEPS.items():
         os.environ["FC_FIXTURE_STEPS"] = json.dumps(steps)
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump(SPEC, f)
+            json.dump(SPECS[name], f)
         try:
             sys.argv = [sys.argv[0], f.name, os.path.join(out_root, name)]
             fixture.main()
