@@ -3,7 +3,7 @@
 # (apt-get install python3-torch python3-numpy). Deterministic: same specs, same bytes.
 #
 #   <name>.json        -> shared/tools/torch_dcp_fixture.py (real multi-rank DCP saves)
-#   ../torch_dcp_adam/fsdp_adam(_steps) -> make_fsdp_adam.py (steps made whole numbers)
+#   ../torch_dcp_adam/{fsdp_adam,fsdp_adam_steps,megatron_dist} -> make_fsdp_adam.py (steps made whole numbers)
 #   strided            -> make_strided.py (views: transposed, storage_offset, stride 0, 0-d)
 #   torch2_emulated    -> emulate_torch2.py applied to `mixed` (2.x module paths, enum by
 #                         value, PosixPath of CPython 3.13, one file per rank, mcore_data)
@@ -23,7 +23,8 @@ for spec in "$here"/*.json; do
   rm -rf "$out/$name"
   "$py" "$tools/torch_dcp_fixture.py" "$spec" "$out/$name"
 done
-rm -rf "$out/../torch_dcp_adam/fsdp_adam" "$out/../torch_dcp_adam/fsdp_adam_steps"
+rm -rf "$out/../torch_dcp_adam/fsdp_adam" "$out/../torch_dcp_adam/fsdp_adam_steps" \
+  "$out/../torch_dcp_adam/megatron_dist"
 "$py" "$here/make_fsdp_adam.py" "$tools" "$out/../torch_dcp_adam"
 rm -rf "$out/strided"
 "$py" "$here/make_strided.py" "$tools" "$out/strided"
