@@ -129,9 +129,25 @@ def big_checkpoint():
 SLOW_BUDGETS = {}
 
 
+def staged_bytes(staging):
+    total = 0
+    for root, _, files in os.walk(staging):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
 def start_slow(tool, src, out):
+    """Starts TOOL on SRC -> OUT and returns it stopped (SIGSTOP) inside its data writes:
+    its staging directory holds bytes and nothing is committed. Stopping it, rather than
+    hoping it is still running after a sleep, keeps this independent of the machine's
+    speed: a fast disk ends a slow-budget run in well under a second. Signal it with
+    signal_stopped (or kill it)."""
     # 8 KiB for tensor data beyond what the job's own bookkeeping needs (the minimum the tool
-    # names for a budget of 1 byte): slabs of ~700 elements, a run of about a second. (The
+    # names for a budget of 1 byte): slabs of ~700 elements, many small writes. (The
     # bookkeeping, ~15 MiB of plan plus the process itself, sits near the 32 MiB the budget
     # leaves uncharged, and where exactly depends on the allocator: a fixed budget of 8 KiB
     # was refused now and then.)
@@ -149,11 +165,15 @@ def start_slow(tool, src, out):
         p = subprocess.Popen(args + ["--memory-budget", str(SLOW_BUDGETS[tool])],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 60
-        while not glob.glob(out + ".fc-tmp-%d-*" % p.pid):
-            if p.poll() is not None:
+        staging = []
+        while not staging:
+            staging = glob.glob(out + ".fc-tmp-%d-*" % p.pid)
+            if staging or p.poll() is not None:
                 break
             assert time.time() < deadline, "no staging directory appeared"
-            time.sleep(0.02)
+            time.sleep(0.002)
+        if staging:
+            p.send_signal(signal.SIGSTOP)
         if p.poll() is None or p.returncode != 10 or attempt == 2:
             break
         # Refused: this run's process measured a little more of itself than the probe's
@@ -161,9 +181,21 @@ def start_slow(tool, src, out):
         p.communicate()
         del SLOW_BUDGETS[tool]
     assert p.poll() is None, f"{tool} ended before writing: {p.communicate()}"
-    time.sleep(0.3)  # inside the data writes
-    assert p.poll() is None, f"{tool} finished before the signal; make the input larger"
+    # Let it run in steps of 5 ms until its staging holds data: inside the data writes.
+    while staged_bytes(staging[0]) == 0:
+        assert time.time() < deadline, "no data written to the staging directory"
+        p.send_signal(signal.SIGCONT)
+        time.sleep(0.005)
+        p.send_signal(signal.SIGSTOP)
+        assert p.poll() is None, f"{tool} finished before the signal: {p.communicate()}"
+    assert not os.path.exists(out), f"{tool} committed {out} before the signal"
     return p
+
+
+def signal_stopped(p, sig):
+    """Sends SIG to a process start_slow stopped, then lets it go on to handle it."""
+    p.send_signal(sig)
+    p.send_signal(signal.SIGCONT)
 
 
 def case_lock():
@@ -186,7 +218,7 @@ def case_lock():
     first = start_slow(EXPORT, src, out2)
     p = run([EXPORT, src, out2, "--quiet"], expect=8)
     assert "output in use by PID %d" % first.pid in p.stderr, p.stderr
-    first.send_signal(signal.SIGTERM)
+    signal_stopped(first, signal.SIGTERM)
     first.communicate()
     print("ok lock")
 
@@ -197,7 +229,7 @@ def case_sigterm():
         out = os.path.join(tmp, "term-" + os.path.basename(tool))
         for sig in (signal.SIGTERM, signal.SIGINT):
             p = start_slow(tool, src, out)
-            p.send_signal(sig)
+            signal_stopped(p, sig)
             _, err = p.communicate(timeout=60)
             assert p.returncode == 128 + sig, (p.returncode, err)
             assert "interrupted" in err, err
