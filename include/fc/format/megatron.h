@@ -72,19 +72,26 @@
 // dtype) or grad dtype: {..., "numel_unpadded"}}}, or a ChainedOptimizer's list of those:
 // [dense] or, with MoE, [dense, expert], None where the saving process was not DP rank 0 of
 // that optimizer's group; dense states are read from EP rank 0, the expert params, in
-// buffers of their own, from every EP rank). Positions follow Megatron-Core's ParamAndGradBuffer layout
+// buffers of their own, from every EP rank); or the older forms: per-bucket lists of
+// tensors each padded to a multiple of DP (Megatron-Core 0.4/0.5, "per_bucket_numel",
+// checked against the bucket tensors' sizes when it has its usual shape) and one tensor per
+// state of the whole grad buffer padded at its end (Megatron-LM before buckets, 2023; no
+// alignment, one bucket). Positions follow Megatron-Core's ParamAndGradBuffer layout
 // (src/format/megatron/distrib_optim_layout.h): params in reverse state-dict order, starts
 // aligned to 64 elements (Megatron-Core >= 0.8) or not (older), buckets from args
 // (overlap_grad_reduce, ddp_bucket_size, else max(40M, 1M x DP), none after the first
 // stage / chunk), a bucket of its own for each shared embedding (tied embeddings, PP > 1).
-// Every candidate layout is checked before use: the sizes must add up to numel_unpadded, and
+// The older forms try the layouts without alignment padding of a shared embedding's start,
+// with and without its bucket of its own.
+// Every candidate layout is checked before use: the sizes must add up to numel_unpadded (older
+// forms: the bucket count, each bucket tensor its bucket plus less than DP x CP padding), and
 // at both ends of every param the fp32 master value must round to the saved model weight
 // (Megatron copies master to model weights after each step). The states become
 //   optimizer.fp32.<name>, optimizer.exp_avg.<name>, optimizer.exp_avg_sq.<name>
 // (float32, the param's global shape, merged over TP like the weights). The Adam step is per
 // param group in model_optim_rng.pt (the groups' param lists are dropped): attribute
-// megatron.optimizer_step (the distinct values). When any file does not fit (missing, the
-// pre-2024 per-bucket form, more optimizers than dense + expert
+// megatron.optimizer_step (the distinct values). When any file does not fit (missing, an
+// unknown form, more optimizers than dense + expert
 // (overlap_param_gather_with_optimizer_step), args.ddp_num_buckets, frozen params or a
 // layout that fails the check), no state is
 // exposed and megatron.distrib_optim says why; the weights are unaffected.

@@ -15,6 +15,7 @@ Result<CoalescedLayout> CoalescedBufferLayout(std::span<const BufferParam> param
   }
   CoalescedLayout out;
   out.offsets.assign(params.size(), 0);
+  out.bucket_of.assign(params.size(), 0);
   const int64_t align = rule.param_alignment;
   // Positions relative to the open bucket's start; `saved` = the unpadded sizes of the
   // closed buckets, i.e. where the open bucket begins in the saved tensor.
@@ -25,6 +26,8 @@ Result<CoalescedLayout> CoalescedBufferLayout(std::span<const BufferParam> param
   auto close = [&](int64_t end) -> Status {
     const auto s = CheckedAdd(saved, end);
     if (!s) return OutOfRangeError("distrib_optim layout: sizes overflow");
+    out.bucket_saved_start.push_back(saved);
+    out.bucket_numel_unpadded.push_back(end);
     saved = *s;
     ++out.buckets;
     next = 0;
@@ -40,12 +43,13 @@ Result<CoalescedLayout> CoalescedBufferLayout(std::span<const BufferParam> param
     const BufferParam& p = params[k];
     if (p.numel < 0) return InvalidArgumentError("distrib_optim layout: negative numel");
     auto start = pad(next, align);
-    if (start && p.shared_embedding && rule.shared_start_dp > 0 &&
+    if (start && p.shared_embedding && rule.shared_own_bucket && rule.shared_start_dp > 0 &&
         *start % rule.shared_start_dp != 0) {
       start = pad(*start, rule.shared_start_unit);
     }
     if (!start) return OutOfRangeError("distrib_optim layout: sizes overflow");
-    if (p.shared_embedding && open) {
+    const bool own_bucket = p.shared_embedding && rule.shared_own_bucket;
+    if (own_bucket && open) {
       // Megatron closes the bucket at the padded start, gap included.
       FC_RETURN_IF_ERROR(close(*start));
       start = 0;
@@ -53,11 +57,12 @@ Result<CoalescedLayout> CoalescedBufferLayout(std::span<const BufferParam> param
     const auto offset = CheckedAdd(saved, *start);
     if (!offset) return OutOfRangeError("distrib_optim layout: sizes overflow");
     out.offsets[k] = *offset;
+    out.bucket_of[k] = out.buckets;
     const auto end = CheckedAdd(*start, p.numel);
     if (!end) return OutOfRangeError("distrib_optim layout: sizes overflow");
     last_end = *end;
     open = true;
-    if ((rule.bucket_size && *end >= *rule.bucket_size) || p.shared_embedding) {
+    if ((rule.bucket_size && *end >= *rule.bucket_size) || own_bucket) {
       FC_RETURN_IF_ERROR(close(*end));
     } else {
       next = *end;
@@ -66,6 +71,10 @@ Result<CoalescedLayout> CoalescedBufferLayout(std::span<const BufferParam> param
   if (open) FC_RETURN_IF_ERROR(close(last_end));
   out.numel_unpadded = saved;
   return out;
+}
+
+int64_t BucketOffset(const CoalescedLayout& layout, size_t i) {
+  return layout.offsets[i] - layout.bucket_saved_start[static_cast<size_t>(layout.bucket_of[i])];
 }
 
 }  // namespace fc

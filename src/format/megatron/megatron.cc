@@ -574,7 +574,8 @@ std::string RuleText(const BufferLayoutRule& r) {
                         : std::string("one bucket")) +
          (r.shared_start_dp > 0 ? ", shared embedding padded for dp " +
                                       std::to_string(r.shared_start_dp) + " (Megatron-Core < 0.13.1)"
-                                : std::string());
+                                : std::string()) +
+         (r.shared_own_bucket ? "" : ", no bucket of its own for a shared embedding");
 }
 
 Result<std::vector<BufferLayoutRule>> Reader::LayoutCandidates(int64_t p, int64_t v) const {
@@ -909,12 +910,34 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
     return DataLossError(rel + ": the saved object is " + root->DebugString() +
                          ", expected the distributed optimizer's parameter state");
   }
-  const std::optional<bool> coalesced = BoolOf(root->Find("buckets_coalesced"));
-  if (!coalesced.value_or(false)) {
-    return UnimplementedError(rel + ": no 'buckets_coalesced' (saved by Megatron before "
-                              "February 2024, per-bucket tensors); fc reads the coalesced "
-                              "form only");
+  // The form (distrib_optim_layout.h): coalesced (Megatron-Core since February 2024),
+  // per-bucket lists (Megatron-Core 0.4 and 0.5, "per_bucket_numel"), or one padded tensor
+  // per state (Megatron-LM before buckets: int keys only).
+  enum class Form { kCoalesced, kPerBucket, kWhole };
+  const PV* per_bucket_numel = root->Find("per_bucket_numel");
+  Form form = Form::kWhole;
+  if (BoolOf(root->Find("buckets_coalesced")).value_or(false)) {
+    form = Form::kCoalesced;
+  } else if (per_bucket_numel != nullptr) {
+    form = Form::kPerBucket;
+  } else {
+    for (const auto& [k, v] : *DictEntries(root)) {
+      if (!k || !k->is_int()) {
+        return UnimplementedError(rel + ": key " + (k ? k->DebugString() : std::string("?")) +
+                                  " and neither 'buckets_coalesced' nor 'per_bucket_numel': a "
+                                  "form of the distributed optimizer's state fc does not know");
+      }
+    }
   }
+  const char* form_text = form == Form::kCoalesced ? ""
+                          : form == Form::kPerBucket
+                              ? "per-bucket tensors (Megatron-Core 0.4-0.5), "
+                              : "one padded buffer per state (Megatron-LM before buckets), ";
+  // The padding the older forms add (to a multiple of the data-parallel size, with or
+  // without context parallelism) is less than this.
+  const int64_t max_padding =
+      std::clamp<int64_t>(ArgInt("data_parallel_size").value_or(1), 1, 1 << 24) *
+      std::clamp<int64_t>(ArgInt("context_parallel_size").value_or(1), 1, 1 << 24);
   // The rank's buffers: each model chunk's params grouped by dtype (first seen first).
   struct Buffer {
     int64_t v = 0;
@@ -968,22 +991,68 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
       return DataLossError(where + ": unexpected key " + dkey.DebugString());
     }
     const PV& states = *(*entries)[0].second;
-    const std::optional<int64_t> numel = IntOf(states.Find("numel_unpadded"));
-    if (!numel || *numel < 0) {
-      return DataLossError(where + ": no numel_unpadded");
+    std::optional<int64_t> numel;  // the coalesced form's length
+    if (form == Form::kCoalesced) {
+      numel = IntOf(states.Find("numel_unpadded"));
+      if (!numel || *numel < 0) return DataLossError(where + ": no numel_unpadded");
     }
-    std::array<Located, 3> flat;
+    // Per state, its tensors: one per bucket in the per-bucket form, else one.
+    std::array<std::vector<Located>, 3> flat;
     for (size_t r = 0; r < 3; ++r) {
-      const PV* tensor = states.Find(kOptimKeys[r]);
-      if (tensor == nullptr || !LooksLikeTensor(*tensor)) {
-        return DataLossError(where + ": no '" + std::string(kOptimKeys[r]) + "' tensor");
+      const PV* value = states.Find(kOptimKeys[r]);
+      std::vector<const PV*> tensors;
+      if (form == Form::kPerBucket && value != nullptr && value->is_list()) {
+        for (const auto& item : value->items) tensors.push_back(item.get());
+      } else if (form != Form::kPerBucket) {
+        tensors.push_back(value);
       }
-      FC_ASSIGN_OR_RETURN(flat[r], f.Locate(*tensor, "buffer " + std::to_string(g) + " '" +
-                                                           std::string(kOptimKeys[r]) + "'"));
-      if (flat[r].dtype != DType::kFloat32 || flat[r].shape != Shape{*numel} || !flat[r].contiguous) {
-        return DataLossError(flat[r].where + " is " + std::string(DTypeName(flat[r].dtype)) + " " +
-                             ShapeText(flat[r].shape) + ", expected contiguous float32 [" +
-                             std::to_string(*numel) + "] (numel_unpadded)");
+      if (tensors.empty()) {
+        return DataLossError(where + ": no '" + std::string(kOptimKeys[r]) + "' " +
+                             (form == Form::kPerBucket ? "list of bucket tensors" : "tensor"));
+      }
+      for (size_t k = 0; k < tensors.size(); ++k) {
+        const std::string what = "buffer " + std::to_string(g) + " '" +
+                                 std::string(kOptimKeys[r]) + "'" +
+                                 (form == Form::kPerBucket ? " bucket " + std::to_string(k) : "");
+        if (tensors[k] == nullptr || !LooksLikeTensor(*tensors[k])) {
+          return DataLossError(where + ": no tensor for " + what);
+        }
+        FC_ASSIGN_OR_RETURN(Located l, f.Locate(*tensors[k], what));
+        if (l.dtype != DType::kFloat32 || l.shape.size() != 1 || !l.contiguous ||
+            (numel && l.shape[0] != *numel)) {
+          return DataLossError(l.where + " is " + std::string(DTypeName(l.dtype)) + " " +
+                               ShapeText(l.shape) + ", expected contiguous float32 [" +
+                               (numel ? std::to_string(*numel) + "] (numel_unpadded)" : "n]"));
+        }
+        flat[r].push_back(std::move(l));
+      }
+      if (flat[r].size() != flat[0].size()) {
+        return DataLossError(where + ": " + std::to_string(flat[0].size()) + " '" +
+                             std::string(kOptimKeys[0]) + "' bucket tensors but " +
+                             std::to_string(flat[r].size()) + " '" + std::string(kOptimKeys[r]) +
+                             "'");
+      }
+      for (size_t k = 0; k < flat[r].size(); ++k) {
+        if (flat[r][k].shape != flat[0][k].shape) {
+          return DataLossError(flat[r][k].where + " is " + ShapeText(flat[r][k].shape) + ", " +
+                               flat[0][k].where + " " + ShapeText(flat[0][k].shape));
+        }
+      }
+    }
+    // The per-bucket form's own record of the padded bucket sizes, when it has the shape
+    // Megatron gave it (a list over buffers of {dtype: [numel per bucket]}); a cross-check.
+    std::optional<std::vector<int64_t>> recorded_buckets;
+    if (form == Form::kPerBucket && per_bucket_numel->is_list() &&
+        per_bucket_numel->items.size() == buffers.size() && per_bucket_numel->items[g]) {
+      const Entries* e = DictEntries(per_bucket_numel->items[g].get());
+      if (e != nullptr && e->size() == 1 && (*e)[0].second && (*e)[0].second->is_list()) {
+        std::vector<int64_t> sizes;
+        for (const auto& item : (*e)[0].second->items) {
+          const std::optional<int64_t> n = IntOf(item.get());
+          if (!n) break;
+          sizes.push_back(*n);
+        }
+        if (sizes.size() == (*e)[0].second->items.size()) recorded_buckets = std::move(sizes);
       }
     }
     std::vector<BufferParam> params;
@@ -992,25 +1061,73 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
       FC_ASSIGN_OR_RETURN(const int64_t count, CheckedNumElements(b.located[i].shape));
       params.push_back(BufferParam{count, shared_embeddings && IsEmbeddingOrOutput(n)});
     }
-    FC_ASSIGN_OR_RETURN(std::vector<BufferLayoutRule> rules, LayoutCandidates(p, b.v));
+    std::vector<BufferLayoutRule> rules;
+    if (form == Form::kWhole) {
+      // One buffer, params back to back, nothing special for a shared embedding.
+      rules.push_back(BufferLayoutRule{1, std::nullopt, 0, 0, false});
+    } else {
+      FC_ASSIGN_OR_RETURN(rules, LayoutCandidates(p, b.v));
+      if (form == Form::kPerBucket) {
+        // Those versions had no shared-embedding start padding; a shared embedding's bucket
+        // of its own came at some point in them: both are tried.
+        std::vector<BufferLayoutRule> older;
+        for (const BufferLayoutRule& r : rules) {
+          if (r.shared_start_dp > 0) continue;
+          older.push_back(r);
+          if (shared_embeddings) {
+            older.push_back(r);
+            older.back().shared_own_bucket = false;
+          }
+        }
+        rules = std::move(older);
+      }
+    }
     std::string tried;
     std::optional<CoalescedLayout> found;
     std::string found_rule;
+    // Param i in the saved tensors: which one, and where.
+    auto place = [form](const CoalescedLayout& l, size_t i) {
+      return form == Form::kPerBucket
+                 ? std::pair<size_t, int64_t>(static_cast<size_t>(l.bucket_of[i]),
+                                              BucketOffset(l, i))
+                 : std::pair<size_t, int64_t>(0, l.offsets[i]);
+    };
+    auto same_places = [&](const CoalescedLayout& a, const CoalescedLayout& c) {
+      return a.offsets == c.offsets && (form != Form::kPerBucket || a.bucket_of == c.bucket_of);
+    };
     // Every candidate is tried: two that fit with different offsets (constant params next to
     // zero-filled gaps could do that) leave the file unread rather than guessed.
     for (const BufferLayoutRule& rule : rules) {
       auto computed = CoalescedBufferLayout(params, rule);
       if (!computed.ok()) return computed.status().With(where);
       CoalescedLayout& layout = *computed;
-      if (found && found->offsets == layout.offsets) continue;  // already checked
+      if (found && same_places(*found, layout)) continue;  // already checked
       Status ok = Status::Ok();
-      if (layout.numel_unpadded != *numel) {
+      if (form == Form::kCoalesced && layout.numel_unpadded != *numel) {
         ok = DataLossError("makes " + std::to_string(layout.numel_unpadded) + " elements, the file has " +
                            std::to_string(*numel));
+      } else if (form == Form::kPerBucket && static_cast<size_t>(layout.buckets) != flat[0].size()) {
+        ok = DataLossError("makes " + std::to_string(layout.buckets) + " buckets, the file has " +
+                           std::to_string(flat[0].size()));
+      } else if (form != Form::kCoalesced) {
+        // Each saved tensor: its bucket (the whole buffer: one bucket), padded by less than
+        // the data-parallel size, and the size the file records.
+        for (size_t k = 0; ok.ok() && k < flat[0].size(); ++k) {
+          const int64_t have = flat[0][k].shape[0];
+          const int64_t want = layout.bucket_numel_unpadded[k];
+          if (have < want || have - want >= max_padding) {
+            ok = DataLossError("makes bucket " + std::to_string(k) + " " + std::to_string(want) +
+                               " elements, the file's tensor has " + std::to_string(have));
+          } else if (recorded_buckets && (recorded_buckets->size() != flat[0].size() ||
+                                          (*recorded_buckets)[k] != have)) {
+            ok = DataLossError("per_bucket_numel does not match the bucket tensors' sizes");
+          }
+        }
       }
       for (size_t i = 0; ok.ok() && i < params.size(); ++i) {
-        Located master = flat[0];
-        master.first += static_cast<uint64_t>(layout.offsets[i]) * 4;
+        const auto [tensor, offset] = place(layout, i);
+        Located master = flat[0][tensor];
+        master.first += static_cast<uint64_t>(offset) * 4;
         ok = CheckMasterRoundsToModel(*f.file, master, *model.file, b.located[i],
                                       b.params[i]->name);
       }
@@ -1018,13 +1135,13 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
         tried += "; " + RuleText(rule) + ": " + ok.message();
         continue;
       }
-      if (found && found->offsets != layout.offsets) {
+      if (found && !same_places(*found, layout)) {
         return DataLossError(where + ": two Megatron buffer layouts fit (" + found_rule + "; " +
                              RuleText(rule) + ") with different offsets; not guessing");
       }
       if (!found) {
         found = std::move(layout);
-        found_rule = RuleText(rule);
+        found_rule = form_text + RuleText(rule);
       }
     }
     if (found) optim_layouts_.insert(found_rule);
@@ -1035,12 +1152,13 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
     for (size_t i = 0; i < params.size(); ++i) {
       std::array<Located, 3> states3;
       for (size_t r = 0; r < 3; ++r) {
+        const auto [tensor, offset] = place(*found, i);
         Located& l = states3[r];
-        l = flat[r];
+        l = flat[r][tensor];
         l.shape = b.located[i].shape;
         l.strides.assign(l.shape.size(), 1);
         for (size_t d = l.shape.size(); d-- > 1;) l.strides[d - 1] = l.strides[d] * l.shape[d];
-        l.first += static_cast<uint64_t>(found->offsets[i]) * 4;
+        l.first += static_cast<uint64_t>(offset) * 4;
         l.where = f.rel + ": " + std::string(kOptimRoles[r]) + " of '" + b.params[i]->name + "'";
       }
       optim_[{p, e, t, b.v, b.params[i]->name}] = std::move(states3);

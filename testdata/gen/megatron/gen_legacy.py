@@ -47,6 +47,15 @@ FULL tensor, C order, bfloat16 as uint16 bits, the names fc gives them):
   moe_distopt   local names, 2 layers, swiglu, 4 experts (layer 1 TEGroupedMLP names), TP 2 x
                 EP 2, distributed optimizer: each rank's distrib_optim.pt a ChainedOptimizer's
                 [dense, expert] list (dense None on EP rank 1), buckets of 60 elements
+  gpt_buckets_tied  4 layers, local names, TP 2 x PP 2, tied embeddings (vocabulary 20), dp 2,
+                distrib_optim.pt in Megatron-Core 0.4/0.5's per-bucket form (per_bucket_numel;
+                per state a list of bucket tensors, each padded to a multiple of dp; params
+                back to back, no alignment; buckets of 100 elements on the first stage, the
+                shared embedding params in buckets of their own), the buffer keyed by the
+                grad dtype alone
+  gpt_whole_tp2 2 layers, local names, TP 2, dp 3, distrib_optim.pt as Megatron-LM wrote it
+                before buckets (2023): per state one tensor of the whole grad buffer (params
+                back to back in reverse order, padded at the end to a multiple of dp)
 Cases with a distributed optimizer also have expected_optimizer/optimizer.<role>.<name>.npy
 (role fp32, exp_avg, exp_avg_sq: full fp32 tensors). Every fp32 master weight rounds to its
 bf16 model weight (asserted), which is what fc checks to trust its layout.
@@ -393,12 +402,77 @@ def coalesced_layout(params, bucket_size, align, shared, dp):
     return offsets, sum(unpadded)
 
 
+def older_layout(params, bucket_size, shared, dp):
+    """Megatron-Core 0.4/0.5 ParamAndGradBuffer.__init__ with the distributed optimizer,
+    replayed: params in reverse order, back to back (no alignment); a bucket closes once it
+    holds `bucket_size` elements, and around a shared embedding (tied, PP > 1); each bucket's
+    end is padded to a multiple of dp (_pad_if_needed). With bucket_size None and no shared
+    params this is also Megatron-LM's GradBuffer before buckets (one padded buffer).
+    Returns ({name: (bucket, start within the bucket)}, [padded bucket sizes])."""
+    def pad(x):
+        return -(-x // dp) * dp
+    index, sizes = {}, []
+    state = {"data_start": 0, "bucket_start": 0, "members": 0}
+
+    def new_bucket(end):
+        end = pad(end)
+        sizes.append(end - state["bucket_start"])
+        state["bucket_start"] = end
+        state["members"] = 0
+        return end
+    for name, n in reversed(params):
+        if name in shared and state["members"]:
+            state["data_start"] = new_bucket(state["data_start"])
+        start = state["data_start"]
+        end = start + n
+        index[name] = (len(sizes), start - state["bucket_start"])
+        state["members"] += 1
+        if (bucket_size is not None and end - state["bucket_start"] >= bucket_size) or name in shared:
+            end = new_bucket(end)
+        state["data_start"] = end
+    if state["members"]:
+        new_bucket(state["data_start"])
+    return index, sizes
+
+
+def older_optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, form):
+    """save_parameter_state before the coalesced form: "per_bucket" (Megatron-Core 0.4/0.5:
+    {"per_bucket_numel": [{dtype: [bucket sizes]} per buffer], v: {dtype: {state: [bucket
+    tensors]}}}) or "whole" (Megatron-LM 2023: {v: {dtype: {state: buffer tensor}}}); dtype
+    is the grad buffer's (fp32: grads accumulated in fp32)."""
+    state = {"per_bucket_numel": []} if form == "per_bucket" else {}
+    for v, key in enumerate(sorted(chunk_states)):
+        sd = chunk_states[key]
+        params = [(n, t.numel()) for n, t in sd.items() if isinstance(t, torch.Tensor)]
+        shared = set()
+        if form == "per_bucket" and tied and pp > 1:
+            shared = {n for n, _ in params
+                      if n.endswith("word_embeddings.weight") or n.endswith("output_layer.weight")}
+        size = bucket_size if form == "per_bucket" and stage == 0 and v == 0 else None
+        index, sizes = older_layout(params, size, shared, dp)
+        world = {}
+        for role in ("param", "exp_avg", "exp_avg_sq"):
+            buckets = [torch.zeros(n) for n in sizes]
+            src = optim_chunks[key]["fp32" if role == "param" else role]
+            for n, count in params:
+                b, start = index[n]
+                buckets[b][start:start + count] = src[n].reshape(-1)
+            world[role] = buckets if form == "per_bucket" else buckets[0]
+        state[v] = {torch.float32: world}
+        if form == "per_bucket":
+            state["per_bucket_numel"].append({torch.float32: sizes})
+    return state
+
+
 def distrib_optim(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, as_list,
-                  ep_rank=0, moe=False):
+                  ep_rank=0, moe=False, form="coalesced"):
     """distrib_optim.pt of one rank (get_parameter_state_dp_zero, coalesced buckets): one
     buffer per model chunk (all params bf16, grads reduced in fp32). With MoE a
     ChainedOptimizer's list: [dense, expert], the dense state only where this process is
-    DP rank 0 of the dense group (EP rank 0), None elsewhere."""
+    DP rank 0 of the dense group (EP rank 0), None elsewhere. Other forms: older_optimizer_state."""
+    if form != "coalesced":
+        return older_optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp,
+                                     dp, form)
     if moe:
         dense = (optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp,
                                  lambda n: expert_of(n) is None) if ep_rank == 0 else None)
@@ -438,7 +512,7 @@ def optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp
 def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=None, ep=1,
                      experts=0, optimizer=None, release=False, drop_args=(), nest=None,
                      optim_full=None, bucket_size=None, dp=1, tied=False, as_list=False,
-                     vocab=VOCAB):
+                     vocab=VOCAB, form="coalesced"):
     os.makedirs(out, exist_ok=True)
     sub = "release" if release else "iter_%07d" % iteration
     with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -495,12 +569,14 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
                 elif optimizer == "distributed":
                     groups = [{"lr": 1e-4, "weight_decay": wd, "step": iteration}
                               for wd in (0.1, 0.0)]
-                    state["optimizer"] = {"param_state_sharding_type": "dp_zero_gather_scatter",
-                                          "optimizer": {"param_groups": groups},
-                                          "grad_scaler": None}
+                    # param_state_sharding_type came with the coalesced form.
+                    opt = ({"param_state_sharding_type": "dp_zero_gather_scatter"}
+                           if form == "coalesced" else {})
+                    opt.update({"optimizer": {"param_groups": groups}, "grad_scaler": None})
+                    state["optimizer"] = opt
                     state["opt_param_scheduler"] = {"max_lr": 1e-4, "num_steps": 3}
                     torch.save(distrib_optim(sds, optim_chunks, bucket_size, p, tied, pp, dp,
-                                             as_list, e, experts > 0),
+                                             as_list, e, experts > 0, form),
                                os.path.join(d, "distrib_optim.pt"))
                 if optimizer is not None:
                     state["rng_state"] = rng_state(100 + r + 10 * p + 100 * e)
@@ -539,7 +615,7 @@ def write_expected_optimizer(case_dir, optim_full, per_rank=(), tp=1):
 
 
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
-         "no_swiglu_arg", "gpt_vpp2_tied", "moe_distopt"]
+         "no_swiglu_arg", "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied", "gpt_whole_tp2"]
 
 
 def generate(out):
@@ -601,6 +677,24 @@ def generate(out):
                      optimizer="distributed", optim_full=md_optim, bucket_size=60, dp=4)
     write_expected(os.path.join(out, "moe_distopt"), md)
     write_expected_optimizer(os.path.join(out, "moe_distopt"), md_optim)
+    # Older distrib_optim.pt forms. Per-bucket (Megatron-Core 0.4/0.5): TP 2 x PP 2, tied
+    # embeddings of vocabulary 20, buckets of 100 elements on the first stage, dp 2.
+    bt = gpt_full(4, te=False, swiglu=False, seed=500, vocab=20)
+    bt_optim = optimizer_full(bt, 6000)
+    write_checkpoint(os.path.join(out, "gpt_buckets_tied", "ckpt"), bt, tp=2, pp=2, layers=4,
+                     swiglu=False, te=False, iteration=17, optimizer="distributed",
+                     optim_full=bt_optim, bucket_size=100, dp=2, tied=True, vocab=20,
+                     form="per_bucket")
+    write_expected(os.path.join(out, "gpt_buckets_tied"), bt)
+    write_expected_optimizer(os.path.join(out, "gpt_buckets_tied"), bt_optim)
+    # Before buckets (Megatron-LM 2023): TP 2, dp 3, one padded buffer per state.
+    wh = gpt_full(2, te=False, swiglu=True, seed=600)
+    wh_optim = optimizer_full(wh, 7000)
+    write_checkpoint(os.path.join(out, "gpt_whole_tp2", "ckpt"), wh, tp=2, pp=1, layers=2,
+                     swiglu=True, te=False, iteration=19, optimizer="distributed",
+                     optim_full=wh_optim, dp=3, form="whole")
+    write_expected(os.path.join(out, "gpt_whole_tp2"), wh)
+    write_expected_optimizer(os.path.join(out, "gpt_whole_tp2"), wh_optim)
 
 
 def compare_dirs(a, b):

@@ -69,7 +69,8 @@ std::vector<std::byte> Reassemble(const CheckpointIndex& index, const TensorEntr
 
 TEST_CASE("megatron: fixtures reassemble to the full tensors", "[megatron]") {
   for (const char* name : {"gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2",
-                           "legacy_tp2_pp2", "gpt_vpp2_tied", "moe_distopt"}) {
+                           "legacy_tp2_pp2", "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied",
+                           "gpt_whole_tp2"}) {
     INFO(name);
     auto index = OpenCheckpoint(Fixture(name) + "/ckpt");
     REQUIRE(index.ok());
@@ -208,6 +209,32 @@ TEST_CASE("megatron: distrib_optim buffer layout", "[megatron]") {
   l = CoalescedBufferLayout(shared, {64, std::nullopt, 2, 128});
   REQUIRE(l.ok());
   CHECK(l->offsets == std::vector<int64_t>{320, 192, 128, 0});
+  // Buckets: which one each param is in, where in it, and each one's unpadded size.
+  l = CoalescedBufferLayout(params, {64, 100});
+  REQUIRE(l.ok());
+  CHECK(l->bucket_of == std::vector<int64_t>{2, 1, 0, 0});
+  CHECK(l->bucket_numel_unpadded == std::vector<int64_t>{133, 100, 10});
+  CHECK(l->bucket_saved_start == std::vector<int64_t>{0, 133, 233});
+  CHECK(BucketOffset(*l, 0) == 0);
+  CHECK(BucketOffset(*l, 1) == 0);
+  CHECK(BucketOffset(*l, 2) == 128);
+  CHECK(BucketOffset(*l, 3) == 0);
+  // Megatron-Core 0.4/0.5 (no alignment): d [0, 70), c [70, 75), b [75, 175); the shared
+  // embedding a closes that bucket and is one of its own, or (shared_own_bucket false) is
+  // like any param: [175, 185) of the one bucket.
+  l = CoalescedBufferLayout(shared, {1, std::nullopt});
+  REQUIRE(l.ok());
+  CHECK(l->bucket_of == std::vector<int64_t>{1, 0, 0, 0});
+  CHECK(l->bucket_numel_unpadded == std::vector<int64_t>{175, 10});
+  CHECK(BucketOffset(*l, 0) == 0);
+  CHECK(BucketOffset(*l, 1) == 75);
+  BufferLayoutRule plain{1, std::nullopt};
+  plain.shared_own_bucket = false;
+  l = CoalescedBufferLayout(shared, plain);
+  REQUIRE(l.ok());
+  CHECK(l->bucket_of == std::vector<int64_t>{0, 0, 0, 0});
+  CHECK(l->bucket_numel_unpadded == std::vector<int64_t>{185});
+  CHECK(BucketOffset(*l, 0) == 175);
   CHECK(!CoalescedBufferLayout(params, {64, std::nullopt, 3, 0}).ok());
   CHECK(!CoalescedBufferLayout(params, {0, std::nullopt}).ok());
   CHECK(!CoalescedBufferLayout(std::vector<BufferParam>{{-1, false}}, {64, std::nullopt}).ok());
@@ -215,6 +242,55 @@ TEST_CASE("megatron: distrib_optim buffer layout", "[megatron]") {
                               {64, std::nullopt})
             .status()
             .code() == StatusCode::kOutOfRange);
+}
+
+TEST_CASE("megatron: older distrib_optim.pt forms", "[megatron]") {
+  // Megatron-Core 0.4/0.5: per-bucket tensors; buckets of 100 on the first stage, the tied
+  // embedding in a bucket of its own on both stages.
+  auto b = ReadMegatronLegacyCheckpoint(Fixture("gpt_buckets_tied") + "/ckpt");
+  REQUIRE(b.ok());
+  CHECK(b->attributes.at("megatron.distrib_optim") ==
+        "4 files, read (per-bucket tensors (Megatron-Core 0.4-0.5), params aligned to 1 "
+        "elements, buckets of 100 elements | per-bucket tensors (Megatron-Core 0.4-0.5), "
+        "params aligned to 1 elements, one bucket)");
+  CHECK(b->attributes.at("megatron.optimizer_step") == "17");
+  // The first stage's embedding (its last bucket) and a layer param (its first bucket) of
+  // TP rank 1 lie in different bucket tensors of the same file.
+  const TensorEntry* emb = b->FindTensor("optimizer.fp32.embedding.word_embeddings.weight");
+  const TensorEntry* qkv = b->FindTensor("optimizer.exp_avg.decoder.layers.1.self_attention.linear_qkv.weight");
+  REQUIRE(emb != nullptr);
+  REQUIRE(qkv != nullptr);
+  CHECK(b->files[emb->chunks[1].file].path == "mp_rank_01_000/distrib_optim.pt");
+  CHECK(emb->chunks[1].file == qkv->chunks[1].file);
+  // Megatron-LM before buckets: one padded buffer per state.
+  auto w = ReadMegatronLegacyCheckpoint(Fixture("gpt_whole_tp2") + "/ckpt");
+  REQUIRE(w.ok());
+  CHECK(w->attributes.at("megatron.distrib_optim") ==
+        "2 files, read (one padded buffer per state (Megatron-LM before buckets), params "
+        "aligned to 1 elements, one bucket, no bucket of its own for a shared embedding)");
+  CHECK(w->attributes.at("megatron.optimizer_step") == "19");
+  {  // TP ranks swapped: the same sizes, values that do not round to the model: not read
+    testing::TempDir tmp;
+    for (const char* name : {"gpt_buckets_tied", "gpt_whole_tp2"}) {
+      INFO(name);
+      const std::string dir = CopySave(tmp, name);
+      const std::string iter = std::string(name) == "gpt_whole_tp2" ? "/iter_0000019/mp_rank_0"
+                                                                    : "/iter_0000017/mp_rank_0";
+      const std::string suffix = std::string(name) == "gpt_whole_tp2" ? "" : "_000";
+      const std::string a = dir + iter + "0" + suffix + "/distrib_optim.pt";
+      const std::string c = dir + iter + "1" + suffix + "/distrib_optim.pt";
+      std::filesystem::rename(a, a + ".x");
+      std::filesystem::rename(c, a);
+      std::filesystem::rename(a + ".x", c);
+      auto g = ReadMegatronLegacyCheckpoint(dir);
+      REQUIRE(g.ok());
+      const std::string& why = g->attributes.at("megatron.distrib_optim");
+      INFO(why);
+      CHECK(why.find("not read: mp_rank_00") != std::string::npos);
+      CHECK(why.find("no Megatron buffer layout fits") != std::string::npos);
+      for (const TensorEntry& t : g->tensors) CHECK(!t.key.starts_with("optimizer."));
+    }
+  }
 }
 
 TEST_CASE("megatron: a distrib_optim.pt that does not fit its params is not read", "[megatron]") {
@@ -397,9 +473,11 @@ TEST_CASE("megatron: byte mutations never crash or give a wrong-sized index", "[
     if (!r.ok()) CHECK(r.status().code() != StatusCode::kInternal);
   }
   std::mt19937 rng(5);
-  // gpt_tp2_pp2 and moe_distopt: distributed optimizers; moe_tp2_ep2 and gpt_pp2_vpp2:
-  // Float16 optimizer states inside model_optim_rng.pt.
-  for (const char* name : {"gpt_tp2_pp2", "moe_tp2_ep2", "moe_distopt", "gpt_pp2_vpp2"}) {
+  // gpt_tp2_pp2 and moe_distopt: distributed optimizers (gpt_buckets_tied, gpt_whole_tp2:
+  // the older forms); moe_tp2_ep2 and gpt_pp2_vpp2: Float16 optimizer states inside
+  // model_optim_rng.pt.
+  for (const char* name : {"gpt_tp2_pp2", "moe_tp2_ep2", "moe_distopt", "gpt_pp2_vpp2",
+                           "gpt_buckets_tied", "gpt_whole_tp2"}) {
     const std::string dir = CopySave(tmp, name);
     std::vector<std::string> files;
     for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
@@ -413,6 +491,12 @@ TEST_CASE("megatron: byte mutations never crash or give a wrong-sized index", "[
     }
     if (std::string(name) == "gpt_tp2_pp2") {
       mutated.push_back(dir + "/iter_0000003/mp_rank_00_000/distrib_optim.pt");
+    }
+    if (std::string(name) == "gpt_buckets_tied") {
+      mutated.push_back(dir + "/iter_0000017/mp_rank_01_000/distrib_optim.pt");
+    }
+    if (std::string(name) == "gpt_whole_tp2") {
+      mutated.push_back(dir + "/iter_0000019/mp_rank_01/distrib_optim.pt");
     }
     for (const std::string& path : mutated) {
       const std::vector<std::byte> orig = ReadFileBytes(path);
