@@ -90,6 +90,7 @@ struct AdamNames {
   std::string param, exp_avg_sq;
   std::string step;                  // empty: the writer keeps no step tensor
   std::vector<std::string> weights;  // the param's weight, first found wins
+  bool master_first = false;         // weights[0] is an fp32 master the others round to
   // States the step stands for, left out of the UCP without a warning (PaddlePaddle's
   // beta1^step and beta2^step).
   std::vector<std::string> step_powers;
@@ -113,25 +114,25 @@ std::vector<AdamNames> AdamNamesOf(std::string_view key) {
     if (std::optional<std::string> p = middle(prefix, ".exp_avg")) {
       const std::string base = std::string(prefix) + *p;
       names.push_back({"torch", *p, base + ".exp_avg_sq", base + ".step",
-                       {*p, "model." + *p, "module." + *p}, {}});
+                       {*p, "model." + *p, "module." + *p}, false, {}});
     }
   }
   // Megatron-Core's dist checkpointing (torch_dist): optimizer.state.<state>.<sharded key>,
   // the fp32 master weight as state fp32_param; the step stays in common.pt.
   if (std::optional<std::string> p = middle("optimizer.state.exp_avg.", "")) {
     names.push_back({"Megatron torch_dist", *p, "optimizer.state.exp_avg_sq." + *p, "",
-                     {"optimizer.state.fp32_param." + *p, *p}, {}});
+                     {"optimizer.state.fp32_param." + *p, *p}, true, {}});
   }
   // fc's DeepSpeed and Megatron legacy names (the fp32 master weight optimizer.fp32.<p>
   // where the weight <p> is 16-bit).
   if (std::optional<std::string> p = middle("optimizer.exp_avg.", "")) {
     names.push_back({"fc", *p, "optimizer.exp_avg_sq." + *p, "optimizer.step." + *p,
-                     {"optimizer.fp32." + *p, *p, "module." + *p}, {}});
+                     {"optimizer.fp32." + *p, *p, "module." + *p}, true, {}});
   }
   // PaddlePaddle's optimizer state keys (semantics.md): <p>.moment1_0, .moment2_0, the
   // master weight <p>.w_0; no step, only its powers of beta1 and beta2.
   if (std::optional<std::string> p = middle("", ".moment1_0")) {
-    names.push_back({"PaddlePaddle", *p, *p + ".moment2_0", "", {*p + ".w_0", *p},
+    names.push_back({"PaddlePaddle", *p, *p + ".moment2_0", "", {*p + ".w_0", *p}, true,
                      {*p + ".beta1_pow_acc_0", *p + ".beta2_pow_acc_0"}});
   }
   return names;
@@ -204,8 +205,10 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
       used.insert(step->key);
       steps->push_back(step);
     }
-    // The 16-bit weight a master weight stands for, and the step's powers: carried over.
-    for (const std::string& w : names->weights) used.insert(w);
+    // The 16-bit weights a master weight stands for, and the step's powers: carried over.
+    if (names->master_first && weight->key == names->weights.front()) {
+      for (const std::string& w : names->weights) used.insert(w);
+    }
     for (const std::string& power : names->step_powers) used.insert(power);
     params.push_back(std::move(param));
   }
