@@ -79,8 +79,8 @@
 // alignment, one bucket). Positions follow Megatron-Core's ParamAndGradBuffer layout
 // (src/format/megatron/distrib_optim_layout.h): params in reverse state-dict order, starts
 // aligned to 64 elements (Megatron-Core >= 0.8) or not (older), buckets from args
-// (overlap_grad_reduce, ddp_bucket_size, else max(40M, 1M x DP), none after the first
-// stage / chunk), a bucket of its own for each shared embedding (tied embeddings, PP > 1).
+// (overlap_grad_reduce, ddp_bucket_size, ddp_num_buckets: the rank's parameter count over
+// it, else max(40M, 1M x DP), none after the first stage / chunk), a bucket of its own for each shared embedding (tied embeddings, PP > 1).
 // The older forms try the layouts without alignment padding of a shared embedding's start,
 // with and without its bucket of its own.
 // Every candidate layout is checked before use: the sizes must add up to numel_unpadded (older
@@ -92,7 +92,7 @@
 // param group in model_optim_rng.pt (the groups' param lists are dropped): attribute
 // megatron.optimizer_step (the distinct values). When any file does not fit (missing, an
 // unknown form, more optimizers than dense + expert
-// (overlap_param_gather_with_optimizer_step), args.ddp_num_buckets, frozen params or a
+// (overlap_param_gather_with_optimizer_step), frozen params or a
 // layout that fails the check), no state is
 // exposed and megatron.distrib_optim says why; the weights are unaffected.
 //

@@ -531,7 +531,10 @@ class Reader {
                             const std::string& rel, bool experts, const Pieces& pieces,
                             int64_t p, int64_t e, int64_t t, const Degrees& deg, int64_t vpp);
   // The candidate layouts of model chunk v of stage p: what args say, both alignments.
-  Result<std::vector<BufferLayoutRule>> LayoutCandidates(int64_t p, int64_t v) const;
+  // `rank_numel`: the rank's parameter count (every chunk, dense and expert), which
+  // args.ddp_num_buckets divides into the bucket size.
+  Result<std::vector<BufferLayoutRule>> LayoutCandidates(int64_t p, int64_t v,
+                                                         std::optional<int64_t> rank_numel) const;
 
   // The Float16 (non-distributed) optimizer's state in each model_optim_rng.pt: fills
   // optim_, or says why not.
@@ -578,7 +581,8 @@ std::string RuleText(const BufferLayoutRule& r) {
          (r.shared_own_bucket ? "" : ", no bucket of its own for a shared embedding");
 }
 
-Result<std::vector<BufferLayoutRule>> Reader::LayoutCandidates(int64_t p, int64_t v) const {
+Result<std::vector<BufferLayoutRule>> Reader::LayoutCandidates(
+    int64_t p, int64_t v, std::optional<int64_t> rank_numel) const {
   std::vector<std::optional<int64_t>> sizes;
   const std::optional<bool> overlap = BoolOf(args_ ? args_->Find("overlap_grad_reduce") : nullptr);
   const std::optional<bool> with_step =
@@ -590,9 +594,12 @@ Result<std::vector<BufferLayoutRule>> Reader::LayoutCandidates(int64_t p, int64_
   } else if (auto b = ArgInt("ddp_bucket_size")) {
     sizes.push_back(*b);
   } else if (auto nb = ArgInt("ddp_num_buckets")) {
-    return UnimplementedError(args_file_ + ": args.ddp_num_buckets " + std::to_string(*nb) +
-                              " (bucket size from the parameter count): fc does not "
-                              "recompute that layout");
+    // Megatron's get_model: bucket_size = the rank's parameter count // ddp_num_buckets.
+    if (*nb <= 0 || !rank_numel) {
+      return DataLossError(args_file_ + ": args.ddp_num_buckets " + std::to_string(*nb) +
+                           " is not a count of buckets");
+    }
+    sizes.push_back(std::max<int64_t>(*rank_numel / *nb, 1));
   } else {
     // Megatron's default, max(40M, 1M x DP), with DP counted with or without context
     // parallelism depending on the version: both are tried.
@@ -967,6 +974,20 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
                          std::to_string(vpp) + " model chunk(s) of " + model.rel + " make " +
                          std::to_string(buffers.size()) + " (one per chunk and dtype)");
   }
+  std::optional<int64_t> rank_numel;  // for args.ddp_num_buckets (LayoutCandidates)
+  if (ArgInt("ddp_num_buckets")) {
+    int64_t total = 0;
+    for (int64_t v = 0; v < vpp; ++v) {
+      for (const Piece& pc : pieces.at({p, e, t, v})) {
+        FC_ASSIGN_OR_RETURN(Located l, model.Locate(*pc.value, "'" + pc.name + "'"));
+        FC_ASSIGN_OR_RETURN(const int64_t n, CheckedNumElements(l.shape));
+        const std::optional<int64_t> sum = CheckedAdd(total, n);
+        if (!sum) return OutOfRangeError(model.rel + ": parameter count overflows");
+        total = *sum;
+      }
+    }
+    rank_numel = total;
+  }
   const std::optional<bool> untie =
       BoolOf(args_ ? args_->Find("untie_embeddings_and_output_weights") : nullptr);
   const bool shared_embeddings = deg.pp > 1 && !untie.value_or(false);
@@ -1066,7 +1087,7 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
       // One buffer, params back to back, nothing special for a shared embedding.
       rules.push_back(BufferLayoutRule{1, std::nullopt, 0, 0, false});
     } else {
-      FC_ASSIGN_OR_RETURN(rules, LayoutCandidates(p, b.v));
+      FC_ASSIGN_OR_RETURN(rules, LayoutCandidates(p, b.v, rank_numel));
       if (form == Form::kPerBucket) {
         // Those versions had no shared-embedding start padding; a shared embedding's bucket
         // of its own came at some point in them: both are tried.

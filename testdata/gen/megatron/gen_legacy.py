@@ -56,6 +56,8 @@ FULL tensor, C order, bfloat16 as uint16 bits, the names fc gives them):
   gpt_whole_tp2 2 layers, local names, TP 2, dp 3, distrib_optim.pt as Megatron-LM wrote it
                 before buckets (2023): per state one tensor of the whole grad buffer (params
                 back to back in reverse order, padded at the end to a multiple of dp)
+  gpt_num_buckets TE names, 2 layers, TP 1, dp 2, coalesced distrib_optim.pt with
+                args.ddp_num_buckets 3 (buckets of the rank's parameter count // 3)
 Cases with a distributed optimizer also have expected_optimizer/optimizer.<role>.<name>.npy
 (role fp32, exp_avg, exp_avg_sq: full fp32 tensors). Every fp32 master weight rounds to its
 bf16 model weight (asserted), which is what fc checks to trust its layout.
@@ -512,7 +514,7 @@ def optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp
 def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=None, ep=1,
                      experts=0, optimizer=None, release=False, drop_args=(), nest=None,
                      optim_full=None, bucket_size=None, dp=1, tied=False, as_list=False,
-                     vocab=VOCAB, form="coalesced"):
+                     vocab=VOCAB, form="coalesced", num_buckets=None):
     os.makedirs(out, exist_ok=True)
     sub = "release" if release else "iter_%07d" % iteration
     with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -530,6 +532,9 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
                      bucket_size=bucket_size, tied=tied, vocab=vocab)
     for a in drop_args:
         delattr(args, a)
+    if num_buckets:  # --ddp-num-buckets: overlap_grad_reduce without ddp_bucket_size
+        args.overlap_grad_reduce = True
+        args.ddp_num_buckets = num_buckets
     for p in range(pp):
         for e in range(ep):
             for r in range(tp):
@@ -575,7 +580,13 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
                     opt.update({"optimizer": {"param_groups": groups}, "grad_scaler": None})
                     state["optimizer"] = opt
                     state["opt_param_scheduler"] = {"max_lr": 1e-4, "num_steps": 3}
-                    torch.save(distrib_optim(sds, optim_chunks, bucket_size, p, tied, pp, dp,
+                    size = bucket_size
+                    if num_buckets:
+                        # Megatron's get_model: the rank's parameter count (every chunk)
+                        # // ddp_num_buckets.
+                        size = sum(t.numel() for sd in sds.values() for t in sd.values()
+                                   if isinstance(t, torch.Tensor)) // num_buckets
+                    torch.save(distrib_optim(sds, optim_chunks, size, p, tied, pp, dp,
                                              as_list, e, experts > 0, form),
                                os.path.join(d, "distrib_optim.pt"))
                 if optimizer is not None:
@@ -615,7 +626,8 @@ def write_expected_optimizer(case_dir, optim_full, per_rank=(), tp=1):
 
 
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
-         "no_swiglu_arg", "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied", "gpt_whole_tp2"]
+         "no_swiglu_arg", "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied", "gpt_whole_tp2",
+         "gpt_num_buckets"]
 
 
 def generate(out):
@@ -687,6 +699,14 @@ def generate(out):
                      form="per_bucket")
     write_expected(os.path.join(out, "gpt_buckets_tied"), bt)
     write_expected_optimizer(os.path.join(out, "gpt_buckets_tied"), bt_optim)
+    # --ddp-num-buckets 3: buckets of a third of the rank's parameter count (TP 1, dp 2).
+    nb = gpt_full(2, te=True, swiglu=False, seed=700)
+    nb_optim = optimizer_full(nb, 8000)
+    write_checkpoint(os.path.join(out, "gpt_num_buckets", "ckpt"), nb, tp=1, pp=1, layers=2,
+                     swiglu=False, te=True, iteration=23, optimizer="distributed",
+                     optim_full=nb_optim, dp=2, num_buckets=3)
+    write_expected(os.path.join(out, "gpt_num_buckets"), nb)
+    write_expected_optimizer(os.path.join(out, "gpt_num_buckets"), nb_optim)
     # Before buckets (Megatron-LM 2023): TP 2, dp 3, one padded buffer per state.
     wh = gpt_full(2, te=False, swiglu=True, seed=600)
     wh_optim = optimizer_full(wh, 7000)
