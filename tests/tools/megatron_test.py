@@ -30,9 +30,10 @@ INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
 CONVERT = os.path.join(BUILD, "tools", "fc-convert")
 ROOT = os.path.join(TESTDATA, "megatron_legacy")
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
-         "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied", "gpt_whole_tp2", "gpt_num_buckets"]
+         "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied", "gpt_whole_tp2", "gpt_num_buckets",
+         "gpt_vpp2_chunked"]
 OPTIMIZER_CASES = ["gpt_tp2_pp2", "gpt_vpp2_tied", "moe_distopt", "gpt_pp2_vpp2", "moe_tp2_ep2",
-                   "gpt_buckets_tied", "gpt_whole_tp2", "gpt_num_buckets"]
+                   "gpt_buckets_tied", "gpt_whole_tp2", "gpt_num_buckets", "gpt_vpp2_chunked"]
 tmp = tempfile.mkdtemp(prefix="fc-megatron-test-")
 
 
@@ -83,7 +84,8 @@ def case_inspect():
             "moe_distopt": ("13", "2", "1", "2", "iter_0000013"),
             "gpt_buckets_tied": ("17", "2", "2", "1", "iter_0000017"),
             "gpt_whole_tp2": ("19", "2", "1", "1", "iter_0000019"),
-            "gpt_num_buckets": ("23", "1", "1", "1", "iter_0000023")}
+            "gpt_num_buckets": ("23", "1", "1", "1", "iter_0000023"),
+            "gpt_vpp2_chunked": ("29", "1", "2", "1", "iter_0000029")}
     for label in CASES:
         ckpt = os.path.join(ROOT, label, "ckpt")
         j = json.loads(fcio.run([INSPECT, ckpt, "--json"]).stdout)

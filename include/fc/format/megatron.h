@@ -70,8 +70,10 @@
 // "param" (the master weights), "exp_avg" and "exp_avg_sq" tensors in the coalesced form
 // Megatron writes since February 2024 ({"buckets_coalesced": True, i: {(param dtype, grad
 // dtype) or grad dtype: {..., "numel_unpadded"}}}, or a ChainedOptimizer's list of those:
-// [dense] or, with MoE, [dense, expert], None where the saving process was not DP rank 0 of
-// that optimizer's group; dense states are read from EP rank 0, the expert params, in
+// [dense] or, with MoE, [dense, expert], or with overlap_param_gather_with_optimizer_step
+// and virtual pipeline chunks one dense optimizer per chunk [chunk 0, chunk 1, ...(,
+// expert)], each with its chunk's buffers from index 0; None where the saving process was
+// not DP rank 0 of that optimizer's group; dense states are read from EP rank 0, the expert params, in
 // buffers of their own, from every EP rank); or the older forms: per-bucket lists of
 // tensors each padded to a multiple of DP (Megatron-Core 0.4/0.5, "per_bucket_numel",
 // checked against the bucket tensors' sizes when it has its usual shape) and one tensor per
@@ -91,8 +93,7 @@
 // (float32, the param's global shape, merged over TP like the weights). The Adam step is per
 // param group in model_optim_rng.pt (the groups' param lists are dropped): attribute
 // megatron.optimizer_step (the distinct values). When any file does not fit (missing, an
-// unknown form, more optimizers than dense + expert
-// (overlap_param_gather_with_optimizer_step), frozen params or a
+// unknown form, a list of optimizers of another length, frozen params or a
 // layout that fails the check), no state is
 // exposed and megatron.distrib_optim says why; the weights are unaffected.
 //

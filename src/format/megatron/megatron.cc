@@ -526,10 +526,13 @@ class Reader {
                           int64_t vpp);
   Status ReadRankDistribOptim(const RankFile& model, const Pieces& pieces, int64_t p, int64_t e,
                               int64_t t, const Degrees& deg, int64_t vpp);
-  // One optimizer's state (`state`, of file `f`) over the rank's dense or expert params.
+  // One optimizer's state (`state`, of file `f`) over the rank's dense or expert params:
+  // of every model chunk, or (overlap_param_gather_with_optimizer_step: an optimizer per
+  // chunk) of chunk `chunk` only.
   Status ReadOptimizerState(const RankFile& model, const RankFile& f, const PV& state,
                             const std::string& rel, bool experts, const Pieces& pieces,
-                            int64_t p, int64_t e, int64_t t, const Degrees& deg, int64_t vpp);
+                            int64_t p, int64_t e, int64_t t, const Degrees& deg, int64_t vpp,
+                            std::optional<int64_t> chunk = std::nullopt);
   // The candidate layouts of model chunk v of stage p: what args say, both alignments.
   // `rank_numel`: the rank's parameter count (every chunk, dense and expert), which
   // args.ddp_num_buckets divides into the bucket size.
@@ -874,29 +877,46 @@ Status Reader::ReadRankDistribOptim(const RankFile& model, const Pieces& pieces,
     }
   }
   // A ChainedOptimizer saves a list, one entry per optimizer (None where this process is not
-  // DP rank 0 of that optimizer's group): [dense] or, with MoE, [dense, expert]; a lone
-  // optimizer saves its dict.
-  const PV* dense = &f->root;
+  // DP rank 0 of that optimizer's group): [dense] or, with MoE, [dense, expert]; with
+  // overlap_param_gather_with_optimizer_step and virtual pipeline chunks, a dense optimizer
+  // per chunk ([chunk 0, chunk 1, ..., expert]); a lone optimizer saves its dict.
+  std::vector<const PV*> dense = {&f->root};
   const PV* expert = nullptr;
   if (f->root.is_list()) {
     const auto& items = f->root.items;
-    if (items.size() != (has_experts ? 2u : 1u)) {
+    const size_t extra = has_experts ? 1 : 0;
+    const bool per_chunk =
+        vpp > 1 && items.size() == static_cast<size_t>(vpp) + extra &&
+        BoolOf(args_ ? args_->Find("overlap_param_gather_with_optimizer_step") : nullptr)
+            .value_or(false);
+    if (items.size() != 1 + extra && !per_chunk) {
       return UnimplementedError(rel + " holds " + std::to_string(items.size()) +
                                 " optimizers (a ChainedOptimizer); fc reads " +
                                 (has_experts ? "two (dense, expert)" : "one") +
-                                " for this rank's params (overlap_param_gather_with_optimizer_"
-                                "step splits them further)");
+                                " for this rank's params, or one per model chunk (+ expert) "
+                                "with overlap_param_gather_with_optimizer_step");
     }
-    dense = items[0] && !items[0]->is_none() ? items[0].get() : nullptr;
-    expert = has_experts && items[1] && !items[1]->is_none() ? items[1].get() : nullptr;
+    dense.clear();
+    for (size_t k = 0; k + extra < items.size(); ++k) {
+      dense.push_back(items[k] && !items[k]->is_none() ? items[k].get() : nullptr);
+    }
+    expert = has_experts && items.back() && !items.back()->is_none() ? items.back().get()
+                                                                     : nullptr;
   } else if (has_experts) {
     return DataLossError(rel + " holds one optimizer, but " + model.rel +
                          " has expert params (a separate optimizer's)");
   }
   // Dense params are read from EP rank 0 only (the other EP ranks' copies are not used).
   if (e == 0) {
-    if (dense == nullptr) return DataLossError(rel + ": no state for the dense params");
-    FC_RETURN_IF_ERROR(ReadOptimizerState(model, *f, *dense, rel, false, pieces, p, e, t, deg, vpp));
+    for (size_t k = 0; k < dense.size(); ++k) {
+      const std::string which =
+          dense.size() > 1 ? rel + " (model chunk " + std::to_string(k) + " optimizer)" : rel;
+      if (dense[k] == nullptr) return DataLossError(which + ": no state for the dense params");
+      const std::optional<int64_t> chunk =
+          dense.size() > 1 ? std::optional<int64_t>(static_cast<int64_t>(k)) : std::nullopt;
+      FC_RETURN_IF_ERROR(ReadOptimizerState(model, *f, *dense[k], which, false, pieces, p, e, t,
+                                            deg, vpp, chunk));
+    }
   }
   if (has_experts) {
     if (expert == nullptr) return DataLossError(rel + ": no state for the expert params");
@@ -911,7 +931,7 @@ Status Reader::ReadRankDistribOptim(const RankFile& model, const Pieces& pieces,
 Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, const PV& state,
                                   const std::string& rel, bool experts, const Pieces& pieces,
                                   int64_t p, int64_t e, int64_t t, const Degrees& deg,
-                                  int64_t vpp) {
+                                  int64_t vpp, std::optional<int64_t> chunk) {
   const PV* root = &state;
   if (DictEntries(root) == nullptr) {
     return DataLossError(rel + ": the saved object is " + root->DebugString() +
@@ -954,6 +974,7 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
   };
   std::vector<Buffer> buffers;
   for (int64_t v = 0; v < vpp; ++v) {
+    if (chunk && v != *chunk) continue;
     const size_t first = buffers.size();
     for (const Piece& pc : pieces.at({p, e, t, v})) {
       if (IsExpertPiece(pc) != experts) continue;
@@ -971,8 +992,9 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
   }
   if (saved_buffers != static_cast<int64_t>(buffers.size())) {
     return DataLossError(rel + " holds " + std::to_string(saved_buffers) + " buffers; the " +
-                         std::to_string(vpp) + " model chunk(s) of " + model.rel + " make " +
-                         std::to_string(buffers.size()) + " (one per chunk and dtype)");
+                         (chunk ? std::string("model chunk") : std::to_string(vpp) + " model chunk(s)") +
+                         " of " + model.rel + " make " + std::to_string(buffers.size()) +
+                         " (one per chunk and dtype)");
   }
   std::optional<int64_t> rank_numel;  // for args.ddp_num_buckets (LayoutCandidates)
   if (ArgInt("ddp_num_buckets")) {

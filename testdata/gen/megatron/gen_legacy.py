@@ -58,6 +58,9 @@ FULL tensor, C order, bfloat16 as uint16 bits, the names fc gives them):
                 back to back in reverse order, padded at the end to a multiple of dp)
   gpt_num_buckets TE names, 2 layers, TP 1, dp 2, coalesced distrib_optim.pt with
                 args.ddp_num_buckets 3 (buckets of the rank's parameter count // 3)
+  gpt_vpp2_chunked TE names, 4 layers, swiglu, TP 1 x PP 2 x virtual PP 2, dp 2,
+                overlap_param_gather_with_optimizer_step: distrib_optim.pt a list of one
+                coalesced optimizer state per model chunk, no buckets
 Cases with a distributed optimizer also have expected_optimizer/optimizer.<role>.<name>.npy
 (role fp32, exp_avg, exp_avg_sq: full fp32 tensors). Every fp32 master weight rounds to its
 bf16 model weight (asserted), which is what fc checks to trust its layout.
@@ -467,7 +470,7 @@ def older_optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, 
 
 
 def distrib_optim(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, as_list,
-                  ep_rank=0, moe=False, form="coalesced"):
+                  ep_rank=0, moe=False, form="coalesced", per_chunk=False):
     """distrib_optim.pt of one rank (get_parameter_state_dp_zero, coalesced buckets): one
     buffer per model chunk (all params bf16, grads reduced in fp32). With MoE a
     ChainedOptimizer's list: [dense, expert], the dense state only where this process is
@@ -475,6 +478,11 @@ def distrib_optim(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, 
     if form != "coalesced":
         return older_optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp,
                                      dp, form)
+    if per_chunk:
+        # overlap_param_gather_with_optimizer_step: a DistributedOptimizer per model chunk
+        # (buffer indices from 0 in each), bucketing off (Megatron's DDP disables it).
+        return [optimizer_state(chunk_states, optim_chunks, None, stage, tied, pp, dp,
+                                lambda n: True, only=key) for key in sorted(chunk_states)]
     if moe:
         dense = (optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp,
                                  lambda n: expert_of(n) is None) if ep_rank == 0 else None)
@@ -485,10 +493,13 @@ def distrib_optim(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, 
     return [state] if as_list else state
 
 
-def optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, mine):
-    """One DistributedOptimizer's get_parameter_state_dp_zero over the params `mine` keeps."""
+def optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, mine,
+                    only=None):
+    """One DistributedOptimizer's get_parameter_state_dp_zero over the params `mine` keeps
+    (of every model chunk, or of chunk `only`)."""
     state = {"buckets_coalesced": True}
-    for v, key in enumerate(sorted(chunk_states)):
+    keys = [k for k in sorted(chunk_states) if only is None or k == only]
+    for v, key in enumerate(keys):
         sd = chunk_states[key]
         params = [(n, t.numel()) for n, t in sd.items()
                   if isinstance(t, torch.Tensor) and mine(n)]
@@ -514,7 +525,7 @@ def optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp
 def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=None, ep=1,
                      experts=0, optimizer=None, release=False, drop_args=(), nest=None,
                      optim_full=None, bucket_size=None, dp=1, tied=False, as_list=False,
-                     vocab=VOCAB, form="coalesced", num_buckets=None):
+                     vocab=VOCAB, form="coalesced", num_buckets=None, per_chunk=False):
     os.makedirs(out, exist_ok=True)
     sub = "release" if release else "iter_%07d" % iteration
     with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -532,6 +543,8 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
                      bucket_size=bucket_size, tied=tied, vocab=vocab)
     for a in drop_args:
         delattr(args, a)
+    if per_chunk:
+        args.overlap_param_gather_with_optimizer_step = True
     if num_buckets:  # --ddp-num-buckets: overlap_grad_reduce without ddp_bucket_size
         args.overlap_grad_reduce = True
         args.ddp_num_buckets = num_buckets
@@ -587,7 +600,7 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
                         size = sum(t.numel() for sd in sds.values() for t in sd.values()
                                    if isinstance(t, torch.Tensor)) // num_buckets
                     torch.save(distrib_optim(sds, optim_chunks, size, p, tied, pp, dp,
-                                             as_list, e, experts > 0, form),
+                                             as_list, e, experts > 0, form, per_chunk),
                                os.path.join(d, "distrib_optim.pt"))
                 if optimizer is not None:
                     state["rng_state"] = rng_state(100 + r + 10 * p + 100 * e)
@@ -627,7 +640,7 @@ def write_expected_optimizer(case_dir, optim_full, per_rank=(), tp=1):
 
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
          "no_swiglu_arg", "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied", "gpt_whole_tp2",
-         "gpt_num_buckets"]
+         "gpt_num_buckets", "gpt_vpp2_chunked"]
 
 
 def generate(out):
@@ -707,6 +720,15 @@ def generate(out):
                      optim_full=nb_optim, dp=2, num_buckets=3)
     write_expected(os.path.join(out, "gpt_num_buckets"), nb)
     write_expected_optimizer(os.path.join(out, "gpt_num_buckets"), nb_optim)
+    # overlap_param_gather_with_optimizer_step with virtual PP 2: a ChainedOptimizer of one
+    # DistributedOptimizer per model chunk (bucketing off, though args ask for buckets of 100).
+    pc = gpt_full(4, te=True, swiglu=True, seed=800)
+    pc_optim = optimizer_full(pc, 9000)
+    write_checkpoint(os.path.join(out, "gpt_vpp2_chunked", "ckpt"), pc, tp=1, pp=2, layers=4,
+                     swiglu=True, te=True, vpp=2, iteration=29, optimizer="distributed",
+                     optim_full=pc_optim, bucket_size=100, dp=2, per_chunk=True)
+    write_expected(os.path.join(out, "gpt_vpp2_chunked"), pc)
+    write_expected_optimizer(os.path.join(out, "gpt_vpp2_chunked"), pc_optim)
     # Before buckets (Megatron-LM 2023): TP 2, dp 3, one padded buffer per state.
     wh = gpt_full(2, te=False, swiglu=True, seed=600)
     wh_optim = optimizer_full(wh, 7000)

@@ -70,7 +70,7 @@ std::vector<std::byte> Reassemble(const CheckpointIndex& index, const TensorEntr
 TEST_CASE("megatron: fixtures reassemble to the full tensors", "[megatron]") {
   for (const char* name : {"gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2",
                            "legacy_tp2_pp2", "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied",
-                           "gpt_whole_tp2", "gpt_num_buckets"}) {
+                           "gpt_whole_tp2", "gpt_num_buckets", "gpt_vpp2_chunked"}) {
     INFO(name);
     auto index = OpenCheckpoint(Fixture(name) + "/ckpt");
     REQUIRE(index.ok());
@@ -244,7 +244,8 @@ TEST_CASE("megatron: distrib_optim buffer layout", "[megatron]") {
             .code() == StatusCode::kOutOfRange);
 }
 
-TEST_CASE("megatron: older distrib_optim.pt forms, ddp_num_buckets", "[megatron]") {
+TEST_CASE("megatron: older distrib_optim.pt forms, ddp_num_buckets, one optimizer per chunk",
+          "[megatron]") {
   // Megatron-Core 0.4/0.5: per-bucket tensors; buckets of 100 on the first stage, the tied
   // embedding in a bucket of its own on both stages.
   auto b = ReadMegatronLegacyCheckpoint(Fixture("gpt_buckets_tied") + "/ckpt");
@@ -274,6 +275,12 @@ TEST_CASE("megatron: older distrib_optim.pt forms, ddp_num_buckets", "[megatron]
   REQUIRE(n.ok());
   CHECK(n->attributes.at("megatron.distrib_optim") ==
         "1 files, read (params aligned to 64 elements, buckets of 424 elements)");
+  // overlap_param_gather_with_optimizer_step: an optimizer per model chunk, no buckets.
+  auto c = ReadMegatronLegacyCheckpoint(Fixture("gpt_vpp2_chunked") + "/ckpt");
+  REQUIRE(c.ok());
+  CHECK(c->attributes.at("megatron.distrib_optim") ==
+        "2 files, read (params aligned to 64 elements, one bucket)");
+  CHECK(c->FindTensor("optimizer.exp_avg.decoder.layers.3.mlp.linear_fc2.weight") != nullptr);
   {  // TP ranks swapped: the same sizes, values that do not round to the model: not read
     testing::TempDir tmp;
     for (const char* name : {"gpt_buckets_tied", "gpt_whole_tp2"}) {
