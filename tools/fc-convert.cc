@@ -87,8 +87,9 @@ int main(int argc, char** argv) {
   int64_t ucp_step = -1;
   app.add_option("--ucp-step", ucp_step,
                  "with --output-format ucp from a source that stores no Adam step (PaddlePaddle, "
-                 "Megatron torch_dist): the step written to every param's step.pt (the "
-                 "iteration the optimizer states belong to); refused where the source has one")
+                 "Megatron torch_dist without common.pt): the step written to every param's "
+                 "step.pt (the iteration the optimizer states belong to); refused where the "
+                 "source has one")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--torch-version", options.torch_version,
                  "with --output-format torch-dcp: metadata for torch 1.13, 2.0 (torch 2.0-2.3: "

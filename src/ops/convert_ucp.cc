@@ -118,7 +118,8 @@ std::vector<AdamNames> AdamNamesOf(std::string_view key) {
     }
   }
   // Megatron-Core's dist checkpointing (torch_dist): optimizer.state.<state>.<sharded key>,
-  // the fp32 master weight as state fp32_param; the step stays in common.pt.
+  // the fp32 master weight as state fp32_param; the step is in common.pt (the torch DCP
+  // reader's megatron.optimizer_step), not a tensor.
   if (std::optional<std::string> p = middle("optimizer.state.exp_avg.", "")) {
     names.push_back({"Megatron torch_dist", *p, "optimizer.state.exp_avg_sq." + *p, "",
                      {"optimizer.state.fp32_param." + *p, *p}, true, {}});

@@ -17,9 +17,9 @@
 // DeepSpeed and Megatron names (optimizer.exp_avg.<p>, ..., weight optimizer.fp32.<p> / <p> /
 // module.<p>) or PaddlePaddle's (<p>.moment1_0, <p>.moment2_0, weight <p>.w_0 / <p>; the
 // beta powers <p>.beta{1,2}_pow_acc_0 stand for the step), each tensor cast to fp32, the
-// common step read from the step tensors (Megatron legacy: the attribute
-// megatron.optimizer_step, one value) or, for a source that stores none (Megatron
-// torch_dist, PaddlePaddle), given as ucp_step (refused where the source stores one), and
+// common step read from the step tensors (Megatron legacy, and torch_dist with common.pt:
+// the attribute megatron.optimizer_step, one value) or, for a source that stores none
+// (PaddlePaddle, torch_dist without common.pt), given as ucp_step (refused where the source stores one), and
 // written as an int,
 // and the model states and optimizer state DeepSpeed's universal loader reads written by
 // fc (SynthesizedUcpSource, fc/format/ucp_writer.h); tensors without Adam states left out.

@@ -449,24 +449,20 @@ def check_named_ucp(out, params, step):
 def case_others():
     """UCPs from the other namings of Adam states: Megatron-Core's dist checkpointing
     (testdata/torch_dcp_adam/megatron_dist: optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<key>,
-    bf16 weights, the step kept in common.pt) and PaddlePaddle (testdata/paddle_flex/adam:
-    <key>.w_0 master weights, .moment1_0, .moment2_0 flattened ZeRO shards, the beta powers).
-    Neither stores the step as a tensor: --ucp-step gives it, and without it nothing is
-    written. The fp32 master weight wins over the 16-bit weight where both exist."""
-    # Megatron torch_dist.
+    bf16 weights, the step in common.pt's param groups) and PaddlePaddle
+    (testdata/paddle_flex/adam: <key>.w_0 master weights, .moment1_0, .moment2_0 flattened ZeRO
+    shards, the beta powers). Where no step is stored (Paddle, torch_dist without common.pt)
+    --ucp-step gives it, and without it nothing is written. The fp32 master weight wins over
+    the 16-bit weight where both exist."""
+    # Megatron torch_dist: the step from common.pt's param groups (40).
     fixture = os.path.join(TESTDATA, "torch_dcp_adam", "megatron_dist")
     root = os.path.join(tmp, "megatron-dist")
     out = os.path.join(root, "universal")
-    p = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp"], expect=3)
-    for w in ("Megatron torch_dist keeps no Adam step", "--ucp-step"):
-        assert w in p.stderr, (w, p.stderr)
-    assert not os.path.exists(root)
     plan = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp",
-                     "--ucp-step", "40", "--dry-run"]).stdout
+                     "--dry-run"]).stdout
     assert ("left out (no Adam state): 1 tensor(s): "
             "decoder.layers.self_attention.core_attention.inv_freq") in plan, plan
-    fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp", "--quiet",
-              "--ucp-step", "40"])
+    fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp", "--quiet"])
     expected = fcio.expected_values(fixture)
     keys = ["embedding.word_embeddings.weight", "decoder.layers.mlp.linear_fc1.weight",
             "decoder.final_layernorm.weight"]
@@ -478,6 +474,17 @@ def case_others():
                                   params[k]["fp32"].reshape(-1)), k
     check_named_ucp(out, params, 40)
     assert open(os.path.join(root, "latest_universal")).read() == "universal"
+    # Without common.pt nothing says the step: --ucp-step gives it.
+    bare = os.path.join(tmp, "megatron-dist-bare")
+    shutil.copytree(os.path.join(fixture, "ckpt"), bare)
+    os.remove(os.path.join(bare, "common.pt"))
+    out2 = os.path.join(tmp, "megatron-dist-2", "universal")
+    p = fcio.run([CONVERT, bare, out2, "--output-format", "ucp"], expect=3)
+    for w in ("Megatron torch_dist keeps no Adam step", "--ucp-step"):
+        assert w in p.stderr, (w, p.stderr)
+    assert not os.path.exists(os.path.dirname(out2))
+    fcio.run([CONVERT, bare, out2, "--output-format", "ucp", "--quiet", "--ucp-step", "41"])
+    check_named_ucp(out2, params, 41)
     print("ok megatron torch_dist")
     # PaddlePaddle.
     fixture = os.path.join(TESTDATA, "paddle_flex", "adam")
@@ -509,7 +516,9 @@ def case_others():
                          "optim.state.embed.weight.step"]),
                        (os.path.join(DS, "zero1", "ckpt"), ["DeepSpeed's optimizer files"]),
                        (os.path.join(TESTDATA, "megatron_legacy", "gpt_tp2_pp2", "ckpt"),
-                        ["megatron.optimizer_step"])):
+                        ["megatron.optimizer_step"]),
+                       (os.path.join(TESTDATA, "torch_dcp_adam", "megatron_dist", "ckpt"),
+                        ["param groups hold step 40"])):
         p = fcio.run([CONVERT, src, os.path.join(tmp, "step-given", "universal"),
                       "--output-format", "ucp", "--ucp-step", "5"], expect=3)
         for w in words:

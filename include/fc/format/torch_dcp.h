@@ -158,7 +158,10 @@ std::optional<uint64_t> TorchDcpRankMetadataRank(std::string_view name);
 //   "2"), "rank_local_metadata" (the __R.metadata names, when those were read), and when
 //   present (in the first metadata file) "dcp_version", "checkpoint_id", "save_id", "mcore_data"
 //   (entry count), "mcore_data.<key>.nd_reformulated_orig_global_shape",
-//   "metadata_extra_fields", "megatron_metadata_json", "megatron_common_pt".
+//   "metadata_extra_fields", "megatron_metadata_json", "megatron_common_pt" (Megatron's
+//   dist checkpointing: common.pt, a torch.save of the state dict's unsharded rest, parsed
+//   as data for "megatron.iteration" and "megatron.optimizer_step", the param groups' "step"
+//   values under "optimizer"; "read: ..." or "present, not read: <why>", never an error).
 // Cost: the .metadata parse, hash lookups per chunk, a sort of the item ranges per file;
 // with locate_chunks, a few small reads per chunk.
 // Errors (message: "<file>: tensor '<fqn>' chunk <box>: <what>"):

@@ -57,8 +57,8 @@ struct ConvertOptions {
   // moments and step 0 (a fresh optimizer, as DeepSpeed's hf_to_universal.py writes).
   bool ucp_fresh_optimizer = false;
   // kUcp from a source that keeps no Adam step (PaddlePaddle: beta1/beta2 power accumulators
-  // only; Megatron torch_dist: the step sits in common.pt, which fc does not read): the step
-  // every param's step.pt gets. Refused for a source that stores one.
+  // only; Megatron torch_dist without its common.pt): the step every param's step.pt gets.
+  // Refused for a source that stores one.
   std::optional<int64_t> ucp_step;
   bool dry_run = false;                        // print the plan, write nothing
   // With dry_run: plan for this many processes without starting them (0: the real count);

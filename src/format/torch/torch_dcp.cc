@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -505,6 +506,77 @@ Status DcpReader::CheckOverlaps() {
   return Status::Ok();
 }
 
+// The "step" values of every param group under `v` (a state dict's optimizer entry, nested
+// as the optimizer classes nest it: dicts, ChainedOptimizer lists). Visits at most `budget`
+// nodes, `depth` levels.
+void CollectParamGroupSteps(const PickleValue& v, int depth, int64_t* budget,
+                            std::set<std::string>* steps) {
+  if (depth > 16 || --*budget < 0) return;
+  for (const auto& [k, value] : v.entries) {
+    if (!value) continue;
+    if (k && k->is_str() && k->str == "param_groups" && value->is_list()) {
+      for (const auto& group : value->items) {
+        const PickleValue* step = group ? group->Find("step") : nullptr;
+        if (step == nullptr) continue;
+        if (step->is_int()) {
+          steps->insert(std::to_string(step->int_value));
+        } else if (step->kind == PickleValue::Kind::kFloat && step->float_value >= 0 &&
+                   step->float_value < 9.0e15 &&
+                   step->float_value == static_cast<double>(static_cast<int64_t>(step->float_value))) {
+          steps->insert(std::to_string(static_cast<int64_t>(step->float_value)));
+        } else {
+          steps->insert(step->DebugString(40));
+        }
+      }
+    }
+    CollectParamGroupSteps(*value, depth + 1, budget, steps);
+  }
+  for (const auto& item : v.items) {
+    if (item) CollectParamGroupSteps(*item, depth + 1, budget, steps);
+  }
+}
+
+// Megatron-Core's dist checkpointing (torch_dist) saves what is not sharded beside the DCP
+// files as common.pt, a torch.save of the rest of the state dict (args, iteration, the
+// optimizer's param groups, ...). Two values are read from it: "iteration" and the Adam
+// step the param groups carry (what a Universal Checkpoint's step.pt needs). Best effort:
+// a common.pt fc cannot parse is reported in the attribute, not an error of the checkpoint.
+void AddMegatronCommon(const std::string& dir, std::map<std::string, std::string>& a) {
+  const std::string path = JoinPath(dir, "common.pt");
+  auto file = RandomAccessFile::Open(path);
+  if (!file.ok()) {
+    a["megatron_common_pt"] = "present, not read: " + file.status().message();
+    return;
+  }
+  const RandomAccessFile* f = file->get();
+  ZipReadFn read = [f](uint64_t off, std::span<std::byte> dst) { return f->ReadAt(off, dst); };
+  auto archive = ReadTorchSaveArchive(f->size(), read);
+  Result<PickleValue> root = archive.ok() ? ReadTorchSavePickle(*archive, read, uint64_t{16} << 20)
+                                          : Result<PickleValue>(archive.status());
+  if (!root.ok()) {
+    a["megatron_common_pt"] = "present, not read: " + root.status().message();
+    return;
+  }
+  std::string found;
+  if (const PickleValue* it = root->Find("iteration"); it != nullptr && it->is_int()) {
+    a["megatron.iteration"] = std::to_string(it->int_value);
+    found = "iteration";
+  }
+  std::set<std::string> steps;
+  int64_t budget = 1 << 20;
+  if (const PickleValue* opt = root->Find("optimizer")) {
+    CollectParamGroupSteps(*opt, 0, &budget, &steps);
+  }
+  if (!steps.empty()) {
+    std::string joined;
+    for (const std::string& st : steps) joined += (joined.empty() ? "" : ", ") + st;
+    a["megatron.optimizer_step"] = joined;
+    found += std::string(found.empty() ? "" : ", ") + "the param groups' Adam step";
+  }
+  a["megatron_common_pt"] = found.empty() ? "present (no iteration, no param group step)"
+                                          : "read: " + found;
+}
+
 void DcpReader::AddAttributes(CheckpointIndex* index) {
   const DcpMetadata& md = sources_.front()->md;
   auto& a = index->attributes;
@@ -541,7 +613,7 @@ void DcpReader::AddAttributes(CheckpointIndex* index) {
     a["metadata_extra_fields"] = s;
   }
   if (PathExists(JoinPath(dir_, "metadata.json"))) a["megatron_metadata_json"] = "present";
-  if (PathExists(JoinPath(dir_, "common.pt"))) a["megatron_common_pt"] = "present";
+  if (PathExists(JoinPath(dir_, "common.pt"))) AddMegatronCommon(dir_, a);
 }
 
 // The global .metadata, or else every rank's __R.metadata (in rank order).

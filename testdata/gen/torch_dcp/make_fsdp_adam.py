@@ -13,8 +13,11 @@ fixture writer (real multi-rank saves by Debian's torch 1.13). The steps are who
                    model and its mixed-precision Adam: model keys without a prefix (a
                    layer-stacked [2, 6, 4] fc1 weight), optimizer.state.fp32_param.<key>,
                    optimizer.state.exp_avg.<key>, optimizer.state.exp_avg_sq.<key> (fp32, cut
-                   like the weights), no step tensor (Megatron keeps the step in common.pt), a
-                   bf16 buffer-like tensor without state, an object item
+                   like the weights), no step tensor, a bf16 buffer-like tensor without state,
+                   an object item; beside the DCP files what Megatron's dist checkpointing
+                   adds: common.pt (torch.save of the state dict's unsharded rest: args,
+                   checkpoint_version, iteration 40, optimizer param groups with step 40,
+                   opt_param_scheduler) and metadata.json (the sharded backend)
 
 usage: /usr/bin/python3 make_fsdp_adam.py SHARED_TOOLS_DIR OUT_DIR  (writes OUT_DIR/<name>)
 """
@@ -82,6 +85,25 @@ def _full_value(t, seed):
 
 fixture.full_value = _full_value
 
+def write_megatron_common(ckpt):
+    """common.pt and metadata.json as megatron.core.dist_checkpointing.save writes them
+    (save_common: torch.save of the common state dict; save_config: the backends)."""
+    import argparse
+    args = argparse.Namespace(num_layers=2, hidden_size=4, bf16=True,
+                              use_distributed_optimizer=True, ckpt_format="torch_dist")
+    groups = [{"lr": 1e-4, "weight_decay": wd, "betas": (0.9, 0.95), "eps": 1e-8, "step": 40}
+              for wd in (0.1, 0.0)]
+    common = {"args": args, "checkpoint_version": 3.0, "iteration": 40,
+              "optimizer": {"optimizer": {"param_groups": groups},
+                            "param_state_sharding_type": "fully_sharded_model_space"},
+              "opt_param_scheduler": {"max_lr": 1e-4, "num_steps": 40},
+              "num_floating_point_operations_so_far": 1234}
+    torch.save(common, os.path.join(ckpt, "common.pt"))
+    with open(os.path.join(ckpt, "metadata.json"), "w") as f:
+        json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                   "common_backend": "torch", "common_backend_version": 1}, f)
+
+
 if __name__ == "__main__":
     out_root = sys.argv[2]
     for name, steps in STEPS.items():
@@ -93,3 +115,5 @@ if __name__ == "__main__":
             fixture.main()
         finally:
             os.unlink(f.name)
+        if name == "megatron_dist":
+            write_megatron_common(os.path.join(out_root, name, "ckpt"))

@@ -161,6 +161,44 @@ TEST_CASE("torch dcp: opened without reading items, chunks are located on first 
   }
 }
 
+TEST_CASE("torch dcp: Megatron's common.pt gives the iteration and the Adam step",
+          "[torch_dcp]") {
+  // torch_dcp_adam/megatron_dist: common.pt as dist_checkpointing saves it (iteration 40,
+  // param groups with step 40).
+  const std::string fixture = TorchFixture("../torch_dcp_adam/megatron_dist") + "/ckpt";
+  auto index = ReadTorchDcp(fixture);
+  REQUIRE(index.ok());
+  const auto& a = index->attributes;
+  CHECK(a.at("megatron.iteration") == "40");
+  CHECK(a.at("megatron.optimizer_step") == "40");
+  CHECK(a.at("megatron_common_pt") == "read: iteration, the param groups' Adam step");
+  CHECK(a.at("megatron_metadata_json") == "present");
+  // A damaged common.pt is reported, and the checkpoint still opens.
+  testing::TempDir tmp;
+  testing::CopyDirectoryFiles(fixture, tmp.path());
+  const std::string common = tmp.path() + "/common.pt";
+  std::vector<std::byte> bytes = testing::ReadFileBytes(common);
+  bytes.resize(bytes.size() / 2);
+  testing::WriteFileBytes(common, bytes);
+  auto damaged = ReadTorchDcp(tmp.path());
+  REQUIRE(damaged.ok());
+  CHECK(damaged->attributes.at("megatron_common_pt").starts_with("present, not read: "));
+  CHECK(damaged->attributes.count("megatron.optimizer_step") == 0);
+  CHECK(damaged->tensors.size() == index->tensors.size());
+  // Byte mutations: never a crash, never more than the two values.
+  std::vector<std::byte> orig = testing::ReadFileBytes(fixture + "/common.pt");
+  uint32_t seed = 7;
+  for (int i = 0; i < 200; ++i) {
+    std::vector<std::byte> b = orig;
+    seed = seed * 1103515245u + 12345u;
+    b[(seed >> 8) % b.size()] = static_cast<std::byte>(seed >> 24);
+    testing::WriteFileBytes(common, b);
+    auto r = ReadTorchDcp(tmp.path());
+    REQUIRE(r.ok());
+    CHECK(r->attributes.count("megatron_common_pt") == 1);
+  }
+}
+
 TEST_CASE("torch dcp: even 2-D split with an object", "[torch_dcp]") {
   auto index = ReadTorchDcp(TorchFixture("even_2d_f32") + "/ckpt");
   REQUIRE(index.ok());
