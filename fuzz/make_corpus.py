@@ -84,6 +84,19 @@ def main():
         blob = MARKER.join(p.read_bytes() for p in parts if p.exists())
         put(out, "paddle_metadata_fuzzer", blob)
         put(out, "pickle_fuzzer", (ckpt / "0_0.distcp").read_bytes())
+    # Megatron legacy: the TP 1 / TP 2 iteration dirs without pipeline stages, as the
+    # harness lays them out (model_optim_rng.pt, distrib_optim.pt per rank; "" for none).
+    for it in sorted(TESTDATA.glob("megatron_legacy/*/ckpt/*/mp_rank_00/..")):
+        ranks = sorted(d for d in it.resolve().iterdir() if d.name in ("mp_rank_00", "mp_rank_01"))
+        files = []
+        for r in ranks:
+            for name in ("model_optim_rng.pt", "distrib_optim.pt"):
+                files.append((r / name).read_bytes() if (r / name).exists() else b"")
+        blob = MARKER.join(files)
+        if len(blob) <= 4 * MAX_SEED:
+            d = out / "megatron_fuzzer"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / hashlib.sha1(blob).hexdigest()[:16]).write_bytes(blob)
     for p in small("**/*.safetensors"):
         put(out, "safetensors_header_fuzzer", p.read_bytes())
     for meta in sorted(TESTDATA.glob("fc_distcp/*/fc.metadata.json")):
