@@ -97,6 +97,16 @@ def main():
             d = out / "megatron_fuzzer"
             d.mkdir(parents=True, exist_ok=True)
             (d / hashlib.sha1(blob).hexdigest()[:16]).write_bytes(blob)
+    # DeepSpeed tag dirs of at most 8 files (no subdirectories): "name\n" + bytes per part.
+    for tag in sorted(p.parent for p in TESTDATA.glob("deepspeed/*/ckpt/*/*model_states.pt")):
+        files = sorted(f for f in tag.iterdir() if f.is_file())
+        if len(files) > 8 or any(f.is_dir() for f in tag.iterdir()):
+            continue
+        blob = MARKER.join(f.name.encode() + b"\n" + f.read_bytes() for f in files)
+        if len(blob) <= 4 * MAX_SEED:
+            d = out / "deepspeed_fuzzer"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / hashlib.sha1(blob).hexdigest()[:16]).write_bytes(blob)
     for p in small("**/*.safetensors"):
         put(out, "safetensors_header_fuzzer", p.read_bytes())
     for meta in sorted(TESTDATA.glob("fc_distcp/*/fc.metadata.json")):
