@@ -61,10 +61,11 @@ def main():
         assert not os.path.exists(out) or not os.listdir(out), os.listdir(out)
 
         # Just above it: the export runs, within budget + 64 MiB. (The minimum is measured
-        # from the process's resident memory, which varies by a little between runs.)
-        # 4 MiB: the tools' heap is on 2 MiB huge pages (tools/malloc_conf.cc), so one
-        # run's peak can differ from the last by a page.
-        budget = minimum + 4 * MIB
+        # from the process's resident memory, which varies between runs.)
+        # 8 MiB: the tools' heap is on 2 MiB huge pages (tools/malloc_conf.cc), and runs of
+        # this test named minimums from 19.9 to 24.1 MiB: two pages and a little more.
+        slack = 8 * MIB
+        budget = minimum + slack
         code, err, rss = run(base + ["--memory-budget", str(budget)])
         print(f"minimum {minimum / MIB:.1f} MiB; export at {budget / MIB:.1f} MiB: exit {code}, "
               f"peak RSS {rss / MIB:.1f} MiB (limit {(budget + 64 * MIB) / MIB:.1f} MiB)")
@@ -75,11 +76,11 @@ def main():
         shutil.rmtree(out)
 
         # Just below it: refused, naming the minimum.
-        below = minimum - 4 * MIB
+        below = minimum - slack
         code, err, _ = run(base + ["--memory-budget", str(below)])
         assert code == 10, f"exit {code} at {below}\n{err}"
         named = minimum_of(err)
-        assert abs(named - minimum) <= 4 * MIB, (named, minimum, err)
+        assert abs(named - minimum) <= slack, (named, minimum, err)
         assert not os.path.exists(out) or not os.listdir(out), os.listdir(out)
         print(f"ok: below the minimum ({below / MIB:.1f} MiB) refused, naming {named / MIB:.1f} MiB")
     finally:
