@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fc/io/env.h"
+#include "fc/model/checkpoint_index.h"
 
 namespace fc::fuzz {
 
@@ -51,6 +52,19 @@ inline InMemoryEnv& FreshMemoryDir(const std::string& dir) {
 
 inline std::span<const std::byte> Bytes(const uint8_t* data, size_t size) {
   return {reinterpret_cast<const std::byte*>(data), size};
+}
+
+// Traps unless every chunk of `index` lies inside its file (the readers' guarantee).
+inline void CheckChunksInFiles(const CheckpointIndex& index) {
+  for (const TensorEntry& t : index.tensors) {
+    for (const Chunk& c : t.chunks) {
+      if (c.file >= index.files.size()) __builtin_trap();
+      const uint64_t file_size = index.files[c.file].size;
+      if (c.byte_offset > file_size || c.byte_length > file_size - c.byte_offset) {
+        __builtin_trap();
+      }
+    }
+  }
 }
 
 }  // namespace fc::fuzz
