@@ -10,13 +10,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <set>
 
 #include <spdlog/spdlog.h>
 
+#include "fc/aoa/engine.h"
+#include "fc/aoa/program.h"
 #include "fc/core/checked_math.h"
 #include "fc/exec/assemble.h"
 #include "fc/exec/execute.h"
@@ -28,6 +32,7 @@
 #include "fc/io/output_dir.h"
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
+#include "fc/ops/targets.h"
 #include "fc/plan/plan.h"
 #include "src/ops/claim_output.h"
 #include "src/ops/plan_report.h"
@@ -56,7 +61,6 @@ Status CheckOptions(const ConvertOptions& o) {
   if (!o.preset.empty()) given.push_back("--preset");
   if (!o.target_manifest.empty()) given.push_back("--target-manifest");
   if (!o.emit_manifest.empty()) given.push_back("--emit-manifest");
-  if (!o.aoa_file.empty()) given.push_back("--aoa");
   if (!o.include.empty() || !o.exclude.empty()) given.push_back("--include/--exclude");
   if (o.dtype) given.push_back("--dtype");
   if (!o.torch_version.empty() || !o.torch_serialization.empty()) given.push_back("--torch-*");
@@ -81,6 +85,9 @@ struct UcpParam {
   std::string name;
   std::vector<const TensorEntry*> states[3];  // fp32, exp_avg, exp_avg_sq (kStates order)
   const TensorEntry* step = nullptr;          // TP rank 0's
+  // --aoa: the program's output for each state (kStates order; the fp32 one only with
+  // --ucp-fresh-optimizer), used instead of `states`.
+  std::vector<OutputTensor> mapped;
 };
 
 // A source that is not DeepSpeed's: one way its writer names a param's Adam states
@@ -251,6 +258,74 @@ Result<std::vector<UcpParam>> FreshUcpParams(const CheckpointIndex& index,
                                 "Checkpoint holds");
   }
   return params;
+}
+
+// --aoa over a source that is not DeepSpeed's. The program sees each param under its UCP name
+// and its Adam states as <name>.exp_avg and <name>.exp_avg_sq (the engine's state suffixes,
+// and only those: PaddlePaddle's .w_0 would end a param name), so whatever it does to a
+// param (rename, split, concatenate, transpose, fused QKV, padding) it does to the param's
+// moments too; a param it removes (`name -> _`) is not written. Its casts (dtype=) are
+// refused: a UCP holds fp32.
+Result<std::vector<UcpParam>> MapUcpParams(const std::vector<UcpParam>& params,
+                                           const std::string& aoa_text,
+                                           const std::string& origin) {
+  constexpr std::array<std::string_view, 3> kSuffix = {"", ".exp_avg", ".exp_avg_sq"};
+  aoa::EngineOptions engine_options;
+  engine_options.state_suffixes.suffixes = {std::string(kSuffix[1]), std::string(kSuffix[2])};
+  engine_options.state_suffixes.scalar_suffixes.clear();
+  std::vector<aoa::TensorMeta> metas;
+  std::map<std::string, const TensorEntry*> by_key;
+  const bool fresh = !params.empty() && params.front().states[1].empty();
+  for (const UcpParam& p : params) {
+    if (!aoa::SplitStateSuffix(p.name, engine_options.state_suffixes).suffix.empty()) {
+      return InvalidArgumentError(origin + ": param '" + p.name + "' ends in an Adam state's "
+                                  "suffix, which the program could not tell from its state");
+    }
+    for (size_t s = 0; s < (fresh ? 1 : 3); ++s) {
+      const TensorEntry* e = p.states[s].front();
+      const std::string key = p.name + std::string(kSuffix[s]);
+      by_key.emplace(key, e);
+      aoa::TensorMeta meta{key, e->dtype, e->global_shape, {}};
+      for (const Chunk& c : e->chunks) {
+        if (c.replica_id == 0) meta.chunks.push_back(c.box);
+      }
+      metas.push_back(std::move(meta));
+    }
+  }
+  FC_ASSIGN_OR_RETURN(aoa::AoaProgram program, aoa::ParseAoaProgram(aoa_text, origin));
+  FC_ASSIGN_OR_RETURN(aoa::AoaEngine engine,
+                      aoa::AoaEngine::Create(program, metas, std::nullopt, engine_options));
+  for (const std::string& w : engine.warnings()) spdlog::warn("{}", w);
+  auto resolve = [&by_key](const std::string& key) -> const TensorEntry* {
+    auto it = by_key.find(key);
+    return it == by_key.end() ? nullptr : it->second;
+  };
+  std::vector<UcpParam> mapped;
+  for (const aoa::OutputTensor& param : engine.ListOutputs(/*with_states=*/false)) {
+    if (!param.has_data) continue;
+    UcpParam p;
+    p.name = param.key;
+    for (size_t s = 0; s < (fresh ? 1 : 3); ++s) {
+      FC_ASSIGN_OR_RETURN(aoa::OutputTensor out,
+                          engine.Output(param.key + std::string(kSuffix[s])));
+      FC_ASSIGN_OR_RETURN(OutputTensor tensor, OutputFromEngine(engine, out, resolve));
+      for (const SourcePiece& piece : tensor.pieces) {
+        for (const PieceOp& op : piece.ops) {
+          if (s == 0 && op.kind == PieceOp::Kind::kCast) {
+            return InvalidArgumentError(origin + ": '" + param.key + "' is cast to " +
+                                        std::string(DTypeName(op.dtype)) + ": a Universal "
+                                        "Checkpoint holds fp32 params (leave out dtype=)");
+          }
+        }
+      }
+      p.mapped.push_back(std::move(tensor));
+    }
+    mapped.push_back(std::move(p));
+  }
+  if (mapped.empty()) {
+    return InvalidArgumentError(origin + ": the program leaves no param to write");
+  }
+  return mapped;
 }
 
 // The value of a one-element step tensor, as a non-negative integer.
@@ -433,6 +508,13 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
       return InvalidArgumentError(options.input + ": --ucp-step applies to sources that store "
                                   "no Adam step: DeepSpeed's optimizer files hold it");
     }
+    if (!options.aoa_file.empty()) {
+      // DeepSpeed's universal loader takes the 16-bit module weights from the model states
+      // files, copied as they are: renamed or reshaped params would not match them.
+      return InvalidArgumentError(options.input + ": --aoa applies to sources DeepSpeed did "
+                                  "not write: a DeepSpeed source's UCP keeps its model states "
+                                  "files, which name the source's params");
+    }
     FC_ASSIGN_OR_RETURN(job.params, UcpParams(index, options));
     std::vector<std::string> names;
     for (const UcpParam& p : job.params) names.push_back(p.name);
@@ -472,10 +554,19 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
                                   "Adam step: this one has step tensors (" + steps.front()->key +
                                   ")");
     }
+    if (!options.aoa_file.empty()) {
+      FC_ASSIGN_OR_RETURN(std::vector<std::byte> text, ReadWholeFile(options.aoa_file, 64 << 20));
+      FC_ASSIGN_OR_RETURN(job.params,
+                          MapUcpParams(job.params,
+                                       std::string(reinterpret_cast<const char*>(text.data()),
+                                                   text.size()),
+                                       options.aoa_file));
+    }
     std::vector<std::pair<std::string, Shape>> shapes;
     for (const UcpParam& p : job.params) {
       FC_RETURN_IF_ERROR(CheckParamName(options.input, p.name));
-      shapes.emplace_back(p.name, p.states[0].front()->global_shape);
+      shapes.emplace_back(p.name, p.mapped.empty() ? p.states[0].front()->global_shape
+                                                   : p.mapped[0].shape);
     }
     FC_ASSIGN_OR_RETURN(int64_t step, CommonStep(index, steps));
     if (group_step) {
@@ -495,6 +586,41 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
   const bool zero3 = Attr(index, "deepspeed.optimizer") == "zero3" || options.ucp_zero3;
   PlanRequest request;
   request.kind = PlanKind::kExport;
+  // One file of one tensor, filled by `pieces`.
+  auto add_pieces = [&](const std::string& path, const std::string& key, DType dtype,
+                        const Shape& shape, std::vector<SourcePiece> pieces,
+                        UcpFileMeta meta) -> Status {
+    const bool step_file = path.ends_with("/step.pt");
+    const uint32_t t = static_cast<uint32_t>(request.tensors.size());
+    FC_RETURN_IF_ERROR(PiecesCover(path, pieces, Box::Whole(shape)));
+    request.tensors.push_back({key, dtype, shape, std::move(pieces)});
+    PlanSlot slot{t, Box::Whole(shape), std::nullopt};
+    UcpFileSpec spec{path, dtype, shape, std::move(meta)};
+    if (spec.meta.form == UcpFileForm::kRawTensor && shape.size() != 1 && !step_file) {
+      // The stage-3 form: the param flattened (row-major) into one dimension.
+      int64_t n = 1;
+      for (int64_t s : shape) n *= s;
+      slot.flat_range = FlatRange{0, n};
+      spec.shape = {n};
+    }
+    request.files.push_back({path, {slot}});
+    job.specs.push_back(std::move(spec));
+    return Status::Ok();
+  };
+  // One file of the program's output (--aoa), cast to fp32.
+  auto add_mapped = [&](const std::string& path, const OutputTensor& out,
+                        UcpFileMeta meta) -> Status {
+    std::vector<SourcePiece> pieces = out.pieces;
+    for (SourcePiece& piece : pieces) {
+      if (piece.source == nullptr) continue;
+      FC_RETURN_IF_ERROR(CheckSourceCoverage(*piece.source));
+      if (PieceDType(piece) != DType::kFloat32) {
+        piece.ops.push_back(PieceOp{PieceOp::Kind::kCast, {}, DType::kFloat32, {}});
+      }
+    }
+    return add_pieces(path, out.name, DType::kFloat32, out.shape, std::move(pieces),
+                      std::move(meta));
+  };
   // One file of one tensor: the slices side by side along dim 0 (no slice: zeros of the
   // shape of the param's fp32 tensor, the last one added: --ucp-fresh-optimizer's moments).
   auto add = [&](const std::string& path, const std::vector<const TensorEntry*>& slices,
@@ -545,26 +671,14 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
         }
       }
     }
-    const uint32_t t = static_cast<uint32_t>(request.tensors.size());
-    FC_RETURN_IF_ERROR(PiecesCover(path, pieces, Box::Whole(shape)));
-    request.tensors.push_back({key, dtype, shape, std::move(pieces)});
-    PlanSlot slot{t, Box::Whole(shape), std::nullopt};
-    UcpFileSpec spec{path, dtype, shape, std::move(meta)};
-    if (spec.meta.form == UcpFileForm::kRawTensor && shape.size() != 1 && !step_file) {
-      // The stage-3 form: the param flattened (row-major) into one dimension.
-      int64_t n = 1;
-      for (int64_t s : shape) n *= s;
-      slot.flat_range = FlatRange{0, n};
-      spec.shape = {n};
-    }
-    request.files.push_back({path, {slot}});
-    job.specs.push_back(std::move(spec));
-    return Status::Ok();
+    return add_pieces(path, key, dtype, shape, std::move(pieces), std::move(meta));
   };
   for (const UcpParam& p : job.params) {
     for (size_t s = 0; s < 3; ++s) {
-      FC_RETURN_IF_ERROR(add("zero/" + p.name + "/" + kStates[s] + ".pt", p.states[s],
-                             job.source.meta.at(p.name + "/" + kStates[s])));
+      const std::string path = "zero/" + p.name + "/" + kStates[s] + ".pt";
+      UcpFileMeta meta = job.source.meta.at(p.name + "/" + kStates[s]);
+      FC_RETURN_IF_ERROR(s < p.mapped.size() ? add_mapped(path, p.mapped[s], std::move(meta))
+                                             : add(path, p.states[s], std::move(meta)));
     }
     if (zero3) continue;  // the stage-3 form has no step.pt
     if (p.step != nullptr) {
@@ -593,6 +707,9 @@ void PrintPlan(const UcpJob& job, const ConvertOptions& options, std::ostream& o
   out << "ucp plan: " << job.params.size() << " param(s) into " << plan.files.size()
       << " tensor file(s), read " << HumanBytes(plan.bytes_needed) << ", write "
       << HumanBytes(plan.bytes_written) << ", " << plan.threads << " thread(s)\n";
+  if (!options.aoa_file.empty()) {
+    out << "params and their moments as AOA program " << options.aoa_file << " maps them\n";
+  }
   out << "memory: budget " << HumanBytes(plan.memory.budget) << ", estimated peak "
       << HumanBytes(plan.memory.peak) << ", minimum " << HumanBytes(plan.memory.minimum) << "\n";
   out << "also: zero/optimizer_state.pt ("

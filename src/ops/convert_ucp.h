@@ -24,7 +24,10 @@
 // and the model states and optimizer state DeepSpeed's universal loader reads written by
 // fc (SynthesizedUcpSource, fc/format/ucp_writer.h); tensors without Adam states left out.
 // With ucp_fresh_optimizer (a source without Adam states): every floating-point tensor a
-// param, its moments zeros (plan pieces without a source) and step 0.
+// param, its moments zeros (plan pieces without a source) and step 0. With an AOA program
+// (aoa_file), the params as the program maps them: it sees each under its UCP name and its
+// moments as <name>.exp_avg / <name>.exp_avg_sq, which follow every statement (casts and a
+// DeepSpeed source refused: kInvalidArgument).
 //
 // Refused: a source without Adam states by those names (kInvalidArgument), steps that
 // differ between params (kUnimplemented), a param name that is not one path component
@@ -32,7 +35,7 @@
 // (kInvalidArgument), TP shards left unmerged
 // and MoE (kUnimplemented; TP > 1 without universal_checkpoint_info is written with every
 // param's slices concatenated along dim 0 when ucp_inject_missing_state), several processes (kUnimplemented), and the options that shape
-// a target (--target-*, --preset, --aoa, --include/--exclude, --dtype: kInvalidArgument).
+// a target (--target-*, --preset, --include/--exclude, --dtype: kInvalidArgument).
 #ifndef FC_SRC_OPS_CONVERT_UCP_H_
 #define FC_SRC_OPS_CONVERT_UCP_H_
 

@@ -1,4 +1,5 @@
 // AOA-driven output tensors: the engine's ShardMappings turned into SourcePieces.
+#include <functional>
 #include <variant>
 
 #include "fc/codec/json_writer.h"
@@ -31,11 +32,9 @@ Result<aoa::AoaEngine> MakeExportEngine(const CheckpointIndex& index, const std:
   return aoa::AoaEngine::Create(program, metas);
 }
 
-namespace {
-
-// The engine's mappings for the whole of `out`, as SourcePieces into `index`.
-Result<OutputTensor> OutputFromEngine(const CheckpointIndex& index, const aoa::AoaEngine& engine,
-                                      const aoa::OutputTensor& out) {
+Result<OutputTensor> OutputFromEngine(
+    const aoa::AoaEngine& engine, const aoa::OutputTensor& out,
+    const std::function<const TensorEntry*(const std::string&)>& resolve) {
   OutputTensor target{out.key, out.dtype, out.shape, {}};
   FC_ASSIGN_OR_RETURN(std::vector<aoa::ShardMapping> mappings,
                       engine.FindShardSources(out.key, Box::Whole(out.shape)));
@@ -47,7 +46,7 @@ Result<OutputTensor> OutputFromEngine(const CheckpointIndex& index, const aoa::A
       target.pieces.push_back(std::move(piece));
       continue;
     }
-    piece.source = index.FindTensor(m.source_key);
+    piece.source = resolve(m.source_key);
     if (piece.source == nullptr) {
       return NotFoundError("output '" + out.key + "' needs source tensor '" + m.source_key +
                            "', which the checkpoint does not hold");
@@ -72,6 +71,14 @@ Result<OutputTensor> OutputFromEngine(const CheckpointIndex& index, const aoa::A
   return target;
 }
 
+namespace {
+
+Result<OutputTensor> IndexOutput(const CheckpointIndex& index, const aoa::AoaEngine& engine,
+                                 const aoa::OutputTensor& out) {
+  return OutputFromEngine(engine, out,
+                          [&index](const std::string& key) { return index.FindTensor(key); });
+}
+
 }  // namespace
 
 Result<std::vector<OutputTensor>> AoaOutputs(const CheckpointIndex& index,
@@ -81,7 +88,7 @@ Result<std::vector<OutputTensor>> AoaOutputs(const CheckpointIndex& index,
   std::vector<OutputTensor> outputs;
   for (const aoa::OutputTensor& out : engine.ListOutputs(/*with_states=*/true)) {
     if (!out.has_data) continue;
-    FC_ASSIGN_OR_RETURN(OutputTensor target, OutputFromEngine(index, engine, out));
+    FC_ASSIGN_OR_RETURN(OutputTensor target, IndexOutput(index, engine, out));
     outputs.push_back(std::move(target));
   }
   return outputs;
@@ -116,7 +123,7 @@ Result<std::vector<OutputTensor>> AoaConvertOutputs(const CheckpointIndex& index
       outputs.push_back({t.key, t.dtype.value_or(out.dtype), t.global_shape, {std::move(zeros)}});
       continue;
     }
-    FC_ASSIGN_OR_RETURN(OutputTensor target, OutputFromEngine(index, engine, out));
+    FC_ASSIGN_OR_RETURN(OutputTensor target, IndexOutput(index, engine, out));
     outputs.push_back(std::move(target));
   }
   return outputs;

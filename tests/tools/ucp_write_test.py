@@ -416,7 +416,7 @@ def check_named_ucp(out, params, step):
     """OUT is a UCP (ZeRO 1/2 form) of `params`: {param: {state: want}}, want the source's
     values (bfloat16 bit patterns widened), every file a {"param", "cat_dim"} dict of fp32
     and step.pt the int `step`; fc exports it back to the same values."""
-    assert sorted(os.listdir(os.path.join(out, "zero"))) == sorted(params) + ["optimizer_state.pt"]
+    assert sorted(os.listdir(os.path.join(out, "zero"))) == sorted([*params, "optimizer_state.pt"])
     for p, states in params.items():
         folder = os.path.join(out, "zero", p)
         assert sorted(os.listdir(folder)) == ["exp_avg.pt", "exp_avg_sq.pt", "fp32.pt", "step.pt"]
@@ -534,6 +534,90 @@ def case_others():
     print("ok others")
 
 
+def case_aoa():
+    """--aoa with --output-format ucp: the program sees the params under their UCP names and
+    moves each param's Adam states with it (rename, transpose, split, removal), on a torch
+    DCP source (bf16 weights), a Megatron torch_dist one (the fp32 master weight is what is
+    mapped) and weights without states (--ucp-fresh-optimizer); a DeepSpeed source and a
+    cast are refused."""
+    def program(name, text):
+        path = os.path.join(tmp, name + ".aoa")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def widen(a):
+        return fcio.bf16_bits_to_f32(a).reshape(a.shape) if a.dtype == np.uint16 else a
+
+    def convert_with(name, text):
+        """Converts fixture torch_dcp_adam/NAME with program TEXT; returns OUT and the
+        fixture's expected values."""
+        fixture = os.path.join(TESTDATA, "torch_dcp_adam", name)
+        out = os.path.join(tmp, "aoa-" + name, "universal")
+        fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out, "--output-format", "ucp",
+                  "--quiet", "--aoa", program(name, text)])
+        return out, fcio.expected_values(fixture)
+
+    out, expected = convert_with("fsdp_adam", "embed.weight -> model.embed_tokens.weight\n"
+                                              "layers.0.proj.weight^T -> proj_t\n"
+                                              "proj_t -> proj_a, proj_b, axis=1\n"
+                                              "norm.weight -> _\n")
+    params = {"model.embed_tokens.weight": {}, "proj_a": {}, "proj_b": {}}
+    for state, fmt in (("fp32", "model.{}"), ("exp_avg", "optim.state.{}.exp_avg"),
+                       ("exp_avg_sq", "optim.state.{}.exp_avg_sq")):
+        params["model.embed_tokens.weight"][state] = widen(expected[fmt.format("embed.weight")])
+        proj_t = np.ascontiguousarray(widen(expected[fmt.format("layers.0.proj.weight")]).T)
+        assert proj_t.shape == (4, 6), proj_t.shape
+        params["proj_a"][state] = np.ascontiguousarray(proj_t[:, :3])
+        params["proj_b"][state] = np.ascontiguousarray(proj_t[:, 3:])
+    check_named_ucp(out, params, 12)
+    print("ok torch")
+    # Megatron torch_dist: the fp32 master weight is the param the program maps.
+    out, expected = convert_with("megatron_dist",
+                                 "embedding.word_embeddings.weight -> emb\n"
+                                 "decoder.layers.mlp.linear_fc1.weight -> fc1\n"
+                                 "decoder.final_layernorm.weight -> norm\n")
+    params = {}
+    for new, key in (("emb", "embedding.word_embeddings.weight"),
+                     ("fc1", "decoder.layers.mlp.linear_fc1.weight"),
+                     ("norm", "decoder.final_layernorm.weight")):
+        params[new] = {"fp32": expected["optimizer.state.fp32_param." + key],
+                       "exp_avg": expected["optimizer.state.exp_avg." + key],
+                       "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + key]}
+    check_named_ucp(out, dict(sorted(params.items())), 40)
+    print("ok megatron torch_dist")
+    # Weights without states: renamed, zero moments of the new shape.
+    hf = os.path.join(TESTDATA, "safetensors", "hf_sharded")
+    source, _ = fcio.read_hf_dir(hf)
+    floating = sorted(k for k, v in source.items() if v[0] in ("F32", "F16", "BF16"))
+    first = floating[0]
+    aoa = program("fresh", first + "^T -> renamed\n")
+    out = os.path.join(tmp, "aoa-fresh", "universal")
+    fcio.run([CONVERT, hf, out, "--output-format", "ucp", "--ucp-fresh-optimizer", "--quiet",
+              "--aoa", aoa])
+    names = sorted(os.listdir(os.path.join(out, "zero")))
+    assert names == sorted(floating[1:] + ["renamed", "optimizer_state.pt"]), names
+    dt, arr = source[first]
+    want = np.ascontiguousarray((fcio.bf16_bits_to_f32(arr).reshape(arr.shape) if dt == "BF16"
+                                 else arr.astype(np.float32)).T)
+    same_bits(load(os.path.join(out, "zero", "renamed", "fp32.pt"))["param"], want, "renamed")
+    for state in ("exp_avg", "exp_avg_sq"):
+        same_bits(load(os.path.join(out, "zero", "renamed", state + ".pt"))["param"],
+                  np.zeros(want.shape, np.float32), "renamed/" + state)
+    print("ok fresh")
+    # Refusals (exit 3, nothing written).
+    cast = program("cast", "embed.weight -> e, dtype='float16'\n")
+    for src, aoa, words in ((os.path.join(DS, "zero1", "ckpt"), cast,
+                             "--aoa applies to sources DeepSpeed did not write"),
+                            (os.path.join(TESTDATA, "torch_dcp_adam", "fsdp_adam", "ckpt"), cast,
+                             "'e' is cast to float16")):
+        target = os.path.join(tmp, "aoa-refused", "universal")
+        p = fcio.run([CONVERT, src, target, "--output-format", "ucp", "--aoa", aoa], expect=3)
+        assert words in p.stderr, (words, p.stderr)
+        assert not os.path.exists(os.path.dirname(target))
+    print("ok refusals")
+
+
 def case_errors():
     def refused(case_or_path, code, words, extra=(), out=None):
         src = case_or_path if os.path.isabs(case_or_path) else os.path.join(DS, case_or_path, "ckpt")
@@ -582,6 +666,6 @@ def case_errors():
 
 try:
     {"write": case_write, "readback": case_readback, "torch": case_torch,
-     "others": case_others, "errors": case_errors}[CASE]()
+     "others": case_others, "aoa": case_aoa, "errors": case_errors}[CASE]()
 finally:
     shutil.rmtree(tmp, ignore_errors=True)

@@ -3,10 +3,12 @@
 #ifndef FC_OPS_TARGETS_H_
 #define FC_OPS_TARGETS_H_
 
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "fc/aoa/engine.h"
 #include "fc/core/status.h"
 #include "fc/exec/assemble.h"
 #include "fc/model/checkpoint_index.h"
@@ -31,6 +33,12 @@ std::vector<OutputTensor> IdentityOutputs(const CheckpointIndex& index);
 Result<std::vector<OutputTensor>> AoaOutputs(const CheckpointIndex& index,
                                              const std::string& aoa_text,
                                              const std::string& origin);
+
+// The engine's mappings for the whole of `out`, as SourcePieces whose sources `resolve`
+// finds by the engine's source key (nullptr: not held; an error naming both keys).
+Result<OutputTensor> OutputFromEngine(
+    const aoa::AoaEngine& engine, const aoa::OutputTensor& out,
+    const std::function<const TensorEntry*(const std::string&)>& resolve);
 
 // Convert mode: one output per tensor of `layout` (in layout order), filled by the program's
 // mappings; tensors declared with `_ -> key` become zeros. Errors as AoaOutputs, plus those
