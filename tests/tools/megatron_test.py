@@ -31,9 +31,10 @@ CONVERT = os.path.join(BUILD, "tools", "fc-convert")
 ROOT = os.path.join(TESTDATA, "megatron_legacy")
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
          "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied", "gpt_whole_tp2", "gpt_num_buckets",
-         "gpt_vpp2_chunked"]
+         "gpt_vpp2_chunked", "gpt_fp32_tp2"]
 OPTIMIZER_CASES = ["gpt_tp2_pp2", "gpt_vpp2_tied", "moe_distopt", "gpt_pp2_vpp2", "moe_tp2_ep2",
-                   "gpt_buckets_tied", "gpt_whole_tp2", "gpt_num_buckets", "gpt_vpp2_chunked"]
+                   "gpt_buckets_tied", "gpt_whole_tp2", "gpt_num_buckets", "gpt_vpp2_chunked",
+                   "gpt_fp32_tp2"]
 tmp = tempfile.mkdtemp(prefix="fc-megatron-test-")
 
 
@@ -85,7 +86,8 @@ def case_inspect():
             "gpt_buckets_tied": ("17", "2", "2", "1", "iter_0000017"),
             "gpt_whole_tp2": ("19", "2", "1", "1", "iter_0000019"),
             "gpt_num_buckets": ("23", "1", "1", "1", "iter_0000023"),
-            "gpt_vpp2_chunked": ("29", "1", "2", "1", "iter_0000029")}
+            "gpt_vpp2_chunked": ("29", "1", "2", "1", "iter_0000029"),
+            "gpt_fp32_tp2": ("31", "2", "1", "1", "iter_0000031")}
     for label in CASES:
         ckpt = os.path.join(ROOT, label, "ckpt")
         j = json.loads(fcio.run([INSPECT, ckpt, "--json"]).stdout)
@@ -199,7 +201,8 @@ def case_optimizer():
         fcio.run([EXPORT, ckpt, out, "--quiet", "--include-optimizer"])
         got, _ = fcio.read_hf_dir(out)
         check_same(got, dict(model, **optim), label)
-        # Independent of fc's layout: each master weight rounds to its bf16 model weight.
+        # Independent of fc's layout: each master weight rounds to its bf16 model weight
+        # (trained in fp32: is the weight).
         def master_name(name):  # per-rank names: mp_rank_TT.optimizer.fp32.<name>
             if name.startswith("mp_rank_"):
                 rank, rest = name.split(".", 1)
@@ -207,6 +210,9 @@ def case_optimizer():
             return "optimizer.fp32." + name
         for name, want in model.items():
             master = optim[master_name(name)]
+            if want.dtype == np.float32:
+                assert np.array_equal(fcio.bits(master), fcio.bits(want)), (label, name)
+                continue
             assert np.array_equal(fcio.f32_to_bf16_bits(master).reshape(want.shape),
                                   want.view(np.uint16)), (label, name)
         out = os.path.join(tmp, label + "_fp32")

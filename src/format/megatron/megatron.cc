@@ -657,6 +657,13 @@ std::optional<double> NumberOf(const PV* v) {
   return std::nullopt;
 }
 
+// Megatron's FP32Optimizer.state_dict() is the torch optimizer's own: {state, param_groups}
+// at the top, where the Float16 and distributed optimizers nest it under "optimizer".
+bool IsFp32OptimizerState(const PV& opt) {
+  return opt.Find("state") != nullptr && opt.Find("param_groups") != nullptr &&
+         opt.Find("optimizer") == nullptr && opt.Find("fp32_from_fp16_params") == nullptr;
+}
+
 Status Reader::ReadFloat16Optimizer(const Grid& grid, const Pieces& pieces, int64_t vpp) {
   for (const auto& [pet, f] : grid) {
     const auto [p, e, t] = pet;
@@ -702,22 +709,26 @@ Status Reader::ReadFloat16Optimizer(const Grid& grid, const Pieces& pieces, int6
 // group is the one whose keys match; group order does not matter. Indices into `state` are
 // the groups' `params` lists; fp32_from_fp16_params[g] lists the group's 16-bit params'
 // master weights in order. Checked: group sizes, shapes, and every master rounding to its
-// model weight at both ends.
+// model weight at both ends. The FP32Optimizer (training in fp32, no --fp16/--bf16) saves
+// the torch optimizer's state dict itself, {state, param_groups}: every param is fp32 and
+// its own master.
 Status Reader::ReadFloat16State(const RankFile& f, const PV& state, const std::string& rel,
                                 const std::function<bool(const Piece&)>& member,
                                 const std::function<bool(const Piece&)>& keep,
                                 const Pieces& pieces, int64_t p, int64_t e, int64_t t,
                                 int64_t vpp) {
-  const PV* inner = state.Find("optimizer");
+  const bool fp32_optimizer = IsFp32OptimizerState(state);
+  const PV* inner = fp32_optimizer ? &state : state.Find("optimizer");
   const PV* masters = state.Find("fp32_from_fp16_params");
   const PV* groups = inner ? inner->Find("param_groups") : nullptr;
   const PV* states = inner ? inner->Find("state") : nullptr;
-  if (masters == nullptr || !masters->is_list() || groups == nullptr || !groups->is_list() ||
-      DictEntries(states) == nullptr) {
+  if ((!fp32_optimizer && (masters == nullptr || !masters->is_list())) || groups == nullptr ||
+      !groups->is_list() || DictEntries(states) == nullptr) {
     return UnimplementedError(rel + " is not a Float16 optimizer's state ({optimizer: "
-                              "{state, param_groups}, fp32_from_fp16_params})");
+                              "{state, param_groups}, fp32_from_fp16_params}) nor an "
+                              "FP32Optimizer's ({state, param_groups})");
   }
-  if (masters->items.size() != groups->items.size()) {
+  if (!fp32_optimizer && masters->items.size() != groups->items.size()) {
     return DataLossError(rel + ": " + std::to_string(masters->items.size()) +
                          " fp32_from_fp16_params lists for " +
                          std::to_string(groups->items.size()) + " param groups");
@@ -784,11 +795,11 @@ Status Reader::ReadFloat16State(const RankFile& f, const PV& state, const std::s
   std::set<int64_t> used_ids;
   for (size_t g = 0; g < kinds.size(); ++g) {
     const PV* ids_value = groups->items[g]->Find("params");
-    if (ids_value == nullptr || !masters->items[g]) {
+    const PV* fp32 = fp32_optimizer ? nullptr : masters->items[g].get();
+    if (ids_value == nullptr || (!fp32_optimizer && fp32 == nullptr)) {
       return DataLossError(rel + ": param group " + std::to_string(g) + " has no params list");
     }
     const PV& ids = *ids_value;
-    const PV& fp32 = *masters->items[g];
     if (!ids.is_list() || ids.items.size() != members[g].size()) {
       return DataLossError(rel + ": param group " + std::to_string(g) + " holds " +
                            (ids.is_list() ? std::to_string(ids.items.size()) : std::string("no")) +
@@ -802,12 +813,16 @@ Status Reader::ReadFloat16State(const RankFile& f, const PV& state, const std::s
       std::array<Located, 3> located;
       if (m.model.dtype == DType::kFloat32) {
         located[0] = m.model;  // an fp32 param is its own master
+      } else if (fp32_optimizer) {
+        return DataLossError(rel + ": an FP32Optimizer's state ({state, param_groups}, no "
+                             "fp32_from_fp16_params), but '" + name + "' is " +
+                             std::string(DTypeName(m.model.dtype)));
       } else {
-        if (!fp32.is_list() || next_master >= fp32.items.size() || !fp32.items[next_master]) {
+        if (!fp32->is_list() || next_master >= fp32->items.size() || !fp32->items[next_master]) {
           return DataLossError(rel + ": fp32_from_fp16_params[" + std::to_string(g) +
                                "] has no entry for '" + name + "'");
         }
-        FC_ASSIGN_OR_RETURN(located[0], f.Locate(*fp32.items[next_master++],
+        FC_ASSIGN_OR_RETURN(located[0], f.Locate(*fp32->items[next_master++],
                                                  "fp32 master of '" + name + "'"));
       }
       const std::optional<int64_t> id = ids.items[i] ? IntOf(ids.items[i].get()) : std::nullopt;
@@ -836,16 +851,19 @@ Status Reader::ReadFloat16State(const RankFile& f, const PV& state, const std::s
                                " (expected float32 of its shape)");
         }
       }
-      if (!located[0].contiguous) {
-        return UnimplementedError(located[0].where + " is a strided view");
+      if (m.model.dtype != DType::kFloat32) {  // an fp32 param is its own master
+        // (The rounding check reads the master as contiguous.)
+        if (!located[0].contiguous) {
+          return UnimplementedError(located[0].where + " is a strided view");
+        }
+        FC_RETURN_IF_ERROR(CheckMasterRoundsToModel(*f.file, located[0], *f.file, m.model, name)
+                               .With(rel));
       }
-      FC_RETURN_IF_ERROR(CheckMasterRoundsToModel(*f.file, located[0], *f.file, m.model, name)
-                             .With(rel));
       if (keep(*m.piece)) optim_[{p, e, t, m.v, name}] = std::move(located);
     }
-    if (fp32.is_list() && next_master != fp32.items.size()) {
+    if (fp32 != nullptr && fp32->is_list() && next_master != fp32->items.size()) {
       return DataLossError(rel + ": fp32_from_fp16_params[" + std::to_string(g) + "] has " +
-                           std::to_string(fp32.items.size()) + " entries, the group " +
+                           std::to_string(fp32->items.size()) + " entries, the group " +
                            std::to_string(next_master) + " 16-bit params");
     }
   }
@@ -1639,7 +1657,8 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   const PV* opt0 = opt != nullptr && opt->is_list() && !opt->items.empty() ? opt->items[0].get() : opt;
   const bool float16 = distrib_optim == 0 && opt0 != nullptr &&
                        opt0->Find("fp32_from_fp16_params") != nullptr;
-  if (float16) {
+  const bool fp32_optimizer = distrib_optim == 0 && opt0 != nullptr && IsFp32OptimizerState(*opt0);
+  if (float16 || fp32_optimizer) {
     Status st = ReadFloat16Optimizer(grid, pieces, vpp);
     if (!st.ok()) {
       optim_not_read = st.message();
@@ -1758,13 +1777,18 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   if (opt == nullptr || opt->is_none()) {
     a["megatron.optimizer"] = "absent";
   } else if (!optim_.empty()) {
-    a["megatron.optimizer"] = std::string(float16 ? "Float16 optimizer" : "distributed optimizer") +
+    a["megatron.optimizer"] = std::string(float16          ? "Float16 optimizer"
+                                          : fp32_optimizer ? "FP32Optimizer"
+                                                           : "distributed optimizer") +
                               ": fp32 master weights and Adam moments read "
                               "(optimizer.{fp32,exp_avg,exp_avg_sq}.<param>)";
   } else if (opt->Find("param_state_sharding_type") != nullptr || distrib_optim > 0) {
     a["megatron.optimizer"] = "distributed optimizer, not read";
   } else if (float16) {
     a["megatron.optimizer"] = "Float16 optimizer (fp32_from_fp16_params), not read: " +
+                              optim_not_read;
+  } else if (fp32_optimizer) {
+    a["megatron.optimizer"] = "FP32Optimizer ({state, param_groups}), not read: " +
                               optim_not_read;
   } else {
     a["megatron.optimizer"] = "present, not read";
@@ -1781,7 +1805,8 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
     // The Adam step: Megatron keeps it per param group (FusedAdam), and the distributed
     // optimizer drops the groups' param lists, so it is an attribute, not a tensor.
     const PV* groups = opt0 ? opt0->Find("optimizer") : nullptr;
-    groups = groups ? groups->Find("param_groups") : nullptr;
+    groups = groups ? groups->Find("param_groups")
+                    : (fp32_optimizer ? opt0->Find("param_groups") : nullptr);
     std::set<int64_t> steps;
     if (groups != nullptr && groups->is_list()) {
       for (const auto& g : groups->items) {

@@ -58,6 +58,10 @@ FULL tensor, C order, bfloat16 as uint16 bits, the names fc gives them):
                 back to back in reverse order, padded at the end to a multiple of dp)
   gpt_num_buckets TE names, 2 layers, TP 1, dp 2, coalesced distrib_optim.pt with
                 args.ddp_num_buckets 3 (buckets of the rank's parameter count // 3)
+  gpt_fp32_tp2  TE names, 2 layers, swiglu, TP 2, trained in fp32 (no --bf16: params_dtype
+                float32, fp32 weights), FP32Optimizer: model_optim_rng.pt's optimizer is the
+                torch optimizer's own state dict {state, param_groups}; the master weights
+                are the weights (expected_optimizer/optimizer.fp32.* equal expected/*)
   gpt_vpp2_chunked TE names, 4 layers, swiglu, TP 1 x PP 2 x virtual PP 2, dp 2,
                 overlap_param_gather_with_optimizer_step: distrib_optim.pt a list of one
                 coalesced optimizer state per model chunk, no buckets
@@ -298,6 +302,8 @@ def make_args(**kw):
         ddp_bucket_size=kw.get("bucket_size"), overlap_param_gather_with_optimizer_step=False)
     if kw.get("tied"):
         a.untie_embeddings_and_output_weights = False
+    if kw.get("fp32"):
+        a.bf16, a.params_dtype = False, torch.float32
     return a
 
 
@@ -360,7 +366,8 @@ def optimizer_full(full, seed):
     out = {"fp32": collections.OrderedDict(), "exp_avg": collections.OrderedDict(),
            "exp_avg_sq": collections.OrderedDict()}
     for i, (name, t) in enumerate(full.items()):
-        out["fp32"][name] = master_of(t, seed + 3 * i)
+        # An fp32 weight (training in fp32) is its own master.
+        out["fp32"][name] = t.clone() if t.dtype == torch.float32 else master_of(t, seed + 3 * i)
         g = torch.Generator().manual_seed(seed + 3 * i + 1)
         out["exp_avg"][name] = torch.randn(t.shape, generator=g) * 1e-3
         g = torch.Generator().manual_seed(seed + 3 * i + 2)
@@ -540,6 +547,7 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
             chunks_of[p][(p, v)] = (lo, lo + per, p == 0 and v == 0, p == pp - 1 and v == nv - 1)
     args = make_args(num_layers=layers, swiglu=swiglu, tp=tp, pp=pp, vpp=vpp, ep=ep,
                      experts=experts, te=te, distopt=optimizer == "distributed", dp=dp,
+                     fp32=optimizer == "fp32",
                      bucket_size=bucket_size, tied=tied, vocab=vocab)
     for a in drop_args:
         delattr(args, a)
@@ -574,7 +582,10 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
                             role: rank_state_dict(optim_full[role], tp, r, swiglu, layers,
                                                   {c: chunks_of[p][c]}, ep, e, experts, te)[c]
                             for role in optim_full}
-                if optimizer == "float16":
+                if optimizer == "fp32":  # FP32Optimizer.state_dict(): the torch optimizer's
+                    state["optimizer"] = float16_optimizer(sds, optim_chunks, iteration)["optimizer"]
+                    state["opt_param_scheduler"] = {"max_lr": 1e-4, "num_steps": 3}
+                elif optimizer == "float16":
                     if ep > 1:  # a ChainedOptimizer: [dense, expert], both in every file
                         state["optimizer"] = [
                             float16_optimizer(sds, optim_chunks, iteration,
@@ -640,7 +651,7 @@ def write_expected_optimizer(case_dir, optim_full, per_rank=(), tp=1):
 
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
          "no_swiglu_arg", "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied", "gpt_whole_tp2",
-         "gpt_num_buckets", "gpt_vpp2_chunked"]
+         "gpt_num_buckets", "gpt_vpp2_chunked", "gpt_fp32_tp2"]
 
 
 def generate(out):
@@ -729,6 +740,14 @@ def generate(out):
                      optim_full=pc_optim, bucket_size=100, dp=2, per_chunk=True)
     write_expected(os.path.join(out, "gpt_vpp2_chunked"), pc)
     write_expected_optimizer(os.path.join(out, "gpt_vpp2_chunked"), pc_optim)
+    # Trained in fp32 (FP32Optimizer): the weights are the masters.
+    f32 = collections.OrderedDict((k, v.float()) for k, v in gpt_full(2, te=True, swiglu=True,
+                                                                     seed=900).items())
+    f32_optim = optimizer_full(f32, 9500)
+    write_checkpoint(os.path.join(out, "gpt_fp32_tp2", "ckpt"), f32, tp=2, pp=1, layers=2,
+                     swiglu=True, te=True, iteration=31, optimizer="fp32", optim_full=f32_optim)
+    write_expected(os.path.join(out, "gpt_fp32_tp2"), f32)
+    write_expected_optimizer(os.path.join(out, "gpt_fp32_tp2"), f32_optim)
     # Before buckets (Megatron-LM 2023): TP 2, dp 3, one padded buffer per state.
     wh = gpt_full(2, te=False, swiglu=True, seed=600)
     wh_optim = optimizer_full(wh, 7000)
