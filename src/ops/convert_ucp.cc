@@ -97,7 +97,7 @@ struct AdamNames {
   std::string param, exp_avg_sq;
   std::string step;                  // empty: the writer keeps no step tensor
   std::vector<std::string> weights;  // the param's weight, first found wins
-  bool master_first = false;         // weights[0] is an fp32 master the others round to
+  size_t masters = 0;                // weights[0, masters) are fp32 masters the others round to
   // States the step stands for, left out of the UCP without a warning (PaddlePaddle's
   // beta1^step and beta2^step).
   std::vector<std::string> step_powers;
@@ -121,26 +121,29 @@ std::vector<AdamNames> AdamNamesOf(std::string_view key) {
     if (std::optional<std::string> p = middle(prefix, ".exp_avg")) {
       const std::string base = std::string(prefix) + *p;
       names.push_back({"torch", *p, base + ".exp_avg_sq", base + ".step",
-                       {*p, "model." + *p, "module." + *p}, false, {}});
+                       {*p, "model." + *p, "module." + *p}, 0, {}});
     }
   }
   // Megatron-Core's dist checkpointing (torch_dist): optimizer.state.<state>.<sharded key>,
-  // the fp32 master weight as state fp32_param; the step is in common.pt (the torch DCP
+  // the fp32 master weight as state fp32_param (the distributed optimizer's
+  // fully_sharded_model_space form, and the non-distributed optimizer) or param (its
+  // fully_reshardable form, Megatron-Core 0.14 on); the step is in common.pt (the torch DCP
   // reader's megatron.optimizer_step), not a tensor.
   if (std::optional<std::string> p = middle("optimizer.state.exp_avg.", "")) {
     names.push_back({"Megatron torch_dist", *p, "optimizer.state.exp_avg_sq." + *p, "",
-                     {"optimizer.state.fp32_param." + *p, *p}, true, {}});
+                     {"optimizer.state.fp32_param." + *p, "optimizer.state.param." + *p, *p},
+                     2, {}});
   }
   // fc's DeepSpeed and Megatron legacy names (the fp32 master weight optimizer.fp32.<p>
   // where the weight <p> is 16-bit).
   if (std::optional<std::string> p = middle("optimizer.exp_avg.", "")) {
     names.push_back({"fc", *p, "optimizer.exp_avg_sq." + *p, "optimizer.step." + *p,
-                     {"optimizer.fp32." + *p, *p, "module." + *p}, true, {}});
+                     {"optimizer.fp32." + *p, *p, "module." + *p}, 1, {}});
   }
   // PaddlePaddle's optimizer state keys (semantics.md): <p>.moment1_0, .moment2_0, the
   // master weight <p>.w_0; no step, only its powers of beta1 and beta2.
   if (std::optional<std::string> p = middle("", ".moment1_0")) {
-    names.push_back({"PaddlePaddle", *p, *p + ".moment2_0", "", {*p + ".w_0", *p}, true,
+    names.push_back({"PaddlePaddle", *p, *p + ".moment2_0", "", {*p + ".w_0", *p}, 1,
                      {*p + ".beta1_pow_acc_0", *p + ".beta2_pow_acc_0"}});
   }
   return names;
@@ -214,7 +217,8 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
       steps->push_back(step);
     }
     // The 16-bit weights a master weight stands for, and the step's powers: carried over.
-    if (names->master_first && weight->key == names->weights.front()) {
+    if (std::find(names->weights.begin(), names->weights.begin() + names->masters,
+                  weight->key) != names->weights.begin() + names->masters) {
       for (const std::string& w : names->weights) used.insert(w);
     }
     for (const std::string& power : names->step_powers) used.insert(power);

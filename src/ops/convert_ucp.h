@@ -13,7 +13,8 @@
 // From a checkpoint DeepSpeed did not write: the params with Adam states under torch's
 // names (optim.state.<p>.exp_avg / .exp_avg_sq / .step, or optimizer.state.<p>.*, weight
 // <p> / model.<p> / module.<p>), Megatron torch_dist's (optimizer.state.exp_avg.<p>,
-// optimizer.state.exp_avg_sq.<p>, weight optimizer.state.fp32_param.<p> / <p>), fc's
+// optimizer.state.exp_avg_sq.<p>, weight optimizer.state.fp32_param.<p> /
+// optimizer.state.param.<p> / <p>), fc's
 // DeepSpeed and Megatron names (optimizer.exp_avg.<p>, ..., weight optimizer.fp32.<p> / <p> /
 // module.<p>) or PaddlePaddle's (<p>.moment1_0, <p>.moment2_0, weight <p>.w_0 / <p>; the
 // beta powers <p>.beta{1,2}_pow_acc_0 stand for the step), each tensor cast to fp32, the

@@ -485,6 +485,23 @@ def case_others():
     assert not os.path.exists(os.path.dirname(out2))
     fcio.run([CONVERT, bare, out2, "--output-format", "ucp", "--quiet", "--ucp-step", "41"])
     check_named_ucp(out2, params, 41)
+    # The fully_reshardable form (Megatron-Core 0.14 on): the master weight is
+    # optimizer.state.param.<key>; the bf16 weights it stands for are not left out.
+    fixture = os.path.join(TESTDATA, "torch_dcp_adam", "megatron_reshardable")
+    out3 = os.path.join(tmp, "megatron-reshardable", "universal")
+    plan = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out3, "--output-format", "ucp",
+                     "--dry-run"]).stdout
+    assert "left out" not in plan, plan
+    fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out3, "--output-format", "ucp", "--quiet"])
+    expected = fcio.expected_values(fixture)
+    keys = ["embedding.word_embeddings.weight", "decoder.final_layernorm.weight"]
+    params = {k: {"fp32": expected["optimizer.state.param." + k],
+                  "exp_avg": expected["optimizer.state.exp_avg." + k],
+                  "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + k]} for k in keys}
+    for k in keys:
+        assert not np.array_equal(fcio.bf16_bits_to_f32(expected[k]),
+                                  params[k]["fp32"].reshape(-1)), k
+    check_named_ucp(out3, params, 41)
     print("ok megatron torch_dist")
     # PaddlePaddle.
     fixture = os.path.join(TESTDATA, "paddle_flex", "adam")

@@ -18,6 +18,9 @@ fixture writer (real multi-rank saves by Debian's torch 1.13). The steps are who
                    adds: common.pt (torch.save of the state dict's unsharded rest: args,
                    checkpoint_version, iteration 40, optimizer param groups with step 40,
                    opt_param_scheduler) and metadata.json (the sharded backend)
+  megatron_reshardable  the same tensors as the distributed optimizer's fully_reshardable
+                   form saves them (Megatron-Core 0.14 on): the fp32 master weight as
+                   optimizer.state.param.<key>; common.pt with that sharding type, step 41
 
 usage: /usr/bin/python3 make_fsdp_adam.py SHARED_TOOLS_DIR OUT_DIR  (writes OUT_DIR/<name>)
 """
@@ -27,7 +30,7 @@ import torch_dcp_fixture as fixture  # noqa: E402
 import torch  # noqa: E402
 
 STEPS = {"fsdp_adam": {}, "fsdp_adam_steps": {"optim.state.norm.weight.step": 11.0},
-         "megatron_dist": {}}
+         "megatron_dist": {}, "megatron_reshardable": {}}
 
 
 def split(axis, sizes=None):
@@ -54,9 +57,9 @@ SPEC = {"world": 2, "seed": 11, "tensors": (
     "objects": {"optim.param_groups.lr": 0.001}}
 
 
-def megatron_param(key, shape, placement):
+def megatron_param(key, shape, placement, master="fp32_param"):
     tensors = [dict(name=key, shape=shape, dtype="bfloat16", **placement)]
-    for state in ("fp32_param", "exp_avg", "exp_avg_sq"):
+    for state in (master, "exp_avg", "exp_avg_sq"):
         tensors.append(dict(name=f"optimizer.state.{state}.{key}", shape=shape, dtype="float32",
                             **placement))
     return tensors
@@ -69,7 +72,12 @@ MEGATRON_SPEC = {"world": 2, "seed": 23, "tensors": (
     + [{"name": "decoder.layers.self_attention.core_attention.inv_freq", "shape": [2],
         "dtype": "bfloat16", "on": 0}]),
     "objects": {"rng_state/shard_0.0_1.2": 7}}
-SPECS = {"fsdp_adam": SPEC, "fsdp_adam_steps": SPEC, "megatron_dist": MEGATRON_SPEC}
+RESHARDABLE_SPEC = {"world": 2, "seed": 29, "tensors": (
+    megatron_param("embedding.word_embeddings.weight", [8, 4], {"split": split(0)}, "param")
+    + megatron_param("decoder.final_layernorm.weight", [4], {"on": 1}, "param")),
+    "objects": {"rng_state/shard_0.0_1.2": 7}}
+SPECS = {"fsdp_adam": SPEC, "fsdp_adam_steps": SPEC, "megatron_dist": MEGATRON_SPEC,
+         "megatron_reshardable": RESHARDABLE_SPEC}
 
 # The writer's ranks are spawned processes that import this file again (not its main
 # block): the step values reach them through the environment.
@@ -85,18 +93,18 @@ def _full_value(t, seed):
 
 fixture.full_value = _full_value
 
-def write_megatron_common(ckpt):
+def write_megatron_common(ckpt, sharding="fully_sharded_model_space", step=40):
     """common.pt and metadata.json as megatron.core.dist_checkpointing.save writes them
     (save_common: torch.save of the common state dict; save_config: the backends)."""
     import argparse
     args = argparse.Namespace(num_layers=2, hidden_size=4, bf16=True,
                               use_distributed_optimizer=True, ckpt_format="torch_dist")
-    groups = [{"lr": 1e-4, "weight_decay": wd, "betas": (0.9, 0.95), "eps": 1e-8, "step": 40}
+    groups = [{"lr": 1e-4, "weight_decay": wd, "betas": (0.9, 0.95), "eps": 1e-8, "step": step}
               for wd in (0.1, 0.0)]
-    common = {"args": args, "checkpoint_version": 3.0, "iteration": 40,
+    common = {"args": args, "checkpoint_version": 3.0, "iteration": step,
               "optimizer": {"optimizer": {"param_groups": groups},
-                            "param_state_sharding_type": "fully_sharded_model_space"},
-              "opt_param_scheduler": {"max_lr": 1e-4, "num_steps": 40},
+                            "param_state_sharding_type": sharding},
+              "opt_param_scheduler": {"max_lr": 1e-4, "num_steps": step},
               "num_floating_point_operations_so_far": 1234}
     torch.save(common, os.path.join(ckpt, "common.pt"))
     with open(os.path.join(ckpt, "metadata.json"), "w") as f:
@@ -117,3 +125,5 @@ if __name__ == "__main__":
             os.unlink(f.name)
         if name == "megatron_dist":
             write_megatron_common(os.path.join(out_root, name, "ckpt"))
+        if name == "megatron_reshardable":
+            write_megatron_common(os.path.join(out_root, name, "ckpt"), "fully_reshardable", 41)
