@@ -225,6 +225,19 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
     params.push_back(std::move(param));
   }
   if (params.empty()) {
+    // Megatron-Core's distributed optimizer in its flat forms: per-bucket buffers whose
+    // params nothing in the checkpoint names.
+    for (const TensorEntry& t : index.tensors) {
+      const size_t at = t.key.find("optimizer.distributed.dp_group_idx_");
+      if (at == std::string::npos) continue;
+      const std::string type = Attr(index, "megatron.optimizer_sharding_type");
+      return UnimplementedError(
+          input + ": Megatron's distributed optimizer saved its states as flat per-bucket "
+          "buffers (" + t.key + (type.empty() ? "" : "; sharding type " + type) +
+          "), which name no params; fc reads the per-param forms, which Megatron writes "
+          "with --dist-ckpt-optim-fully-reshardable (Megatron-Core 0.14 on) or "
+          "--ckpt-fully-parallel-save (0.8 to 0.13): load and save it once with that flag");
+    }
     return InvalidArgumentError(
         input + ": no Adam states found (torch's optim.state.<param>.exp_avg or "
         "optimizer.state.<param>.exp_avg, Megatron torch_dist's optimizer.state.exp_avg.<param>, "

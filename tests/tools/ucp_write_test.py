@@ -502,6 +502,17 @@ def case_others():
         assert not np.array_equal(fcio.bf16_bits_to_f32(expected[k]),
                                   params[k]["fp32"].reshape(-1)), k
     check_named_ucp(out3, params, 41)
+    inspect = fcio.run([os.path.join(BUILD, "tools", "fc-inspect"), os.path.join(fixture, "ckpt")])
+    assert "megatron.optimizer_sharding_type fully_reshardable" in inspect.stdout, inspect.stdout
+    # The dp_reshardable form (flat per-bucket buffers that name no param): refused, exit 6,
+    # with the flag that makes Megatron save a form fc reads; nothing written.
+    fixture = os.path.join(TESTDATA, "torch_dcp_adam", "megatron_dp_reshardable")
+    out4 = os.path.join(tmp, "megatron-dp-reshardable", "universal")
+    p = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out4, "--output-format", "ucp"], expect=6)
+    for w in ("flat per-bucket buffers", "bucket_idx_0.param", "sharding type dp_reshardable",
+              "--dist-ckpt-optim-fully-reshardable"):
+        assert w in p.stderr, (w, p.stderr)
+    assert not os.path.exists(os.path.dirname(out4))
     print("ok megatron torch_dist")
     # PaddlePaddle.
     fixture = os.path.join(TESTDATA, "paddle_flex", "adam")

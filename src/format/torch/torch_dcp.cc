@@ -536,10 +536,27 @@ void CollectParamGroupSteps(const PickleValue& v, int depth, int64_t* budget,
   }
 }
 
+// The string values of every `key` entry under `v` (dicts and lists, as CollectParamGroupSteps
+// walks them).
+void CollectStrings(const PickleValue& v, std::string_view key, int depth, int64_t* budget,
+                    std::set<std::string>* out) {
+  if (depth > 16 || --*budget < 0) return;
+  for (const auto& [k, value] : v.entries) {
+    if (!value) continue;
+    if (k && k->is_str() && k->str == key && value->is_str()) out->insert(value->str);
+    CollectStrings(*value, key, depth + 1, budget, out);
+  }
+  for (const auto& item : v.items) {
+    if (item) CollectStrings(*item, key, depth + 1, budget, out);
+  }
+}
+
 // Megatron-Core's dist checkpointing (torch_dist) saves what is not sharded beside the DCP
 // files as common.pt, a torch.save of the rest of the state dict (args, iteration, the
-// optimizer's param groups, ...). Two values are read from it: "iteration" and the Adam
-// step the param groups carry (what a Universal Checkpoint's step.pt needs). Best effort:
+// optimizer's param groups, ...). Three values are read from it: "iteration", the Adam
+// step the param groups carry (what a Universal Checkpoint's step.pt needs) and the
+// distributed optimizer's param_state_sharding_type (which says whether its states are per
+// param, optimizer.state.<state>.<key>, or flat per-bucket buffers). Best effort:
 // a common.pt fc cannot parse is reported in the attribute, not an error of the checkpoint.
 void AddMegatronCommon(const std::string& dir, std::map<std::string, std::string>& a) {
   const std::string path = JoinPath(dir, "common.pt");
@@ -572,6 +589,17 @@ void AddMegatronCommon(const std::string& dir, std::map<std::string, std::string
     for (const std::string& st : steps) joined += (joined.empty() ? "" : ", ") + st;
     a["megatron.optimizer_step"] = joined;
     found += std::string(found.empty() ? "" : ", ") + "the param groups' Adam step";
+  }
+  std::set<std::string> sharding;
+  budget = 1 << 20;
+  if (const PickleValue* opt = root->Find("optimizer")) {
+    CollectStrings(*opt, "param_state_sharding_type", 0, &budget, &sharding);
+  }
+  if (!sharding.empty()) {
+    std::string joined;
+    for (const std::string& st : sharding) joined += (joined.empty() ? "" : ", ") + st;
+    a["megatron.optimizer_sharding_type"] = joined;
+    found += std::string(found.empty() ? "" : ", ") + "the optimizer's sharding type";
   }
   a["megatron_common_pt"] = found.empty() ? "present (no iteration, no param group step)"
                                           : "read: " + found;

@@ -21,6 +21,11 @@ fixture writer (real multi-rank saves by Debian's torch 1.13). The steps are who
   megatron_reshardable  the same tensors as the distributed optimizer's fully_reshardable
                    form saves them (Megatron-Core 0.14 on): the fp32 master weight as
                    optimizer.state.param.<key>; common.pt with that sharding type, step 41
+  megatron_dp_reshardable  the distributed optimizer's dp_reshardable form (Megatron-Core
+                   0.14/0.15's default): flat per-bucket fp32 buffers
+                   optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(torch.bfloat16,
+                   torch.float32).bucket_idx_0.{param,exp_avg,exp_avg_sq}, cut between the 2
+                   DP ranks, that name no param; common.pt with that sharding type, step 42
 
 usage: /usr/bin/python3 make_fsdp_adam.py SHARED_TOOLS_DIR OUT_DIR  (writes OUT_DIR/<name>)
 """
@@ -30,7 +35,7 @@ import torch_dcp_fixture as fixture  # noqa: E402
 import torch  # noqa: E402
 
 STEPS = {"fsdp_adam": {}, "fsdp_adam_steps": {"optim.state.norm.weight.step": 11.0},
-         "megatron_dist": {}, "megatron_reshardable": {}}
+         "megatron_dist": {}, "megatron_reshardable": {}, "megatron_dp_reshardable": {}}
 
 
 def split(axis, sizes=None):
@@ -76,8 +81,17 @@ RESHARDABLE_SPEC = {"world": 2, "seed": 29, "tensors": (
     megatron_param("embedding.word_embeddings.weight", [8, 4], {"split": split(0)}, "param")
     + megatron_param("decoder.final_layernorm.weight", [4], {"on": 1}, "param")),
     "objects": {"rng_state/shard_0.0_1.2": 7}}
+BUCKET = "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(torch.bfloat16, torch.float32).bucket_idx_0"
+DP_RESHARDABLE_SPEC = {"world": 2, "seed": 31, "tensors": (
+    [{"name": "embedding.word_embeddings.weight", "shape": [8, 4], "dtype": "bfloat16",
+      "split": split(0)},
+     {"name": "decoder.final_layernorm.weight", "shape": [4], "dtype": "bfloat16", "on": 1}]
+    + [{"name": BUCKET + "." + state, "shape": [100], "dtype": "float32",
+        "split": split(0, [36, 64])} for state in ("param", "exp_avg", "exp_avg_sq")]),
+    "objects": {"rng_state/shard_0.0_1.2": 7}}
 SPECS = {"fsdp_adam": SPEC, "fsdp_adam_steps": SPEC, "megatron_dist": MEGATRON_SPEC,
-         "megatron_reshardable": RESHARDABLE_SPEC}
+         "megatron_reshardable": RESHARDABLE_SPEC,
+         "megatron_dp_reshardable": DP_RESHARDABLE_SPEC}
 
 # The writer's ranks are spawned processes that import this file again (not its main
 # block): the step values reach them through the environment.
@@ -127,3 +141,5 @@ if __name__ == "__main__":
             write_megatron_common(os.path.join(out_root, name, "ckpt"))
         if name == "megatron_reshardable":
             write_megatron_common(os.path.join(out_root, name, "ckpt"), "fully_reshardable", 41)
+        if name == "megatron_dp_reshardable":
+            write_megatron_common(os.path.join(out_root, name, "ckpt"), "dp_reshardable", 42)

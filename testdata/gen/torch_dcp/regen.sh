@@ -3,7 +3,7 @@
 # (apt-get install python3-torch python3-numpy). Deterministic: same specs, same bytes.
 #
 #   <name>.json        -> shared/tools/torch_dcp_fixture.py (real multi-rank DCP saves)
-#   ../torch_dcp_adam/{fsdp_adam,fsdp_adam_steps,megatron_dist,megatron_reshardable} -> make_fsdp_adam.py (steps made whole numbers)
+#   ../torch_dcp_adam/{fsdp_adam,fsdp_adam_steps,megatron_dist,megatron_reshardable,megatron_dp_reshardable} -> make_fsdp_adam.py (steps made whole numbers)
 #   strided            -> make_strided.py (views: transposed, storage_offset, stride 0, 0-d)
 #   torch2_emulated    -> emulate_torch2.py applied to `mixed` (2.x module paths, enum by
 #                         value, PosixPath of CPython 3.13, one file per rank, mcore_data)
