@@ -161,7 +161,7 @@ TEST_CASE("torch dcp: opened without reading items, chunks are located on first 
   }
 }
 
-TEST_CASE("torch dcp: Megatron's common.pt gives the iteration and the Adam step",
+TEST_CASE("torch dcp: Megatron's common.pt gives the iteration, the Adam step and the sharding type",
           "[torch_dcp]") {
   // torch_dcp_adam/megatron_dist: common.pt as dist_checkpointing saves it (iteration 40,
   // param groups with step 40).
@@ -171,7 +171,9 @@ TEST_CASE("torch dcp: Megatron's common.pt gives the iteration and the Adam step
   const auto& a = index->attributes;
   CHECK(a.at("megatron.iteration") == "40");
   CHECK(a.at("megatron.optimizer_step") == "40");
-  CHECK(a.at("megatron_common_pt") == "read: iteration, the param groups' Adam step");
+  CHECK(a.at("megatron.optimizer_sharding_type") == "fully_sharded_model_space");
+  CHECK(a.at("megatron_common_pt") ==
+        "read: iteration, the param groups' Adam step, the optimizer's sharding type");
   CHECK(a.at("megatron_metadata_json") == "present");
   // A damaged common.pt is reported, and the checkpoint still opens.
   testing::TempDir tmp;
