@@ -226,14 +226,21 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
   }
   if (params.empty()) {
     // Megatron-Core's distributed optimizer in its flat forms: per-bucket buffers whose
-    // params nothing in the checkpoint names.
+    // params nothing in the checkpoint names (dp_reshardable's are tensors,
+    // dp_zero_gather_scatter's one pickled object per DP group).
+    const std::string type = Attr(index, "megatron.optimizer_sharding_type");
+    std::string flat;
     for (const TensorEntry& t : index.tensors) {
-      const size_t at = t.key.find("optimizer.distributed.dp_group_idx_");
-      if (at == std::string::npos) continue;
-      const std::string type = Attr(index, "megatron.optimizer_sharding_type");
+      if (t.key.find("optimizer.distributed.dp_group_idx_") != std::string::npos) {
+        flat = t.key;
+        break;
+      }
+    }
+    if (!flat.empty() || type.starts_with("dp_") || type == "fully_sharded_bucket_space") {
       return UnimplementedError(
           input + ": Megatron's distributed optimizer saved its states as flat per-bucket "
-          "buffers (" + t.key + (type.empty() ? "" : "; sharding type " + type) +
+          "buffers (" + (flat.empty() ? std::string() : flat + "; ") + "sharding type " +
+          (type.empty() ? std::string("not recorded") : type) +
           "), which name no params; fc reads the per-param forms, which Megatron writes "
           "with --dist-ckpt-optim-fully-reshardable (Megatron-Core 0.14 on) or "
           "--ckpt-fully-parallel-save (0.8 to 0.13): load and save it once with that flag");
