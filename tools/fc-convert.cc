@@ -51,7 +51,10 @@ int main(int argc, char** argv) {
   app.add_option("--sharding", options.degrees.sharding,
                  "with --preset: ZeRO-1 sharding degree of flattened optimizer states");
   app.add_option("--ep", options.degrees.ep, "with --preset: expert-parallel degree");
-  app.add_option("--aoa", options.aoa_file, "AOA program for structure changes (fc-aoa(7))");
+  app.add_option("--aoa", options.aoa_file,
+                 "AOA program for structure changes (fc-aoa(7)); with --output-format ucp "
+                 "from a non-DeepSpeed source it renames and reshapes each param with its "
+                 "Adam states");
   app.add_option("--include", options.include,
                  std::string("write only target tensors whose name matches this ") +
                      fc::cli::kGlobHelp)
