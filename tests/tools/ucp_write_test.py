@@ -504,6 +504,27 @@ def case_others():
     check_named_ucp(out3, params, 41)
     inspect = fcio.run([os.path.join(BUILD, "tools", "fc-inspect"), os.path.join(fixture, "ckpt")])
     assert "megatron.optimizer_sharding_type fully_reshardable" in inspect.stdout, inspect.stdout
+    # Megatron-Core 0.8-0.13's fully_sharded_model_space as its torch_dist saves it: the states
+    # N-D reformulated (fragments x fragment numel, DP ranges cutting rows), their original
+    # shapes in the metadata's mcore_data. fc reads them in their original shapes: the export
+    # gives expected/ (put back from the fragments by the generator), and so does the UCP.
+    fixture = os.path.join(TESTDATA, "torch_dcp_adam", "megatron_flattened")
+    expected = fcio.expected_values(fixture)
+    exported = os.path.join(tmp, "megatron-flattened-export")
+    fcio.run([EXPORT, os.path.join(fixture, "ckpt"), exported, "--quiet", "--include-optimizer"])
+    got, _ = fcio.read_hf_dir(exported)
+    assert sorted(got) == sorted(expected), sorted(set(got) ^ set(expected))
+    for k, want in expected.items():
+        assert list(got[k][1].shape) == list(want.shape), (k, got[k][1].shape, want.shape)
+        assert np.array_equal(fcio.bits(got[k][1]), fcio.bits(want)), k
+    out5 = os.path.join(tmp, "megatron-flattened", "universal")
+    fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out5, "--output-format", "ucp", "--quiet"])
+    keys = ["embedding.word_embeddings.weight", "decoder.layers.mlp.linear_fc1.weight",
+            "decoder.final_layernorm.weight"]
+    params = {k: {"fp32": expected["optimizer.state.fp32_param." + k],
+                  "exp_avg": expected["optimizer.state.exp_avg." + k],
+                  "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + k]} for k in keys}
+    check_named_ucp(out5, params, 44)
     # The dp_reshardable form (flat per-bucket buffers that name no param): refused, exit 6,
     # with the flag that makes Megatron save a form fc reads; nothing written.
     fixture = os.path.join(TESTDATA, "torch_dcp_adam", "megatron_dp_reshardable")

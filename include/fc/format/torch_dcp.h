@@ -160,8 +160,15 @@ std::optional<uint64_t> TorchDcpRankMetadataRank(std::string_view name);
 //   (entry count), "mcore_data.<key>.nd_reformulated_orig_global_shape",
 //   "metadata_extra_fields", "megatron_metadata_json", "megatron_common_pt" (Megatron's
 //   dist checkpointing: common.pt, a torch.save of the state dict's unsharded rest, parsed
-//   as data for "megatron.iteration" and "megatron.optimizer_step", the param groups' "step"
-//   values under "optimizer"; "read: ..." or "present, not read: <why>", never an error).
+//   as data for "megatron.iteration", "megatron.optimizer_step", the param groups' "step"
+//   values under "optimizer", and "megatron.optimizer_sharding_type"; "read: ..." or
+//   "present, not read: <why>", never an error), "megatron.reformulated".
+// Megatron-Core before 0.14 saved flattened-range ShardedTensors (the distributed
+// optimizer's per-param states) "N-D reformulated": shape axis_fragmentations + (fragment
+// numel,), chunks at (fragment index..., range start) of sizes (1, ..., 1, range length),
+// the original shape in mcore_data[key]["nd_reformulated_orig_global_shape"]. Such a tensor
+// is given its original shape, each chunk its fragment's box with the range as flat_range
+// ("megatron.reformulated" counts them); a shape that does not fit is kDataLoss.
 // Cost: the .metadata parse, hash lookups per chunk, a sort of the item ranges per file;
 // with locate_chunks, a few small reads per chunk.
 // Errors (message: "<file>: tensor '<fqn>' chunk <box>: <what>"):

@@ -119,6 +119,28 @@ Result<bool> IsSafetensorsBlob(const RandomAccessFile& file, uint64_t offset) {
   return head[8] == std::byte{'{'};
 }
 
+// A chunk's offsets and sizes as the DCP metadata gives them. They are the chunk's box, except
+// for a chunk of a tensor Megatron saved N-D reformulated (UndoMegatronReformulation): there
+// the metadata has (fragment index..., range start) and (1, ..., 1, range length).
+Shape DcpChunkOffsets(const Chunk& chunk) {
+  if (!chunk.flat_range) return chunk.box.global_offset;
+  Shape offsets;
+  for (size_t i = 0; i < chunk.box.rank(); ++i) {
+    offsets.push_back(chunk.box.local_shape[i] == 0
+                          ? 0
+                          : chunk.box.global_offset[i] / chunk.box.local_shape[i]);
+  }
+  offsets.push_back(chunk.flat_range->inclusive_min);
+  return offsets;
+}
+
+Shape DcpChunkSizes(const Chunk& chunk) {
+  if (!chunk.flat_range) return chunk.box.local_shape;
+  Shape sizes(chunk.box.rank(), 1);
+  sizes.push_back(chunk.flat_range->size());
+  return sizes;
+}
+
 // The place of `key`'s chunk in the blob at `offset`: found through the blob's own header,
 // checked against its DCP_SHARDING_INFO and the chunk (dtype, sizes, byte size).
 Result<ChunkLocation> LocateInSafetensorsBlob(const RandomAccessFile& file, uint64_t offset,
@@ -157,17 +179,17 @@ Result<ChunkLocation> LocateInSafetensorsBlob(const RandomAccessFile& file, uint
     return DataLossError(where + " " + std::string(kDcpShardingInfoKey) + " has no " +
                          "\"saved_offsets\" array for '" + key + "'");
   }
-  if (*saved != chunk.box.global_offset) {
+  if (*saved != DcpChunkOffsets(chunk)) {
     return DataLossError(where + ": saved_offsets " + ShapeString(*saved) +
-                         " != the chunk's offsets " + ShapeString(chunk.box.global_offset));
+                         " != the chunk's offsets " + ShapeString(DcpChunkOffsets(chunk)));
   }
   if (info->dtype != dtype) {
     return DataLossError(where + ": entry dtype " + std::string(DTypeName(info->dtype)) +
                          " != metadata dtype " + std::string(DTypeName(dtype)));
   }
-  if (info->shape != chunk.box.local_shape) {
+  if (info->shape != DcpChunkSizes(chunk)) {
     return DataLossError(where + ": entry shape " + ShapeString(info->shape) +
-                         " != chunk sizes " + ShapeString(chunk.box.local_shape));
+                         " != chunk sizes " + ShapeString(DcpChunkSizes(chunk)));
   }
   if (info->byte_length() != chunk.byte_length) {
     return DataLossError(where + ": entry holds " + std::to_string(info->byte_length()) +
@@ -536,6 +558,86 @@ void CollectParamGroupSteps(const PickleValue& v, int depth, int64_t* budget,
   }
 }
 
+// Megatron-Core before 0.14 saved a ShardedTensor with a flattened range (the distributed
+// optimizer's per-param states, fully_sharded_model_space; 1-D ones too in its later releases)
+// "N-D reformulated" (dist_checkpointing/strategies/torch.py): a DCP tensor of shape
+// axis_fragmentations + (numel of one fragment,), each DP rank's piece a chunk at (fragment
+// index..., range start) of sizes (1, ..., 1, range length), and the original global shape in
+// the metadata's mcore_data[key]["nd_reformulated_orig_global_shape"]. Undone here: the
+// tensor gets its original shape, each chunk its fragment's box and the range as the box's
+// flat range, so that every tool sees the tensor Megatron saved. Returns how many tensors it
+// restored; a shape that does not fit the DCP tensor is corrupt metadata (kDataLoss).
+Result<int64_t> UndoMegatronReformulation(const PickleValue& mcore_data,
+                                          std::vector<TensorEntry>& tensors) {
+  std::unordered_map<std::string_view, TensorEntry*> by_key;
+  for (TensorEntry& t : tensors) by_key.emplace(t.key, &t);
+  int64_t restored = 0;
+  for (const auto& [k, v] : mcore_data.entries) {
+    if (!k || !k->is_str() || !v || !v->is_dict()) continue;
+    const PickleValue* orig = v->Find("nd_reformulated_orig_global_shape");
+    if (orig == nullptr) continue;
+    auto it = by_key.find(k->str);
+    if (it == by_key.end()) continue;  // (a tensor of another rank's metadata file)
+    TensorEntry& t = *it->second;
+    const std::string where = "tensor '" + t.key + "': mcore_data nd_reformulated_orig_global_shape";
+    Shape shape;
+    if (orig->is_tuple() || orig->is_list()) {
+      for (const auto& d : orig->items) {
+        if (!d || !d->is_int() || d->int_value < 0) break;
+        shape.push_back(d->int_value);
+      }
+    }
+    if ((!orig->is_tuple() && !orig->is_list()) || shape.size() != orig->items.size()) {
+      return DataLossError(where + " is " + orig->DebugString(60) + ", not a shape");
+    }
+    const Shape& stored = t.global_shape;  // axis_fragmentations + (fragment numel,)
+    if (stored.size() != shape.size() + 1) {
+      return DataLossError(where + " " + ShapeString(shape) + " does not fit the stored shape " +
+                           ShapeString(stored) + " (expected one more axis)");
+    }
+    Shape local(shape.size());
+    int64_t numel = 1;
+    for (size_t i = 0; i < shape.size(); ++i) {
+      if (stored[i] <= 0 || shape[i] % stored[i] != 0) {
+        return DataLossError(where + " " + ShapeString(shape) + ": axis " + std::to_string(i) +
+                             " does not split into the stored shape's " +
+                             std::to_string(stored[i]) + " fragments");
+      }
+      local[i] = shape[i] / stored[i];
+      const std::optional<int64_t> n = CheckedMul(numel, local[i]);
+      if (!n) return DataLossError(where + " " + ShapeString(shape) + " overflows");
+      numel = *n;
+    }
+    if (numel != stored.back()) {
+      return DataLossError(where + " " + ShapeString(shape) + ": a fragment holds " +
+                           std::to_string(numel) + " elements, the stored shape " +
+                           ShapeString(stored) + " says " + std::to_string(stored.back()));
+    }
+    for (Chunk& c : t.chunks) {
+      const Shape& at = c.box.global_offset;
+      const Shape& sizes = c.box.local_shape;
+      for (size_t i = 0; i < shape.size(); ++i) {
+        if (sizes[i] != 1) {
+          return DataLossError("tensor '" + t.key + "' chunk " +
+                               ChunkBoxText(at, sizes) + ": a chunk of a reformulated tensor "
+                               "spans one fragment (sizes 1 but the last)");
+        }
+      }
+      Chunk restored_chunk = c;
+      restored_chunk.box.local_shape = local;
+      restored_chunk.box.global_offset.resize(shape.size());
+      for (size_t i = 0; i < shape.size(); ++i) {
+        restored_chunk.box.global_offset[i] = at[i] * local[i];
+      }
+      restored_chunk.flat_range = FlatRange{at.back(), at.back() + sizes.back()};
+      c = std::move(restored_chunk);
+    }
+    t.global_shape = shape;
+    ++restored;
+  }
+  return restored;
+}
+
 // The string values of every `key` entry under `v` (dicts and lists, as CollectParamGroupSteps
 // walks them).
 void CollectStrings(const PickleValue& v, std::string_view key, int depth, int64_t* budget,
@@ -840,6 +942,15 @@ Result<CheckpointIndex> DcpReader::Read() {
       index.objects.push_back(std::move(o));
     }
   }
+  if (const PickleValue* mcore = sources_.front()->md.mcore_data.get();
+      mcore != nullptr && mcore->is_dict()) {
+    FC_ASSIGN_OR_RETURN(const int64_t restored, UndoMegatronReformulation(*mcore, index.tensors));
+    if (restored > 0) {
+      index.attributes["megatron.reformulated"] =
+          std::to_string(restored) + " tensor(s) restored to their original shapes "
+          "(Megatron's N-D flattened reformulation)";
+    }
+  }
   FC_RETURN_IF_ERROR(CheckOverlaps());
   if (options_.locate_chunks) {
     for (TensorEntry& t : index.tensors) {
@@ -887,7 +998,7 @@ Result<ChunkLocation> LocateTorchDcpChunk(const RandomAccessFile& file,
     // tail (the zip directory). Places are in the decoded item.
     const EncodedItem& e = *chunk.encoded_item;
     const uint64_t tensor_bytes =
-        CheckedMulU(static_cast<uint64_t>(chunk.box.num_elements()), DTypeSize(dtype))
+        CheckedMulU(static_cast<uint64_t>(chunk.stored_elements()), DTypeSize(dtype))
             .value_or(UINT64_MAX);
     FC_ASSIGN_OR_RETURN(
         DecodedItemWindows w,
@@ -921,9 +1032,12 @@ Result<ChunkLocation> LocateTorchDcpChunk(const RandomAccessFile& file,
     return DataLossError(ctx + ": item dtype " + std::string(DTypeName(t.ref.dtype)) +
                          " != metadata dtype " + std::string(DTypeName(dtype)));
   }
-  if (t.ref.shape != chunk.box.local_shape) {
+  if (t.ref.shape != DcpChunkSizes(chunk)) {
     return DataLossError(ctx + ": item tensor shape " + ShapeString(t.ref.shape) +
-                         " != chunk sizes " + ShapeString(chunk.box.local_shape));
+                         " != chunk sizes " + ShapeString(DcpChunkSizes(chunk)));
+  }
+  if (chunk.flat_range && !t.ref.IsRowMajorContiguous()) {
+    return UnimplementedError(ctx + ": a strided item of a flattened range");
   }
   // In range: the view lies inside the storage record, which lies inside the item.
   ChunkLocation loc;

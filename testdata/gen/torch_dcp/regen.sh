@@ -4,6 +4,7 @@
 #
 #   <name>.json        -> shared/tools/torch_dcp_fixture.py (real multi-rank DCP saves)
 #   ../torch_dcp_adam/{fsdp_adam,fsdp_adam_steps,megatron_dist,megatron_reshardable,megatron_dp_reshardable} -> make_fsdp_adam.py (steps made whole numbers)
+#   ../torch_dcp_adam/megatron_flattened -> make_megatron_flattened.py (pre-0.14 N-D reformulated optimizer states + mcore_data)
 #   strided            -> make_strided.py (views: transposed, storage_offset, stride 0, 0-d)
 #   torch2_emulated    -> emulate_torch2.py applied to `mixed` (2.x module paths, enum by
 #                         value, PosixPath of CPython 3.13, one file per rank, mcore_data)
@@ -24,8 +25,10 @@ for spec in "$here"/*.json; do
   "$py" "$tools/torch_dcp_fixture.py" "$spec" "$out/$name"
 done
 rm -rf "$out/../torch_dcp_adam/fsdp_adam" "$out/../torch_dcp_adam/fsdp_adam_steps" \
-  "$out/../torch_dcp_adam/megatron_dist"
+  "$out/../torch_dcp_adam/megatron_dist" "$out/../torch_dcp_adam/megatron_reshardable" \
+  "$out/../torch_dcp_adam/megatron_dp_reshardable" "$out/../torch_dcp_adam/megatron_flattened"
 "$py" "$here/make_fsdp_adam.py" "$tools" "$out/../torch_dcp_adam"
+"$py" "$here/make_megatron_flattened.py" "$tools" "$out/../torch_dcp_adam"
 rm -rf "$out/strided"
 "$py" "$here/make_strided.py" "$tools" "$out/strided"
 "$py" "$here/emulate_torch2.py" "$tools" "$out/mixed" "$out/torch2_emulated"

@@ -43,6 +43,23 @@ std::map<std::string, testing::NpyArray> Expected(const std::string& fixture) {
   return out;
 }
 
+// Every tensor of `index`, read whole through a ChunkReader, equals the fixture's expected/.
+void CheckReadsExpected(const CheckpointIndex& index, const std::string& fixture) {
+  auto expected = Expected(fixture);
+  ChunkReader reader(index);
+  for (const TensorEntry& t : index.tensors) {
+    INFO("tensor " << t.key);
+    const Box whole = Box::Whole(t.global_shape);
+    std::vector<std::byte> buf(static_cast<size_t>(whole.num_elements()) * DTypeSize(t.dtype));
+    for (const Chunk& c : t.chunks) {
+      REQUIRE(reader.CopyChunkRegion(t, c, whole, buf.data(), whole).ok());
+    }
+    const auto& want = expected.at(t.key).data;
+    REQUIRE(buf.size() == want.size());
+    CHECK(std::memcmp(buf.data(), want.data(), buf.size()) == 0);
+  }
+}
+
 // The bytes of an object item, parsed as a torch.save pickle.
 PickleValue ObjectValue(const CheckpointIndex& index, const std::string& key) {
   for (const ObjectEntry& o : index.objects) {
@@ -93,19 +110,7 @@ TEST_CASE("torch dcp: the lead's ChunkReader agrees", "[torch_dcp][chunk_reader]
     INFO("fixture " << fixture);
     auto index = ReadTorchDcp(TorchFixture(fixture) + "/ckpt");
     REQUIRE(index.ok());
-    auto expected = Expected(fixture);
-    ChunkReader reader(*index);
-    for (const TensorEntry& t : index->tensors) {
-      INFO("tensor " << t.key);
-      const Box whole = Box::Whole(t.global_shape);
-      std::vector<std::byte> buf(static_cast<size_t>(whole.num_elements()) * DTypeSize(t.dtype));
-      for (const Chunk& c : t.chunks) {
-        REQUIRE(reader.CopyChunkRegion(t, c, whole, buf.data(), whole).ok());
-      }
-      const auto& want = expected.at(t.key).data;
-      REQUIRE(buf.size() == want.size());
-      CHECK(std::memcmp(buf.data(), want.data(), buf.size()) == 0);
-    }
+    CheckReadsExpected(*index, fixture);
   }
 }
 
@@ -402,6 +407,55 @@ TEST_CASE("torch dcp: every pickle variant of .metadata reads the same", "[torch
         }
       }
     }
+  }
+}
+
+TEST_CASE("torch dcp: Megatron's N-D reformulated tensors get their original shapes",
+          "[torch_dcp]") {
+  // torch_dcp_adam/megatron_flattened: optimizer states saved as Megatron-Core 0.8-0.13 does
+  // (axis_fragmentations + (fragment numel,), mcore_data with the original shapes).
+  const std::string fixture = TorchFixture("../torch_dcp_adam/megatron_flattened") + "/ckpt";
+  auto index = ReadTorchDcp(fixture);
+  REQUIRE(index.ok());
+  CHECK(index->attributes.at("megatron.reformulated").starts_with("9 tensor(s) restored"));
+  const TensorEntry* fc1 =
+      index->FindTensor("optimizer.state.exp_avg.decoder.layers.mlp.linear_fc1.weight");
+  REQUIRE(fc1 != nullptr);
+  CHECK(fc1->global_shape == Shape{2, 6, 4});
+  REQUIRE(fc1->chunks.size() == 8);
+  for (const Chunk& c : fc1->chunks) {
+    CHECK(c.box.local_shape == Shape{1, 3, 4});
+    REQUIRE(c.flat_range.has_value());
+    // DP rank 0 holds [0, 5) of each fragment, DP rank 1 [5, 12): the cut is mid-row.
+    CHECK((*c.flat_range == FlatRange{0, 5} || *c.flat_range == FlatRange{5, 12}));
+  }
+  const TensorEntry* norm =
+      index->FindTensor("optimizer.state.fp32_param.decoder.final_layernorm.weight");
+  REQUIRE(norm != nullptr);
+  CHECK(norm->global_shape == Shape{4});
+  // Every element is read back where torch put it (expected/ holds the original shapes).
+  CheckReadsExpected(*index, "../torch_dcp_adam/megatron_flattened");
+
+  // An original shape that does not fit the stored one is corrupt metadata, named.
+  auto md = ParseDcpMetadata(ReadFileBytes(fixture + "/.metadata"));
+  REQUIRE(md.ok());
+  testing::MdSpec spec = testing::SpecFromMetadata(*md);
+  spec.mcore_data = false;
+  const std::string key = "optimizer.state.exp_avg.embedding.word_embeddings.weight";
+  for (const auto& [shape, words] :
+       std::vector<std::pair<Shape, std::string>>{
+           {{9, 4}, "axis 0 does not split into the stored shape's 2 fragments"},
+           {{8}, "expected one more axis"},
+           {{8, 8}, "a fragment holds 32 elements"}}) {
+    spec.reformulated = {{key, shape}};
+    testing::TempDir tmp;
+    testing::CopyDirectoryFiles(fixture, tmp.path());
+    testing::WriteFileBytes(tmp.path() + "/.metadata", testing::EncodeDcpMetadata(spec));
+    auto bad = ReadTorchDcp(tmp.path());
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(bad.status().message(), Catch::Contains(key));
+    CHECK_THAT(bad.status().message(), Catch::Contains(words));
   }
 }
 

@@ -443,7 +443,15 @@ std::vector<std::byte> EncodeDcpMetadata(const MdSpec& spec) {
     w.SetItems().Build();
   }
   if (spec.version) w.ShortStr("version").ShortStr(*spec.version);
-  if (spec.mcore_data) {
+  if (!spec.reformulated.empty()) {
+    w.ShortStr("mcore_data").EmptyDict().Mark();
+    for (const auto& [key, shape] : spec.reformulated) {
+      w.ShortStr(key).EmptyDict().ShortStr("nd_reformulated_orig_global_shape").Mark();
+      for (int64_t d : shape) w.Int(d);
+      w.Tuple().SetItem();
+    }
+    w.SetItems();  // the mcore_data pair stays for the BUILD dict's SETITEMS
+  } else if (spec.mcore_data) {
     w.ShortStr("mcore_data").EmptyDict().ShortStr("decoder.w").EmptyDict();
     w.ShortStr("nd_reformulated_orig_global_shape").Int(8).Int(4).Tuple2().SetItem().SetItem();
   }

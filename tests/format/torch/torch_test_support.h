@@ -145,7 +145,9 @@ struct MdSpec {
   // string (3.13 form, pathlib._local).
   std::optional<std::vector<std::string>> checkpoint_id_parts;
   bool checkpoint_id_py313 = false;
-  bool mcore_data = false;
+  bool mcore_data = false;  // mcore_data = {"decoder.w": {nd_reformulated_orig_global_shape: (8, 4)}}
+  // When not empty, mcore_data holds these keys' nd_reformulated_orig_global_shape instead.
+  std::vector<std::pair<std::string, Shape>> reformulated;
   std::string root_module;  // overrides the Metadata class module when set
 };
 
