@@ -157,7 +157,8 @@ std::optional<uint64_t> TorchDcpRankMetadataRank(std::string_view name);
 //   directory is always checked at open); attributes: "torch_generation" ("1.13" /
 //   "2"), "rank_local_metadata" (the __R.metadata names, when those were read), and when
 //   present (in the first metadata file) "dcp_version", "checkpoint_id", "save_id", "mcore_data"
-//   (entry count), "mcore_data.<key>.nd_reformulated_orig_global_shape",
+//   (entry count), "mcore_data.<key>.nd_reformulated_orig_global_shape" (for keys that
+//   name no tensor),
 //   "metadata_extra_fields", "megatron_metadata_json", "megatron_common_pt" (Megatron's
 //   dist checkpointing: common.pt, a torch.save of the state dict's unsharded rest, parsed
 //   as data for "megatron.iteration", "megatron.optimizer_step", the param groups' "step"

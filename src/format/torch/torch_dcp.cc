@@ -723,8 +723,9 @@ void DcpReader::AddAttributes(CheckpointIndex* index) {
     a["mcore_data"] = md.mcore_data->is_dict()
                           ? std::to_string(md.mcore_data->entries.size()) + " entries"
                           : std::string(PickleKindName(md.mcore_data->kind));
-    // Megatron's N-D flattened reformulation is only reversible with the original shape.
-    // (Bounded: the memo could make every key share one huge dict.)
+    // Megatron's N-D flattened reformulation is only reversible with the original shape:
+    // listed for the keys that name no tensor (the others now have that shape; Read undid
+    // it). (Bounded: the memo could make every key share one huge dict.)
     uint64_t scanned = 0;
     for (const auto& [k, v] : md.mcore_data->entries) {
       if (!k->is_str() || !v->is_dict()) continue;
@@ -732,6 +733,7 @@ void DcpReader::AddAttributes(CheckpointIndex* index) {
       if (scanned > (uint64_t{1} << 22)) break;
       const PickleValue* orig = v->Find("nd_reformulated_orig_global_shape");
       if (orig == nullptr || (!orig->is_tuple() && !orig->is_list())) continue;
+      if (index->FindTensor(k->str) != nullptr) continue;
       Shape shape;
       for (const auto& d : orig->items) shape.push_back(d->is_int() ? d->int_value : -1);
       a["mcore_data." + k->str + ".nd_reformulated_orig_global_shape"] = ShapeString(shape);

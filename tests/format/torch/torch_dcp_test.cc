@@ -418,6 +418,9 @@ TEST_CASE("torch dcp: Megatron's N-D reformulated tensors get their original sha
   auto index = ReadTorchDcp(fixture);
   REQUIRE(index.ok());
   CHECK(index->attributes.at("megatron.reformulated").starts_with("9 tensor(s) restored"));
+  // The restored tensors' shapes are not listed again as attributes.
+  CHECK(index->attributes.count("mcore_data.optimizer.state.exp_avg.embedding.word_embeddings."
+                                "weight.nd_reformulated_orig_global_shape") == 0);
   const TensorEntry* fc1 =
       index->FindTensor("optimizer.state.exp_avg.decoder.layers.mlp.linear_fc1.weight");
   REQUIRE(fc1 != nullptr);
