@@ -656,10 +656,12 @@ def case_aoa():
     print("ok fresh")
     # Refusals (exit 3, nothing written).
     cast = program("cast", "embed.weight -> e, dtype='float16'\n")
+    none = program("none", "embed.weight -> _\nlayers.0.proj.weight -> _\nnorm.weight -> _\n")
+    fsdp = os.path.join(TESTDATA, "torch_dcp_adam", "fsdp_adam", "ckpt")
     for src, aoa, words in ((os.path.join(DS, "zero1", "ckpt"), cast,
                              "--aoa applies to sources DeepSpeed did not write"),
-                            (os.path.join(TESTDATA, "torch_dcp_adam", "fsdp_adam", "ckpt"), cast,
-                             "'e' is cast to float16")):
+                            (fsdp, cast, "'e' is cast to float16"),
+                            (fsdp, none, "the program leaves no param to write")):
         target = os.path.join(tmp, "aoa-refused", "universal")
         p = fcio.run([CONVERT, src, target, "--output-format", "ucp", "--aoa", aoa], expect=3)
         assert words in p.stderr, (words, p.stderr)

@@ -614,23 +614,20 @@ Result<int64_t> UndoMegatronReformulation(const PickleValue& mcore_data,
                            ShapeString(stored) + " says " + std::to_string(stored.back()));
     }
     for (Chunk& c : t.chunks) {
-      const Shape& at = c.box.global_offset;
-      const Shape& sizes = c.box.local_shape;
+      Box& box = c.box;  // (fragment index..., range start), (1, ..., 1, range length)
       for (size_t i = 0; i < shape.size(); ++i) {
-        if (sizes[i] != 1) {
+        if (box.local_shape[i] != 1) {
           return DataLossError("tensor '" + t.key + "' chunk " +
-                               ChunkBoxText(at, sizes) + ": a chunk of a reformulated tensor "
-                               "spans one fragment (sizes 1 but the last)");
+                               ChunkBoxText(box.global_offset, box.local_shape) +
+                               ": spans more than one fragment of a reformulated tensor "
+                               "(sizes must be 1 on every axis but the last)");
         }
       }
-      Chunk restored_chunk = c;
-      restored_chunk.box.local_shape = local;
-      restored_chunk.box.global_offset.resize(shape.size());
-      for (size_t i = 0; i < shape.size(); ++i) {
-        restored_chunk.box.global_offset[i] = at[i] * local[i];
-      }
-      restored_chunk.flat_range = FlatRange{at.back(), at.back() + sizes.back()};
-      c = std::move(restored_chunk);
+      const int64_t range_start = box.global_offset.back();
+      c.flat_range = FlatRange{range_start, range_start + box.local_shape.back()};
+      box.global_offset.pop_back();
+      for (size_t i = 0; i < shape.size(); ++i) box.global_offset[i] *= local[i];
+      box.local_shape = local;
     }
     t.global_shape = shape;
     ++restored;
@@ -681,28 +678,24 @@ void AddMegatronCommon(const std::string& dir, std::map<std::string, std::string
     a["megatron.iteration"] = std::to_string(it->int_value);
     found = "iteration";
   }
-  std::set<std::string> steps;
-  int64_t budget = 1 << 20;
+  std::set<std::string> steps, sharding;
   if (const PickleValue* opt = root->Find("optimizer")) {
+    int64_t budget = 1 << 20;
     CollectParamGroupSteps(*opt, 0, &budget, &steps);
-  }
-  if (!steps.empty()) {
-    std::string joined;
-    for (const std::string& st : steps) joined += (joined.empty() ? "" : ", ") + st;
-    a["megatron.optimizer_step"] = joined;
-    found += std::string(found.empty() ? "" : ", ") + "the param groups' Adam step";
-  }
-  std::set<std::string> sharding;
-  budget = 1 << 20;
-  if (const PickleValue* opt = root->Find("optimizer")) {
+    budget = 1 << 20;
     CollectStrings(*opt, "param_state_sharding_type", 0, &budget, &sharding);
   }
-  if (!sharding.empty()) {
+  // Each value found becomes an attribute (several joined by ", ") and is named in `found`.
+  auto report = [&](const std::set<std::string>& values, const char* attribute,
+                    const char* what) {
+    if (values.empty()) return;
     std::string joined;
-    for (const std::string& st : sharding) joined += (joined.empty() ? "" : ", ") + st;
-    a["megatron.optimizer_sharding_type"] = joined;
-    found += std::string(found.empty() ? "" : ", ") + "the optimizer's sharding type";
-  }
+    for (const std::string& v : values) joined += (joined.empty() ? "" : ", ") + v;
+    a[attribute] = joined;
+    found += std::string(found.empty() ? "" : ", ") + what;
+  };
+  report(steps, "megatron.optimizer_step", "the param groups' Adam step");
+  report(sharding, "megatron.optimizer_sharding_type", "the optimizer's sharding type");
   a["megatron_common_pt"] = found.empty() ? "present (no iteration, no param group step)"
                                           : "read: " + found;
 }

@@ -449,6 +449,7 @@ TEST_CASE("torch dcp: Megatron's N-D reformulated tensors get their original sha
        std::vector<std::pair<Shape, std::string>>{
            {{9, 4}, "axis 0 does not split into the stored shape's 2 fragments"},
            {{8}, "expected one more axis"},
+           {{-8, 4}, "not a shape"},
            {{8, 8}, "a fragment holds 32 elements"}}) {
     spec.reformulated = {{key, shape}};
     testing::TempDir tmp;
