@@ -237,11 +237,16 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
       }
     }
     if (!flat.empty() || type.starts_with("dp_") || type == "fully_sharded_bucket_space") {
+      // dp_reshardable buckets are mapped to params when they can be (megatron_buckets.h);
+      // the reader says why these were not.
+      const std::string why = Attr(index, "megatron.dp_reshardable");
       return UnimplementedError(
           input + ": Megatron's distributed optimizer saved its states as flat per-bucket "
           "buffers (" + (flat.empty() ? std::string() : flat + "; ") + "sharding type " +
-          (type.empty() ? std::string("not recorded") : type) +
-          "), which name no params; fc reads the per-param forms, which Megatron writes "
+          (type.empty() ? std::string("not recorded") : type) + ")" +
+          (why.empty() ? std::string(", which name no params")
+                       : "; " + why) +
+          "; without that mapping fc needs a per-param form, which Megatron writes "
           "with --dist-ckpt-optim-fully-reshardable (Megatron-Core 0.14 on) or "
           "--ckpt-fully-parallel-save (0.8 to 0.13): load and save it once with that flag");
     }

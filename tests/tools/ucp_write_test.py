@@ -525,12 +525,37 @@ def case_others():
                   "exp_avg": expected["optimizer.state.exp_avg." + k],
                   "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + k]} for k in keys}
     check_named_ucp(out5, params, 44)
-    # The dp_reshardable form (flat per-bucket buffers that name no param): refused, exit 6,
-    # with the flag that makes Megatron save a form fc reads; nothing written.
+    # The dp_reshardable form (Megatron-Core 0.14+'s default: flat per-bucket buffers that
+    # name no param) as Megatron saves a TP 2 x DP 2 SwiGLU GPT: the params' places are found
+    # from the data, and the UCP holds every param's master and moments (TP rank 0's copy of
+    # the replicated ones, the tied layer norms in layer order).
+    fixture = os.path.join(TESTDATA, "torch_dcp_adam", "megatron_dp_buckets")
+    expected = fcio.expected_values(fixture)
+    out6 = os.path.join(tmp, "megatron-dp-buckets", "universal")
+    plan = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out6, "--output-format", "ucp",
+                     "--dry-run"]).stdout
+    assert "left out" not in plan, plan
+    fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out6, "--output-format", "ucp", "--quiet"])
+    layer = "decoder.layers."
+    keys = (["embedding.word_embeddings.weight"]
+            + [layer + k for k in ("self_attention.linear_proj.weight",
+                                   "self_attention.linear_qkv.layer_norm_weight",
+                                   "self_attention.linear_qkv.weight",
+                                   "mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.weight",
+                                   "mlp.linear_fc2.weight")]
+            + ["decoder.final_layernorm.weight", "output_layer.weight"])  # the model's order
+    assert sorted(keys) == sorted(k for k in expected if not k.startswith("optimizer.")), keys
+    params = {k: {"fp32": expected["optimizer.state.fp32_param." + k],
+                  "exp_avg": expected["optimizer.state.exp_avg." + k],
+                  "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + k]} for k in keys}
+    check_named_ucp(out6, params, 45)
+    # Buckets whose masters round to no weight (random values) stay flat: refused, exit 6,
+    # saying why and with the flag that makes Megatron save a per-param form; nothing written.
     fixture = os.path.join(TESTDATA, "torch_dcp_adam", "megatron_dp_reshardable")
     out4 = os.path.join(tmp, "megatron-dp-reshardable", "universal")
     p = fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out4, "--output-format", "ucp"], expect=6)
     for w in ("flat per-bucket buffers", "bucket_idx_0.param", "sharding type dp_reshardable",
+              "position 0: no model param's weight is the master weights there rounded",
               "--dist-ckpt-optim-fully-reshardable"):
         assert w in p.stderr, (w, p.stderr)
     assert not os.path.exists(os.path.dirname(out4))

@@ -28,6 +28,7 @@
 #include "fc/format/torch_save.h"
 #include "fc/io/file.h"
 #include "src/codec/json_util.h"
+#include "src/format/torch/megatron_buckets.h"
 
 namespace fc {
 namespace {
@@ -962,6 +963,11 @@ Result<CheckpointIndex> DcpReader::Read() {
     }
   }
   AddAttributes(&index);
+  // Megatron's distributed optimizer in the dp_reshardable form: per-param states found from
+  // the data (megatron_buckets.h); left as flat buckets, with the reason, when they do not map.
+  if (MegatronBucketsOutcome buckets = MapMegatronDpReshardable(index); buckets.found) {
+    index.attributes["megatron.dp_reshardable"] = buckets.note;
+  }
   return index;
 }
 

@@ -463,6 +463,62 @@ TEST_CASE("torch dcp: Megatron's N-D reformulated tensors get their original sha
   }
 }
 
+TEST_CASE("torch dcp: Megatron's dp_reshardable buckets become per-param states",
+          "[torch_dcp]") {
+  // torch_dcp_adam/megatron_dp_buckets: flat per-bucket states of a TP 2 x DP 2 GPT, each DP
+  // rank's param pieces and padding gaps separate chunks (make_megatron_dp_buckets.py).
+  const std::string fixture = TorchFixture("../torch_dcp_adam/megatron_dp_buckets") + "/ckpt";
+  auto index = ReadTorchDcp(fixture);
+  REQUIRE(index.ok());
+  CHECK(index->attributes.at("megatron.dp_reshardable") ==
+        "6 bucket(s) mapped to the states of 25 local param(s) (found by master -> model "
+        "rounding)");
+  for (const TensorEntry& t : index->tensors) {
+    CHECK(t.key.find("optimizer.distributed.") == std::string::npos);
+  }
+  // SwiGLU's fc1: each TP rank's param is its gate rows then its up rows; a DP piece that
+  // covers the end of the gate rows and the start of the up rows becomes two chunks.
+  const TensorEntry* fc1 =
+      index->FindTensor("optimizer.state.exp_avg.decoder.layers.mlp.linear_fc1.weight");
+  REQUIRE(fc1 != nullptr);
+  CHECK(fc1->global_shape == Shape{2, 24, 8});
+  CHECK(fc1->chunks.size() > 8);
+  // Every element equals the state the generator put at the param's place: the tied layer
+  // norms (1.0 in both layers) in layer order, the replicated params from TP rank 0.
+  CheckReadsExpected(*index, "../torch_dcp_adam/megatron_dp_buckets");
+
+  // One weight element that is not its master rounded: the buckets stay flat, and why is said.
+  testing::TempDir tmp;
+  testing::CopyDirectoryFiles(fixture, tmp.path());
+  auto copy = ReadTorchDcp(tmp.path());
+  REQUIRE(copy.ok());
+  const TensorEntry* out = copy->FindTensor("output_layer.weight");
+  REQUIRE(out != nullptr);
+  const Chunk* tp0 = nullptr;
+  for (const Chunk& c : out->chunks) {
+    if (c.box.global_offset == Shape{0, 0}) tp0 = &c;
+  }
+  REQUIRE(tp0 != nullptr);
+  ChunkReader reader(*copy);
+  auto loc = reader.Locate(*out, *tp0);
+  REQUIRE(loc.ok());
+  const std::string path = tmp.path() + "/" + copy->files[tp0->file].path;
+  auto bytes = ReadFileBytes(path);
+  const uint64_t last = loc->byte_offset + loc->byte_length - 2;  // the last bf16 element
+  bytes[last] ^= std::byte{0x01};
+  testing::WriteFileBytes(path, bytes);
+  auto bad = ReadTorchDcp(tmp.path());
+  REQUIRE(bad.ok());
+  CHECK_THAT(bad->attributes.at("megatron.dp_reshardable"),
+             Catch::StartsWith("not mapped to params: 'optimizer.distributed.dp_group_idx_0."
+                               "gbuf_idx_0.dtype_(torch.bfloat16, torch.float32).bucket_idx_0' "
+                               "position 0: no model param's weight is the master weights there "
+                               "rounded"));
+  CHECK(bad->FindTensor("optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(torch.bfloat16, "
+                        "torch.float32).bucket_idx_0.exp_avg") != nullptr);
+  CHECK(bad->FindTensor("optimizer.state.exp_avg.output_layer.weight") == nullptr);
+}
+
 TEST_CASE("torch dcp: extra Metadata attributes are tolerated and reported", "[torch_dcp]") {
   // A Megatron-style attribute appended to the Metadata BUILD dict, plus an unknown one.
   const std::string src = TorchFixture("even_2d_f32") + "/ckpt";
