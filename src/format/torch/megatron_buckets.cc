@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <functional>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -114,7 +115,8 @@ struct Placement {
 
 class Mapper {
  public:
-  explicit Mapper(CheckpointIndex& index) : index_(index), reader_(index) {}
+  Mapper(CheckpointIndex& index, const std::function<bool(const Chunk&)>& locate)
+      : index_(index), reader_(index), locate_(locate) {}
   Status Find();
   Status Replace(int64_t* params, int64_t* stateless);
   int64_t buckets() const { return static_cast<int64_t>(buckets_.size()); }
@@ -136,6 +138,7 @@ class Mapper {
 
   CheckpointIndex& index_;
   ChunkReader reader_;
+  const std::function<bool(const Chunk&)>& locate_;
   std::vector<Bucket> buckets_;
   std::vector<std::unique_ptr<Candidate>> candidates_;
   // (model dtype, first element's bytes) -> candidates
@@ -209,9 +212,9 @@ Status Mapper::Collect() {
       });
       int64_t at = 0;
       for (const Chunk& c : t->chunks) {
-        if (c.flat_range || c.encoded_item || c.box.global_offset[0] != at) {
+        if (c.flat_range || c.box.global_offset[0] != at) {
           return InvalidArgumentError("'" + t->key + "': its stored pieces do not tile it at " +
-                                      std::to_string(at) + (c.encoded_item ? " (compressed)" : ""));
+                                      std::to_string(at));
         }
         at += c.box.local_shape[0];
       }
@@ -276,9 +279,12 @@ Status Mapper::ReadCandidate(const Candidate& c, int64_t first, int64_t count, s
 
 Status Mapper::ReadBucket(const TensorEntry& t, int64_t first, int64_t count, std::byte* dst) {
   const Box region{{first}, {count}};
-  for (const Chunk& c : t.chunks) {
-    if (c.box.exclusive_max(0) <= first || c.box.inclusive_min(0) >= first + count) continue;
-    FC_RETURN_IF_ERROR(reader_.CopyChunkRegion(t, c, region, dst, region));
+  // Chunks are sorted by offset (Collect): from the last one starting at or before `first`.
+  auto it = std::upper_bound(t.chunks.begin(), t.chunks.end(), first,
+                             [](int64_t v, const Chunk& c) { return v < c.box.inclusive_min(0); });
+  if (it != t.chunks.begin()) --it;
+  for (; it != t.chunks.end() && it->box.inclusive_min(0) < first + count; ++it) {
+    FC_RETURN_IF_ERROR(reader_.CopyChunkRegion(t, *it, region, dst, region));
   }
   return Status::Ok();
 }
@@ -392,6 +398,13 @@ Status Mapper::WalkBucket(const Bucket& b) {
       }
       passed = std::move(whole);
     }
+    // SwiGLU's gate chunk alone is the start of its gate + up param: the param is the longer.
+    std::erase_if(passed, [&passed](const Candidate* c) {
+      return std::any_of(passed.begin(), passed.end(), [c](const Candidate* longer) {
+        return longer->parts.size() > c->parts.size() &&
+               std::equal(c->parts.begin(), c->parts.end(), longer->parts.begin());
+      });
+    });
     if (passed.empty()) {
       return InvalidArgumentError(Where(b, p) + ": no model param's weight is the master " +
                                   "weights there rounded (the first is " + ShortestText(value) +
@@ -449,33 +462,56 @@ Status Mapper::Replace(int64_t* params, int64_t* stateless) {
                                     "' is " + std::string(DTypeName(e.dtype)));
       }
       const size_t item = DTypeSize(t->dtype);
-      for (const Chunk& stored : t->chunks) {
+      // The stored pieces in [start, start + numel): from the last one starting at or before.
+      auto it = std::upper_bound(
+          t->chunks.begin(), t->chunks.end(), pl.start,
+          [](int64_t v, const Chunk& ch) { return v < ch.box.inclusive_min(0); });
+      if (it != t->chunks.begin()) --it;
+      for (; it != t->chunks.end() && it->box.inclusive_min(0) < pl.start + c.numel; ++it) {
+        const Chunk& stored = *it;
         const int64_t a = stored.box.inclusive_min(0), z = stored.box.exclusive_max(0);
-        if (z <= pl.start || a >= pl.start + c.numel) continue;
+        if (z <= pl.start) continue;
         if (a < pl.start || z > pl.start + c.numel) {
           return InvalidArgumentError("'" + t->key + "' piece [" + std::to_string(a) + ", " +
                                       std::to_string(z) + ") crosses the end of '" +
                                       c.tensor->key + "' " + c.parts[0]->box.ToString());
         }
+        // The parts [a, z) covers, as (part, flat range of its box).
+        std::vector<std::pair<const Chunk*, FlatRange>> covered;
+        int64_t part_start = pl.start;
+        for (const Chunk* part : c.parts) {
+          const int64_t n = part->box.num_elements();
+          const int64_t lo = std::max(a, part_start), hi = std::min(z, part_start + n);
+          if (lo < hi) covered.push_back({part, FlatRange{lo - part_start, hi - part_start}});
+          part_start += n;
+        }
+        if (covered.size() == 1 && stored.strides.empty() && !locate_(stored)) {
+          // The piece keeps its place as read (an unlocated item is found on first read; a
+          // 1-D item of the range's length is what LocateTorchDcpChunk expects for it).
+          Chunk mapped = stored;
+          mapped.box = covered[0].first->box;
+          mapped.flat_range = covered[0].second;
+          e.chunks.push_back(std::move(mapped));
+          continue;
+        }
+        // A piece that spans SwiGLU's gate and up rows (or whose item must be found now): cut
+        // at its exact place.
         FC_ASSIGN_OR_RETURN(ChunkLocation loc, reader_.Locate(*t, stored));
         if (!loc.strides.empty() && loc.strides != Shape{1}) {
           return UnimplementedError("'" + t->key + "' piece at " + std::to_string(a) +
                                     " is a strided view");
         }
-        int64_t part_start = pl.start;
-        for (const Chunk* part : c.parts) {
-          const int64_t n = part->box.num_elements();
-          const int64_t lo = std::max(a, part_start), hi = std::min(z, part_start + n);
-          if (lo < hi) {
-            Chunk mapped;
-            mapped.box = part->box;
-            mapped.flat_range = FlatRange{lo - part_start, hi - part_start};
-            mapped.file = stored.file;
-            mapped.byte_offset = loc.byte_offset + static_cast<uint64_t>(lo - a) * item;
-            mapped.byte_length = static_cast<uint64_t>(hi - lo) * item;
-            e.chunks.push_back(std::move(mapped));
-          }
-          part_start += n;
+        uint64_t offset = loc.byte_offset;
+        for (const auto& [part, range] : covered) {
+          Chunk mapped;
+          mapped.box = part->box;
+          mapped.flat_range = range;
+          mapped.file = stored.file;
+          mapped.encoded_item = stored.encoded_item;
+          mapped.byte_offset = offset;
+          mapped.byte_length = static_cast<uint64_t>(range.size()) * item;
+          offset += mapped.byte_length;
+          e.chunks.push_back(std::move(mapped));
         }
       }
     }
@@ -525,7 +561,8 @@ Status Mapper::Replace(int64_t* params, int64_t* stateless) {
 
 }  // namespace
 
-MegatronBucketsOutcome MapMegatronDpReshardable(CheckpointIndex& index) {
+MegatronBucketsOutcome MapMegatronDpReshardable(
+    CheckpointIndex& index, const std::function<bool(const Chunk&)>& locate_now) {
   MegatronBucketsOutcome outcome;
   for (const TensorEntry& t : index.tensors) {
     if (ParseBucketKey(t.key)) outcome.found = true;
@@ -534,7 +571,7 @@ MegatronBucketsOutcome MapMegatronDpReshardable(CheckpointIndex& index) {
   Status status = Status::Ok();
   int64_t params = 0, stateless = 0, buckets = 0;
   {
-    Mapper mapper(index);
+    Mapper mapper(index, locate_now);
     status = mapper.Find();
     buckets = mapper.buckets();
     if (status.ok()) status = mapper.Replace(&params, &stateless);

@@ -26,13 +26,16 @@
 // When every bucket maps, the bucket tensors are replaced by
 // `optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<key>` in each model tensor's global
 // shape (the names of the per-param forms), every chunk a flattened range of a local param's
-// box read in place from the bucket's files. Otherwise the index is left unchanged.
+// box read in place from the bucket's files: the stored piece itself, still unlocated if it
+// was (its item is a 1-D tensor of the range's length), or, for a piece that covers both
+// SwiGLU halves, two located chunks. Otherwise the index is left unchanged.
 //
 // Cost: reads 8 to 16 elements per param and one per model chunk (plus whole params where
 // two candidates pass the samples), at open.
 #ifndef FC_SRC_FORMAT_TORCH_MEGATRON_BUCKETS_H_
 #define FC_SRC_FORMAT_TORCH_MEGATRON_BUCKETS_H_
 
+#include <functional>
 #include <string>
 
 #include "fc/model/checkpoint_index.h"
@@ -47,8 +50,11 @@ struct MegatronBucketsOutcome {
 
 // Maps the dp_reshardable buckets of `index` (see above). Reads through a ChunkReader over
 // `index`; a read error or a bucket that does not map leaves the index unchanged and is
-// reported in the note, never as an error (the weights stay readable).
-MegatronBucketsOutcome MapMegatronDpReshardable(CheckpointIndex& index);
+// reported in the note, never as an error (the weights stay readable). `locate_now` says
+// which stored pieces must be located before they change tensors (a torch DCP safetensors
+// blob finds its entries by the DCP key).
+MegatronBucketsOutcome MapMegatronDpReshardable(
+    CheckpointIndex& index, const std::function<bool(const Chunk&)>& locate_now);
 
 }  // namespace fc
 

@@ -361,6 +361,7 @@ class DcpReader {
   std::unordered_map<std::string, uint32_t> file_index_;
   std::vector<std::unique_ptr<RandomAccessFile>> files_;
   std::vector<std::vector<ItemRange>> ranges_;  // per file
+  std::set<uint32_t> blob_files_;  // files whose tensor items are a safetensors blob
   std::unordered_set<std::string> missing_;     // lenient: data files that cannot be opened
 };
 
@@ -509,6 +510,7 @@ Status DcpReader::CheckOverlaps() {
                                                       : " with another chunk of its tensor"));
         }
       }
+      blob_files_.insert(static_cast<uint32_t>(f));
       ItemRange whole = r[i];
       whole.exclusive_max = files_[f]->size();
       merged.push_back(whole);
@@ -965,7 +967,8 @@ Result<CheckpointIndex> DcpReader::Read() {
   AddAttributes(&index);
   // Megatron's distributed optimizer in the dp_reshardable form: per-param states found from
   // the data (megatron_buckets.h); left as flat buckets, with the reason, when they do not map.
-  if (MegatronBucketsOutcome buckets = MapMegatronDpReshardable(index); buckets.found) {
+  auto in_blob = [this](const Chunk& c) { return blob_files_.count(c.file) > 0; };
+  if (MegatronBucketsOutcome buckets = MapMegatronDpReshardable(index, in_blob); buckets.found) {
     index.attributes["megatron.dp_reshardable"] = buckets.note;
   }
   return index;
@@ -1033,7 +1036,10 @@ Result<ChunkLocation> LocateTorchDcpChunk(const RandomAccessFile& file,
     return DataLossError(ctx + ": item dtype " + std::string(DTypeName(t.ref.dtype)) +
                          " != metadata dtype " + std::string(DTypeName(dtype)));
   }
-  if (t.ref.shape != DcpChunkSizes(chunk)) {
+  // (A flattened range may also be a 1-D item of its length: a piece of a Megatron
+  // dp_reshardable bucket mapped to its param, megatron_buckets.h.)
+  if (t.ref.shape != DcpChunkSizes(chunk) &&
+      !(chunk.flat_range && t.ref.shape == Shape{chunk.flat_range->size()})) {
     return DataLossError(ctx + ": item tensor shape " + ShapeString(t.ref.shape) +
                          " != chunk sizes " + ShapeString(DcpChunkSizes(chunk)));
   }

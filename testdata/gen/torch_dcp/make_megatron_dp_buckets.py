@@ -33,7 +33,12 @@ one chunk per param piece and per padding gap in each DP rank's share (the gaps 
 masters are the same on both TP ranks, their moments are not (TP rank 1's are 1.0 larger):
 a reader must take TP rank 0's, as Megatron's fully_reshardable form would.
 
-OUT_DIR/megatron_dp_buckets/expected/<key>.npy: the model weights and
+A second checkpoint, megatron_dp_buckets_aligned, is the same with linear_fc1.weight [2, 32, 8]
+and linear_fc2.weight [2, 8, 16]: each fc1 half is then 64 elements, and a DP share ends exactly
+between them, so a piece holds SwiGLU's gate rows alone (where megatron_dp_buckets has a piece
+that holds the end of the gate rows and the start of the up rows).
+
+OUT_DIR/<name>/expected/<key>.npy: the model weights and
 optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<key> in the model's global shapes (bfloat16
 as uint16 bit patterns), what a reader mapping the buckets must give. common.pt: iteration and
 step 45, sharding type dp_reshardable.
@@ -152,7 +157,7 @@ def pieces(placed, b, unpadded, padded):
     return out
 
 
-def main():
+def main(fixture_name):
     rng = np.random.default_rng(41)
     values, tensors, expected = {}, [], {}
     master = {k: rng.standard_normal(s).astype(np.float32) for k, (s, _, _) in KEYS.items()}
@@ -197,7 +202,7 @@ def main():
         objects[f"optimizer.distributed.dp_group_idx_{t}.per_bucket_numel/shard_0_1"] = padded
         objects[f"optimizer.distributed.dp_group_idx_{t}.per_bucket_numel_unpadded/shard_0_1"] = \
             unpadded
-    out = os.path.join(sys.argv[2], "megatron_dp_buckets")
+    out = os.path.join(OUT_ROOT, fixture_name)
     with tempfile.TemporaryDirectory() as tmp:
         np.savez(os.path.join(tmp, "values.npz"), **{k.replace("/", "|"): v
                                                      for k, v in values.items()})
@@ -205,7 +210,7 @@ def main():
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w") as f:
             json.dump({"world": TP * DP, "seed": 0, "tensors": tensors, "objects": objects}, f)
-        sys.argv = [sys.argv[0], spec_path, out]
+        sys.argv = [ARGV0, spec_path, out]
         fixture.main()
     ckpt = os.path.join(out, "ckpt")
     write_megatron_common(ckpt, "dp_reshardable", 45)
@@ -228,4 +233,8 @@ def _full_value(t, seed):
 fixture.full_value = _full_value
 
 if __name__ == "__main__":
-    main()
+    ARGV0, OUT_ROOT = sys.argv[0], sys.argv[2]
+    main("megatron_dp_buckets")
+    KEYS["decoder.layers.mlp.linear_fc1.weight"] = ([L, 32, 8], "swiglu", True)
+    KEYS["decoder.layers.mlp.linear_fc2.weight"] = ([L, 8, 16], 2, True)
+    main("megatron_dp_buckets_aligned")

@@ -486,6 +486,24 @@ TEST_CASE("torch dcp: Megatron's dp_reshardable buckets become per-param states"
   // Every element equals the state the generator put at the param's place: the tied layer
   // norms (1.0 in both layers) in layer order, the replicated params from TP rank 0.
   CheckReadsExpected(*index, "../torch_dcp_adam/megatron_dp_buckets");
+  {
+    // A DP share that ends between SwiGLU's halves: the piece of gate rows alone is the start
+    // of the gate + up param, not a param of its own.
+    auto aligned =
+        ReadTorchDcp(TorchFixture("../torch_dcp_adam/megatron_dp_buckets_aligned") + "/ckpt");
+    REQUIRE(aligned.ok());
+    CHECK(aligned->attributes.at("megatron.dp_reshardable").starts_with("6 bucket(s) mapped"));
+    CheckReadsExpected(*aligned, "../torch_dcp_adam/megatron_dp_buckets_aligned");
+  }
+  // Opened without locating items (as the tools open it): the unsplit pieces are found on
+  // first read as 1-D items of their range's length.
+  auto lazy = ReadTorchDcp(fixture, TorchDcpReadOptions{.locate_chunks = false});
+  REQUIRE(lazy.ok());
+  size_t unlocated = 0;
+  for (const Chunk& c : lazy->FindTensor(fc1->key)->chunks) unlocated += c.unlocated_item ? 1 : 0;
+  CHECK(unlocated > 0);
+  CHECK(unlocated < fc1->chunks.size());  // the pieces cut in two are located
+  CheckReadsExpected(*lazy, "../torch_dcp_adam/megatron_dp_buckets");
 
   // One weight element that is not its master rounded: the buckets stay flat, and why is said.
   testing::TempDir tmp;
