@@ -239,7 +239,7 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
     if (!flat.empty() || type.starts_with("dp_") || type == "fully_sharded_bucket_space") {
       // dp_reshardable buckets are mapped to params when they can be (megatron_buckets.h);
       // the reader says why these were not.
-      const std::string why = Attr(index, "megatron.dp_reshardable");
+      const std::string why = Attr(index, "megatron.optimizer_buckets");
       return UnimplementedError(
           input + ": Megatron's distributed optimizer saved its states as flat per-bucket "
           "buffers (" + (flat.empty() ? std::string() : flat + "; ") + "sharding type " +

@@ -549,6 +549,16 @@ def case_others():
                   "exp_avg": expected["optimizer.state.exp_avg." + k],
                   "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + k]} for k in keys}
     check_named_ucp(out6, params, 45)
+    # The deprecated dp_zero_gather_scatter form (one pickled dict per TP rank, the buckets
+    # back to back): the same mapping, from the tensors inside the objects.
+    fixture = os.path.join(TESTDATA, "torch_dcp_adam", "megatron_dp_zero")
+    expected = fcio.expected_values(fixture)
+    out7 = os.path.join(tmp, "megatron-dp-zero", "universal")
+    fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out7, "--output-format", "ucp", "--quiet"])
+    params = {k: {"fp32": expected["optimizer.state.fp32_param." + k],
+                  "exp_avg": expected["optimizer.state.exp_avg." + k],
+                  "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + k]} for k in keys}
+    check_named_ucp(out7, params, 45)
     # Buckets whose masters round to no weight (random values) stay flat: refused, exit 6,
     # saying why and with the flag that makes Megatron save a per-param form; nothing written.
     fixture = os.path.join(TESTDATA, "torch_dcp_adam", "megatron_dp_reshardable")

@@ -5,7 +5,11 @@
 // it, and pads bucket ends; sharded_param_state_dp_reshardable saves each bucket without its
 // end padding, each DP rank's pieces (params, and the gaps between them) as separate
 // ShardedTensors of the bucket's key, so each is a chunk of the DCP tensor: no stored chunk
-// spans two params or a param and a gap. The master -> model rounding is what Megatron does
+// spans two params or a param and a gap. (get_parameter_state_dp_zero, behind
+// dp_zero_gather_scatter, gathers the same buckets into zeroed buffers and drops each
+// bucket's end padding, so there buckets follow each other unaligned and nothing marks
+// where a param ends: the walk then tries both places the next param can start.) The
+// master -> model rounding is what Megatron does
 // after every step (copy_ of the fp32 main params into the model params), so a candidate
 // that passes is the param unless two params hold equal weights, which the tie rule or a
 // refusal settles.
@@ -13,21 +17,23 @@
 
 #include <algorithm>
 #include <charconv>
-#include <functional>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "fc/codec/zip.h"
 #include "fc/core/dtype_convert.h"
 #include "fc/core/flat_range.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/torch_save.h"
+#include "fc/io/file.h"
 
 namespace fc {
 namespace {
@@ -36,6 +42,10 @@ constexpr std::string_view kMarker = "optimizer.distributed.dp_group_idx_";
 constexpr int64_t kAlignment = 64;  // ParamAndGradBuffer's param start padding
 constexpr int64_t kSamples = 8;
 constexpr int64_t kCompareBlock = 1 << 16;  // elements per read of a whole-param comparison
+constexpr size_t kMaxWholeCompares = 64;    // candidates compared whole at one position
+// Elements read in all before the search gives up (a hostile checkpoint whose params all
+// look alike would otherwise make it quadratic).
+constexpr int64_t kMaxElementsRead = int64_t{1} << 32;
 
 // "<digits>" at the front of `s`, consumed.
 std::optional<int64_t> TakeNumber(std::string_view& s) {
@@ -66,6 +76,9 @@ struct Bucket {
   DType param_dtype = DType::kBFloat16;
   std::string base;  // the key up to ".<state>"
   std::map<std::string, TensorEntry*> states;  // "param", "exp_avg", ...
+  // dp_zero_gather_scatter: one tensor per buffer, every bucket's params back to back, in
+  // one located chunk (no piece boundaries to follow).
+  bool coalesced = false;
 };
 
 // Parses "<prefix>optimizer.distributed.dp_group_idx_<i>.gbuf_idx_<g>.dtype_(torch.<p>,
@@ -99,6 +112,17 @@ std::optional<std::pair<Bucket, std::string>> ParseBucketKey(std::string_view ke
   return std::make_pair(std::move(b), std::string(s));
 }
 
+// "<prefix>optimizer.distributed.dp_group_idx_<i>.param_state/shard_0_1", the
+// dp_zero_gather_scatter ShardedObject: (prefix, i).
+std::optional<std::pair<std::string, int64_t>> ParseDpZeroKey(std::string_view key) {
+  const size_t at = key.find(kMarker);
+  if (at == std::string_view::npos) return std::nullopt;
+  std::string_view s = key.substr(at + kMarker.size());
+  auto group = TakeNumber(s);
+  if (!group || s != ".param_state/shard_0_1") return std::nullopt;
+  return std::make_pair(std::string(key.substr(0, at)), *group);
+}
+
 // A local param of the model: one chunk of a model tensor, or SwiGLU's gate and up chunks.
 struct Candidate {
   const TensorEntry* tensor = nullptr;
@@ -123,7 +147,11 @@ class Mapper {
 
  private:
   Status Collect();
+  Status AddDpZero(const ObjectEntry& o, const std::string& prefix, int64_t group,
+                   std::map<std::string, Bucket>* by_base);
   void AddCandidates(const TensorEntry& t);
+  // Counts elements read against kMaxElementsRead (kResourceExhausted past it).
+  Status CountRead(int64_t elements);
   // Elements [first, first + count) of `c`'s row-major flattening (parts in order) as bytes.
   Status ReadCandidate(const Candidate& c, int64_t first, int64_t count, std::byte* dst);
   // Elements [first, first + count) of a 1-D bucket state tensor as bytes.
@@ -131,6 +159,8 @@ class Mapper {
   // The masters at [p, p + count) of `b` rounded to the model dtype.
   Status RoundedMasters(const Bucket& b, int64_t p, int64_t count, std::vector<std::byte>* out);
   Result<bool> Matches(const Bucket& b, int64_t p, const Candidate& c, bool whole);
+  Result<const Candidate*> FindAt(const Bucket& b, int64_t p, int64_t end,
+                                  const std::set<int64_t>* ends);
   Status WalkBucket(const Bucket& b);
   std::string Where(const Bucket& b, int64_t p) const {
     return "'" + b.base + "' position " + std::to_string(p);
@@ -145,6 +175,9 @@ class Mapper {
   std::map<std::pair<DType, std::string>, std::vector<const Candidate*>> by_first_;
   std::set<std::pair<std::string, const Chunk*>> used_;  // (group, model chunk)
   std::vector<Placement> placements_;
+  std::deque<TensorEntry> synthetic_;       // dp_zero_gather_scatter states (stable addresses)
+  std::set<std::string> dp_zero_objects_;   // the objects they came from
+  int64_t elements_read_ = 0;
 };
 
 void Mapper::AddCandidates(const TensorEntry& t) {
@@ -186,6 +219,88 @@ void Mapper::AddCandidates(const TensorEntry& t) {
   }
 }
 
+// The dp_zero_gather_scatter object (a torch.save archive inside a .distcp file): the dict
+// get_parameter_state_dp_zero returns, {"buckets_coalesced": True, <buffer index>:
+// {(<param dtype>, <grad dtype>): {"param", "exp_avg", "exp_avg_sq": 1-D fp32 tensors,
+// "numel_unpadded": int}}}. Each state tensor becomes a coalesced bucket's state, read in
+// place from the archive's storage record. Only data.pkl and the zip directory are read.
+Status Mapper::AddDpZero(const ObjectEntry& o, const std::string& prefix, int64_t group,
+                         std::map<std::string, Bucket>* by_base) {
+  if (o.encoding != ObjectEncoding::kTorchSave || o.encoded_item) {
+    return UnimplementedError("'" + o.key + "' is not a plain torch.save item");
+  }
+  FC_ASSIGN_OR_RETURN(const RandomAccessFile* file, reader_.File(o.file));
+  ZipReadFn read = [file, &o](uint64_t offset, std::span<std::byte> dst) -> Status {
+    if (offset > o.byte_length || dst.size() > o.byte_length - offset) {
+      return DataLossError("read past the item's " + std::to_string(o.byte_length) + " bytes");
+    }
+    return file->ReadAt(o.byte_offset + offset, dst);
+  };
+  const std::string where = "'" + o.key + "'";
+  FC_ASSIGN_OR_RETURN(TorchSaveArchive archive,
+                      ReadTorchSaveArchive(o.byte_length, read).With(where));
+  FC_ASSIGN_OR_RETURN(PickleValue root,
+                      ReadTorchSavePickle(archive, read, uint64_t{16} << 20).With(where));
+  const PickleValue* coalesced = root.Find("buckets_coalesced");
+  if (coalesced == nullptr || coalesced->kind != PickleValue::Kind::kBool ||
+      !coalesced->bool_value) {
+    return UnimplementedError(where + " is not the buckets_coalesced form (Megatron before "
+                              "February 2024)");
+  }
+  for (const auto& [gbuf, by_dtype] : root.entries) {
+    if (!gbuf || !gbuf->is_int()) continue;
+    if (!by_dtype || !by_dtype->is_dict()) {
+      return InvalidArgumentError(where + " buffer " + std::to_string(gbuf->int_value) +
+                                  " is not a dict");
+    }
+    for (const auto& [dtypes, states] : by_dtype->entries) {
+      const PickleValue* param_dtype =
+          dtypes && dtypes->is_tuple() && dtypes->items.size() == 2 ? dtypes->items[0].get()
+                                                                     : nullptr;
+      if (param_dtype == nullptr || param_dtype->kind != PickleValue::Kind::kGlobal ||
+          param_dtype->str != "torch" || !states || !states->is_dict()) {
+        return InvalidArgumentError(where + " buffer " + std::to_string(gbuf->int_value) +
+                                    ": not {(param dtype, grad dtype): {state: tensor}}");
+      }
+      Bucket b;
+      FC_ASSIGN_OR_RETURN(b.param_dtype, TorchDTypeFromName(param_dtype->name).With(where));
+      b.prefix = prefix;
+      b.group_index = group;
+      b.gbuf = gbuf->int_value;
+      b.group = prefix + "dp_group_idx_" + std::to_string(group);
+      b.base = o.key + " [" + std::to_string(b.gbuf) + "][(" + param_dtype->name + ", ...)]";
+      b.coalesced = true;
+      for (const auto& [name, value] : states->entries) {
+        if (!name || !name->is_str() || !value || name->str == "numel_unpadded") continue;
+        auto ref = DecodeTorchTensor(*value);
+        if (!ref.ok()) return ref.status().With(where + " '" + name->str + "'");
+        const ZipEntry* record = archive.FindRecord("data/" + ref->storage_key);
+        if (record == nullptr || record->method != 0 ||
+            record->compressed_size != ref->storage_bytes || ref->shape.size() != 1 ||
+            !ref->IsRowMajorContiguous()) {
+          return InvalidArgumentError(where + " '" + name->str + "': not a 1-D tensor stored "
+                                      "in place");
+        }
+        TensorEntry& t = synthetic_.emplace_back();
+        t.key = b.base + "['" + name->str + "']";
+        t.dtype = ref->dtype;
+        t.global_shape = ref->shape;
+        Chunk c;
+        c.box = Box::Whole(ref->shape);
+        c.file = o.file;
+        c.byte_offset = o.byte_offset + record->data_offset +
+                        static_cast<uint64_t>(ref->storage_offset) * DTypeSize(ref->dtype);
+        c.byte_length = ref->ViewSpanBytes();
+        t.chunks.push_back(std::move(c));
+        b.states[name->str] = &t;
+      }
+      by_base->emplace(b.base, std::move(b));
+    }
+  }
+  dp_zero_objects_.insert(o.key);
+  return Status::Ok();
+}
+
 Status Mapper::Collect() {
   std::map<std::string, Bucket> by_base;
   for (TensorEntry& t : index_.tensors) {
@@ -193,6 +308,11 @@ Status Mapper::Collect() {
     if (!parsed) continue;
     auto [it, inserted] = by_base.try_emplace(parsed->first.base, std::move(parsed->first));
     it->second.states[parsed->second] = &t;
+  }
+  for (const ObjectEntry& o : index_.objects) {
+    if (auto parsed = ParseDpZeroKey(o.key)) {
+      FC_RETURN_IF_ERROR(AddDpZero(o, parsed->first, parsed->second, &by_base));
+    }
   }
   for (auto& [base, b] : by_base) {
     const TensorEntry* param = b.states.count("param") ? b.states["param"] : nullptr;
@@ -253,6 +373,7 @@ Status Mapper::Collect() {
 }
 
 Status Mapper::ReadCandidate(const Candidate& c, int64_t first, int64_t count, std::byte* dst) {
+  FC_RETURN_IF_ERROR(CountRead(count));
   const size_t item = DTypeSize(c.tensor->dtype);
   int64_t part_start = 0;
   for (const Chunk* part : c.parts) {
@@ -277,7 +398,17 @@ Status Mapper::ReadCandidate(const Candidate& c, int64_t first, int64_t count, s
   return Status::Ok();
 }
 
+Status Mapper::CountRead(int64_t elements) {
+  elements_read_ += elements;
+  if (elements_read_ > kMaxElementsRead) {
+    return ResourceExhaustedError("the search read more than " +
+                                  std::to_string(kMaxElementsRead) + " elements");
+  }
+  return Status::Ok();
+}
+
 Status Mapper::ReadBucket(const TensorEntry& t, int64_t first, int64_t count, std::byte* dst) {
+  FC_RETURN_IF_ERROR(CountRead(count));
   const Box region{{first}, {count}};
   // Chunks are sorted by offset (Collect): from the last one starting at or before `first`.
   auto it = std::upper_bound(t.chunks.begin(), t.chunks.end(), first,
@@ -360,6 +491,74 @@ bool LayersOfOneTensor(const Candidate& a, const Candidate& b) {
   return true;
 }
 
+// The param at `p` of `b`: the free candidate whose weight is the masters there rounded, that
+// ends before `end` and, in a bucket of stored pieces, where a piece ends; nullptr when none.
+// Errors: two candidates with the same values that the layer order does not tell apart, and
+// read errors.
+Result<const Candidate*> Mapper::FindAt(const Bucket& b, int64_t p, int64_t end,
+                                        const std::set<int64_t>* ends) {
+  std::vector<std::byte> first;
+  FC_RETURN_IF_ERROR(RoundedMasters(b, p, 1, &first));
+  std::vector<const Candidate*> passed;
+  auto it = by_first_.find(
+      {b.param_dtype, std::string(reinterpret_cast<const char*>(first.data()), first.size())});
+  if (it == by_first_.end()) return nullptr;
+  for (const Candidate* c : it->second) {
+    if (p + c->numel > end || (ends != nullptr && !ends->count(p + c->numel))) continue;
+    bool free = true;
+    for (const Chunk* part : c->parts) free = free && !used_.count({b.group, part});
+    if (!free) continue;
+    FC_ASSIGN_OR_RETURN(bool ok, Matches(b, p, *c, false));
+    if (ok) passed.push_back(c);
+  }
+  if (passed.size() > 1) {
+    // Layers of one stacked tensor: the highest one that holds the values (the tie rule
+    // below would pick it among equals). Otherwise every candidate is compared whole.
+    const bool layers = std::all_of(passed.begin(), passed.end(), [&passed](const Candidate* c) {
+      return LayersOfOneTensor(*c, *passed.front());
+    });
+    if (layers) {
+      std::sort(passed.begin(), passed.end(), [](const Candidate* x, const Candidate* y) {
+        return x->parts[0]->box.global_offset[0] > y->parts[0]->box.global_offset[0];
+      });
+    } else if (passed.size() > kMaxWholeCompares) {
+      return InvalidArgumentError(Where(b, p) + ": " + std::to_string(passed.size()) +
+                                  " params of several tensors start with the values there");
+    }
+    std::vector<const Candidate*> whole;
+    for (const Candidate* c : passed) {
+      FC_ASSIGN_OR_RETURN(bool ok, Matches(b, p, *c, true));
+      if (ok) whole.push_back(c);
+      if (ok && layers) break;
+    }
+    passed = std::move(whole);
+  }
+  // SwiGLU's gate chunk alone is the start of its gate + up param: the param is the longer.
+  std::erase_if(passed, [&passed](const Candidate* c) {
+    return std::any_of(passed.begin(), passed.end(), [c](const Candidate* longer) {
+      return longer->parts.size() > c->parts.size() &&
+             std::equal(c->parts.begin(), c->parts.end(), longer->parts.begin());
+    });
+  });
+  if (passed.empty()) return nullptr;
+  const Candidate* chosen = passed.front();
+  for (const Candidate* c : passed) {
+    if (c == chosen) continue;
+    if (!LayersOfOneTensor(*c, *chosen)) {
+      return InvalidArgumentError(
+          Where(b, p) + ": '" + chosen->tensor->key + "' " + chosen->parts[0]->box.ToString() +
+          " and '" + c->tensor->key + "' " + c->parts[0]->box.ToString() +
+          " hold the same values, so which one the states there belong to is not known");
+    }
+    // Reverse registration order: the highest layer first.
+    if (c->parts[0]->box.global_offset[0] > chosen->parts[0]->box.global_offset[0]) chosen = c;
+  }
+  return chosen;
+}
+
+// Walks `b` from its start. After a param ending at e, the next starts at e (params without
+// alignment, Megatron-Core before 0.8; or, in a coalesced tensor, the next bucket) or at the
+// next multiple of 64 from its bucket's start; the first of the two where a param is found.
 Status Mapper::WalkBucket(const Bucket& b) {
   const TensorEntry& master = *b.states.at("param");
   const int64_t end = master.global_shape[0];
@@ -368,69 +567,39 @@ Status Mapper::WalkBucket(const Bucket& b) {
     starts.insert(c.box.inclusive_min(0));
     ends.insert(c.box.exclusive_max(0));
   }
-  int64_t p = 0;
+  int64_t bucket_start = 0;  // in a coalesced tensor, where the current bucket starts
+  std::vector<int64_t> next = {0};
   while (true) {
-    if (!starts.count(p)) {
-      return InvalidArgumentError(Where(b, p) + ": no stored piece starts there (a param "
-                                  "start, 64-aligned after the param before it)");
-    }
-    std::vector<std::byte> first;
-    FC_RETURN_IF_ERROR(RoundedMasters(b, p, 1, &first));
-    float value = 0;
-    FC_RETURN_IF_ERROR(ReadBucket(master, p, 1, reinterpret_cast<std::byte*>(&value)));
-    std::vector<const Candidate*> passed;
-    auto it = by_first_.find({b.param_dtype, std::string(reinterpret_cast<const char*>(
-                                                 first.data()), first.size())});
-    for (const Candidate* c : it == by_first_.end() ? std::vector<const Candidate*>()
-                                                    : it->second) {
-      if (p + c->numel > end || !ends.count(p + c->numel)) continue;
-      bool free = true;
-      for (const Chunk* part : c->parts) free = free && !used_.count({b.group, part});
-      if (!free) continue;
-      FC_ASSIGN_OR_RETURN(bool ok, Matches(b, p, *c, false));
-      if (ok) passed.push_back(c);
-    }
-    if (passed.size() > 1) {
-      std::vector<const Candidate*> whole;
-      for (const Candidate* c : passed) {
-        FC_ASSIGN_OR_RETURN(bool ok, Matches(b, p, *c, true));
-        if (ok) whole.push_back(c);
+    const Candidate* found = nullptr;
+    int64_t p = next.back();
+    for (int64_t at : next) {
+      if (!b.coalesced && !starts.count(at)) continue;
+      FC_ASSIGN_OR_RETURN(found, FindAt(b, at, end, b.coalesced ? nullptr : &ends));
+      if (found != nullptr) {
+        p = at;
+        break;
       }
-      passed = std::move(whole);
     }
-    // SwiGLU's gate chunk alone is the start of its gate + up param: the param is the longer.
-    std::erase_if(passed, [&passed](const Candidate* c) {
-      return std::any_of(passed.begin(), passed.end(), [c](const Candidate* longer) {
-        return longer->parts.size() > c->parts.size() &&
-               std::equal(c->parts.begin(), c->parts.end(), longer->parts.begin());
-      });
-    });
-    if (passed.empty()) {
+    if (found == nullptr) {
+      if (!b.coalesced && !starts.count(p)) {
+        return InvalidArgumentError(Where(b, p) + ": no stored piece starts there (where " +
+                                    "the next param would, 64-aligned)");
+      }
+      float value = 0;
+      FC_RETURN_IF_ERROR(ReadBucket(master, p, 1, reinterpret_cast<std::byte*>(&value)));
       return InvalidArgumentError(Where(b, p) + ": no model param's weight is the master " +
                                   "weights there rounded (the first is " + ShortestText(value) +
                                   ")");
     }
-    const Candidate* chosen = passed.front();
-    for (const Candidate* c : passed) {
-      if (c == chosen) continue;
-      if (!LayersOfOneTensor(*c, *chosen)) {
-        return InvalidArgumentError(
-            Where(b, p) + ": '" + chosen->tensor->key + "' " + chosen->parts[0]->box.ToString() +
-            " and '" + c->tensor->key + "' " + c->parts[0]->box.ToString() +
-            " hold the same values, so which one the states there belong to is not known");
-      }
-      // Reverse registration order: the highest layer first.
-      if (c->parts[0]->box.global_offset[0] > chosen->parts[0]->box.global_offset[0]) chosen = c;
-    }
-    for (const Chunk* part : chosen->parts) used_.insert({b.group, part});
-    placements_.push_back({&b, p, chosen});
-    const int64_t param_end = p + chosen->numel;
+    if (b.coalesced && p == next.front()) bucket_start = p;
+    for (const Chunk* part : found->parts) used_.insert({b.group, part});
+    placements_.push_back({&b, p, found});
+    const int64_t param_end = p + found->numel;
     if (param_end == end) return Status::Ok();
-    p = (param_end + kAlignment - 1) / kAlignment * kAlignment;
-    if (p >= end) {
-      return InvalidArgumentError(Where(b, param_end) + ": a param ends there, but the bucket "
-                                  "goes on to " + std::to_string(end) + " without another");
-    }
+    const int64_t aligned =
+        bucket_start + (param_end - bucket_start + kAlignment - 1) / kAlignment * kAlignment;
+    next = {param_end};
+    if (aligned != param_end && aligned < end) next.push_back(aligned);
   }
 }
 
@@ -462,6 +631,20 @@ Status Mapper::Replace(int64_t* params, int64_t* stateless) {
                                     "' is " + std::string(DTypeName(e.dtype)));
       }
       const size_t item = DTypeSize(t->dtype);
+      if (pl.bucket->coalesced) {
+        // One located chunk of the whole buffer: each part is a packed box inside it.
+        uint64_t offset = t->chunks.front().byte_offset + static_cast<uint64_t>(pl.start) * item;
+        for (const Chunk* part : c.parts) {
+          Chunk mapped;
+          mapped.box = part->box;
+          mapped.file = t->chunks.front().file;
+          mapped.byte_offset = offset;
+          mapped.byte_length = static_cast<uint64_t>(part->box.num_elements()) * item;
+          offset += mapped.byte_length;
+          e.chunks.push_back(std::move(mapped));
+        }
+        continue;
+      }
       // The stored pieces in [start, start + numel): from the last one starting at or before.
       auto it = std::upper_bound(
           t->chunks.begin(), t->chunks.end(), pl.start,
@@ -556,16 +739,21 @@ Status Mapper::Replace(int64_t* params, int64_t* stateless) {
   }
   for (TensorEntry& e : states) tensors.push_back(std::move(e));
   index_.tensors = std::move(tensors);
+  std::erase_if(index_.objects,
+                [this](const ObjectEntry& o) { return dp_zero_objects_.count(o.key) > 0; });
   return Status::Ok();
 }
 
 }  // namespace
 
-MegatronBucketsOutcome MapMegatronDpReshardable(
+MegatronBucketsOutcome MapMegatronOptimizerBuckets(
     CheckpointIndex& index, const std::function<bool(const Chunk&)>& locate_now) {
   MegatronBucketsOutcome outcome;
   for (const TensorEntry& t : index.tensors) {
     if (ParseBucketKey(t.key)) outcome.found = true;
+  }
+  for (const ObjectEntry& o : index.objects) {
+    if (ParseDpZeroKey(o.key)) outcome.found = true;
   }
   if (!outcome.found) return outcome;
   Status status = Status::Ok();

@@ -968,8 +968,8 @@ Result<CheckpointIndex> DcpReader::Read() {
   // Megatron's distributed optimizer in the dp_reshardable form: per-param states found from
   // the data (megatron_buckets.h); left as flat buckets, with the reason, when they do not map.
   auto in_blob = [this](const Chunk& c) { return blob_files_.count(c.file) > 0; };
-  if (MegatronBucketsOutcome buckets = MapMegatronDpReshardable(index, in_blob); buckets.found) {
-    index.attributes["megatron.dp_reshardable"] = buckets.note;
+  if (MegatronBucketsOutcome buckets = MapMegatronOptimizerBuckets(index, in_blob); buckets.found) {
+    index.attributes["megatron.optimizer_buckets"] = buckets.note;
   }
   return index;
 }

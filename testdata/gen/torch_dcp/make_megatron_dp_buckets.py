@@ -38,6 +38,12 @@ and linear_fc2.weight [2, 8, 16]: each fc1 half is then 64 elements, and a DP sh
 between them, so a piece holds SwiGLU's gate rows alone (where megatron_dp_buckets has a piece
 that holds the end of the gate rows and the start of the up rows).
 
+A third, megatron_dp_zero, holds the same optimizer in the dp_zero_gather_scatter form (Megatron-
+Core 0.8-0.13 without fully parallel save): per TP rank one ShardedObject
+optimizer.distributed.dp_group_idx_<t>.param_state, the dict get_parameter_state_dp_zero
+returns ({"buckets_coalesced": True, 0: {(torch.bfloat16, torch.float32): {"param", "exp_avg",
+"exp_avg_sq": the buckets' unpadded parts back to back, gaps zero; "numel_unpadded"}}}).
+
 OUT_DIR/<name>/expected/<key>.npy: the model weights and
 optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<key> in the model's global shapes (bfloat16
 as uint16 bit patterns), what a reader mapping the buckets must give. common.pt: iteration and
@@ -157,7 +163,7 @@ def pieces(placed, b, unpadded, padded):
     return out
 
 
-def main(fixture_name):
+def main(fixture_name, form="dp_reshardable"):
     rng = np.random.default_rng(41)
     values, tensors, expected = {}, [], {}
     master = {k: rng.standard_normal(s).astype(np.float32) for k, (s, _, _) in KEYS.items()}
@@ -179,8 +185,10 @@ def main(fixture_name):
     objects = {"rng_state/shard_0.0_1.4": 7}
     for t in range(TP):
         placed, unpadded, padded = layout(t)
+        coalesced = {s: [] for s in STATES}
         for b in range(len(unpadded)):
-            flat = {s: np.full(unpadded[b], GARBAGE, np.float32) for s in STATES}
+            gap = GARBAGE if form == "dp_reshardable" else 0.0  # dp_zero gathers into zeros
+            flat = {s: np.full(unpadded[b], gap, np.float32) for s in STATES}
             for key, layer, bs, bb, start in placed:
                 if bb != b:
                     continue
@@ -191,7 +199,10 @@ def main(fixture_name):
                     if s != "param" and replicated and t == 1:
                         v = v + 1.0
                     flat[s][start:start + v.size] = v
-            share = padded[b] // DP
+            for s in STATES:
+                coalesced[s].append(flat[s])
+            if form != "dp_reshardable":
+                continue
             for s in STATES:
                 name = BUCKET.format(t=t, b=b) + "." + s
                 values[name] = flat[s]
@@ -199,9 +210,16 @@ def main(fixture_name):
                                 "chunks": [[r * TP + t, [lo], [n]]
                                            for r, lo, n in pieces(placed, b, unpadded[b],
                                                                   padded[b])]})
-        objects[f"optimizer.distributed.dp_group_idx_{t}.per_bucket_numel/shard_0_1"] = padded
-        objects[f"optimizer.distributed.dp_group_idx_{t}.per_bucket_numel_unpadded/shard_0_1"] = \
-            unpadded
+        if form == "dp_reshardable":
+            group = f"optimizer.distributed.dp_group_idx_{t}."
+            objects[group + "per_bucket_numel/shard_0_1"] = padded
+            objects[group + "per_bucket_numel_unpadded/shard_0_1"] = unpadded
+        else:
+            # get_parameter_state_dp_zero's dict, one ShardedObject per TP x PP group
+            for st in STATES:
+                values[f"dp_zero.{t}.{st}"] = np.concatenate(coalesced[st])
+            objects[f"optimizer.distributed.dp_group_idx_{t}.param_state/shard_0_1"] = \
+                {"__dp_zero__": t, "numel_unpadded": int(sum(unpadded))}
     out = os.path.join(OUT_ROOT, fixture_name)
     with tempfile.TemporaryDirectory() as tmp:
         np.savez(os.path.join(tmp, "values.npz"), **{k.replace("/", "|"): v
@@ -213,7 +231,8 @@ def main(fixture_name):
         sys.argv = [ARGV0, spec_path, out]
         fixture.main()
     ckpt = os.path.join(out, "ckpt")
-    write_megatron_common(ckpt, "dp_reshardable", 45)
+    write_megatron_common(ckpt, form if form == "dp_reshardable" else "dp_zero_gather_scatter",
+                          45)
     exp_dir = os.path.join(out, "expected")
     for name in os.listdir(exp_dir):  # the flat buckets are not what a reader must give
         if name.startswith("optimizer.distributed."):
@@ -231,6 +250,24 @@ def _full_value(t, seed):
 
 
 fixture.full_value = _full_value
+_save_state_dict = fixture.dcp.save_state_dict
+
+
+def _save_with_dp_zero(sd, writer):
+    """The writer's save hook: a {"__dp_zero__": t} object becomes the dict Megatron's
+    get_parameter_state_dp_zero returns for TP rank t (buckets coalesced, one fp32 tensor per
+    state of its one buffer)."""
+    for key, v in list(sd.items()):
+        if isinstance(v, dict) and "__dp_zero__" in v:
+            t = v["__dp_zero__"]
+            with np.load(os.environ["FC_FIXTURE_VALUES"]) as z:
+                states = {st: torch.from_numpy(np.array(z[f"dp_zero.{t}.{st}"])) for st in STATES}
+            states["numel_unpadded"] = v["numel_unpadded"]
+            sd[key] = {"buckets_coalesced": True, 0: {(torch.bfloat16, torch.float32): states}}
+    return _save_state_dict(sd, writer)
+
+
+fixture.dcp.save_state_dict = _save_with_dp_zero
 
 if __name__ == "__main__":
     ARGV0, OUT_ROOT = sys.argv[0], sys.argv[2]
@@ -238,3 +275,4 @@ if __name__ == "__main__":
     KEYS["decoder.layers.mlp.linear_fc1.weight"] = ([L, 32, 8], "swiglu", True)
     KEYS["decoder.layers.mlp.linear_fc2.weight"] = ([L, 8, 16], 2, True)
     main("megatron_dp_buckets_aligned")
+    main("megatron_dp_zero", "dp_zero")

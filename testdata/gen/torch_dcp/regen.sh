@@ -27,7 +27,8 @@ done
 rm -rf "$out/../torch_dcp_adam/fsdp_adam" "$out/../torch_dcp_adam/fsdp_adam_steps" \
   "$out/../torch_dcp_adam/megatron_dist" "$out/../torch_dcp_adam/megatron_reshardable" \
   "$out/../torch_dcp_adam/megatron_dp_reshardable" "$out/../torch_dcp_adam/megatron_flattened" \
-  "$out/../torch_dcp_adam/megatron_dp_buckets" "$out/../torch_dcp_adam/megatron_dp_buckets_aligned"
+  "$out/../torch_dcp_adam/megatron_dp_buckets" "$out/../torch_dcp_adam/megatron_dp_buckets_aligned" \
+  "$out/../torch_dcp_adam/megatron_dp_zero"
 "$py" "$here/make_fsdp_adam.py" "$tools" "$out/../torch_dcp_adam"
 "$py" "$here/make_megatron_flattened.py" "$tools" "$out/../torch_dcp_adam"
 "$py" "$here/make_megatron_dp_buckets.py" "$tools" "$out/../torch_dcp_adam"

@@ -463,14 +463,14 @@ TEST_CASE("torch dcp: Megatron's N-D reformulated tensors get their original sha
   }
 }
 
-TEST_CASE("torch dcp: Megatron's dp_reshardable buckets become per-param states",
+TEST_CASE("torch dcp: Megatron's flat optimizer buckets become per-param states",
           "[torch_dcp]") {
   // torch_dcp_adam/megatron_dp_buckets: flat per-bucket states of a TP 2 x DP 2 GPT, each DP
   // rank's param pieces and padding gaps separate chunks (make_megatron_dp_buckets.py).
   const std::string fixture = TorchFixture("../torch_dcp_adam/megatron_dp_buckets") + "/ckpt";
   auto index = ReadTorchDcp(fixture);
   REQUIRE(index.ok());
-  CHECK(index->attributes.at("megatron.dp_reshardable") ==
+  CHECK(index->attributes.at("megatron.optimizer_buckets") ==
         "6 bucket(s) mapped to the states of 25 local param(s) (found by master -> model "
         "rounding)");
   for (const TensorEntry& t : index->tensors) {
@@ -492,8 +492,24 @@ TEST_CASE("torch dcp: Megatron's dp_reshardable buckets become per-param states"
     auto aligned =
         ReadTorchDcp(TorchFixture("../torch_dcp_adam/megatron_dp_buckets_aligned") + "/ckpt");
     REQUIRE(aligned.ok());
-    CHECK(aligned->attributes.at("megatron.dp_reshardable").starts_with("6 bucket(s) mapped"));
+    CHECK(aligned->attributes.at("megatron.optimizer_buckets").starts_with("6 bucket(s) mapped"));
     CheckReadsExpected(*aligned, "../torch_dcp_adam/megatron_dp_buckets_aligned");
+  }
+  {
+    // The same optimizer in the dp_zero_gather_scatter form: one pickled dict per TP rank
+    // whose tensors hold the buckets back to back (a bucket starts where the one before it
+    // ends, unaligned). Its tensors are read in place from the objects, which go away.
+    for (bool locate : {true, false}) {
+      auto zero = ReadTorchDcp(TorchFixture("../torch_dcp_adam/megatron_dp_zero") + "/ckpt",
+                               TorchDcpReadOptions{.locate_chunks = locate});
+      REQUIRE(zero.ok());
+      CHECK(zero->attributes.at("megatron.optimizer_buckets") ==
+            "2 bucket(s) mapped to the states of 25 local param(s) (found by master -> model "
+            "rounding)");
+      REQUIRE(zero->objects.size() == 1);
+      CHECK(zero->objects[0].key == "rng_state/shard_0.0_1.4");
+      CheckReadsExpected(*zero, "../torch_dcp_adam/megatron_dp_zero");
+    }
   }
   // Opened without locating items (as the tools open it): the unsplit pieces are found on
   // first read as 1-D items of their range's length.
@@ -527,7 +543,7 @@ TEST_CASE("torch dcp: Megatron's dp_reshardable buckets become per-param states"
   testing::WriteFileBytes(path, bytes);
   auto bad = ReadTorchDcp(tmp.path());
   REQUIRE(bad.ok());
-  CHECK_THAT(bad->attributes.at("megatron.dp_reshardable"),
+  CHECK_THAT(bad->attributes.at("megatron.optimizer_buckets"),
              Catch::StartsWith("not mapped to params: 'optimizer.distributed.dp_group_idx_0."
                                "gbuf_idx_0.dtype_(torch.bfloat16, torch.float32).bucket_idx_0' "
                                "position 0: no model param's weight is the master weights there "
