@@ -446,6 +446,13 @@ def check_named_ucp(out, params, step):
             assert np.array_equal(fcio.bits(got[name][1]), fcio.bits(want.astype(np.float32))), name
 
 
+def torch_dist_states(expected, keys, master="fp32_param"):
+    """What a UCP of Megatron torch_dist params `keys` holds: their optimizer.state.* values."""
+    return {k: {"fp32": expected[f"optimizer.state.{master}.{k}"],
+                "exp_avg": expected["optimizer.state.exp_avg." + k],
+                "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + k]} for k in keys}
+
+
 def case_others():
     """UCPs from the other namings of Adam states: Megatron-Core's dist checkpointing
     (testdata/torch_dcp_adam/megatron_dist: optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<key>,
@@ -466,9 +473,7 @@ def case_others():
     expected = fcio.expected_values(fixture)
     keys = ["embedding.word_embeddings.weight", "decoder.layers.mlp.linear_fc1.weight",
             "decoder.final_layernorm.weight"]
-    params = {k: {"fp32": expected["optimizer.state.fp32_param." + k],
-                  "exp_avg": expected["optimizer.state.exp_avg." + k],
-                  "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + k]} for k in keys}
+    params = torch_dist_states(expected, keys)
     for k in keys:  # random values: a UCP of the bf16 weights would differ
         assert not np.array_equal(fcio.bf16_bits_to_f32(expected[k]),
                                   params[k]["fp32"].reshape(-1)), k
@@ -495,9 +500,7 @@ def case_others():
     fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out3, "--output-format", "ucp", "--quiet"])
     expected = fcio.expected_values(fixture)
     keys = ["embedding.word_embeddings.weight", "decoder.final_layernorm.weight"]
-    params = {k: {"fp32": expected["optimizer.state.param." + k],
-                  "exp_avg": expected["optimizer.state.exp_avg." + k],
-                  "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + k]} for k in keys}
+    params = torch_dist_states(expected, keys, master="param")
     for k in keys:
         assert not np.array_equal(fcio.bf16_bits_to_f32(expected[k]),
                                   params[k]["fp32"].reshape(-1)), k
@@ -521,9 +524,7 @@ def case_others():
     fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out5, "--output-format", "ucp", "--quiet"])
     keys = ["embedding.word_embeddings.weight", "decoder.layers.mlp.linear_fc1.weight",
             "decoder.final_layernorm.weight"]
-    params = {k: {"fp32": expected["optimizer.state.fp32_param." + k],
-                  "exp_avg": expected["optimizer.state.exp_avg." + k],
-                  "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + k]} for k in keys}
+    params = torch_dist_states(expected, keys)
     check_named_ucp(out5, params, 44)
     # The dp_reshardable form (Megatron-Core 0.14+'s default: flat per-bucket buffers that
     # name no param) as Megatron saves a TP 2 x DP 2 SwiGLU GPT: the params' places are found
@@ -545,9 +546,7 @@ def case_others():
                                    "mlp.linear_fc2.weight")]
             + ["decoder.final_layernorm.weight", "output_layer.weight"])  # the model's order
     assert sorted(keys) == sorted(k for k in expected if not k.startswith("optimizer.")), keys
-    params = {k: {"fp32": expected["optimizer.state.fp32_param." + k],
-                  "exp_avg": expected["optimizer.state.exp_avg." + k],
-                  "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + k]} for k in keys}
+    params = torch_dist_states(expected, keys)
     check_named_ucp(out6, params, 45)
     # The deprecated dp_zero_gather_scatter form (one pickled dict per TP rank, the buckets
     # back to back): the same mapping, from the tensors inside the objects.
@@ -555,9 +554,7 @@ def case_others():
     expected = fcio.expected_values(fixture)
     out7 = os.path.join(tmp, "megatron-dp-zero", "universal")
     fcio.run([CONVERT, os.path.join(fixture, "ckpt"), out7, "--output-format", "ucp", "--quiet"])
-    params = {k: {"fp32": expected["optimizer.state.fp32_param." + k],
-                  "exp_avg": expected["optimizer.state.exp_avg." + k],
-                  "exp_avg_sq": expected["optimizer.state.exp_avg_sq." + k]} for k in keys}
+    params = torch_dist_states(expected, keys)
     check_named_ucp(out7, params, 45)
     # Buckets whose masters round to no weight (random values) stay flat: refused, exit 6,
     # saying why and with the flag that makes Megatron save a per-param form; nothing written.

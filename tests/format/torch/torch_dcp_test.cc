@@ -551,6 +551,40 @@ TEST_CASE("torch dcp: Megatron's flat optimizer buckets become per-param states"
   CHECK(bad->FindTensor("optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(torch.bfloat16, "
                         "torch.float32).bucket_idx_0.exp_avg") != nullptr);
   CHECK(bad->FindTensor("optimizer.state.exp_avg.output_layer.weight") == nullptr);
+
+  // Two params of different tensors with the same values (layer 1's qkv layer norm given the
+  // final layer norm's): which one the states at the final norm's place belong to cannot be
+  // told, so the buckets stay flat, and the message names both.
+  testing::TempDir tie;
+  testing::CopyDirectoryFiles(fixture, tie.path());
+  auto tied = ReadTorchDcp(tie.path());
+  REQUIRE(tied.ok());
+  const TensorEntry* final_norm = tied->FindTensor("decoder.final_layernorm.weight");
+  const TensorEntry* qkv_norm =
+      tied->FindTensor("decoder.layers.self_attention.linear_qkv.layer_norm_weight");
+  REQUIRE((final_norm != nullptr && qkv_norm != nullptr));
+  const Chunk* layer1 = nullptr;
+  for (const Chunk& c : qkv_norm->chunks) {
+    if (c.box.global_offset == Shape{1, 0}) layer1 = &c;
+  }
+  REQUIRE(layer1 != nullptr);
+  const std::vector<std::byte> norm_bytes =
+      ReadFileBytes(tie.path() + "/" + tied->files[final_norm->chunks[0].file].path);
+  auto from = norm_bytes.begin() + static_cast<std::ptrdiff_t>(final_norm->chunks[0].byte_offset);
+  const std::string layer1_path = tie.path() + "/" + tied->files[layer1->file].path;
+  auto layer1_bytes = ReadFileBytes(layer1_path);
+  REQUIRE(layer1->byte_length == final_norm->chunks[0].byte_length);
+  std::copy(from, from + static_cast<std::ptrdiff_t>(layer1->byte_length),
+            layer1_bytes.begin() + static_cast<std::ptrdiff_t>(layer1->byte_offset));
+  testing::WriteFileBytes(layer1_path, layer1_bytes);
+  auto ambiguous = ReadTorchDcp(tie.path());
+  REQUIRE(ambiguous.ok());
+  const std::string& note = ambiguous->attributes.at("megatron.optimizer_buckets");
+  CHECK_THAT(note, Catch::Contains("bucket_idx_0' position 64: "));
+  CHECK_THAT(note, Catch::Contains("'decoder.final_layernorm.weight' [0, 8)"));
+  CHECK_THAT(note, Catch::Contains("'decoder.layers.self_attention.linear_qkv.layer_norm_weight' "
+                                   "[1, 2) x [0, 8)"));
+  CHECK_THAT(note, Catch::Contains("hold the same values"));
 }
 
 TEST_CASE("torch dcp: extra Metadata attributes are tolerated and reported", "[torch_dcp]") {
