@@ -376,7 +376,25 @@ Result<CheckpointIndex> OpenSharedCheckpoint(SharedInput& input, const OpenOptio
   }
   if (!fetch) {
     FC_RETURN_IF_ERROR(comm.AllOk(open()));
-    return index;
+    // Torch DCP opens from its metadata alone, except Megatron's flat optimizer states,
+    // whose params are found by reading data (src/format/torch/megatron_buckets.h): a process
+    // that cannot read some of those files would map them otherwise, or not at all. When any
+    // process found such states among unshared files, it is opened again as the formats
+    // that read data are: process 0 first, the others from the same bytes.
+    if (!input.view || !input.view->HasUnsharedFiles() ||
+        index.format != CheckpointFormat::kTorchDcp) {
+      return index;
+    }
+    const std::string mine(1, index.attributes.count("megatron.optimizer_buckets") ? '\1' : '\0');
+    std::vector<std::string> all = comm.Gather(mine, 0);
+    std::string any(1, '\0');
+    if (comm.rank() == 0) {
+      for (const std::string& a : all) any[0] = static_cast<char>(any[0] | (a.empty() ? 0 : a[0]));
+    }
+    comm.Broadcast(any, 0);
+    if (any.empty() || any[0] == '\0') return index;
+    agreed.format = CheckpointFormat::kTorchDcp;
+    index = CheckpointIndex();
   }
   InputViewEnv& view = *input.view;
   Status opened = Status::Ok();

@@ -1,5 +1,5 @@
 """Checkpoints whose readers read data files when they open (safetensors headers, DeepSpeed,
-Megatron legacy and Paddle pickles, UCP tensors), spread over per-process directories
+Megatron legacy and Paddle pickles, UCP tensors, Megatron torch_dist's flat optimizer states), spread over per-process directories
 (`{rank}`), files in subdirectories included (DeepSpeed tag dirs, Megatron iter and rank
 dirs, UCP zero/<param>/): fc-export under mpirun gives the same bytes as one process on the
 whole directory (issue 10, item 1). Each file lies on one process's disk only; `latest`
@@ -37,6 +37,10 @@ CASES = [
     ("megatron_moe_distopt", "megatron_legacy/moe_distopt/ckpt", ["--include-optimizer"]),
     ("safetensors_sharded", "safetensors/hf_sharded", []),
     ("paddle_tp2", "paddle_flex/tp2/ckpt", []),
+    # torch DCP opens from its metadata, except Megatron's flat optimizer states, whose
+    # params are found by reading the data (src/format/torch/megatron_buckets.h)
+    ("megatron_dp_buckets", "torch_dcp_adam/megatron_dp_buckets/ckpt", ["--include-optimizer"]),
+    ("megatron_dp_zero", "torch_dcp_adam/megatron_dp_zero/ckpt", ["--include-optimizer"]),
 ]
 METADATA = ("latest", "latest_universal", "latest_checkpointed_iteration.txt")
 
