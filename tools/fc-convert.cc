@@ -22,9 +22,12 @@ int main(int argc, char** argv) {
   CLI::App app{
       "fc-convert: reshard a distributed checkpoint (TP, PP, DP, ZeRO/sharding with flattened "
       "optimizer state, EP) into another layout, optionally changing its structure with an "
-      "AOA program, and write it as an fc distcp checkpoint (with checksums) or a PyTorch DCP checkpoint. Planning reads "
-      "no tensor bytes; the output directory appears only when complete."};
-  app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors, Paddle FlexCheckpoint)")
+      "AOA program, and write it as an fc distcp checkpoint (with checksums), a PyTorch DCP checkpoint, a DeepSpeed "
+      "checkpoint at another DP size or a DeepSpeed Universal Checkpoint. Planning reads "
+      "no tensor bytes (opening Megatron and DeepSpeed checkpoints reads a few, to find and check where "
+      "optimizer states lie); the output directory appears only when complete."};
+  app.add_option("CKPT", options.input, "input checkpoint (torch DCP incl. Megatron torch_dist, fc distcp, "
+                 "safetensors, Paddle FlexCheckpoint, DeepSpeed, Megatron legacy)")
       ->required();
   app.add_option("OUT", options.output_dir, "output directory (must not exist, or be empty)");
   app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
