@@ -31,10 +31,14 @@ CONVERT = os.path.join(BUILD, "tools", "fc-convert")
 ROOT = os.path.join(TESTDATA, "megatron_legacy")
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
          "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied", "gpt_whole_tp2", "gpt_num_buckets",
-         "gpt_vpp2_chunked", "gpt_fp32_tp2"]
+         "gpt_vpp2_chunked", "gpt_fp32_tp2", "gpt_frozen_tp2"]
 OPTIMIZER_CASES = ["gpt_tp2_pp2", "gpt_vpp2_tied", "moe_distopt", "gpt_pp2_vpp2", "moe_tp2_ep2",
                    "gpt_buckets_tied", "gpt_whole_tp2", "gpt_num_buckets", "gpt_vpp2_chunked",
-                   "gpt_fp32_tp2"]
+                   "gpt_fp32_tp2", "gpt_frozen_tp2"]
+# gpt_frozen_tp2's params in no buffer of the distributed optimizer (gen_legacy.py)
+FROZEN = ["decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
+          "decoder.layers.0.self_attention.linear_qkv.weight",
+          "decoder.layers.1.mlp.linear_fc2.bias", "embedding.word_embeddings.weight"]
 tmp = tempfile.mkdtemp(prefix="fc-megatron-test-")
 
 
@@ -87,7 +91,8 @@ def case_inspect():
             "gpt_whole_tp2": ("19", "2", "1", "1", "iter_0000019"),
             "gpt_num_buckets": ("23", "1", "1", "1", "iter_0000023"),
             "gpt_vpp2_chunked": ("29", "1", "2", "1", "iter_0000029"),
-            "gpt_fp32_tp2": ("31", "2", "1", "1", "iter_0000031")}
+            "gpt_fp32_tp2": ("31", "2", "1", "1", "iter_0000031"),
+            "gpt_frozen_tp2": ("37", "2", "1", "1", "iter_0000037")}
     for label in CASES:
         ckpt = os.path.join(ROOT, label, "ckpt")
         j = json.loads(fcio.run([INSPECT, ckpt, "--json"]).stdout)
@@ -111,6 +116,11 @@ def case_inspect():
     text = fcio.run([INSPECT, os.path.join(ROOT, "gpt_tp2_pp2", "ckpt")]).stdout
     assert "megatron.swiglu true" in text and "megatron.distrib_optim 4 files, read" in text
     assert "megatron.core.transformer.enums.AttnBackend" in text, text  # opaque, reported
+    # Frozen params are in no buffer: found by the walk, named, and without states.
+    text = fcio.run([INSPECT, os.path.join(ROOT, "gpt_frozen_tp2", "ckpt")]).stdout
+    assert ("megatron.distrib_optim 2 files, read (params aligned to 64 elements, buckets of "
+            "100 elements); 4 param(s) in no buffer (frozen: no optimizer state): " +
+            ", ".join(FROZEN)) in text, text
 
 
 def case_errors():
@@ -208,7 +218,12 @@ def case_optimizer():
                 rank, rest = name.split(".", 1)
                 return rank + ".optimizer.fp32." + rest
             return "optimizer.fp32." + name
+        # Frozen params (gpt_frozen_tp2) have no master: --weights fp32 keeps their weight.
+        frozen = sorted(n for n in model if master_name(n) not in optim)
+        assert frozen == (FROZEN if label == "gpt_frozen_tp2" else []), (label, frozen)
         for name, want in model.items():
+            if name in frozen:
+                continue
             master = optim[master_name(name)]
             if want.dtype == np.float32:
                 assert np.array_equal(fcio.bits(master), fcio.bits(want)), (label, name)
@@ -218,7 +233,7 @@ def case_optimizer():
         out = os.path.join(tmp, label + "_fp32")
         fcio.run([EXPORT, ckpt, out, "--quiet", "--weights", "fp32"])
         got, _ = fcio.read_hf_dir(out)
-        check_same(got, {n: optim[master_name(n)] for n in model}, label + " fp32")
+        check_same(got, {n: optim.get(master_name(n), model[n]) for n in model}, label + " fp32")
         # --weights module is the default.
         out = os.path.join(tmp, label + "_module")
         fcio.run([EXPORT, ckpt, out, "--quiet", "--weights", "module"])

@@ -560,6 +560,7 @@ class Reader {
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, std::string>, std::array<Located, 3>>
       optim_;
   std::set<std::string> optim_layouts_;  // the rules that matched, for the attribute
+  std::set<std::string> frozen_;         // params no buffer holds (no optimizer state)
 };
 
 constexpr std::array<std::string_view, 3> kOptimRoles = {"fp32", "exp_avg", "exp_avg_sq"};
@@ -1144,38 +1145,97 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
       }
     }
     std::string tried;
-    std::optional<CoalescedLayout> found;
-    std::string found_rule;
-    // Param i in the saved tensors: which one, and where.
-    auto place = [form](const CoalescedLayout& l, size_t i) {
-      return form == Form::kPerBucket
-                 ? std::pair<size_t, int64_t>(static_cast<size_t>(l.bucket_of[i]),
-                                              BucketOffset(l, i))
-                 : std::pair<size_t, int64_t>(0, l.offsets[i]);
+    // A layout that fits: over the params `kept` (indices into b.params, in order), the
+    // others frozen (not in the buffer: Megatron leaves out params without requires_grad).
+    struct Fit {
+      CoalescedLayout layout;
+      std::vector<size_t> kept;
     };
-    auto same_places = [&](const CoalescedLayout& a, const CoalescedLayout& c) {
-      return a.offsets == c.offsets && (form != Form::kPerBucket || a.bucket_of == c.bucket_of);
+    std::optional<Fit> found;
+    std::string found_rule;
+    // Param j of a layout in the saved tensors: which one, and where.
+    auto place = [form](const CoalescedLayout& l, size_t j) {
+      return form == Form::kPerBucket
+                 ? std::pair<size_t, int64_t>(static_cast<size_t>(l.bucket_of[j]),
+                                              BucketOffset(l, j))
+                 : std::pair<size_t, int64_t>(0, l.offsets[j]);
+    };
+    auto same_places = [&](const Fit& a, const Fit& c) {
+      return a.kept == c.kept && a.layout.offsets == c.layout.offsets &&
+             (form != Form::kPerBucket || a.layout.bucket_of == c.layout.bucket_of);
+    };
+    // Whether param i's master weight at `where` rounds to its model weight.
+    auto check = [&](size_t i, std::pair<size_t, int64_t> where) {
+      Located master = flat[0][where.first];
+      master.first += static_cast<uint64_t>(where.second) * 4;
+      return CheckMasterRoundsToModel(*f.file, master, *model.file, b.located[i],
+                                      b.params[i]->name);
     };
     // Every candidate is tried: two that fit with different offsets (constant params next to
     // zero-filled gaps could do that) leave the file unread rather than guessed.
     for (const BufferLayoutRule& rule : rules) {
-      auto computed = CoalescedBufferLayout(params, rule);
-      if (!computed.ok()) return computed.status().With(where);
-      CoalescedLayout& layout = *computed;
-      if (found && same_places(*found, layout)) continue;  // already checked
+      // The params are checked in buffer order (the reverse of theirs). Where one's place
+      // holds other values, it is taken for frozen when a later param (in buffer order)
+      // holds them: that one and the params between are left out, the layout computed
+      // again without them, and the walk goes on from there; when no later param holds
+      // them, it and all after it are left out (the buffer ends there), for the sizes to
+      // confirm. Params before a frozen one keep their places, so it stops after at most as
+      // many layouts as frozen runs.
+      Fit fit;
+      std::vector<bool> frozen(params.size(), false);
       Status ok = Status::Ok();
-      if (form == Form::kCoalesced && layout.numel_unpadded != *numel) {
-        ok = DataLossError("makes " + std::to_string(layout.numel_unpadded) + " elements, the file has " +
-                           std::to_string(*numel));
-      } else if (form == Form::kPerBucket && static_cast<size_t>(layout.buckets) != flat[0].size()) {
-        ok = DataLossError("makes " + std::to_string(layout.buckets) + " buckets, the file has " +
-                           std::to_string(flat[0].size()));
-      } else if (form != Form::kCoalesced) {
+      std::string first_mismatch;  // what failed before any param was taken for frozen
+      size_t resume = params.size();  // in buffer order: params at kept positions >= are checked
+      while (true) {
+        fit.kept.clear();
+        std::vector<BufferParam> kept_params;
+        for (size_t i = 0; i < params.size(); ++i) {
+          if (frozen[i]) continue;
+          fit.kept.push_back(i);
+          kept_params.push_back(params[i]);
+        }
+        auto computed = CoalescedBufferLayout(kept_params, rule);
+        if (!computed.ok()) return computed.status().With(where);
+        fit.layout = std::move(*computed);
+        ok = Status::Ok();
+        size_t failed = fit.kept.size();
+        for (size_t j = std::min(resume, fit.kept.size()); j-- > 0;) {
+          ok = check(fit.kept[j], place(fit.layout, j));
+          if (!ok.ok()) {
+            failed = j;
+            if (first_mismatch.empty()) first_mismatch = ok.message();
+            break;
+          }
+        }
+        if (ok.ok()) break;
+        // The first later param (buffer order) that holds the values at the failed place.
+        std::optional<size_t> holder;
+        for (size_t m = failed; m-- > 0;) {
+          if (check(fit.kept[m], place(fit.layout, failed)).ok()) {
+            holder = m;
+            break;
+          }
+        }
+        // None: it and every param after it are frozen (the buffer ends there), which the
+        // sizes checked below confirm or not.
+        const size_t first_kept = holder ? *holder + 1 : 0;
+        for (size_t m = first_kept; m <= failed; ++m) frozen[fit.kept[m]] = true;
+        resume = first_kept;
+        if (std::count(frozen.begin(), frozen.end(), false) == 0) break;  // nothing is left
+      }
+      if (ok.ok() && form == Form::kCoalesced && fit.layout.numel_unpadded != *numel) {
+        ok = DataLossError("makes " + std::to_string(fit.layout.numel_unpadded) +
+                           " elements, the file has " + std::to_string(*numel));
+      } else if (ok.ok() && form == Form::kPerBucket &&
+                 static_cast<size_t>(fit.layout.buckets) != flat[0].size()) {
+        ok = DataLossError("makes " + std::to_string(fit.layout.buckets) +
+                           " buckets, the file has " + std::to_string(flat[0].size()));
+      } else if (ok.ok() && form != Form::kCoalesced) {
         // Each saved tensor: its bucket (the whole buffer: one bucket), padded by less than
         // the data-parallel size, and the size the file records.
         for (size_t k = 0; ok.ok() && k < flat[0].size(); ++k) {
           const int64_t have = flat[0][k].shape[0];
-          const int64_t want = layout.bucket_numel_unpadded[k];
+          const int64_t want = fit.layout.bucket_numel_unpadded[k];
           if (have < want || have - want >= max_padding) {
             ok = DataLossError("makes bucket " + std::to_string(k) + " " + std::to_string(want) +
                                " elements, the file's tensor has " + std::to_string(have));
@@ -1185,23 +1245,17 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
           }
         }
       }
-      for (size_t i = 0; ok.ok() && i < params.size(); ++i) {
-        const auto [tensor, offset] = place(layout, i);
-        Located master = flat[0][tensor];
-        master.first += static_cast<uint64_t>(offset) * 4;
-        ok = CheckMasterRoundsToModel(*f.file, master, *model.file, b.located[i],
-                                      b.params[i]->name);
-      }
       if (!ok.ok()) {
-        tried += "; " + RuleText(rule) + ": " + ok.message();
+        tried += "; " + RuleText(rule) + ": " + (first_mismatch.empty() ? ok.message()
+                                                                        : first_mismatch);
         continue;
       }
-      if (found && !same_places(*found, layout)) {
+      if (found && !same_places(*found, fit)) {
         return DataLossError(where + ": two Megatron buffer layouts fit (" + found_rule + "; " +
                              RuleText(rule) + ") with different offsets; not guessing");
       }
       if (!found) {
-        found = std::move(layout);
+        found = std::move(fit);
         found_rule = form_text + RuleText(rule);
       }
     }
@@ -1210,10 +1264,14 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
       return DataLossError(where + ": no Megatron buffer layout fits (params of " + model.rel +
                            " in reverse order" + tried + ")");
     }
-    for (size_t i = 0; i < params.size(); ++i) {
+    for (size_t j = 0, i = 0; i < b.params.size(); ++i) {
+      if (j == found->kept.size() || found->kept[j] != i) {
+        frozen_.insert(b.params[i]->name);  // not in the buffer: no optimizer state
+        continue;
+      }
       std::array<Located, 3> states3;
       for (size_t r = 0; r < 3; ++r) {
-        const auto [tensor, offset] = place(*found, i);
+        const auto [tensor, offset] = place(found->layout, j);
         Located& l = states3[r];
         l = flat[r][tensor];
         l.shape = b.located[i].shape;
@@ -1223,6 +1281,7 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
         l.where = f.rel + ": " + std::string(kOptimRoles[r]) + " of '" + b.params[i]->name + "'";
       }
       optim_[{p, e, t, b.v, b.params[i]->name}] = std::move(states3);
+      ++j;
     }
   }
   return Status::Ok();
@@ -1645,10 +1704,27 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   if (distrib_optim > 0) {
     const size_t opened = files_.size();
     Status st = ReadDistribOptim(grid, pieces, deg, vpp);
+    if (st.ok() && !frozen_.empty()) {
+      // A frozen param is frozen on every TP rank: each param with states has them on all.
+      std::map<std::tuple<int64_t, int64_t, int64_t, std::string>, int64_t> ranks;
+      for (const auto& [key, states] : optim_) {
+        const auto& [p, e, t, v, name] = key;
+        ++ranks[{p, e, v, name}];
+      }
+      for (const auto& [key, n] : ranks) {
+        if (n != deg.tp) {
+          st = DataLossError("'" + std::get<3>(key) + "' has optimizer states on " +
+                             std::to_string(n) + " of " + std::to_string(deg.tp) +
+                             " TP ranks (taken for frozen on the others)");
+          break;
+        }
+      }
+    }
     if (!st.ok()) {
       optim_not_read = st.message();
       optim_.clear();
       optim_layouts_.clear();
+      frozen_.clear();
       files_.resize(opened);
       index_.files.resize(opened);
     }
@@ -1797,6 +1873,13 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
     std::string rules;
     for (const std::string& r : optim_layouts_) rules += (rules.empty() ? "" : " | ") + r;
     a["megatron.distrib_optim"] = std::to_string(distrib_optim) + " files, read (" + rules + ")";
+    if (!frozen_.empty()) {
+      std::string names;
+      for (const std::string& n : frozen_) names += (names.empty() ? "" : ", ") + n;
+      a["megatron.distrib_optim"] += "; " + std::to_string(frozen_.size()) +
+                                     " param(s) in no buffer (frozen: no optimizer state): " +
+                                     names;
+    }
   } else if (distrib_optim > 0) {
     a["megatron.distrib_optim"] = std::to_string(distrib_optim) + " files, not read: " +
                                   optim_not_read;

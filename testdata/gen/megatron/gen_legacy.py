@@ -477,7 +477,7 @@ def older_optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, 
 
 
 def distrib_optim(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, as_list,
-                  ep_rank=0, moe=False, form="coalesced", per_chunk=False):
+                  ep_rank=0, moe=False, form="coalesced", per_chunk=False, frozen=()):
     """distrib_optim.pt of one rank (get_parameter_state_dp_zero, coalesced buckets): one
     buffer per model chunk (all params bf16, grads reduced in fp32). With MoE a
     ChainedOptimizer's list: [dense, expert], the dense state only where this process is
@@ -495,8 +495,9 @@ def distrib_optim(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp, 
                                  lambda n: expert_of(n) is None) if ep_rank == 0 else None)
         return [dense, optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp,
                                        dp, lambda n: expert_of(n) is not None)]
+    # Frozen params (requires_grad False) are in no buffer: Megatron's DDP skips them.
     state = optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp,
-                            lambda n: True)
+                            lambda n: n not in frozen)
     return [state] if as_list else state
 
 
@@ -532,7 +533,8 @@ def optimizer_state(chunk_states, optim_chunks, bucket_size, stage, tied, pp, dp
 def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=None, ep=1,
                      experts=0, optimizer=None, release=False, drop_args=(), nest=None,
                      optim_full=None, bucket_size=None, dp=1, tied=False, as_list=False,
-                     vocab=VOCAB, form="coalesced", num_buckets=None, per_chunk=False):
+                     vocab=VOCAB, form="coalesced", num_buckets=None, per_chunk=False,
+                     frozen=()):
     os.makedirs(out, exist_ok=True)
     sub = "release" if release else "iter_%07d" % iteration
     with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -611,7 +613,7 @@ def write_checkpoint(out, full, tp, pp, layers, swiglu, te, iteration=3, vpp=Non
                         size = sum(t.numel() for sd in sds.values() for t in sd.values()
                                    if isinstance(t, torch.Tensor)) // num_buckets
                     torch.save(distrib_optim(sds, optim_chunks, size, p, tied, pp, dp,
-                                             as_list, e, experts > 0, form, per_chunk),
+                                             as_list, e, experts > 0, form, per_chunk, frozen),
                                os.path.join(d, "distrib_optim.pt"))
                 if optimizer is not None:
                     state["rng_state"] = rng_state(100 + r + 10 * p + 100 * e)
@@ -651,7 +653,7 @@ def write_expected_optimizer(case_dir, optim_full, per_rank=(), tp=1):
 
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
          "no_swiglu_arg", "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied", "gpt_whole_tp2",
-         "gpt_num_buckets", "gpt_vpp2_chunked", "gpt_fp32_tp2"]
+         "gpt_num_buckets", "gpt_vpp2_chunked", "gpt_fp32_tp2", "gpt_frozen_tp2"]
 
 
 def generate(out):
@@ -748,6 +750,22 @@ def generate(out):
                      swiglu=True, te=True, iteration=31, optimizer="fp32", optim_full=f32_optim)
     write_expected(os.path.join(out, "gpt_fp32_tp2"), f32)
     write_expected_optimizer(os.path.join(out, "gpt_fp32_tp2"), f32_optim)
+    # Frozen params (requires_grad False: in no buffer, no optimizer state): the embedding
+    # (the last place in the buffer), layer 0's qkv layer norm and weight (a run of two) and
+    # layer 1's fc2 bias; TP 2, dp 2, buckets of 100 elements.
+    fz = gpt_full(2, te=True, swiglu=True, seed=950)
+    fz_optim = optimizer_full(fz, 9700)
+    frozen = ("embedding.word_embeddings.weight",
+              "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
+              "decoder.layers.0.self_attention.linear_qkv.weight",
+              "decoder.layers.1.mlp.linear_fc2.bias")
+    write_checkpoint(os.path.join(out, "gpt_frozen_tp2", "ckpt"), fz, tp=2, pp=1, layers=2,
+                     swiglu=True, te=True, iteration=37, optimizer="distributed",
+                     optim_full=fz_optim, bucket_size=100, dp=2, frozen=frozen)
+    write_expected(os.path.join(out, "gpt_frozen_tp2"), fz)
+    write_expected_optimizer(os.path.join(out, "gpt_frozen_tp2"),
+                             {role: {k: v for k, v in t.items() if k not in frozen}
+                              for role, t in fz_optim.items()})
     # Before buckets (Megatron-LM 2023): TP 2, dp 3, one padded buffer per state.
     wh = gpt_full(2, te=False, swiglu=True, seed=600)
     wh_optim = optimizer_full(wh, 7000)

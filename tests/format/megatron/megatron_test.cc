@@ -70,7 +70,8 @@ std::vector<std::byte> Reassemble(const CheckpointIndex& index, const TensorEntr
 TEST_CASE("megatron: fixtures reassemble to the full tensors", "[megatron]") {
   for (const char* name : {"gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2",
                            "legacy_tp2_pp2", "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied",
-                           "gpt_whole_tp2", "gpt_num_buckets", "gpt_vpp2_chunked"}) {
+                           "gpt_whole_tp2", "gpt_num_buckets", "gpt_vpp2_chunked",
+                           "gpt_frozen_tp2"}) {
     INFO(name);
     auto index = OpenCheckpoint(Fixture(name) + "/ckpt");
     REQUIRE(index.ok());
