@@ -1164,8 +1164,15 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
       return a.kept == c.kept && a.layout.offsets == c.layout.offsets &&
              (form != Form::kPerBucket || a.layout.bucket_of == c.layout.bucket_of);
     };
-    // Whether param i's master weight at `where` rounds to its model weight.
-    auto check = [&](size_t i, std::pair<size_t, int64_t> where) {
+    // Whether param i's master weight at `where` rounds to its model weight (inside the saved
+    // tensor).
+    auto check = [&](size_t i, std::pair<size_t, int64_t> where) -> Status {
+      if (where.first >= flat[0].size() || where.second < 0 ||
+          where.second > flat[0][where.first].shape[0] - params[i].numel) {
+        return DataLossError("'" + b.params[i]->name + "' would lie past the end of the " +
+                             "saved " + std::string(kOptimKeys[0]) + " tensor " +
+                             std::to_string(where.first));
+      }
       Located master = flat[0][where.first];
       master.first += static_cast<uint64_t>(where.second) * 4;
       return CheckMasterRoundsToModel(*f.file, master, *model.file, b.located[i],
