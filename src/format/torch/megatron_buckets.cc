@@ -276,7 +276,8 @@ Status Mapper::AddDpZero(const ObjectEntry& o, const std::string& prefix, int64_
         if (!ref.ok()) return ref.status().With(where + " '" + name->str + "'");
         const ZipEntry* record = archive.FindRecord("data/" + ref->storage_key);
         if (record == nullptr || record->method != 0 ||
-            record->compressed_size != ref->storage_bytes || ref->shape.size() != 1 ||
+            record->compressed_size != ref->storage_bytes ||
+            record->data_exclusive_max() > o.byte_length || ref->shape.size() != 1 ||
             !ref->IsRowMajorContiguous()) {
           return InvalidArgumentError(where + " '" + name->str + "': not a 1-D tensor stored "
                                       "in place");
