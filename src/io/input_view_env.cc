@@ -181,7 +181,10 @@ Result<bool> InputViewEnv::ReadFetched(const std::string& name, uint64_t offset,
     std::lock_guard<std::mutex> lock(mu_);
     fetch = fetch_;
   }
-  if (!fetch) return false;
+  if (!fetch) {
+    ++missed_reads_;
+    return false;
+  }
   FC_RETURN_IF_ERROR(fetch(name, offset, dst.size()));
   if (!CopyFetched(name, offset, dst)) {
     return InternalError(JoinPath(logical_root_, name) + ": fetched bytes " + std::to_string(offset) +

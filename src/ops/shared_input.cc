@@ -375,17 +375,15 @@ Result<CheckpointIndex> OpenSharedCheckpoint(SharedInput& input, const OpenOptio
     if (decision.size() == 2) agreed.format = static_cast<CheckpointFormat>(decision[1]);
   }
   if (!fetch) {
+    const uint64_t missed_before = input.view ? input.view->missed_reads() : 0;
     FC_RETURN_IF_ERROR(comm.AllOk(open()));
-    // Torch DCP opens from its metadata alone, except Megatron's flat optimizer states,
-    // whose params are found by reading data (src/format/torch/megatron_buckets.h): a process
-    // that cannot read some of those files would map them otherwise, or not at all. When any
-    // process found such states among unshared files, it is opened again as the formats
-    // that read data are: process 0 first, the others from the same bytes.
-    if (!input.view || !input.view->HasUnsharedFiles() ||
-        index.format != CheckpointFormat::kTorchDcp) {
-      return index;
-    }
-    const std::string mine(1, index.attributes.count("megatron.optimizer_buckets") ? '\1' : '\0');
+    // Torch DCP opens from its metadata alone, except what it reads to show Megatron's
+    // common.pt and flat optimizer states (src/format/torch/megatron_buckets.h), which a
+    // process without those files reads otherwise, or not at all. When any process missed
+    // a read, the checkpoint is opened again as the formats that read data are: process 0
+    // first, the others from the same bytes.
+    if (!input.view || !input.view->HasUnsharedFiles()) return index;
+    const std::string mine(1, input.view->missed_reads() > missed_before ? '\1' : '\0');
     std::vector<std::string> all = comm.Gather(mine, 0);
     std::string any(1, '\0');
     if (comm.rank() == 0) {
@@ -393,7 +391,7 @@ Result<CheckpointIndex> OpenSharedCheckpoint(SharedInput& input, const OpenOptio
     }
     comm.Broadcast(any, 0);
     if (any.empty() || any[0] == '\0') return index;
-    agreed.format = CheckpointFormat::kTorchDcp;
+    agreed.format = index.format;
     index = CheckpointIndex();
   }
   InputViewEnv& view = *input.view;

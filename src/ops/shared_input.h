@@ -46,9 +46,9 @@ std::string ExpandInputPath(const std::string& pattern, int rank, int node);
 Result<SharedInput> ShareInput(const std::string& input, Communicator& comm);
 
 // Collective: the checkpoint (fc/format/open.h) opened on every process. Torch DCP and fc
-// distcp open from their metadata alone, on every process at once (a torch DCP checkpoint
-// with Megatron's flat optimizer states, whose mapping reads data, is then opened again as
-// below when some of its files are not on every disk). The other formats read
+// distcp open from their metadata alone, on every process at once (when a process missed a
+// read of a file another has, as torch DCP reads Megatron's common.pt and flat optimizer
+// states, all open it again as below). The other formats read
 // data files when they open (safetensors headers, DeepSpeed, Megatron and Paddle pickles);
 // when some file is not on every process's disk, process 0 opens first while the others
 // serve what it reads of such files: each read is done by the lowest process that has the

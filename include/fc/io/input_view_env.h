@@ -21,6 +21,7 @@
 #ifndef FC_IO_INPUT_VIEW_ENV_H_
 #define FC_IO_INPUT_VIEW_ENV_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -64,6 +65,10 @@ class InputViewEnv final : public Env {
   // Whether some file is not on every process's disk (and not shared as bytes): then
   // opening on one process may read what another process lacks.
   bool HasUnsharedFiles() const;
+  // Reads so far of bytes this process could not serve (not on its disk, not fetched, no
+  // fetch function set): they failed with kNotFound. A reader that opened by reading such
+  // bytes may have seen the checkpoint otherwise than a process that has them.
+  uint64_t missed_reads() const { return missed_reads_.load(); }
 
   Result<std::unique_ptr<EnvReadableFile>> OpenForRead(const std::string& path) override;
   Result<std::unique_ptr<EnvWritableFile>> CreateForWrite(const std::string& path) override;
@@ -100,6 +105,7 @@ class InputViewEnv final : public Env {
 
   mutable std::mutex mu_;
   Fetch fetch_;
+  std::atomic<uint64_t> missed_reads_{0};
   // Per entry: fetched ranges by offset.
   std::map<std::string, std::map<uint64_t, std::shared_ptr<const std::string>>> fetched_;
 };

@@ -43,17 +43,23 @@ std::map<std::string, testing::NpyArray> Expected(const std::string& fixture) {
   return out;
 }
 
+// Tensor `t` read whole, chunk by chunk, through `reader`.
+std::vector<std::byte> ReadWhole(ChunkReader& reader, const TensorEntry& t) {
+  const Box whole = Box::Whole(t.global_shape);
+  std::vector<std::byte> buf(static_cast<size_t>(whole.num_elements()) * DTypeSize(t.dtype));
+  for (const Chunk& c : t.chunks) {
+    REQUIRE(reader.CopyChunkRegion(t, c, whole, buf.data(), whole).ok());
+  }
+  return buf;
+}
+
 // Every tensor of `index`, read whole through a ChunkReader, equals the fixture's expected/.
 void CheckReadsExpected(const CheckpointIndex& index, const std::string& fixture) {
   auto expected = Expected(fixture);
   ChunkReader reader(index);
   for (const TensorEntry& t : index.tensors) {
     INFO("tensor " << t.key);
-    const Box whole = Box::Whole(t.global_shape);
-    std::vector<std::byte> buf(static_cast<size_t>(whole.num_elements()) * DTypeSize(t.dtype));
-    for (const Chunk& c : t.chunks) {
-      REQUIRE(reader.CopyChunkRegion(t, c, whole, buf.data(), whole).ok());
-    }
+    const std::vector<std::byte> buf = ReadWhole(reader, t);
     const auto& want = expected.at(t.key).data;
     REQUIRE(buf.size() == want.size());
     CHECK(std::memcmp(buf.data(), want.data(), buf.size()) == 0);
@@ -146,11 +152,7 @@ TEST_CASE("torch dcp: opened without reading items, chunks are located on first 
       }
       // Reads through a fresh reader (locating inside CopyChunkRegion) are bit-exact.
       ChunkReader fresh(*lazy);
-      const Box whole = Box::Whole(t.global_shape);
-      std::vector<std::byte> buf(static_cast<size_t>(whole.num_elements()) * DTypeSize(t.dtype));
-      for (const Chunk& c : t.chunks) {
-        REQUIRE(fresh.CopyChunkRegion(t, c, whole, buf.data(), whole).ok());
-      }
+      const std::vector<std::byte> buf = ReadWhole(fresh, t);
       const auto& want = expected.at(t.key).data;
       REQUIRE(buf.size() == want.size());
       CHECK(std::memcmp(buf.data(), want.data(), buf.size()) == 0);
