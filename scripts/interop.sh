@@ -8,7 +8,8 @@
 #
 # Environments live in $FC_INTEROP_DIR (default ~/.cache/fc-interop), one per group of
 # frameworks that install together: <dir>/<env>/ is a venv made from Debian's python3,
-# installed from scripts/interop/<env>.txt under scripts/interop/<env>-constraints.txt
+# installed from scripts/interop/<env>.txt, then <env>.no-build-isolation.txt (sdists whose
+# setup.py imports the first file's packages), under scripts/interop/<env>-constraints.txt
 # (exact versions). An environment is reused while its requirement and constraint files are
 # unchanged (<dir>/<env>/.fc-installed holds their checksum). A failed install leaves
 # <dir>/<env>.failed with pip's error: the tests that need that environment then fail with
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 setup_only=0
 if [[ "${1:-}" == "--setup-only" ]]; then setup_only=1; shift; fi
 dir="${FC_INTEROP_DIR:-$HOME/.cache/fc-interop}"
-envs=(torch)
+envs=(torch paddle)
 
 # Debian's python3 with venv and headers (DeepSpeed's JIT ops build against them), g++.
 scripts/install-deps.sh --with-torch
@@ -51,7 +52,9 @@ for env in "${envs[@]}"; do
   req="scripts/interop/$env.txt"
   con="scripts/interop/$env-constraints.txt"
   venv="$dir/$env"
-  want=$(cat "$req" "$con" | sha256sum | cut -d' ' -f1)
+  late="scripts/interop/$env.no-build-isolation.txt"
+  [[ -f "$late" ]] || late=/dev/null
+  want=$(cat "$req" "$late" "$con" | sha256sum | cut -d' ' -f1)
   if [[ -f "$venv/.fc-installed" && "$(cat "$venv/.fc-installed")" == "$want" ]]; then
     echo "interop environment $env: up to date ($venv)"
     continue
@@ -61,7 +64,8 @@ for env in "${envs[@]}"; do
   : >"$log"
   rm -f "$venv/.fc-installed" "$dir/$env.failed"
   [[ -x "$venv/bin/pip" ]] || /usr/bin/python3 -m venv "$venv"
-  if pip_retry "$venv" "$log" -r "$req" -c "$con"; then
+  if pip_retry "$venv" "$log" -r "$req" -c "$con" &&
+     pip_retry "$venv" "$log" --no-build-isolation -r "$late" -c "$con"; then
     echo "$want" >"$venv/.fc-installed"
     echo "interop environment $env: installed ($(du -sh "$venv" | cut -f1))"
   else
