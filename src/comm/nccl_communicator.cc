@@ -51,6 +51,7 @@ namespace {
   X(cudaGetErrorName) \
   X(cudaGetErrorString) \
   X(cudaMemcpyAsync) \
+  X(cudaRuntimeGetVersion) \
   X(cudaSetDevice) \
   X(cudaStreamCreateWithFlags) \
   X(cudaStreamDestroy) \
@@ -63,21 +64,31 @@ namespace {
   X(ncclGetErrorString) \
   X(ncclGetLastError) \
   X(ncclGetUniqueId) \
+  X(ncclGetVersion) \
   X(ncclGroupEnd) \
   X(ncclGroupStart) \
   X(ncclRecv) \
   X(ncclSend)
 
+#define FC_STRINGIFY2(x) #x
+#define FC_STRINGIFY(x) FC_STRINGIFY2(x)
+
+// The pointer types come from the headers (decltype), so a signature that differs from the
+// installed nccl.h / cuda_runtime_api.h does not compile. The name given to dlsym is the
+// name as written here; a header may #define a function to another symbol (cudaMemcpyAsync
+// becomes cudaMemcpyAsync_ptsz under CUDA_API_PER_THREAD_DEFAULT_STREAM), and then dlsym
+// would find a function of another behaviour: the static_assert refuses to build that.
 struct CudaNcclApi {
-#define FC_DECLARE(name) decltype(&::name) name = nullptr;
+#define FC_DECLARE(name)                                                              \
+  static_assert(std::string_view(FC_STRINGIFY(name)) == #name,                        \
+                #name " is a macro in the CUDA/NCCL headers: dlsym would load another " \
+                "symbol than the one the header calls");                              \
+  decltype(&::name) name = nullptr;
   FC_CUDA_NCCL_FUNCTIONS(FC_DECLARE)
 #undef FC_DECLARE
   // Overloaded in C++ (a template for typed pointers): the C function, by its type.
   cudaError_t (*cudaMalloc)(void** pointer, size_t bytes) = nullptr;
 };
-
-#define FC_STRINGIFY2(x) #x
-#define FC_STRINGIFY(x) FC_STRINGIFY2(x)
 constexpr const char* kCudartName = "libcudart.so." FC_STRINGIFY(FC_CUDART_MAJOR);
 constexpr const char* kNcclName = "libnccl.so." FC_STRINGIFY(NCCL_MAJOR);
 
@@ -112,6 +123,32 @@ const Result<CudaNcclApi>& LoadApi() {
     FC_CUDA_NCCL_FUNCTIONS(FC_LOAD)
     FC_LOAD(cudaMalloc)
 #undef FC_LOAD
+    // The libraries' major versions must be the headers': the types above are the
+    // headers', and a library of another major version may lay them out differently.
+    // Neither call needs a device.
+    int cudart_version = 0;
+    if (cudaError_t e = a.cudaRuntimeGetVersion(&cudart_version); e != cudaSuccess) {
+      return FailedPreconditionError(std::string(kCudartName) +
+                                     ": cudaRuntimeGetVersion failed with error " +
+                                     std::to_string(static_cast<int>(e)));
+    }
+    if (cudart_version / 1000 != CUDART_VERSION / 1000) {
+      return FailedPreconditionError(std::string(kCudartName) + " is CUDA runtime " +
+                                     std::to_string(cudart_version) + ", fc was built against " +
+                                     std::to_string(CUDART_VERSION));
+    }
+    int nccl_version = 0;
+    if (ncclResult_t r = a.ncclGetVersion(&nccl_version); r != ncclSuccess) {
+      return FailedPreconditionError(std::string(kNcclName) + ": ncclGetVersion failed with " +
+                                     std::to_string(static_cast<int>(r)));
+    }
+    // NCCL_VERSION_CODE is X*1000+Y*100+Z up to 2.8, X*10000+Y*100+Z after.
+    const int nccl_major = nccl_version >= 10000 ? nccl_version / 10000 : nccl_version / 1000;
+    if (nccl_major != NCCL_MAJOR) {
+      return FailedPreconditionError(std::string(kNcclName) + " is NCCL " +
+                                     std::to_string(nccl_version) + ", fc was built against " +
+                                     std::to_string(NCCL_VERSION_CODE));
+    }
     return a;
   }();
   return api;
@@ -377,6 +414,8 @@ class NcclCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+Status LoadCudaNcclApi() { return LoadApi().status(); }
 
 Status CheckCudaDevice() {
   if (!LoadApi().ok()) return LoadApi().status();

@@ -19,6 +19,13 @@ Status CheckExchangePeers(std::span<const Communicator::Message> messages, int r
 
 #if FC_HAVE_NCCL
 
+// Loads CUDA's runtime and NCCL (dlopen: libcudart.so.<major>, libnccl.so.<major> of the
+// headers fc was built against, the build's CUDA lib64 first) and resolves every function
+// the transport calls; checks that the libraries' major versions are the headers'. Needs no
+// device. kFailedPrecondition naming the library, the function or both versions. Loaded
+// once per process; later calls return the first result.
+Status LoadCudaNcclApi();
+
 // OK when CUDA finds at least one device; kFailedPrecondition naming cudaGetDeviceCount's
 // error (no driver, no device) otherwise. Local: no other process takes part.
 Status CheckCudaDevice();
