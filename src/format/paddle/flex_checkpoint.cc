@@ -7,6 +7,7 @@
 #include "fc/format/paddle_flex.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <string_view>
 #include <optional>
@@ -64,6 +65,44 @@ const PickleValue* Get(const Fields& f, const std::string& name) {
 
 bool IsNone(const PickleValue* v) { return v == nullptr || v->kind == Kind::kNone; }
 
+// A numpy integer scalar (numpy.core.multiarray.scalar(dtype('i8'), <little-endian bytes>)):
+// its value, or nullopt when v is not one. The real sharding optimizer of Paddle 3.3
+// (DygraphShardingOptimizerV2.sharded_state_dict) builds flattened_range from
+// np.int64 buffer offsets, so (start, stop) arrive as numpy scalars, not Python ints.
+std::optional<int64_t> NumpyIntScalar(const PickleValue& v) {
+  const PickleValue* g = v.CalleeGlobal();
+  if (v.kind != Kind::kCall || g == nullptr || g->name != "scalar" ||
+      (g->str != "numpy.core.multiarray" && g->str != "numpy._core.multiarray") || !v.args ||
+      v.args->kind != Kind::kTuple || v.args->items.size() != 2) {
+    return std::nullopt;
+  }
+  const PickleValue& dt = *v.args->items[0];
+  const PickleValue& raw = *v.args->items[1];
+  const PickleValue* dg = dt.CalleeGlobal();
+  if (dt.kind != Kind::kCall || dg == nullptr || dg->str != "numpy" || dg->name != "dtype" ||
+      !dt.args || dt.args->items.empty() || dt.args->items[0]->kind != Kind::kStr ||
+      raw.kind != Kind::kBytes) {
+    return std::nullopt;
+  }
+  if (dt.state && dt.state->kind == Kind::kTuple && dt.state->items.size() >= 2 &&
+      dt.state->items[1]->kind == Kind::kStr && dt.state->items[1]->str == ">") {
+    return std::nullopt;  // big-endian
+  }
+  const std::string& type = dt.args->items[0]->str;
+  if (type.size() != 2 || (type[0] != 'i' && type[0] != 'u') || type[1] < '1' ||
+      type[1] > '8' || raw.str.size() != static_cast<size_t>(type[1] - '0') ||
+      raw.bytes_length != raw.str.size()) {
+    return std::nullopt;
+  }
+  uint64_t u = 0;
+  for (size_t i = raw.str.size(); i-- > 0;) u = (u << 8) | static_cast<unsigned char>(raw.str[i]);
+  if (type[0] == 'i' && raw.str.size() < 8 && (u >> (8 * raw.str.size() - 1)) != 0) {
+    return -1;  // a negative value of a narrower signed type (refused by the caller)
+  }
+  if (type[0] == 'u' && u > static_cast<uint64_t>(INT64_MAX)) return -1;
+  return static_cast<int64_t>(u);
+}
+
 Result<Shape> IntTuple(const PickleValue* v, const std::string& what) {
   if (v == nullptr || (v->kind != Kind::kTuple && v->kind != Kind::kList)) {
     return DataLossError(what + " is not a tuple of integers: " +
@@ -71,10 +110,13 @@ Result<Shape> IntTuple(const PickleValue* v, const std::string& what) {
   }
   Shape out;
   for (const auto& item : v->items) {
-    if (item->kind != Kind::kInt || item->int_value < 0) {
+    std::optional<int64_t> value;
+    if (item->kind == Kind::kInt) value = item->int_value;
+    else value = NumpyIntScalar(*item);
+    if (!value || *value < 0) {
       return DataLossError(what + " holds " + item->DebugString() + ", not an integer >= 0");
     }
-    out.push_back(item->int_value);
+    out.push_back(*value);
   }
   return out;
 }
@@ -211,9 +253,12 @@ Result<DType> SafetensorsArrayDType(DType stored, std::optional<DType> declared,
 // a 30k-character name overflowed the stack.)
 bool IsMetadataName(std::string_view n) { return MatchNumberedName(n, "#.metadata").has_value(); }
 
-// "<rank>_<id>.distcp" with decimal rank and id: the id, or nullopt.
+// "<rank>_<id>.distcp" (paddle.save pickles) or "<rank>_<id>.safetensors"
+// (save_state_dict(..., safetensors=True), Paddle 3.3's name for its safetensors data files)
+// with decimal rank and id: the id, or nullopt.
 std::optional<uint64_t> DataFileId(std::string_view n) {
   std::optional<NumberedName> m = MatchNumberedName(n, "#_#.distcp");
+  if (!m) m = MatchNumberedName(n, "#_#.safetensors");
   if (!m) return std::nullopt;
   return (*m)[1];
 }
@@ -268,7 +313,8 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
     FC_ASSIGN_OR_RETURN(Shape offset, IntTuple(Get(idx, "global_offset"), what + " global_offset"));
     FC_ASSIGN_OR_RETURN(std::optional<FlatRange> flat, FlatRangeField(idx, what));
     if (v->kind != Kind::kStr || !DataFileId(v->str)) {
-      return DataLossError(what + ": file name " + v->DebugString(80) + " is not <rank>_<id>.distcp");
+      return DataLossError(what + ": file name " + v->DebugString(80) +
+                           " is not <rank>_<id>.distcp or <rank>_<id>.safetensors");
     }
     const PickleValue* replica = Get(idx, "replica_id");
     if (!IsNone(replica) && replica->kind != Kind::kInt) {
