@@ -225,7 +225,12 @@ def paddle_load_aoa(ckpt, program, dests):
     ({name: (shape, dtype)}), one process."""
     import paddle
     import paddle.distributed as dist
+    from paddle.distributed.flex_checkpoint.dcp import load_state_dict as lsd
     from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
+    # A load that raised leaves its metadata in Paddle's module-level _metadata_manager, and
+    # the next AOA load would use it for another checkpoint ("fc.weight should be assigned
+    # before!"): start clean.
+    lsd._metadata_manager.clear()
     state = {}
     for name, (shape, dt) in dests.items():
         t = paddle.zeros(list(shape), dtype=dt)
@@ -345,6 +350,45 @@ def aoa_programs():
         f"num_key_value_groups={KV}, axis=0"],
         {"g.q": ((HEADS * HD, HID), "float32"), "g.k": ((KV * HD, HID), "float32"),
          "g.v": ((KV * HD, HID), "float32")})
+    P["star"] = (["llama.layers.*.post_attention_layernorm.weight -> post_norms, axis=0"],
+                 {"post_norms": ((LAYERS * HID,), "float32")})
+    P["array"] = (["lm_head.weight -> lm[0:2], axis=1", "lm_1 -> lm_second"],
+                  {"lm_0": ((HID, VOCAB // 2), "float32"),
+                   "lm_second": ((HID, VOCAB // 2), "float32")})
+    P["remove"] = (["lm_head.weight -> _", "llama.norm.weight -> norm"],
+                   {"norm": ((HID,), "float32")})
+    P["fused_qkv_old_merge"] = ([
+        f"sep.q, sep.k, sep.v -> old.qkv, fused_qkv_old, num_heads={HEADS}, "
+        f"num_key_value_groups={KV}, axis=0"], {"old.qkv": ((QKV, HID), "float32")})
+    # Temporaries of a fused macro, then transposed: written out per layer (Paddle expands
+    # $LAYER_ID only from stored keys; see chain_layer_id in REFUSED).
+    stmts = ["llama.layers.$LAYER_ID.mlp.gate_up_fused_proj.weight -> "
+             "tmp.$LAYER_ID.g, tmp.$LAYER_ID.u, fused_ffn"]
+    for L in range(LAYERS):
+        stmts += [f"tmp.{L}.g^T -> hf.{L}.gate", f"tmp.{L}.u^T -> hf.{L}.up"]
+    P["chain_explicit"] = (stmts, {f"hf.{L}.{p}": ((INTER, HID), "float32")
+                                   for L in range(LAYERS) for p in ("gate", "up")})
+    # Reverse mode (statements in the loading direction, run backwards over this checkpoint).
+    P["reverse_rename"] = ({"aoa_statements": [
+        "model.layers.$LAYER_ID.self_attn.o_proj.weight -> "
+        "llama.layers.$LAYER_ID.self_attn.o_proj.weight"], "aoa_config_reverse": True},
+        {f"model.layers.{L}.self_attn.o_proj.weight": ((HEADS * HD, HID), "float32")
+         for L in range(LAYERS)})
+    # Paddle takes the stored gate_up's degree as 1 here (a documented difference).
+    P["reverse_fused_ffn"] = ({"aoa_statements": [
+        "m.$LAYER_ID.gate, m.$LAYER_ID.up -> llama.layers.$LAYER_ID.mlp.gate_up_fused_proj.weight, "
+        "fused_ffn"], "aoa_config_reverse": True},
+        {f"m.{L}.{p}": ((HID, INTER), "float32") for L in range(LAYERS) for p in ("gate", "up")})
+    P["reversible_cast"] = (
+        ["llama.norm.weight -> norm.half, src_dtype='float32', dst_dtype='float16'"],
+        {"norm.half": ((HID,), "float16")})
+    # Two casts of one stored tensor: Paddle keys the postprocess by the source slice, so the
+    # second cast wins for both destinations, and norm.bf16 receives norm.half's float16 bit
+    # patterns (a documented difference; fc casts each).
+    P["two_casts_one_source"] = ([
+        "llama.norm.weight -> norm.bf16, dtype='bfloat16'",
+        "llama.norm.weight -> norm.half, src_dtype='float32', dst_dtype='float16'"],
+        {"norm.bf16": ((HID,), "bfloat16"), "norm.half": ((HID,), "float16")})
     dests = {"norm.bf16": ((HID,), "bfloat16"), "lm_head.f16": ((HID, VOCAB), "float16")}
     for L in range(LAYERS):
         dests[f"ln.{L}.f32"] = ((HID,), "float32")
@@ -354,6 +398,87 @@ def aoa_programs():
         "llama.layers.$LAYER_ID.input_layernorm.weight -> ln.$LAYER_ID.f32, dtype='float32'"],
         dests)
     return P
+
+
+def single_aoa_programs():
+    """Programs over single_pickle (AdamW states follow their parameter)."""
+    return {"optimizer_states": (["fc.weight^T -> fc_t"], {
+        "fc_t": ((100, 6), "float32"), "fc_t.moment1_0": ((100, 6), "float32"),
+        "fc_t.moment2_0": ((100, 6), "float32")})}
+
+
+# Programs fc refuses (exit 3) or extends, with what the real Paddle does with them:
+# {name: (statements, dests, outcome)}; outcome "ok" (Paddle loads; its output is kept as
+# <name>.safetensors), "zeros" (loads, leaves these dests zero), or an exception type and a
+# piece of its message. Checked at every regeneration (a change of Paddle's behaviour fails it).
+def refused_programs():
+    qkv = "llama.layers.$LAYER_ID.self_attn.qkv_proj.weight"
+    return {
+        # A placeholder that matches nothing: Paddle ignores the statement.
+        "no_match": (["nothing.$LAYER_ID.w -> x.$LAYER_ID.w", "llama.norm.weight -> norm"],
+                     {"norm": ((HID,), "float32")}, "ok"),
+        # Removing a name after a statement used it: Paddle drops every read of it.
+        "remove_after_use": (["lm_head.weight -> lm_t, permute='[1, 0]'", "lm_head.weight -> _"],
+                             {"lm_t": ((VOCAB, HID), "float32")}, "zeros"),
+        # A TP degree (2) that does not divide num_key_value_groups (1).
+        "degree_not_dividing": ([
+            f"{qkv} -> q.$LAYER_ID, k.$LAYER_ID, v.$LAYER_ID, fused_qkv_old, num_heads={HEADS}, "
+            "num_key_value_groups=1"],
+            {f"{p}.{L}": ((HID, n), "float32") for L in range(LAYERS)
+             for p, n in (("q", HEADS * HD), ("k", HD), ("v", HD))},
+            ("SyntaxError", "Expected TokenType.IDENTIFIER, got TokenType.COMMA")),
+        # Reverse of q, k, v -> D, fused_qkv_old with grouped-query attention: Paddle splits
+        # the concatenation of q, k, v into 3 equal pieces; fc's output equals fused_qkv_old.
+        "reverse_fused_qkv_old_gqa": ({"aoa_statements": [
+            f"m.$LAYER_ID.q, m.$LAYER_ID.k, m.$LAYER_ID.v -> {qkv}, fused_qkv_old, "
+            f"num_heads={HEADS}, num_key_value_groups={KV}"], "aoa_config_reverse": True},
+            {f"m.{L}.{p}": ((HID, n), "float32") for L in range(LAYERS)
+             for p, n in (("q", HEADS * HD), ("k", KV * HD), ("v", KV * HD))},
+            ("AssertionError", "is not divisible by the number of right_vars")),
+        # $LAYER_ID over temporaries (names no stored key has): fc expands it from the names
+        # earlier statements define (an extension); Paddle expands it to nothing and the
+        # load finds no source for the destinations. fc's output equals chain_explicit.
+        "chain_layer_id": ([
+            "llama.layers.$LAYER_ID.mlp.gate_up_fused_proj.weight -> "
+            "tmp.$LAYER_ID.g, tmp.$LAYER_ID.u, fused_ffn",
+            "tmp.$LAYER_ID.g^T -> hf.$LAYER_ID.gate", "tmp.$LAYER_ID.u^T -> hf.$LAYER_ID.up"],
+            {f"hf.{L}.{p}": ((INTER, HID), "float32") for L in range(LAYERS)
+             for p in ("gate", "up")}, ("KeyError", "hf.0.gate")),
+    }
+
+
+def write_program(aoa_dir, name, stmts):
+    """stmts: the statements, or a whole program (dict, e.g. with aoa_config_reverse)."""
+    program = stmts if isinstance(stmts, dict) else {"aoa_statements": stmts}
+    with open(os.path.join(aoa_dir, name + ".json"), "w") as f:
+        json.dump(program, f, indent=1)
+        f.write("\n")
+    return program
+
+
+def run_refused(ckpt, aoa_dir):
+    for name, (stmts, dests, outcome) in refused_programs().items():
+        program = write_program(aoa_dir, name, stmts)
+        try:
+            got = paddle_load_aoa(ckpt, program, dests)
+            err = None
+        except Exception as e:  # what Paddle raises is the point here
+            got, err = None, (type(e).__name__, str(e))
+        record = {"program": program}
+        if outcome in ("ok", "zeros"):
+            assert err is None, f"refused {name}: Paddle now raises {err}"
+            if outcome == "zeros":
+                assert all(not a.any() for _, a in got.values()), f"{name}: Paddle now loads"
+            record["paddle"] = outcome
+            write_st(got, os.path.join(aoa_dir, name + ".safetensors"))
+        else:
+            assert err is not None and err[0] == outcome[0] and outcome[1] in err[1], \
+                f"refused {name}: Paddle gave {err or 'no error'}, expected {outcome}"
+            record["paddle"] = "error"
+            record["error"] = f"{err[0]}: {err[1]}"
+        with open(os.path.join(aoa_dir, name + ".paddle.json"), "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
 
 
 # ---- single process ----
@@ -537,11 +662,17 @@ def expected_after_launch(out):
     os.makedirs(aoa_dir, exist_ok=True)
     ckpt = os.path.join(out, "aoa_tp2", "ckpt")
     for name, (stmts, dests) in aoa_programs().items():
-        program = {"aoa_statements": stmts}
-        with open(os.path.join(aoa_dir, name + ".json"), "w") as f:
-            json.dump(program, f, indent=1)
-            f.write("\n")
+        program = write_program(aoa_dir, name, stmts)
         got = paddle_load_aoa(ckpt, program, dests)
+        write_st(got, os.path.join(aoa_dir, name + ".safetensors"))
+    refused = os.path.join(out, "aoa_tp2", "refused")
+    os.makedirs(refused, exist_ok=True)
+    run_refused(ckpt, refused)
+    aoa_dir = os.path.join(out, "single_pickle", "aoa")
+    os.makedirs(aoa_dir, exist_ok=True)
+    for name, (stmts, dests) in single_aoa_programs().items():
+        program = write_program(aoa_dir, name, stmts)
+        got = paddle_load_aoa(os.path.join(out, "single_pickle", "ckpt"), program, dests)
         write_st(got, os.path.join(aoa_dir, name + ".safetensors"))
 
 
