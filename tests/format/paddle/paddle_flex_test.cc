@@ -113,6 +113,53 @@ TEST_CASE("paddle: safetensors-backed data files", "[paddle]") {
   CHECK(broken.status().message().find("0_0.distcp") != std::string::npos);
 }
 
+// Saves of the real PaddlePaddle 3.3.1 (testdata/real/paddle, make_fixtures.py there): the
+// names and values Paddle's load_state_dict gives are compared in
+// tests/real/paddle/paddle_fixtures_check.py; here the two facts the emulated fixtures had
+// wrong, each of which made the reader refuse a real save (exit 5).
+std::string RealFixture(const std::string& name) {
+  const char* root = std::getenv("FC_TESTDATA");
+  REQUIRE(root != nullptr);
+  return std::string(root) + "/real/paddle/" + name + "/ckpt";
+}
+
+TEST_CASE("paddle: real 3.3.1 saves", "[paddle]") {
+  // save_state_dict(..., safetensors=True) names its data files <rank>_<id>.safetensors (in
+  // storage_metadata too), and stores bfloat16 as BF16.
+  auto st = ReadPaddleFlexCheckpoint(RealFixture("two_ranks_safetensors"));
+  REQUIRE(st.ok());
+  auto pk = ReadPaddleFlexCheckpoint(RealFixture("two_ranks"));
+  REQUIRE(pk.ok());
+  REQUIRE(st->tensors.size() == pk->tensors.size());
+  for (const TensorEntry& t : st->tensors) {
+    INFO(t.key);
+    const TensorEntry* p = pk->FindTensor(t.key);
+    REQUIRE(p != nullptr);
+    CHECK(t.dtype == p->dtype);
+    CHECK(t.chunks.size() == p->chunks.size());
+    CHECK(testing::ReassembleTensor(*st, t) == testing::ReassembleTensor(*pk, *p));
+  }
+  const TensorEntry* half = st->FindTensor("half.bf16");
+  REQUIRE(half != nullptr);
+  CHECK(half->dtype == DType::kBFloat16);
+  CHECK(st->files.size() == 2);
+  CHECK(st->files[0].path.find(".safetensors") != std::string::npos);
+  // The sharding optimizer's flattened_range holds numpy int64 scalars.
+  auto zero = ReadPaddleFlexCheckpoint(RealFixture("zero_sharding"));
+  REQUIRE(zero.ok());
+  const TensorEntry* m = zero->FindTensor("fc.weight.moment1_0");
+  REQUIRE(m != nullptr);
+  CHECK(m->global_shape == Shape{6, 100});
+  REQUIRE(m->chunks.size() == 2);
+  REQUIRE(m->chunks[0].flat_range.has_value());
+  REQUIRE(m->chunks[1].flat_range.has_value());
+  CHECK(m->chunks[0].flat_range->inclusive_min == 0);
+  CHECK(m->chunks[0].flat_range->exclusive_max == m->chunks[1].flat_range->inclusive_min);
+  CHECK(m->chunks[1].flat_range->exclusive_max == 600);
+  CHECK(m->chunks[0].flat_range->exclusive_max > 0);
+  CHECK(m->chunks[0].flat_range->exclusive_max < 600);
+}
+
 TEST_CASE("paddle: damaged inputs name the file", "[paddle]") {
   testing::TempDir tmp;
   const std::string dir = tmp.path() + "/ckpt";
