@@ -46,7 +46,17 @@ Result<bool> IsTorchDcp(const Listing& l) {
          l.Any([](const std::string& n) { return TorchDcpRankMetadataRank(n).has_value(); });
 }
 
+// PaddlePaddle's save_state_dict(..., safetensors=True): "<id>.metadata" beside
+// "<rank>_<id>.safetensors" data files. Not an HF safetensors directory: its files are
+// pieces of one tensor each, placed by the metadata.
+bool IsPaddleSafetensorsSave(const Listing& l) {
+  return l.Any(IsPaddleMetadataName) && l.Any([](const std::string& n) {
+    return MatchNumberedName(n, "#_#.safetensors").has_value();
+  });
+}
+
 Result<bool> IsSafetensorsDir(const Listing& l) {
+  if (IsPaddleSafetensorsSave(l)) return false;
   if (l.Any([](const std::string& n) { return EndsWith(n, ".safetensors"); })) return true;
   if (l.Any([](const std::string& n) { return EndsWith(n, ".safetensors.index.json"); })) return true;
   // torch HuggingFaceStorageWriter distributed save: per-rank shards only in sharded/.

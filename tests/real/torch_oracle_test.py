@@ -10,7 +10,9 @@ CASE
   load      fc's torch DCP output (--torch-version 2) loaded by torch's dcp.load: 2 ranks -> 1
             (plain tensors, no process group) and 1 rank -> 2 (torchrun 2 ranks, into the
             FSDP2 model's DTensor state dict through set_state_dict); every model and AdamW
-            tensor equals the source's; fc-export's output read by HuggingFaceStorageReader
+            tensor equals the source's; --torch-serialization safetensors (which torch 2.15
+            cannot load, its own saves neither) read through torch's read_metadata and the
+            safetensors library; fc-export's output read by HuggingFaceStorageReader
   others    DeepSpeed and Megatron legacy fixtures converted to torch DCP (--torch-version 2)
             load with dcp.load, values equal fc-export's of the same source
 """
@@ -115,6 +117,46 @@ def load_worker(ckpt, expected_path):
     dist.destroy_process_group()
 
 
+def read_safetensors_serialization(ckpt):
+    """A SAFETENSORS-serialized DCP checkpoint read the way torch 2.15 writes one, since its
+    FileSystemReader cannot load it (read_data torch.loads every tensor item): torch's own
+    read_metadata, then per .distcp file the byte items and, after them, one blob that the
+    safetensors library loads, each tensor placed at its DCP_SHARDING_INFO saved_offsets.
+    Returns ({fqn: full tensor}, [each blob's __metadata__ keys])."""
+    import json
+    from safetensors.torch import load as st_load
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+    md = dcp.FileSystemReader(ckpt).read_metadata()
+    blob_start = {}
+    for index, info in md.storage_data.items():
+        if isinstance(md.state_dict_metadata[index.fqn], BytesStorageMetadata):
+            end = info.offset + info.length
+            blob_start[info.relative_path] = max(blob_start.get(info.relative_path, 0), end)
+    full = {fqn: torch.zeros(m.size, dtype=m.properties.dtype)
+            for fqn, m in md.state_dict_metadata.items()
+            if not isinstance(m, BytesStorageMetadata)}
+    filled = {fqn: 0 for fqn in full}
+    meta_keys = []
+    for name in sorted(os.listdir(ckpt)):
+        if not name.endswith(".distcp"):
+            continue
+        with open(os.path.join(ckpt, name), "rb") as f:
+            blob = f.read()[blob_start.get(name, 0):]
+        header = json.loads(blob[8:8 + int.from_bytes(blob[:8], "little")])
+        meta = header["__metadata__"]
+        meta_keys.append(sorted(meta))
+        sharding = json.loads(meta["DCP_SHARDING_INFO"])
+        for fqn, t in st_load(blob).items():
+            offsets = sharding[fqn]["saved_offsets"]
+            view = full[fqn][tuple(slice(o, o + n) for o, n in zip(offsets, t.shape))]
+            assert view.shape == t.shape, (ckpt, name, fqn, offsets, t.shape)
+            view.copy_(t)
+            filled[fqn] += t.numel()
+    for fqn, n in filled.items():
+        assert n == full[fqn].numel(), (ckpt, fqn, n, tuple(full[fqn].shape))
+    return full, meta_keys
+
+
 def case_load(build, testdata, tmp):
     export, convert, _ = tools(build)
     real = os.path.join(testdata, "real", "torch")
@@ -139,6 +181,23 @@ def case_load(build, testdata, tmp):
                     testdata, out12, os.path.join(one, "expected.safetensors")],
                    check=True, env=env)
     print("1 rank -> 2: FSDP2 load equal")
+
+    # --torch-serialization safetensors: torch 2.15 cannot load it (its own saves neither),
+    # so each blob goes through the safetensors library after torch's read_metadata; the
+    # same reader on torch's own save (fsdp2_safetensors) is the control.
+    own, own_keys = read_safetensors_serialization(
+        os.path.join(real, "fsdp2_safetensors", "ckpt"))
+    assert_tensors_equal(own, expected, "torch's own SAFETENSORS save, read by this test")
+    for src, like, label in ((two, one, "2 ranks -> 1"), (one, two, "1 rank -> 2")):
+        out = os.path.join(tmp, "st_" + label.replace(" ", ""))
+        fcio.run([convert, os.path.join(src, "ckpt"), out, "--output-format", "torch-dcp",
+                  "--torch-version", "2", "--torch-serialization", "safetensors",
+                  "--target-like", os.path.join(like, "ckpt"), "-q"])
+        got, keys = read_safetensors_serialization(out)
+        assert set(map(tuple, keys)) == set(map(tuple, own_keys)), (keys, own_keys)
+        assert_tensors_equal(got, st_to_torch(os.path.join(src, "expected.safetensors")),
+                             f"SAFETENSORS serialization {label}")
+    print("--torch-serialization safetensors: torch's metadata + the safetensors library equal")
 
     # fc-export's HF safetensors through torch's HuggingFaceStorageReader.
     from torch.distributed.checkpoint import HuggingFaceStorageReader

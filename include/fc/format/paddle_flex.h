@@ -20,8 +20,10 @@
 //       accepted too. bfloat16 is stored as '<u2' and told apart by the metadata dtype.
 //     or, from save_state_dict(..., safetensors=True), a safetensors file (recognised by its
 //     content: not a pickle, '{' at byte 8) whose tensors are the keys; its header is
-//     validated as any safetensors file and each dtype must match the metadata's (U16 is
-//     read as bfloat16 where the metadata says bfloat16).
+//     validated as any safetensors file and each dtype must match the metadata's (BF16, or
+//     U16 read as bfloat16 where the metadata says bfloat16). Paddle 3.3.1 names these
+//     files <rank>_<id>.safetensors (the metadata's storage_metadata says so); such a
+//     directory is detected as Paddle, not as HF safetensors (format/open.cc).
 // A directory of HF *.safetensors files (with or without Paddle's auto-generated
 // "flex-ckpt.auto_generated.metadata", which load_state_dict writes for them) is detected
 // as a safetensors checkpoint and read by the safetensors reader, not here.

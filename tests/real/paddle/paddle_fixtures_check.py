@@ -16,13 +16,6 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 import fcio  # noqa: E402
 
-# save_state_dict(..., safetensors=True) writes <id>.metadata + <rank>_<id>.safetensors; format
-# detection (src/format/open.cc) asks the safetensors reader first and takes such a directory
-# for HF safetensors (wrong as soon as a tensor is sharded: two_ranks_safetensors), so these
-# cases name the format until detection prefers <id>.metadata.
-FORMAT_FLAG = {"single_safetensors": ["--format", "paddle"],
-               "two_ranks_safetensors": ["--format", "paddle"]}
-
 CASES = ["single_pickle", "single_safetensors", "two_ranks", "two_ranks_safetensors",
          "zero_sharding", "aoa_tp2"]
 
@@ -189,7 +182,9 @@ def main():
         for case in CASES:
             ckpt = os.path.join(fixtures, case, "ckpt")
             want = fcio.read_safetensors(os.path.join(fixtures, case, "expected.safetensors"))
-            fmt = FORMAT_FLAG.get(case, [])
+            # No --format: save_state_dict(..., safetensors=True)'s <id>.metadata +
+            # <rank>_<id>.safetensors must be detected as Paddle, not HF safetensors.
+            fmt = []
             p = fcio.run([os.path.join(tools, "fc-inspect"), "--verify", ckpt] + fmt)
             assert "verify: OK" in p.stdout, (case, p.stdout)
             assert "format:   paddle" in p.stdout, (case, p.stdout.splitlines()[:2])
