@@ -46,6 +46,20 @@ inline Result<ClaimedOutput> ClaimOutput(const std::string& output_dir, const st
   return claimed;
 }
 
+// A dry run's check of OUT: what ClaimOutput would refuse (OUT inside the input, or OUT
+// neither absent nor an empty directory), with the same message and exit code; creates,
+// locks and writes nothing. An empty output_dir (a dry run without OUT) passes. Agreed over
+// comm (process 0 looks).
+inline Status CheckOutputClaimable(const std::string& output_dir, const std::string& input,
+                                   Communicator& comm) {
+  Status checked = Status::Ok();
+  if (comm.rank() == 0 && !output_dir.empty()) {
+    checked = CheckOutputNotNested(output_dir, input);
+    if (checked.ok()) checked = CheckOutputFree(StripTrailingSlashes(output_dir));
+  }
+  return comm.AllOk(checked);
+}
+
 }  // namespace fc
 
 #endif  // FC_SRC_OPS_CLAIM_OUTPUT_H_

@@ -533,11 +533,7 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   if (options.dry_run) {
     // OUT as the real run would claim it (not nested with the input, absent or empty), with
     // its message; no lock is taken and nothing is created.
-    FC_RETURN_IF_ERROR(comm->AllOk([&]() -> Status {
-      if (me != 0 || options.output_dir.empty()) return Status::Ok();
-      FC_RETURN_IF_ERROR(CheckOutputNotNested(options.output_dir, input.local_path));
-      return CheckOutputFree(StripTrailingSlashes(options.output_dir));
-    }()));
+    FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, input.local_path, *comm));
     if (me == 0) PrintPlan(p->index, p->plan, p->ranks, options, out);
     return p->summary;
   }

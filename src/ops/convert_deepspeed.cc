@@ -243,10 +243,8 @@ Result<ConvertSummary> RunConvertDeepSpeed(const ConvertOptions& options, std::o
   summary.bytes_written = job->plan.bytes_written + CopiedBytes(*job);
   summary.objects = job->layout.copies.size();
   if (options.dry_run) {
-    if (!options.output_dir.empty()) {
-      FC_RETURN_IF_ERROR(CheckOutputNotNested(options.output_dir, options.input));
-      FC_RETURN_IF_ERROR(CheckOutputFree(StripTrailingSlashes(options.output_dir)));
-    }
+    FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, options.input,
+                                            SingleProcessCommunicator()));
     PrintPlan(*job, options, out);
     return summary;
   }

@@ -864,10 +864,8 @@ Result<ConvertSummary> RunConvertUcp(const ConvertOptions& options, std::ostream
   summary.bytes_written = job->plan.bytes_written;
   summary.objects = src.copy_files.size() + (src.optimizer_state_copy.empty() ? 0 : 1);
   if (options.dry_run) {
-    if (!options.output_dir.empty()) {
-      FC_RETURN_IF_ERROR(CheckOutputNotNested(options.output_dir, options.input));
-      FC_RETURN_IF_ERROR(CheckOutputFree(StripTrailingSlashes(options.output_dir)));
-    }
+    FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, options.input,
+                                            SingleProcessCommunicator()));
     PrintPlan(*job, options, out);
     return summary;
   }

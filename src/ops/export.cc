@@ -450,6 +450,8 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
     FC_RETURN_IF_ERROR(comm->AllOk(listed));
   }
   if (options.dry_run) {
+    // OUT as the real run would claim it, refused with the same message and exit code.
+    FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, input.local_path, *comm));
     if (me == 0) PrintPlan(*p, options, out);
     p->summary.tensors = p->outputs.size();
     return p->summary;

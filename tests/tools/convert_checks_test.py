@@ -14,6 +14,7 @@ import tempfile
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 TOOLS = os.path.join(BUILD, "tools")
 CONVERT = os.path.join(TOOLS, "fc-convert")
+EXPORT = os.path.join(TOOLS, "fc-export")
 MEGATRON = os.path.join(TESTDATA, "torch_dcp", "megatron_tiny_tp2_pp2", "ckpt")
 tmp = tempfile.mkdtemp(prefix="fc-convert-checks-")
 
@@ -119,6 +120,14 @@ def case_outdir():
         args = [mixed, out, "--target-like", mixed, "--quiet"]
         dry = run([CONVERT, *args, "--dry-run"], expect=code)
         real = run([CONVERT, *args], expect=code)
+        assert error_line(dry) == error_line(real) and needle in error_line(dry), \
+            (dry.stderr, real.stderr)
+    # fc-export's dry run checks OUT as its real run does (it exited 0 into a full OUT).
+    for out, code, needle in ((full, 8, "output directory exists and is not empty"),
+                              (mixed, 3, "output is the input"),
+                              (os.path.join(mixed, "sub"), 3, "inside the input")):
+        dry = run([EXPORT, mixed, out, "--quiet", "--dry-run"], expect=code)
+        real = run([EXPORT, mixed, out, "--quiet"], expect=code)
         assert error_line(dry) == error_line(real) and needle in error_line(dry), \
             (dry.stderr, real.stderr)
     assert os.listdir(full) == ["keep"], os.listdir(full)
