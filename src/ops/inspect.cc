@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "fc/codec/json_writer.h"
 #include "fc/core/glob.h"
@@ -93,6 +94,45 @@ void PrintObjects(const CheckpointIndex& index, std::ostream& out) {
   }
 }
 
+// True when `text` is, whole, a number in JSON's grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?
+// ([eE][+-]?[0-9]+)?. A scan, not a regex (attribute values come from the checkpoint).
+bool IsJsonNumberText(std::string_view text) {
+  size_t i = 0;
+  const auto digits = [&]() {
+    const size_t start = i;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+    return i > start;
+  };
+  if (i < text.size() && text[i] == '-') ++i;
+  if (i < text.size() && text[i] == '0') {
+    ++i;
+  } else if (!digits()) {
+    return false;
+  }
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    if (!digits()) return false;
+  }
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    if (!digits()) return false;
+  }
+  return i == text.size();
+}
+
+// An attribute's value typed for JSON: a number where the whole text is one (kept as
+// written: "3.0" stays 3.0), true/false for those words, otherwise a string.
+void WriteAttributeValue(JsonWriter& j, const std::string& value) {
+  if (value == "true" || value == "false") {
+    j.Bool(value == "true");
+  } else if (IsJsonNumberText(value)) {
+    j.RawValue(value);
+  } else {
+    j.String(value);
+  }
+}
+
 void WriteJson(const CheckpointIndex& index, const std::vector<const TensorEntry*>& tensors,
                const VerifyReport* verify, std::ostream& out) {
   JsonWriter j(JsonWriter::Style::kCompact);
@@ -101,7 +141,7 @@ void WriteJson(const CheckpointIndex& index, const std::vector<const TensorEntry
   j.Key("format").String(CheckpointFormatName(index.format));
   j.Key("root").String(index.root);
   j.Key("attributes").BeginObject();
-  for (const auto& [k, v] : index.attributes) j.Key(k).String(v);
+  for (const auto& [k, v] : index.attributes) WriteAttributeValue(j.Key(k), v);
   j.EndObject();
   j.Key("files").BeginArray();
   for (const FileInfo& f : index.files) {
