@@ -568,7 +568,7 @@ PV::Ptr WithMoments(const PV& state, size_t groups, Moment moment) {
 Status PlanZero3(DsRepartition& job,
                  const std::map<int64_t, std::map<int64_t, std::string>>& model3,
                  const std::map<int64_t, std::map<int64_t, std::string>>& optim,
-                 const std::string& prefix) {
+                 const std::string& model_prefix, const std::string& prefix) {
   job.variant = "zero3";
   job.mp = static_cast<int64_t>(model3.size());
   if (model3.rbegin()->first != job.mp - 1) {
@@ -726,7 +726,7 @@ Status PlanZero3(DsRepartition& job,
       const std::string rank = "zero_pp_rank_" + std::to_string(r) + "_" + MpName(m);
       const std::string label = MpName(m) + " rank " + std::to_string(r);
       // Model states: dp_world_size, frozen_param_fragments.
-      ArchiveBuilder mout(JoinPath(job.tag, prefix + rank + "_model_states.pt"));
+      ArchiveBuilder mout(JoinPath(job.tag, model_prefix + rank + "_model_states.pt"));
       PV frags;
       bool has_frags = false;
       if (const PV* f0 = model0.root.Find("frozen_param_fragments"); f0 && !f0->is_none()) {
@@ -949,6 +949,7 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
   std::vector<SourceFile> files;
   PV::Ptr fragment_cls;
   bool bf16 = false;
+  bool count_list = false;  // partition_count saved as a list (one per group): kept a list
   for (const auto& [r, name] : ranks) {
     FC_ASSIGN_OR_RETURN(SourceFile sf, OpenSource(job.tag_dir, name));
     rp.AddFile(sf);
@@ -961,15 +962,30 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
                                 "--output-format deepspeed re-partitions stage 1/2 and "
                                 "BF16_Optimizer checkpoints");
     }
+    // partition_count: DeepSpeed 0.19's ZeRO 1/2 and BF16_Optimizer save a list, one count
+    // per param group (zero_to_fp32 takes its max); older saves an int. A list whose every
+    // count is the DP size is a dense checkpoint; other counts are MoE expert groups.
     const PV* pc = osd->Find("partition_count");
-    if (pc != nullptr && (pc->is_list() || pc->is_tuple())) {
-      return UnimplementedError(sf.path + ": partition_count is a list (MoE expert groups "
-                                "with their own DP size): not re-partitioned");
-    }
-    if (pc == nullptr || !pc->is_int() || pc->int_value != source_dp) {
+    const bool pc_list = pc != nullptr && (pc->is_list() || pc->is_tuple());
+    if (pc_list) {
+      bool dense = pc->items.size() == groups.size();
+      for (const PV::Ptr& i : pc->items) {
+        dense = dense && i->is_int() && i->int_value == source_dp;
+      }
+      if (!dense) {
+        return UnimplementedError(sf.path + ": partition_count " + pc->DebugString(60) +
+                                  " is not " + std::to_string(source_dp) + " for each of the " +
+                                  std::to_string(groups.size()) + " param groups (MoE expert "
+                                  "groups with their own DP size): not re-partitioned");
+      }
+    } else if (pc == nullptr || !pc->is_int() || pc->int_value != source_dp) {
       return DataLossError(sf.path + ": partition_count " +
                            (pc ? pc->DebugString(40) : std::string("missing")) + " but " +
                            std::to_string(source_dp) + " DP rank files for " + MpName(m));
+    }
+    if (r == 0) count_list = pc_list;
+    if (pc_list != count_list) {
+      return DataLossError(sf.path + ": partition_count is a list in some DP ranks' files only");
     }
     const bool this_bf16 = osd->Find("zero_stage") == nullptr;
     if (r == 0) bf16 = this_bf16;
@@ -1062,8 +1078,15 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
       paddings.items.push_back(PickleInt(ps - lean));
       mappings.items.push_back(SliceMappings(gs, ps, r, fragment_cls));
     }
+    PV::Ptr counts = PickleInt(dp);
+    if (count_list) {
+      PV list;
+      list.kind = K::kList;
+      for (size_t g = 0; g < groups.size(); ++g) list.items.push_back(PickleInt(dp));
+      counts = Node(std::move(list));
+    }
     FC_RETURN_IF_ERROR(AddOptimStates(job, std::move(out), rank0, Node(std::move(singles)),
-                                      Node(std::move(paddings)), PickleInt(dp),
+                                      Node(std::move(paddings)), std::move(counts),
                                       Node(std::move(mappings)), ea, eas));
   }
   return Status::Ok();
@@ -1362,7 +1385,11 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
   std::map<int64_t, std::string> model_files;              // mp rank -> name
   std::map<int64_t, std::map<int64_t, std::string>> model3;  // ZeRO-3: mp -> dp -> name
   std::map<int64_t, std::map<int64_t, std::string>> optim;  // mp rank -> dp rank -> name
-  std::set<std::string> prefixes;
+  // File name prefixes (bf16_, fp16_ or none) of the optimizer files and of ZeRO-3's per-rank
+  // model states, apart: DeepSpeed 0.19 names a bf16 ZeRO-3 job's optimizer files
+  // bf16_zero_pp_rank_* but its model states zero_pp_rank_* (_get_zero_ckpt_name and
+  // _get_ckpt_name).
+  std::set<std::string> prefixes, model_prefixes;
   std::vector<std::string> moe_files;
   for (const std::string& n : names) {
     const std::string path = JoinPath(job.tag_dir, n);
@@ -1383,7 +1410,7 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
       prefixes.insert(prefix);
     } else if (ParseRankName(n, "_model_states.pt", &prefix, &r, &m)) {
       model3[m][r] = n;
-      prefixes.insert(prefix);
+      model_prefixes.insert(prefix);
     } else if (int64_t mp = MpRankOf(n); mp >= 0) {
       model_files[mp] = n;
     } else if (n.starts_with("layer_") && n.ends_with("model_states.pt")) {
@@ -1403,12 +1430,18 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
                          *prefixes.begin() + "zero_pp_rank_*, " + *prefixes.rbegin() +
                          "zero_pp_rank_*)");
   }
+  if (model_prefixes.size() > 1) {
+    return DataLossError(job.tag_dir + ": ZeRO-3 model-states files with different prefixes (" +
+                         *model_prefixes.begin() + "zero_pp_rank_*, " +
+                         *model_prefixes.rbegin() + "zero_pp_rank_*)");
+  }
   if (!model3.empty()) {
     if (!model_files.empty()) {
       return DataLossError(job.tag_dir + ": both ZeRO-3 per-rank model states and " +
                            model_files.begin()->second);
     }
-    FC_RETURN_IF_ERROR(PlanZero3(job, model3, optim, *prefixes.begin()));
+    FC_RETURN_IF_ERROR(PlanZero3(job, model3, optim, *model_prefixes.begin(),
+                                 prefixes.empty() ? std::string() : *prefixes.begin()));
     AddZeroToFp32(job, save_dir);
     return job;
   }
