@@ -171,9 +171,15 @@ void WriteStrings(JsonWriter& w, const std::vector<std::string>& values) {
 
 // --- presets ---
 
-// The ZeRO-1 states of both presets: Megatron/DeepSpeed-style suffixes.
+// The ZeRO-1 states of both presets, under the names fc's readers give them (group 1: the
+// parameter): Megatron legacy and DeepSpeed `optimizer.{fp32,exp_avg,exp_avg_sq}.<p>`,
+// Megatron torch_dist `optimizer.state.{fp32_param,param,exp_avg,exp_avg_sq}.<p>`, torch
+// `optim.state.<p>.{exp_avg,exp_avg_sq}` and plain `<p>.{exp_avg,exp_avg_sq,fp32_param}`,
+// PaddlePaddle `<p>.{moment1_0,moment2_0,w_0}`.
 ZeroRules PresetZero() {
-  return ZeroRules{{R"(^(.+)\.exp_avg$)", R"(^(.+)\.exp_avg_sq$)", R"(^(.+)\.fp32_param$)"}};
+  return ZeroRules{{R"(^optimizer\.(?:state\.)?(?:fp32|fp32_param|param|exp_avg|exp_avg_sq)\.(.+)$)",
+                    R"(^(.+)\.exp_avg$)", R"(^(.+)\.exp_avg_sq$)", R"(^(.+)\.fp32_param$)",
+                    R"(^(.+)\.(?:moment1_0|moment2_0|w_0)$)"}};
 }
 
 LayoutRules MegatronGpt(const ParallelDegrees& degrees) {

@@ -138,6 +138,37 @@ def case_outdir():
     run([CONVERT, mixed, os.path.join(tmp, "absent"), "--target-like", mixed, "--dry-run"])
 
 
-{"torchflat": case_torchflat, "preset": case_preset, "emptyrank": case_emptyrank,
+def case_presetstates():
+    # --sharding flattens the optimizer states under the names fc's readers give them
+    # (before: only '<param>.exp_avg' matched, and a Megatron checkpoint stopped with
+    # "target rank 4 (tp 0, pp 0, dp 0, sharding 1) holds no tensor"). Each conversion holds
+    # flattened chunks on every sharding rank and equals its source (fc-diff exit 0).
+    diff = os.path.join(TOOLS, "fc-diff")
+    inspect = os.path.join(TOOLS, "fc-inspect")
+    cases = [  # (source, preset args, the states' names as the reader gives them)
+        (os.path.join(TESTDATA, "megatron_legacy", "gpt_tp2_pp2", "ckpt"),  # Megatron legacy
+         ["megatron-gpt", "--tp", "4", "--pp", "2", "--sharding", "2"], "optimizer."),
+        (os.path.join(TESTDATA, "torch_dcp_adam", "megatron_dist", "ckpt"),  # torch_dist
+         ["megatron-gpt", "--tp", "1", "--sharding", "2"], "optimizer.state."),
+        (os.path.join(TESTDATA, "torch_dcp_adam", "fsdp_adam", "ckpt"),  # torch optim.state.*
+         ["hf-llama", "--tp", "1", "--sharding", "2"], "optim.state."),
+    ]
+    for i, (src, preset, states) in enumerate(cases):
+        out = os.path.join(tmp, f"presetstates{i}")
+        run([CONVERT, src, out, "--preset", *preset, "--quiet"])
+        j = json.loads(run([inspect, out, "--json"]).stdout)
+        flat = {}
+        for t in j["tensors"]:
+            for c in t["chunks"]:
+                if c["flattened_range"] is not None:
+                    assert t["key"].startswith(states), (src, t["key"])
+                    flat.setdefault(c["file"], 0)
+                    flat[c["file"]] += 1
+        sharding = int(preset[preset.index("--sharding") + 1])
+        assert len(flat) >= sharding, (src, flat)
+        run([diff, src, out, "--quiet"])
+
+
+{"torchflat": case_torchflat, "presetstates": case_presetstates, "preset": case_preset, "emptyrank": case_emptyrank,
  "outdir": case_outdir}[CASE]()
 print("ok")

@@ -203,8 +203,10 @@ std::string LayoutRulesJson(const LayoutRules& rules);
 //   "hf-llama":     HuggingFace Llama/Qwen/Mistral naming (model.layers.N.self_attn...,
 //                   model.embed_tokens, lm_head), MoE experts (.experts.N.).
 // The exact regexes are listed in man/fc-layout.5 (and by LayoutRulesJson). When
-// degrees.sharding > 1 the presets also flatten the states with the suffixes .exp_avg,
-// .exp_avg_sq and .fp32_param (parameter order, align 1, partition_align 1).
+// degrees.sharding > 1 the presets also flatten the optimizer states under the names fc's
+// readers give them: optimizer.[state.]{fp32,fp32_param,param,exp_avg,exp_avg_sq}.<p>, the
+// suffixes .exp_avg, .exp_avg_sq, .fp32_param, and Paddle's .moment1_0, .moment2_0, .w_0
+// (parameter order, align 1, partition_align 1).
 // Errors: kInvalidArgument for an unknown name ("unknown preset 'x' (known: megatron-gpt,
 // hf-llama)") or bad degrees.
 Result<LayoutRules> PresetRules(std::string_view name, const ParallelDegrees& degrees);
