@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -255,6 +256,40 @@ struct RankFile {
     return l;
   }
 };
+
+// The integral value of a one-element float32/float64/int64 tensor in `f` (torch Adam's
+// per-param step), or nullopt.
+std::optional<int64_t> ScalarStep(const RankFile& f, const PV& v) {
+  auto l = f.Locate(v, "step");
+  if (!l.ok()) return std::nullopt;
+  for (int64_t d : l->shape) {
+    if (d != 1) return std::nullopt;
+  }
+  std::byte b[8];
+  const size_t size = DTypeSize(l->dtype);
+  if (size > sizeof b || l->first + size > f.file->size() ||
+      !f.file->ReadAt(l->first, std::span<std::byte>(b, size)).ok()) {
+    return std::nullopt;
+  }
+  double x;
+  if (l->dtype == DType::kFloat32) {
+    float g;
+    std::memcpy(&g, b, 4);
+    x = g;
+  } else if (l->dtype == DType::kFloat64) {
+    std::memcpy(&x, b, 8);
+  } else if (l->dtype == DType::kInt64) {
+    int64_t i;
+    std::memcpy(&i, b, 8);
+    return i;
+  } else {
+    return std::nullopt;
+  }
+  if (!(x >= 0 && x < 9.0e15) || x != static_cast<double>(static_cast<int64_t>(x))) {
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(x);
+}
 
 // `state_dict`: the root must be a dict (model_optim_rng.pt); distrib_optim.pt may also be
 // a list (a ChainedOptimizer's).
@@ -1901,6 +1936,24 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
     if (groups != nullptr && groups->is_list()) {
       for (const auto& g : groups->items) {
         if (auto st = g ? IntOf(g->Find("step")) : std::nullopt) steps.insert(*st);
+      }
+    }
+    // torch's Adam/AdamW (Megatron-Core's optimizer without Transformer Engine or Apex, as on
+    // CPU) keeps the step per param in its state, a 0-d float32 tensor (an int before torch
+    // 1.12): seen in Megatron-Core 0.16.1's FP32Optimizer.state_dict().
+    if (steps.empty() && (float16 || fp32_optimizer)) {
+      const PV* inner = fp32_optimizer ? opt0 : opt0->Find("optimizer");
+      const PV* states = inner ? inner->Find("state") : nullptr;
+      if (states != nullptr) {
+        for (const auto& [k, v] : states->entries) {
+          const PV* step = v ? v->Find("step") : nullptr;
+          if (step == nullptr) continue;
+          if (auto st = IntOf(step)) {
+            steps.insert(*st);
+          } else if (auto st2 = ScalarStep(*files_[0], *step)) {
+            steps.insert(*st2);
+          }
+        }
       }
     }
     if (!steps.empty()) {

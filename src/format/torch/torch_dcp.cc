@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -653,12 +654,87 @@ void CollectStrings(const PickleValue& v, std::string_view key, int depth, int64
   }
 }
 
+// The value of a one-element tensor pickled in a torch.save archive (common.pt), as text:
+// an integral float or an integer in decimal, another float in shortest form; nullopt for
+// anything else (not a tensor, several elements, a dtype other than f32/f64/i32/i64, a
+// missing or out-of-range record).
+std::optional<std::string> ScalarTensorText(const PickleValue& v,
+                                            const TorchSaveArchive& archive,
+                                            const ZipReadFn& read) {
+  auto ref = DecodeTorchTensor(v);
+  if (!ref.ok()) return std::nullopt;
+  for (int64_t d : ref->shape) {
+    if (d != 1) return std::nullopt;
+  }
+  const DType dt = ref->dtype;
+  if (dt != DType::kFloat32 && dt != DType::kFloat64 && dt != DType::kInt32 &&
+      dt != DType::kInt64) {
+    return std::nullopt;
+  }
+  const ZipEntry* e = archive.FindRecord("data/" + ref->storage_key);
+  const uint64_t size = DTypeSize(dt);
+  // In range: DecodeTorchTensor checked that the view fits the storage it claims.
+  const uint64_t at = static_cast<uint64_t>(ref->storage_offset) * size;
+  if (e == nullptr || e->method != 0 || at + size > e->compressed_size) return std::nullopt;
+  std::byte b[8];
+  if (!read(e->data_offset + at, std::span<std::byte>(b, size)).ok()) return std::nullopt;
+  double x = 0;
+  if (dt == DType::kFloat32) {
+    float f;
+    std::memcpy(&f, b, 4);
+    x = f;
+  } else if (dt == DType::kFloat64) {
+    std::memcpy(&x, b, 8);
+  } else if (dt == DType::kInt32) {
+    int32_t i;
+    std::memcpy(&i, b, 4);
+    return std::to_string(i);
+  } else {
+    int64_t i;
+    std::memcpy(&i, b, 8);
+    return std::to_string(i);
+  }
+  if (x >= 0 && x < 9.0e15 && x == static_cast<double>(static_cast<int64_t>(x))) {
+    return std::to_string(static_cast<int64_t>(x));
+  }
+  char buf[32];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);
+  return ec == std::errc() ? std::string(buf, end) : std::string("?");
+}
+
+// The non-distributed optimizers (FP32Optimizer, Float16OptimizerWithFloat16Params) keep the
+// torch optimizer's per-param step as one value: MegatronOptimizer.
+// _extract_common_per_param_step puts it in their sharded state dict as
+// state["common_step"], a 0-d tensor (torch Adam's step), which dist_checkpointing saves in
+// common.pt (seen in Megatron-Core 0.16.1's saves). Collected like CollectParamGroupSteps.
+void CollectCommonSteps(const PickleValue& v, int depth, int64_t* budget,
+                        const TorchSaveArchive& archive, const ZipReadFn& read,
+                        std::set<std::string>* steps) {
+  if (depth > 16 || --*budget < 0) return;
+  for (const auto& [k, value] : v.entries) {
+    if (!value) continue;
+    if (k && k->is_str() && k->str == "common_step") {
+      if (value->is_int()) {
+        steps->insert(std::to_string(value->int_value));
+      } else if (auto text = ScalarTensorText(*value, archive, read)) {
+        steps->insert(*text);
+      }
+      continue;
+    }
+    CollectCommonSteps(*value, depth + 1, budget, archive, read, steps);
+  }
+  for (const auto& item : v.items) {
+    if (item) CollectCommonSteps(*item, depth + 1, budget, archive, read, steps);
+  }
+}
+
 // Megatron-Core's dist checkpointing (torch_dist) saves what is not sharded beside the DCP
 // files as common.pt, a torch.save of the rest of the state dict (args, iteration, the
 // optimizer's param groups, ...). Three values are read from it: "iteration", the Adam
 // step the param groups carry (what a Universal Checkpoint's step.pt needs) and the
 // distributed optimizer's param_state_sharding_type (which says whether its states are per
-// param, optimizer.state.<state>.<key>, or flat per-bucket buffers). Best effort:
+// param, optimizer.state.<state>.<key>, or flat per-bucket buffers); the non-distributed
+// optimizers' step is optimizer.state.common_step, a 0-d tensor. Best effort:
 // a common.pt fc cannot parse is reported in the attribute, not an error of the checkpoint.
 void AddMegatronCommon(const std::string& dir, std::map<std::string, std::string>& a) {
   const std::string path = JoinPath(dir, "common.pt");
@@ -685,6 +761,8 @@ void AddMegatronCommon(const std::string& dir, std::map<std::string, std::string
   if (const PickleValue* opt = root->Find("optimizer")) {
     int64_t budget = 1 << 20;
     CollectParamGroupSteps(*opt, 0, &budget, &steps);
+    budget = 1 << 20;
+    CollectCommonSteps(*opt, 0, &budget, *archive, read, &steps);
     budget = 1 << 20;
     CollectStrings(*opt, "param_state_sharding_type", 0, &budget, &sharding);
   }

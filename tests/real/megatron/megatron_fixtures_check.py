@@ -1,0 +1,90 @@
+"""fc-inspect --verify and fc-export --include-optimizer on checkpoints written by the real
+Megatron-Core (0.16.1, CPU, gloo; testdata/real/megatron/make_fixtures.py), compared bit for
+bit with the full tensors Megatron-Core itself loads into a TP 1 x PP 1 model and optimizer
+(each case's expected.safetensors): same names, dtypes, shapes and bytes; and the attributes
+fc reads from common.pt (iteration, the Adam step) equal the case's info.json. Where a case has
+the same training state saved as Megatron-LM's legacy per-rank files (legacy/), fc-export of
+those equals expected_legacy.safetensors (the TP 1 model's state dict and its FP32Optimizer's
+per-param states, optimizer.{fp32,exp_avg,exp_avg_sq}.<name>). No framework is
+needed (numpy reads both sides).
+
+usage: megatron_fixtures_check.py BUILD_ROOT FIXTURES_DIR [CASE...]
+  FIXTURES_DIR: testdata/real/megatron (committed), or a directory make_fixtures.py just wrote
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
+import fcio  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+CASES = ["gpt_tp2_pp2", "gpt_tp2_vpp2", "gpt_tp4", "gpt_tp2_pp2_layers"]
+
+
+def compare(got, want, label):
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    assert not missing and not extra, f"{label}: missing {missing}, unexpected {extra}"
+    bad = []
+    for name, (dt, arr) in want.items():
+        gdt, garr = got[name]
+        if gdt != dt or garr.shape != arr.shape:
+            bad.append(f"{name}: fc {gdt}{list(garr.shape)} vs {dt}{list(arr.shape)}")
+        elif fcio.bits(garr).tobytes() != fcio.bits(arr).tobytes():
+            bad.append(f"{name}: values differ (max |d| "
+                       f"{np.max(np.abs(garr.astype(np.float64) - arr.astype(np.float64)))})")
+    assert not bad, f"{label}:\n  " + "\n  ".join(bad)
+
+
+def check_case(tools, fixtures, case, tmp):
+    d = os.path.join(fixtures, case)
+    info = json.load(open(os.path.join(d, "info.json")))
+    ckpt = os.path.join(d, "ckpt")
+    p = fcio.run([os.path.join(tools, "fc-inspect"), "--verify", ckpt])
+    assert "verify: OK" in p.stdout, (case, p.stdout)
+    attrs = json.loads(fcio.run([os.path.join(tools, "fc-inspect"), "--json", ckpt]).stdout)
+    attrs = attrs["attributes"]
+    assert attrs.get("megatron.iteration") == info["iteration"], (case, attrs)
+    if info.get("optimizer_step") is not None:
+        assert attrs.get("megatron.optimizer_step") == info["optimizer_step"], (case, attrs)
+    out = os.path.join(tmp, case)
+    fcio.run([os.path.join(tools, "fc-export"), ckpt, out, "--include-optimizer", "-q"])
+    got, _ = fcio.read_hf_dir(out)
+    want = fcio.read_safetensors(os.path.join(d, "expected.safetensors"))
+    compare(got, want, case)
+    print(f"{case}: {len(want)} tensors equal Megatron-Core's", flush=True)
+    legacy = os.path.join(d, "legacy")
+    if os.path.isdir(legacy):
+        p = fcio.run([os.path.join(tools, "fc-inspect"), "--verify", legacy])
+        assert "verify: OK" in p.stdout, (case, p.stdout)
+        attrs = json.loads(fcio.run([os.path.join(tools, "fc-inspect"), "--json",
+                                     legacy]).stdout)["attributes"]
+        assert attrs.get("megatron.iteration") == info["iteration"], (case, attrs)
+        # torch AdamW's per-param step (FP32Optimizer.state_dict()), the same as common.pt's
+        assert attrs.get("megatron.optimizer_step") == info["optimizer_step"], (case, attrs)
+        out = os.path.join(tmp, case + "_legacy")
+        fcio.run([os.path.join(tools, "fc-export"), legacy, out, "--include-optimizer", "-q"])
+        got, _ = fcio.read_hf_dir(out)
+        want = fcio.read_safetensors(os.path.join(d, "expected_legacy.safetensors"))
+        compare(got, want, case + " legacy")
+        print(f"{case} legacy: {len(want)} tensors equal Megatron-Core's", flush=True)
+
+
+def main():
+    build, fixtures = sys.argv[1], sys.argv[2]
+    cases = sys.argv[3:] or CASES
+    tools = os.path.join(build, "tools")
+    tmp = tempfile.mkdtemp(prefix="fc-real-megatron-")
+    try:
+        for case in cases:
+            check_case(tools, fixtures, case, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
