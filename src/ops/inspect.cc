@@ -348,8 +348,15 @@ Status RunInspect(const InspectOptions& options, std::ostream& out) {
       out << "\nverify: ";
       if (report->problems.empty()) {
         out << "OK: " << report->tensors_checked << " tensors, " << report->chunks_checked
-            << " chunks, every element stored exactly once; " << report->checksums_checked
-            << " checksums (" << HumanBytes(report->bytes_hashed) << ") match\n";
+            << " chunks, every element stored exactly once; ";
+        // Only fc distcp stores checksums; "0 checksums match" read as a pass of a check
+        // that never ran.
+        if (index.format == CheckpointFormat::kFcDistcp) {
+          out << report->checksums_checked << " checksums (" << HumanBytes(report->bytes_hashed)
+              << ") match\n";
+        } else {
+          out << "no checksums in this format (" << CheckpointFormatName(index.format) << ")\n";
+        }
       } else {
         out << report->problem_count << " problem(s)\n";
         uint64_t shown = 0;
