@@ -18,7 +18,7 @@ NAME
             from Megatron-Core names to HF Llama names: transformers' LlamaForCausalLM loads
             it with no missing or unexpected keys, and its fp32 logits on a fixed input equal
             the forward of Megatron-Core's TP 1 model loaded from the checkpoint within
-            TOLERANCE (not bit for bit: see LOGITS_NOTE)
+            TOLERANCE (1e-6; not bit for bit: see LOGITS_NOTE)
 
 fc-convert's torch-dcp output holds .metadata and the __R_0.distcp files; Megatron's
 dist_checkpointing.load also needs the save's metadata.json (the backend) and common.pt
@@ -38,12 +38,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 import fcio  # noqa: E402
 
 PORT = int(os.environ.get("FC_MEGATRON_PORT", "29710"))
-TOLERANCE = 1e-5
+TOLERANCE = 1e-6
 LOGITS_NOTE = (
-    "Megatron's local attention (DotProductAttention: baddbmm with the softmax scale as beta/"
-    "alpha, FusedScaleMaskSoftmax's torch fallback, sequence-first layout) and HF's eager "
-    "attention (matmul, scale, additive mask) sum in other orders; torch.nn.RMSNorm vs "
-    "LlamaRMSNorm likewise: the fp32 logits agree to rounding, not bit for bit")
+    "layer by layer, the embedding, every RMSNorm and the whole attention block are bit-equal; "
+    "the MLP is not: Megatron's glu takes torch.chunk(fc1_out, 2, dim=-1), so silu runs on a "
+    "non-contiguous view of the gate half, and torch's CPU silu on a strided view rounds some "
+    "elements differently (1 ulp) from HF's silu of the contiguous gate_proj output; fp32 "
+    "logits (|max| ~0.4) then differ by ~3e-8")
 
 
 def generator(testdata):
