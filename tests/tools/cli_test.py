@@ -88,6 +88,13 @@ def case_helpman():
         assert line.rstrip().endswith(formats), (tool, line)
         page = open(os.path.join(SOURCE_ROOT, "man", tool + ".1")).read()
         assert "(" + formats + ")" in page, tool
+    # A flag's prose names every value it accepts (fc-export's --dtype left out float64).
+    for tool in ("fc-export", "fc-convert"):
+        out = run([TOOLS[tool], "--help"]).stdout
+        m = re.search(r"--dtype TEXT:\{([^}]*)\}\s+(.*?)(?:\n  -|\Z)", out, re.S)
+        assert m, (tool, out)
+        for value in m.group(1).split(","):
+            assert value in m.group(2), (tool, value, m.group(2))
     # An object's encoding is spelled one way: fc-inspect (text and JSON) as fc.metadata.json.
     conv = os.path.join(tmp, "enc")
     run([CONVERT, MIXED, conv, "--quiet", "--target-like", MIXED])
