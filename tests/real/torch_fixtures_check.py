@@ -18,12 +18,6 @@ CASES = ["single_plain", "fsdp2_plain", "fsdp2_zstd", "fsdp2_safetensors", "fsdp
          "hf_consolidated"]
 
 
-def compare(got, want, label):
-    assert sorted(got) == sorted(want), f"{label}: names differ: {sorted(set(got) ^ set(want))}"
-    for name, (dt, arr) in want.items():
-        gdt, garr = got[name]
-        assert gdt == dt and garr.shape == arr.shape, (label, name, gdt, garr.shape, dt, arr.shape)
-        assert fcio.bits(garr).tobytes() == fcio.bits(arr).tobytes(), (label, name)
 
 
 def main():
@@ -39,7 +33,7 @@ def main():
             out = os.path.join(tmp, case)
             fcio.run([os.path.join(tools, "fc-export"), ckpt, out, "--include-optimizer", "-q"])
             got, _ = fcio.read_hf_dir(out)
-            compare(got, want, case)
+            fcio.same_tensors(got, want, case)
             print(f"{case}: {len(want)} tensors equal torch's", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -70,6 +70,24 @@ def bf16_bits_to_f32(b):
     return (np.asarray(b, dtype=np.uint16).reshape(-1).astype(np.uint32) << 16).view(np.float32)
 
 
+def same_tensors(got, want, label, subset=False):
+    """Asserts that got and want ({name: (safetensors dtype, array)}, as read_safetensors
+    gives them) hold the same names (subset: every name of want is in got), dtypes, shapes
+    and bytes; the message lists every tensor that differs."""
+    missing = sorted(set(want) - set(got))
+    extra = [] if subset else sorted(set(got) - set(want))
+    assert not missing and not extra, f"{label}: missing {missing}, unexpected {extra}"
+    bad = []
+    for name, (dt, arr) in want.items():
+        gdt, garr = got[name]
+        if gdt != dt or garr.shape != arr.shape:
+            bad.append(f"{name}: fc {gdt}{list(garr.shape)} vs {dt}{list(arr.shape)}")
+        elif bits(garr).tobytes() != bits(arr).tobytes():
+            bad.append(f"{name}: values differ (max |d| "
+                       f"{np.max(np.abs(garr.astype(np.float64) - arr.astype(np.float64)))})")
+    assert not bad, f"{label}:\n  " + "\n  ".join(bad)
+
+
 def same_tree(a, b, label):
     """Asserts that directories a and b hold the same file names with the same bytes."""
     fa, fb = sorted(os.listdir(a)), sorted(os.listdir(b))

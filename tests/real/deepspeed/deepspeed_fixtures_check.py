@@ -37,22 +37,12 @@ def upcast(dt, arr):
 
 
 def same(got, want, label, subset=False, upcast_got=False):
-    """got/want: {name: (dtype, array)}. subset: every name of want is in got. upcast_got:
-    fc's 16-bit tensors compared as float32 (ds_to_universal stores everything as fp32)."""
-    missing = sorted(set(want) - set(got))
-    extra = [] if subset else sorted(set(got) - set(want))
-    assert not missing and not extra, f"{label}: missing {missing}, unexpected {extra}"
-    bad = []
-    for name, (dt, arr) in want.items():
-        gdt, garr = got[name]
-        if upcast_got and dt == "F32":
-            gdt, garr = upcast(gdt, garr)
-        if gdt != dt or garr.shape != arr.shape:
-            bad.append(f"{name}: fc {gdt}{list(garr.shape)} vs {dt}{list(arr.shape)}")
-        elif fcio.bits(garr).tobytes() != fcio.bits(arr).tobytes():
-            bad.append(f"{name}: values differ (max |d| "
-                       f"{np.max(np.abs(garr.astype(np.float64) - arr.astype(np.float64)))})")
-    assert not bad, f"{label}:\n  " + "\n  ".join(bad)
+    """fcio.same_tensors; upcast_got: fc's 16-bit tensors compared as float32 where want
+    holds float32 (ds_to_universal stores everything as fp32)."""
+    if upcast_got:
+        got = {n: (upcast(*v) if n in want and want[n][0] == "F32" else v)
+               for n, v in got.items()}
+    fcio.same_tensors(got, want, label, subset=subset)
 
 
 def export(tools, src, out, *flags):

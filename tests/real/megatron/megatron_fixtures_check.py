@@ -21,23 +21,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 import fcio  # noqa: E402
 
-import numpy as np  # noqa: E402
 
 CASES = ["gpt_tp2_pp2", "gpt_tp2_vpp2", "gpt_tp4", "gpt_tp2_pp2_layers"]
 
 
-def compare(got, want, label):
-    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-    assert not missing and not extra, f"{label}: missing {missing}, unexpected {extra}"
-    bad = []
-    for name, (dt, arr) in want.items():
-        gdt, garr = got[name]
-        if gdt != dt or garr.shape != arr.shape:
-            bad.append(f"{name}: fc {gdt}{list(garr.shape)} vs {dt}{list(arr.shape)}")
-        elif fcio.bits(garr).tobytes() != fcio.bits(arr).tobytes():
-            bad.append(f"{name}: values differ (max |d| "
-                       f"{np.max(np.abs(garr.astype(np.float64) - arr.astype(np.float64)))})")
-    assert not bad, f"{label}:\n  " + "\n  ".join(bad)
 
 
 def ucp(tools, ckpt, out, label):
@@ -64,7 +51,7 @@ def check_case(tools, fixtures, case, tmp):
     fcio.run([os.path.join(tools, "fc-export"), ckpt, out, "--include-optimizer", "-q"])
     got, _ = fcio.read_hf_dir(out)
     want = fcio.read_safetensors(os.path.join(d, "expected.safetensors"))
-    compare(got, want, case)
+    fcio.same_tensors(got, want, case)
     print(f"{case}: {len(want)} tensors equal Megatron-Core's", flush=True)
     legacy = os.path.join(d, "legacy")
     if os.path.isdir(legacy):
@@ -80,7 +67,7 @@ def check_case(tools, fixtures, case, tmp):
         fcio.run([os.path.join(tools, "fc-export"), legacy, out, "--include-optimizer", "-q"])
         got, _ = fcio.read_hf_dir(out)
         want = fcio.read_safetensors(os.path.join(d, "expected_legacy.safetensors"))
-        compare(got, want, case + " legacy")
+        fcio.same_tensors(got, want, case + " legacy")
         print(f"{case} legacy: {len(want)} tensors equal Megatron-Core's", flush=True)
 
 

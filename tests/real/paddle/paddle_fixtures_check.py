@@ -20,19 +20,6 @@ CASES = ["single_pickle", "single_safetensors", "two_ranks", "two_ranks_safetens
          "zero_sharding", "aoa_tp2"]
 
 
-def compare(got, want, label, subset=False):
-    if subset:
-        missing = sorted(set(want) - set(got))
-        assert not missing, f"{label}: fc produced no {missing} (it produced {sorted(got)})"
-    else:
-        assert sorted(got) == sorted(want), \
-            f"{label}: names differ: {sorted(set(got) ^ set(want))}"
-    for name, (dt, arr) in want.items():
-        gdt, garr = got[name]
-        assert gdt == dt and garr.shape == arr.shape, (label, name, gdt, garr.shape, dt, arr.shape)
-        if fcio.bits(garr).tobytes() != fcio.bits(arr).tobytes():
-            raise AssertionError(f"{label}: {name} differs\n fc:     {garr.reshape(-1)[:12]}\n"
-                                 f" Paddle: {arr.reshape(-1)[:12]}")
 
 
 # Documented differences (man/fc-aoa.7, DIFFERENCES FROM PADDLE): a fused macro on X^T. The
@@ -76,7 +63,7 @@ def check_two_casts(got, want, stored):
     src = stored["llama.norm.weight"][1]
     assert got["norm.bf16"][0] == "BF16" and \
         got["norm.bf16"][1].tobytes() == fcio.f32_to_bf16_bits(src).tobytes()
-    compare({"norm.half": got["norm.half"]}, {"norm.half": want["norm.half"]},
+    fcio.same_tensors({"norm.half": got["norm.half"]}, {"norm.half": want["norm.half"]},
             "two_casts_one_source")
 
 
@@ -91,7 +78,7 @@ def check_reverse_ffn(got, want, aoa_dir, stored):
         for p, cols in (("gate", slice(0, INTER)), ("up", slice(INTER, 2 * INTER))):
             assert want[f"m.{L}.{p}"][1].tobytes() == x[:, cols].copy().tobytes(), \
                 f"reverse_fused_ffn: Paddle's m.{L}.{p} is no longer half of {_ffn(L)}"
-            compare({"x": got[f"m.{L}.{p}"]}, {"x": fwd[f"model.layers.{L}.mlp.{p}_proj.weight"]},
+            fcio.same_tensors({"x": got[f"m.{L}.{p}"]}, {"x": fwd[f"model.layers.{L}.mlp.{p}_proj.weight"]},
                     f"reverse_fused_ffn m.{L}.{p} vs fused_ffn")
 
 
@@ -135,7 +122,7 @@ def check_program(tools, tmp, ckpt, aoa, name, stored):
                }.get(name, "Paddle: degree 1 on X^T; fc: X's degree 2")
         print(f"aoa {name}: differs from Paddle as documented ({why})", flush=True)
         return
-    compare(got, want, f"aoa {name}", subset=True)
+    fcio.same_tensors(got, want, f"aoa {name}", subset=True)
     stmts = json.load(open(os.path.join(aoa, name + ".json")))["aoa_statements"]
     print(f"aoa {name} ({len(stmts)} statements): {len(want)} tensors equal Paddle's "
           f"load_state_dict(aoa_config=...)", flush=True)
@@ -159,7 +146,7 @@ def check_refused(tools, tmp, fixtures):
               flush=True)
     got = export_aoa(tools, tmp, ckpt, os.path.join(d, "reverse_fused_qkv_old_gqa.json"))
     fwd = fcio.read_safetensors(os.path.join(fixtures, "aoa_tp2", "aoa", "fused_qkv_old.safetensors"))
-    compare({k: got[k] for k in got if k.startswith("m.")},
+    fcio.same_tensors({k: got[k] for k in got if k.startswith("m.")},
             {f"m.{L}.{p}": fwd[f"model.layers.{L}.self_attn.{p}_proj.weight"]
              for L in range(2) for p in "qkv"}, "reverse_fused_qkv_old_gqa vs fused_qkv_old")
     paddle = json.load(open(os.path.join(d, "reverse_fused_qkv_old_gqa.paddle.json")))
@@ -168,7 +155,7 @@ def check_refused(tools, tmp, fixtures):
     got = export_aoa(tools, tmp, ckpt, os.path.join(d, "chain_layer_id.json"))
     want = fcio.read_safetensors(os.path.join(fixtures, "aoa_tp2", "aoa",
                                               "chain_explicit.safetensors"))
-    compare(got, want, "chain_layer_id vs Paddle's chain_explicit", subset=True)
+    fcio.same_tensors(got, want, "chain_layer_id vs Paddle's chain_explicit", subset=True)
     paddle = json.load(open(os.path.join(d, "chain_layer_id.paddle.json")))
     print(f"chain_layer_id: fc equals Paddle's chain_explicit; Paddle itself: {paddle['error']}",
           flush=True)
@@ -192,7 +179,7 @@ def main():
             fcio.run([os.path.join(tools, "fc-export"), ckpt, out, "--include-optimizer", "-q"]
                      + fmt)
             got, _ = fcio.read_hf_dir(out)
-            compare(got, want, case)
+            fcio.same_tensors(got, want, case)
             print(f"{case}: {len(want)} tensors equal Paddle's load_state_dict", flush=True)
         stored = fcio.read_safetensors(os.path.join(fixtures, "aoa_tp2", "expected.safetensors"))
         for case in ("aoa_tp2", "single_pickle"):
