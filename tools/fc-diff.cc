@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
       "optionally through an AOA program on either side. Bit-exact by default (equal dtype, "
       "shape and bytes); with --rtol/--atol values are compared as float64 "
       "(|a - b| <= atol + rtol * |b|, B is the reference)."};
-  app.add_option("A", options.a, "first checkpoint (torch DCP, fc distcp, safetensors, Paddle)")
+  app.add_option("A", options.a, "first checkpoint (any format fc reads: fc distcp, torch DCP, "
+                                  "safetensors, Paddle, DeepSpeed, Megatron legacy)")
       ->required();
   app.add_option("B", options.b, "second checkpoint, the reference for --rtol")->required();
   app.add_option("--format-a", format_a, "force A's format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
@@ -45,6 +46,10 @@ int main(int argc, char** argv) {
   app.add_option("--rtol", rtol, "relative tolerance (compare values as float64)");
   app.add_option("--atol", atol, "absolute tolerance (compare values as float64)");
   app.add_flag("--equal-nan", options.equal_nan, "with --rtol/--atol: NaN equals NaN");
+  app.add_flag("--only-common", options.only_common,
+               "compare only the names both hold; the others are listed, not differences "
+               "(e.g. an export against its source, which also holds optimizer states); "
+               "no name in common is still exit 1");
   app.add_option("--include", options.include,
                  std::string("compare only names matching this ") + fc::cli::kGlobHelp)
       ->allow_extra_args(false);  // one pattern per flag, so A and B stay positional

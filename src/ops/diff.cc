@@ -288,6 +288,9 @@ Result<DiffReport> RunDiff(const DiffOptions& options) {
       BuildSide("B", options.b, options.format_b, options.aoa_b, filter, *b), "B");
   report.tensors_a = a->outputs.size();
   report.tensors_b = b->outputs.size();
+  report.only_common = options.only_common;
+  // A name on one side only: a difference, or (only_common) listed apart.
+  std::vector<TensorDiff>& one_sided = options.only_common ? report.unmatched : report.differences;
 
   // Keys first: missing, extra, dtype and shape mismatches need no data.
   std::vector<std::unique_ptr<Pair>> pairs;
@@ -299,7 +302,7 @@ Result<DiffReport> RunDiff(const DiffOptions& options) {
       d.name = ta.name;
       d.dtype_a = ta.dtype;
       d.shape_a = ta.shape;
-      report.differences.push_back(std::move(d));
+      one_sided.push_back(std::move(d));
       continue;
     }
     const OutputTensor& tb = b->outputs[it->second];
@@ -334,7 +337,7 @@ Result<DiffReport> RunDiff(const DiffOptions& options) {
     d.name = tb.name;
     d.dtype_b = tb.dtype;
     d.shape_b = tb.shape;
-    report.differences.push_back(std::move(d));
+    one_sided.push_back(std::move(d));
   }
   // Everything compared must be readable in full before any data is read.
   for (const auto& p : pairs) {
@@ -447,15 +450,22 @@ Result<DiffReport> RunDiff(const DiffOptions& options) {
     d.max_rel_diff = p->max_rel;
     report.differences.push_back(std::move(d));
   }
-  std::stable_sort(report.differences.begin(), report.differences.end(),
-                   [](const TensorDiff& x, const TensorDiff& y) {
-                     if (x.name != y.name) return x.name < y.name;
-                     return static_cast<int>(x.kind) < static_cast<int>(y.kind);
-                   });
+  auto by_name_then_kind = [](const TensorDiff& x, const TensorDiff& y) {
+    if (x.name != y.name) return x.name < y.name;
+    return static_cast<int>(x.kind) < static_cast<int>(y.kind);
+  };
+  std::stable_sort(report.differences.begin(), report.differences.end(), by_name_then_kind);
+  std::stable_sort(report.unmatched.begin(), report.unmatched.end(), by_name_then_kind);
   return report;
 }
 
 void WriteDiffText(const DiffReport& report, std::ostream& out) {
+  for (const TensorDiff& d : report.unmatched) {
+    const bool in_a = d.kind == TensorDiff::Kind::kOnlyInA;
+    out << "not compared, only in " << (in_a ? "A: '" : "B: '") << d.name << "' "
+        << DTypeName(in_a ? d.dtype_a : d.dtype_b) << " " << ShapeText(in_a ? d.shape_a : d.shape_b)
+        << "\n";
+  }
   for (const TensorDiff& d : report.differences) {
     switch (d.kind) {
       case TensorDiff::Kind::kOnlyInA:
@@ -504,16 +514,75 @@ void WriteDiffText(const DiffReport& report, std::ostream& out) {
     largest = "; largest abs diff " + named(*abs, abs->max_abs_diff) + ", largest rel diff " +
               named(*rel, rel->max_rel_diff);
   }
-  if (report.equal()) {
+  std::string not_compared;
+  if (!report.unmatched.empty()) {
+    not_compared = "; " + std::to_string(report.unmatched.size()) +
+                   " name(s) on one side only, not compared (--only-common)";
+  }
+  if (report.NothingInCommon()) {
+    out << "different: no name in common (A has " << report.tensors_a << ", B has "
+        << report.tensors_b << "); nothing compared\n";
+  } else if (report.equal()) {
     out << "equal: " << report.tensors_compared << " tensors ("
         << HumanBytes(report.bytes_compared) << ") "
-        << (report.tolerance_mode ? "within tolerance" : "bit-identical") << largest << "\n";
+        << (report.tolerance_mode ? "within tolerance" : "bit-identical") << largest
+        << not_compared << "\n";
   } else {
     out << "different: " << report.differences.size() << " difference(s); "
         << report.tensors_compared << " tensors compared, A has " << report.tensors_a
-        << ", B has " << report.tensors_b << largest << "\n";
+        << ", B has " << report.tensors_b << largest << not_compared << "\n";
   }
 }
+
+namespace {
+
+// One TensorDiff as a JSON object (see DiffReportJson); members of a side that lacks the
+// tensor are left out.
+void AppendDiffJson(std::string& o, const TensorDiff& d) {
+  o += "{\"kind\":\"";
+  o += KindName(d.kind);
+  o += "\",\"name\":";
+  AppendJsonString(&o, d.name);
+  const bool has_a = d.kind != TensorDiff::Kind::kOnlyInB;
+  const bool has_b = d.kind != TensorDiff::Kind::kOnlyInA;
+  if (has_a) {
+    o += ",\"dtype_a\":";
+    AppendJsonString(&o, DTypeName(d.dtype_a));
+  }
+  if (has_b) {
+    o += ",\"dtype_b\":";
+    AppendJsonString(&o, DTypeName(d.dtype_b));
+  }
+  if (has_a) {
+    o += ",\"shape_a\":";
+    AppendJsonShape(o, d.shape_a);
+  }
+  if (has_b) {
+    o += ",\"shape_b\":";
+    AppendJsonShape(o, d.shape_b);
+  }
+  if (d.kind == TensorDiff::Kind::kValues) {
+    o += ",\"elements\":" + std::to_string(d.elements);
+    o += ",\"differing_elements\":" + std::to_string(d.differing_elements);
+    o += ",\"first_index\":";
+    AppendJsonShape(o, d.first_index);
+    o += ",\"first_a\":";
+    AppendJsonString(&o, d.first_a);
+    o += ",\"first_b\":";
+    AppendJsonString(&o, d.first_b);
+    o += ",\"first_a_value\":";
+    AppendJsonNumber(o, d.first_a_value);
+    o += ",\"first_b_value\":";
+    AppendJsonNumber(o, d.first_b_value);
+    o += ",\"max_abs_diff\":";
+    AppendJsonNumber(o, d.max_abs_diff);
+    o += ",\"max_rel_diff\":";
+    AppendJsonNumber(o, d.max_rel_diff);
+  }
+  o += '}';
+}
+
+}  // namespace
 
 std::string DiffReportJson(const DiffReport& report) {
   std::string o = "{\"equal\":";
@@ -529,47 +598,7 @@ std::string DiffReportJson(const DiffReport& report) {
   for (const TensorDiff& d : report.differences) {
     if (!first) o += ',';
     first = false;
-    o += "{\"kind\":\"";
-    o += KindName(d.kind);
-    o += "\",\"name\":";
-    AppendJsonString(&o, d.name);
-    const bool has_a = d.kind != TensorDiff::Kind::kOnlyInB;
-    const bool has_b = d.kind != TensorDiff::Kind::kOnlyInA;
-    if (has_a) {
-      o += ",\"dtype_a\":";
-      AppendJsonString(&o, DTypeName(d.dtype_a));
-    }
-    if (has_b) {
-      o += ",\"dtype_b\":";
-      AppendJsonString(&o, DTypeName(d.dtype_b));
-    }
-    if (has_a) {
-      o += ",\"shape_a\":";
-      AppendJsonShape(o, d.shape_a);
-    }
-    if (has_b) {
-      o += ",\"shape_b\":";
-      AppendJsonShape(o, d.shape_b);
-    }
-    if (d.kind == TensorDiff::Kind::kValues) {
-      o += ",\"elements\":" + std::to_string(d.elements);
-      o += ",\"differing_elements\":" + std::to_string(d.differing_elements);
-      o += ",\"first_index\":";
-      AppendJsonShape(o, d.first_index);
-      o += ",\"first_a\":";
-      AppendJsonString(&o, d.first_a);
-      o += ",\"first_b\":";
-      AppendJsonString(&o, d.first_b);
-      o += ",\"first_a_value\":";
-      AppendJsonNumber(o, d.first_a_value);
-      o += ",\"first_b_value\":";
-      AppendJsonNumber(o, d.first_b_value);
-      o += ",\"max_abs_diff\":";
-      AppendJsonNumber(o, d.max_abs_diff);
-      o += ",\"max_rel_diff\":";
-      AppendJsonNumber(o, d.max_rel_diff);
-    }
-    o += '}';
+    AppendDiffJson(o, d);
   }
   o += "],\"tensors\":[";
   first = true;
@@ -584,7 +613,18 @@ std::string DiffReportJson(const DiffReport& report) {
     AppendJsonNumber(o, t.max_rel_diff);
     o += '}';
   }
-  o += "]}";
+  o += ']';
+  if (report.only_common) {
+    o += ",\"unmatched\":[";
+    first = true;
+    for (const TensorDiff& d : report.unmatched) {
+      if (!first) o += ',';
+      first = false;
+      AppendDiffJson(o, d);
+    }
+    o += ']';
+  }
+  o += '}';
   return o;
 }
 

@@ -1,7 +1,7 @@
 """fc-diff end to end: equal checkpoints in other formats and layouts, changed values,
 tolerances, missing keys, dtype mismatches, --json, AOA on one side, bad input.
 
-usage: diff_test.py BUILD_ROOT TESTDATA CASE   (CASE: layouts|values|keys|json|aoa|errors)
+usage: diff_test.py BUILD_ROOT TESTDATA CASE   (CASE: layouts|values|keys|json|aoa|errors|onlycommon)
 """
 import glob
 import json
@@ -210,6 +210,42 @@ def case_aoa():
     print("ok aoa")
 
 
+def case_onlycommon():
+    """Issue 32 item 4: after a plain export the source's optimizer states and DeepSpeed's
+    16-bit module copies are on one side only; --only-common lists them and compares the rest."""
+    src = os.path.join(TESTDATA, "deepspeed", "bf16", "ckpt")
+    out = os.path.join(tmp, "ds_export")
+    fcio.run([EXPORT, src, out, "--quiet"])
+    p = diff(src, out, expect=1)
+    assert "different: 17 difference(s)" in p.stdout, p.stdout
+    p = diff(src, out, "--only-common")
+    lines = p.stdout.splitlines()
+    unmatched = [l for l in lines if l.startswith("not compared, only in A: ")]
+    assert len(unmatched) == 17, p.stdout
+    assert "not compared, only in A: 'optimizer.exp_avg.embed.weight' float32 [6, 4]" in lines, p.stdout
+    assert "not compared, only in A: 'module.embed.weight' bfloat16 [6, 4]" in lines, p.stdout
+    assert lines[-1] == ("equal: 5 tensors (232 B) bit-identical; 17 name(s) on one side only, "
+                         "not compared (--only-common)"), p.stdout
+    r = json.loads(diff(src, out, "--only-common", "--json").stdout)
+    assert r["equal"] is True and r["differences"] == [] and r["tensors_compared"] == 5, r
+    assert len(r["unmatched"]) == 17 and {u["kind"] for u in r["unmatched"]} == {"only_in_a"}, r
+    assert r["unmatched"][0] == {"kind": "only_in_a", "name": "module.embed.weight",
+                                 "dtype_a": "bfloat16", "shape_a": [6, 4]}, r["unmatched"][0]
+    assert "unmatched" not in json.loads(diff(out, out, "--json").stdout)
+    # A changed common tensor still differs; one-sided names in B are listed too.
+    changed, _ = changed_copy(out, "layer.bias", 0, 7.0, "changed")
+    p = diff(changed, src, "--only-common", expect=1)
+    assert "values differ: 'layer.bias'" in p.stdout, p.stdout
+    assert "not compared, only in B: 'optimizer.step.layer.bias' float32 []" in p.stdout, p.stdout
+    assert "different: 1 difference(s);" in p.stdout, p.stdout
+    # Nothing in common is never "equal".
+    other = write_safetensors(os.path.join(tmp, "other.safetensors"), {"x": np.zeros(2, np.float32)})
+    p = diff(other, out, "--only-common", expect=1)
+    assert "different: no name in common (A has 1, B has 5); nothing compared" in p.stdout, p.stdout
+    assert json.loads(diff(other, out, "--only-common", "--json", expect=1).stdout)["equal"] is False
+    print("ok onlycommon")
+
+
 def case_errors():
     a = write_safetensors(os.path.join(tmp, "a.safetensors"), {"w": np.zeros(4, np.float32)})
     p = diff(a, os.path.join(tmp, "nope"), expect=4)
@@ -238,6 +274,6 @@ def case_errors():
 
 try:
     {"layouts": case_layouts, "values": case_values, "keys": case_keys, "json": case_json,
-     "aoa": case_aoa, "errors": case_errors}[CASE]()
+     "aoa": case_aoa, "errors": case_errors, "onlycommon": case_onlycommon}[CASE]()
 finally:
     shutil.rmtree(tmp, ignore_errors=True)

@@ -49,6 +49,11 @@ struct DiffOptions {
   std::optional<double> rtol;                // tolerance mode when rtol or atol is set;
   std::optional<double> atol;                //   the unset one is 0
   bool equal_nan = false;                    // tolerance mode: NaN close to NaN
+  // Compare only the names both sides hold: a name on one side only is listed in
+  // DiffReport::unmatched instead of being a difference (fc-diff --only-common, e.g. an
+  // export against its source, which also holds optimizer states). Sides with no name in
+  // common are still different (nothing was compared).
+  bool only_common = false;
   std::vector<std::string> include;          // globs; a name is kept if it matches any
   std::vector<std::string> exclude;          // globs; a name is dropped if it matches any
   uint64_t memory_budget = 0;                // bytes of tensor data; 0: a quarter of RAM
@@ -98,8 +103,17 @@ struct DiffReport {
   uint64_t bytes_compared = 0;   // bytes of A's tensors whose values were compared
   std::vector<TensorDiff> differences;  // sorted by name (then kind)
   std::vector<TensorStats> compared;    // every compared tensor, in A's order
+  // only_common: the names on one side only (kOnlyInA / kOnlyInB), sorted by name; not
+  // differences.
+  bool only_common = false;
+  std::vector<TensorDiff> unmatched;
 
-  bool equal() const { return differences.empty(); }
+  // Equal when nothing differs, and, with only_common, at least one name was in common
+  // (so that two unrelated checkpoints are never "equal").
+  bool equal() const { return differences.empty() && !NothingInCommon(); }
+  bool NothingInCommon() const {
+    return only_common && !unmatched.empty() && unmatched.size() == tensors_a + tensors_b;
+  }
 };
 
 // Opens both checkpoints, builds each side's outputs, checks that every compared tensor is
@@ -116,7 +130,8 @@ Result<DiffReport> RunDiff(const DiffOptions& options);
 //     max abs diff 0.25, max rel diff 1
 //   only in A: 'x' float32 [4]
 // then a summary line ("different: 2 difference(s); ..." / "equal: 12 tensors (3.0 KiB)
-// bit-identical"); in tolerance mode it also names the largest absolute and relative
+// bit-identical"); with only_common, the unmatched names first ("not compared, only in A:
+// 'x' float32 [4]") and their count in the summary; in tolerance mode it also names the largest absolute and relative
 // differences and their tensors.
 void WriteDiffText(const DiffReport& report, std::ostream& out);
 
@@ -128,7 +143,8 @@ void WriteDiffText(const DiffReport& report, std::ostream& out);
 //      (values only:) "elements":N,"differing_elements":N,"first_index":[...],
 //      "first_a":"0.5","first_b":"0.25","first_a_value":0.5,"first_b_value":0.25,
 //      "max_abs_diff":0.25,"max_rel_diff":1}],
-//    "tensors":[{"name":"w","max_abs_diff":0.25,"max_rel_diff":1}]}   (= compared)
+//    "tensors":[{"name":"w","max_abs_diff":0.25,"max_rel_diff":1}],   (= compared)
+//    (only_common:) "unmatched":[{"kind":"only_in_a","name":...,"dtype_a":...,...}]}
 // Members of a side that lacks the tensor are left out. Numbers that are not finite are
 // written as the strings "nan", "inf", "-inf" (JSON has no such numbers).
 std::string DiffReportJson(const DiffReport& report);

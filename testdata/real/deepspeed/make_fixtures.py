@@ -347,14 +347,33 @@ def expect(out, case, errors):
             errors[f"{case}: ds_to_universal"] = f"{type(e).__name__}: {e}"
 
 
+def torchrun(nproc, port, args, env, clean_dir=None):
+    """Runs args under torch.distributed.run; returns the CompletedProcess (output captured).
+
+    A worker killed by a signal (seen once in CI: "terminate called without an active
+    exception", SIGABRT in rank 1 during start-up, gloo on 2 cores) is the framework's crash,
+    not a result: the run is repeated, at most twice, saying so, with clean_dir emptied first.
+    An ordinary Python error is a result and is returned as it is."""
+    for attempt in range(3):
+        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                            str(nproc), "--master-port", str(port), *args], env=env,
+                           capture_output=True, text=True)
+        if p.returncode == 0 or not re.search(r"exitcode: -\d+", p.stderr) or attempt == 2:
+            return p
+        sys.stderr.write(f"{' '.join(args[1:])}: a worker died by a signal; running it again\n"
+                         + p.stderr[-2000:])
+        if clean_dir:
+            shutil.rmtree(clean_dir, ignore_errors=True)
+            os.makedirs(clean_dir)
+
+
 def run_case(out, case, port, errors):
     dp, stage, dtype, extra = CASES[case]
     nproc = dp * extra.get("pipeline", 1)
     shutil.rmtree(os.path.join(out, case), ignore_errors=True)
     os.makedirs(os.path.join(out, case))
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                        str(nproc), "--master-port", str(port), os.path.abspath(__file__),
-                        "--worker", out, case], env=env(), capture_output=True, text=True)
+    p = torchrun(nproc, port, [os.path.abspath(__file__), "--worker", out, case], env(),
+                 os.path.join(out, case))
     if p.returncode != 0:
         lines = [l for l in (p.stdout + p.stderr).splitlines()
                  if re.search(r"^(\[rank\d+\]: )?\w+(Error|Exception): ", l)]

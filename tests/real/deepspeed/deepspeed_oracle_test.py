@@ -183,10 +183,8 @@ def case_load(build, testdata, tmp):
         fcio.run([os.path.join(build, "tools", "fc-convert"), src, conv, "--output-format",
                   "deepspeed", "--dp", "3", "-q"])
         os.makedirs(os.path.join(tmp, case), exist_ok=True)
-        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                            "3", "--master-port", str(PORT["load"]), os.path.abspath(__file__),
-                            "--load-worker", testdata, case, conv, tmp], env=env,
-                           capture_output=True, text=True)
+        p = mf.torchrun(3, PORT["load"], [os.path.abspath(__file__), "--load-worker", testdata,
+                                          case, conv, tmp], env)
         if p.returncode != 0:
             failed.append(case)
             print(f"FAIL {case}: engine.load_checkpoint of fc's dp 3 output:\n"
