@@ -216,6 +216,10 @@ struct AoaEngine::Impl {
       if (a.name == "dtype" && !add_or_remove) {
         return Err(node, "dtype= cannot be reversed; use src_dtype= and dst_dtype= in reverse mode");
       }
+      if (a.name == "shape" && !add_or_remove) {
+        return Err(node, "shape= on a one-to-one statement (a view) cannot be reversed; use "
+                         "reshape= in reverse mode");
+      }
       if (a.name == "permute") {
         FC_ASSIGN_OR_RETURN(std::string s, StringAttr(a));
         Result<Shape> perm = ParseIntList(s, "permute");
@@ -546,11 +550,12 @@ struct AoaEngine::Impl {
       return CastVar(st, node, in_id);
     }
     if (names == std::set<std::string>{"reshape"}) return ReshapeVar(st, node, in_id);
+    if (names == std::set<std::string>{"shape"}) return ViewVar(st, node, in_id);
     if (names.count("src_dtype") || names.count("dst_dtype")) {
       return Err(node, "src_dtype= and dst_dtype= go together, with no other attribute");
     }
     return Err(node, "a one-to-one statement takes a single attribute (permute=, dtype=, "
-                     "reshape= or axis=), or the pair src_dtype=/dst_dtype=");
+                     "reshape=, shape= or axis=), or the pair src_dtype=/dst_dtype=");
   }
 
   Status Transpose(const Statement& st, int node, int in_id) {
@@ -666,6 +671,39 @@ struct AoaEngine::Impl {
     } else if (Result<int64_t> n = CheckedNumElements(in.shape); n.ok() && *n > 0) {
       const auto groups = internal::ReshapeGroups(in.shape, target);
       for (const Slice& s : in.slices) ReshapeSlice(s, in.shape, target, groups, &out.slices);
+    }
+    Consume(in_id, node);
+    Define(st.rhs[0], std::move(out), node);
+    return Status::Ok();
+  }
+
+  // fc's extension `A -> B, shape='[...]'`: B is A's elements in row-major order under any
+  // shape of the same element count (e.g. [1, 16] -> [16], dropping the layer axis of one
+  // layer cut from a stacked tensor). Forward mode only (Reverse refuses it).
+  Status ViewVar(const Statement& st, int node, int in_id) {
+    FC_ASSIGN_OR_RETURN(std::string text, StringAttr(*st.FindAttr("shape")));
+    Result<Shape> target = ParseIntList(text, "shape");
+    if (!target.ok()) return prov().Wrap(node, target.status());
+    const Var& in = vars[in_id];
+    Result<int64_t> want = CheckedNumElements(*target);
+    Result<int64_t> have = CheckedNumElements(in.shape);
+    if (!want.ok() || !have.ok()) return Err(node, "shape='" + text + "' overflows");
+    for (int64_t d : *target) {
+      if (d < 0) return Err(node, "shape='" + text + "' has a negative extent");
+    }
+    if (*want != *have) {
+      return Err(node, Quote(st.lhs[0]) + " has shape " + ShapeStr(in.shape) + " (" +
+                           std::to_string(*have) + " elements), which cannot be viewed as " +
+                           ShapeStr(*target) + " (" + std::to_string(*want) + " elements)");
+    }
+    Var out;
+    out.shape = *target;
+    out.dtype = in.dtype;
+    if (*target == in.shape) {
+      out.slices = in.slices;
+    } else if (*have > 0) {
+      const auto groups = internal::ReshapeGroups(in.shape, *target);
+      for (const Slice& s : in.slices) ReshapeSlice(s, in.shape, *target, groups, &out.slices);
     }
     Consume(in_id, node);
     Define(st.rhs[0], std::move(out), node);

@@ -182,6 +182,50 @@ TEST_CASE("reshape cuts slices that are not rectangles in the new shape", "[aoa]
   CHECK(ok);
 }
 
+TEST_CASE("shape= on a one-to-one statement views the elements under another shape", "[aoa][extensions]") {
+  // One layer of a layer-stacked [3, 4, 2] tensor (Megatron torch_dist), then its layer axis
+  // dropped: [1, 4, 2] -> [4, 2]; and a stacked [3, 5] norm's layer [1, 5] -> [5].
+  auto p = ParseAoaProgram(
+      "w -> w0, w1, w2, axis=0\n"
+      "w1 -> m, shape='[4,2]'\n"
+      "n -> n0, n1, n2, axis=0\n"
+      "n2 -> v, shape='[5]'\n"
+      "w0, w2, n0, n1 -> _\n");
+  REQUIRE(p.ok());
+  std::vector<TensorMeta> src = {Meta("w", {3, 4, 2}, 3, 0), Meta("n", {3, 5})};
+  auto e = AoaEngine::Create(*p, src);
+  REQUIRE(e.ok());
+  CHECK(e->ListOutputs() == std::vector<OutputTensor>{{"m", {4, 2}, DType::kFloat32, true},
+                                                      {"v", {5}, DType::kFloat32, true}});
+  NaiveTensor w = NaiveTensor::Iota({3, 4, 2});
+  NaiveTensor n = NaiveTensor::Iota({3, 5}, 100);
+  bool ok = false;
+  NaiveTensor m = Assemble(*e, "m", Box::Whole({4, 2}), {{"w", w}, {"n", n}}, &ok);
+  CHECK(ok);
+  REQUIRE(m.data.size() == 8);
+  for (size_t i = 0; i < 8; ++i) CHECK(m.data[i] == 8 + static_cast<double>(i));
+  NaiveTensor v = Assemble(*e, "v", Box::Whole({5}), {{"w", w}, {"n", n}}, &ok);
+  CHECK(ok);
+  REQUIRE(v.data.size() == 5);
+  for (size_t i = 0; i < 5; ++i) CHECK(v.data[i] == 110 + static_cast<double>(i));
+  // Optimizer states follow.
+  CHECK(e->ListOutputs(true).size() == 2);
+  SECTION("element counts must agree") {
+    auto bad = AoaEngine::Create(*ParseAoaProgram("n -> v, shape='[4]'\n"), src);
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(bad.status().message(), Catch::Contains("cannot be viewed as [4]"));
+  }
+  SECTION("not in reverse mode") {
+    auto r = ParseAoaProgram("{\"aoa_statements\": [\"v -> n, shape='[15]'\"], "
+                             "\"aoa_config_reverse\": true}");
+    REQUIRE(r.ok());
+    auto bad = AoaEngine::Create(*r, std::vector<TensorMeta>{Meta("n", {15})});
+    REQUIRE_FALSE(bad.ok());
+    CHECK_THAT(bad.status().message(), Catch::Contains("cannot be reversed"));
+  }
+}
+
 TEST_CASE("0-d tensors pass through", "[aoa][extensions]") {
   std::vector<TensorMeta> src = {Meta("step", {}), Meta("w", {2})};
   auto e = AoaEngine::Create(*ParseAoaProgram("w -> v\nstep -> iteration"), src);
