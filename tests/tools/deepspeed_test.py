@@ -3,7 +3,8 @@ written by testdata/gen/deepspeed/gen.py), read back with an independent safeten
 (fcio: json + numpy) and compared element by element with the generator's zero_to_fp32-style
 reconstruction (expected/*.npy).
 
-usage: deepspeed_test.py BUILD_ROOT TESTDATA CASE   (CASE: export|inspect|errors|fused|source_layout)
+usage: deepspeed_test.py BUILD_ROOT TESTDATA CASE
+       (CASE: export|inspect|errors|refusals|fused|source_layout)
 """
 import collections
 import glob
@@ -165,23 +166,95 @@ def case_errors():
     open(victim, "wb").write(data)
     p = fcio.run([INSPECT, broken], expect=5)
     assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" in p.stderr, p.stderr
-    fused_errors()
+    assert "partition_count" in p.stderr, p.stderr  # refused before the sizes: see case_refusals
     # --weights on another format is an invalid argument.
     st = sorted(glob.glob(os.path.join(TESTDATA, "torch_dcp", "*", "ckpt")))[0]
     fcio.run([EXPORT, st, os.path.join(tmp, "st"), "--quiet", "--weights", "module"], expect=3)
     print("ok errors")
 
 
-def fused_errors():
-    """Fused sub-params whose layout is unknown or contradicts the slices: refused, naming
-    the param and pattern (the model states rewritten with torch: needs Debian's torch)."""
+def case_refusals():
+    """Inputs built to reach one refusal each (the files rewritten with torch: needs Debian's
+    torch): the message names the file and the numbers that disagree."""
     try:
         import torch
         sys.path.insert(0, os.path.join(TESTDATA, "gen", "deepspeed"))
         import gen  # noqa: F401 (registers the DeepSpeed stand-in classes)
     except ImportError as e:
-        print("skipping fused sub-param errors:", e)
-        return
+        print("skipping: the refusal inputs are rewritten with torch:", e)
+        sys.exit(77)
+    partition_errors(torch)
+    fused_errors(torch)
+
+
+def partition_errors(torch):
+    """zero2 (3 ranks; group 0: 8 + 8 + 8 elements, group 1: 2 + 2 + 0 and 2 padding) with
+    one rank's optimizer state rewritten: the partition_count check passes, so these reach
+    the partition-size and param_slice_mappings checks."""
+    optim = "zero_pp_rank_%d_mp_rank_00_optim_states.pt"
+
+    def variant(name, rank, change):
+        root = os.path.join(tmp, name)
+        shutil.copytree(os.path.join(TESTDATA, "deepspeed", "zero2", "ckpt"), root)
+        path = os.path.join(root, "global_step3", optim % rank)
+        sd = torch.load(path)
+        change(sd["optimizer_state_dict"])
+        torch.save(sd, path)
+        return root
+
+    def refused(root, *parts):
+        for tool in ([INSPECT, root], [EXPORT, root, os.path.join(tmp, "out"), "--quiet"]):
+            p = fcio.run(tool, expect=5)
+            for part in parts:
+                assert part in p.stderr, (part, p.stderr)
+        assert not os.path.exists(os.path.join(tmp, "out"))
+
+    def one_short(osd):  # rank 1, group 0: 7 elements + 1 padding (padded size still 8)
+        osd["single_partition_of_fp32_groups"][0] = osd["single_partition_of_fp32_groups"][0][:7].clone()
+        osd["group_paddings"][0] = 1
+    refused(variant("one-short", 1, one_short), optim % 1 + ": group 0 partition holds 7 "
+            "elements + 1 padding; with 24 elements in param_shapes over 3 ranks of 8 it must "
+            "hold 8 + 0")
+
+    def short_padded(osd):  # rank 1, group 0: 7 elements, no padding (padded size 7, not 8)
+        osd["single_partition_of_fp32_groups"][0] = osd["single_partition_of_fp32_groups"][0][:7].clone()
+    refused(variant("short-padded", 1, short_padded), optim % 1 + ": group 0 partition holds 7 "
+            "elements + 0 padding; with 24 elements in param_shapes over 3 ranks of 8 it must "
+            "hold 8 + 0")
+
+    def last_full(osd):  # rank 2, group 1: 1 element + 1 padding where the params end
+        osd["single_partition_of_fp32_groups"][1] = torch.zeros(1)
+        osd["group_paddings"][1] = 1
+    refused(variant("last-full", 2, last_full), optim % 2 + ": group 1 partition holds 1 "
+            "elements + 1 padding; with 4 elements in param_shapes over 3 ranks of 2 it must "
+            "hold 0 + 2")
+
+    def moved(osd):  # rank 1, group 0: layer.weight's fragment one element early
+        osd["param_slice_mappings"][0]["layer.weight"].start = 6
+    refused(variant("moved", 1, moved), optim % 1 + ": param_slice_mappings[0]: 'layer.weight' "
+            "should be fragment_address(numel=1, start=7) but is (1, 6)")
+
+    def longer(osd):  # rank 1, group 0: embed.weight's fragment one element longer
+        osd["param_slice_mappings"][0]["embed.weight"].numel = 8
+    refused(variant("longer", 1, longer), optim % 1 + ": param_slice_mappings[0]: 'embed.weight' "
+            "should be fragment_address(numel=7, start=0) but is (8, 0)")
+
+    def dropped(osd):  # rank 0, group 1: layer.bias left out
+        del osd["param_slice_mappings"][1]["layer.bias"]
+    refused(variant("dropped", 0, dropped), optim % 0 + ": param_slice_mappings[1]: 'layer.bias' "
+            "should be fragment_address(numel=2, start=0) but is absent")
+
+    def extra(osd):  # rank 2, group 1 (padding only): lists a param it does not hold
+        import gen
+        osd["param_slice_mappings"][1]["head.bias"] = gen.fragment_address(numel=1, start=0)
+    refused(variant("extra", 2, extra), optim % 2 + ": param_slice_mappings[1] lists params "
+            "outside this rank's partition")
+    print("ok partition sizes and param_slice_mappings refused")
+
+
+def fused_errors(torch):
+    """Fused sub-params whose layout is unknown or contradicts the slices: refused, naming
+    the param and pattern."""
 
     def variant(name, change):
         root = os.path.join(tmp, name)
