@@ -134,15 +134,14 @@ def case_filter():
 
 def case_errors():
     fx = FIXTURES[0]
-    # A missing data file: named in the message, exit 4 or 5, nothing written.
+    # A missing data file: exit 4 (not found, fc-export(1)) naming it, nothing written.
     broken = os.path.join(tmp, "broken")
     shutil.copytree(os.path.join(fx, "ckpt"), broken)
     victim = sorted(f for f in os.listdir(broken) if f.endswith(".distcp"))[-1]
     os.remove(os.path.join(broken, victim))
     out = os.path.join(tmp, "out-broken")
-    p = fcio.run([EXPORT, broken, out, "--quiet"], expect=None)
-    assert p.returncode in (4, 5), (p.returncode, p.stderr)
-    assert victim in p.stderr, p.stderr
+    p = fcio.run([EXPORT, broken, out, "--quiet"], expect=4)
+    assert "fc-export: error: " in p.stderr and victim in p.stderr, p.stderr
     assert not os.path.exists(out) or not os.listdir(out), os.listdir(out)
     # The output directory cannot be created (a regular file is in the way): exit 7.
     blocker = os.path.join(tmp, "blocker")
@@ -159,11 +158,13 @@ def case_errors():
     p = export(fx, os.path.join(tmp, "x"), "--include", "[a-", expect=3)
     assert "--include" in p.stderr and "[a-" in p.stderr, p.stderr
     export(fx, os.path.join(tmp, "x"), "--dtype", "int3", expect=2)
-    # An AOA program naming a tensor that does not exist: exit 3 or 4, name in the message.
+    # An AOA program naming a tensor that does not exist: exit 3 (invalid argument, fc-aoa(7)),
+    # the file, line and name in the message.
     aoa = os.path.join(tmp, "bad.aoa")
     open(aoa, "w").write("no_such_tensor -> renamed\n")
-    p = export(fx, os.path.join(tmp, "aoa-out"), "--aoa", aoa, expect=None)
-    assert p.returncode in (3, 4) and "no_such_tensor" in p.stderr, (p.returncode, p.stderr)
+    p = export(fx, os.path.join(tmp, "aoa-out"), "--aoa", aoa, expect=3)
+    assert "fc-export: error: " + aoa + ":1: 'no_such_tensor'" in p.stderr, p.stderr
+    assert "the source checkpoint has no such tensor" in p.stderr, p.stderr
     assert not os.path.exists(os.path.join(tmp, "aoa-out", "model.safetensors"))
     print("ok errors")
 

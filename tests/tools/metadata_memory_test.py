@@ -106,9 +106,9 @@ def main():
             assert "shares values so heavily" in stderr, stderr
             assert ".metadata" in stderr, stderr
         else:
-            # The short shared path is ordinary: the metadata reads, then the missing data
-            # file (or storage entries for tensors the metadata lacks) is reported.
-            assert code in (0, 4, 5), f"exit {code}\n{stderr}"
+            # The short shared path is ordinary: the metadata reads, and fc-inspect (without
+            # --verify) lists it without opening the data files.
+            assert code == 0, f"exit {code}, expected 0\n{stderr}"
             assert "shares values so heavily" not in stderr, stderr
     finally:
         shutil.rmtree(tmp)
