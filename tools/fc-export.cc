@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli_common.h"
+#include "fc/aoa/hf_family.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/comm/communicator.h"
 #include "fc/ops/export.h"
@@ -30,6 +31,16 @@ int main(int argc, char** argv) {
                  "AOA program: rename/split/merge/transpose/cast tensors on the way out "
                  "(see fc-aoa(7)); outputs are the leaves of the program");
   app.add_option("--dtype", dtype, "cast floating-point tensors: bfloat16, float16, float32, float64")
+  {
+    std::vector<std::string> families(fc::aoa::HfFamilyNames().begin(), fc::aoa::HfFamilyNames().end());
+    app.add_option("--hf-family", options.hf_family,
+                   "Megatron-Core GPT (torch_dist or legacy) -> HuggingFace names: the AOA program "
+                   "generated from the checkpoint's facts and --copy-from DIR's config.json "
+                   "(llama: Llama 2/3, Mistral); fc-inspect --hf-family NAME --print-aoa "
+                   "prints it")
+        ->check(CLI::IsMember(families))
+        ->excludes("--aoa");
+  }
       ->check(CLI::IsMember({"bfloat16", "float16", "float32", "float64"}));
   app.add_option("--max-shard-size", max_shard,
                  "largest tensor data per output file, e.g. 5GB (default), 500MB, 2GiB");

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "cli_common.h"
+#include "fc/aoa/hf_family.h"
 #include "fc/ops/inspect.h"
 #include "fc_config.h"
 
@@ -34,6 +35,16 @@ int main(int argc, char** argv) {
                  "AOA program (line form or {\"aoa_statements\": [...]} JSON): print the "
                  "expanded statements and the resulting tensors, reading no tensor bytes");
   app.set_version_flag("--version", std::string("fc-inspect ") + FC_VERSION);
+  std::vector<std::string> families(fc::aoa::HfFamilyNames().begin(), fc::aoa::HfFamilyNames().end());
+  app.add_option("--hf-family", options.hf_family,
+                 "preview (or with --print-aoa print) the AOA program fc-export --hf-family "
+                 "generates: Megatron-Core GPT -> HuggingFace names (llama: Llama 2/3, Mistral)")
+      ->check(CLI::IsMember(families))
+      ->excludes("--aoa");
+  app.add_option("--copy-from", options.hf_config_dir,
+                 "with --hf-family: the HuggingFace model directory whose config.json the "
+                 "program is made for (as fc-export --copy-from)");
+  app.add_flag("--print-aoa", options.print_aoa, "with --hf-family: print the generated program");
   app.footer(fc::cli::ExitCodeHelp());
   const std::string tool = "fc-inspect";
   if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
@@ -46,6 +57,14 @@ int main(int argc, char** argv) {
   }
   fc::cli::SetUpLogging("fc-inspect", false, false);
   fc::cli::SetUpIo(follow_symlinks);
+  if ((options.print_aoa || !options.hf_config_dir.empty()) && options.hf_family.empty()) {
+    return fc::cli::UsageError(tool, std::string(options.print_aoa ? "--print-aoa" : "--copy-from") +
+                                         " needs --hf-family");
+  }
+  if (!options.hf_family.empty() && (app.count("--tensors") || options.verify)) {
+    return fc::cli::UsageError(tool, std::string(options.verify ? "--verify" : "--tensors") +
+                                         " cannot be combined with --hf-family");
+  }
   if (!format.empty()) {
     auto parsed = fc::ParseCheckpointFormat(format);
     if (!parsed.ok()) return fc::cli::Finish("fc-inspect", parsed.status());

@@ -1,4 +1,5 @@
 #include "fc/ops/export.h"
+#include "fc/ops/hf_family.h"
 
 #include <algorithm>
 #include <set>
@@ -179,7 +180,11 @@ Status BuildExportPlan(const ExportOptions& options, int processes,
       options.optimizer_markers.empty() ? kDefaultOptimizerMarkers : options.optimizer_markers;
 
   std::vector<OutputTensor> all;
-  if (options.aoa_file.empty()) {
+  if (!options.hf_family.empty()) {
+    if (!options.aoa_file.empty()) return InvalidArgumentError("--hf-family and --aoa exclude each other");
+    FC_ASSIGN_OR_RETURN(std::string text, HfFamilyProgram(index, options.hf_family, options.copy_from));
+    FC_ASSIGN_OR_RETURN(all, AoaOutputs(index, text, "--hf-family " + options.hf_family));
+  } else if (options.aoa_file.empty()) {
     all = IdentityOutputs(index);
   } else {
     FC_ASSIGN_OR_RETURN(std::vector<std::byte> text, ReadWholeFile(options.aoa_file, 64 << 20));

@@ -1,4 +1,5 @@
 #include "fc/ops/inspect.h"
+#include "fc/ops/hf_family.h"
 
 #include <algorithm>
 #include <map>
@@ -327,6 +328,15 @@ Status RunInspect(const InspectOptions& options, std::ostream& out) {
   }
   for (const TensorEntry& t : index.tensors) {
     if (!filter || filter->Matches(t.key)) tensors.push_back(&t);
+  }
+  if (!options.hf_family.empty()) {
+    FC_ASSIGN_OR_RETURN(std::string text,
+                        HfFamilyProgram(index, options.hf_family, options.hf_config_dir));
+    if (options.print_aoa) {
+      out << text;
+      return Status::Ok();
+    }
+    return WriteAoaPreview(index, text, "--hf-family " + options.hf_family, options.json, out);
   }
   if (!options.aoa_file.empty()) {
     FC_ASSIGN_OR_RETURN(std::vector<std::byte> text, ReadWholeFile(options.aoa_file, 64 << 20));

@@ -100,6 +100,10 @@
 // Attributes: megatron.iteration, megatron.checkpoint_dir (iter_NNNNNNN | release),
 // megatron.checkpoint_version, megatron.tp_degree, megatron.pp_degree, megatron.ep_degree,
 // megatron.vpp_degree, megatron.num_layers, megatron.swiglu (true|false|unknown),
+// megatron.args.<name> (the model facts of args: num_attention_heads, num_query_groups,
+// group_query_attention, kv_channels, hidden_size, ffn_hidden_size, padded_vocab_size,
+// add_qkv_bias, add_bias_linear, untie_embeddings_and_output_weights, num_experts,
+// normalization, position_embedding_type; those args holds as ints, bools or strings),
 // megatron.tp_merge, megatron.tp_unmerged, megatron.optimizer (what was found, read or not),
 // megatron.distrib_optim ("N files, read (<layout rules>)" or "N files, not read: <why>"),
 // megatron.optimizer_step, megatron.skipped (how many _extra_state /

@@ -25,6 +25,9 @@ struct ExportOptions {
   SourceSplit source_split;  // --source-layout (fc/format/open.h)
   std::string output_dir;                  // must not exist, or be an empty directory
   std::string aoa_file;                    // AOA program (outputs = leaves of the program)
+  // --hf-family NAME: the AOA program generated from the checkpoint and copy_from/config.json
+  // (fc/ops/hf_family.h); not with aoa_file.
+  std::string hf_family;
   std::optional<DType> dtype;              // cast floating-point tensors to this type
   uint64_t max_shard_bytes = 5'000'000'000;  // HF "5GB"
   std::vector<std::string> include;        // globs (fc/core/glob.h): keep only names matching one

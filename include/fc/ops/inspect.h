@@ -21,6 +21,9 @@ struct InspectOptions {
   bool json = false;                        // machine-readable output
   bool verify = false;                      // check coverage, ranges and checksums
   std::string aoa_file;                     // show the AOA program's expansion and outputs
+  std::string hf_family;     // --hf-family: the generated program (fc/ops/hf_family.h) as aoa_file
+  std::string hf_config_dir; // its config.json's directory (--copy-from)
+  bool print_aoa = false;    // print the generated program itself, not its preview
   int max_problems = 100;                   // verify: problems listed before "... and N more"
 };
 

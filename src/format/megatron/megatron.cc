@@ -1880,6 +1880,24 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   a["megatron.vpp_degree"] = std::to_string(vpp);
   a["megatron.num_layers"] = std::to_string(layers);
   a["megatron.swiglu"] = swiglu ? (*swiglu ? "true" : "false") : "unknown";
+  // The model facts of args that name mappings need (fc-export --hf-family): ints, bools
+  // and strings as text, under megatron.args.<name>; absent when args lacks them.
+  if (args_ != nullptr) {
+    for (const char* k : {"num_attention_heads", "num_query_groups", "group_query_attention",
+                          "kv_channels", "hidden_size", "ffn_hidden_size", "padded_vocab_size",
+                          "add_qkv_bias", "add_bias_linear", "untie_embeddings_and_output_weights",
+                          "num_experts", "normalization", "position_embedding_type"}) {
+      const PV* v = args_->Find(k);
+      if (v == nullptr) continue;
+      if (auto i = IntOf(v)) {
+        a[std::string("megatron.args.") + k] = std::to_string(*i);
+      } else if (auto b = BoolOf(v)) {
+        a[std::string("megatron.args.") + k] = *b ? "true" : "false";
+      } else if (v->is_str()) {
+        a[std::string("megatron.args.") + k] = v->str;
+      }
+    }
+  }
   if (deg.tp > 1) {
     a["megatron.tp_merge"] = options_.tp_axis ? "tensor_parallel rules of " + options_.tp_axis_origin
                                               : "built-in Megatron-Core GPT table";

@@ -733,7 +733,8 @@ void CollectCommonSteps(const PickleValue& v, int depth, int64_t* budget,
 // optimizer's param groups, ...). Three values are read from it: "iteration", the Adam
 // step the param groups carry (what a Universal Checkpoint's step.pt needs) and the
 // distributed optimizer's param_state_sharding_type (which says whether its states are per
-// param, optimizer.state.<state>.<key>, or flat per-bucket buffers); the non-distributed
+// param, optimizer.state.<state>.<key>, or flat per-bucket buffers), and Megatron-LM's args'
+// model facts (megatron.args.<name>); the non-distributed
 // optimizers' step is optimizer.state.common_step, a 0-d tensor. Best effort:
 // a common.pt fc cannot parse is reported in the attribute, not an error of the checkpoint.
 void AddMegatronCommon(const std::string& dir, std::map<std::string, std::string>& a) {
@@ -777,6 +778,36 @@ void AddMegatronCommon(const std::string& dir, std::map<std::string, std::string
   };
   report(steps, "megatron.optimizer_step", "the param groups' Adam step");
   report(sharding, "megatron.optimizer_sharding_type", "the optimizer's sharding type");
+  // Megatron-LM's args (an argparse.Namespace): the model facts name mappings need
+  // (fc-export --hf-family), as megatron.args.<name>, like the legacy reader's.
+  if (const PickleValue* args = root->Find("args")) {
+    const PickleValue* dict = nullptr;
+    if (args->is_dict()) {
+      dict = args;
+    } else if (const PickleValue* g = args->CalleeGlobal();
+               g != nullptr && g->IsGlobal("argparse", "Namespace") && args->state &&
+               args->state->is_dict()) {
+      dict = args->state.get();
+    }
+    if (dict != nullptr) {
+      for (const char* k : {"num_attention_heads", "num_query_groups", "group_query_attention",
+                            "kv_channels", "hidden_size", "ffn_hidden_size", "padded_vocab_size",
+                            "swiglu", "add_qkv_bias", "add_bias_linear",
+                            "untie_embeddings_and_output_weights", "num_experts", "num_layers",
+                            "normalization", "position_embedding_type"}) {
+        const PickleValue* v = dict->Find(k);
+        if (v == nullptr) continue;
+        if (v->is_int()) {
+          a[std::string("megatron.args.") + k] = std::to_string(v->int_value);
+        } else if (v->kind == PickleValue::Kind::kBool) {
+          a[std::string("megatron.args.") + k] = v->bool_value ? "true" : "false";
+        } else if (v->is_str()) {
+          a[std::string("megatron.args.") + k] = v->str;
+        }
+      }
+      found += std::string(found.empty() ? "" : ", ") + "args";
+    }
+  }
   a["megatron_common_pt"] = found.empty() ? "present (no iteration, no param group step)"
                                           : "read: " + found;
 }

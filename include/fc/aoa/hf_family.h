@@ -1,0 +1,62 @@
+// fc-export / fc-convert --hf-family NAME: the AOA program that maps a Megatron-Core GPT
+// checkpoint's names and fused layouts (torch_dist, layer-stacked or per-layer keys, and the
+// legacy per-rank files as fc's readers name them) to a HuggingFace family's names, generated
+// from the source's own facts (tensor shapes, Megatron args where saved) and the target's
+// config.json. Pure: no IO.
+#ifndef FC_AOA_HF_FAMILY_H_
+#define FC_AOA_HF_FAMILY_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fc/core/box.h"
+#include "fc/core/status.h"
+
+namespace fc::aoa {
+
+// What the source says about the model.
+struct HfSourceFacts {
+  struct Tensor {
+    std::string name;
+    Shape shape;
+  };
+  std::vector<Tensor> tensors;  // every tensor; names starting "optimizer." are ignored
+  // Megatron args (the megatron.args.<name> attributes without the prefix), may be empty.
+  std::map<std::string, std::string> args;
+};
+
+// The fields of the target's config.json the families read (0 / nullopt: absent).
+struct HfTargetConfig {
+  std::string model_type;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // 0: num_attention_heads
+  int64_t head_dim = 0;             // 0: hidden_size / num_attention_heads
+  int64_t intermediate_size = 0;
+  bool tie_word_embeddings = false;
+  std::optional<bool> attention_bias;
+  std::optional<bool> mlp_bias;
+};
+
+// The families fc generates programs for: "llama" (Llama 2/3, Mistral: model_type llama or
+// mistral).
+const std::vector<std::string_view>& HfFamilyNames();
+
+// The AOA program (line form, with comments) for `family`. Errors: kInvalidArgument for an
+// unknown family and for every disagreement between the source and config.json (layers,
+// hidden size, heads / query groups / head_dim, vocabulary, FFN size, biases, tied
+// embeddings), naming both values; kUnimplemented for a source that is not a Megatron-Core
+// GPT checkpoint of that family (names it does not map: position embeddings, LayerNorm
+// biases, MoE layers, ...), naming the tensor.
+Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSourceFacts& source,
+                                            const HfTargetConfig& config);
+
+}  // namespace fc::aoa
+
+#endif  // FC_AOA_HF_FAMILY_H_

@@ -1,0 +1,356 @@
+// --hf-family: the Megatron-Core GPT -> HuggingFace AOA program from facts (fc/aoa/hf_family.h).
+#include "fc/aoa/hf_family.h"
+
+#include <algorithm>
+#include <set>
+
+namespace fc::aoa {
+namespace {
+
+std::string ShapeText(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// The per-layer tensors a Llama-like family maps, by their name after "decoder.layers.[i.]".
+struct LayerRole {
+  const char* suffix;
+  const char* hf;  // HF name after "model.layers.<i>."; nullptr: handled specially
+};
+constexpr LayerRole kLayerRoles[] = {
+    {"self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"},
+    {"input_layernorm.weight", "input_layernorm.weight"},
+    {"self_attention.linear_qkv.weight", nullptr},
+    {"self_attention.linear_qkv.bias", nullptr},
+    {"self_attention.linear_proj.weight", "self_attn.o_proj.weight"},
+    {"mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm.weight"},
+    {"pre_mlp_layernorm.weight", "post_attention_layernorm.weight"},
+    {"mlp.linear_fc1.weight", nullptr},
+    {"mlp.linear_fc2.weight", "mlp.down_proj.weight"},
+};
+
+const LayerRole* RoleOf(std::string_view suffix) {
+  for (const LayerRole& r : kLayerRoles) {
+    if (suffix == r.suffix) return &r;
+  }
+  return nullptr;
+}
+
+std::optional<int64_t> ArgInt(const HfSourceFacts& f, const std::string& k) {
+  auto it = f.args.find(k);
+  if (it == f.args.end()) return std::nullopt;
+  try {
+    size_t used = 0;
+    int64_t v = std::stoll(it->second, &used);
+    if (used == it->second.size()) return v;
+  } catch (...) {
+  }
+  return std::nullopt;
+}
+
+std::optional<bool> ArgBool(const HfSourceFacts& f, const std::string& k) {
+  auto it = f.args.find(k);
+  if (it == f.args.end()) return std::nullopt;
+  if (it->second == "true") return true;
+  if (it->second == "false") return false;
+  return std::nullopt;
+}
+
+bool IsDigits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+}  // namespace
+
+const std::vector<std::string_view>& HfFamilyNames() {
+  static const std::vector<std::string_view> kNames = {"llama"};
+  return kNames;
+}
+
+Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSourceFacts& source,
+                                            const HfTargetConfig& cfg) {
+  const auto& names = HfFamilyNames();
+  if (std::find(names.begin(), names.end(), family) == names.end()) {
+    std::string known;
+    for (std::string_view n : names) known += (known.empty() ? "" : ", ") + std::string(n);
+    return InvalidArgumentError("--hf-family " + std::string(family) + ": unknown family (known: " +
+                                known + ")");
+  }
+  const std::string fam(family);
+  const std::string where = "--hf-family " + fam;
+  auto mismatch = [&](const std::string& what) { return InvalidArgumentError(where + ": " + what); };
+
+  // config.json: the family's model types and the fields every family needs.
+  const std::set<std::string> types = {"llama", "mistral"};
+  if (!types.count(cfg.model_type)) {
+    return mismatch("config.json model_type is '" + cfg.model_type + "', family " + fam +
+                    " takes llama or mistral");
+  }
+  for (auto [v, k] : {std::pair{cfg.vocab_size, "vocab_size"}, {cfg.hidden_size, "hidden_size"},
+                      {cfg.num_hidden_layers, "num_hidden_layers"},
+                      {cfg.num_attention_heads, "num_attention_heads"},
+                      {cfg.intermediate_size, "intermediate_size"}}) {
+    if (v <= 0) return mismatch(std::string("config.json has no positive ") + k);
+  }
+  const int64_t heads = cfg.num_attention_heads;
+  const int64_t groups = cfg.num_key_value_heads > 0 ? cfg.num_key_value_heads : heads;
+  if (heads % groups != 0) {
+    return mismatch("config.json num_attention_heads " + std::to_string(heads) +
+                    " is not a multiple of num_key_value_heads " + std::to_string(groups));
+  }
+  if (cfg.head_dim <= 0 && cfg.hidden_size % heads != 0) {
+    return mismatch("config.json hidden_size " + std::to_string(cfg.hidden_size) +
+                    " does not divide by num_attention_heads " + std::to_string(heads) +
+                    " and there is no head_dim");
+  }
+  const int64_t head_dim = cfg.head_dim > 0 ? cfg.head_dim : cfg.hidden_size / heads;
+
+  // The source's names: layer-stacked ("decoder.layers.<suffix>", layer on axis 0) or
+  // per-layer ("decoder.layers.<i>.<suffix>") keys.
+  std::map<std::string, Shape> top;                          // non-layer tensors
+  std::map<std::string, Shape> stacked;                      // suffix -> stacked shape
+  std::map<int64_t, std::map<std::string, Shape>> layers;    // id -> suffix -> shape
+  for (const HfSourceFacts::Tensor& t : source.tensors) {
+    if (t.name.rfind("optimizer.", 0) == 0) continue;
+    const std::string prefix = "decoder.layers.";
+    if (t.name.rfind(prefix, 0) == 0) {
+      std::string rest = t.name.substr(prefix.size());
+      const size_t dot = rest.find('.');
+      std::string suffix = rest;
+      std::optional<int64_t> id;
+      if (dot != std::string::npos && IsDigits(rest.substr(0, dot))) {
+        id = std::stoll(rest.substr(0, dot));
+        suffix = rest.substr(dot + 1);
+      }
+      if (!RoleOf(suffix)) {
+        return UnimplementedError(where + ": the source tensor '" + t.name +
+                                  "' has no place in family " + fam +
+                                  " (fc maps Megatron-Core GPT dense layers: " +
+                                  "fused QKV, SwiGLU MLP, RMSNorm)");
+      }
+      if (id) {
+        layers[*id][suffix] = t.shape;
+      } else {
+        stacked[suffix] = t.shape;
+      }
+      continue;
+    }
+    if (t.name == "embedding.word_embeddings.weight" || t.name == "output_layer.weight" ||
+        t.name == "decoder.final_layernorm.weight") {
+      top[t.name] = t.shape;
+      continue;
+    }
+    return UnimplementedError(where + ": the source tensor '" + t.name + "' has no place in family " +
+                              fam + " (not a Megatron-Core GPT name fc maps)");
+  }
+  if (!top.count("embedding.word_embeddings.weight")) {
+    return UnimplementedError(where + ": the source has no embedding.word_embeddings.weight; " +
+                              "--hf-family reads Megatron-Core GPT checkpoints");
+  }
+  if (!top.count("decoder.final_layernorm.weight")) {
+    return UnimplementedError(where + ": the source has no decoder.final_layernorm.weight");
+  }
+  if (!stacked.empty() && !layers.empty()) {
+    return UnimplementedError(where + ": the source mixes layer-stacked and per-layer keys");
+  }
+  // One layer's tensors (shapes without the layer axis) and the layer count.
+  std::map<std::string, Shape> layer;
+  int64_t num_layers = 0;
+  if (!stacked.empty()) {
+    for (const auto& [suffix, shape] : stacked) {
+      if (shape.empty()) return mismatch("stacked tensor decoder.layers." + suffix + " is 0-d");
+      if (num_layers == 0) num_layers = shape[0];
+      if (shape[0] != num_layers) {
+        return mismatch("stacked tensors disagree on the layer count: decoder.layers." + suffix +
+                        " has " + std::to_string(shape[0]) + ", others " +
+                        std::to_string(num_layers));
+      }
+      layer[suffix] = Shape(shape.begin() + 1, shape.end());
+    }
+  } else if (!layers.empty()) {
+    num_layers = static_cast<int64_t>(layers.size());
+    layer = layers.begin()->second;
+    int64_t expect = 0;
+    for (const auto& [id, tensors] : layers) {
+      if (id != expect) {
+        return mismatch("the source's layers are not numbered 0.." + std::to_string(num_layers - 1) +
+                        " (layer " + std::to_string(expect) + " is missing)");
+      }
+      if (tensors != layer) {
+        return mismatch("layer " + std::to_string(id) + " holds other tensors or shapes than layer 0");
+      }
+      ++expect;
+    }
+  }
+  auto need = [&](const std::string& a, const std::string& b) -> Result<std::string> {
+    if (layer.count(a)) return a;
+    if (layer.count(b)) return b;
+    return UnimplementedError(where + ": the source's layers have no " + a + " (or " + b + ")");
+  };
+  FC_ASSIGN_OR_RETURN(std::string norm1, need("self_attention.linear_qkv.layer_norm_weight",
+                                              "input_layernorm.weight"));
+  FC_ASSIGN_OR_RETURN(std::string norm2, need("mlp.linear_fc1.layer_norm_weight",
+                                              "pre_mlp_layernorm.weight"));
+  for (const char* s : {"self_attention.linear_qkv.weight", "self_attention.linear_proj.weight",
+                        "mlp.linear_fc1.weight", "mlp.linear_fc2.weight"}) {
+    if (!layer.count(s)) {
+      return UnimplementedError(where + ": the source's layers have no " + std::string(s));
+    }
+  }
+
+  // Facts against config.json.
+  auto num = [](int64_t v) { return std::to_string(v); };
+  if (num_layers != cfg.num_hidden_layers) {
+    return mismatch("the source has " + num(num_layers) + " layers, config.json num_hidden_layers is " +
+                    num(cfg.num_hidden_layers));
+  }
+  const Shape& emb = top["embedding.word_embeddings.weight"];
+  if (emb.size() != 2) return mismatch("embedding.word_embeddings.weight is not 2-d: " + ShapeText(emb));
+  const int64_t hidden = emb[1], padded_vocab = emb[0];
+  if (hidden != cfg.hidden_size) {
+    return mismatch("the source's hidden size is " + num(hidden) +
+                    " (embedding.word_embeddings.weight " + ShapeText(emb) +
+                    "), config.json hidden_size is " + num(cfg.hidden_size));
+  }
+  if (cfg.vocab_size > padded_vocab) {
+    return mismatch("config.json vocab_size " + num(cfg.vocab_size) +
+                    " is larger than the source's vocabulary " + num(padded_vocab) +
+                    " (embedding.word_embeddings.weight rows)");
+  }
+  if (auto p = ArgInt(source, "padded_vocab_size"); p && *p != padded_vocab) {
+    return mismatch("args.padded_vocab_size is " + num(*p) + ", the embedding has " +
+                    num(padded_vocab) + " rows");
+  }
+  if (auto h = ArgInt(source, "num_attention_heads"); h && *h != heads) {
+    return mismatch("the source's num_attention_heads is " + num(*h) +
+                    " (Megatron args), config.json num_attention_heads is " + num(heads));
+  }
+  if (ArgBool(source, "group_query_attention").value_or(false)) {
+    if (auto g = ArgInt(source, "num_query_groups"); g && *g != groups) {
+      return mismatch("the source's num_query_groups is " + num(*g) +
+                      " (Megatron args), config.json num_key_value_heads is " + num(groups));
+    }
+  } else if (ArgBool(source, "group_query_attention") && groups != heads) {
+    return mismatch("the source has no grouped-query attention (args.group_query_attention false: " +
+                    num(heads) + " KV heads), config.json num_key_value_heads is " + num(groups));
+  }
+  if (auto k = ArgInt(source, "kv_channels"); k && *k != head_dim) {
+    return mismatch("the source's kv_channels (head dim) is " + num(*k) +
+                    " (Megatron args), config.json gives head_dim " + num(head_dim));
+  }
+  const Shape& qkv = layer["self_attention.linear_qkv.weight"];
+  const int64_t qkv_rows = (heads + 2 * groups) * head_dim;
+  if (qkv.size() != 2 || qkv[0] != qkv_rows || qkv[1] != hidden) {
+    return mismatch("linear_qkv.weight is " + ShapeText(qkv) + " per layer; config.json's " +
+                    "num_attention_heads " + num(heads) + ", num_key_value_heads " + num(groups) +
+                    ", head_dim " + num(head_dim) + " need [(" + num(heads) + " + 2 x " +
+                    num(groups) + ") x " + num(head_dim) + ", " + num(hidden) + "] = [" +
+                    num(qkv_rows) + ", " + num(hidden) + "]");
+  }
+  const Shape& proj = layer["self_attention.linear_proj.weight"];
+  if (proj != Shape{hidden, heads * head_dim}) {
+    return mismatch("linear_proj.weight is " + ShapeText(proj) + " per layer, config.json needs " +
+                    ShapeText({hidden, heads * head_dim}));
+  }
+  if (auto s = ArgBool(source, "swiglu"); s && !*s) {
+    return mismatch("family " + fam + " needs SwiGLU; the source's args.swiglu is false");
+  }
+  const int64_t ffn = cfg.intermediate_size;
+  const Shape& fc1 = layer["mlp.linear_fc1.weight"];
+  const Shape& fc2 = layer["mlp.linear_fc2.weight"];
+  if (fc1 != Shape{2 * ffn, hidden} || fc2 != Shape{hidden, ffn}) {
+    return mismatch("linear_fc1.weight is " + ShapeText(fc1) + " and linear_fc2.weight " +
+                    ShapeText(fc2) + " per layer; config.json intermediate_size " + num(ffn) +
+                    " needs " + ShapeText({2 * ffn, hidden}) + " (SwiGLU gate and up) and " +
+                    ShapeText({hidden, ffn}));
+  }
+  if (auto f = ArgInt(source, "ffn_hidden_size"); f && *f != ffn) {
+    return mismatch("the source's ffn_hidden_size is " + num(*f) +
+                    " (Megatron args), config.json intermediate_size is " + num(ffn));
+  }
+  const bool qkv_bias = layer.count("self_attention.linear_qkv.bias") > 0;
+  if (qkv_bias != cfg.attention_bias.value_or(false)) {
+    return mismatch(std::string("the source ") + (qkv_bias ? "has" : "has no") +
+                    " linear_qkv.bias, config.json attention_bias is " +
+                    (cfg.attention_bias.value_or(false) ? "true" : "false") +
+                    (qkv_bias ? " (Llama's attention_bias also needs an o_proj bias, which "
+                                "Megatron's linear_proj does not have here)"
+                              : ""));
+  }
+  if (qkv_bias && layer["self_attention.linear_qkv.bias"] != Shape{qkv_rows}) {
+    return mismatch("linear_qkv.bias is " + ShapeText(layer["self_attention.linear_qkv.bias"]) +
+                    " per layer, config.json needs [" + num(qkv_rows) + "]");
+  }
+  if (cfg.mlp_bias.value_or(false)) {
+    return mismatch("config.json mlp_bias is true; the source's MLP has no biases");
+  }
+  const bool has_output = top.count("output_layer.weight") > 0;
+  if (has_output == cfg.tie_word_embeddings) {
+    return mismatch(std::string("the source ") +
+                    (has_output ? "has its own output_layer.weight (untied)" :
+                                  "has no output_layer.weight (tied to the embedding)") +
+                    ", config.json tie_word_embeddings is " +
+                    (cfg.tie_word_embeddings ? "true" : "false"));
+  }
+  if (has_output && top["output_layer.weight"] != emb) {
+    return mismatch("output_layer.weight is " + ShapeText(top["output_layer.weight"]) +
+                    ", the embedding " + ShapeText(emb));
+  }
+
+  // The program.
+  std::string p;
+  const int64_t pad = padded_vocab - cfg.vocab_size;
+  p += "# Megatron-Core GPT -> HuggingFace " + fam + " (generated by --hf-family " + fam + ")\n";
+  p += "# source: " + num(num_layers) + " layers" +
+       (stacked.empty() ? std::string(" (per-layer keys)") : std::string(" (layer-stacked keys)")) +
+       ", hidden " + num(hidden) + ", vocabulary " + num(padded_vocab) + " rows\n";
+  p += "# config.json: " + num(heads) + " heads, " + num(groups) + " KV heads, head_dim " +
+       num(head_dim) + ", intermediate_size " + num(ffn) + ", vocab_size " + num(cfg.vocab_size) +
+       "\n\n";
+  auto vocab = [&](const std::string& from, const std::string& to, const std::string& tmp) {
+    if (pad == 0) {
+      p += from + " -> " + to + "\n";
+    } else {
+      p += from + " -> " + to + ", " + tmp + ", axis=0, sizes='[" + num(cfg.vocab_size) + "," +
+           num(pad) + "]'\n" + tmp + " -> _\n";
+    }
+  };
+  if (pad > 0) p += "# drop the " + num(pad) + " rows Megatron padded the vocabulary with\n";
+  vocab("embedding.word_embeddings.weight", "model.embed_tokens.weight", "embed_pad");
+  if (has_output) vocab("output_layer.weight", "lm_head.weight", "lm_head_pad");
+  p += "decoder.final_layernorm.weight -> model.norm.weight\n";
+  const std::string L = "decoder.layers.$LAYER_ID.";
+  const std::string H = "model.layers.$LAYER_ID.";
+  if (!stacked.empty()) {
+    p += "\n# layer-stacked tensors: cut into layers, each without the layer axis\n";
+    for (const auto& [suffix, shape] : stacked) {
+      p += "decoder.layers." + suffix + " ->";
+      for (int64_t i = 0; i < num_layers; ++i) {
+        p += std::string(i ? "," : "") + "\n    decoder.layers." + num(i) + "." + suffix;
+      }
+      p += ",\n    axis=0\n";
+      p += L + suffix + " -> " + L + suffix + ", shape='" + ShapeText(layer[suffix]) + "'\n";
+    }
+  }
+  p += "\n# attention: Megatron's query-group QKV (per group its " + num(heads / groups) +
+       " query heads, K, V)\n";
+  p += L + norm1 + " -> " + H + "input_layernorm.weight\n";
+  const std::string fused = ", fused_qkv, num_heads=" + num(heads) +
+                            ", num_key_value_groups=" + num(groups) + ", axis=0\n";
+  p += L + "self_attention.linear_qkv.weight ->\n    " + H + "self_attn.q_proj.weight,\n    " + H +
+       "self_attn.k_proj.weight,\n    " + H + "self_attn.v_proj.weight" + fused;
+  if (qkv_bias) {
+    p += L + "self_attention.linear_qkv.bias ->\n    " + H + "self_attn.q_proj.bias,\n    " + H +
+         "self_attn.k_proj.bias,\n    " + H + "self_attn.v_proj.bias" + fused;
+  }
+  p += L + "self_attention.linear_proj.weight -> " + H + "self_attn.o_proj.weight\n";
+  p += "\n# MLP: SwiGLU fc1 is [gate; up] as fc reads it (any TP degree)\n";
+  p += L + norm2 + " -> " + H + "post_attention_layernorm.weight\n";
+  p += L + "mlp.linear_fc1.weight -> " + H + "mlp.gate_proj.weight, " + H +
+       "mlp.up_proj.weight, axis=0\n";
+  p += L + "mlp.linear_fc2.weight -> " + H + "mlp.down_proj.weight\n";
+  return p;
+}
+
+}  // namespace fc::aoa

@@ -1,0 +1,96 @@
+// --hf-family: the facts of the checkpoint and of config.json (fc/ops/hf_family.h).
+#include "fc/ops/hf_family.h"
+
+#include <simdjson.h>
+
+#include "fc/io/file.h"
+
+namespace fc {
+
+Result<aoa::HfTargetConfig> ParseHfConfig(std::string_view json, const std::string& origin) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  if (auto e = parser.parse(json.data(), json.size(), true).get(root); e) {
+    return InvalidArgumentError(origin + ": invalid JSON: " + simdjson::error_message(e));
+  }
+  simdjson::dom::object obj;
+  if (root.get_object().get(obj) != simdjson::SUCCESS) {
+    return InvalidArgumentError(origin + ": not a JSON object");
+  }
+  aoa::HfTargetConfig c;
+  for (auto field : obj) {
+    const std::string_view k = field.key;
+    simdjson::dom::element v = field.value;
+    auto integer = [&](int64_t* out) -> Status {
+      if (v.is_null()) return Status::Ok();
+      int64_t i = 0;
+      if (v.get_int64().get(i) != simdjson::SUCCESS) {
+        return InvalidArgumentError(origin + ": '" + std::string(k) + "' must be an integer");
+      }
+      *out = i;
+      return Status::Ok();
+    };
+    auto boolean = [&](std::optional<bool>* out) -> Status {
+      bool b = false;
+      if (v.get_bool().get(b) != simdjson::SUCCESS) {
+        return InvalidArgumentError(origin + ": '" + std::string(k) + "' must be true or false");
+      }
+      *out = b;
+      return Status::Ok();
+    };
+    if (k == "model_type") {
+      std::string_view s;
+      if (v.get_string().get(s) != simdjson::SUCCESS) {
+        return InvalidArgumentError(origin + ": 'model_type' must be a string");
+      }
+      c.model_type = std::string(s);
+    } else if (k == "vocab_size") {
+      FC_RETURN_IF_ERROR(integer(&c.vocab_size));
+    } else if (k == "hidden_size") {
+      FC_RETURN_IF_ERROR(integer(&c.hidden_size));
+    } else if (k == "num_hidden_layers") {
+      FC_RETURN_IF_ERROR(integer(&c.num_hidden_layers));
+    } else if (k == "num_attention_heads") {
+      FC_RETURN_IF_ERROR(integer(&c.num_attention_heads));
+    } else if (k == "num_key_value_heads") {
+      FC_RETURN_IF_ERROR(integer(&c.num_key_value_heads));
+    } else if (k == "head_dim") {
+      FC_RETURN_IF_ERROR(integer(&c.head_dim));
+    } else if (k == "intermediate_size") {
+      FC_RETURN_IF_ERROR(integer(&c.intermediate_size));
+    } else if (k == "tie_word_embeddings") {
+      std::optional<bool> b;
+      FC_RETURN_IF_ERROR(boolean(&b));
+      c.tie_word_embeddings = *b;
+    } else if (k == "attention_bias") {
+      FC_RETURN_IF_ERROR(boolean(&c.attention_bias));
+    } else if (k == "mlp_bias") {
+      FC_RETURN_IF_ERROR(boolean(&c.mlp_bias));
+    }
+  }
+  return c;
+}
+
+Result<std::string> HfFamilyProgram(const CheckpointIndex& index, const std::string& family,
+                                    const std::string& config_dir) {
+  if (config_dir.empty()) {
+    return InvalidArgumentError("--hf-family " + family +
+                                " needs --copy-from DIR (the HF model directory whose "
+                                "config.json the program is made for)");
+  }
+  const std::string path = JoinPath(config_dir, "config.json");
+  FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(path, 64ull << 20));
+  FC_ASSIGN_OR_RETURN(aoa::HfTargetConfig config,
+                      ParseHfConfig(std::string_view(reinterpret_cast<const char*>(bytes.data()),
+                                                     bytes.size()),
+                                    path));
+  aoa::HfSourceFacts facts;
+  for (const TensorEntry& t : index.tensors) facts.tensors.push_back({t.key, t.global_shape});
+  const std::string prefix = "megatron.args.";
+  for (const auto& [k, v] : index.attributes) {
+    if (k.rfind(prefix, 0) == 0) facts.args[k.substr(prefix.size())] = v;
+  }
+  return aoa::GenerateHfFamilyProgram(family, facts, config);
+}
+
+}  // namespace fc

@@ -1,0 +1,137 @@
+// --hf-family: the generated Megatron-Core GPT -> HF Llama program (fc/aoa/hf_family.h), run
+// through the engine on the shapes of a GQA model with a padded vocabulary.
+#include <catch2/catch.hpp>
+
+#include "fc/aoa/hf_family.h"
+#include "test_util.h"
+
+namespace fc::aoa {
+namespace {
+
+using testing::Meta;
+
+// 3 layers, hidden 16, 8 heads of 2 in 4 groups, FFN 12, vocabulary 60 padded to 64.
+HfTargetConfig Config() {
+  HfTargetConfig c;
+  c.model_type = "llama";
+  c.vocab_size = 60;
+  c.hidden_size = 16;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  c.intermediate_size = 12;
+  return c;
+}
+
+HfSourceFacts Source(bool stacked) {
+  HfSourceFacts f;
+  f.tensors = {{"embedding.word_embeddings.weight", {64, 16}},
+               {"output_layer.weight", {64, 16}},
+               {"decoder.final_layernorm.weight", {16}},
+               {"optimizer.state.exp_avg.output_layer.weight", {64, 16}}};
+  const std::vector<std::pair<std::string, Shape>> layer = {
+      {"self_attention.linear_qkv.layer_norm_weight", {16}},
+      {"self_attention.linear_qkv.weight", {32, 16}},
+      {"self_attention.linear_proj.weight", {16, 16}},
+      {"mlp.linear_fc1.layer_norm_weight", {16}},
+      {"mlp.linear_fc1.weight", {24, 16}},
+      {"mlp.linear_fc2.weight", {16, 12}}};
+  for (const auto& [suffix, shape] : layer) {
+    if (stacked) {
+      Shape s = shape;
+      s.insert(s.begin(), 3);
+      f.tensors.push_back({"decoder.layers." + suffix, s});
+    } else {
+      for (int i = 0; i < 3; ++i) f.tensors.push_back({"decoder.layers." + std::to_string(i) + "." + suffix, shape});
+    }
+  }
+  return f;
+}
+
+std::map<std::string, Shape> Outputs(const HfSourceFacts& f, const std::string& program) {
+  std::vector<TensorMeta> src;
+  for (const auto& t : f.tensors) {
+    if (t.name.rfind("optimizer.", 0) != 0) src.push_back(Meta(t.name, t.shape));
+  }
+  auto p = ParseAoaProgram(program);
+  REQUIRE(p.ok());
+  auto e = AoaEngine::Create(*p, src);
+  INFO(program);
+  REQUIRE(e.ok());
+  std::map<std::string, Shape> out;
+  for (const OutputTensor& o : e->ListOutputs()) out[o.key] = o.shape;
+  return out;
+}
+
+TEST_CASE("hf-family llama: stacked and per-layer Megatron-Core keys give the HF Llama tensors",
+          "[aoa][hf_family]") {
+  for (bool stacked : {true, false}) {
+    HfSourceFacts f = Source(stacked);
+    auto program = GenerateHfFamilyProgram("llama", f, Config());
+    REQUIRE(program.ok());
+    CHECK_THAT(*program, Catch::Contains("fused_qkv, num_heads=8, num_key_value_groups=4, axis=0"));
+    CHECK_THAT(*program, Catch::Contains("sizes='[60,4]'"));
+    std::map<std::string, Shape> out = Outputs(f, *program);
+    CHECK(out.size() == 3 + 3 * 9);
+    CHECK(out["model.embed_tokens.weight"] == Shape{60, 16});
+    CHECK(out["lm_head.weight"] == Shape{60, 16});
+    CHECK(out["model.norm.weight"] == Shape{16});
+    for (int i = 0; i < 3; ++i) {
+      const std::string h = "model.layers." + std::to_string(i) + ".";
+      CHECK(out[h + "input_layernorm.weight"] == Shape{16});
+      CHECK(out[h + "self_attn.q_proj.weight"] == Shape{16, 16});
+      CHECK(out[h + "self_attn.k_proj.weight"] == Shape{8, 16});
+      CHECK(out[h + "self_attn.v_proj.weight"] == Shape{8, 16});
+      CHECK(out[h + "self_attn.o_proj.weight"] == Shape{16, 16});
+      CHECK(out[h + "post_attention_layernorm.weight"] == Shape{16});
+      CHECK(out[h + "mlp.gate_proj.weight"] == Shape{12, 16});
+      CHECK(out[h + "mlp.up_proj.weight"] == Shape{12, 16});
+      CHECK(out[h + "mlp.down_proj.weight"] == Shape{16, 12});
+    }
+  }
+}
+
+TEST_CASE("hf-family llama: a config.json that disagrees with the source is refused naming both",
+          "[aoa][hf_family]") {
+  auto refused = [](HfSourceFacts f, HfTargetConfig c, const std::vector<std::string>& words) {
+    auto r = GenerateHfFamilyProgram("llama", f, c);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+    for (const std::string& w : words) CHECK_THAT(r.status().message(), Catch::Contains(w));
+  };
+  HfTargetConfig c = Config();
+  c.num_hidden_layers = 4;
+  refused(Source(true), c, {"3 layers", "num_hidden_layers is 4"});
+  c = Config();
+  c.num_key_value_heads = 2;
+  refused(Source(false), c, {"[32, 16]", "num_key_value_heads 2", "[24, 16]"});
+  c = Config();
+  c.vocab_size = 70;
+  refused(Source(true), c, {"vocab_size 70", "vocabulary 64"});
+  c = Config();
+  c.intermediate_size = 16;
+  refused(Source(true), c, {"[24, 16]", "intermediate_size 16"});
+  c = Config();
+  c.tie_word_embeddings = true;
+  refused(Source(true), c, {"output_layer.weight", "tie_word_embeddings is true"});
+  HfSourceFacts f = Source(false);
+  f.args = {{"num_attention_heads", "16"}};
+  refused(f, Config(), {"num_attention_heads is 16", "config.json num_attention_heads is 8"});
+  c = Config();
+  c.model_type = "gpt2";
+  refused(Source(true), c, {"model_type is 'gpt2'"});
+  CHECK(GenerateHfFamilyProgram("qwen2", Source(true), Config()).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("hf-family llama: names it does not map are refused", "[aoa][hf_family]") {
+  HfSourceFacts f = Source(false);
+  f.tensors.push_back({"decoder.layers.0.mlp.router.weight", {4, 16}});
+  auto r = GenerateHfFamilyProgram("llama", f, Config());
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kUnimplemented);
+  CHECK_THAT(r.status().message(), Catch::Contains("decoder.layers.0.mlp.router.weight"));
+}
+
+}  // namespace
+}  // namespace fc::aoa
