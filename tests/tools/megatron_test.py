@@ -266,9 +266,9 @@ def case_optimizer():
     # (not the bf16 weight cast), the moments as saved, step.pt the param groups' step.
     try:
         import torch
-    except ImportError:
-        print("torch missing: the UCP check is skipped")
-        return
+    except ImportError as e:  # the checks above ran; the case as a whole cannot
+        print("skipping: the Universal Checkpoint is read back with torch:", e)
+        sys.exit(77)
     parent = os.path.join(tmp, "ucp_parent")
     os.makedirs(parent)
     ucp = os.path.join(parent, "global_step3_universal")
