@@ -805,7 +805,6 @@ void AddMegatronCommon(const std::string& dir, std::map<std::string, std::string
           a[std::string("megatron.args.") + k] = v->str;
         }
       }
-      found += std::string(found.empty() ? "" : ", ") + "args";
     }
   }
   a["megatron_common_pt"] = found.empty() ? "present (no iteration, no param group step)"
