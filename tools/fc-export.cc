@@ -30,7 +30,6 @@ int main(int argc, char** argv) {
   app.add_option("--aoa", options.aoa_file,
                  "AOA program: rename/split/merge/transpose/cast tensors on the way out "
                  "(see fc-aoa(7)); outputs are the leaves of the program");
-  app.add_option("--dtype", dtype, "cast floating-point tensors: bfloat16, float16, float32, float64")
   {
     std::vector<std::string> families(fc::aoa::HfFamilyNames().begin(), fc::aoa::HfFamilyNames().end());
     app.add_option("--hf-family", options.hf_family,
@@ -41,6 +40,7 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember(families))
         ->excludes("--aoa");
   }
+  app.add_option("--dtype", dtype, "cast floating-point tensors: bfloat16, float16, float32, float64")
       ->check(CLI::IsMember({"bfloat16", "float16", "float32", "float64"}));
   app.add_option("--max-shard-size", max_shard,
                  "largest tensor data per output file, e.g. 5GB (default), 500MB, 2GiB");
