@@ -25,9 +25,6 @@ constexpr size_t kCentralHeaderSize = 46;
 constexpr size_t kEocdSize = 22;
 constexpr size_t kZip64EocdSize = 56;
 constexpr size_t kZip64LocatorSize = 20;
-// The first tail read. torch archives have no comment, so this usually holds the EOCD, the
-// zip64 records and the whole central directory in one read.
-constexpr uint64_t kFirstTailBytes = 4096;
 constexpr uint64_t kMaxTailBytes = kEocdSize + 0xffff;
 
 uint16_t U16(const std::byte* p) {
@@ -98,12 +95,12 @@ struct CentralInfo {
   bool zip64 = false;
 };
 
-Result<CentralInfo> ReadEnd(TailCache& cache, uint64_t archive_size) {
+Result<CentralInfo> ReadEnd(TailCache& cache, uint64_t archive_size, uint64_t first_tail_bytes) {
   if (archive_size < kEocdSize) {
     return DataLossError("zip: archive of " + std::to_string(archive_size) +
                          " bytes is too small for an end-of-central-directory record");
   }
-  FC_RETURN_IF_ERROR(cache.LoadTail(kFirstTailBytes));
+  FC_RETURN_IF_ERROR(cache.LoadTail(std::max<uint64_t>(first_tail_bytes, kEocdSize)));
   int64_t pos = FindEocd(cache.tail());
   if (pos < 0 && archive_size > cache.tail().size()) {
     FC_RETURN_IF_ERROR(cache.LoadTail(kMaxTailBytes));
@@ -212,7 +209,7 @@ const ZipEntry* ZipDirectory::Find(std::string_view name) const {
 Result<ZipDirectory> ReadZipDirectory(uint64_t archive_size, const ZipReadFn& read,
                                       const ZipLimits& limits) {
   TailCache cache(read, archive_size);
-  FC_ASSIGN_OR_RETURN(CentralInfo info, ReadEnd(cache, archive_size));
+  FC_ASSIGN_OR_RETURN(CentralInfo info, ReadEnd(cache, archive_size, limits.first_tail_bytes));
 
   auto cd_end = CheckedAddU(info.cd_offset, info.cd_size);
   if (!cd_end || *cd_end > info.cd_limit) {

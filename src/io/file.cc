@@ -24,7 +24,10 @@ Status CheckCancel(const std::string& what) {
 }  // namespace
 
 RandomAccessFile::RandomAccessFile(std::string path, std::unique_ptr<EnvReadableFile> file)
-    : path_(std::move(path)), file_(std::move(file)), size_(file_->size()) {}
+    : path_(std::move(path)),
+      file_(std::move(file)),
+      size_(file_->size()),
+      counts_as_read_(file_->counts_as_read()) {}
 
 bool RandomAccessFile::readable_here() const { return file_->readable_here(); }
 
@@ -56,7 +59,7 @@ Status RandomAccessFile::ReadAt(uint64_t offset, std::span<std::byte> dst) const
       return DataLossError(path_ + ": file shrank while reading at " +
                            std::to_string(offset + done));
     }
-    CountRead(n);
+    if (counts_as_read_) CountRead(n);
     done += n;
   }
   return Status::Ok();
@@ -84,7 +87,7 @@ Status RandomAccessFile::ReadScatteredAt(uint64_t offset,
     if (n == 0) {
       return DataLossError(path_ + ": file shrank while reading at " + std::to_string(position));
     }
-    CountRead(n);
+    if (counts_as_read_) CountRead(n);
     position += n;
     while (n > 0) {  // n never exceeds what was asked
       if (n >= rest[next].size()) {

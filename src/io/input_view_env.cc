@@ -64,6 +64,8 @@ class ViewFile final : public EnvReadableFile {
     return m;
   }
   bool readable_here() const override { return readable_here_; }
+  // Fetched bytes were read (and counted) by the process that holds the file.
+  bool counts_as_read() const override { return false; }
 
  private:
   Status Error(uint64_t offset, uint64_t length) const {
@@ -77,6 +79,22 @@ class ViewFile final : public EnvReadableFile {
   uint64_t size_;
   std::string seen_by_;
   bool readable_here_;
+};
+
+// Metadata bytes one process read (and counted) and broadcast: reading them here reads no
+// disk.
+class SharedBytesFile final : public EnvReadableFile {
+ public:
+  explicit SharedBytesFile(std::unique_ptr<EnvReadableFile> bytes) : bytes_(std::move(bytes)) {}
+  uint64_t size() const override { return bytes_->size(); }
+  Result<size_t> Read(uint64_t offset, std::span<std::byte> dst) const override {
+    return bytes_->Read(offset, dst);
+  }
+  Result<Mapping> Map() const override { return bytes_->Map(); }
+  bool counts_as_read() const override { return false; }
+
+ private:
+  std::unique_ptr<EnvReadableFile> bytes_;
 };
 
 }  // namespace
@@ -199,8 +217,8 @@ Result<std::unique_ptr<EnvReadableFile>> InputViewEnv::OpenForRead(const std::st
   if (it == entries_.end()) return base_->OpenForRead(Local(path));
   const Entry& e = it->second;
   if (e.bytes) {
-    return NewMemoryReadableFile(std::as_bytes(std::span(e.bytes->data(), e.bytes->size())),
-                                 e.bytes);
+    return std::unique_ptr<EnvReadableFile>(new SharedBytesFile(NewMemoryReadableFile(
+        std::as_bytes(std::span(e.bytes->data(), e.bytes->size())), e.bytes)));
   }
   if (e.local && (e.on_every_process || !Fetching())) return base_->OpenForRead(Local(path));
   return std::unique_ptr<EnvReadableFile>(

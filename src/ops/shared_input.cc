@@ -10,6 +10,7 @@
 #include "fc/core/human_bytes.h"
 #include "fc/exec/parallel.h"
 #include "fc/format/open.h"
+#include "fc/io/counters.h"
 #include "fc/io/file.h"
 
 namespace fc {
@@ -318,6 +319,7 @@ Result<std::string> ReadLocalRange(InputViewEnv& view, const std::string& name, 
   for (size_t done = 0; done < dst.size();) {
     FC_ASSIGN_OR_RETURN(size_t n, f->Read(offset + done, dst.subspan(done)));
     if (n == 0) return DataLossError(name + ": file shrank while reading at " + std::to_string(offset + done));
+    CountRead(n);  // read from this disk for every process (which count none of it)
     done += n;
   }
   return bytes;

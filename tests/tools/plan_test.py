@@ -1,11 +1,13 @@
 """The plan/exec layer end to end: every needed source byte read once (measured by --stats,
 not taken from the plan), dry runs, and the memory minimum.
 
-usage: plan_test.py BUILD_ROOT TESTDATA CASE   (CASE: readonce|dryrun|budget|mpi)
+usage: plan_test.py BUILD_ROOT TESTDATA CASE   (CASE: readonce|smallitems|dryrun|budget|mpi)
 
 Inputs are written here with numpy (a safetensors file of one [512, 256] float32 tensor,
 512 KiB); budgets are small so that every job is cut into many write items, which is what
 made the old data path read a reshaped, transposed or column-cut source again per item.
+smallitems (and mpi): a torch DCP checkpoint of many small items, one per file (issue 31:
+locating each item's data must not read its data too, nor 4 KiB windows of it).
 """
 import json
 import os
@@ -136,6 +138,54 @@ def case_readonce():
                                         [([0, 0], [512, 256], [90001, n])]], "flat.json"))
 
 
+def small_items_ckpt():
+    """A torch DCP checkpoint (torch 1.13 style, written by fc-convert): 81 [15, 260] float32
+    params with exp_avg and exp_avg_sq, 243 items of 15,600 tensor bytes, each in its own
+    file (244 files with .metadata, ~4 MB). Returns (dir, bytes needed, a 4-rank layout)."""
+    names = []
+    for i in range(81):
+        k = f"layers.{i}.weight"
+        names += [k, f"optim.{k}.exp_avg", f"optim.{k}.exp_avg_sq"]
+    arrays = {n: (np.arange(15 * 260, dtype=np.float32) + j).reshape(15, 260)
+              for j, n in enumerate(names)}
+    st = os.path.join(tmp, "small.safetensors")
+    write_safetensors(st, arrays)
+
+    def layout(ranks, name):
+        doc = {"format": "fc-layout-manifest", "version": 1,
+               "tensors": [{"key": n, "dtype": "float32", "global_shape": [15, 260]} for n in names],
+               "ranks": [{"rank": r, "chunks": [
+                   {"key": n, "global_offset": [0, 0], "local_shape": [15, 260],
+                    "flattened_range": None, "replica_id": 0}
+                   for j, n in enumerate(names) if j % ranks == r]} for r in range(ranks)]}
+        path = os.path.join(tmp, name)
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        return path
+
+    dcp = os.path.join(tmp, "small-dcp")
+    fcio.run([CONVERT, st, dcp, "--quiet", "--target-manifest", layout(len(names), "small-243.json"),
+              "--output-format", "torch-dcp", "--torch-version", "1.13"])
+    files = os.listdir(dcp)
+    assert len(files) == 244 and ".metadata" in files, sorted(files)
+    return dcp, 243 * 15 * 260 * 4, layout(4, "small-4.json")
+
+
+def case_smallitems():
+    dcp, needed, layout = small_items_ckpt()
+    for threads in ("1", "2"):
+        out = os.path.join(tmp, "small-out-" + threads)
+        stats = os.path.join(tmp, f"small-{threads}.stats.json")
+        fcio.run([CONVERT, dcp, out, "--quiet", "--threads", threads, "--target-manifest", layout,
+                  "--stats", stats])
+        s = stats_of(stats)
+        check_read_once(s, f"small items convert, {threads} thread(s)", needed)
+    stats = os.path.join(tmp, "small-export.stats.json")
+    fcio.run([EXPORT, dcp, os.path.join(tmp, "small-hf"), "--quiet", "--include-optimizer",
+              "--stats", stats])
+    check_read_once(stats_of(stats), "small items export", needed)
+
+
 def case_dryrun():
     out = os.path.join(tmp, "never")
     p = fcio.run([EXPORT, SRC, out, "--dry-run"])
@@ -191,10 +241,24 @@ def case_mpi():
         assert [p["rank"] for p in s["processes"]] == list(range(np_)), s
         check_read_once(s, f"mpi np {np_}", SRC_BYTES)
         assert np.array_equal(convert_values(out), W)
+    # Small items over per-process directories (file k on process k % 4, .metadata on 0):
+    # bytes another process read and broadcast (the metadata) count once, where they were read.
+    dcp, needed, small_layout = small_items_ckpt()
+    base = os.path.join(tmp, "small-split")
+    for r in range(4):
+        os.makedirs(os.path.join(base, f"ckpt_{r}"))
+    for k, f in enumerate(sorted(f for f in os.listdir(dcp) if f.endswith(".distcp"))):
+        shutil.copy(os.path.join(dcp, f), os.path.join(base, f"ckpt_{k % 4}", f))
+    shutil.copy(os.path.join(dcp, ".metadata"), os.path.join(base, "ckpt_0", ".metadata"))
+    stats = os.path.join(tmp, "small-mpi.stats.json")
+    fcio.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "4", CONVERT,
+              os.path.join(base, "ckpt_{rank}"), os.path.join(tmp, "small-mpi"), "--quiet",
+              "--target-manifest", small_layout, "--stats", stats])
+    check_read_once(stats_of(stats), "small items, mpi np 4, per-process directories", needed)
 
 
 try:
-    {"readonce": case_readonce, "dryrun": case_dryrun, "budget": case_budget,
+    {"readonce": case_readonce, "smallitems": case_smallitems, "dryrun": case_dryrun, "budget": case_budget,
      "mpi": case_mpi}[CASE]()
 finally:
     shutil.rmtree(tmp, ignore_errors=True)

@@ -84,6 +84,11 @@ struct ZipDirectory {
 struct ZipLimits {
   uint64_t max_entries = 1 << 20;
   uint64_t max_central_directory_bytes = uint64_t{256} << 20;
+  // Not a limit: the size of the first read at the archive's end (at least the 22-byte
+  // end-of-central-directory record). The default holds a torch.save archive's whole
+  // directory; a caller that knows the directory is smaller (a small item, issue 31) asks
+  // for less, and the directory is then read in a second call only when it does not fit.
+  uint64_t first_tail_bytes = 4096;
 };
 
 // Reads the directory of an archive of `archive_size` bytes through `read`.

@@ -92,7 +92,9 @@ struct TorchSaveArchive {
 // Reads the directory of a torch.save archive and finds its data.pkl.
 // Errors: kDataLoss when the archive is not a zip, has no common prefix or no data.pkl,
 // or data.pkl is not STORED (kUnimplemented for a compressed one).
-Result<TorchSaveArchive> ReadTorchSaveArchive(uint64_t archive_size, const ZipReadFn& read);
+// `limits` go to ReadZipDirectory (its first_tail_bytes sizes the first read).
+Result<TorchSaveArchive> ReadTorchSaveArchive(uint64_t archive_size, const ZipReadFn& read,
+                                              const ZipLimits& limits = {});
 
 // Reads data.pkl of an archive (at most max_bytes, else kDataLoss) and parses it.
 Result<PickleValue> ReadTorchSavePickle(const TorchSaveArchive& archive, const ZipReadFn& read,
@@ -117,7 +119,8 @@ struct TorchSaveTensor {
 // (torch >= 2.0) is neither "little" nor "big"; kUnimplemented when the record is
 // compressed, or when "byteorder" is "big" for a dtype wider than one byte (big-endian
 // storages are refused, not byte-swapped).
-Result<TorchSaveTensor> ParseTorchSaveTensor(uint64_t archive_size, const ZipReadFn& read);
+Result<TorchSaveTensor> ParseTorchSaveTensor(uint64_t archive_size, const ZipReadFn& read,
+                                             const ZipLimits& limits = {});
 Result<TorchSaveTensor> ParseTorchSaveTensor(std::span<const std::byte> archive);
 
 }  // namespace fc

@@ -60,6 +60,11 @@ class EnvReadableFile {
   // process's disk, fc/io/input_view_env.h): every read fails. Readers that check a file's
   // contents when they open a checkpoint skip such files; whoever reads them checks then.
   virtual bool readable_here() const { return true; }
+  // Whether reads of this file count in the process's bytes read (fc/io/counters.h, what
+  // --stats reports): false for bytes that another process read from its disk and sent here
+  // (metadata shared among processes, ranges fetched for this process,
+  // fc/io/input_view_env.h), which the process that read them counted.
+  virtual bool counts_as_read() const { return true; }
 };
 
 // A readable file over `bytes` in memory, which `holder` keeps alive (and unchanged) for as

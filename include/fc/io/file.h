@@ -48,6 +48,7 @@ class RandomAccessFile {
   std::string path_;
   std::unique_ptr<EnvReadableFile> file_;
   uint64_t size_;
+  bool counts_as_read_;  // file_->counts_as_read()
 };
 
 // A read-only memory map of a whole file, for parsers that need the bytes as one span but

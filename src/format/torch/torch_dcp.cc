@@ -8,7 +8,11 @@
 // bytes inside its item (LocateTorchDcpChunk, at open with locate_chunks or on first read
 // through ChunkReader) needs the zip's tail (EOCD + central directory), data.pkl near its
 // start, and the storage record's local header. ItemReader serves those small reads from
-// two cached 4 KiB windows (or the whole item when it is small): one or two preads per item.
+// two cached windows (or the whole item when it is small): one or two preads per item. A
+// window is 4 KiB, or less when the item's headers are known to be smaller (an item of a
+// tensor of T bytes has at most length - T bytes outside the data: a head window of that
+// size holds data.pkl and the storage record's header, a tail window the zip directory), so
+// that locating an item does not read its data too, only to read it again (issue 31).
 #include <algorithm>
 #include <charconv>
 #include <cstring>
@@ -53,11 +57,19 @@ std::string ShapeString(std::span<const int64_t> s) {
 // Reads inside one item ([base, base + length) of a file) with archive-relative offsets.
 class ItemReader {
  public:
-  ItemReader(const RandomAccessFile* file, uint64_t base, uint64_t length)
-      : file_(file), base_(base), length_(length) {}
+  // `window`: the size of a cached window (at most kWindowBytes); an item of at most two
+  // windows is read whole, in one pread, on the first access.
+  ItemReader(const RandomAccessFile* file, uint64_t base, uint64_t length,
+             uint64_t window = kWindowBytes)
+      : file_(file), base_(base), length_(length),
+        window_(std::clamp<uint64_t>(window, kMinWindowBytes, kWindowBytes)),
+        whole_item_bytes_(2 * window_) {}
 
-  // Items up to this size are read whole, in one pread, on the first access.
-  static constexpr uint64_t kWholeItemBytes = 16384;
+  // The window for an item of `length` bytes that holds `data_bytes` of tensor data: its
+  // headers (data.pkl, local headers, zip directory) are the rest.
+  static uint64_t WindowFor(uint64_t length, uint64_t data_bytes) {
+    return data_bytes < length ? length - data_bytes : kWindowBytes;
+  }
 
   Status Read(uint64_t offset, std::span<std::byte> dst) {
     if (offset > length_ || dst.size() > length_ - offset) {
@@ -71,14 +83,14 @@ class ItemReader {
         return Status::Ok();
       }
     }
-    if (dst.size() > kWindowBytes && length_ > kWholeItemBytes) {
+    if (dst.size() > window_ && length_ > whole_item_bytes_) {
       return file_->ReadAt(base_ + offset, dst);
     }
     // Load a window starting at the request (or ending at the item's end, whichever keeps
     // it inside the item); it then also serves the neighbouring small reads.
     Window& w = windows_[next_];
     next_ = 1 - next_;
-    const uint64_t span = length_ <= kWholeItemBytes ? length_ : std::min(length_, kWindowBytes);
+    const uint64_t span = length_ <= whole_item_bytes_ ? length_ : std::min(length_, window_);
     w.start = std::min(offset, length_ - span);
     w.bytes.resize(static_cast<size_t>(span));
     w.valid = false;
@@ -98,9 +110,13 @@ class ItemReader {
     uint64_t start = 0;
     std::vector<std::byte> bytes;
   };
+  // Below this a window would cost more read calls than the bytes it saves.
+  static constexpr uint64_t kMinWindowBytes = 512;
   const RandomAccessFile* file_;
   uint64_t base_;
   uint64_t length_;
+  uint64_t window_;
+  uint64_t whole_item_bytes_;
   Window windows_[2];
   int next_ = 0;
 };
@@ -110,15 +126,19 @@ class ItemReader {
 // length = its byte size, so the metadata's ranges overlap and do not locate anything.
 // A torch.save item starts with a zip local header ("PK\3\4"); a blob with its u64 header
 // length and then '{'.
-Result<bool> IsSafetensorsBlob(const RandomAccessFile& file, uint64_t offset) {
-  if (offset > file.size() || file.size() - offset < 9) return false;
-  std::byte head[9];
-  FC_RETURN_IF_ERROR(file.ReadAt(offset, head));
+bool IsSafetensorsBlobHead(std::span<const std::byte, 9> head) {
   if (head[0] == std::byte{'P'} && head[1] == std::byte{'K'} && head[2] == std::byte{3} &&
       head[3] == std::byte{4}) {
     return false;
   }
   return head[8] == std::byte{'{'};
+}
+
+Result<bool> IsSafetensorsBlob(const RandomAccessFile& file, uint64_t offset) {
+  if (offset > file.size() || file.size() - offset < 9) return false;
+  std::byte head[9];
+  FC_RETURN_IF_ERROR(file.ReadAt(offset, head));
+  return IsSafetensorsBlobHead(head);
 }
 
 // A chunk's offsets and sizes as the DCP metadata gives them. They are the chunk's box, except
@@ -758,26 +778,6 @@ void AddMegatronCommon(const std::string& dir, std::map<std::string, std::string
     a["megatron.iteration"] = std::to_string(it->int_value);
     found = "iteration";
   }
-  std::set<std::string> steps, sharding;
-  if (const PickleValue* opt = root->Find("optimizer")) {
-    int64_t budget = 1 << 20;
-    CollectParamGroupSteps(*opt, 0, &budget, &steps);
-    budget = 1 << 20;
-    CollectCommonSteps(*opt, 0, &budget, *archive, read, &steps);
-    budget = 1 << 20;
-    CollectStrings(*opt, "param_state_sharding_type", 0, &budget, &sharding);
-  }
-  // Each value found becomes an attribute (several joined by ", ") and is named in `found`.
-  auto report = [&](const std::set<std::string>& values, const char* attribute,
-                    const char* what) {
-    if (values.empty()) return;
-    std::string joined;
-    for (const std::string& v : values) joined += (joined.empty() ? "" : ", ") + v;
-    a[attribute] = joined;
-    found += std::string(found.empty() ? "" : ", ") + what;
-  };
-  report(steps, "megatron.optimizer_step", "the param groups' Adam step");
-  report(sharding, "megatron.optimizer_sharding_type", "the optimizer's sharding type");
   // Megatron-LM's args (an argparse.Namespace): the model facts name mappings need
   // (fc-export --hf-family), as megatron.args.<name>, like the legacy reader's.
   if (const PickleValue* args = root->Find("args")) {
@@ -807,6 +807,26 @@ void AddMegatronCommon(const std::string& dir, std::map<std::string, std::string
       }
     }
   }
+  std::set<std::string> steps, sharding;
+  if (const PickleValue* opt = root->Find("optimizer")) {
+    int64_t budget = 1 << 20;
+    CollectParamGroupSteps(*opt, 0, &budget, &steps);
+    budget = 1 << 20;
+    CollectCommonSteps(*opt, 0, &budget, *archive, read, &steps);
+    budget = 1 << 20;
+    CollectStrings(*opt, "param_state_sharding_type", 0, &budget, &sharding);
+  }
+  // Each value found becomes an attribute (several joined by ", ") and is named in `found`.
+  auto report = [&](const std::set<std::string>& values, const char* attribute,
+                    const char* what) {
+    if (values.empty()) return;
+    std::string joined;
+    for (const std::string& v : values) joined += (joined.empty() ? "" : ", ") + v;
+    a[attribute] = joined;
+    found += std::string(found.empty() ? "" : ", ") + what;
+  };
+  report(steps, "megatron.optimizer_step", "the param groups' Adam step");
+  report(sharding, "megatron.optimizer_sharding_type", "the optimizer's sharding type");
   a["megatron_common_pt"] = found.empty() ? "present (no iteration, no param group step)"
                                           : "read: " + found;
 }
@@ -1131,10 +1151,24 @@ Result<ChunkLocation> LocateTorchDcpChunk(const RandomAccessFile& file,
       return DataLossError(ctx + ": item bytes " + Range(offset, offset + length) +
                            " pass end of file (" + std::to_string(file.size()) + " bytes)");
     }
-    FC_ASSIGN_OR_RETURN(bool blob, IsSafetensorsBlob(file, offset).With(ctx));
+    const uint64_t tensor_bytes =
+        CheckedMulU(static_cast<uint64_t>(chunk.stored_elements()), DTypeSize(dtype))
+            .value_or(UINT64_MAX);
+    const uint64_t window = ItemReader::WindowFor(length, tensor_bytes);
+    ItemReader reader(&file, offset, length, window);
+    // The blob probe goes through the reader: its head window then serves data.pkl too.
+    bool blob = false;
+    if (length >= 9) {
+      std::byte head[9];
+      FC_RETURN_IF_ERROR(reader.Read(0, head).With(ctx));
+      blob = IsSafetensorsBlobHead(head);
+    } else {
+      FC_ASSIGN_OR_RETURN(blob, IsSafetensorsBlob(file, offset).With(ctx));
+    }
     if (blob) return LocateInSafetensorsBlob(file, offset, key, chunk, dtype).With(ctx);
-    ItemReader reader(&file, offset, length);
-    parsed = ParseTorchSaveTensor(length, reader.AsZipReadFn());
+    ZipLimits limits;
+    limits.first_tail_bytes = std::min(window, limits.first_tail_bytes);
+    parsed = ParseTorchSaveTensor(length, reader.AsZipReadFn(), limits);
     if (!parsed.ok()) {
       return parsed.status().With(ctx + ": item bytes " + Range(offset, offset + length));
     }

@@ -303,9 +303,10 @@ const ZipEntry* TorchSaveArchive::FindRecord(std::string_view record) const {
   return zip.Find(name);
 }
 
-Result<TorchSaveArchive> ReadTorchSaveArchive(uint64_t archive_size, const ZipReadFn& read) {
+Result<TorchSaveArchive> ReadTorchSaveArchive(uint64_t archive_size, const ZipReadFn& read,
+                                              const ZipLimits& limits) {
   TorchSaveArchive archive;
-  FC_ASSIGN_OR_RETURN(archive.zip, ReadZipDirectory(archive_size, read));
+  FC_ASSIGN_OR_RETURN(archive.zip, ReadZipDirectory(archive_size, read, limits));
   if (archive.zip.entries.empty()) return DataLossError("torch.save archive has no records");
   const std::string& first = archive.zip.entries.front().name;
   const size_t slash = first.find('/');
@@ -339,8 +340,9 @@ Result<PickleValue> ReadTorchSavePickle(const TorchSaveArchive& archive, const Z
   return value;
 }
 
-Result<TorchSaveTensor> ParseTorchSaveTensor(uint64_t archive_size, const ZipReadFn& read) {
-  FC_ASSIGN_OR_RETURN(TorchSaveArchive archive, ReadTorchSaveArchive(archive_size, read));
+Result<TorchSaveTensor> ParseTorchSaveTensor(uint64_t archive_size, const ZipReadFn& read,
+                                             const ZipLimits& limits) {
+  FC_ASSIGN_OR_RETURN(TorchSaveArchive archive, ReadTorchSaveArchive(archive_size, read, limits));
   // A tensor's data.pkl is ~150 bytes; a large one is not a single tensor.
   FC_ASSIGN_OR_RETURN(PickleValue root, ReadTorchSavePickle(archive, read, 1 << 20));
   TorchSaveTensor t;
