@@ -125,6 +125,24 @@ Result<uint64_t> ParseSize(const std::string& flag, const std::string& text) {
   return static_cast<uint64_t>(value * multiplier);
 }
 
+CLI::Validator SizeCheck() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        auto parsed = ParseSize("value", text);
+        return parsed.ok() ? std::string() : std::string(parsed.status().message());
+      },
+      "");
+}
+
+CLI::Validator FormatCheck() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        auto parsed = ParseCheckpointFormat(text);
+        return parsed.ok() ? std::string() : std::string(parsed.status().message());
+      },
+      "");
+}
+
 namespace {
 
 // Async-signal-safe: stores the signal number; a second signal gets the default action.

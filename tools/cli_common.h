@@ -43,6 +43,15 @@ void SetUpLogging(const std::string& tool, bool quiet, bool verbose);
 // Errors: kInvalidArgument naming `flag` and the text.
 Result<uint64_t> ParseSize(const std::string& flag, const std::string& text);
 
+// One rule for flag values in every tool: a value that is not in its flag's own syntax (a
+// size, a number, a name from a fixed list) is a usage error, exit 2, found while the
+// command line is parsed; exit 3 (invalid argument) is for what a value holds or means (an
+// AOA program, a glob, a layout file, a target that does not fit the checkpoint). These
+// CLI11 checks give the usage error, with ParseSize's / ParseCheckpointFormat's message:
+//   app.add_option("--memory-budget", budget, "...")->check(fc::cli::SizeCheck());
+CLI::Validator SizeCheck();
+CLI::Validator FormatCheck();  // a checkpoint format name (fc/model/checkpoint_index.h)
+
 // Process-wide IO setup, before any file is opened: the read policy (--follow-symlinks,
 // fc/io/env.h IoPolicy) and SIGINT/SIGTERM handlers. The first signal asks the run to stop
 // (RequestCancel: every later file operation fails, the run unwinds and removes its

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
                  "safetensors, Paddle FlexCheckpoint, DeepSpeed, Megatron legacy)")
       ->required();
   app.add_option("OUT", options.output_dir, "output directory (must not exist, or be empty)");
-  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
+  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy")
+      ->check(fc::cli::FormatCheck());
   std::string source_layout;
   app.add_option("--source-layout", source_layout, fc::cli::kSourceLayoutHelp);
   // The input-format flag of earlier versions; hidden (no help line), same meaning as --format.
@@ -127,7 +128,8 @@ int main(int argc, char** argv) {
   app.add_option("--stats", options.stats_file,
                  "after the run, write measured figures (bytes read/written, calls, peak "
                  "buffers, seconds per process) as JSON to this file");
-  app.add_option("--memory-budget", budget, "peak memory for tensor data (default: RAM/4)");
+  app.add_option("--memory-budget", budget, "peak memory for tensor data (default: RAM/4)")
+      ->check(fc::cli::SizeCheck());
   app.add_option("--threads", options.threads,
                  "worker threads (default: the cores this process may use, shared with the "
                  "job's other unbound processes on this node; at most 8)")
@@ -145,7 +147,13 @@ int main(int argc, char** argv) {
                "fc distcp input: read chunks without checking their xxh3-64 checksums "
                "(checked by default on every read; a mismatch is exit 5)");
   app.set_version_flag("--version", std::string("fc-convert ") + FC_VERSION);
-  app.footer(fc::cli::ExitCodeHelp());
+  app.footer(std::string(
+                 "Examples:\n"
+                 "  fc-convert old/ new/ --target-like step0_of_new_run/\n"
+                 "  fc-convert old/ new/ --preset megatron-gpt --tp 2 --pp 2 --sharding 4 --dry-run\n"
+                 "  fc-convert ds/global_step100 ds/universal --output-format ucp\n"
+                 "  fc-convert fsdp_dcp/ tp1/ --target-like tp1_run/ --output-format torch-dcp --aoa qkv.aoa\n\n") +
+             fc::cli::ExitCodeHelp());
   const std::string tool = "fc-convert";
   if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
   // Flags that would have no effect are refused rather than ignored.
@@ -220,6 +228,10 @@ int main(int argc, char** argv) {
   }
   if (!old_input_format.empty()) {
     if (!format.empty()) return fc::cli::UsageError(tool, "give --format only (--input-format is its old name)");
+    // The hidden old name gets no CLI11 check (its errors would carry no flag name).
+    if (auto parsed = fc::ParseCheckpointFormat(old_input_format); !parsed.ok()) {
+      return fc::cli::UsageError(tool, "--input-format: " + parsed.status().message());
+    }
     format = old_input_format;
   }
   fc::cli::SetUpLogging(tool, quiet, verbose);

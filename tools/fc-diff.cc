@@ -3,6 +3,8 @@
 // Exit status follows diff(1): 0 equal, 1 different. Errors keep the codes of the other
 // tools (2 usage ... 10 resource exhausted), except an internal error, which is 1 elsewhere
 // and 12 here.
+#include <cmath>
+#include <cstdlib>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -39,12 +41,24 @@ int main(int argc, char** argv) {
                                   "safetensors, Paddle, DeepSpeed, Megatron legacy)")
       ->required();
   app.add_option("B", options.b, "second checkpoint, the reference for --rtol")->required();
-  app.add_option("--format-a", format_a, "force A's format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
-  app.add_option("--format-b", format_b, "force B's format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
+  app.add_option("--format-a", format_a, "force A's format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy")
+      ->check(fc::cli::FormatCheck());
+  app.add_option("--format-b", format_b, "force B's format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy")
+      ->check(fc::cli::FormatCheck());
   app.add_option("--aoa-a", options.aoa_a, "AOA program applied to A (see fc-aoa(7))");
   app.add_option("--aoa-b", options.aoa_b, "AOA program applied to B");
-  app.add_option("--rtol", rtol, "relative tolerance (compare values as float64)");
-  app.add_option("--atol", atol, "absolute tolerance (compare values as float64)");
+  // Finite and >= 0; "nan" or "-1" is a usage error like any bad flag value.
+  const CLI::Validator tolerance(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        const bool ok = !text.empty() && end == text.c_str() + text.size() && std::isfinite(v) &&
+                        v >= 0;
+        return ok ? std::string() : "value '" + text + "': a tolerance is a finite number >= 0";
+      },
+      "TOL");
+  app.add_option("--rtol", rtol, "relative tolerance (compare values as float64)")->check(tolerance);
+  app.add_option("--atol", atol, "absolute tolerance (compare values as float64)")->check(tolerance);
   app.add_flag("--equal-nan", options.equal_nan, "with --rtol/--atol: NaN equals NaN");
   app.add_flag("--only-common", options.only_common,
                "compare only the names both hold; the others are listed, not differences "
@@ -57,7 +71,8 @@ int main(int argc, char** argv) {
                  std::string("leave out names matching this ") + fc::cli::kGlobHelp)
       ->allow_extra_args(false);
   app.add_option("--memory-budget", budget,
-                 "peak memory for tensor data, e.g. 4GB (default: a quarter of RAM)");
+                 "peak memory for tensor data, e.g. 4GB (default: a quarter of RAM)")
+      ->check(fc::cli::SizeCheck());
   app.add_option("--threads", options.threads,
                  "worker threads (default: the cores this process may use, shared with the "
                  "job's other unbound processes on this node; at most 8)")
@@ -72,6 +87,10 @@ int main(int argc, char** argv) {
                "(checked by default on every read; a mismatch is exit 5)");
   app.set_version_flag("--version", std::string("fc-diff ") + FC_VERSION);
   app.footer(
+      "Examples:\n"
+      "  fc-export ckpt/ hf/ && fc-diff ckpt/ hf/ --only-common\n"
+      "  fc-diff megatron/ hf/ --aoa-a megatron_to_hf_llama.aoa\n"
+      "  fc-diff ckpt/ hf_bf16/ --rtol 1e-2 --include 'model.layers.*' --json\n\n"
       "Exit status: 0 equal, 1 different, 2 usage, 3 invalid argument, 4 not found,\n"
       "5 corrupt input, 6 unsupported, 7 I/O error, 8 failed precondition,\n"
       "9 out of range, 10 resource exhausted, 12 internal error.");
@@ -86,8 +105,7 @@ int main(int argc, char** argv) {
     if (!parsed.ok()) return FinishWithError(tool, parsed.status());
     *target = *parsed;
   }
-  // CLI11 fills the doubles only when given; a negative value given by the user is passed
-  // through so that RunDiff rejects it with its message.
+  // CLI11 fills the doubles only when given (and checked them: finite, >= 0).
   if (app.count("--rtol")) options.rtol = rtol;
   if (app.count("--atol")) options.atol = atol;
   if (!budget.empty()) {

@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
   app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors, Paddle FlexCheckpoint, DeepSpeed save or tag dir, Megatron legacy save or iter dir)")
       ->required();
   app.add_option("OUT", options.output_dir, "output directory (created if missing)")->required();
-  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
+  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy")
+      ->check(fc::cli::FormatCheck());
   std::string source_layout;
   app.add_option("--source-layout", source_layout, fc::cli::kSourceLayoutHelp);
   app.add_option("--aoa", options.aoa_file,
@@ -43,7 +44,8 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype, "cast floating-point tensors: bfloat16, float16, float32, float64")
       ->check(CLI::IsMember({"bfloat16", "float16", "float32", "float64"}));
   app.add_option("--max-shard-size", max_shard,
-                 "largest tensor data per output file, e.g. 5GB (default), 500MB, 2GiB");
+                 "largest tensor data per output file, e.g. 5GB (default), 500MB, 2GiB")
+      ->check(fc::cli::SizeCheck());
   app.add_option("--include", options.include,
                  std::string("export only output names matching this ") + fc::cli::kGlobHelp)
       ->allow_extra_args(false);  // one pattern per flag, so CKPT and OUT stay positional
@@ -53,7 +55,8 @@ int main(int argc, char** argv) {
   app.add_flag("--include-optimizer", options.include_optimizer,
                "also export optimizer states (exp_avg, exp_avg_sq, fp32 master weights, ...)");
   app.add_option("--memory-budget", budget,
-                 "peak memory for tensor data, e.g. 4GB (default: a quarter of RAM)");
+                 "peak memory for tensor data, e.g. 4GB (default: a quarter of RAM)")
+      ->check(fc::cli::SizeCheck());
   app.add_option("--threads", options.threads,
                  "worker threads (default: the cores this process may use, shared with the "
                  "job's other unbound processes on this node; at most 8)")
@@ -91,7 +94,13 @@ int main(int argc, char** argv) {
                "fc distcp input: read chunks without checking their xxh3-64 checksums "
                "(checked by default on every read; a mismatch is exit 5)");
   app.set_version_flag("--version", std::string("fc-export ") + FC_VERSION);
-  app.footer(fc::cli::ExitCodeHelp());
+  app.footer(std::string(
+                 "Examples:\n"
+                 "  fc-export ckpt/ hf/                        # fp32 weights as HF safetensors\n"
+                 "  fc-export ckpt/ hf/ --dtype bfloat16 --max-shard-size 2GB --copy-from hf_model/\n"
+                 "  fc-export ckpt/ hf/ --dry-run              # plan, checks and time estimate only\n"
+                 "  mpirun -np 4 fc-export ckpt/ hf/           # same bytes, four readers/writers\n\n") +
+             fc::cli::ExitCodeHelp());
   const std::string tool = "fc-export";
   if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
   if (options.json && !options.dry_run) return fc::cli::UsageError(tool, "--json needs --dry-run");

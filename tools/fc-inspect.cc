@@ -17,7 +17,8 @@ int main(int argc, char** argv) {
       "sharded safetensors, fc distcp); verify it; preview an AOA program on it."};
   app.add_option("CKPT", options.path, "checkpoint directory (or .safetensors file; DeepSpeed: save dir with latest, or a tag dir; Megatron legacy: save dir with latest_checkpointed_iteration.txt, or an iter dir)")
       ->required();
-  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy");
+  app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy")
+      ->check(fc::cli::FormatCheck());
   std::string source_layout;
   app.add_option("--source-layout", source_layout, fc::cli::kSourceLayoutHelp);
   app.add_option("--tensors", options.tensors,
@@ -34,7 +35,6 @@ int main(int argc, char** argv) {
   app.add_option("--aoa", options.aoa_file,
                  "AOA program (line form or {\"aoa_statements\": [...]} JSON): print the "
                  "expanded statements and the resulting tensors, reading no tensor bytes");
-  app.set_version_flag("--version", std::string("fc-inspect ") + FC_VERSION);
   std::vector<std::string> families(fc::aoa::HfFamilyNames().begin(), fc::aoa::HfFamilyNames().end());
   app.add_option("--hf-family", options.hf_family,
                  "preview (or with --print-aoa print) the AOA program fc-export --hf-family "
@@ -45,18 +45,18 @@ int main(int argc, char** argv) {
                  "with --hf-family: the HuggingFace model directory whose config.json the "
                  "program is made for (as fc-export --copy-from)");
   app.add_flag("--print-aoa", options.print_aoa, "with --hf-family: print the generated program");
-  app.footer(fc::cli::ExitCodeHelp());
+  app.set_version_flag("--version", std::string("fc-inspect ") + FC_VERSION);
+  app.footer(std::string(
+                 "Examples:\n"
+                 "  fc-inspect ckpt/                           # formats, tensors, shardings, sizes\n"
+                 "  fc-inspect ckpt/ --json > ckpt.json\n"
+                 "  fc-inspect ckpt/ --verify                  # read every byte, check checksums\n"
+                 "  fc-inspect megatron/ --aoa to_hf.aoa       # the names and shapes a program gives\n\n") +
+             fc::cli::ExitCodeHelp());
   const std::string tool = "fc-inspect";
   if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
   // --aoa previews the program's outputs; the tensor table and the verification are not
   // printed then, so the flags that shape them would do nothing.
-  if (!options.aoa_file.empty() && (app.count("--tensors") || options.verify)) {
-    return fc::cli::UsageError(tool, std::string(options.verify ? "--verify" : "--tensors") +
-                                         " cannot be combined with --aoa (the AOA preview "
-                                         "lists the program's outputs only)");
-  }
-  fc::cli::SetUpLogging("fc-inspect", false, false);
-  fc::cli::SetUpIo(follow_symlinks);
   if ((options.print_aoa || !options.hf_config_dir.empty()) && options.hf_family.empty()) {
     return fc::cli::UsageError(tool, std::string(options.print_aoa ? "--print-aoa" : "--copy-from") +
                                          " needs --hf-family");
@@ -65,6 +65,13 @@ int main(int argc, char** argv) {
     return fc::cli::UsageError(tool, std::string(options.verify ? "--verify" : "--tensors") +
                                          " cannot be combined with --hf-family");
   }
+  if (!options.aoa_file.empty() && (app.count("--tensors") || options.verify)) {
+    return fc::cli::UsageError(tool, std::string(options.verify ? "--verify" : "--tensors") +
+                                         " cannot be combined with --aoa (the AOA preview "
+                                         "lists the program's outputs only)");
+  }
+  fc::cli::SetUpLogging("fc-inspect", false, false);
+  fc::cli::SetUpIo(follow_symlinks);
   if (!format.empty()) {
     auto parsed = fc::ParseCheckpointFormat(format);
     if (!parsed.ok()) return fc::cli::Finish("fc-inspect", parsed.status());

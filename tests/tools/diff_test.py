@@ -256,7 +256,7 @@ def case_errors():
     p = diff(bad, a, expect=5)
     assert "A: " in p.stderr and "bad.safetensors" in p.stderr, p.stderr
     diff(a, a, "--include", "[w", expect=3)
-    diff(a, a, "--rtol", "-1", expect=3)
+    diff(a, a, "--rtol", "-1", expect=2)  # a bad flag value is a usage error
     diff(a, a, "--aoa-a", os.path.join(tmp, "missing.aoa"), expect=4)
     diff(a, a, "--memory-budget", "10", expect=10)
     diff(a, a, "--no-such-flag", expect=2)

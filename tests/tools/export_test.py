@@ -153,8 +153,10 @@ def case_errors():
     export(fx, out)
     p = export(fx, out, expect=8)
     assert "not empty" in p.stderr, p.stderr
-    # Bad flag values: exit 3 (invalid argument) or 2 (usage).
-    export(fx, os.path.join(tmp, "x"), "--max-shard-size", "lots", expect=3)
+    # A value outside its flag's syntax is a usage error (2); what a pattern or program holds
+    # is an invalid argument (3).
+    p = export(fx, os.path.join(tmp, "x"), "--max-shard-size", "lots", expect=2)
+    assert "--max-shard-size: value 'lots': expected a size" in p.stderr, p.stderr
     p = export(fx, os.path.join(tmp, "x"), "--include", "[a-", expect=3)
     assert "--include" in p.stderr and "[a-" in p.stderr, p.stderr
     export(fx, os.path.join(tmp, "x"), "--dtype", "int3", expect=2)
