@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <set>
+#include <unordered_set>
 
 #include <spdlog/spdlog.h>
 
@@ -84,6 +85,7 @@ struct ExportPlan {
   Plan plan;                                       // files = shards, slots = tensors
   ExportSummary summary;
   std::vector<std::string> skipped_optimizer;      // output names left out as optimizer state
+  std::vector<std::string> no_module_copy;  // DeepSpeed --weights module: params left fp32
   std::vector<std::string> dropped_sources;        // source tensors no output reads
   std::vector<std::string> copy_files;             // --copy-from, process 0 only
   std::vector<std::vector<int>> visibility;        // as PlanRequest::source_visibility
@@ -136,6 +138,13 @@ Status DumpObjects(const ExportPlan& p, const std::string& dir, Communicator& co
 
 // Warnings for what the source holds and the output will not (shown unless --quiet).
 void WarnNotCarried(const ExportPlan& p) {
+  if (!p.no_module_copy.empty()) {
+    // ZeRO-3 saves only empty placeholders in the module state dict: the only values are
+    // the fp32 masters. Said, rather than fp32 handed out under "--weights module" silently.
+    spdlog::warn("--weights module: {} param(s) have no values in the module state dict "
+                 "(ZeRO-3 saves empty placeholders), exported as their fp32 master weights: {}",
+                 p.no_module_copy.size(), FirstNames(p.no_module_copy));
+  }
   if (!p.skipped_optimizer.empty()) {
     spdlog::warn("leaving out {} optimizer state tensor(s) (--include-optimizer exports them): {}",
                  p.skipped_optimizer.size(), FirstNames(p.skipped_optimizer));
@@ -157,6 +166,19 @@ Status BuildExportPlan(const ExportOptions& options, int processes,
     FC_ASSIGN_OR_RETURN(DeepSpeedWeights w, ParseDeepSpeedWeights(options.weights.empty()
                                                                       ? "fp32"
                                                                       : options.weights));
+    std::vector<std::string>& no_module_copy = p.no_module_copy;
+    if (w == DeepSpeedWeights::kModule) {
+      std::unordered_set<std::string> module_names;
+      for (const TensorEntry& t : p.index.tensors) {
+        if (t.key.starts_with("module.")) module_names.insert(t.key.substr(7));
+      }
+      for (const TensorEntry& t : p.index.tensors) {
+        if (!t.key.starts_with("module.") && !t.key.starts_with("optimizer.") &&
+            !module_names.count(t.key)) {
+          no_module_copy.push_back(t.key);
+        }
+      }
+    }
     FC_RETURN_IF_ERROR(SelectDeepSpeedWeights(w, &p.index));
   } else if (p.index.format == CheckpointFormat::kMegatronLegacy && !options.weights.empty()) {
     // Plain names: the model weights (default, what Megatron's converters export) or the

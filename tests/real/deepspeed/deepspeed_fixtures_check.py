@@ -83,6 +83,20 @@ def check_case(tools, fx, case, tmp):
         done.append("step1")
     module = export(tools, ckpt, os.path.join(tmp, "module"), "--weights", "module")
     want_module = fcio.read_safetensors(exp("expected_module.safetensors"))
+    # The fall-back to fp32 masters is said, never silent; and only where it happens.
+    shutil.rmtree(os.path.join(tmp, "module_warn"), ignore_errors=True)
+    warned = fcio.run([os.path.join(tools, "fc-export"), ckpt, os.path.join(tmp, "module_warn"),
+                       "--weights", "module"]).stderr
+    placeholders = [k for k, (dt, a) in want_module.items() if a.size == 0]
+    if placeholders:
+        head = (f"--weights module: {len(placeholders)} param(s) have no values in the module "
+                "state dict (ZeRO-3 saves empty placeholders), exported as their fp32 master "
+                "weights: ")
+        assert head in warned, (case, warned)
+        named = warned.split(head, 1)[1].splitlines()[0].split(" and ")[0].split(", ")
+        assert named and set(named) <= set(placeholders), (case, named, placeholders)
+    else:
+        assert "--weights module:" not in warned, (case, warned)
     if info["zero_stage"] == 3:
         # ZeRO-3 saves only empty placeholders for the partitioned params in the module state
         # dict; fc's --weights module falls back to the fp32 masters for them (the frozen
