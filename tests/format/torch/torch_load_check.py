@@ -27,8 +27,8 @@ The parent process reads .metadata with a stub unpickler (CPython's own pickle m
 but no torch classes), so it never imports torch; only the ranks do.
 
 Exit status: 0 all equal; 1 mismatch or load failure (messages on stderr); 77 torch cannot
-be imported (the meson "skipped" code). The torch 1.13 / Python 3.11 shim is taken from
-$FC_SHARED/tools or, failing that, ../shared/tools next to the repository root.
+be imported (the meson "skipped" code); torch that imports without its DCP module is a
+failure. The torch 1.13 / Python 3.11 shim is the repository's tests/support/torch113_shim.py.
 """
 import argparse
 import io
@@ -54,11 +54,8 @@ def install_shim():
     """torch 1.13's DCP does not import on Python 3.11 without the shim. Installed when this
     file is imported, so that the spawned ranks (which re-import it) get it too."""
     here = os.path.dirname(os.path.abspath(__file__))
-    repo = os.path.abspath(os.path.join(here, "..", "..", ".."))
-    candidates = []
-    if os.environ.get("FC_SHARED"):
-        candidates.append(os.path.join(os.environ["FC_SHARED"], "tools"))
-    candidates.append(os.path.join(repo, "..", "shared", "tools"))
+    # The project's own copy (tests/support), so that a plain clone has it.
+    candidates = [os.path.join(here, "..", "..", "support")]
     for c in candidates:
         if os.path.exists(os.path.join(c, "torch113_shim.py")):
             sys.path.insert(0, os.path.abspath(c))
@@ -248,10 +245,16 @@ def worker(rank, world, port, args, saved, expected_objects, result_dir):
     try:
         import numpy  # noqa: F401
         import torch
+    except ImportError as e:  # torch (or numpy) absent: the check cannot run here
+        errors.append(f"{IMPORT_FAILED}{e}")
+    try:
+        # torch imports, so its DCP module must too: a failure here is a failure, not a skip.
         import torch.distributed as dist
         import torch.distributed._shard.checkpoint  # noqa: F401
     except Exception as e:  # noqa: BLE001
-        errors.append(f"{IMPORT_FAILED}{e}")
+        if not errors:
+            errors.append(f"torch {torch.__version__} imports but its DCP module does not: "
+                          f"{type(e).__name__}: {e}")
     if not errors:
         try:
             os.environ["MASTER_ADDR"] = "127.0.0.1"

@@ -2,7 +2,7 @@
 """Interop test of fc's TorchDcpWriter against real torch 1.13 (meson suite interop,torch).
 
 usage: torch_writer_interop_test.py TORCH_DCP_REWRITE TORCH_LOAD_CHECK_PY
-env:   FC_TESTDATA (testdata/), FC_SHARED (../shared) as set by tests/meson.build
+env:   FC_TESTDATA (testdata/) as set by tests/meson.build
 
 For each real torch fixture (testdata/torch_dcp), torch_dcp_rewrite reads it with fc's
 reader and writes it again with TorchDcpWriter (1.13 generation) under a new random chunk
