@@ -477,6 +477,47 @@ ConvertOptions PlannedWith(const ConvertOptions& options, Communicator& comm) {
 
 }  // namespace
 
+namespace {
+
+// A Megatron-Core torch_dist save keeps, beside its torch DCP files, metadata.json (the
+// sharded backend and its version) and common.pt (the state that is not sharded: args,
+// iteration, the optimizer's param groups and step). dist_checkpointing.load needs both and
+// reads any TP x PP from them (checked with Megatron-Core 0.16.1: tests/real/megatron), so a
+// torch DCP output of such a source gets copies of the two, staged with the data files.
+// Process 0 copies them; when it cannot see the source directory it warns instead.
+// Each file is bounded by kMaxSidecarBytes (a common.pt holds no sharded tensor data).
+constexpr uint64_t kMaxSidecarBytes = 64ull << 20;
+
+Status CopyMegatronSidecars(const CheckpointIndex& index, const std::string& source_dir,
+                           const std::string& staging) {
+  if (index.format != CheckpointFormat::kTorchDcp) return Status::Ok();
+  const std::string metadata_json = JoinPath(source_dir, "metadata.json");
+  if (!PathExists(metadata_json)) {
+    for (const auto& [key, value] : index.attributes) {
+      if (key.ends_with("megatron_metadata_json")) {
+        spdlog::warn("{}: Megatron's metadata.json and common.pt are not visible to process 0; "
+                     "copy them into the output for dist_checkpointing.load",
+                     source_dir);
+        break;
+      }
+    }
+    return Status::Ok();
+  }
+  for (const char* name : {"metadata.json", "common.pt"}) {
+    const std::string from = JoinPath(source_dir, name);
+    if (!PathExists(from)) continue;
+    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(from, kMaxSidecarBytes));
+    FC_ASSIGN_OR_RETURN(auto out, WritableFile::Create(JoinPath(staging, name)));
+    FC_RETURN_IF_ERROR(out->Append(std::span<const std::byte>(bytes)));
+    FC_RETURN_IF_ERROR(out->Sync());
+    FC_RETURN_IF_ERROR(out->Close());
+    spdlog::debug("copied Megatron's {} ({} bytes) from {}", name, bytes.size(), source_dir);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
   FC_ASSIGN_OR_RETURN(const OutputFormat* format, FindOutputFormat(options.output_format));
   if (format->shape == OutputShape::kDeepSpeedUniversal) return RunConvertUcp(options, out);
@@ -574,7 +615,10 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   FC_RETURN_IF_ERROR(comm->AllOk(written));
   const std::vector<std::string> messages = comm->Gather(digests, 0);
   Status committed = Status::Ok();
-  if (me == 0) {
+  if (me == 0 && format->name == "torch-dcp") {
+    committed = CopyMegatronSidecars(p->index, input.local_path, staging);
+  }
+  if (me == 0 && committed.ok()) {
     committed = part ? part->Commit(messages)
                      : InternalError("process 0 was assigned no target file");
   }

@@ -35,6 +35,11 @@ def ucp(tools, ckpt, out, label):
     assert p.returncode == 0, (label, p.stdout, p.stderr)
 
 
+def fcio_export(tools, src, out):
+    fcio.run([os.path.join(tools, "fc-export"), src, out, "--include-optimizer", "-q"])
+    return out
+
+
 def check_case(tools, fixtures, case, tmp):
     d = os.path.join(fixtures, case)
     info = json.load(open(os.path.join(d, "info.json")))
@@ -53,6 +58,21 @@ def check_case(tools, fixtures, case, tmp):
     want = fcio.read_safetensors(os.path.join(d, "expected.safetensors"))
     fcio.same_tensors(got, want, case)
     print(f"{case}: {len(want)} tensors equal Megatron-Core's", flush=True)
+    # fc-convert's torch DCP output carries the save's metadata.json and common.pt, which
+    # dist_checkpointing.load needs (real_megatron_convert loads it with Megatron-Core);
+    # fc's own distcp output does not.
+    dcp = os.path.join(tmp, case + "_dcp_tp1")
+    fcio.run([os.path.join(tools, "fc-convert"), ckpt, dcp, "--preset", "megatron-gpt", "--tp",
+              "1", "--pp", "1", "--output-format", "torch-dcp", "--torch-version", "2", "-q"])
+    for f in ("metadata.json", "common.pt"):
+        with open(os.path.join(dcp, f), "rb") as a, open(os.path.join(ckpt, f), "rb") as b:
+            assert a.read() == b.read(), (case, f)
+    got, _ = fcio.read_hf_dir(fcio_export(tools, dcp, os.path.join(tmp, case + "_dcp_export")))
+    fcio.same_tensors(got, want, case + " via fc-convert torch-dcp")
+    fc_out = os.path.join(tmp, case + "_fc")
+    fcio.run([os.path.join(tools, "fc-convert"), ckpt, fc_out, "--preset", "megatron-gpt",
+              "--tp", "1", "--pp", "1", "-q"])
+    assert not os.path.exists(os.path.join(fc_out, "common.pt")), case
     legacy = os.path.join(d, "legacy")
     if os.path.isdir(legacy):
         p = fcio.run([os.path.join(tools, "fc-inspect"), "--verify", legacy])

@@ -20,11 +20,11 @@ NAME
             the forward of Megatron-Core's TP 1 model loaded from the checkpoint within
             TOLERANCE (1e-6; not bit for bit: see LOGITS_NOTE)
 
-fc-convert's torch-dcp output holds .metadata and the __R_0.distcp files; Megatron's
-dist_checkpointing.load also needs the save's metadata.json (the backend) and common.pt
-(the non-sharded state: iteration, the optimizer's param groups and step), which fc does not
-write. Both are layout independent (Megatron loads any TP x PP from them), so this test
-copies them from the source save next to fc's output.
+fc-convert's torch-dcp output holds .metadata and the __R_0.distcp files, and, from a
+torch_dist source, copies of the save's metadata.json (the backend) and common.pt (the
+non-sharded state: iteration, the optimizer's param groups and step), which Megatron's
+dist_checkpointing.load also needs. Both are layout independent (Megatron loads any TP x PP
+from them); the test loads fc's output directory as fc wrote it.
 """
 import json
 import os
@@ -120,11 +120,6 @@ def load_check_worker(testdata, ckpt, tp, pp, with_opt, expected):
     dist.destroy_process_group()
 
 
-def copy_sidecars(src, dst):
-    for f in ("metadata.json", "common.pt"):
-        shutil.copy(os.path.join(src, f), os.path.join(dst, f))
-
-
 def convert_cases(build, testdata, tmp):
     tools = os.path.join(build, "tools")
     gen = os.path.join(tmp, "gen")
@@ -142,7 +137,6 @@ def convert_cases(build, testdata, tmp):
             out = os.path.join(tmp, f"{src_case}_{name}")
             fcio.run([os.path.join(tools, "fc-convert"), src, out, *flags, "--output-format",
                       "torch-dcp", "--torch-version", "2", "-q"])
-            copy_sidecars(src, out)
             torchrun(tp, port, "--load-check", testdata, out, str(tp), "1",
                      "1" if with_opt else "0", expected)
             port += 1
