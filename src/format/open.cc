@@ -1,6 +1,7 @@
 #include "fc/format/open.h"
 
 #include <algorithm>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -122,6 +123,15 @@ constexpr InputFormat kInputFormats[] = {
      "Megatron latest_checkpointed_iteration.txt / mp_rank_*/model_optim_rng.pt"},
 };
 
+// The first input format whose detection says yes for the listed directory, if any.
+Result<std::optional<CheckpointFormat>> DetectIn(const Listing& listing) {
+  for (const InputFormat& f : kInputFormats) {
+    FC_ASSIGN_OR_RETURN(bool found, f.detect(listing));
+    if (found) return std::optional<CheckpointFormat>(f.format);
+  }
+  return std::optional<CheckpointFormat>();
+}
+
 }  // namespace
 
 Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
@@ -132,18 +142,40 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
   }
   FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(path));
   const Listing listing{path, names};
-  std::string looked_for;
-  for (const InputFormat& f : kInputFormats) {
-    FC_ASSIGN_OR_RETURN(bool found, f.detect(listing));
-    if (found) return f.format;
-    looked_for += (looked_for.empty() ? "" : ", ") + std::string(f.looks_for);
-  }
+  FC_ASSIGN_OR_RETURN(std::optional<CheckpointFormat> found, DetectIn(listing));
+  if (found) return *found;
   if (listing.Any([](const std::string& n) { return EndsWith(n, ".pt"); })) {
     return UnimplementedError(path + ": holds torch.save .pt files that are neither a "
                               "DeepSpeed nor a Megatron legacy checkpoint; fc does not read "
                               "those");
   }
-  return InvalidArgumentError(path + ": no checkpoint found (looked for " + looked_for + ")");
+  std::string looked_for;
+  for (const InputFormat& f : kInputFormats) {
+    looked_for += (looked_for.empty() ? "" : ", ") + std::string(f.looks_for);
+  }
+  // A user often names the run directory above the checkpoint (DIR/ckpt, DIR/<tag>): point at
+  // the subdirectories that hold one. One level down only, and at most kMaxSubdirsProbed of
+  // them (a directory of thousands of entries costs no more than that).
+  constexpr size_t kMaxSubdirsProbed = 64;
+  std::vector<std::string> sorted = names;
+  std::sort(sorted.begin(), sorted.end());
+  std::string hint;
+  size_t probed = 0, hits = 0;
+  for (const std::string& name : sorted) {
+    if (probed == kMaxSubdirsProbed || hits == 3) break;
+    const std::string sub = JoinPath(path, name);
+    if (name.starts_with('.') || !IsDirectory(sub)) continue;
+    ++probed;
+    auto inner = ListDirectory(sub);
+    if (!inner.ok()) continue;
+    auto format = DetectIn(Listing{sub, *inner});
+    if (!format.ok() || !*format) continue;
+    hint += std::string(hits++ ? ", " : "; ") + sub + " holds a " +
+            std::string(CheckpointFormatName(**format)) + " checkpoint";
+  }
+  if (hits) hint += ": give " + std::string(hits == 1 ? "that path" : "one of those paths");
+  return InvalidArgumentError(path + ": no checkpoint found (looked for " + looked_for + ")" +
+                              hint);
 }
 
 Result<CheckpointIndex> OpenCheckpoint(const std::string& path,

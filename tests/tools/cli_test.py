@@ -157,6 +157,15 @@ def case_exitcodes():
         p = run(args, expect=3)
         assert p.stderr.startswith(os.path.basename(args[0]) + ": error: "), (args, p.stderr)
         assert not os.path.exists(out)
+    # The run directory above the checkpoint: the error points at the subdirectory that holds
+    # one (issue 32 item 7), in every tool; an empty directory gets no hint.
+    run_dir = os.path.dirname(MIXED)
+    for args in ([INSPECT, run_dir], [EXPORT, run_dir, out], [DIFF, run_dir, MIXED]):
+        p = run(args, expect=3)
+        assert p.stderr.rstrip().endswith(f"{MIXED} holds a torch-dcp checkpoint: give that path"), p.stderr
+    os.makedirs(os.path.join(tmp, "empty", "sub"))
+    p = run([INSPECT, os.path.join(tmp, "empty")], expect=3)
+    assert "no checkpoint found" in p.stderr and "holds" not in p.stderr, p.stderr
     # --help and --version exit 0 and print on stdout.
     for tool, path in TOOLS.items():
         assert run([path, "--version"]).stdout.startswith(tool + " "), tool
