@@ -27,8 +27,8 @@ int main(int argc, char** argv) {
       "no tensor bytes (opening Megatron and DeepSpeed checkpoints reads a few, to find and check where "
       "optimizer states lie); the output directory appears only when complete."};
   app.add_option("CKPT", options.input, "input checkpoint (torch DCP incl. Megatron torch_dist, fc distcp, "
-                 "safetensors, Paddle FlexCheckpoint, DeepSpeed, Megatron legacy)")
-      ->required();
+                 "safetensors, Paddle FlexCheckpoint, DeepSpeed, Megatron legacy); "
+                 "required unless --print-layout");
   app.add_option("OUT", options.output_dir, "output directory (must not exist, or be empty)");
   app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy")
       ->check(fc::cli::FormatCheck());
@@ -55,6 +55,10 @@ int main(int argc, char** argv) {
   app.add_option("--sharding", options.degrees.sharding,
                  "with --preset: ZeRO-1 sharding degree of flattened optimizer states");
   app.add_option("--ep", options.degrees.ep, "with --preset: expert-parallel degree");
+  bool print_layout = false;
+  app.add_flag("--print-layout", print_layout,
+               "with --preset and its degrees, no CKPT: print the layout file (fc-layout(5)) "
+               "the preset stands for, to edit and pass as --target-layout");
   app.add_option("--aoa", options.aoa_file,
                  "AOA program for structure changes (fc-aoa(7)); with --output-format ucp "
                  "from a non-DeepSpeed source it renames and reshapes each param with its "
@@ -156,6 +160,21 @@ int main(int argc, char** argv) {
              fc::cli::ExitCodeHelp());
   const std::string tool = "fc-convert";
   if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
+  if (print_layout) {
+    // Reads no checkpoint: every other input would have no effect.
+    if (options.preset.empty()) return fc::cli::UsageError(tool, "--print-layout needs --preset NAME");
+    if (!options.input.empty() || app.count("--dry-run") || app.count("--output-format") ||
+        app.count("--aoa")) {
+      return fc::cli::UsageError(tool, "--print-layout prints the preset's layout file and "
+                                 "reads no checkpoint: leave out CKPT, OUT, --dry-run, "
+                                 "--output-format and --aoa");
+    }
+    auto rules = fc::PresetRules(options.preset, options.degrees);
+    if (!rules.ok()) return fc::cli::Finish(tool, rules.status());
+    std::cout << fc::LayoutRulesJson(*rules) << "\n";
+    return 0;
+  }
+  if (options.input.empty()) return fc::cli::UsageError(tool, "CKPT is required");
   // Flags that would have no effect are refused rather than ignored.
   if (options.json && !options.dry_run) return fc::cli::UsageError(tool, "--json needs --dry-run");
   if (options.simulate_processes > 0 && !options.dry_run) {

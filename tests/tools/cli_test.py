@@ -304,6 +304,34 @@ def case_warnings():
     print("ok warnings")
 
 
+def case_printlayout():
+    """Issue 32 item 6: --print-layout prints the layout file a preset stands for; converting
+    with that file as --target-layout gives the same output, file for file."""
+    p = run([CONVERT, "--preset", "megatron-gpt", "--tp", "1", "--pp", "2", "--print-layout"])
+    layout = json.loads(p.stdout)
+    assert layout["degrees"] == {"tp": 1, "pp": 2, "dp": 1, "sharding": 1, "ep": 1}, layout
+    assert "preset" not in layout and layout["pipeline"]["layer_regex"], layout
+    path = os.path.join(tmp, "layout.json")
+    open(path, "w").write(p.stdout)
+    by_preset, by_file = os.path.join(tmp, "by_preset"), os.path.join(tmp, "by_file")
+    run([CONVERT, MEGATRON, by_preset, "-q", "--preset", "megatron-gpt", "--tp", "1", "--pp", "2"])
+    run([CONVERT, MEGATRON, by_file, "-q", "--target-layout", path])
+    names = sorted(os.listdir(by_preset))
+    assert names == sorted(os.listdir(by_file)) and len(names) > 2, (names, os.listdir(by_file))
+    for n in names:
+        with open(os.path.join(by_preset, n), "rb") as a, open(os.path.join(by_file, n), "rb") as b:
+            assert a.read() == b.read(), n
+    # It reads no checkpoint and needs a preset; an unknown preset is exit 3 as elsewhere.
+    p = run([CONVERT, "--print-layout"], expect=2)
+    assert "--print-layout needs --preset NAME" in p.stderr, p.stderr
+    p = run([CONVERT, MEGATRON, "--preset", "megatron-gpt", "--print-layout"], expect=2)
+    assert "reads no checkpoint: leave out CKPT" in p.stderr, p.stderr
+    run([CONVERT, "--preset", "no-such-preset", "--print-layout"], expect=3)
+    p = run([CONVERT, "--preset", "megatron-gpt"], expect=2)
+    assert "CKPT is required" in p.stderr, p.stderr
+    print("ok printlayout")
+
+
 def case_copyfrom():
     hf = os.path.join(tmp, "hf_model")
     os.makedirs(os.path.join(hf, "subdir"))
