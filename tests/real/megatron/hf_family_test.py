@@ -25,55 +25,20 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 import fcio  # noqa: E402
+sys.path.insert(0, HERE)
+import megatron_oracle_test as oracle  # noqa: E402  (its forward worker, torchrun, INPUT, mf)
 
 PORT = int(os.environ.get("FC_MEGATRON_PORT", "29710")) + 60
 TOLERANCE = 1e-6
-INPUT = [[1, 5, 9, 13, 17, 21, 33, 40, 2, 3, 63, 0], [7, 11, 50, 12, 4, 8, 15, 16, 23, 42, 6, 1]]
-
-
-def mf(testdata):
-    sys.dont_write_bytecode = True
-    sys.path.insert(0, os.path.join(testdata, "real", "megatron"))
-    import make_fixtures
-    return make_fixtures
-
-
-def forward_worker(testdata, ckpt, per_layer, out):
-    """One gloo process: Megatron-Core's TP 1 model loaded from `ckpt`, its logits on INPUT
-    (the CPU patches of megatron_oracle_test.forward_worker)."""
-    import contextlib
-    import torch
-    import torch.distributed as dist
-    from megatron.core import tensor_parallel
-    torch.set_num_threads(1)
-    m = mf(testdata)
-    m.init(1, 1, None)
-    chunks, _, _, _ = m.load_tp1(ckpt, False, per_layer=per_layer == "1")
-    model = chunks[0]
-    model.eval()
-    ids = torch.tensor(INPUT)
-    pos = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
-    s = ids.shape[1]
-    mask = torch.triu(torch.ones(s, s), diagonal=1).bool()[None, None]
-    tracker = tensor_parallel.get_cuda_rng_tracker()
-    cur = torch.cuda.current_device
-    tracker.fork = lambda *a, **k: contextlib.nullcontext()
-    torch.cuda.current_device = lambda: "cpu"
-    try:
-        with torch.no_grad():
-            logits = model(input_ids=ids, position_ids=pos, attention_mask=mask)
-    finally:
-        torch.cuda.current_device = cur
-    torch.save(logits.detach().float().contiguous(), out)
-    dist.destroy_process_group()
+INPUT = oracle.INPUT  # the same tokens as real_megatron_hf
+mf = oracle.mf
 
 
 def megatron_logits(testdata, ckpt, per_layer, tmp, port):
+    """Megatron-Core's TP 1 model loaded from `ckpt`: its logits on INPUT (one gloo process
+    running megatron_oracle_test.forward_worker, with its CPU patches)."""
     out = os.path.join(tmp, f"logits_{port}.pt")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-                    "--master-port", str(port), os.path.abspath(__file__), "--forward", testdata,
-                    ckpt, "1" if per_layer else "0", out], check=True, env=env)
+    oracle.torchrun(1, port, "--forward", testdata, ckpt, out, "1" if per_layer else "0")
     import torch
     return torch.load(out)
 
@@ -94,9 +59,6 @@ def write_config(m, path, **override):
 
 
 def main():
-    if sys.argv[1] == "--forward":
-        forward_worker(*sys.argv[2:6])
-        return
     build, testdata = sys.argv[1], sys.argv[2]
     import torch
     from transformers import LlamaForCausalLM
