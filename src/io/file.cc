@@ -122,6 +122,14 @@ Result<std::vector<std::byte>> ReadWholeFile(const std::string& path, uint64_t m
   return file->ReadAt(0, file->size());
 }
 
+Status CopyWholeFile(const std::string& from, const std::string& to, uint64_t max_bytes) {
+  FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(from, max_bytes));
+  FC_ASSIGN_OR_RETURN(auto out, WritableFile::Create(to));
+  FC_RETURN_IF_ERROR(out->Append(std::span<const std::byte>(bytes)));
+  FC_RETURN_IF_ERROR(out->Sync());
+  return out->Close();
+}
+
 Result<std::unique_ptr<WritableFile>> WritableFile::Create(const std::string& path) {
   FC_RETURN_IF_ERROR(CheckCancel("creating " + path));
   FC_ASSIGN_OR_RETURN(auto f, DefaultEnv()->CreateForWrite(path));

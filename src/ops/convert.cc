@@ -506,12 +506,8 @@ Status CopyMegatronSidecars(const CheckpointIndex& index, const std::string& sou
   for (const char* name : {"metadata.json", "common.pt"}) {
     const std::string from = JoinPath(source_dir, name);
     if (!PathExists(from)) continue;
-    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(from, kMaxSidecarBytes));
-    FC_ASSIGN_OR_RETURN(auto out, WritableFile::Create(JoinPath(staging, name)));
-    FC_RETURN_IF_ERROR(out->Append(std::span<const std::byte>(bytes)));
-    FC_RETURN_IF_ERROR(out->Sync());
-    FC_RETURN_IF_ERROR(out->Close());
-    spdlog::debug("copied Megatron's {} ({} bytes) from {}", name, bytes.size(), source_dir);
+    FC_RETURN_IF_ERROR(CopyWholeFile(from, JoinPath(staging, name), kMaxSidecarBytes));
+    spdlog::debug("copied Megatron's {} from {}", name, source_dir);
   }
   return Status::Ok();
 }

@@ -291,13 +291,9 @@ Status BuildExportPlan(const ExportOptions& options, int processes,
 Status PrepareOutput(const ExportOptions& options, const ExportPlan& p, const std::string& staging) {
   for (const std::string& name : p.copy_files) {
     // Read through the IO policy again: the file may have changed since it was listed.
-    const std::string from = JoinPath(options.copy_from, name);
-    FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes,
-                        ReadWholeFile(from, kMaxCopyFromBytes).With("--copy-from"));
-    FC_ASSIGN_OR_RETURN(auto out, WritableFile::Create(JoinPath(staging, name)));
-    FC_RETURN_IF_ERROR(out->Append(std::span<const std::byte>(bytes)));
-    FC_RETURN_IF_ERROR(out->Sync());
-    FC_RETURN_IF_ERROR(out->Close());
+    FC_RETURN_IF_ERROR(CopyWholeFile(JoinPath(options.copy_from, name), JoinPath(staging, name),
+                                     kMaxCopyFromBytes)
+                           .With("--copy-from"));
   }
   if (!p.index.objects.empty() && options.objects_dir.empty()) {
     spdlog::info("skipping {} non-tensor object(s) (e.g. '{}'); --objects DIR dumps them",

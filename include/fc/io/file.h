@@ -101,6 +101,11 @@ class WritableFile {
   uint64_t written_ = 0;
 };
 
+// Copies a small file whole (ReadWholeFile's limit and read policy), written to `to` and
+// synced: the files staged beside an output (--copy-from, Megatron's common.pt).
+// Errors: ReadWholeFile's (the source named), WritableFile's (the target named).
+Status CopyWholeFile(const std::string& from, const std::string& to, uint64_t max_bytes);
+
 bool PathExists(const std::string& path);
 bool IsDirectory(const std::string& path);
 // Sorted names of the entries of `dir` (no "." or ".."). Errors: kNotFound / kIoError.
