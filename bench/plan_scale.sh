@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Planning scale on huge torch DCP metadata: seconds and peak RSS of fc-inspect,
-# fc-export --dry-run --include-optimizer and fc-convert --dry-run --target-like (the source
-# as its own target) at 100k, 300k and 1M chunks, each run REPEAT times (default 3; the
-# median and the spread are printed, as the machine may be shared).
+# Planning scale on huge torch DCP metadata: seconds and peak RSS of fc-inspect (plain and
+# --json, which locates every chunk in its item), fc-export --dry-run --include-optimizer
+# and fc-convert --dry-run --target-like (the source as its own target) at 100k, 300k and
+# 1M chunks, each run REPEAT times (default 3; the median and the spread are printed, as the
+# machine may be shared).
 #
 # usage: bench/plan_scale.sh [BUILD=build] [RANKS...=410 1230 4096]
 # The checkpoints (82 row-split parameters + 2 ZeRO-flattened Adam states each, one file
@@ -63,6 +64,7 @@ for r in "${ranks[@]}"; do
   md=$(stat -c %s "$ckpt/.metadata")
   echo "# $chunks chunks, .metadata $((md / 1048576)) MiB"
   measure "fc-inspect ($chunks chunks)" "$build/tools/fc-inspect" "$ckpt"
+  measure "fc-inspect --json ($chunks)" "$build/tools/fc-inspect" --json "$ckpt"
   rm -rf "$dir/out"
   measure "fc-export --dry-run ($chunks)" "$build/tools/fc-export" --dry-run -q \
     --include-optimizer "$ckpt" "$dir/out"

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstdio>
+#include <ostream>
 
 namespace fc {
 
@@ -182,6 +183,11 @@ JsonWriter& JsonWriter::Null() {
   BeforeValue();
   out_.append("null");
   return *this;
+}
+
+void JsonWriter::FlushTo(std::ostream& out) {
+  out.write(out_.data(), static_cast<std::streamsize>(out_.size()));
+  out_.clear();
 }
 
 }  // namespace fc

@@ -1,13 +1,16 @@
 #include "fc/ops/inspect.h"
 #include "fc/ops/hf_family.h"
+#include "fc/ops/locate_chunks.h"
 
 #include <algorithm>
 #include <map>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string_view>
 
 #include "fc/codec/json_writer.h"
+#include "fc/exec/parallel.h"
 #include "fc/core/glob.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/fc_distcp.h"
@@ -134,10 +137,55 @@ void WriteAttributeValue(JsonWriter& j, const std::string& value) {
   }
 }
 
+// Tensors are written in batches of about kJsonBatchChunks chunks: each batch's chunks are
+// located together (fc/ops/locate_chunks.h: few reads, several threads) and the text goes to
+// `out` as it grows, so memory holds one batch, not the whole document.
+constexpr size_t kJsonBatchChunks = size_t{1} << 16;
+constexpr size_t kJsonFlushBytes = size_t{1} << 20;
+
+void WriteTensorJson(JsonWriter& j, const CheckpointIndex& index, const TensorEntry& t,
+                     std::span<const Result<ChunkLocation>> places) {
+  j.BeginObject();
+  j.Key("key").String(t.key);
+  j.Key("dtype").String(DTypeName(t.dtype));
+  Ints(j.Key("global_shape"), t.global_shape);
+  j.Key("split").String(DescribeSplit(t));
+  j.Key("chunks").BeginArray();
+  for (size_t i = 0; i < t.chunks.size(); ++i) {
+    const Chunk& c = t.chunks[i];
+    j.BeginObject();
+    Ints(j.Key("global_offset"), c.box.global_offset);
+    Ints(j.Key("local_shape"), c.box.local_shape);
+    j.Key("flattened_range");
+    if (c.flat_range) {
+      Ints(j, {c.flat_range->inclusive_min, c.flat_range->exclusive_max});
+    } else {
+      j.Null();
+    }
+    j.Key("replica_id").Int(c.replica_id);
+    j.Key("file").String(index.files[c.file].path);
+    // Unlocated chunks (torch DCP) are located for the listing; one whose item is corrupt
+    // keeps its item's range and says why.
+    const Result<ChunkLocation>& place = places[i];
+    const ChunkLocation fallback{c.byte_offset, c.byte_length, c.strides};
+    const ChunkLocation& loc = place.ok() ? *place : fallback;
+    j.Key("byte_offset").Uint(loc.byte_offset);
+    j.Key("byte_length").Uint(loc.byte_length);
+    if (!loc.strides.empty()) Ints(j.Key("strides"), loc.strides);
+    if (c.encoded_item) EncodedItemJson(j, *c.encoded_item);
+    if (!place.ok()) j.Key("locate_error").String(place.status().message());
+    if (c.xxh3_64) j.Key("xxh3_64").String(HexU64(*c.xxh3_64));
+    j.EndObject();
+  }
+  j.EndArray();
+  j.EndObject();
+}
+
 void WriteJson(const CheckpointIndex& index, const std::vector<const TensorEntry*>& tensors,
                const VerifyReport* verify, std::ostream& out) {
   JsonWriter j(JsonWriter::Style::kCompact);
   ChunkReader reader(index);
+  const int threads = WorkerThreads(0);
   j.BeginObject();
   j.Key("format").String(CheckpointFormatName(index.format));
   j.Key("root").String(index.root);
@@ -150,40 +198,26 @@ void WriteJson(const CheckpointIndex& index, const std::vector<const TensorEntry
   }
   j.EndArray();
   j.Key("tensors").BeginArray();
-  for (const TensorEntry* t : tensors) {
-    j.BeginObject();
-    j.Key("key").String(t->key);
-    j.Key("dtype").String(DTypeName(t->dtype));
-    Ints(j.Key("global_shape"), t->global_shape);
-    j.Key("split").String(DescribeSplit(*t));
-    j.Key("chunks").BeginArray();
-    for (const Chunk& c : t->chunks) {
-      j.BeginObject();
-      Ints(j.Key("global_offset"), c.box.global_offset);
-      Ints(j.Key("local_shape"), c.box.local_shape);
-      j.Key("flattened_range");
-      if (c.flat_range) {
-        Ints(j, {c.flat_range->inclusive_min, c.flat_range->exclusive_max});
-      } else {
-        j.Null();
-      }
-      j.Key("replica_id").Int(c.replica_id);
-      j.Key("file").String(index.files[c.file].path);
-      // Unlocated chunks (torch DCP) are located for the listing; one whose item is corrupt
-      // keeps its item's range and says why.
-      Result<ChunkLocation> place = reader.Locate(*t, c);
-      const ChunkLocation fallback{c.byte_offset, c.byte_length, c.strides};
-      const ChunkLocation& loc = place.ok() ? *place : fallback;
-      j.Key("byte_offset").Uint(loc.byte_offset);
-      j.Key("byte_length").Uint(loc.byte_length);
-      if (!loc.strides.empty()) Ints(j.Key("strides"), loc.strides);
-      if (c.encoded_item) EncodedItemJson(j, *c.encoded_item);
-      if (!place.ok()) j.Key("locate_error").String(place.status().message());
-      if (c.xxh3_64) j.Key("xxh3_64").String(HexU64(*c.xxh3_64));
-      j.EndObject();
+  std::vector<ChunkToLocate> batch;
+  for (size_t first = 0; first < tensors.size();) {
+    // Whole tensors, at least one, up to about kJsonBatchChunks chunks.
+    size_t last = first;
+    batch.clear();
+    while (last < tensors.size() &&
+           (last == first || batch.size() + tensors[last]->chunks.size() <= kJsonBatchChunks)) {
+      for (const Chunk& c : tensors[last]->chunks) batch.push_back({&tensors[last]->key, &c});
+      ++last;
     }
-    j.EndArray();
-    j.EndObject();
+    const std::vector<Result<ChunkLocation>> places = LocateChunks(index, reader, batch, threads);
+    size_t at = 0;
+    for (size_t n = first; n < last; ++n) {
+      const size_t count = tensors[n]->chunks.size();
+      WriteTensorJson(j, index, *tensors[n],
+                      std::span<const Result<ChunkLocation>>(places).subspan(at, count));
+      at += count;
+      if (j.str().size() >= kJsonFlushBytes) j.FlushTo(out);
+    }
+    first = last;
   }
   j.EndArray();
   j.Key("objects").BeginArray();
@@ -214,7 +248,8 @@ void WriteJson(const CheckpointIndex& index, const std::vector<const TensorEntry
     j.EndObject();
   }
   j.EndObject();
-  out << j.str() << "\n";
+  j.FlushTo(out);
+  out << "\n";
 }
 
 std::string ProblemLine(const VerifyProblem& p) {

@@ -22,6 +22,7 @@
 #define FC_CODEC_JSON_WRITER_H_
 
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,6 +68,9 @@ class JsonWriter {
   // The text so far. Complete once every container has been closed.
   const std::string& str() const { return out_; }
   std::string Take() { return std::move(out_); }
+  // Writes the text so far to `out` and empties it, for a document too large to hold: later
+  // calls continue the same document (str() then holds only what came after).
+  void FlushTo(std::ostream& out);
 
  private:
   struct Frame {

@@ -70,6 +70,8 @@
 
 namespace fc {
 
+class TorchTensorRefCache;  // fc/format/torch_save.h
+
 struct DcpChunkMetadata {
   Shape offsets;
   Shape sizes;
@@ -190,9 +192,16 @@ Result<CheckpointIndex> ReadTorchDcp(const std::string& dir,
 // one for items up to 16 KiB) and checks the item's dtype and shape against the chunk.
 // Errors: those of ReadTorchDcp for a corrupt item, with the same messages
 // ("<file_name>: tensor '<key>' chunk <box>: item bytes [a, b): ...").
+// `item_prefix`: the item's first bytes when the caller has read them already (the file's
+// bytes [chunk.byte_offset, + item_prefix.size()); not checked against the file): the
+// reads that fall inside them are served from memory (fc/ops/locate_chunks.h reads many
+// small items with one read). Not used for encoded items. `refs`: decodes of data.pkl texts
+// seen before (torch_save.h), for callers that locate many chunks on one thread.
 Result<ChunkLocation> LocateTorchDcpChunk(const RandomAccessFile& file,
                                           const std::string& file_name,
-                                          const std::string& key, const Chunk& chunk);
+                                          const std::string& key, const Chunk& chunk,
+                                          std::span<const std::byte> item_prefix = {},
+                                          TorchTensorRefCache* refs = nullptr);
 
 }  // namespace fc
 

@@ -40,7 +40,10 @@
 
 #include <cstdint>
 #include <span>
+#include <functional>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "fc/core/box.h"
@@ -112,6 +115,27 @@ struct TorchSaveTensor {
   uint64_t first_element_offset = 0;
 };
 
+// What data.pkl texts decode to, remembered: ParsePickle and DecodeTorchTensor are pure
+// functions of the text's bytes, and a listing of a million items meets few texts (one per
+// shape, dtype and stride of shard: the zip records around them differ, their data.pkl
+// does not). Only successful decodes of texts up to kMaxTextBytes are kept, at most
+// kMaxEntries (then the cache starts over). Not thread-safe: one per thread.
+class TorchTensorRefCache {
+ public:
+  static constexpr size_t kMaxTextBytes = 4096;
+  static constexpr size_t kMaxEntries = 4096;
+  // The decode of `text`, or null when it was not seen.
+  const TorchTensorRef* Find(std::span<const std::byte> text) const;
+  void Insert(std::span<const std::byte> text, const TorchTensorRef& ref);
+
+ private:
+  struct TextHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, TorchTensorRef, TextHash, std::equal_to<>> refs_;
+};
+
 // Reads a torch.save archive whose object is a single tensor and locates its bytes.
 // Errors: those of ReadTorchSaveArchive, ParsePickle and DecodeTorchTensor, plus kDataLoss
 // when data.pkl exceeds 1 MiB (a single tensor's is ~150 bytes), or the storage record is
@@ -119,8 +143,10 @@ struct TorchSaveTensor {
 // (torch >= 2.0) is neither "little" nor "big"; kUnimplemented when the record is
 // compressed, or when "byteorder" is "big" for a dtype wider than one byte (big-endian
 // storages are refused, not byte-swapped).
+// `refs`, when given, decodes data.pkl texts seen before without parsing them again.
 Result<TorchSaveTensor> ParseTorchSaveTensor(uint64_t archive_size, const ZipReadFn& read,
-                                             const ZipLimits& limits = {});
+                                             const ZipLimits& limits = {},
+                                             TorchTensorRefCache* refs = nullptr);
 Result<TorchSaveTensor> ParseTorchSaveTensor(std::span<const std::byte> archive);
 
 }  // namespace fc

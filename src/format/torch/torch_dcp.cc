@@ -71,12 +71,23 @@ class ItemReader {
     return data_bytes < length ? length - data_bytes : kWindowBytes;
   }
 
+  // The item's first bytes, read by the caller (the file's bytes [base, + prefix.size()),
+  // at most the item's length): reads inside them are served from there. Must outlive the
+  // reader.
+  void SetPrefix(std::span<const std::byte> prefix) {
+    prefix_ = prefix.first(static_cast<size_t>(std::min<uint64_t>(prefix.size(), length_)));
+  }
+
   Status Read(uint64_t offset, std::span<std::byte> dst) {
     if (offset > length_ || dst.size() > length_ - offset) {
       return DataLossError("read of item bytes " + Range(offset, offset + dst.size()) +
                            " passes the item's end at " + std::to_string(length_));
     }
     if (dst.empty()) return Status::Ok();
+    if (offset + dst.size() <= prefix_.size()) {
+      std::memcpy(dst.data(), prefix_.data() + offset, dst.size());
+      return Status::Ok();
+    }
     for (Window& w : windows_) {
       if (w.valid && offset >= w.start && offset + dst.size() <= w.start + w.bytes.size()) {
         std::memcpy(dst.data(), w.bytes.data() + (offset - w.start), dst.size());
@@ -119,6 +130,7 @@ class ItemReader {
   uint64_t whole_item_bytes_;
   Window windows_[2];
   int next_ = 0;
+  std::span<const std::byte> prefix_;
 };
 
 // SerializationFormat.SAFETENSORS (~2.8+): after the byte items, one safetensors blob that
@@ -1117,7 +1129,9 @@ Result<CheckpointIndex> ReadTorchDcp(const std::string& dir, const TorchDcpReadO
 
 Result<ChunkLocation> LocateTorchDcpChunk(const RandomAccessFile& file,
                                           const std::string& file_name,
-                                          const std::string& key, const Chunk& chunk) {
+                                          const std::string& key, const Chunk& chunk,
+                                          std::span<const std::byte> item_prefix,
+                                          TorchTensorRefCache* refs) {
   const std::string ctx = file_name + ": tensor '" + key + "' chunk " + chunk.box.ToString();
   if (!chunk.unlocated_item) {
     return InternalError(ctx + ": the chunk is already located");
@@ -1156,6 +1170,7 @@ Result<ChunkLocation> LocateTorchDcpChunk(const RandomAccessFile& file,
             .value_or(UINT64_MAX);
     const uint64_t window = ItemReader::WindowFor(length, tensor_bytes);
     ItemReader reader(&file, offset, length, window);
+    reader.SetPrefix(item_prefix);
     // The blob probe goes through the reader: its head window then serves data.pkl too.
     bool blob = false;
     if (length >= 9) {
@@ -1168,7 +1183,7 @@ Result<ChunkLocation> LocateTorchDcpChunk(const RandomAccessFile& file,
     if (blob) return LocateInSafetensorsBlob(file, offset, key, chunk, dtype).With(ctx);
     ZipLimits limits;
     limits.first_tail_bytes = std::min(window, limits.first_tail_bytes);
-    parsed = ParseTorchSaveTensor(length, reader.AsZipReadFn(), limits);
+    parsed = ParseTorchSaveTensor(length, reader.AsZipReadFn(), limits, refs);
     if (!parsed.ok()) {
       return parsed.status().With(ctx + ": item bytes " + Range(offset, offset + length));
     }

@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "fc/core/checked_math.h"
 
@@ -326,8 +327,11 @@ Result<TorchSaveArchive> ReadTorchSaveArchive(uint64_t archive_size, const ZipRe
   return archive;
 }
 
-Result<PickleValue> ReadTorchSavePickle(const TorchSaveArchive& archive, const ZipReadFn& read,
-                                        uint64_t max_bytes) {
+namespace {
+
+// The bytes of data.pkl (at most max_bytes, else kDataLoss).
+Result<std::vector<std::byte>> ReadDataPkl(const TorchSaveArchive& archive, const ZipReadFn& read,
+                                           uint64_t max_bytes) {
   const ZipEntry& e = archive.data_pkl;
   if (e.compressed_size > max_bytes) {
     return DataLossError("'" + e.name + "' is " + std::to_string(e.compressed_size) +
@@ -335,18 +339,49 @@ Result<PickleValue> ReadTorchSavePickle(const TorchSaveArchive& archive, const Z
   }
   std::vector<std::byte> bytes(static_cast<size_t>(e.compressed_size));
   FC_RETURN_IF_ERROR(read(e.data_offset, bytes));
+  return bytes;
+}
+
+std::string_view TextKey(std::span<const std::byte> text) {
+  return {reinterpret_cast<const char*>(text.data()), text.size()};
+}
+
+}  // namespace
+
+const TorchTensorRef* TorchTensorRefCache::Find(std::span<const std::byte> text) const {
+  if (text.size() > kMaxTextBytes) return nullptr;
+  auto it = refs_.find(TextKey(text));
+  return it == refs_.end() ? nullptr : &it->second;
+}
+
+void TorchTensorRefCache::Insert(std::span<const std::byte> text, const TorchTensorRef& ref) {
+  if (text.size() > kMaxTextBytes) return;
+  if (refs_.size() >= kMaxEntries) refs_.clear();
+  refs_.emplace(std::string(TextKey(text)), ref);
+}
+
+Result<PickleValue> ReadTorchSavePickle(const TorchSaveArchive& archive, const ZipReadFn& read,
+                                        uint64_t max_bytes) {
+  FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadDataPkl(archive, read, max_bytes));
   auto value = ParsePickle(bytes);
-  if (!value.ok()) return value.status().With(e.name);
+  if (!value.ok()) return value.status().With(archive.data_pkl.name);
   return value;
 }
 
 Result<TorchSaveTensor> ParseTorchSaveTensor(uint64_t archive_size, const ZipReadFn& read,
-                                             const ZipLimits& limits) {
+                                             const ZipLimits& limits, TorchTensorRefCache* refs) {
   FC_ASSIGN_OR_RETURN(TorchSaveArchive archive, ReadTorchSaveArchive(archive_size, read, limits));
   // A tensor's data.pkl is ~150 bytes; a large one is not a single tensor.
-  FC_ASSIGN_OR_RETURN(PickleValue root, ReadTorchSavePickle(archive, read, 1 << 20));
+  FC_ASSIGN_OR_RETURN(std::vector<std::byte> text, ReadDataPkl(archive, read, 1 << 20));
   TorchSaveTensor t;
-  FC_ASSIGN_OR_RETURN(t.ref, DecodeTorchTensor(root).With(archive.data_pkl.name));
+  if (const TorchTensorRef* known = refs ? refs->Find(text) : nullptr) {
+    t.ref = *known;
+  } else {
+    Result<PickleValue> root = ParsePickle(text);
+    if (!root.ok()) return root.status().With(archive.data_pkl.name);
+    FC_ASSIGN_OR_RETURN(t.ref, DecodeTorchTensor(*root).With(archive.data_pkl.name));
+    if (refs) refs->Insert(text, t.ref);
+  }
   const std::string record = "data/" + t.ref.storage_key;
   const ZipEntry* e = archive.FindRecord(record);
   if (e == nullptr) {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -388,6 +389,40 @@ TEST_CASE("JSON escaping matches serde_json / Python", "[safetensors]") {
   FC_REQUIRE_OK(index);
   CHECK(index->tensors[0].key == name);
   CHECK(index->attributes.at("safetensors.metadata.q\"") == "v\n");
+}
+
+TEST_CASE("JsonWriter::FlushTo streams the same document as one str()", "[safetensors]") {
+  // Flushed at every possible point, in both styles: the pieces join into the whole text.
+  for (JsonWriter::Style style : {JsonWriter::Style::kCompact, JsonWriter::Style::kPretty}) {
+    auto write = [style](std::ostream* flush_to) {
+      JsonWriter j(style);
+      auto step = [&] {
+        if (flush_to) j.FlushTo(*flush_to);
+      };
+      j.BeginObject();
+      step();
+      j.Key("a");
+      step();
+      j.BeginArray().Int(1);
+      step();
+      j.Int(-2).EndArray();
+      step();
+      j.Key("b").BeginObject(true).Key("c").String("d\n");
+      step();
+      j.Key("e").Null().EndObject();
+      step();
+      j.Key("f").BeginArray().EndArray().EndObject();
+      if (flush_to) {
+        j.FlushTo(*flush_to);
+        CHECK(j.str().empty());
+        return std::string();
+      }
+      return j.str();
+    };
+    std::ostringstream streamed;
+    CHECK(write(&streamed).empty());
+    CHECK(streamed.str() == write(nullptr));
+  }
 }
 
 // ---------------------------------------------------------------------------------------
