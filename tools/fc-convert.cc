@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   app.add_option("CKPT", options.input, "input checkpoint (torch DCP incl. Megatron torch_dist, fc distcp, "
                  "safetensors, Paddle FlexCheckpoint, DeepSpeed, Megatron legacy); "
                  "required unless --print-layout");
-  app.add_option("OUT", options.output_dir, "output directory (must not exist, or be empty)");
+  app.add_option("OUT", options.output_dir, "output directory (must not exist, or be empty, unless --overwrite)");
   app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy")
       ->check(fc::cli::FormatCheck());
   std::string source_layout;
@@ -116,6 +116,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"torch-save", "safetensors"}));
   app.add_option("--emit-manifest", options.emit_manifest,
                  "write the resolved per-rank chunk list as JSON");
+  app.add_flag("--overwrite", options.overwrite,
+               "replace OUT if it holds a checkpoint (an earlier output): the new output is built "
+               "beside it and swapped in once complete, so OUT holds the old or the new, never "
+               "a part; a directory of other files, a file or a symlink is refused (exit 8)");
   app.add_flag("--dry-run", options.dry_run,
                "print the plan (per target rank: chunks, bytes written, source files and bytes "
                "read, estimated peak memory) and write nothing");

@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
       "when complete."};
   app.add_option("CKPT", options.input, "input checkpoint (torch DCP, fc distcp, safetensors, Paddle FlexCheckpoint, DeepSpeed save or tag dir, Megatron legacy save or iter dir)")
       ->required();
-  app.add_option("OUT", options.output_dir, "output directory (created if missing)")->required();
+  app.add_option("OUT", options.output_dir, "output directory (created if missing; must be empty unless --overwrite)")->required();
   app.add_option("--format", format, "force the input format: torch-dcp, safetensors, fc, paddle, deepspeed, megatron-legacy")
       ->check(fc::cli::FormatCheck());
   std::string source_layout;
@@ -68,6 +68,10 @@ int main(int argc, char** argv) {
                  "copy config.json, generation_config.json, tokenizer files and other small "
                  "(<= 64 MiB) non-tensor files of this directory (e.g. the original HF model "
                  "dir) into OUT with the export");
+  app.add_flag("--overwrite", options.overwrite,
+               "replace OUT if it holds a checkpoint (an earlier output): the new output is built "
+               "beside it and swapped in once complete, so OUT holds the old or the new, never "
+               "a part; a directory of other files, a file or a symlink is refused (exit 8)");
   app.add_flag("--dry-run", options.dry_run,
                "plan only: print output files, bytes to read and write, memory; write nothing");
   app.add_flag("--json", options.json, "with --dry-run: the whole plan as JSON (fc-plan(5))");

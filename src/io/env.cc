@@ -36,6 +36,7 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>  // renameat2, RENAME_EXCHANGE
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -266,6 +267,17 @@ class Posix : public Env {
     }
     return Status::Ok();
   }
+  Status Exchange(const std::string& a, const std::string& b) override {
+    if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) != 0) {
+      const int e = errno;
+      // EINVAL: the file system has no RENAME_EXCHANGE (e.g. NFS); ENOSYS: the kernel.
+      if (e == EINVAL || e == ENOSYS) {
+        return UnimplementedError("exchanging " + a + " and " + b + ": " + std::strerror(e));
+      }
+      return ErrnoError("exchanging " + a + " and " + b, e);
+    }
+    return Status::Ok();
+  }
   Status SyncDirectory(const std::string& dir) override {
     const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return ErrnoError("opening directory " + dir, errno);
@@ -488,6 +500,36 @@ Status InMemoryEnv::Rename(const std::string& from, const std::string& to) {
   return Status::Ok();
 }
 
+Status InMemoryEnv::Exchange(const std::string& a, const std::string& b) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (exchange_disabled_) {
+    return UnimplementedError("exchanging " + a + " and " + b + ": disabled for the test");
+  }
+  const std::string x = Norm(a), y = Norm(b);
+  auto exists = [this](const std::string& p) { return files_.count(p) || dirs_.count(p); };
+  if (!exists(x) || !exists(y)) return NotFoundError("exchanging " + a + " and " + b + ": missing");
+  if (x == y) return Status::Ok();
+  const std::string xp = x + "/", yp = y + "/";
+  if (y.compare(0, xp.size(), xp) == 0 || x.compare(0, yp.size(), yp) == 0) {
+    return IoError("exchanging " + a + " and " + b + ": one holds the other");
+  }
+  // Every path at or under x moves under y and the other way round.
+  auto swap = [&](const std::string& p) {
+    if (p == x) return y;
+    if (p == y) return x;
+    if (p.compare(0, xp.size(), xp) == 0) return yp + p.substr(xp.size());
+    if (p.compare(0, yp.size(), yp) == 0) return xp + p.substr(yp.size());
+    return p;
+  };
+  std::map<std::string, Contents> files;
+  for (auto& [p, c] : files_) files[swap(p)] = c;
+  std::set<std::string> dirs;
+  for (const std::string& p : dirs_) dirs.insert(swap(p));
+  files_ = std::move(files);
+  dirs_ = std::move(dirs);
+  return Status::Ok();
+}
+
 Status InMemoryEnv::SyncDirectory(const std::string& dir) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!dirs_.count(Norm(dir))) return NotFoundError("syncing directory " + dir + ": missing");
@@ -679,6 +721,11 @@ Status FaultInjectingEnv::CreateDirectory(const std::string& dir) {
 Status FaultInjectingEnv::Rename(const std::string& from, const std::string& to) {
   FC_RETURN_IF_ERROR(Tick(FaultOp::kRename, from));
   return base_->Rename(from, to);
+}
+
+Status FaultInjectingEnv::Exchange(const std::string& a, const std::string& b) {
+  FC_RETURN_IF_ERROR(Tick(FaultOp::kRename, a));
+  return base_->Exchange(a, b);
 }
 
 Status FaultInjectingEnv::SyncDirectory(const std::string& dir) {

@@ -266,6 +266,9 @@ Status InputViewEnv::CreateDirectory(const std::string& dir) { return base_->Cre
 Status InputViewEnv::Rename(const std::string& from, const std::string& to) {
   return base_->Rename(from, to);
 }
+Status InputViewEnv::Exchange(const std::string& a, const std::string& b) {
+  return base_->Exchange(a, b);
+}
 Status InputViewEnv::SyncDirectory(const std::string& dir) { return base_->SyncDirectory(dir); }
 Status InputViewEnv::RemoveAll(const std::string& path) { return base_->RemoveAll(path); }
 Result<std::unique_ptr<EnvFileLock>> InputViewEnv::LockFile(const std::string& path,

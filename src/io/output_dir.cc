@@ -13,7 +13,9 @@
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <mutex>
 #include <random>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
@@ -68,11 +70,83 @@ bool ProcessAlive(pid_t pid) {
   return true;
 }
 
+// "<out>.fc-tmp-<pid>-XXXXXX", created (defined below CreateStagingDir).
+Result<std::string> CreateStagingDirNextTo(const std::string& out);
+
+// OUT paths that an OutputDir of this process opened with ExistingOutput::kReplace: the
+// commit (which writers may call themselves, knowing only OUT) replaces those.
+std::mutex replaceable_mu;
+std::set<std::string>& Replaceable() {
+  static std::set<std::string> outs;
+  return outs;
+}
+bool IsReplaceable(const std::string& out) {
+  std::lock_guard<std::mutex> lock(replaceable_mu);
+  return Replaceable().count(out) > 0;
+}
+
+bool IsNonEmptyDirectory(const std::string& dir) {
+  if (!IsDirectory(dir)) return false;
+  auto names = ListDirectory(dir);
+  return names.ok() && !names->empty();
+}
+
+// Puts the committed staging directory in OUT's place and removes the old output (the
+// protocol in the header).
+Status ReplaceOutput(const std::string& staging, const std::string& out) {
+  Status swapped = DefaultEnv()->Exchange(staging, out);
+  if (swapped.code() == StatusCode::kUnimplemented) {
+    const std::string old = out + ".fc-old-" + std::to_string(::getpid());
+    FC_RETURN_IF_ERROR(RemoveAll(old));  // this process's own leftover, if any
+    FC_RETURN_IF_ERROR(DefaultEnv()->Rename(out, old));
+    if (Status moved = DefaultEnv()->Rename(staging, out); !moved.ok()) {
+      if (Status back = DefaultEnv()->Rename(old, out); !back.ok()) {
+        return moved.With("the old output is at " + old + " (" + back.message() + ")");
+      }
+      return moved;
+    }
+    Status synced = SyncDirectory(Dirname(out));
+    if (!synced.ok()) {
+      // Not known durable: put both back, as CommitStagingDir does.
+      if (Status back = DefaultEnv()->Rename(out, staging); !back.ok()) {
+        spdlog::warn("{}", back.message());
+      } else if (Status back2 = DefaultEnv()->Rename(old, out); !back2.ok()) {
+        spdlog::warn("{}", back2.message());
+      }
+      return synced;
+    }
+    if (Status removed = RemoveAll(old); !removed.ok()) {
+      spdlog::warn("replaced {}; the old output is left at {}: {}", out, old, removed.message());
+    }
+    return Status::Ok();
+  }
+  FC_RETURN_IF_ERROR(swapped);
+  Status synced = SyncDirectory(Dirname(out));
+  if (!synced.ok()) {
+    if (Status back = DefaultEnv()->Exchange(staging, out); !back.ok()) {
+      spdlog::warn("{}", back.message());
+    }
+    return synced;
+  }
+  // The staging path now holds the old output.
+  if (Status removed = RemoveAll(staging); !removed.ok()) {
+    spdlog::warn("replaced {}; the old output is left at {}: {}", out, staging,
+                 removed.message());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::string> CreateStagingDir(const std::string& out_dir) {
   const std::string out = StripTrailingSlashes(out_dir);
   FC_RETURN_IF_ERROR(CheckOutputFree(out));
+  return CreateStagingDirNextTo(out);
+}
+
+namespace {
+
+Result<std::string> CreateStagingDirNextTo(const std::string& out) {
   static const char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   std::random_device rd;
   std::mt19937_64 rng((static_cast<uint64_t>(rd()) << 32) ^ rd());
@@ -90,9 +164,12 @@ Result<std::string> CreateStagingDir(const std::string& out_dir) {
   return IoError("creating a staging directory next to " + out + ": all names taken");
 }
 
+}  // namespace
+
 Status CommitStagingDir(const std::string& staging, const std::string& out_dir) {
   const std::string out = StripTrailingSlashes(out_dir);
   FC_RETURN_IF_ERROR(SyncDirectory(staging));
+  if (IsReplaceable(out) && IsNonEmptyDirectory(out)) return ReplaceOutput(staging, out);
   // Re-check just before the rename: rename(2) silently replaces an empty directory but
   // fails with a bare ENOTEMPTY on a full one; say why.
   FC_RETURN_IF_ERROR(CheckOutputFree(out));
@@ -158,7 +235,8 @@ Status CheckOutputNotNested(const std::string& out, const std::string& input) {
 }
 
 Result<std::unique_ptr<OutputDir>> OutputDir::Open(const std::string& out_dir,
-                                                   const std::string& input) {
+                                                   const std::string& input,
+                                                   ExistingOutput existing) {
   const std::string out = StripTrailingSlashes(out_dir);
   if (out.empty()) return InvalidArgumentError("empty output directory name");
   if (!input.empty()) FC_RETURN_IF_ERROR(CheckOutputNotNested(out, input));
@@ -173,15 +251,34 @@ Result<std::unique_ptr<OutputDir>> OutputDir::Open(const std::string& out_dir,
   }
   if (!lock.ok()) return lock.status();
   d->lock_ = std::move(*lock);
-  FC_RETURN_IF_ERROR(CheckOutputFree(out));
+  if (existing == ExistingOutput::kReplace && PathExists(out)) {
+    if (DefaultEnv()->Type(out, /*follow=*/false) != EnvFileType::kDirectory) {
+      return FailedPreconditionError(out + ": output exists and is not a directory; "
+                                     "--overwrite replaces a directory only");
+    }
+  } else {
+    FC_RETURN_IF_ERROR(CheckOutputFree(out));
+  }
   FC_RETURN_IF_ERROR(SweepDeadStaging(out).status());
-  FC_ASSIGN_OR_RETURN(d->staging_, CreateStagingDir(out));
+  if (existing == ExistingOutput::kReplace) {
+    std::lock_guard<std::mutex> guard(replaceable_mu);
+    if (!Replaceable().insert(out).second) {
+      return FailedPreconditionError(out + ": already claimed by this process");
+    }
+    d->replace_ = true;
+  }
+  // CreateStagingDir refuses a non-empty OUT; the staging name does not depend on it.
+  FC_ASSIGN_OR_RETURN(d->staging_, CreateStagingDirNextTo(out));
   return d;
 }
 
 OutputDir::~OutputDir() {
   if (!committed_ && !staging_.empty()) {
     if (Status s = RemoveAll(staging_); !s.ok()) spdlog::warn("{}", s.message());
+  }
+  if (replace_) {
+    std::lock_guard<std::mutex> guard(replaceable_mu);
+    Replaceable().erase(out_);
   }
   lock_.reset();  // removes the lock file, then releases the lock
 }

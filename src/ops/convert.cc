@@ -570,7 +570,8 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   if (options.dry_run) {
     // OUT as the real run would claim it (not nested with the input, absent or empty), with
     // its message; no lock is taken and nothing is created.
-    FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, input.local_path, *comm));
+    FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, input.local_path, *comm,
+                                            options.overwrite));
     if (me == 0) PrintPlan(p->index, p->plan, p->ranks, options, out);
     return p->summary;
   }
@@ -578,7 +579,8 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   // everyone writes into the staging directory, process 0 commits it. Until then, and on
   // any failure, `output` removes the staging directory.
   FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
-                      ClaimOutput(options.output_dir, input.local_path, *comm));
+                      ClaimOutput(options.output_dir, input.local_path, *comm,
+                                  options.overwrite));
   std::unique_ptr<OutputDir>& output = claimed.dir;
   const std::string& staging = claimed.staging;
 

@@ -244,13 +244,13 @@ Result<ConvertSummary> RunConvertDeepSpeed(const ConvertOptions& options, std::o
   summary.objects = job->layout.copies.size();
   if (options.dry_run) {
     FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, options.input,
-                                            SingleProcessCommunicator()));
+                                            SingleProcessCommunicator(), options.overwrite));
     PrintPlan(*job, options, out);
     return summary;
   }
   Communicator& comm = SingleProcessCommunicator();
   FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
-                      ClaimOutput(options.output_dir, options.input, comm));
+                      ClaimOutput(options.output_dir, options.input, comm, options.overwrite));
   FC_ASSIGN_OR_RETURN(ExecuteStats executed, WriteStaging(options, *job, claimed.staging));
   meter.InputsDone();
   FC_RETURN_IF_ERROR(claimed.dir->Commit());

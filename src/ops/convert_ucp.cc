@@ -865,13 +865,13 @@ Result<ConvertSummary> RunConvertUcp(const ConvertOptions& options, std::ostream
   summary.objects = src.copy_files.size() + (src.optimizer_state_copy.empty() ? 0 : 1);
   if (options.dry_run) {
     FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, options.input,
-                                            SingleProcessCommunicator()));
+                                            SingleProcessCommunicator(), options.overwrite));
     PrintPlan(*job, options, out);
     return summary;
   }
   Communicator& comm = SingleProcessCommunicator();
   FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
-                      ClaimOutput(options.output_dir, options.input, comm));
+                      ClaimOutput(options.output_dir, options.input, comm, options.overwrite));
   FC_ASSIGN_OR_RETURN(ExecuteStats executed, WriteStaging(options, *job, claimed.staging));
   meter.InputsDone();
   FC_RETURN_IF_ERROR(claimed.dir->Commit());

@@ -474,7 +474,8 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   }
   if (options.dry_run) {
     // OUT as the real run would claim it, refused with the same message and exit code.
-    FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, input.local_path, *comm));
+    FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, input.local_path, *comm,
+                                            options.overwrite));
     if (me == 0) PrintPlan(*p, options, out);
     p->summary.tensors = p->outputs.size();
     return p->summary;
@@ -483,7 +484,8 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   // every process writes its files into that one staging directory; process 0 adds the
   // index and renames the directory onto OUT, so OUT holds nothing or the whole export.
   FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
-                      ClaimOutput(options.output_dir, input.local_path, *comm));
+                      ClaimOutput(options.output_dir, input.local_path, *comm,
+                                  options.overwrite));
   std::unique_ptr<OutputDir>& output = claimed.dir;
   const std::string& staging = claimed.staging;
   FC_RETURN_IF_ERROR(comm->AllOk(me == 0 ? PrepareOutput(options, *p, staging) : Status::Ok()));

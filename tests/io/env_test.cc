@@ -240,5 +240,130 @@ TEST_CASE("output dir: lock, nesting, sweep, commit", "[io][output]") {
   CHECK(*names == std::vector<std::string>{"in", "out"});
 }
 
+// Writes `name` holding `text` under `dir` through DefaultEnv().
+void PutFile(const std::string& dir, const std::string& name, const std::string& text) {
+  auto w = WritableFile::Create(JoinPath(dir, name));
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Append(text).ok());
+  REQUIRE((*w)->Close().ok());
+}
+
+std::string GetFile(const std::string& path) {
+  auto bytes = ReadWholeFile(path, 1 << 20);
+  REQUIRE(bytes.ok());
+  return std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size());
+}
+
+// One --overwrite run: OUT holds "old" until the commit, "new" after it; nothing else is
+// left beside OUT.
+void CheckReplace(const std::string& parent) {
+  const std::string out = JoinPath(parent, "out");
+  REQUIRE(CreateDirectories(out).ok());
+  PutFile(out, "old", "1");
+  {
+    auto refused = OutputDir::Open(out, "");
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.status().message() == out + ": output directory exists and is not empty");
+  }
+  {
+    auto o = OutputDir::Open(out, "", ExistingOutput::kReplace);
+    REQUIRE(o.ok());
+    PutFile((*o)->staging(), "new", "2");
+    CHECK(GetFile(JoinPath(out, "old")) == "1");  // untouched until the commit
+    CHECK_FALSE(PathExists(JoinPath(out, "new")));
+    REQUIRE((*o)->Commit().ok());
+    CHECK(GetFile(JoinPath(out, "new")) == "2");
+    CHECK_FALSE(PathExists(JoinPath(out, "old")));
+  }
+  auto names = ListDirectory(parent);
+  REQUIRE(names.ok());
+  CHECK(*names == std::vector<std::string>{"out"});  // no staging, old copy or lock
+  // The claim to replace ended with its OutputDir: a plain claim refuses again.
+  CHECK(OutputDir::Open(out, "").status().code() == StatusCode::kFailedPrecondition);
+  // An abandoned replacing run leaves OUT as it was.
+  {
+    auto o = OutputDir::Open(out, "", ExistingOutput::kReplace);
+    REQUIRE(o.ok());
+    PutFile((*o)->staging(), "newer", "3");
+  }
+  CHECK(GetFile(JoinPath(out, "new")) == "2");
+  CHECK_FALSE(PathExists(JoinPath(out, "newer")));
+  names = ListDirectory(parent);
+  REQUIRE(names.ok());
+  CHECK(*names == std::vector<std::string>{"out"});
+}
+
+TEST_CASE("output dir: kReplace swaps a full OUT at the commit", "[io][output]") {
+  SECTION("posix (renameat2 RENAME_EXCHANGE)") {
+    Scratch s;
+    CheckReplace(s.dir);
+  }
+  SECTION("in memory") {
+    InMemoryEnv mem;
+    ScopedEnvOverride scoped(&mem);
+    REQUIRE(CreateDirectories("/w").ok());
+    CheckReplace("/w");
+  }
+  SECTION("in memory, no exchange: the two-rename fallback") {
+    InMemoryEnv mem;
+    mem.DisableExchangeForTest();
+    ScopedEnvOverride scoped(&mem);
+    REQUIRE(CreateDirectories("/w").ok());
+    CheckReplace("/w");
+  }
+}
+
+TEST_CASE("output dir: a replacing commit that fails keeps the old OUT", "[io][output]") {
+  for (bool exchange : {true, false}) {
+    // Renames at the commit (an exchange counts as one): exchange: 1 (the swap); fallback:
+    // 1 (the exchange, unsupported), 2 (OUT aside), 3 (staging onto OUT). Each failure
+    // leaves OUT with the old files and nothing beside it.
+    for (uint64_t nth : exchange ? std::vector<uint64_t>{1} : std::vector<uint64_t>{1, 2, 3}) {
+      INFO("exchange " << exchange << ", failing rename #" << nth);
+      InMemoryEnv mem;
+      if (!exchange) mem.DisableExchangeForTest();
+      FaultInjectingEnv faults(&mem);
+      ScopedEnvOverride scoped(&faults);
+      REQUIRE(CreateDirectories("/w/out").ok());
+      PutFile("/w/out", "old", "1");
+      {
+        auto o = OutputDir::Open("/w/out", "", ExistingOutput::kReplace);
+        REQUIRE(o.ok());
+        PutFile((*o)->staging(), "new", "2");
+        faults.ResetCounts();
+        faults.FailNth(FaultOp::kRename, nth);
+        Status committed = (*o)->Commit();
+        CHECK(faults.Fired());
+        REQUIRE_FALSE(committed.ok());
+        CHECK_THAT(committed.message(), Catch::Contains("injected fault: rename"));
+        faults.FailNth(FaultOp::kRename, 0);
+      }
+      CHECK(GetFile("/w/out/old") == "1");
+      CHECK_FALSE(PathExists("/w/out/new"));
+      auto names = ListDirectory("/w");
+      REQUIRE(names.ok());
+      CHECK(*names == std::vector<std::string>{"out"});
+    }
+  }
+}
+
+TEST_CASE("output dir: kReplace refuses a file or a symlink as OUT", "[io][output]") {
+  Scratch s;
+  const std::string file = JoinPath(s.dir, "file");
+  PutFile(s.dir, "file", "x");
+  auto o = OutputDir::Open(file, "", ExistingOutput::kReplace);
+  REQUIRE_FALSE(o.ok());
+  CHECK(o.status().message() ==
+        file + ": output exists and is not a directory; --overwrite replaces a directory only");
+  REQUIRE(CreateDirectories(JoinPath(s.dir, "real")).ok());
+  PutFile(JoinPath(s.dir, "real"), "keep", "k");
+  const std::string link = JoinPath(s.dir, "link");
+  REQUIRE(::symlink(JoinPath(s.dir, "real").c_str(), link.c_str()) == 0);
+  auto l = OutputDir::Open(link, "", ExistingOutput::kReplace);
+  REQUIRE_FALSE(l.ok());
+  CHECK(l.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(GetFile(JoinPath(s.dir, "real/keep")) == "k");
+}
+
 }  // namespace
 }  // namespace fc

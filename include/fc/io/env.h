@@ -111,6 +111,12 @@ class Env {
   virtual Status CreateDirectory(const std::string& dir) = 0;
   // rename(2): replaces a file, or an empty directory by a directory.
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  // Swaps two existing paths in one step (renameat2(2) RENAME_EXCHANGE): each then names
+  // what the other named. Errors: kUnimplemented when the file system cannot (the caller
+  // falls back to renames); kNotFound / kIoError.
+  virtual Status Exchange(const std::string& a, const std::string& b) {
+    return UnimplementedError("exchanging " + a + " and " + b + ": not supported here");
+  }
   virtual Status SyncDirectory(const std::string& dir) = 0;
   // Removes a file or a whole tree; a missing path is fine.
   virtual Status RemoveAll(const std::string& path) = 0;
@@ -169,10 +175,14 @@ class InMemoryEnv : public Env {
   Result<std::vector<std::string>> ListDirectory(const std::string& dir) override;
   Status CreateDirectory(const std::string& dir) override;
   Status Rename(const std::string& from, const std::string& to) override;
+  Status Exchange(const std::string& a, const std::string& b) override;
   Status SyncDirectory(const std::string& dir) override;
   Status RemoveAll(const std::string& path) override;
   Result<std::unique_ptr<EnvFileLock>> LockFile(const std::string& path,
                                                 std::string* holder) override;
+  // Exchange answers kUnimplemented, as on a file system without RENAME_EXCHANGE (tests of
+  // the fallback).
+  void DisableExchangeForTest() { exchange_disabled_ = true; }
 
   // Test helpers.
   Status WriteFileForTest(const std::string& path, std::string_view bytes);
@@ -184,6 +194,7 @@ class InMemoryEnv : public Env {
   std::map<std::string, Contents> files_;
   std::set<std::string> dirs_;
   std::set<std::string> locked_;
+  bool exchange_disabled_ = false;
 };
 
 // The operations FaultInjectingEnv counts, each kind on its own counter.
@@ -210,6 +221,8 @@ class FaultInjectingEnv : public Env {
   Result<std::vector<std::string>> ListDirectory(const std::string& dir) override;
   Status CreateDirectory(const std::string& dir) override;
   Status Rename(const std::string& from, const std::string& to) override;
+  // Counted as a kRename.
+  Status Exchange(const std::string& a, const std::string& b) override;
   Status SyncDirectory(const std::string& dir) override;
   Status RemoveAll(const std::string& path) override;
   Result<std::unique_ptr<EnvFileLock>> LockFile(const std::string& path,

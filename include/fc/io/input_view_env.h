@@ -76,6 +76,7 @@ class InputViewEnv final : public Env {
   Result<std::vector<std::string>> ListDirectory(const std::string& dir) override;
   Status CreateDirectory(const std::string& dir) override;
   Status Rename(const std::string& from, const std::string& to) override;
+  Status Exchange(const std::string& a, const std::string& b) override;
   Status SyncDirectory(const std::string& dir) override;
   Status RemoveAll(const std::string& path) override;
   Result<std::unique_ptr<EnvFileLock>> LockFile(const std::string& path,

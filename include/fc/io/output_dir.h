@@ -19,6 +19,18 @@
 // removes every "<name>.fc-tmp-<pid>-*" whose process is no longer alive (kill(pid, 0)
 // fails with ESRCH) once it holds the lock.
 //
+// Replacing an existing OUT (fc-export/fc-convert --overwrite; OutputDir::Open with
+// ExistingOutput::kReplace): OUT may then be a non-empty directory (not a symlink), and the
+// commit swaps the staging directory and OUT in one renameat2(RENAME_EXCHANGE), fsyncs
+// <parent>, and removes the old output (now at the staging path). OUT holds the old output
+// or the complete new one at every instant; a run that fails before the commit leaves the
+// old output untouched. Where the file system cannot exchange (kUnimplemented from
+// Env::Exchange, e.g. NFS) the commit renames OUT to "<name>.fc-old-<pid>", renames the
+// staging onto OUT and removes the old: between those two renames OUT is absent, and a
+// crash there leaves the old output at "<name>.fc-old-<pid>" (never swept: it is the
+// user's). Which checks decide that a directory may be replaced (a checkpoint, not any
+// directory) belong to the caller (src/ops/claim_output.h).
+//
 // Everything goes through DefaultEnv() (the lock: Env::LockFile) except the nesting check,
 // which resolves symlinks with realpath(3) on the real file system (a path that does not
 // exist there is compared as written).
@@ -41,8 +53,15 @@ Result<std::string> CreateStagingDir(const std::string& out);
 // Commits a fully written staging directory: fsync it, re-check that `out` is absent or
 // an empty directory (kFailedPrecondition otherwise), rename it onto `out`, fsync the
 // parent (when that fails, the directory is renamed back). On error the staging directory
-// is left for the caller to remove.
+// is left for the caller to remove. While an OutputDir of this process claims `out` with
+// ExistingOutput::kReplace, a non-empty `out` is replaced instead (above).
 Status CommitStagingDir(const std::string& staging, const std::string& out);
+
+// What OutputDir::Open does with an OUT that exists and is not empty.
+enum class ExistingOutput {
+  kRefuse,   // kFailedPrecondition: "output directory exists and is not empty"
+  kReplace,  // the commit replaces it (a directory, not a symlink or a file)
+};
 
 // Removes "<out>.fc-tmp-<pid>-*" directories whose process is dead; returns how many.
 // Call only while holding OUT's lock.
@@ -59,8 +78,10 @@ class OutputDir {
   // In order: CheckOutputNotNested (when input is not empty), take the lock
   // (kFailedPrecondition "<out>: output in use by PID N (lock <out>.fc-lock)" when another
   // live run holds it), check that OUT is absent or an empty directory
-  // (kFailedPrecondition), sweep dead staging, create the staging directory.
-  static Result<std::unique_ptr<OutputDir>> Open(const std::string& out, const std::string& input);
+  // (kFailedPrecondition; with kReplace: absent or a directory), sweep dead staging, create
+  // the staging directory.
+  static Result<std::unique_ptr<OutputDir>> Open(const std::string& out, const std::string& input,
+                                                 ExistingOutput existing = ExistingOutput::kRefuse);
   // Removes the staging directory unless committed, then releases and removes the lock.
   ~OutputDir();
   OutputDir(const OutputDir&) = delete;
@@ -81,6 +102,7 @@ class OutputDir {
   std::string staging_;
   std::unique_ptr<EnvFileLock> lock_;
   bool committed_ = false;
+  bool replace_ = false;  // registered as replaceable until destroyed
 };
 
 }  // namespace fc

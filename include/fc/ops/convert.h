@@ -24,6 +24,9 @@ struct ConvertOptions {
   std::optional<CheckpointFormat> format;      // forced input format
   SourceSplit source_split;  // --source-layout (fc/format/open.h)
   std::string output_dir;                      // must not exist, or be an empty directory
+  // --overwrite: output_dir may hold a checkpoint, replaced once the new output is complete
+  // (fc/io/output_dir.h; src/ops/claim_output.h CheckReplaceable).
+  bool overwrite = false;
   // Exactly one target: an existing checkpoint, a rules file, a preset, or a manifest.
   std::string target_like;
   std::string target_layout_file;

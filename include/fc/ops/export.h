@@ -24,6 +24,9 @@ struct ExportOptions {
   std::optional<CheckpointFormat> format;  // forced input format
   SourceSplit source_split;  // --source-layout (fc/format/open.h)
   std::string output_dir;                  // must not exist, or be an empty directory
+  // --overwrite: output_dir may hold a checkpoint, replaced once the new output is complete
+  // (fc/io/output_dir.h; src/ops/claim_output.h CheckReplaceable).
+  bool overwrite = false;
   std::string aoa_file;                    // AOA program (outputs = leaves of the program)
   // --hf-family NAME: the AOA program generated from the checkpoint and copy_from/config.json
   // (fc/ops/hf_family.h); not with aoa_file.
