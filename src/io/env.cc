@@ -129,6 +129,11 @@ class PosixReadable : public EnvReadableFile {
     const size_t size = static_cast<size_t>(size_);
     void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd_, 0);
     if (p == MAP_FAILED) return ErrnoError("mapping " + path_, errno);
+    // Mappings serve parsers that touch a small part of a file (a pickle's opcodes around
+    // arrays they only locate): without this the kernel's read-ahead on each fault reads
+    // megabytes around it, which on a cold cache is the whole file. Advice only: a failure
+    // costs speed, not correctness.
+    (void)::madvise(p, size, MADV_RANDOM);
     m.data = static_cast<const std::byte*>(p);
     m.size = size;
     m.holder = std::shared_ptr<void>(p, [size](void* q) { ::munmap(q, size); });
