@@ -6,6 +6,8 @@
 #ifndef FC_SRC_OPS_CLAIM_OUTPUT_H_
 #define FC_SRC_OPS_CLAIM_OUTPUT_H_
 
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,9 +57,20 @@ struct ClaimedOutput {
   std::string staging;             // every process
 };
 
+inline std::string ThisHost() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "localhost";
+  return host;
+}
+
 // `overwrite`: OUT may be replaced (CheckReplaceable; fc/io/output_dir.h kReplace).
+// `writes_here`: this process writes files into the staging directory; it must then see the
+// directory process 0 made (OUT on a node-local disk of another host, or a path that names
+// another directory here, would otherwise fail only when its first file is created): kNotFound
+// (exit 4) naming both processes' hosts, agreed by all.
 inline Result<ClaimedOutput> ClaimOutput(const std::string& output_dir, const std::string& input,
-                                         Communicator& comm, bool overwrite = false) {
+                                         Communicator& comm, bool overwrite = false,
+                                         bool writes_here = true) {
   ClaimedOutput claimed;
   Status opened_status = Status::Ok();
   if (comm.rank() == 0) {
@@ -82,6 +95,17 @@ inline Result<ClaimedOutput> ClaimOutput(const std::string& output_dir, const st
   }
   FC_RETURN_IF_ERROR(comm.AllOk(HintOverwrite(opened_status)));
   comm.Broadcast(claimed.staging, 0);
+  std::string claimed_on = ThisHost();
+  comm.Broadcast(claimed_on, 0);
+  Status visible = Status::Ok();
+  if (comm.rank() != 0 && writes_here && !IsDirectory(claimed.staging)) {
+    visible = NotFoundError(
+        "process " + std::to_string(comm.rank()) + " on host " + ThisHost() + " does not see " +
+        claimed.staging + ", the staging directory process 0 made next to " + output_dir +
+        " on host " + claimed_on + "; every process that writes must see OUT's parent "
+        "directory (put OUT on a file system all hosts share)");
+  }
+  FC_RETURN_IF_ERROR(comm.AllOk(visible));
   return claimed;
 }
 

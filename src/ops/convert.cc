@@ -578,15 +578,15 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   // Process 0 claims OUT (lock, checks, a staging directory next to it: fc/io/output_dir.h),
   // everyone writes into the staging directory, process 0 commits it. Until then, and on
   // any failure, `output` removes the staging directory.
-  FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
-                      ClaimOutput(options.output_dir, input.local_path, *comm,
-                                  options.overwrite));
-  std::unique_ptr<OutputDir>& output = claimed.dir;
-  const std::string& staging = claimed.staging;
-
   // Target files shared out by bytes (the plan's assignment); process 0 always has one, so
   // it can commit.
   const std::vector<uint32_t>& planned = p->plan.per_process[static_cast<size_t>(me)].files;
+  FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
+                      ClaimOutput(options.output_dir, input.local_path, *comm,
+                                  options.overwrite, /*writes_here=*/!planned.empty()));
+  std::unique_ptr<OutputDir>& output = claimed.dir;
+  const std::string& staging = claimed.staging;
+
   const std::vector<size_t> files(planned.begin(), planned.end());
   std::unique_ptr<TargetFilesWriter> part;
   ExecuteStats executed;

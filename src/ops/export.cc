@@ -483,9 +483,10 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
   // Process 0 claims OUT (lock, checks, a staging directory next to it: fc/io/output_dir.h);
   // every process writes its files into that one staging directory; process 0 adds the
   // index and renames the directory onto OUT, so OUT holds nothing or the whole export.
-  FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
-                      ClaimOutput(options.output_dir, input.local_path, *comm,
-                                  options.overwrite));
+  FC_ASSIGN_OR_RETURN(
+      ClaimedOutput claimed,
+      ClaimOutput(options.output_dir, input.local_path, *comm, options.overwrite,
+                  /*writes_here=*/!p->plan.per_process[static_cast<size_t>(me)].files.empty()));
   std::unique_ptr<OutputDir>& output = claimed.dir;
   const std::string& staging = claimed.staging;
   FC_RETURN_IF_ERROR(comm->AllOk(me == 0 ? PrepareOutput(options, *p, staging) : Status::Ok()));

@@ -245,6 +245,26 @@ def case_errors():
         and "process 2" in p.stderr, p.stderr
     assert not os.path.exists(os.path.join(tmp, "clash"))
     os.remove(clash)
+    # OUT that a writing process does not see (issue 32 item 8): each process runs in its
+    # own directory and OUT is relative, so the path names another directory on each, as a
+    # node-local disk would on each host. Refused at the claim with exit 4 naming the
+    # process, its host and process 0's; nothing is left. An export whose one file process 0
+    # writes needs no other process to see OUT.
+    hosts = os.path.join(tmp, "hosts")
+    for r in range(3):
+        os.makedirs(os.path.join(hosts, f"host{r}"))
+    in_own_dir = 'cd "$HOSTS/host$OMPI_COMM_WORLD_RANK" && exec "$@"'
+    local = [*MPI, "3", "-x", "HOSTS=" + hosts, "sh", "-c", in_own_dir, "sh"]
+    p = fcio.run([*local, CONVERT, pattern, "out", "--quiet", "--target-manifest", layout],
+                 expect=4)
+    assert "does not see out.fc-tmp-" in p.stderr and "on host " in p.stderr and \
+        "made next to out on host" in p.stderr and "put OUT on a file system all hosts share" \
+        in p.stderr and p.stderr.count("fc-convert: error") == 1, p.stderr
+    assert "process 1 on host" in p.stderr or "process 2 on host" in p.stderr, p.stderr
+    for r in range(3):
+        assert os.listdir(os.path.join(hosts, f"host{r}")) == [], (r, os.listdir(hosts))
+    fcio.run([*local, EXPORT, pattern, "out", "--quiet"])
+    assert os.listdir(os.path.join(hosts, "host0", "out")) == ["model.safetensors"]
     # --simulate-processes: only with --dry-run (usage, exit 2), and not under mpirun (exit 3).
     p = fcio.run([CONVERT, src, os.path.join(tmp, "sim"), "--simulate-processes", "4",
                   "--target-manifest", layout], expect=2)
