@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <unordered_map>
 #include <set>
 
@@ -60,8 +61,11 @@ Result<std::vector<TargetTensor>> LogicalTensors(const CheckpointIndex& index,
   return tensors;
 }
 
+// `like_manifest`: the --target-like layout as process 0 read it (a manifest, ManifestJson),
+// when it was shared (ShareTargetLike); null: read it here.
 Result<TargetLayout> ResolveLayout(const CheckpointIndex& index, const ConvertOptions& options,
-                                   const std::string& aoa_text) {
+                                   const std::string& aoa_text,
+                                   const std::string* like_manifest) {
   const int given = !options.target_like.empty() + !options.target_layout_file.empty() +
                     !options.preset.empty() + !options.target_manifest.empty();
   if (given != 1) {
@@ -74,6 +78,9 @@ Result<TargetLayout> ResolveLayout(const CheckpointIndex& index, const ConvertOp
       // Resharding in place of the same layout (a rewrite, a format change): the source's
       // metadata is already parsed; parsing it again doubles the planning time.
       return LayoutFromIndex(index).With("--target-like " + options.target_like);
+    }
+    if (like_manifest != nullptr) {
+      return ParseManifest(*like_manifest).With("--target-like " + options.target_like);
     }
     FC_ASSIGN_OR_RETURN(CheckpointIndex like, OpenCheckpoint(options.target_like));
     return LayoutFromIndex(like).With("--target-like " + options.target_like);
@@ -240,7 +247,36 @@ struct ConvertPlan {
   std::vector<int64_t> ranks;               // target rank of each plan file
   ConvertSummary summary;
   std::vector<std::vector<int>> visibility;  // which processes see each source file (empty: all)
+  std::optional<std::string> like_manifest;  // --target-like as process 0 read it (shared)
 };
+
+// --target-like under mpirun: process 0 reads the target checkpoint's metadata and sends its
+// layout (as a manifest) to the others, so the target needs to exist on process 0's host
+// only and its metadata is read once (as the input's is: fc/ops/shared_input.h). Not shared:
+// one process, or the target is the input. Errors (process 0's, agreed by all): those of
+// OpenCheckpoint and LayoutFromIndex.
+Result<std::optional<std::string>> ShareTargetLike(const ConvertOptions& options,
+                                                   Communicator& comm) {
+  if (comm.size() <= 1 || options.target_like.empty() ||
+      StripTrailingSlashes(options.target_like) == StripTrailingSlashes(options.input)) {
+    return std::optional<std::string>();
+  }
+  std::string text;
+  Status read = Status::Ok();
+  if (comm.rank() == 0) {
+    Result<CheckpointIndex> like = OpenCheckpoint(options.target_like);
+    Result<TargetLayout> layout =
+        like.ok() ? LayoutFromIndex(*like) : Result<TargetLayout>(like.status());
+    if (layout.ok()) {
+      text = ManifestJson(*layout);
+    } else {
+      read = layout.status().With("--target-like " + options.target_like);
+    }
+  }
+  FC_RETURN_IF_ERROR(comm.AllOk(read));
+  comm.Broadcast(text, 0);
+  return std::optional<std::string>(std::move(text));
+}
 
 // What the write plan holds (counted): it stays with the job while it runs.
 uint64_t WritePlanBytes(const FcDistcpPlan& plan) {
@@ -265,7 +301,9 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
     FC_ASSIGN_OR_RETURN(aoa_text, ReadTextFile(options.aoa_file));
   }
   FC_ASSIGN_OR_RETURN(NameFilter filter, NameFilter::Compile(options.include, options.exclude));
-  FC_ASSIGN_OR_RETURN(TargetLayout resolved, ResolveLayout(index, options, aoa_text));
+  FC_ASSIGN_OR_RETURN(TargetLayout resolved,
+                      ResolveLayout(index, options, aoa_text,
+                                    p.like_manifest ? &*p.like_manifest : nullptr));
   TargetLayout layout = FilterLayout(std::move(resolved), filter);
   if (layout.tensors.empty()) {
     return InvalidArgumentError("no target tensor left to write (check --include/--exclude)");
@@ -548,6 +586,7 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     processes = options.simulate_processes;
     visibility = SimulatedVisibility(p->index, processes, options.simulate_shared);
   }
+  FC_ASSIGN_OR_RETURN(p->like_manifest, ShareTargetLike(options, *comm));
   const JobMemory job = MeasureJobMemory(*comm, options.memory_budget > 0);
   FC_RETURN_IF_ERROR(comm->AllOk(
       BuildConvertPlan(PlannedWith(options, *comm), processes, me == 0, std::move(visibility),

@@ -265,6 +265,17 @@ def case_errors():
         assert os.listdir(os.path.join(hosts, f"host{r}")) == [], (r, os.listdir(hosts))
     fcio.run([*local, EXPORT, pattern, "out", "--quiet"])
     assert os.listdir(os.path.join(hosts, "host0", "out")) == ["model.safetensors"]
+    # --target-like on process 0's host only: read there once and sent to the others; the
+    # output is the one a single process writes.
+    shutil.copytree(src, os.path.join(hosts, "host0", "like"))
+    liked = os.path.join(tmp, "liked")
+    fcio.run([*local, CONVERT, pattern, liked, "--quiet", "--target-like", "like"])
+    one = os.path.join(tmp, "liked-one")
+    fcio.run([CONVERT, src, one, "--quiet", "--target-like", src])
+    for d in (liked, one):
+        fcio.run([EXPORT, d, d + "-hf", "--quiet"])
+    assert open(liked + "-hf/model.safetensors", "rb").read() == \
+        open(one + "-hf/model.safetensors", "rb").read()
     # --simulate-processes: only with --dry-run (usage, exit 2), and not under mpirun (exit 3).
     p = fcio.run([CONVERT, src, os.path.join(tmp, "sim"), "--simulate-processes", "4",
                   "--target-manifest", layout], expect=2)
