@@ -29,6 +29,17 @@
 # The last run also writes --stats: bytes read / bytes needed is printed with the times.
 # FC_BENCH_FLAGS: extra flags for the timed tool runs, e.g. "--no-verify-checksums" to
 # measure what checksum verification costs (run both, compare the medians).
+# The disk's limit, measured in the same run: `dd if=/dev/zero bs=4M conv=fsync` of the
+# tool's output byte count (the durable write limit) is timed in every round, and the same
+# with oflag=direct (on this kind of VM a buffered write flushed by one final fsync can be
+# slower than the direct one when other writers load the host), and
+#   write-limit fraction = median of the faster dd / median tool seconds   (target >= 0.95).
+# COLD=1: the page cache is dropped (sync; echo 3 > /proc/sys/vm/drop_caches; needs root)
+# before every timed run, the cold sequential read of the input (cat of every input file) is
+# timed too, and the fraction is taken against the slower of that read and the dd write
+# (target >= 0.9). Without root COLD=1 stops with a message instead of timing a warm cache.
+# Rounds rotate the order (tool, dd, baseline / dd, baseline, tool) so that no side always
+# runs right after another's write-back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?export or convert}; size_gb=${2:-1}; runs=${3:-3}; budget=${4:-512MiB}; build=${5:-build}
@@ -54,7 +65,25 @@ if [[ $mode == export-torch ]]; then
   fi
   src=$tsrc
 fi
-cat "$src"/* "$src"/*/* "$src"/.metadata > /dev/null 2>&1 || true   # warm cache
+cold=${COLD:-0}
+drop_cache() {
+  [[ $cold == 1 ]] || return 0
+  sync
+  echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || {
+    echo "COLD=1: cannot drop the page cache here (needs root and a writable" \
+         "/proc/sys/vm/drop_caches); run warm (COLD=0) or as root" >&2
+    exit 1
+  }
+}
+# The files the tool reads (export-deepspeed: the optimizer files).
+input_files() {
+  if [[ $mode == export-deepspeed ]]; then
+    printf '%s\0' "$src"/global_step1/*_optim_states.pt
+  else
+    find "$src" -type f -print0
+  fi
+}
+[[ $cold == 1 ]] || input_files | xargs -0 cat > /dev/null   # warm cache
 if [[ $mode == convert || $mode == convert-np2 ]]; then
   "$build/tools/fc-inspect" "$src" --json > "$dir/src.json"
   python3 - "$dir/src.json" "$dir/tp2-zero2.json" <<'PY'
@@ -77,12 +106,14 @@ json.dump({"format": "fc-layout-manifest", "version": 1,
 PY
 fi
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-cp_times=(); fc_times=(); rss=(); plain_times=()
+cp_times=(); fc_times=(); rss=(); plain_times=(); dd_times=(); direct_times=(); read_times=()
+out_bytes=0
 # The baseline and the tool take turns going first: on this kind of VM the second of two
 # back-to-back writes of gigabytes waits for the first's write-back, which would otherwise
 # always count against the same side.
 run_baseline() {
   local t0 t1
+  drop_cache
   t0=$(date +%s.%N)
   if [[ $mode == convert-np2 ]]; then
     # shellcheck disable=SC2086
@@ -91,7 +122,7 @@ run_baseline() {
         --target-manifest "$dir/tp2-zero2.json" --memory-budget "$budget" --quiet
     sync; t1=$(date +%s.%N)
     cp_times+=("$(echo "$t1 - $t0" | bc)")
-    rm -rf "$dir/plain-out"; sync; t0=$(date +%s.%N)
+    rm -rf "$dir/plain-out"; sync; drop_cache; t0=$(date +%s.%N)
     "$build/tools/fc-convert" "$src" "$dir/plain-out" --target-manifest "$dir/tp2-zero2.json" \
         --memory-budget "$budget" --quiet
     sync; t1=$(date +%s.%N)
@@ -108,6 +139,7 @@ run_baseline() {
 }
 run_tool() {
   local t0 t1 stats=()
+  drop_cache
   t0=$(date +%s.%N)
   [[ $i == "$runs" ]] && stats=(--stats "$dir/stats.json")
   if [[ $mode == export || $mode == export-torch ]]; then
@@ -131,17 +163,44 @@ run_tool() {
   sync; t1=$(date +%s.%N)
   fc_times+=("$(echo "$t1 - $t0" | bc)")
   rss+=("$(cat "$dir/rss.txt")")
+  out_bytes=$(du -sb "$dir/fc-out" | cut -f1)
+}
+# The durable write limit for the tool's output bytes (4 MiB blocks, rounded up), and on a
+# cold cache the sequential read of the input.
+run_limit() {
+  local t0 t1
+  rm -f "$dir/dd-out"; sync
+  t0=$(date +%s.%N)
+  dd if=/dev/zero of="$dir/dd-out" bs=4M count=$(( (out_bytes + (4 << 20) - 1) >> 22 )) \
+      conv=fsync status=none
+  t1=$(date +%s.%N)
+  dd_times+=("$(echo "$t1 - $t0" | bc)")
+  rm -f "$dir/dd-out"; sync
+  t0=$(date +%s.%N)
+  dd if=/dev/zero of="$dir/dd-out" bs=4M count=$(( (out_bytes + (4 << 20) - 1) >> 22 )) \
+      oflag=direct conv=fsync status=none
+  t1=$(date +%s.%N)
+  direct_times+=("$(echo "$t1 - $t0" | bc)")
+  rm -f "$dir/dd-out"; sync
+  if [[ $cold == 1 ]]; then
+    drop_cache
+    t0=$(date +%s.%N)
+    input_files | xargs -0 cat > /dev/null
+    t1=$(date +%s.%N)
+    read_times+=("$(echo "$t1 - $t0" | bc)")
+  fi
 }
 for i in $(seq "$runs"); do
   rm -rf "$dir/cp-out" "$dir/fc-out"; sync
-  if (( i % 2 == 1 )); then
+  if (( i % 2 == 1 )); then   # the first round starts with the tool: dd needs its byte count
+    run_tool
+    if [[ $mode == convert-np2 ]]; then run_limit; else rm -rf "$dir/fc-out"; sync; run_limit; fi
+    run_baseline
+  else
+    run_limit
     run_baseline
     [[ $mode == convert-np2 ]] || { rm -rf "$dir/cp-out"; sync; }
     run_tool
-  else
-    run_tool
-    [[ $mode == convert-np2 ]] || { rm -rf "$dir/fc-out"; sync; }
-    run_baseline
   fi
   if [[ $mode == convert-np2 ]]; then  # not timed: the same bytes as np 1
     diff -r "$dir/cp-out" "$dir/fc-out" >/dev/null || { echo "np 2 output differs from np 1"; exit 1; }
@@ -153,6 +212,10 @@ fc_med=$(printf '%s\n' "${fc_times[@]}" | median)
 plain_med=0
 if [[ $mode == convert-np2 ]]; then plain_med=$(printf '%s\n' "${plain_times[@]}" | median); fi
 rss_med=$(printf '%s\n' "${rss[@]}" | median)
+dd_med=$(printf '%s\n' "${dd_times[@]}" | median)
+direct_med=$(printf '%s\n' "${direct_times[@]}" | median)
+read_med=0
+if [[ $cold == 1 ]]; then read_med=$(printf '%s\n' "${read_times[@]}" | median); fi
 bytes=$(du -sb "$src" | cut -f1)
 if [[ $mode == export-deepspeed ]]; then
   bytes=$(du -cb "$src"/global_step1/*_optim_states.pt | tail -1 | cut -f1)
@@ -165,7 +228,7 @@ mult = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb":
 print(int(v * mult))
 PY
 )
-python3 - "$bytes" "$cp_med" "$fc_med" "$rss_med" "$budget_bytes" "${cp_times[*]}" "${fc_times[*]}" "$dir/stats.json" "$plain_med" "${plain_times[*]}" <<'PY'
+python3 - "$bytes" "$cp_med" "$fc_med" "$rss_med" "$budget_bytes" "${cp_times[*]}" "${fc_times[*]}" "$dir/stats.json" "$plain_med" "${plain_times[*]}" "$dd_med" "$out_bytes" "$read_med" "$cold" "$direct_med" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[8]))
 read = sum(p["bytes_read"] for p in s["processes"])
@@ -177,6 +240,18 @@ print(f"ratio (baseline time / tool time): {cp/fc:.2f}   (baseline: cp + sync, o
 if float(sys.argv[9]) > 0:
     plain = float(sys.argv[9])
     print(f"one process without mpirun: {sys.argv[10]} s, median {plain:.2f} s; its time / np 2 time: {plain/fc:.2f}")
+dd, out_b, rd, cold = float(sys.argv[11]), int(sys.argv[12]), float(sys.argv[13]), sys.argv[14] == "1"
+direct = float(sys.argv[15])
+print(f"cache: {'cold (dropped before every timed run)' if cold else 'warm'}")
+print(f"durable write limit: dd conv=fsync of {out_b/1e9:.2f} GB: median {dd:.2f} s ({out_b/dd/1e9:.2f} GB/s); "
+      f"with oflag=direct: median {direct:.2f} s ({out_b/direct/1e9:.2f} GB/s)")
+best = min(dd, direct)
+print(f"write-limit fraction (faster dd time / tool time): {best/fc:.3f}   target >= 0.95   "
+      f"(conv=fsync alone: {dd/fc:.3f})")
+if cold:
+    limit = max(best, rd)
+    print(f"cold sequential read of the input: median {rd:.2f} s ({b/rd/1e9:.2f} GB/s); "
+          f"fraction of the slower of read and write ({limit:.2f} s): {limit/fc:.3f}   target >= 0.9")
 print(f"peak RSS {rss_kb/1024:.0f} MiB; budget {budget/2**20:.0f} MiB; "
       f"over budget by {(rss_kb*1024-budget)/2**20:.0f} MiB   target <= 64 MiB")
 PY
