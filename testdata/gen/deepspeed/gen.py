@@ -46,7 +46,11 @@ ZeRO-1/2 is saved as the view part[:lean] (the file holds the padded storage).
 
 Expected values are computed by an independent reconstruction that torch.load()s the written
 files and follows zero_to_fp32's algorithm (deepspeed.md 3.3 / 4.2), not the writer's
-in-memory values:
+in-memory values; write_expected then asserts (check_truth, on every run and --check) that
+they equal, bit for bit, the ground truth each case was built from (TRUTH: the fp32 masters
+and Adam states before partitioning, the module weights as the masters cast to 16 bits,
+frozen params, buffers and steps as drawn; TP-merged keys: each TP rank's truth found where
+the merge rules put it, by offset arithmetic apart from merge_tp):
   OUT_ROOT/<case>/expected/<key>.npy   full value, C order; float16 as '<f2', bfloat16 as
                                         uint16 bits, 0-d step as a 0-d '<f4'
 Keys (fc's names, include/fc/format/deepspeed.h): <param> fp32 master weight (frozen params
@@ -162,11 +166,16 @@ def ds_config(stage, bf16):
             "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
 
 
-def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master, same=(), same_seed=0):
+def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master, same=(), same_seed=0,
+                       moments=None, preset=None):
     """groups: list of OrderedDict name->shape. Returns (per-rank OSD list, flat bit16 list).
 
     master: dict name -> fp32 value (filled here). Params named in `same` take their values
-    from same_seed (equal on every TP rank / pipeline stage: replicated or tied params)."""
+    from same_seed (equal on every TP rank / pipeline stage: replicated or tied params).
+    moments: None or {"exp_avg": {}, "exp_avg_sq": {}}, filled with each param's Adam
+    states, cut from the group's source values before they are partitioned (ground truth).
+    preset: name -> fp32 value to use instead of generating one (a pipeline-tied param's
+    value from the first stage holding it)."""
     per_rank = [dict(single=[], paddings=[], mappings=[], state={}) for _ in range(dp)]
     flats16 = []
     align = 2 * dp
@@ -178,7 +187,10 @@ def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master, same=(),
         off = 0
         for name, shape in shapes.items():
             n = numel(shape)
-            v = values(n, (same_seed if name in same else seed) + 17 * gi + off)
+            if preset and name in preset:
+                v = preset[name].reshape(-1).clone()
+            else:
+                v = values(n, (same_seed if name in same else seed) + 17 * gi + off)
             flat[off:off + n] = v
             master[name] = v.reshape(shape)
             off += n
@@ -186,6 +198,13 @@ def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master, same=(),
         exp_avg[:orig] = values(orig, seed + 1000 + gi)
         exp_avg_sq = torch.zeros(padded)
         exp_avg_sq[:orig] = values(orig, seed + 2000 + gi, positive=True)
+        if moments is not None:
+            off = 0
+            for name, shape in shapes.items():
+                n = numel(shape)
+                moments["exp_avg"][name] = exp_avg[off:off + n].reshape(shape).clone()
+                moments["exp_avg_sq"][name] = exp_avg_sq[off:off + n].reshape(shape).clone()
+                off += n
         flats16.append(flat)
         for r in range(dp):
             left = r * ps
@@ -248,6 +267,144 @@ def module_from_flats(groups, flats16, dtype):
     return module
 
 
+# --- Ground truth ---------------------------------------------------------------------
+# The values each case was built from, before any partitioning, flattening, padding or TP
+# split: per TP rank (mp rank) {expected key: tensor}. write_expected asserts that the
+# expected values (the rebuild of zero_to_fp32 / ds_to_universal, reconstruct()) equal them
+# bit for bit, so a bug of the generator or of its rebuild cannot become an expected value.
+TRUTH = {}  # abspath(OUT/<case>) -> (per-TP-rank truths, universal_checkpoint_info or None)
+
+
+def truth_of_params(master, moments, dtype):
+    """A rank's trained params: the fp32 master, the module weight (the master cast to the
+    16-bit dtype), the Adam states and the step (3)."""
+    truth = collections.OrderedDict()
+    for name, v in master.items():
+        truth[name] = v.clone()
+        truth["module." + name] = v.to(dtype)
+        for key in ("exp_avg", "exp_avg_sq"):
+            truth["optimizer.%s.%s" % (key, name)] = moments[key][name]
+        truth["optimizer.step." + name] = torch.tensor(3.0)
+    return truth
+
+
+def record_truth(out, case, ranks, info=None):
+    TRUTH[os.path.abspath(os.path.join(out, case))] = (ranks, info)
+
+
+def same_bits(a, b):
+    return (isinstance(a, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and
+            to_numpy(a).tobytes() == to_numpy(b).tobytes())
+
+
+def tp_segments(name, slices, info):
+    """Where each TP rank's slice lies in the merged tensor, by offset arithmetic written
+    apart from merge_tp: (dim, [per rank [(merged offset, slice offset, length)]])."""
+    def match(key):
+        return any(re.match(p, name) for p in info.get(key, []))
+    tp = len(slices)
+    entry, pattern = match_sub_params(info, name)
+    if match("parameter_with_2_sub_params_cat_dim_0"):
+        h = [s.shape[0] // 2 for s in slices]
+        return 0, [[(sum(h[:t]), 0, h[t]), (sum(h) + sum(h[:t]), h[t], h[t])]
+                   for t in range(tp)]
+    if entry:
+        pd = entry["partition_dim"]
+        spec = entry["shape"][pd]
+        if info["universal_checkpoint_version"] >= 0.4:
+            sizes, widths = list(spec), info["sub_param_shard_widths"][pattern]
+        else:
+            if isinstance(spec, int):
+                spec = [sum(s.shape[pd] for s in slices) // spec] * spec
+            sizes, widths = list(spec), [[z // tp] * tp for z in spec]
+        return pd, [[(sum(sizes[:k]) + sum(widths[k][:t]), sum(w[t] for w in widths[:k]),
+                      widths[k][t]) for k in range(len(sizes))] for t in range(tp)]
+    d = 1 if match("parameter_with_row_parallelism_patterns") else 0
+    return d, [[(sum(s.shape[d] for s in slices[:t]), 0, slices[t].shape[d])]
+               for t in range(tp)]
+
+
+def check_tp_merged(key, name, got, slices, info):
+    """got (an expected value) holds every TP rank's truth slice where the merge rules put
+    it; a vocabulary param is cut to original_vocab_size."""
+    d, segs = tp_segments(name, slices, info)
+    vocab = any(re.match(p, name) for p in info.get("vocabulary_parameter_patterns", []))
+    full = sum(n for per in segs for _, _, n in per)
+    want_len = min(full, info["original_vocab_size"]) if vocab else full
+    assert got.dtype == slices[0].dtype and got.shape[d] == want_len and all(
+        got.shape[i] == slices[0].shape[i] for i in range(got.dim()) if i != d), (
+        key, got.shape, [s.shape for s in slices])
+    for t, per in enumerate(segs):
+        for mo, so, n in per:
+            n = min(n, got.shape[d] - mo)
+            if n > 0:
+                assert same_bits(got.narrow(d, mo, n), slices[t].narrow(d, so, n)), (key, t)
+
+
+# TP-replicated keys whose truth differs between the TP ranks: found by check_truth, listed
+# so the set cannot grow unnoticed. The expected values keep TP rank 0's (fc does too);
+# DeepSpeed's ds_to_universal would refuse these files (merge_tp_slices asserts the slices
+# of a replicated param equal), and real training keeps them equal. Known modelling
+# shortcuts: the Adam states are drawn per TP rank even for `same` params, gen_pp draws
+# replicated params per TP rank, tp2_avg's buffer is drawn per rank.
+_NORM_STATES = ["optimizer.exp_avg.norm.weight", "optimizer.exp_avg_sq.norm.weight"]
+UNEQUAL_REPLICAS = {
+    "pp2_tp2": ["1.input_layernorm.weight", "module.1.input_layernorm.weight",
+                "optimizer.exp_avg.1.input_layernorm.weight",
+                "optimizer.exp_avg_sq.1.input_layernorm.weight"],
+    "tp2_ucp": _NORM_STATES, "ucp_tp2": _NORM_STATES, "tp2_fused": _NORM_STATES,
+    "ucp_tp2_fused": _NORM_STATES,
+    "tp2_avg": ["norm.running_mean", "module.norm.running_mean"]}
+
+
+def check_truth(case_dir, exp):
+    """exp (reconstruct() of the files) equals the case's ground truth, every key."""
+    ranks, info = TRUTH[os.path.abspath(case_dir)]
+    case = os.path.basename(os.path.abspath(case_dir))
+    if len(ranks) == 1 or not info:
+        want = collections.OrderedDict()
+        for m, truth in enumerate(ranks):
+            for k, v in truth.items():
+                want[("mp_rank_%02d." % m if len(ranks) > 1 else "") + k] = v
+        assert set(exp) == set(want), (
+            case, sorted(set(exp) ^ set(want)))
+        bad = [k for k in want if not same_bits(exp[k], want[k])]
+        assert not bad, "%s: expected != ground truth: %s" % (case, bad)
+        return
+    def match(key, name):
+        return any(re.match(p, name) for p in info.get(key, []))
+    seen, unequal = set(), []
+    for key in ranks[0]:
+        name = key
+        for pre in ("module.", "optimizer.exp_avg_sq.", "optimizer.exp_avg.", "optimizer.step."):
+            if key.startswith(pre):
+                name = key[len(pre):]
+                break
+        slices = [truth[key] for truth in ranks]
+        # Kept per TP rank: a param to average, or (fc's rule) an untrained entry (buffer,
+        # frozen param) whose TP copies are not merged: mp_rank_XX.<key> or
+        # module.mp_rank_XX.<name>.
+        per_rank = ["mp_rank_%02d.%s" % (t, key) for t in range(len(ranks))]
+        if key.startswith("module.") and per_rank[0] not in exp:
+            per_rank = ["module.mp_rank_%02d.%s" % (t, name) for t in range(len(ranks))]
+        trained = "optimizer.step." + name in ranks[0]
+        if ((match("parameter_to_average_patterns", name) or not trained) and
+                key not in exp and all(k in exp for k in per_rank)):
+            for k, sl in zip(per_rank, slices):
+                assert same_bits(exp[k], sl), (case, k)
+                seen.add(k)
+            continue
+        seen.add(key)
+        if key.startswith("optimizer.step.") or match("tp_replicated_parameter_patterns", name):
+            assert same_bits(exp[key], slices[0]), (case, key)
+            if not all(same_bits(sl, slices[0]) for sl in slices[1:]):
+                unequal.append(key)
+            continue
+        check_tp_merged(case + ": " + key, name, exp[key], slices, info)
+    assert set(exp) == seen, (case, sorted(set(exp) ^ seen))
+    assert sorted(unequal) == sorted(UNEQUAL_REPLICAS.get(case, [])), (case, sorted(unequal))
+
+
 def common_state(module, param_shapes, buffer_names, dp, mp, stage, bf16, **extra):
     sd = {"module": module, "buffer_names": buffer_names, "optimizer": None,
           "param_shapes": param_shapes, "frozen_param_shapes": None,
@@ -283,12 +440,16 @@ def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
     tagdir = os.path.join(root, TAG)
     dtype = torch.bfloat16 if bf16_optimizer else torch.float16
     prefix = "bf16_" if bf16_optimizer else ""
+    truth_ranks = []
     for m in range(mp):
         if rank_groups:
             groups = rank_groups[m]
         master = {}
+        moments = {"exp_avg": {}, "exp_avg_sq": {}}
         osds, flats16 = zero12_rank_states(groups, dp, seed + 100 * m, stage, bf16_optimizer,
-                                           master, same, seed)
+                                           master, same, seed, moments)
+        truth = truth_of_params(master, moments, dtype)
+        truth_ranks.append(truth)
         module = module_from_flats(groups, flats16, dtype)
         for name in strided:  # same values, column-major in the file (strides (1, rows))
             module[name] = module[name].t().contiguous().t()
@@ -298,6 +459,7 @@ def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
             frags = collections.OrderedDict()
             for i, (name, shape) in enumerate(frozen.items()):
                 t = values(numel(shape), seed + 500 + i).reshape(shape).to(dtype)
+                truth[name] = truth["module." + name] = t.clone()
                 module[name] = t
                 fshapes[name] = torch.Size(shape)
                 frags[name] = t.detach().clone()
@@ -306,8 +468,12 @@ def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
         if tied:
             for alias, owner in tied.items():
                 module[alias] = module[owner]  # same tensor: one storage in the file
+                truth[alias] = master[owner]
+                truth["module." + alias] = master[owner].to(dtype)
             extra["shared_params"] = dict(tied)
         module["norm.running_mean"] = values(4, seed + 900 + (0 if same else m)).to(dtype)
+        truth["norm.running_mean"] = module["norm.running_mean"].clone()
+        truth["module.norm.running_mean"] = truth["norm.running_mean"]
         if client:
             extra.update(client)
         sd = common_state(module, [collections.OrderedDict(
@@ -319,6 +485,7 @@ def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
                   "ds_version": DS_VERSION},
                  os.path.join(tagdir, "%szero_pp_rank_%d_mp_rank_%02d_optim_states.pt" %
                               (prefix, r, m)))
+    record_truth(out, case, truth_ranks, (client or {}).get("universal_checkpoint_info"))
 
 
 def gen_zero3(out, case, dp, subgroups, frozen, seed):
@@ -328,6 +495,7 @@ def gen_zero3(out, case, dp, subgroups, frozen, seed):
     fp32 = [[] for _ in range(dp)]
     ea = [[] for _ in range(dp)]
     eas = [[] for _ in range(dp)]
+    truth = collections.OrderedDict()
     for k, shapes in enumerate(subgroups):
         per_rank = [[] for _ in range(dp)]
         per_rank_a = [[] for _ in range(dp)]
@@ -335,9 +503,15 @@ def gen_zero3(out, case, dp, subgroups, frozen, seed):
         for i, (name, shape) in enumerate(shapes.items()):
             n = numel(shape)
             ps = -(-n // dp)
-            for src, dst, pos in ((values(n, seed + 10 * k + i), per_rank, False),
-                                  (values(n, seed + 300 + 10 * k + i), per_rank_a, False),
-                                  (values(n, seed + 600 + 10 * k + i, True), per_rank_s, True)):
+            w = values(n, seed + 10 * k + i)
+            a = values(n, seed + 300 + 10 * k + i)
+            sq = values(n, seed + 600 + 10 * k + i, True)
+            truth[name] = w.reshape(shape).clone()
+            truth["optimizer.exp_avg." + name] = a.reshape(shape).clone()
+            truth["optimizer.exp_avg_sq." + name] = sq.reshape(shape).clone()
+            truth["optimizer.step." + name] = torch.tensor(3.0)
+            for src, dst, pos in ((w, per_rank, False), (a, per_rank_a, False),
+                                  (sq, per_rank_s, True)):
                 padded = torch.zeros(ps * dp)
                 padded[:n] = src
                 for r in range(dp):
@@ -349,6 +523,10 @@ def gen_zero3(out, case, dp, subgroups, frozen, seed):
     fshapes = collections.OrderedDict((k, torch.Size(v)) for k, v in frozen.items())
     ffull = {name: values(numel(s), seed + 800 + i).to(torch.float16)
              for i, (name, s) in enumerate(frozen.items())}
+    for name, s in frozen.items():
+        truth[name] = ffull[name].reshape(s).clone()
+    truth["norm.running_mean"] = values(4, seed + 950).to(torch.float16)
+    truth["module.norm.running_mean"] = truth["norm.running_mean"]
     for r in range(dp):
         module = collections.OrderedDict()
         for shapes in subgroups:
@@ -380,6 +558,7 @@ def gen_zero3(out, case, dp, subgroups, frozen, seed):
         save({"optimizer_state_dict": osd3, "ds_config": ds_config(3, False),
               "ds_version": DS_VERSION},
              os.path.join(tagdir, "zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
+    record_truth(out, case, [truth])
 
 
 def gen_pp(out, case, dp, stages, seed, tp=1, info=None):
@@ -398,13 +577,26 @@ def gen_pp(out, case, dp, stages, seed, tp=1, info=None):
     for shapes, _ in stages:
         for name in shapes:
             (tied if name in seen else seen).add(name)
+    truth_ranks = [collections.OrderedDict() for _ in range(tp)]
     for st, (shapes, layers) in enumerate(stages):
         for t in range(tp):
             m = st * tp + t
             master = {}
+            moments = {"exp_avg": {}, "exp_avg_sq": {}}
             # A tied param: equal in every stage holding it (per TP rank).
+            # (same_seed alone gave the param of each stage its own values: the seed
+            # depends on its offset in the stage's group; the later stages take the
+            # first's.)
+            preset = {k: v for k, v in truth_ranks[t].items() if k in tied}
             osds, flats16 = zero12_rank_states([shapes], dp, seed + 100 * m, 1, False, master,
-                                               same=tied, same_seed=seed + 7 + 50 * t)
+                                               same=tied, same_seed=seed + 7 + 50 * t,
+                                               moments=moments, preset=preset)
+            # A tied param's weights: the first stage's (zero_to_fp32 keeps the first);
+            # its weights are equal in every stage, its optimizer states are not.
+            for k, v in truth_of_params(master, moments, torch.float16).items():
+                if k in truth_ranks[t] and not k.startswith("optimizer."):
+                    assert torch.equal(truth_ranks[t][k], v), (case, k)
+                truth_ranks[t].setdefault(k, v)
             module = module_from_flats([shapes], flats16, torch.float16)
             extra = {"universal_checkpoint_info": info} if info else {}
             sd = common_state(None, [collections.OrderedDict(
@@ -420,6 +612,7 @@ def gen_pp(out, case, dp, stages, seed, tp=1, info=None):
                 state = collections.OrderedDict((k, module[v].clone()) for k, v in local.items())
                 save(state, os.path.join(tagdir,
                                          "layer_%02d-model_%02d-model_states.pt" % (idx, t)))
+    record_truth(out, case, truth_ranks, info)
 
 
 def gen_ucp_zero3(out, case, source):
@@ -460,6 +653,10 @@ def gen_ucp_zero3(out, case, source):
         shutil.copy(os.path.join(src, n), udir)
     with open(os.path.join(root, "latest_universal"), "w") as f:
         f.write(TAG + "_universal")
+    # The same values as the source; ds_to_universal saves no step for stage 3.
+    ranks, info = TRUTH[os.path.abspath(os.path.join(out, source))]
+    record_truth(out, case, [collections.OrderedDict(
+        (k, v) for k, v in ranks[0].items() if not k.startswith("optimizer.step."))], info)
 
 
 def gen_moe(out, case, seed):
@@ -477,13 +674,19 @@ def gen_moe(out, case, seed):
           "sparse_tensor_module_names": set(), "skipped_steps": 0, "global_steps": 3,
           "global_samples": 24, "dp_world_size": 2, "mp_world_size": 1, "num_experts": [2],
           "ds_config": ds_config(2, False), "ds_version": DS_VERSION}
+    truth = collections.OrderedDict()
+    for k, v in module.items():
+        truth[k] = truth["module." + k] = v.clone()
     save(sd, os.path.join(tagdir, "mp_rank_00_model_states.pt"))
     prefix = "moe.deepspeed_moe.experts.deepspeed_experts.%d."
     for e in range(2):
         expert = od((prefix % e + "fc.weight", values(16, seed + 10 + e).reshape(4, 4).half()),
                     (prefix % e + "fc.bias", values(4, seed + 20 + e).half()))
+        for k, v in expert.items():
+            truth[k] = truth["module." + k] = v.clone()
         save(expert, os.path.join(tagdir, "layer_0_expert_%d_mp_rank_00_model_states.pt" % e))
     save({"optimizer": None}, os.path.join(tagdir, "expp_rank_0_mp_rank_00_optim_states.pt"))
+    record_truth(out, case, [truth])
 
 
 EXPERTS = "layers.1.moe.deepspeed_moe.experts.deepspeed_experts."
@@ -519,12 +722,21 @@ def gen_moe_zero(out, case, stage, ws, ep, num_experts, seed, data_before_expert
     expert_groups = [od(*((EXPERTS + "%d.%s" % (k, n), s) for k in range(local)
                           for n, s in g.items())) for g in expert_params]
     dtype = torch.bfloat16 if bf16_optimizer else torch.float16
-    dense_osds, dense_flats = zero12_rank_states(dense, ws, seed, stage, bf16_optimizer, {})
+    master, moments = {}, {"exp_avg": {}, "exp_avg_sq": {}}
+    dense_osds, dense_flats = zero12_rank_states(dense, ws, seed, stage, bf16_optimizer, master,
+                                                 moments=moments)
+    truth = truth_of_params(master, moments, dtype)
     module = module_from_flats(dense, dense_flats, dtype)
     per_ep = []
     for e in range(ep):
+        master, moments = {}, {"exp_avg": {}, "exp_avg_sq": {}}
         osds, flats = zero12_rank_states(expert_groups, cnt, seed + 100 * (e + 1), stage,
-                                         bf16_optimizer, {})
+                                         bf16_optimizer, master, moments=moments)
+        # local expert k of expert-parallel rank e is global expert e * local + k
+        for k, v in truth_of_params(master, moments, dtype).items():
+            pre, rest = k.split(EXPERTS)
+            k2, tail = rest.split(".", 1)
+            truth[pre + EXPERTS + "%d.%s" % (e * local + int(k2), tail)] = v
         per_ep.append(osds)
         weights = module_from_flats(expert_groups, flats, dtype)
         for k in range(local):
@@ -565,6 +777,7 @@ def gen_moe_zero(out, case, stage, ws, ep, num_experts, seed, data_before_expert
     for e in range(ep):
         save({"optimizer": None},
              os.path.join(tagdir, "expp_rank_%d_mp_rank_00_optim_states.pt" % e))
+    record_truth(out, case, [truth])
 
 
 def with_module_and_states(sd, module, keys):
@@ -719,6 +932,7 @@ def gen_ucp(out, case, source, tp=1, keys=None):
     torch.save(osd, os.path.join(udir, "zero", "optimizer_state.pt"))
     with open(os.path.join(root, "latest_universal"), "w") as f:
         f.write(TAG + "_universal")
+    record_truth(out, case, *TRUTH[os.path.abspath(os.path.join(out, source))])
 
 
 # --- Independent reconstruction (zero_to_fp32's algorithm, on torch.load of the files) -----
@@ -1083,6 +1297,7 @@ def to_numpy(t):
 
 def write_expected(case_dir):
     exp = reconstruct(os.path.join(case_dir, "ckpt"))
+    check_truth(case_dir, exp)
     d = os.path.join(case_dir, "expected")
     os.makedirs(d, exist_ok=True)
     for k, v in exp.items():
