@@ -628,6 +628,30 @@ def to_numpy(t):
     return t.numpy()
 
 
+def assert_file_is(path, truth):
+    """The .npy at path holds truth (a ground-truth tensor: a FULL tensor before the TP/PP/EP
+    split, or its optimizer state), bit for bit, read back apart from to_numpy: bfloat16
+    as its uint16 bits, other dtypes as themselves."""
+    a = np.load(path)
+    if truth.dtype == torch.bfloat16:
+        assert a.dtype == np.uint16, (path, a.dtype)
+        got = torch.from_numpy(a.astype(np.int32)).to(torch.int16).view(torch.bfloat16)
+    else:
+        got = torch.from_numpy(a)
+    assert got.dtype == truth.dtype and tuple(got.shape) == tuple(truth.shape), (
+        path, got.dtype, truth.dtype, got.shape, truth.shape)
+    assert torch.equal(got.view(-1).view(torch.uint8), truth.contiguous().view(-1).view(torch.uint8)), \
+        "expected != ground truth: " + path
+
+
+def check_expected_dir(d, keys):
+    """keys: file stem -> ground-truth tensor; the directory holds exactly these."""
+    assert sorted(os.listdir(d)) == sorted(k + ".npy" for k in keys), (d, sorted(
+        set(os.listdir(d)) ^ {k + ".npy" for k in keys}))
+    for k, v in keys.items():
+        assert_file_is(os.path.join(d, k + ".npy"), v)
+
+
 def write_expected(case_dir, full, per_rank=(), tp=1):
     """per_rank: names fc does not merge (outside its TP table): one mp_rank_TT.<name> each."""
     d = os.path.join(case_dir, "expected")
@@ -636,6 +660,11 @@ def write_expected(case_dir, full, per_rank=(), tp=1):
         keys = ["mp_rank_%02d.%s" % (r, k) for r in range(tp)] if k in per_rank else [k]
         for key in keys:
             np.save(os.path.join(d, key + ".npy"), to_numpy(v))
+    truth = {}
+    for k, v in full.items():
+        for key in (["mp_rank_%02d.%s" % (r, k) for r in range(tp)] if k in per_rank else [k]):
+            truth[key] = v
+    check_expected_dir(d, truth)
 
 
 def write_expected_optimizer(case_dir, optim_full, per_rank=(), tp=1):
@@ -649,6 +678,14 @@ def write_expected_optimizer(case_dir, optim_full, per_rank=(), tp=1):
             keys = ["mp_rank_%02d.%s" % (r, key) for r in range(tp)] if k in per_rank else [key]
             for name in keys:
                 np.save(os.path.join(d, name + ".npy"), to_numpy(v))
+    truth = {}
+    for role, tensors in optim_full.items():
+        for k, v in tensors.items():
+            key = "optimizer.%s.%s" % (role, k)
+            for name in (["mp_rank_%02d.%s" % (r, key) for r in range(tp)] if k in per_rank
+                         else [key]):
+                truth[name] = v
+    check_expected_dir(d, truth)
 
 
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",

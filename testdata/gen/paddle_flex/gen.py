@@ -452,6 +452,22 @@ def bf16_round_bits(values):
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
+def check_bf16_rounding(bits, values):
+    """bits are the nearest bfloat16 to values (ties to even), checked by distances, apart
+    from bf16_round_bits' integer trick: no neighbour is nearer, and a tie is even."""
+    x = np.asarray(values, dtype=np.float32).astype(np.float64).reshape(-1)
+    b = np.asarray(bits, dtype=np.uint16).reshape(-1).astype(np.int64)
+    def widen(u):
+        return (u.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    d = np.abs(x - widen(b))
+    for nb in (b - 1, b + 1):
+        with np.errstate(invalid="ignore"):
+            dn = np.abs(x - widen(nb & 0xFFFF))
+        dn[np.isnan(dn)] = np.inf  # a NaN pattern next to +-0 or the largest values
+        assert ((d < dn) | ((d == dn) & (b % 2 == 0))).all(), \
+            "bf16 rounding differs from nearest-even"
+
+
 def fixture_adam(out_dir):
     """A bf16 model with master weights and AdamW states under PaddlePaddle's optimizer
     state keys (<key>.w_0, .moment1_0, .moment2_0, .beta1_pow_acc_0, .beta2_pow_acc_0),
@@ -470,6 +486,7 @@ def fixture_adam(out_dir):
             "beta2_pow_acc_0": np.array([0.999 ** 30], dtype=np.float32)}
     expected = {"emb.w": bf16_round_bits(emb_master), "norm.w": norm, "rope.inv_freq": inv_freq,
                 "emb.w.w_0": emb_master}
+    check_bf16_rounding(expected["emb.w"], emb_master)  # the one derived expected value
 
     def rank_sd(rank):
         sd = {"emb.w": shard(expected["emb.w"], "bfloat16", "embedding_0.w_0", 0, 2, rank),
@@ -648,6 +665,10 @@ def check(out_root):
     # regenerate and compare byte for byte
     with tempfile.TemporaryDirectory() as tmp:
         generate(tmp)
+        # The fresh output too: its files reassemble to its expected/, which the fixtures
+        # write from the source arrays (the ground truth) before sharding.
+        for name in FIXTURES:
+            check_fixture(os.path.join(tmp, name))
         for name in FIXTURES:
             for root, _, files in os.walk(os.path.join(tmp, name)):
                 for f in files:

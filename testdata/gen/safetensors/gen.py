@@ -208,7 +208,19 @@ def reassemble(shard_dir):
     return out
 
 
+def check_truth(root):
+    """The expected values (hf_dcp/plain, what the shards must reassemble to) are the
+    generator's source tensors, bit for bit."""
+    _, plain = stfile.read(os.path.join(root, "hf_dcp", "plain", "model.safetensors"))
+    truth = dcp_tensors()
+    assert set(plain) == set(truth), sorted(set(plain) ^ set(truth))
+    for n, (dt, arr) in truth.items():
+        assert (plain[n][0] == dt and tuple(plain[n][1]) == arr.shape and
+                plain[n][2] == np.ascontiguousarray(arr).tobytes()), "plain != ground truth: " + n
+
+
 def check(root):
+    check_truth(root)
     st = os.path.join(root, "st_dtypes")
     for f in ("all_dtypes", "fnuz_only", "f4", "f6"):
         stfile.read(os.path.join(st, f + ".safetensors"))
@@ -240,6 +252,7 @@ def check(root):
     assert seen == plain
     with tempfile.TemporaryDirectory() as tmp:
         generate(tmp)
+        check_truth(tmp)
         n_new = 0
         for name in FOLDERS:
             for dirpath, _, files in os.walk(os.path.join(tmp, name)):
