@@ -138,6 +138,12 @@ Status DumpObjects(const ExportPlan& p, const std::string& dir, Communicator& co
 
 // Warnings for what the source holds and the output will not (shown unless --quiet).
 void WarnNotCarried(const ExportPlan& p) {
+  if (auto b = p.index.attributes.find("deepspeed.tp_buffers_per_rank");
+      b != p.index.attributes.end()) {
+    // Module buffers whose TP copies differ: no one tensor stands for them.
+    spdlog::warn("{}: module buffer(s) whose TP copies differ, exported per rank as "
+                 "mp_rank_XX.<name>: {}", p.index.root, b->second);
+  }
   if (!p.no_module_copy.empty()) {
     // ZeRO-3 saves only empty placeholders in the module state dict: the only values are
     // the fp32 masters. Said, rather than fp32 handed out under "--weights module" silently.

@@ -4,7 +4,7 @@ written by testdata/gen/deepspeed/gen.py), read back with an independent safeten
 reconstruction (expected/*.npy).
 
 usage: deepspeed_test.py BUILD_ROOT TESTDATA CASE
-       (CASE: export|inspect|errors|refusals|fused|source_layout)
+       (CASE: export|inspect|errors|refusals|fused|source_layout|buffers)
 """
 import collections
 import glob
@@ -109,7 +109,7 @@ def case_inspect():
               "tp2_fused": ("1", "zero", "2"), "tp2_fused_v02": ("2", "zero", "2"),
               "ucp_tp2_fused": ("1", "universal", "2"),
               "moe_zero2": ("2", "zero", "4"), "moe_zero1_dbe": ("1", "zero", "6"),
-              "moe_bf16": ("1", "bf16_optimizer", "4")}
+              "moe_bf16": ("1", "bf16_optimizer", "4"), "tp2_buffers": ("1", "zero", "2")}
     for ckpt in FIXTURES:
         fx = os.path.dirname(ckpt)
         label = os.path.basename(fx)
@@ -125,7 +125,8 @@ def case_inspect():
         assert isinstance(a["deepspeed.tag"], str), (label, a)
         exp = fcio.expected_values(fx)
         assert sorted(t["key"] for t in j["tensors"]) == sorted(exp), label
-        dtypes = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+        dtypes = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16,
+                  "int64": np.int64}
         for t in j["tensors"]:
             assert np.dtype(dtypes[t["dtype"]]) == exp[t["key"]].dtype, (label, t["key"], t["dtype"])
             assert t["global_shape"] == list(exp[t["key"]].shape), (label, t["key"], t["global_shape"])
@@ -368,6 +369,41 @@ def case_fused():
             assert saved["sub_param_shape"] == want["sub_param_shape"], (what, saved)
             assert np.array_equal(fcio.bits(saved["param"].numpy()), fcio.bits(exp[key])), what
         print("ok", what)
+
+
+def case_buffers():
+    """Issue 29 item 5: module buffers at TP 2 (tp2_buffers, gen_tp_buffers.py) are not
+    concatenated like params: equal TP copies export as one tensor, differing ones per rank,
+    named in a warning; fc-inspect shows them in deepspeed.tp_buffers_per_rank."""
+    ckpt = os.path.join(TESTDATA, "deepspeed", "tp2_buffers", "ckpt")
+    for extra in ([], ["--weights", "module"]):
+        out = os.path.join(tmp, "buffers" + "".join(extra))
+        p = fcio.run([EXPORT, ckpt, out] + extra)
+        got, _ = fcio.read_hf_dir(out)
+        dt, pos = got["position_ids"]
+        assert dt == "I64" and pos.shape == (1, 37), (dt, pos.shape)
+        assert np.array_equal(pos, np.arange(37, dtype=np.int64).reshape(1, 37)), pos
+        assert got["rotary.inv_freq"][1].shape == (4,)
+        assert got["bn.num_batches_tracked"][1].shape == ()
+        assert got["dense.mask"][1].shape == (4, 2)  # row-parallel pattern: cat along dim 1
+        for name, shapes in (("alibi.slopes", (2, 2)), ("attn.cache", (2, 3))):
+            assert name not in got, sorted(got)
+            for t, shape in enumerate(shapes):
+                assert got["mp_rank_%02d.%s" % (t, name)][1].shape == (shape,), (name, t)
+        assert "mp_rank_00.position_ids" not in got and "mp_rank_01.position_ids" not in got
+        warn = [line for line in p.stderr.splitlines() if "TP copies differ" in line]
+        assert len(warn) == 1, p.stderr
+        assert "alibi.slopes (values differ" in warn[0] and "attn.cache (float16 [2]" in warn[0], warn
+        assert "position_ids" not in warn[0], warn
+    j = json.loads(fcio.run([INSPECT, ckpt, "--json"]).stdout)
+    per_rank = j["attributes"]["deepspeed.tp_buffers_per_rank"]
+    assert "alibi.slopes" in per_rank and "attn.cache" in per_rank, per_rank
+    keys = {t["key"]: t for t in j["tensors"]}
+    assert keys["position_ids"]["global_shape"] == [1, 37], keys["position_ids"]
+    assert "module.mp_rank_01.alibi.slopes" in keys, sorted(keys)
+    text = fcio.run([INSPECT, ckpt]).stdout
+    assert "deepspeed.tp_buffers_per_rank" in text, text
+    print("ok buffers")
 
 
 def case_source_layout():

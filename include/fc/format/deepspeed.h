@@ -83,7 +83,12 @@
 // another dim becomes a strided chunk (a flattened range first split into its row-major
 // blocks); the step is TP rank 0's. Params matching parameter_to_average_patterns (a mean fc
 // does not compute) keep their per-rank names mp_rank_YY.<key> and are listed in
-// deepspeed.tp_unmerged. Without universal_checkpoint_info every key is prefixed
+// deepspeed.tp_unmerged. Module buffers (buffer_names, in no optimizer group) do not take
+// the default concatenation: a buffer no explicit pattern matches is TP rank 0's copy when
+// every TP copy has the same dtype, shape and bytes (read and compared, up to 64 MiB), and
+// otherwise stays per rank as mp_rank_YY.<name> / module.mp_rank_YY.<name>, listed with
+// the reason in deepspeed.tp_buffers_per_rank (a warning; export is not refused).
+// Without universal_checkpoint_info every key is prefixed
 // "mp_rank_YY." (YY: TP rank).
 // Universal Checkpoints are already TP- and DP-merged: their cat_dim / vocab_tensor /
 // sub_param_shape keys are not needed to read them (SubparamShape is allow-listed).
@@ -96,6 +101,7 @@
 // deepspeed.tp_degree, deepspeed.pp_degree, deepspeed.ds_version, deepspeed.module_dtype,
 // deepspeed.master_dtype, deepspeed.universal_checkpoint_info (present|absent),
 // deepspeed.tp_merge (TP > 1: universal_checkpoint_info | none ...), deepspeed.tp_unmerged,
+// deepspeed.tp_buffers_per_rank,
 // deepspeed.moe,
 // deepspeed.opaque_globals (pickle globals outside the allow-list, kept as opaque objects:
 // this is the warning).

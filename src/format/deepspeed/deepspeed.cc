@@ -40,6 +40,9 @@ namespace fc {
 namespace {
 
 constexpr uint64_t kMaxPickleBytes = uint64_t{256} << 20;
+// Module buffers at TP > 1 are compared across the TP ranks; larger ones (bytes of one copy,
+// or of the file range a strided copy spans) are kept per rank without reading them.
+constexpr uint64_t kMaxBufferCompareBytes = uint64_t{64} << 20;
 
 std::string ShapeText(const Shape& s) {
   std::string out = "[";
@@ -1179,6 +1182,13 @@ class Reader {
   // Opens dir_/rel as the index's next file.
   Result<PtFile*> Open(const std::string& rel);
 
+  // Module buffers at TP > 1 (MergeTp): "" when the TP copies `parts` are equal (dtype,
+  // shape, values), else why they are kept per rank.
+  Result<std::string> BufferCopiesDiffer(const std::vector<TensorEntry*>& parts) const;
+  // A buffer's value, row-major (one whole chunk, strides followed), or nullopt when it is
+  // not one such chunk.
+  Result<std::optional<std::vector<std::byte>>> BufferValue(const TensorEntry& e) const;
+
   // The user's TP rules (--source-layout) merge `parts` (one per TP rank) into `m`.
   Status MergeBySourceSplit(const std::string& name, bool step,
                             const std::vector<TensorEntry*>& parts, TensorEntry* m) const;
@@ -2180,6 +2190,17 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
     return out;
   }
   std::set<std::string> unmerged;
+  // Module buffers (buffer_names): in no optimizer group, so universal_checkpoint_info's
+  // default (concatenate along dim 0) is not theirs: ds_to_universal merges only the params
+  // of param_shapes (for other module entries it saves the first mp_rank file's copy) and
+  // each TP rank loads its own buffers from its model states. A buffer that an explicit
+  // pattern matches follows it; any other is one tensor when its TP copies are equal and
+  // stays per rank (deepspeed.tp_buffers_per_rank) when they differ.
+  std::set<std::string> buffer_names;
+  for (const Families& f : per_tp) {
+    for (const TensorEntry& e : f.tensors[kBuffers]) buffer_names.insert(e.key);
+  }
+  std::map<std::string, std::string> buffer_verdict;  // name -> "" (equal) or why not
   for (size_t i = 0; i < kFamilies; ++i) {
     std::vector<std::map<std::string, TensorEntry*>> by_rank(static_cast<size_t>(tp));
     for (int64_t t = 0; t < tp; ++t) {
@@ -2201,16 +2222,39 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
           return DataLossError(dir_ + ": tensor '" + e0.key + "' of TP rank 0 is absent from TP "
                                "rank " + std::to_string(t));
         }
-        const TensorEntry& e = *it->second;
+        parts.push_back(it->second);
+      }
+      const std::string name = e0.key.substr(kFamilyPrefix[i].size());
+      if ((i == kBuffers || i == kModule) && buffer_names.count(name) &&
+          !TpRules::Matches(rules->replicated, name) && !TpRules::Matches(rules->average, name) &&
+          !TpRules::Matches(rules->two_sub_params, name) &&
+          !TpRules::Matches(rules->sub_params, name) &&
+          !TpRules::Matches(rules->row_parallel, name) &&
+          !TpRules::Matches(rules->vocabulary, name)) {
+        auto [v, fresh] = buffer_verdict.emplace(name, std::string());
+        if (fresh) {
+          FC_ASSIGN_OR_RETURN(v->second, BufferCopiesDiffer(parts));
+        }
+        if (v->second.empty()) {
+          out.tensors[i].push_back(std::move(*parts[0]));  // equal copies: TP rank 0's
+          continue;
+        }
+        for (int64_t t = 0; t < tp; ++t) {
+          TensorEntry e = *parts[static_cast<size_t>(t)];
+          e.key = std::string(kFamilyPrefix[i]) + MpName(t) + "." + name;
+          out.tensors[i].push_back(std::move(e));
+        }
+        continue;
+      }
+      for (size_t t = 1; t < parts.size(); ++t) {
+        const TensorEntry& e = *parts[t];
         if (e.dtype != e0.dtype || e.global_shape.size() != e0.global_shape.size()) {
           return DataLossError(dir_ + ": tensor '" + e0.key + "' is " +
                                std::string(DTypeName(e0.dtype)) + " " + ShapeText(e0.global_shape) +
                                " on TP rank 0 but " + std::string(DTypeName(e.dtype)) + " " +
                                ShapeText(e.global_shape) + " on TP rank " + std::to_string(t));
         }
-        parts.push_back(it->second);
       }
-      const std::string name = e0.key.substr(kFamilyPrefix[i].size());
       auto differs_on = [&](size_t except_dim) -> int64_t {
         for (size_t t = 1; t < parts.size(); ++t) {
           for (size_t d = 0; d < e0.global_shape.size(); ++d) {
@@ -2336,7 +2380,95 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
     for (const std::string& u : unmerged) s += (s.empty() ? "" : "; ") + u;
     index_.attributes["deepspeed.tp_unmerged"] = s;
   }
+  std::string per_rank;
+  for (const auto& [name, why] : buffer_verdict) {
+    if (!why.empty()) per_rank += (per_rank.empty() ? "" : "; ") + name + " (" + why + ")";
+  }
+  if (!per_rank.empty()) index_.attributes["deepspeed.tp_buffers_per_rank"] = per_rank;
   return out;
+}
+
+Result<std::optional<std::vector<std::byte>>> Reader::BufferValue(const TensorEntry& e) const {
+  const uint64_t item = DTypeSize(e.dtype);
+  const int64_t n = *CheckedNumElements(e.global_shape);
+  std::vector<std::byte> out(static_cast<size_t>(n) * item);
+  if (n == 0) return std::optional(std::move(out));
+  if (e.chunks.size() != 1) return std::optional<std::vector<std::byte>>();
+  const Chunk& c = e.chunks[0];
+  if (c.flat_range || c.encoded_item || c.unlocated_item || c.box.local_shape != e.global_shape ||
+      c.file >= files_.size() || (!c.strides.empty() && c.strides.size() != e.global_shape.size())) {
+    return std::optional<std::vector<std::byte>>();
+  }
+  FC_ASSIGN_OR_RETURN(std::vector<std::byte> span,
+                      files_[c.file]->file->ReadAt(c.byte_offset, c.byte_length));
+  if (c.strides.empty()) {
+    if (span.size() < out.size()) {
+      return DataLossError(files_[c.file]->name + ": buffer '" + e.key + "' holds " +
+                           std::to_string(span.size()) + " bytes, its shape needs " +
+                           std::to_string(out.size()));
+    }
+    std::copy(span.begin(), span.begin() + static_cast<std::ptrdiff_t>(out.size()), out.begin());
+    return std::optional(std::move(out));
+  }
+  // Row-major order over a strided view: each element's file position from its index.
+  const size_t rank = e.global_shape.size();
+  const uint64_t stored = span.size() / item;
+  for (size_t d = 0; d < rank; ++d) {
+    // Bounds every index * stride below (n and `stored` are at most 64 MiB of elements).
+    if (c.strides[d] < 0 || (e.global_shape[d] > 1 && static_cast<uint64_t>(c.strides[d]) >= stored)) {
+      return DataLossError(files_[c.file]->name + ": buffer '" + e.key + "' has stride " +
+                           std::to_string(c.strides[d]) + " at dim " + std::to_string(d) +
+                           " over " + std::to_string(stored) + " stored elements");
+    }
+  }
+  std::vector<int64_t> idx(rank, 0);
+  for (int64_t k = 0; k < n; ++k) {
+    uint64_t pos = 0;
+    for (size_t d = 0; d < rank; ++d) {
+      pos += static_cast<uint64_t>(idx[d]) * static_cast<uint64_t>(c.strides[d]);
+    }
+    if (pos >= stored) {
+      return DataLossError(files_[c.file]->name + ": buffer '" + e.key + "' element " +
+                           std::to_string(k) + " lies past its " + std::to_string(span.size()) +
+                           " stored bytes");
+    }
+    std::copy_n(span.begin() + static_cast<std::ptrdiff_t>(pos * item), item,
+                out.begin() + static_cast<std::ptrdiff_t>(static_cast<uint64_t>(k) * item));
+    for (size_t d = rank; d-- > 0;) {
+      if (++idx[d] < e.global_shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return std::optional(std::move(out));
+}
+
+Result<std::string> Reader::BufferCopiesDiffer(const std::vector<TensorEntry*>& parts) const {
+  const TensorEntry& e0 = *parts[0];
+  for (size_t t = 1; t < parts.size(); ++t) {
+    const TensorEntry& e = *parts[t];
+    if (e.dtype != e0.dtype || e.global_shape != e0.global_shape) {
+      return std::string(DTypeName(e0.dtype)) + " " + ShapeText(e0.global_shape) +
+             " on TP rank 0, " + std::string(DTypeName(e.dtype)) + " " +
+             ShapeText(e.global_shape) + " on TP rank " + std::to_string(t);
+    }
+  }
+  const uint64_t bytes =
+      static_cast<uint64_t>(*CheckedNumElements(e0.global_shape)) * DTypeSize(e0.dtype);
+  for (const TensorEntry* p : parts) {
+    const uint64_t stored = p->chunks.empty() ? 0 : p->chunks[0].byte_length;
+    if (bytes > kMaxBufferCompareBytes || stored > kMaxBufferCompareBytes) {
+      return std::to_string(std::max(bytes, stored)) + " bytes, over the " +
+             std::to_string(kMaxBufferCompareBytes >> 20) + " MiB fc compares across TP ranks";
+    }
+  }
+  FC_ASSIGN_OR_RETURN(std::optional<std::vector<std::byte>> v0, BufferValue(e0));
+  if (!v0) return std::string("stored in pieces, not compared");
+  for (size_t t = 1; t < parts.size(); ++t) {
+    FC_ASSIGN_OR_RETURN(std::optional<std::vector<std::byte>> v, BufferValue(*parts[t]));
+    if (!v) return std::string("stored in pieces, not compared");
+    if (*v != *v0) return "values differ between TP rank 0 and TP rank " + std::to_string(t);
+  }
+  return std::string();
 }
 
 Status Reader::MergeBySourceSplit(const std::string& name, bool step,

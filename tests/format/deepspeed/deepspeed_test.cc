@@ -9,10 +9,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <random>
 #include <set>
 
 #include "fc/format/open.h"
+#include "tests/format/megatron/pickle_edit.h"
 #include "tests/format/torch/torch_test_support.h"
 
 namespace fc {
@@ -24,7 +26,8 @@ using testing::WriteFileBytes;
 const char* kCases[] = {"zero1", "zero2", "bf16",    "tp2",    "frozen_tied",
                         "zero3", "pp2",   "pp2_tp2", "tp2_ucp", "tp2_avg", "ucp",
                         "ucp_tp2", "ucp_zero3", "moe", "legacy", "tp2_fused",
-                        "tp2_fused_v02", "ucp_tp2_fused", "moe_zero2", "moe_zero1_dbe", "moe_bf16"};
+                        "tp2_fused_v02", "ucp_tp2_fused", "moe_zero2", "moe_zero1_dbe", "moe_bf16",
+                        "tp2_buffers"};
 
 std::string Fixture(const std::string& name) {
   const char* root = std::getenv("FC_TESTDATA");
@@ -200,6 +203,82 @@ std::string CopyTag(const testing::TempDir& tmp, const std::string& name) {
   std::filesystem::create_directories(dir);
   testing::CopyDirectoryFiles(Fixture(name) + "/ckpt/global_step3", dir);
   return dir;
+}
+
+// Issue 29 item 5: module buffers (buffer_names) are in no optimizer group, so the default
+// "concatenate along dim 0" of universal_checkpoint_info is not theirs.
+TEST_CASE("deepspeed: module buffers at TP 2 are one tensor when equal, per rank when not",
+          "[deepspeed]") {
+  auto b = ReadDeepSpeedCheckpoint(Fixture("tp2_buffers") + "/ckpt");
+  REQUIRE(b.ok());
+  for (const std::string pre : {"", "module."}) {
+    INFO(pre);
+    // Equal copies: TP rank 0's, not [2, 37].
+    const TensorEntry* pos = b->FindTensor(pre + "position_ids");
+    REQUIRE(pos != nullptr);
+    CHECK(pos->global_shape == Shape{1, 37});
+    CHECK(pos->dtype == DType::kInt64);
+    std::vector<int64_t> ids(37);
+    std::iota(ids.begin(), ids.end(), 0);
+    CHECK(Reassemble(*b, *pos) == std::vector<std::byte>(
+                                      reinterpret_cast<const std::byte*>(ids.data()),
+                                      reinterpret_cast<const std::byte*>(ids.data() + 37)));
+    CHECK(b->FindTensor(pre + "rotary.inv_freq")->global_shape == Shape{4});
+    // Equal values stored with other strides on TP rank 1: compared by value.
+    CHECK(b->FindTensor(pre + "rotary.cos_cached")->global_shape == Shape{3, 2});
+    CHECK(b->FindTensor(pre + "bn.num_batches_tracked")->global_shape == Shape{});
+    // Differing values or shapes: per rank.
+    CHECK(b->FindTensor(pre + "alibi.slopes") == nullptr);
+    CHECK(b->FindTensor(pre + "attn.cache") == nullptr);
+    CHECK(b->FindTensor(pre + "mp_rank_01.alibi.slopes")->global_shape == Shape{2});
+    CHECK(b->FindTensor(pre + "mp_rank_00.attn.cache")->global_shape == Shape{2});
+    CHECK(b->FindTensor(pre + "mp_rank_01.attn.cache")->global_shape == Shape{3});
+    CHECK(b->FindTensor(pre + "mp_rank_01.position_ids") == nullptr);
+    // An explicit pattern still rules: row parallel (cat along dim 1), replicated.
+    CHECK(b->FindTensor(pre + "dense.mask")->global_shape == Shape{4, 2});
+    CHECK(b->FindTensor(pre + "norm.running_mean")->global_shape == Shape{4});
+  }
+  const std::string& per_rank = b->attributes.at("deepspeed.tp_buffers_per_rank");
+  CHECK_THAT(per_rank, Catch::Contains("alibi.slopes (values differ between TP rank 0 and TP "
+                                       "rank 1)"));
+  CHECK_THAT(per_rank, Catch::Contains("attn.cache (float16 [2] on TP rank 0, float16 [3] on TP "
+                                       "rank 1)"));
+  for (const char* equal : {"position_ids", "inv_freq", "cos_cached", "num_batches", "dense",
+                            "norm"}) {
+    CHECK_THAT(per_rank, !Catch::Contains(equal));
+  }
+  CHECK(b->attributes.count("deepspeed.tp_unmerged") == 0);
+  // Export is not refused: the per-rank buffers go out under their per-rank names.
+  CheckpointIndex fp32 = *b;
+  REQUIRE(SelectDeepSpeedWeights(DeepSpeedWeights::kFp32, &fp32).ok());
+  CHECK(fp32.FindTensor("position_ids")->global_shape == Shape{1, 37});
+  CHECK(fp32.FindTensor("mp_rank_00.alibi.slopes") != nullptr);
+  CheckpointIndex mod = *b;
+  REQUIRE(SelectDeepSpeedWeights(DeepSpeedWeights::kModule, &mod).ok());
+  CHECK(mod.FindTensor("mp_rank_01.attn.cache")->dtype == DType::kFloat16);
+  CHECK(mod.FindTensor("module.mp_rank_01.attn.cache") == nullptr);
+
+  // One byte of TP rank 1's position_ids changed: the copies differ, both are kept.
+  testing::TempDir tmp;
+  const std::string dir = CopyTag(tmp, "tp2_buffers");
+  testing::RewriteTorchSave(dir + "/mp_rank_01_model_states.pt",
+                            [](testing::PV& root, testing::ZipRecords& z) {
+                              testing::PV& t = testing::At(testing::At(root, "module"),
+                                                           "position_ids");
+                              z.Get("/data/" + testing::StorageKey(t))[8] ^= std::byte{1};
+                            });
+  auto changed = ReadDeepSpeedCheckpoint(dir);
+  REQUIRE(changed.ok());
+  CHECK(changed->FindTensor("position_ids") == nullptr);
+  CHECK(changed->FindTensor("mp_rank_01.position_ids")->global_shape == Shape{1, 37});
+  CHECK_THAT(changed->attributes.at("deepspeed.tp_buffers_per_rank"),
+             Catch::Contains("position_ids (values differ"));
+
+  // tp2_fused_v02's norm.running_mean differs per rank and no pattern names it.
+  auto v02 = ReadDeepSpeedCheckpoint(Fixture("tp2_fused_v02") + "/ckpt");
+  REQUIRE(v02.ok());
+  CHECK(v02->FindTensor("norm.running_mean") == nullptr);
+  CHECK(v02->FindTensor("mp_rank_01.norm.running_mean")->global_shape == Shape{4});
 }
 
 TEST_CASE("deepspeed: damaged inputs name the file", "[deepspeed]") {
