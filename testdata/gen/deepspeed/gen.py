@@ -965,7 +965,8 @@ def reconstruct(ckpt):
     per_rank = [reconstruct_mp(tagdir, names, mf, m) for m, mf in enumerate(mp_files)]
     info = load(os.path.join(tagdir, mp_files[0])).get("universal_checkpoint_info")
     if mp > 1 and info:
-        return merge_tp(per_rank, info)
+        return merge_tp(per_rank, info,
+                        set(load(os.path.join(tagdir, mp_files[0]))["buffer_names"]))
     out = collections.OrderedDict()
     for m, sd in enumerate(per_rank):
         pre = "mp_rank_%02d." % m if mp > 1 else ""
@@ -1113,7 +1114,7 @@ def ucp_keys(name, info, slices):
     return keys
 
 
-def merge_tp(per_rank, info):
+def merge_tp(per_rank, info, buffers=()):
     """ds_to_universal.merge_tp_slices (deepspeed.md 5.5) on every key of the TP ranks, but
     a param to average keeps its TP copies as mp_rank_XX.<key> (fc computes no values)."""
     def match(key, name):
@@ -1126,6 +1127,20 @@ def merge_tp(per_rank, info):
             if key.startswith(pre):
                 name = key[len(pre):]
                 break
+        if name in buffers and not match_sub_params(info, name)[0] and not any(match(k, name) for k in (
+                "tp_replicated_parameter_patterns", "parameter_to_average_patterns",
+                "parameter_with_row_parallelism_patterns", "parameter_with_2_sub_params_cat_dim_0",
+                "vocabulary_parameter_patterns")):
+            # A module buffer (issue 29 item 5): in no optimizer group, never concatenated;
+            # equal TP copies are one tensor, differing ones stay per rank.
+            if all(s.dtype == slices[0].dtype and s.shape == slices[0].shape and
+                   torch.equal(s, slices[0]) for s in slices):
+                out[key] = slices[0]
+            else:
+                pre = "module." if key.startswith("module.") else ""
+                for t, sl in enumerate(slices):
+                    out["%smp_rank_%02d.%s" % (pre, t, name)] = sl
+            continue
         if key.startswith("optimizer.step.") or match("tp_replicated_parameter_patterns", name):
             out[key] = slices[0]
             continue
@@ -1160,7 +1175,8 @@ def reconstruct_ucp_tp(udir, model):
         for k, v in m["module"].items():
             sd["module." + k] = v
         per_rank.append(sd)
-    merged = merge_tp(per_rank, model["universal_checkpoint_info"])
+    merged = merge_tp(per_rank, model["universal_checkpoint_info"],
+                      set(load(os.path.join(udir, mps[0]))["buffer_names"]))
     out = collections.OrderedDict()
     opt = {"exp_avg": collections.OrderedDict(), "exp_avg_sq": collections.OrderedDict(),
            "step": collections.OrderedDict()}
