@@ -260,6 +260,20 @@ for rank, its in sorted(by_rank.items()):
         f.write(safetensors_blob(tensors))
 global_metadata(ckpt, items, infos)
 
-for d in ("rank_local", "zstd", "details", "safetensors"):
-    print("wrote", os.path.join(root, d))
-print("wrote", os.path.join(refused, "big_endian"))
+# Ground truth (issue 34 item 3): each output's expected/ and its checkpoint, read back by
+# dcp_truth's own reader (own unpickler, zstd -d, safetensors header, byte swap), hold the
+# values of its source's spec (../torch_dcp/<source>.json) redrawn, bit for bit.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch_dcp"))
+import dcp_truth  # noqa: E402
+
+for out, src in ((os.path.join(root, "rank_local"), "mixed"), (os.path.join(root, "zstd"), "mixed"),
+                 (os.path.join(root, "details"), "mixed"),
+                 (os.path.join(root, "safetensors"), "mixed"),
+                 (os.path.join(refused, "big_endian"), "uneven_1d_bf16")):
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch_dcp",
+                           src + ".json")) as f:
+        spec = json.load(f)
+    truth = dcp_truth.spec_truth(spec)
+    dcp_truth.assert_expected(os.path.join(out, "expected"), truth)
+    dcp_truth.assert_checkpoint(os.path.join(out, "ckpt"), truth, spec.get("objects", {}))
+    print("wrote", out, "(expected/ and ckpt/ equal to the spec's values)")

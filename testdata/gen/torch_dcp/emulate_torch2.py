@@ -175,4 +175,16 @@ new = Metadata(
 new.mcore_data = {"decoder.w": {"nd_reformulated_orig_global_shape": (8, 4)}}
 with open(os.path.join(ckpt_out, ".metadata"), "wb") as f:
     pickle.dump(new, f)
-print("wrote", out)
+
+# Ground truth (issue 34 item 3): SRC's spec (<here>/<SRC name>.json) redrawn; expected/ must
+# hold it, and the emulated checkpoint, read back by dcp_truth's own reader, must too.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dcp_truth  # noqa: E402
+import json  # noqa: E402
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       os.path.basename(os.path.normpath(src)) + ".json")) as f:
+    spec = json.load(f)
+truth = dcp_truth.spec_truth(spec)
+dcp_truth.assert_expected(os.path.join(out, "expected"), truth)
+dcp_truth.assert_checkpoint(ckpt_out, truth, spec.get("objects", {}))
+print("wrote", out, "(expected/ and ckpt/ equal to the spec's values)")

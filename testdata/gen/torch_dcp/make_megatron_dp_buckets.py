@@ -239,7 +239,35 @@ def main(fixture_name, form="dp_reshardable"):
             os.unlink(os.path.join(exp_dir, name))
     for name, v in expected.items():
         np.save(os.path.join(exp_dir, name + ".npy"), v)
-    print("wrote", out)
+    check_truth(exp_dir, master, moments)
+    print("wrote", out, "(expected/ equal to the masters, moments and their bf16 roundings)")
+
+
+def nearest_bf16(a):
+    """fp32 -> bfloat16, the nearest of the two bfloat16 neighbours by distance, ties to the
+    even one (apart from bf16(), which lets torch round)."""
+    a = np.ascontiguousarray(a, np.float32)
+    down = a.view(np.uint32) & np.uint32(0xFFFF0000)  # toward zero
+    up = down + np.uint32(0x10000)                     # away from zero (finite values here)
+    d_down = np.abs(a.astype(np.float64) - down.view(np.float32).astype(np.float64))
+    d_up = np.abs(a.astype(np.float64) - up.view(np.float32).astype(np.float64))
+    even_down = ((down >> 16) & 1) == 0
+    pick = np.where((d_up < d_down) | ((d_up == d_down) & ~even_down), up, down)
+    return torch.from_numpy((pick >> 16).astype(np.uint16).view(np.int16)).view(torch.bfloat16)
+
+
+def check_truth(exp_dir, master, moments):
+    """Ground truth (issue 34 item 3): expected/ holds exactly every model weight as its fp32
+    master rounded to the nearest bfloat16 and the masters and moments as drawn (the
+    replicated params' moments of TP rank 0), whatever the buckets made of them."""
+    import dcp_truth
+    truth = {}
+    for key in KEYS:
+        truth[key] = nearest_bf16(master[key])
+        for state, v in (("fp32_param", master[key]), ("exp_avg", moments[key][0]),
+                         ("exp_avg_sq", moments[key][1])):
+            truth[f"optimizer.state.{state}.{key}"] = torch.from_numpy(v)
+    dcp_truth.assert_expected(exp_dir, truth)
 
 
 def _full_value(t, seed):

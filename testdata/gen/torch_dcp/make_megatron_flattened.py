@@ -106,7 +106,37 @@ def main():
                 box = tuple(slice(c * l, (c + 1) * l) for c, l in zip(frag, local))
                 full[box] = stored[tuple(frag)].reshape(local)
             np.save(os.path.join(expected, name + ".npy"), full)
-    print("wrote", out)
+    check_truth(out)
+    print("wrote", out, "(expected/ equal to the spec's values in their original shapes)")
+
+
+def original(stored, shape, frags):
+    """The original-shape tensor of an N-D reformulated one, element by element: element i of
+    the original lies in fragment i // local, at position ravel(i % local) of that fragment's
+    flattened range (what nd_reformulated_orig_global_shape means)."""
+    local = np.array(shape) // np.array(frags)
+    idx = np.indices(shape).reshape(len(shape), -1)
+    frag = idx // local[:, None]
+    pos = np.ravel_multi_index(tuple(idx % local[:, None]), tuple(local))
+    return stored[tuple(frag) + (pos,)].reshape(shape)
+
+
+def check_truth(out):
+    """Ground truth (issue 34 item 3): the spec's seeded draws, redrawn by dcp_truth. The
+    checkpoint (read back by dcp_truth's own reader) holds them as drawn; expected/ holds the
+    model weights as drawn and the optimizer states in their original shapes by original()
+    (apart from main()'s fragment boxes)."""
+    import dcp_truth
+    sp = spec()
+    drawn = dcp_truth.spec_truth(sp)
+    dcp_truth.assert_checkpoint(os.path.join(out, "ckpt"), drawn, sp["objects"])
+    truth = {}
+    for key, (shape, frags, _) in PARAMS.items():
+        truth[key] = drawn[key]
+        for state in STATES:
+            name = f"optimizer.state.{state}.{key}"
+            truth[name] = torch.from_numpy(original(drawn[name].numpy(), shape, frags))
+    dcp_truth.assert_expected(os.path.join(out, "expected"), truth)
 
 
 if __name__ == "__main__":

@@ -43,4 +43,20 @@ for k, v in tensors.items():
     v = v.contiguous()
     a = v.view(torch.int16).numpy().view(np.uint16) if v.dtype == torch.bfloat16 else v.numpy()
     np.save(os.path.join(out, "expected", k + ".npy"), a)
-print("wrote", out)
+
+# Ground truth (issue 34 item 3): each view's logical values, written out by hand (not through
+# the views or .contiguous()); expected/ and the checkpoint (its items read back by dcp_truth's
+# own reader) must hold exactly these, bit for bit.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dcp_truth  # noqa: E402
+TRUTH = {
+    "t": torch.tensor([[0.0, 2.0, 4.0], [1.0, 3.0, 5.0]]),
+    "s": torch.tensor([2, 3, 4], dtype=torch.int64),
+    "m": torch.tensor([[6.0, 7.0, 8.0], [11.0, 12.0, 13.0]]),
+    "e": torch.tensor([[1.5, -2.0, 3.25], [1.5, -2.0, 3.25]]),
+    "c": torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64),
+    "scalar": torch.tensor(0x3FC0, dtype=torch.int16).view(torch.bfloat16),  # 1.5
+}
+dcp_truth.assert_expected(os.path.join(out, "expected"), TRUTH)
+dcp_truth.assert_checkpoint(os.path.join(out, "ckpt"), TRUTH, {"step": 7, "cfg": {"a": [1, 2], "b": "x"}})
+print("wrote", out, "(expected/ and ckpt/ equal to the views' values)")

@@ -9,6 +9,11 @@
 #   torch2_emulated    -> emulate_torch2.py applied to `mixed` (2.x module paths, enum by
 #                         value, PosixPath of CPython 3.13, one file per rank, mcore_data)
 #
+# Every generator but the shared writer's plain .json runs ends by asserting, with
+# dcp_truth.py, that the expected/ it wrote (and, except for the dp_buckets family, the
+# checkpoint read back by dcp_truth's own reader) equal the values it built the files from,
+# bit for bit (issue 34 item 3); a failed assertion stops this script.
+#
 # usage: testdata/gen/torch_dcp/regen.sh   (from anywhere)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
