@@ -135,6 +135,12 @@ uint64_t WarnNotCarried(const CheckpointIndex& index, const std::vector<OutputTe
     spdlog::warn("{} source tensor(s) are not in the output (no target tensor reads them): {}",
                  dropped.size(), FirstNames(dropped));
   }
+  if (auto b = index.attributes.find("deepspeed.tp_buffers_per_rank");
+      report && b != index.attributes.end()) {
+    // As fc-export says it: no one tensor stands for these module buffers.
+    spdlog::warn("{}: module buffer(s) whose TP copies differ, written per rank as "
+                 "mp_rank_XX.<name>: {}", index.root, b->second);
+  }
   return dropped.size();
 }
 

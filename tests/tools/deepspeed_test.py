@@ -395,6 +395,22 @@ def case_buffers():
         assert len(warn) == 1, p.stderr
         assert "alibi.slopes (values differ" in warn[0] and "attn.cache (float16 [2]" in warn[0], warn
         assert "position_ids" not in warn[0], warn
+    # fc-convert says the same, and writes the per-rank copies under their rank names.
+    conv = os.path.join(tmp, "buffers-conv")
+    src = json.loads(fcio.run([INSPECT, ckpt, "--json"]).stdout)["tensors"]
+    whole = os.path.join(tmp, "buffers-whole.json")  # every tensor whole on one rank
+    json.dump({"format": "fc-layout-manifest", "version": 1,
+               "tensors": [{"key": t["key"], "dtype": t["dtype"],
+                            "global_shape": t["global_shape"]} for t in src],
+               "ranks": [{"rank": 0, "chunks": [
+                   {"key": t["key"], "global_offset": [0] * len(t["global_shape"]),
+                    "local_shape": t["global_shape"], "flattened_range": None,
+                    "replica_id": 0} for t in src]}]}, open(whole, "w"))
+    p = fcio.run([CONVERT, ckpt, conv, "--target-manifest", whole])
+    warn = [line for line in p.stderr.splitlines() if "TP copies differ" in line]
+    assert len(warn) == 1 and "alibi.slopes (values differ" in warn[0], p.stderr
+    conv_keys = {t["key"] for t in json.loads(fcio.run([INSPECT, conv, "--json"]).stdout)["tensors"]}
+    assert "mp_rank_01.alibi.slopes" in conv_keys and "position_ids" in conv_keys, sorted(conv_keys)
     j = json.loads(fcio.run([INSPECT, ckpt, "--json"]).stdout)
     per_rank = j["attributes"]["deepspeed.tp_buffers_per_rank"]
     assert "alibi.slopes" in per_rank and "attn.cache" in per_rank, per_rank
