@@ -447,6 +447,63 @@ def refused_programs():
     }
 
 
+def relay_programs():
+    """Programs whose destination Paddle loads cut over several ranks (a multi-process
+    load_state_dict, each rank a ShardedWeight of its block): the fused macros re-lay for the
+    destination's degree, the number of distinct offsets of its shards.
+    {name: (processes, statements, {dest: (shape, dtype, axis cut in `processes` blocks)})}"""
+    gate_up = "llama.layers.$LAYER_ID.mlp.gate_up_fused_proj.weight"
+    return {
+        # Stored at TP 2 ([gate_r | up_r] per rank), re-laid for TP 3: lcm(2, 3) = 6 pieces
+        # of gate and of up, rank r of 3 gets [gate pieces 2r, 2r+1 | up pieces 2r, 2r+1].
+        "relay_fused_ffn_tp3": (3, [f"{gate_up} -> relay.$LAYER_ID.gate_up, fused_ffn"],
+                                {f"relay.{L}.gate_up": ((HID, 2 * INTER), "float32", 1)
+                                 for L in range(LAYERS)}),
+        # Merges into destinations cut at TP 2: per rank [Q_r | K_r | V_r] rows, [gate_r | up_r]
+        # columns.
+        "relay_merge_tp2": (2, [
+            f"sep.q, sep.k, sep.v -> relay.qkv, fused_qkv_old, num_heads={HEADS}, "
+            f"num_key_value_groups={KV}, axis=0",
+            "sep.gate, sep.up -> relay.gate_up, fused_ffn"],
+            {"relay.qkv": ((QKV, HID), "float32", 0),
+             "relay.gate_up": ((HID, 2 * INTER), "float32", 1)}),
+    }
+
+
+def relay_truth(name):
+    """What relay_programs() must give, from aoa_full_tensors() by hand: the ground truth the
+    Paddle load is checked against before it becomes an expected value."""
+    t = {k: v[1] for k, v in aoa_full_tensors().items()}
+    if name == "relay_fused_ffn_tp3":
+        out = {}
+        for L in range(LAYERS):
+            x = t[f"llama.layers.{L}.mlp.gate_up_fused_proj.weight"]
+            h = INTER // 2  # stored at TP 2: [gate_0 | up_0 | gate_1 | up_1], h columns each
+            gate = np.concatenate([x[:, 0:h], x[:, 2 * h:3 * h]], axis=1)
+            up = np.concatenate([x[:, h:2 * h], x[:, 3 * h:4 * h]], axis=1)
+            w = INTER // 3
+            out[f"relay.{L}.gate_up"] = np.concatenate(
+                [np.concatenate([gate[:, r * w:(r + 1) * w], up[:, r * w:(r + 1) * w]], axis=1)
+                 for r in range(3)], axis=1)
+        return out
+    assert name == "relay_merge_tp2", name
+    q, k, v = t["sep.q"], t["sep.k"], t["sep.v"]
+    qh, kh = HEADS * HD // 2, KV * HD // 2
+    qkv = np.concatenate([np.concatenate([q[r * qh:(r + 1) * qh], k[r * kh:(r + 1) * kh],
+                                          v[r * kh:(r + 1) * kh]]) for r in range(2)])
+    g, u = t["sep.gate"], t["sep.up"]
+    h = INTER // 2
+    gate_up = np.concatenate([g[:, 0:h], u[:, 0:h], g[:, h:], u[:, h:]], axis=1)
+    return {"relay.qkv": qkv, "relay.gate_up": gate_up}
+
+
+def relay_layout(processes, dests):
+    """The fc-layout(5) file of a relay program's destination cut (fc-convert --target-layout)."""
+    return {"degrees": {"tp": processes},
+            "tensor_parallel": [{"regex": "^" + k.replace(".", "\\.") + "$", "axis": axis}
+                                for k, (_, _, axis) in sorted(dests.items())]}
+
+
 def write_program(aoa_dir, name, stmts):
     """stmts: the statements, or a whole program (dict, e.g. with aoa_config_reverse)."""
     program = stmts if isinstance(stmts, dict) else {"aoa_statements": stmts}
@@ -624,18 +681,80 @@ def worker_aoa(out):
                  os.path.join(out, "aoa_tp2", "truth.safetensors"))
 
 
+def worker_relay(out):
+    """One rank of the multi-process AOA loads of relay_programs(): loads aoa_tp2/ckpt into
+    this rank's block of every destination, writes it to relay/<name>.rank<R>.safetensors."""
+    import paddle
+    import paddle.distributed as dist
+    from paddle.distributed.flex_checkpoint.dcp import load_state_dict as lsd
+    from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
+    rank, world = dist.get_rank(), dist.get_world_size()
+    relay_dir = os.path.join(out, "aoa_tp2", "relay")
+    # CPU patch (this worker only): every communicator of the multi-process load
+    # (reshard_comm.py, "broadcast" by default) moves each piece to the GPU first with
+    # Tensor.cuda(), which on the CPU wheel raises "ValueError: No available device found.";
+    # here it returns the CPU tensor itself, which gloo broadcasts.
+    paddle.Tensor.cuda = lambda self, *args, **kwargs: self
+    for name, (processes, stmts, dests) in relay_programs().items():
+        if processes != world:
+            continue
+        lsd._metadata_manager.clear()
+        state = {}
+        for key, (shape, dt, axis) in dests.items():
+            n = shape[axis] // world
+            local = list(shape)
+            local[axis] = n
+            off = [0] * len(shape)
+            off[axis] = rank * n
+            state[key] = ShardedWeight(key=key, local_tensor=paddle.zeros(local, dtype=dt),
+                                       local_shape=tuple(local), global_shape=tuple(shape),
+                                       global_offset=tuple(off))
+        dist.load_state_dict(state, os.path.join(out, "aoa_tp2", "ckpt"),
+                             aoa_config={"aoa_statements": stmts})
+        write_st({k: (dtype_name(v.local_tensor), np_of(v.local_tensor))
+                  for k, v in state.items()},
+                 os.path.join(relay_dir, f"{name}.rank{rank}.safetensors"))
+        dist.barrier()
+
+
+def relay_expected(out):
+    """relay/<name>.json (program), .layout.json (fc-layout of the cut) and .safetensors:
+    the ranks' blocks put together along the cut axis."""
+    relay_dir = os.path.join(out, "aoa_tp2", "relay")
+    for name, (processes, stmts, dests) in relay_programs().items():
+        write_program(relay_dir, name, stmts)
+        with open(os.path.join(relay_dir, name + ".layout.json"), "w") as f:
+            json.dump(relay_layout(processes, dests), f, indent=1)
+            f.write("\n")
+        blocks = [read_st(os.path.join(relay_dir, f"{name}.rank{r}.safetensors"))
+                  for r in range(processes)]
+        full = {}
+        for key, (shape, _, axis) in dests.items():
+            dt = {v: k for k, v in ST_NAMES.items()}[blocks[0][key][0]]
+            full[key] = (dt, np.concatenate([b[key][1] for b in blocks], axis=axis))
+            assert full[key][1].shape == tuple(shape), (name, key, full[key][1].shape)
+            assert full[key][1].any(), f"relay {name}: Paddle loaded nothing into {key}"
+        same({k: (d, a) for k, (d, a) in full.items()},
+             {k: ("float32", a) for k, a in relay_truth(name).items()}, "relay " + name)
+        write_st(full, os.path.join(relay_dir, name + ".safetensors"))
+        for r in range(processes):
+            os.remove(os.path.join(relay_dir, f"{name}.rank{r}.safetensors"))
+
+
 def worker(out):
     import paddle.distributed as dist
     what = os.environ["FC_PADDLE_WORKER"]
     if what != "zero":
         dist.init_parallel_env()
-    {"two": worker_two_ranks, "zero": worker_zero, "aoa": worker_aoa}[what](out)
+    {"two": worker_two_ranks, "zero": worker_zero, "aoa": worker_aoa,
+     "relay": worker_relay}[what](out)
 
 
-def launch(out, what):
+def launch(out, what, processes=2):
     env = dict(os.environ, OMP_NUM_THREADS="1", FC_PADDLE_WORKER=what)
-    log = os.path.join(out, ".launch-" + what)
-    p = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
+    log = os.path.join(out, f".launch-{what}-{processes}")
+    p = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node",
+                        str(processes),
                         "--log_dir", log,
                         os.path.abspath(__file__), "--worker", out],
                        env=env, capture_output=True, text=True)
@@ -691,6 +810,10 @@ def main():
     launch(out, "zero")
     launch(out, "aoa")
     expected_after_launch(out)
+    os.makedirs(os.path.join(out, "aoa_tp2", "relay"), exist_ok=True)
+    for processes in sorted({p for p, _, _ in relay_programs().values()}):
+        launch(out, "relay", processes)
+    relay_expected(out)
     import safetensors
     with open(os.path.join(out, "versions.json"), "w") as f:
         json.dump({"paddlepaddle": paddle.__version__, "numpy": np.__version__,

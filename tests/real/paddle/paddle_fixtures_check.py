@@ -2,7 +2,8 @@
 Paddle itself loads from them (testdata/real/paddle/make_fixtures.py): fc-inspect --verify,
 fc-export --include-optimizer against each case's expected.safetensors, and fc-export --aoa
 of every AOA program in aoa_tp2/aoa/ against the tensors Paddle's load_state_dict(...,
-aoa_config=...) filled. No framework is needed (numpy reads both sides).
+aoa_config=...) filled; fc-convert --aoa of each program (resharded, then exported) equals
+fc-export --aoa of it. No framework is needed (numpy reads both sides).
 
 usage: paddle_fixtures_check.py BUILD_ROOT FIXTURES_DIR
   FIXTURES_DIR: testdata/real/paddle (committed), or a directory make_fixtures.py just wrote
@@ -111,9 +112,50 @@ def export_aoa(tools, tmp, ckpt, program, expect=0):
     return p if expect else fcio.read_hf_dir(out)[0]
 
 
+# fc-convert --aoa: the program applied while resharding to TP 2, written as fc distcp, then
+# exported without a program. Every tensor is cut along axis 0 (as torch.chunk), except for
+# programs with a fused macro: there the destination's degree is the number of its distinct
+# chunk offsets (as in Paddle's get_dst_state_shard_num), so a destination cut in two would
+# be re-laid for TP 2 ([gate_0 | up_0 | gate_1 | up_1]) and differ from the one-process
+# load Paddle did; those are written whole, at TP 1 (a TP 2 layout with every tensor whole
+# is refused: rank 1 would hold nothing).
+TP2_ALL_ROWS = {"degrees": {"tp": 2},
+                "tensor_parallel": [{"regex": ".", "axis": 0, "uneven": "chunk"}]}
+TP1 = {"degrees": {"tp": 1}}
+
+
+def convert_aoa(tools, tmp, ckpt, program):
+    """fc-convert CKPT --aoa PROGRAM to TP 2 (TP 1 with a fused macro), then fc-export of that: {name: (dtype, array)}."""
+    base = os.path.join(tmp, "convert-" + os.path.basename(os.path.dirname(program)) + "-" +
+                        os.path.basename(program)[:-5])
+    fused = any("fused_" in s for s in json.load(open(program))["aoa_statements"])
+    layout = os.path.join(tmp, "tp1.json" if fused else "tp2_all_rows.json")
+    with open(layout, "w") as f:
+        json.dump(TP1 if fused else TP2_ALL_ROWS, f)
+    fcio.run([os.path.join(tools, "fc-convert"), ckpt, base + ".fc", "--aoa", program,
+              "--target-layout", layout, "-q"])
+    meta = json.load(open(os.path.join(base + ".fc", "fc.metadata.json")))
+    files = {c["file"] for t in meta["tensors"] for c in t["chunks"]}
+    assert files == ({"0_0.distcp"} if fused else {"0_0.distcp", "1_0.distcp"}), \
+        (program, files)
+    fcio.run([os.path.join(tools, "fc-export"), base + ".fc", base + ".hf", "-q",
+              "--include-optimizer"])
+    return fcio.read_hf_dir(base + ".hf")[0]
+
+
+def check_convert_equals_export(tools, tmp, ckpt, program, exported):
+    """fc-convert --aoa gives, tensor for tensor and bit for bit, what fc-export --aoa gives
+    (which check_program compares with Paddle): the same program through the resharding path."""
+    converted = convert_aoa(tools, tmp, ckpt, program)
+    assert sorted(converted) == sorted(exported), \
+        (program, sorted(set(converted) ^ set(exported)))
+    fcio.same_tensors(converted, exported, "fc-convert --aoa " + os.path.basename(program))
+
+
 def check_program(tools, tmp, ckpt, aoa, name, stored):
     want = fcio.read_safetensors(os.path.join(aoa, name + ".safetensors"))
     got = export_aoa(tools, tmp, ckpt, os.path.join(aoa, name + ".json"))
+    check_convert_equals_export(tools, tmp, ckpt, os.path.join(aoa, name + ".json"), got)
     if name in KNOWN_DIFFERENCES:
         check_known_difference(name, got, want, aoa, stored)
         why = {"two_casts_one_source": "Paddle: norm.bf16 holds norm.half's float16 bits; fc "
@@ -125,7 +167,37 @@ def check_program(tools, tmp, ckpt, aoa, name, stored):
     fcio.same_tensors(got, want, f"aoa {name}", subset=True)
     stmts = json.load(open(os.path.join(aoa, name + ".json")))["aoa_statements"]
     print(f"aoa {name} ({len(stmts)} statements): {len(want)} tensors equal Paddle's "
-          f"load_state_dict(aoa_config=...)", flush=True)
+          f"load_state_dict(aoa_config=...) (fc-export --aoa, and fc-convert --aoa to TP "
+          f"{1 if any('fused_' in s for s in stmts) else 2})", flush=True)
+
+
+def check_relay(tools, tmp, fixtures):
+    """aoa_tp2/relay: programs Paddle ran in a multi-process load, each rank's destination a
+    block of the cut <name>.layout.json describes, so that the fused macros re-lay for the
+    destination's degree (TP 2 -> TP 3 gate/up; merges into TP 2 destinations). fc-convert
+    --aoa with that layout as --target-layout gives the same global tensors."""
+    d = os.path.join(fixtures, "aoa_tp2", "relay")
+    ckpt = os.path.join(fixtures, "aoa_tp2", "ckpt")
+    names = sorted(f[:-5] for f in os.listdir(d)
+                   if f.endswith(".json") and not f.endswith(".layout.json"))
+    assert names, d
+    for name in names:
+        want = fcio.read_safetensors(os.path.join(d, name + ".safetensors"))
+        layout = json.load(open(os.path.join(d, name + ".layout.json")))
+        out = os.path.join(tmp, "relay-" + name)
+        fcio.run([os.path.join(tools, "fc-convert"), ckpt, out + ".fc", "--aoa",
+                  os.path.join(d, name + ".json"), "--target-layout",
+                  os.path.join(d, name + ".layout.json"), "-q"])
+        meta = json.load(open(os.path.join(out + ".fc", "fc.metadata.json")))
+        degree = layout["degrees"]["tp"]
+        for t in meta["tensors"]:
+            if t["key"] in want:
+                assert len(t["chunks"]) == degree, (name, t["key"], len(t["chunks"]))
+        fcio.run([os.path.join(tools, "fc-export"), out + ".fc", out + ".hf", "-q"])
+        got = fcio.read_hf_dir(out + ".hf")[0]
+        fcio.same_tensors(got, want, f"relay {name}", subset=True)
+        print(f"relay {name}: {len(want)} tensors cut over {degree} ranks equal Paddle's "
+              f"{degree}-process load_state_dict(aoa_config=...)", flush=True)
 
 
 def check_refused(tools, tmp, fixtures):
@@ -189,6 +261,7 @@ def main():
                 if f.endswith(".json"):
                     check_program(tools, tmp, ckpt, aoa, f[:-5], stored)
         check_refused(tools, tmp, fixtures)
+        check_relay(tools, tmp, fixtures)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
