@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> families(fc::aoa::HfFamilyNames().begin(), fc::aoa::HfFamilyNames().end());
   app.add_option("--hf-family", options.hf_family,
                  "preview (or with --print-aoa print) the AOA program fc-export --hf-family "
-                 "generates: Megatron-Core GPT -> HuggingFace names (llama: Llama 2/3, Mistral)")
+                 "generates: Megatron-Core GPT -> HuggingFace names (llama: Llama 2/3, Mistral; "
+                 "qwen2: Qwen2, QKV bias)")
       ->check(CLI::IsMember(families))
       ->excludes("--aoa");
   app.add_option("--copy-from", options.hf_config_dir,

@@ -64,7 +64,7 @@ bool IsDigits(std::string_view s) {
 }  // namespace
 
 const std::vector<std::string_view>& HfFamilyNames() {
-  static const std::vector<std::string_view> kNames = {"llama"};
+  static const std::vector<std::string_view> kNames = {"llama", "qwen2"};
   return kNames;
 }
 
@@ -82,10 +82,12 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
   auto mismatch = [&](const std::string& what) { return InvalidArgumentError(where + ": " + what); };
 
   // config.json: the family's model types and the fields every family needs.
-  const std::set<std::string> types = {"llama", "mistral"};
+  const bool qwen2 = fam == "qwen2";
+  const std::set<std::string> types =
+      qwen2 ? std::set<std::string>{"qwen2"} : std::set<std::string>{"llama", "mistral"};
   if (!types.count(cfg.model_type)) {
     return mismatch("config.json model_type is '" + cfg.model_type + "', family " + fam +
-                    " takes llama or mistral");
+                    " takes " + (qwen2 ? "qwen2" : "llama or mistral"));
   }
   for (auto [v, k] : {std::pair{cfg.vocab_size, "vocab_size"}, {cfg.hidden_size, "hidden_size"},
                       {cfg.num_hidden_layers, "num_hidden_layers"},
@@ -270,7 +272,14 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
                     " (Megatron args), config.json intermediate_size is " + num(ffn));
   }
   const bool qkv_bias = layer.count("self_attention.linear_qkv.bias") > 0;
-  if (qkv_bias != cfg.attention_bias.value_or(false)) {
+  if (qwen2 && !qkv_bias) {
+    return mismatch("the source has no linear_qkv.bias; Qwen2's q_proj, k_proj and v_proj have "
+                    "biases (Megatron add_qkv_bias)");
+  }
+  if (auto b = ArgBool(source, "add_qkv_bias"); qwen2 && b && !*b) {
+    return mismatch("family qwen2 needs QKV biases; the source's args.add_qkv_bias is false");
+  }
+  if (!qwen2 && qkv_bias != cfg.attention_bias.value_or(false)) {
     return mismatch(std::string("the source ") + (qkv_bias ? "has" : "has no") +
                     " linear_qkv.bias, config.json attention_bias is " +
                     (cfg.attention_bias.value_or(false) ? "true" : "false") +

@@ -120,8 +120,49 @@ TEST_CASE("hf-family llama: a config.json that disagrees with the source is refu
   c = Config();
   c.model_type = "gpt2";
   refused(Source(true), c, {"model_type is 'gpt2'"});
-  CHECK(GenerateHfFamilyProgram("qwen2", Source(true), Config()).status().code() ==
-        StatusCode::kInvalidArgument);
+  auto unknown = GenerateHfFamilyProgram("mixtral", Source(true), Config());
+  CHECK(unknown.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(unknown.status().message(), Catch::Contains("known: llama, qwen2"));
+  CHECK_THAT(GenerateHfFamilyProgram("qwen2", Source(true), Config()).status().message(),
+             Catch::Contains("model_type is 'llama', family qwen2 takes qwen2"));
+}
+
+TEST_CASE("hf-family qwen2: the QKV bias splits like the weight; tied output; no bias refused",
+          "[aoa][hf_family]") {
+  HfTargetConfig c = Config();
+  c.model_type = "qwen2";
+  c.tie_word_embeddings = true;
+  for (bool stacked : {true, false}) {
+    HfSourceFacts f = Source(stacked);
+    f.tensors.erase(f.tensors.begin() + 1);  // output_layer.weight: tied
+    auto no_bias = GenerateHfFamilyProgram("qwen2", f, c);
+    REQUIRE_FALSE(no_bias.ok());
+    CHECK_THAT(no_bias.status().message(), Catch::Contains("no linear_qkv.bias"));
+    if (stacked) {
+      f.tensors.push_back({"decoder.layers.self_attention.linear_qkv.bias", {3, 32}});
+    } else {
+      for (int i = 0; i < 3; ++i) {
+        f.tensors.push_back({"decoder.layers." + std::to_string(i) + ".self_attention.linear_qkv.bias", {32}});
+      }
+    }
+    auto program = GenerateHfFamilyProgram("qwen2", f, c);
+    REQUIRE(program.ok());
+    CHECK_THAT(*program, Catch::Contains("self_attn.v_proj.bias, fused_qkv, num_heads=8, "
+                                         "num_key_value_groups=4, axis=0"));
+    std::map<std::string, Shape> out = Outputs(f, *program);
+    CHECK(out.size() == 2 + 3 * 12);
+    CHECK(out.count("lm_head.weight") == 0);
+    for (int i = 0; i < 3; ++i) {
+      const std::string h = "model.layers." + std::to_string(i) + ".";
+      CHECK(out[h + "self_attn.q_proj.bias"] == Shape{16});
+      CHECK(out[h + "self_attn.k_proj.bias"] == Shape{8});
+      CHECK(out[h + "self_attn.v_proj.bias"] == Shape{8});
+      CHECK(out[h + "self_attn.q_proj.weight"] == Shape{16, 16});
+    }
+    f.args = {{"add_qkv_bias", "false"}};
+    CHECK_THAT(GenerateHfFamilyProgram("qwen2", f, c).status().message(),
+               Catch::Contains("args.add_qkv_bias is false"));
+  }
 }
 
 TEST_CASE("hf-family llama: names it does not map are refused", "[aoa][hf_family]") {

@@ -44,8 +44,10 @@ struct HfTargetConfig {
   std::optional<bool> mlp_bias;
 };
 
-// The families fc generates programs for: "llama" (Llama 2/3, Mistral: model_type llama or
-// mistral).
+// The families fc generates programs for, each verified against a real Megatron-Core save
+// and transformers: "llama" (Llama 2/3, Mistral: model_type llama or mistral; no biases, or
+// config.json attention_bias with a QKV bias), "qwen2" (model_type qwen2: the QKV bias of
+// Megatron's add_qkv_bias split into q/k/v_proj.bias with the weight's query grouping).
 const std::vector<std::string_view>& HfFamilyNames();
 
 // The AOA program (line form, with comments) for `family`. Errors: kInvalidArgument for an

@@ -37,6 +37,9 @@ Adam step 2, iteration 7):
                     TransformerConfig(hetereogenous_dist_checkpoint=True): one key per layer
                     (decoder.layers.<i>.<name>) instead of the layer-stacked keys
                     (decoder.layers.<name>, layer on axis 0)
+  qwen2_tp2         TP 2 (2 processes), model only: a tiny Qwen2 (ARCHS["qwen2"]: QKV bias,
+                    output layer tied to the embedding), its biases drawn (set_biases) since
+                    Megatron initializes them to zero; the target of --hf-family qwen2
 
 Every save passes the sharded_state_dict metadata Megatron-LM 0.16's
 _build_sharded_state_dict_metadata gives a non-distributed optimizer
@@ -82,6 +85,15 @@ CASES = {
     "gpt_tp4": dict(tp=4, pp=1, vpp=None, world=4, optimizer=False),
     "gpt_tp2_pp2_layers": dict(tp=2, pp=2, vpp=None, world=4, optimizer=False, per_layer=True,
                                train=True),
+    "qwen2_tp2": dict(tp=2, pp=1, vpp=None, world=2, optimizer=False, arch="qwen2"),
+}
+# The model variants beside the tiny Llama (ARCHS[case's "arch"]): TransformerConfig fields
+# and GPTModel arguments that differ from it.
+#   qwen2  a tiny Qwen2: QKV bias (add_qkv_bias=True, no other linear bias), output layer
+#          tied to the embedding (share_embeddings_and_output_weights=True)
+ARCHS = {
+    "llama": dict(config={}, tied=False),
+    "qwen2": dict(config=dict(add_qkv_bias=True), tied=True),
 }
 MODEL = dict(num_layers=4, hidden_size=16, num_attention_heads=8, num_query_groups=4,
              ffn_hidden_size=16, vocab_size=64, seq_len=16)
@@ -128,9 +140,9 @@ def init(tp, pp, vpp):
     return parallel_state
 
 
-def config(tp, pp, vpp, per_layer=False):
+def config(tp, pp, vpp, per_layer=False, arch="llama"):
     from megatron.core.transformer.transformer_config import TransformerConfig
-    return TransformerConfig(
+    fields = dict(
         num_layers=MODEL["num_layers"], hidden_size=MODEL["hidden_size"],
         num_attention_heads=MODEL["num_attention_heads"],
         num_query_groups=MODEL["num_query_groups"], ffn_hidden_size=MODEL["ffn_hidden_size"],
@@ -141,15 +153,17 @@ def config(tp, pp, vpp, per_layer=False):
         params_dtype=torch.float32, bias_dropout_fusion=False, apply_rope_fusion=False,
         masked_softmax_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
         attention_dropout=0.0, hidden_dropout=0.0, hetereogenous_dist_checkpoint=per_layer)
+    fields.update(ARCHS[arch]["config"])
+    return TransformerConfig(**fields)
 
 
-def build_models(tp, pp, vpp, per_layer=False):
+def build_models(tp, pp, vpp, per_layer=False, arch="llama"):
     """The model chunks of this rank (one, or vpp of them)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    cfg = config(tp, pp, vpp, per_layer)
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    cfg = config(tp, pp, vpp, per_layer, arch)
+    spec = get_gpt_layer_local_spec(normalization=cfg.normalization)
     chunks = []
     for v in range(vpp or 1):
         vp = v if vpp else None
@@ -159,7 +173,8 @@ def build_models(tp, pp, vpp, per_layer=False):
         chunks.append(GPTModel(config=cfg, transformer_layer_spec=spec,
                                vocab_size=MODEL["vocab_size"],
                                max_sequence_length=MODEL["seq_len"], pre_process=pre,
-                               post_process=post, share_embeddings_and_output_weights=False,
+                               post_process=post,
+                               share_embeddings_and_output_weights=ARCHS[arch]["tied"],
                                position_embedding_type="rope", vp_stage=vp))
     return chunks
 
@@ -177,6 +192,28 @@ def build_optimizer(chunks):
     groups = _get_param_groups(chunks, ocfg, None)
     with cuda_tensors_on_cpu():
         return _get_megatron_optimizer_based_on_param_groups(ocfg, chunks, groups)
+
+
+def set_biases(chunks):
+    """Megatron initializes every bias to zero, which no layout error would change: each bias
+    (this rank's shard of it) gets values drawn, from a generator seeded by its name, for the
+    full tensor (PP 1 only: there a layer's name is its global number)."""
+    from megatron.core import parallel_state as ps
+    tp, rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+    for c in chunks:
+        for name, p in c.named_parameters():
+            if not name.endswith("bias"):
+                continue
+            shape = list(p.shape)
+            dim = getattr(p, "partition_dim", -1) if getattr(p, "tensor_model_parallel", False) else -1
+            if dim >= 0:
+                shape[dim] *= tp
+            g = torch.Generator().manual_seed(sum((i + 1) * ord(ch) for i, ch in enumerate(name)))
+            full = torch.randn(shape, generator=g) * 0.5
+            if dim >= 0:
+                full = full.narrow(dim, rank * p.shape[dim], p.shape[dim])
+            with torch.no_grad():
+                p.copy_(full)
 
 
 def fake_step(chunks, opt, steps=1):
@@ -278,7 +315,11 @@ def save_worker(case, out):
     from megatron.core import dist_checkpointing
     c = CASES[case]
     init(c["tp"], c["pp"], c["vpp"])
-    chunks = build_models(c["tp"], c["pp"], c["vpp"], c.get("per_layer", False))
+    chunks = build_models(c["tp"], c["pp"], c["vpp"], c.get("per_layer", False),
+                          c.get("arch", "llama"))
+    if c.get("arch"):
+        assert c["pp"] == 1, case
+        set_biases(chunks)
     opt = None
     if c["optimizer"] or c.get("train"):
         opt = build_optimizer(chunks)
@@ -329,12 +370,12 @@ def assemble(sharded):
     return full
 
 
-def load_tp1(ckpt, with_optimizer, per_layer=False):
+def load_tp1(ckpt, with_optimizer, per_layer=False, arch="llama"):
     """Megatron-Core loading the checkpoint into a TP 1 x PP 1 model (and optimizer). Returns
     (chunks, opt, {key: full tensor})."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import apply_factories
-    chunks = build_models(1, 1, None, per_layer)
+    chunks = build_models(1, 1, None, per_layer, arch)
     model = chunks[0]
     opt = build_optimizer(chunks) if with_optimizer else None
     md = sharded_metadata()
@@ -395,7 +436,8 @@ def expected_worker(case, out):
     c = CASES[case]
     init(1, 1, None)
     ckpt = os.path.join(out, case, "ckpt")
-    chunks, opt, full, loaded = load_tp1(ckpt, c["optimizer"], c.get("per_layer", False))
+    chunks, opt, full, loaded = load_tp1(ckpt, c["optimizer"], c.get("per_layer", False),
+                                         c.get("arch", "llama"))
     from safetensors.torch import save_file
     save_file({k: v.contiguous() for k, v in full.items()},
               os.path.join(out, case, "expected.safetensors"))

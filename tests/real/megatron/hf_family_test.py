@@ -1,6 +1,6 @@
-"""fc-export --hf-family llama on the real Megatron-Core 0.16.1 saves (testdata/real/megatron),
-checked by transformers 5 and Megatron-Core's own forward (suite `real`; run through
-venv_run.py torch).
+"""fc-export --hf-family llama and qwen2 on the real Megatron-Core 0.16.1 saves
+(testdata/real/megatron), checked by transformers 5 and Megatron-Core's own forward (suite
+`real`; run through venv_run.py torch).
 
 usage: hf_family_test.py BUILD_ROOT TESTDATA_DIR
 
@@ -14,6 +14,14 @@ within 1e-6 (megatron_oracle_test.py LOGITS_NOTE: silu on a strided view). The l
 holds the training state of gpt_tp2_vpp2/ckpt, whose forward is its reference. Then a
 config.json that disagrees with the source (heads, layers, vocabulary) is exit 3 naming both
 values, and `fc-inspect --hf-family llama --print-aoa` prints the program fc-export used.
+
+qwen2: the TP 2 save of a GPTModel with add_qkv_bias=True and the output layer tied to the
+embedding (qwen2_tp2; its QKV biases drawn, not Megatron's zeros), exported with
+`--hf-family qwen2` against a Qwen2Config: Qwen2ForCausalLM loads it with no missing,
+unexpected or mismatched keys (q/k/v_proj.bias included) and its fp32 logits equal the forward
+of Megatron-Core's TP 1 model loaded from the save within 1e-6. The llama family refuses that
+save (its bias against attention_bias false) and qwen2 refuses the bias-less Llama save, each
+exit 3.
 """
 import json
 import os
@@ -34,11 +42,11 @@ INPUT = oracle.INPUT  # the same tokens as real_megatron_hf
 mf = oracle.mf
 
 
-def megatron_logits(testdata, ckpt, per_layer, tmp, port):
+def megatron_logits(testdata, ckpt, per_layer, tmp, port, arch="llama"):
     """Megatron-Core's TP 1 model loaded from `ckpt`: its logits on INPUT (one gloo process
     running megatron_oracle_test.forward_worker, with its CPU patches)."""
     out = os.path.join(tmp, f"logits_{port}.pt")
-    oracle.torchrun(1, port, "--forward", testdata, ckpt, out, "1" if per_layer else "0")
+    oracle.torchrun(1, port, "--forward", testdata, ckpt, out, "1" if per_layer else "0", arch)
     import torch
     return torch.load(out)
 
@@ -56,6 +64,63 @@ def write_config(m, path, **override):
                   hidden_act="silu")
     fields.update(override)
     LlamaConfig(**fields).save_pretrained(path)
+
+
+def load_and_compare(cls, out, want, name, family):
+    """cls.from_pretrained(out): no missing/unexpected/mismatched keys; fp32 logits on INPUT
+    within TOLERANCE of `want`. Returns the model."""
+    import torch
+    assert os.path.isfile(os.path.join(out, "config.json")), os.listdir(out)
+    model, info = cls.from_pretrained(out, local_files_only=True, dtype=torch.float32,
+                                      attn_implementation="eager", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], (name, info)
+    assert not info.get("mismatched_keys"), (name, info)
+    model.eval()
+    with torch.no_grad():
+        got = model(input_ids=torch.tensor(INPUT)).logits
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    diff = (got - want).abs().max().item()
+    print(f"{name}: {cls.__name__} loads fc-export --hf-family {family} (no missing/"
+          f"unexpected keys); logits vs Megatron-Core's forward: max |d| {diff:.3g}",
+          flush=True)
+    assert diff <= TOLERANCE, f"{name}: logits differ by {diff}"
+    return model
+
+
+def qwen2_case(m, testdata, real, tools, tmp, port):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    M = m.MODEL
+    ref = os.path.join(tmp, "ref_qwen2")
+    Qwen2Config(vocab_size=M["vocab_size"], hidden_size=M["hidden_size"],
+                intermediate_size=M["ffn_hidden_size"], num_hidden_layers=M["num_layers"],
+                num_attention_heads=M["num_attention_heads"],
+                num_key_value_heads=M["num_query_groups"],
+                max_position_embeddings=M["seq_len"], rms_norm_eps=1e-5, rope_theta=10000.0,
+                tie_word_embeddings=True, hidden_act="silu").save_pretrained(ref)
+    ckpt = os.path.join(real, "qwen2_tp2", "ckpt")
+    want = megatron_logits(testdata, ckpt, False, tmp, port, arch="qwen2")
+    out = os.path.join(tmp, "hf_qwen2")
+    fcio.run([os.path.join(tools, "fc-export"), ckpt, out, "--hf-family", "qwen2",
+              "--copy-from", ref, "-q"])
+    model = load_and_compare(Qwen2ForCausalLM, out, want, "qwen2 (torch_dist TP 2, QKV bias, "
+                             "tied)", "qwen2")
+    # the biases are Megatron's saved values (drawn, not zero): a wrong split changes logits
+    bias = model.model.layers[0].self_attn.k_proj.bias
+    assert bias.abs().min().item() > 0, bias
+    # each family refuses the other's save: exit 3 naming the bias
+    llama_ref = os.path.join(tmp, "ref")
+    for src, family, cfg, words in [
+            ("qwen2_tp2/ckpt", "llama", llama_ref, ["has linear_qkv.bias", "attention_bias is false"]),
+            ("gpt_tp2_pp2/ckpt", "qwen2", ref, ["no linear_qkv.bias"])]:
+        r = subprocess.run([os.path.join(tools, "fc-export"), os.path.join(real, src),
+                            os.path.join(tmp, "never"), "--hf-family", family, "--copy-from",
+                            cfg], capture_output=True, text=True)
+        assert r.returncode == 3, (src, family, r.returncode, r.stderr)
+        for w in words:
+            assert w in r.stderr, (src, family, w, r.stderr)
+    print("--hf-family llama on the QKV-bias save and qwen2 on the bias-less save: exit 3",
+          flush=True)
 
 
 def main():
@@ -81,22 +146,7 @@ def main():
             out = os.path.join(tmp, "hf_" + str(port))
             fcio.run([os.path.join(tools, "fc-export"), ckpt, out, "--hf-family", "llama",
                       "--copy-from", ref, "-q"])
-            assert os.path.isfile(os.path.join(out, "config.json")), os.listdir(out)
-            model, info = LlamaForCausalLM.from_pretrained(out, local_files_only=True,
-                                                           dtype=torch.float32,
-                                                           attn_implementation="eager",
-                                                           output_loading_info=True)
-            assert not info["missing_keys"] and not info["unexpected_keys"], (name, info)
-            assert not info.get("mismatched_keys"), (name, info)
-            model.eval()
-            with torch.no_grad():
-                got = model(input_ids=torch.tensor(INPUT)).logits
-            assert got.shape == want.shape, (name, got.shape, want.shape)
-            diff = (got - want).abs().max().item()
-            print(f"{name}: LlamaForCausalLM loads fc-export --hf-family llama (no missing/"
-                  f"unexpected keys); logits vs Megatron-Core's forward: max |d| {diff:.3g}",
-                  flush=True)
-            assert diff <= TOLERANCE, f"{name}: logits differ by {diff}"
+            load_and_compare(LlamaForCausalLM, out, want, name, "llama")
             printed = subprocess.run([os.path.join(tools, "fc-inspect"), ckpt, "--hf-family",
                                       "llama", "--copy-from", ref, "--print-aoa"],
                                      capture_output=True, text=True, check=True).stdout
@@ -121,6 +171,7 @@ def main():
         print(f"mismatching config.json (heads, layers, vocabulary; {M['num_attention_heads']} "
               f"heads, {M['num_layers']} layers, {M['vocab_size']} rows in the source): exit 3 "
               "naming both values", flush=True)
+        qwen2_case(m, testdata, real, tools, tmp, port + 1)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -216,13 +216,13 @@ def hf_case(build, testdata, tmp):
     assert diff <= TOLERANCE, f"logits differ by {diff} > {TOLERANCE} ({LOGITS_NOTE})"
 
 
-def forward_worker(testdata, ckpt, out, per_layer="1"):
+def forward_worker(testdata, ckpt, out, per_layer="1", arch="llama"):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
     m = mf(testdata)
     m.init(1, 1, None)
-    chunks, _, _, _ = m.load_tp1(ckpt, False, per_layer=per_layer == "1")
+    chunks, _, _, _ = m.load_tp1(ckpt, False, per_layer=per_layer == "1", arch=arch)
     model = chunks[0]
     model.eval()
     ids = torch.tensor(INPUT)
@@ -256,7 +256,8 @@ def main():
         load_check_worker(testdata, ckpt, int(tp), int(pp), with_opt == "1", expected)
         return
     if sys.argv[1] == "--forward":
-        forward_worker(*sys.argv[2:6])  # TESTDATA CKPT OUT [PER_LAYER (1, default, or 0)]
+        # TESTDATA CKPT OUT [PER_LAYER (1, default, or 0) [ARCH (make_fixtures.ARCHS)]]
+        forward_worker(*sys.argv[2:7])
         return
     build, testdata, name = sys.argv[1], sys.argv[2], sys.argv[3]
     tmp = tempfile.mkdtemp(prefix="fc-real-megatron-")
