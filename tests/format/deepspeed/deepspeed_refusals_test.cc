@@ -622,5 +622,221 @@ TEST_CASE("deepspeed refusals: MoE partitions", "[deepspeed][refusals]") {
   }
 }
 
+// --- Directories, topology, module states ---------------------------------------------------
+
+TEST_CASE("deepspeed refusals: directories and topology", "[deepspeed][refusals]") {
+  testing::TempDir tmp;
+  SECTION("a latest file naming a path, not a tag") {
+    const std::string save = tmp.path() + "/save";
+    std::filesystem::create_directories(save + "/global_step3");
+    testing::CopyDirectoryFiles(Fixture("zero1") + "/ckpt/global_step3", save + "/global_step3");
+    testing::WriteFileBytes(save + "/latest", testing::AsBytes("../global_step3\n"));
+    Refused(ReadDeepSpeedCheckpoint(save), StatusCode::kDataLoss,
+            {"/latest: '../global_step3' is not a tag directory name"});
+  }
+  SECTION("a model states file that is neither a zip nor a legacy torch.save") {
+    const std::string dir = CopyTag(tmp, "zero1");
+    testing::WriteFileBytes(dir + "/" + kModel, testing::AsBytes("not a checkpoint"));
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {std::string(kModel) + ": not a torch.save zip archive"});
+  }
+  SECTION("two optimizer files for one DP rank") {
+    const std::string dir = CopyTag(tmp, "zero1");
+    std::filesystem::copy_file(dir + "/" + Optim(0), dir + "/bf16_" + Optim(0));
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {": two optimizer files for DP rank 0 and mp rank 0 ("});
+  }
+  SECTION("mp_rank files with a gap") {
+    const std::string dir = CopyTag(tmp, "zero1");
+    std::filesystem::copy_file(dir + "/" + kModel, dir + "/mp_rank_02_model_states.pt");
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kNotFound,
+            {": files of mp_rank 1 expected, found mp_rank up to 2"});
+  }
+  SECTION("checkpoint_parallel_dimensions naming more TP ranks than files") {
+    const std::string dir = CopyTag(tmp, "zero1");
+    Edit(dir + "/" + kModel, [](PV& root) {
+      Set(At(root, "checkpoint_parallel_dimensions"), "tp_degree", PickleInt(2));
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {": 1 mp_rank files do not split into 2 TP ranks per pipeline stage"});
+  }
+  SECTION("checkpoint_parallel_dimensions naming a pipeline the files lack") {
+    const std::string dir = CopyTag(tmp, "zero1");
+    Edit(dir + "/" + kModel, [](PV& root) {
+      Set(At(root, "checkpoint_parallel_dimensions"), "pp_degree", PickleInt(2));
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {std::string(kModel) + ": checkpoint_parallel_dimensions says pp 2 x tp 1, the files "
+             "are pp 1 x tp 1"});
+  }
+  SECTION("two pipeline stages without layer files") {
+    const std::string dir = CopyTag(tmp, "tp2");
+    for (const char* f : {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"}) {
+      Edit(dir + "/" + f, [](PV& root) {
+        Set(root, "checkpoint_parallel_dimensions",
+            PickleDict({{"pp_degree", PickleInt(2)}, {"tp_degree", PickleInt(1)}}));
+      });
+    }
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {": pipeline degree 2 but no layer_XX-model_YY-model_states.pt files"});
+  }
+  SECTION("layer files of TP rank 1 only") {
+    const std::string dir = CopyTag(tmp, "pp2_tp2");
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      const std::string n = e.path().filename().string();
+      if (n.starts_with("layer_") && n.find("-model_00-") != std::string::npos) {
+        std::filesystem::remove(e.path());
+      }
+    }
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kNotFound,
+            {": pipeline layer files of TP rank 0 expected, found model_1"});
+  }
+  SECTION("a directory without DeepSpeed files") {
+    std::filesystem::create_directories(tmp.path() + "/empty");
+    testing::WriteFileBytes(tmp.path() + "/empty/notes.txt", testing::AsBytes("x"));
+    Refused(ReadDeepSpeedCheckpoint(tmp.path() + "/empty"), StatusCode::kNotFound,
+            {"/empty: no DeepSpeed *_model_states.pt / *_optim_states.pt files"});
+  }
+}
+
+TEST_CASE("deepspeed refusals: module states and param_shapes", "[deepspeed][refusals]") {
+  testing::TempDir tmp;
+  SECTION("module that is not a dict") {
+    const std::string dir = CopyTag(tmp, "zero1");
+    Edit(dir + "/" + kModel, [](PV& root) { Set(root, "module", PickleList({PickleInt(1)})); });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {std::string(kModel) + ": module is ", ", expected a dict of tensors"});
+  }
+  SECTION("module None without pipeline layer files") {
+    const std::string dir = CopyTag(tmp, "zero1");
+    Edit(dir + "/" + kModel, [](PV& root) { Set(root, "module", PickleNone()); });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {std::string(kModel) + ": module is None, but there are no pipeline layer files"});
+  }
+  SECTION("a module key that is not a string") {
+    const std::string dir = CopyTag(tmp, "zero1");
+    Edit(dir + "/" + kModel, [](PV& root) {
+      PV& module = At(root, "module");
+      EntriesOf(module).emplace_back(PickleInt(5), testing::DeepCopy(At(module, "layer.bias")));
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {std::string(kModel) + ": module key 5"});
+  }
+  SECTION("a shared_params entry that is not alias: owner") {
+    const std::string dir = CopyTag(tmp, "frozen_tied");
+    Edit(dir + "/" + kModel, [](PV& root) {
+      Set(At(root, "shared_params"), "head.weight", PickleInt(3));
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {std::string(kModel) + ": shared_params entry ", " is not alias: owner"});
+  }
+  SECTION("param_shapes that is not a list") {
+    const std::string dir = CopyTag(tmp, "zero1");
+    Edit(dir + "/" + kModel, [](PV& root) { Set(root, "param_shapes", PickleInt(5)); });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {std::string(kModel) + ": param_shapes is 5, expected a list of dicts"});
+  }
+  SECTION("a param_shapes group that is not a dict") {
+    const std::string dir = CopyTag(tmp, "zero1");
+    Edit(dir + "/" + kModel, [](PV& root) { Set(root, "param_shapes", PickleList({PickleInt(5)})); });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {std::string(kModel) + ": param_shapes[0] is 5, expected a dict"});
+  }
+  SECTION("a tied layer saved again with another shape") {
+    const std::string dir = CopyTag(tmp, "pp2");
+    Edit(dir + "/layer_04-model_00-model_states.pt", [](PV& root) {
+      SetView(At(root, "weight"), {4, 6}, {6, 1});
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {"layer_04-model_00-model_states.pt: 'weight' (", ") is float16 [4, 6], an earlier "
+             "layer file has float16 [6, 4]"});
+  }
+  SECTION("a layer file that is not a state dict") {
+    const std::string dir = CopyTag(tmp, "pp2");
+    Edit(dir + "/layer_02-model_00-model_states.pt", [](PV& root) {
+      root = *PickleList({PickleInt(1)});
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {"layer_02-model_00-model_states.pt: holds ", ", expected the layer's state dict"});
+  }
+  SECTION("an expert file that is not a state dict") {
+    // moe (no ZeRO optimizer read): with moe_zero2 the expert count check refuses first
+    // ("the expert files hold 3 experts ... an expert file is missing").
+    const std::string dir = CopyTag(tmp, "moe");
+    Edit(dir + "/layer_0_expert_1_mp_rank_00_model_states.pt", [](PV& root) {
+      root = *PickleList({PickleInt(1)});
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {"layer_0_expert_1_mp_rank_00_model_states.pt: holds ",
+             ", expected the expert's state dict"});
+  }
+}
+
+// --- Universal checkpoints ------------------------------------------------------------------
+// ucp: zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, each {'param': tensor, 'cat_dim': 0};
+// layer.weight is [4, 4].
+
+std::string CopyUcp(const testing::TempDir& tmp) {
+  static int copies = 0;
+  const std::string dir = tmp.path() + "/ucp_" + std::to_string(copies++);
+  std::filesystem::copy(Fixture("ucp") + "/ckpt/global_step3_universal", dir,
+                        std::filesystem::copy_options::recursive);
+  return dir;
+}
+
+TEST_CASE("deepspeed refusals: universal checkpoint params", "[deepspeed][refusals]") {
+  testing::TempDir tmp;
+  SECTION("an fp32.pt of another shape than param_shapes") {
+    const std::string dir = CopyUcp(tmp);
+    Edit(dir + "/zero/layer.weight/fp32.pt", [](PV& root) {
+      SetView(At(root, "param"), {2, 8}, {8, 1});
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {"zero/layer.weight/fp32.pt: param has shape [2, 8], param_shapes says [4, 4]"});
+  }
+  SECTION("an exp_avg.pt with fewer elements than param_shapes") {
+    const std::string dir = CopyUcp(tmp);
+    Edit(dir + "/zero/layer.weight/exp_avg.pt", [](PV& root) {
+      SetView(At(root, "param"), {8}, {1});
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {"zero/layer.weight/exp_avg.pt: param has shape [8], param_shapes says [4, 4]"});
+  }
+  SECTION("a param dir outside param_shapes whose exp_avg differs from its fp32") {
+    const std::string dir = CopyUcp(tmp);
+    std::filesystem::copy(dir + "/zero/layer.weight", dir + "/zero/extra.weight");
+    Edit(dir + "/zero/extra.weight/exp_avg_sq.pt", [](PV& root) {
+      SetView(At(root, "param"), {2, 8}, {8, 1});
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {"zero/extra.weight/exp_avg_sq.pt: shape [2, 8], fp32.pt has [4, 4]"});
+  }
+  SECTION("a state file without 'param'") {
+    const std::string dir = CopyUcp(tmp);
+    Edit(dir + "/zero/layer.weight/fp32.pt", [](PV& root) { Erase(root, "param"); });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {"zero/layer.weight/fp32.pt: a dict without 'param'"});
+  }
+  SECTION("a param dir missing") {
+    const std::string dir = CopyUcp(tmp);
+    std::filesystem::remove_all(dir + "/zero/layer.weight");
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kNotFound,
+            {"/zero/layer.weight/ is missing (param_shapes lists 'layer.weight')"});
+  }
+}
+
+TEST_CASE("deepspeed refusals: --weights", "[deepspeed][refusals]") {
+  auto w = ParseDeepSpeedWeights("bf16");
+  REQUIRE_FALSE(w.ok());
+  CHECK(w.status().code() == StatusCode::kInvalidArgument);
+  CHECK(w.status().message() == "unknown --weights 'bf16' (expected fp32 or module)");
+  CheckpointIndex other;
+  other.format = CheckpointFormat::kSafetensors;
+  Status s = SelectDeepSpeedWeights(DeepSpeedWeights::kFp32, &other);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::StartsWith("--weights applies to DeepSpeed checkpoints only "
+                                            "(input is "));
+}
+
 }  // namespace
 }  // namespace fc
