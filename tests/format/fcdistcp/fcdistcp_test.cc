@@ -908,6 +908,15 @@ TEST_CASE("reader corruption matrix", "[fcdistcp]") {
        "bytes [99999, +64) pass the end of 0_0.distcp"},
       {"checksum not hex", "\"xxh3_64\": \"", "\"xxh3_64\": \"zz", StatusCode::kDataLoss,
        "is not 16 hex digits"},
+      // Issue 34 item 1: 16 characters, one of them not a hex digit (the other branch).
+      {"checksum of 16 characters, not all hex", "\"xxh3_64\": \"17ee01fe6fd16c37\"",
+       "\"xxh3_64\": \"17ee01fe6fd16c3g\"", StatusCode::kDataLoss,
+       "tensor 'model.embed.weight' chunk [0, 4) x [0, 4): \"xxh3_64\" \"17ee01fe6fd16c3g\" is "
+       "not 16 hex digits"},
+      {"attributes not an object", "\"attributes\": {", "\"attributes\": 5, \"attributes_\": {",
+       StatusCode::kDataLoss, "\"attributes\" is not an object: 5"},
+      {"a chunk that is not an object", "{\"global_offset\": [0, 0]", "7, {\"global_offset\": [0, 0]",
+       StatusCode::kDataLoss, ": not an object: 7"},
       {"unknown object encoding", "\"encoding\": \"raw\"", "\"encoding\": \"pickle\"",
        StatusCode::kDataLoss, "object 'train.iteration': unknown object encoding \"pickle\""},
       {"object listed twice", "\"key\": \"rng_state\"", "\"key\": \"train.iteration\"",
