@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "fc/aoa/hf_family.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/output_format.h"
 #include "fc/comm/communicator.h"
@@ -59,10 +60,26 @@ int main(int argc, char** argv) {
   app.add_flag("--print-layout", print_layout,
                "with --preset and its degrees, no CKPT: print the layout file (fc-layout(5)) "
                "the preset stands for, to edit and pass as --target-layout");
-  app.add_option("--aoa", options.aoa_file,
-                 "AOA program for structure changes (fc-aoa(7)); with --output-format ucp "
-                 "from a non-DeepSpeed source it renames and reshapes each param with its "
-                 "Adam states");
+  auto* aoa = app.add_option("--aoa", options.aoa_file,
+                             "AOA program for structure changes (fc-aoa(7)); with "
+                             "--output-format ucp from a non-DeepSpeed source it renames and "
+                             "reshapes each param with its Adam states");
+  {
+    std::vector<std::string> families(fc::aoa::HfFamilyNames().begin(),
+                                      fc::aoa::HfFamilyNames().end());
+    app.add_option("--hf-family", options.hf_family,
+                   "Megatron-Core GPT (torch_dist or legacy) -> HuggingFace names, as fc-export "
+                   "--hf-family: the AOA program generated from the checkpoint's facts and "
+                   "--copy-from DIR's config.json (llama: Llama 2/3, Mistral; qwen2: Qwen2, QKV "
+                   "bias), e.g. with --preset hf-llama; fc-inspect --hf-family NAME --print-aoa "
+                   "prints it")
+        ->check(CLI::IsMember(families))
+        ->excludes(aoa);
+  }
+  app.add_option("--copy-from", options.copy_from,
+                 "copy config.json, tokenizer files and other small (<= 64 MiB) non-tensor "
+                 "files of this directory (e.g. the HF model dir) into OUT (--output-format fc "
+                 "and torch-dcp); with --hf-family, its config.json is the target's");
   app.add_option("--include", options.include,
                  std::string("write only target tensors whose name matches this ") +
                      fc::cli::kGlobHelp)
@@ -160,7 +177,8 @@ int main(int argc, char** argv) {
                  "  fc-convert old/ new/ --target-like step0_of_new_run/\n"
                  "  fc-convert old/ new/ --preset megatron-gpt --tp 2 --pp 2 --sharding 4 --dry-run\n"
                  "  fc-convert ds/global_step100 ds/universal --output-format ucp\n"
-                 "  fc-convert fsdp_dcp/ tp1/ --target-like tp1_run/ --output-format torch-dcp --aoa qkv.aoa\n\n") +
+                 "  fc-convert fsdp_dcp/ tp1/ --target-like tp1_run/ --output-format torch-dcp --aoa qkv.aoa\n"
+                 "  fc-convert megatron/ hf_dcp/ --hf-family llama --copy-from hf_model/ --preset hf-llama --tp 1 --output-format torch-dcp\n\n") +
              fc::cli::ExitCodeHelp());
   const std::string tool = "fc-convert";
   if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
@@ -168,10 +186,10 @@ int main(int argc, char** argv) {
     // Reads no checkpoint: every other input would have no effect.
     if (options.preset.empty()) return fc::cli::UsageError(tool, "--print-layout needs --preset NAME");
     if (!options.input.empty() || app.count("--dry-run") || app.count("--output-format") ||
-        app.count("--aoa")) {
+        app.count("--aoa") || app.count("--hf-family") || app.count("--copy-from")) {
       return fc::cli::UsageError(tool, "--print-layout prints the preset's layout file and "
                                  "reads no checkpoint: leave out CKPT, OUT, --dry-run, "
-                                 "--output-format and --aoa");
+                                 "--output-format, --aoa, --hf-family and --copy-from");
     }
     auto rules = fc::PresetRules(options.preset, options.degrees);
     if (!rules.ok()) return fc::cli::Finish(tool, rules.status());
@@ -208,6 +226,14 @@ int main(int argc, char** argv) {
                                    "--target-manifest come from that target)");
       }
     }
+  }
+  if (no_target && (app.count("--hf-family") || app.count("--copy-from"))) {
+    return fc::cli::UsageError(tool, std::string(app.count("--hf-family") ? "--hf-family" : "--copy-from") +
+                               " applies to --output-format fc and torch-dcp, not " + out_format);
+  }
+  if (app.count("--hf-family") && !app.count("--copy-from")) {
+    return fc::cli::UsageError(tool, "--hf-family needs --copy-from DIR (the HuggingFace model "
+                               "directory whose config.json the program is made for)");
   }
   if (out_format == "ucp" && target->count_all() > 0) {
     return fc::cli::UsageError(tool, "--output-format ucp takes no target (every param is "

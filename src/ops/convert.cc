@@ -25,6 +25,8 @@
 #include "fc/io/output_dir.h"
 #include "fc/layout/layout_rules.h"
 #include "fc/layout/target_layout.h"
+#include "fc/ops/export.h"
+#include "fc/ops/hf_family.h"
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
 #include "src/ops/claim_output.h"
@@ -49,13 +51,21 @@ Result<std::string> ReadTextFile(const std::string& path) {
   return ReadText(bytes);
 }
 
+// Where the AOA program comes from, as errors name it: the --aoa file, "--hf-family NAME"
+// (the generated program), or empty for none.
+std::string AoaOrigin(const ConvertOptions& options) {
+  if (!options.aoa_file.empty()) return options.aoa_file;
+  if (!options.hf_family.empty()) return "--hf-family " + options.hf_family;
+  return "";
+}
+
 // The tensors the target holds before any layout: the source's, or the AOA program's leaves.
 Result<std::vector<TargetTensor>> LogicalTensors(const CheckpointIndex& index,
                                                  const ConvertOptions& options,
                                                  const std::string& aoa_text) {
-  if (options.aoa_file.empty()) return TargetTensorsFromIndex(index);
+  if (AoaOrigin(options).empty()) return TargetTensorsFromIndex(index);
   FC_ASSIGN_OR_RETURN(std::vector<OutputTensor> outputs,
-                      AoaOutputs(index, aoa_text, options.aoa_file));
+                      AoaOutputs(index, aoa_text, AoaOrigin(options)));
   std::vector<TargetTensor> tensors;
   for (const OutputTensor& o : outputs) tensors.push_back({o.name, o.dtype, o.shape});
   return tensors;
@@ -303,7 +313,12 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
                         bool budget_given, ConvertPlan& p) {
   const CheckpointIndex& index = p.index;
   std::string aoa_text;
-  if (!options.aoa_file.empty()) {
+  if (!options.hf_family.empty()) {
+    if (!options.aoa_file.empty()) {
+      return InvalidArgumentError("--hf-family and --aoa exclude each other");
+    }
+    FC_ASSIGN_OR_RETURN(aoa_text, HfFamilyProgram(index, options.hf_family, options.copy_from));
+  } else if (!options.aoa_file.empty()) {
     FC_ASSIGN_OR_RETURN(aoa_text, ReadTextFile(options.aoa_file));
   }
   FC_ASSIGN_OR_RETURN(NameFilter filter, NameFilter::Compile(options.include, options.exclude));
@@ -329,10 +344,10 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
       }
     }
   }
-  if (options.aoa_file.empty()) {
+  if (AoaOrigin(options).empty()) {
     FC_ASSIGN_OR_RETURN(p.targets, IdentityTargets(index, layout));
   } else {
-    FC_ASSIGN_OR_RETURN(p.targets, AoaConvertOutputs(index, aoa_text, options.aoa_file, layout));
+    FC_ASSIGN_OR_RETURN(p.targets, AoaConvertOutputs(index, aoa_text, AoaOrigin(options), layout));
   }
   if (options.dtype) {
     for (OutputTensor& t : p.targets) {
@@ -372,7 +387,17 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
     plan.files.push_back(std::move(file));
   }
   if (plan.files.empty()) return InvalidArgumentError("the target layout has no ranks");
+  // --hf-family: the output holds HF names; the Megatron save's non-tensor objects (its
+  // modules' _extra_state, iteration, args, ...) belong to Megatron's names and are left out.
+  if (!options.hf_family.empty() && !index.objects.empty()) {
+    if (write_manifest) {
+      spdlog::info("--hf-family {}: the source's {} non-tensor object(s) (e.g. '{}') are not "
+                   "carried into the HF-named output", options.hf_family, index.objects.size(),
+                   index.objects.front().key);
+    }
+  }
   for (const ObjectEntry& o : index.objects) {
+    if (!options.hf_family.empty()) break;
     if (!p.format->stores_object(o.encoding)) {
       if (write_manifest) {
         spdlog::warn("object '{}' is {}: left out of the {} output (no such form there)", o.key,
@@ -556,10 +581,33 @@ Status CopyMegatronSidecars(const CheckpointIndex& index, const std::string& sou
   return Status::Ok();
 }
 
+// --copy-from: process 0 stages DIR's files beside the data files, refusing a name the
+// writer already put there.
+Status CopyFromDir(const ConvertOptions& options, const std::vector<std::string>& names,
+                   const std::string& staging) {
+  for (const std::string& name : names) {
+    const std::string to = JoinPath(staging, name);
+    if (PathExists(to)) {
+      return InvalidArgumentError("--copy-from " + options.copy_from + ": " + name +
+                                  " would replace the output's own " + name);
+    }
+    // Read through the IO policy again: the file may have changed since it was listed.
+    FC_RETURN_IF_ERROR(CopyWholeFile(JoinPath(options.copy_from, name), to, kMaxCopyFromBytes)
+                           .With("--copy-from"));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
   FC_ASSIGN_OR_RETURN(const OutputFormat* format, FindOutputFormat(options.output_format));
+  if ((!options.hf_family.empty() || !options.copy_from.empty()) &&
+      format->shape != OutputShape::kTargetFiles) {
+    return InvalidArgumentError(std::string(options.hf_family.empty() ? "--copy-from" : "--hf-family") +
+                                " applies to --output-format fc and torch-dcp, not " +
+                                std::string(format->name));
+  }
   if (format->shape == OutputShape::kDeepSpeedUniversal) return RunConvertUcp(options, out);
   if (format->shape == OutputShape::kDeepSpeedRepartitioned) {
     return RunConvertDeepSpeed(options, out);
@@ -612,6 +660,19 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
                     file.reads.size());
     }
   }
+  std::vector<std::string> copy_files;
+  if (!options.copy_from.empty()) {
+    Status listed = Status::Ok();
+    if (me == 0) {
+      auto files = CopyFromFiles(options.copy_from);
+      if (files.ok()) {
+        copy_files = std::move(*files);
+      } else {
+        listed = files.status();
+      }
+    }
+    FC_RETURN_IF_ERROR(comm->AllOk(listed));
+  }
   if (options.dry_run) {
     // OUT as the real run would claim it (not nested with the input, absent or empty), with
     // its message; no lock is taken and nothing is created.
@@ -658,9 +719,11 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   FC_RETURN_IF_ERROR(comm->AllOk(written));
   const std::vector<std::string> messages = comm->Gather(digests, 0);
   Status committed = Status::Ok();
-  if (me == 0 && format->name == "torch-dcp") {
+  // Megatron's metadata.json and common.pt describe a Megatron save: not for HF names.
+  if (me == 0 && format->name == "torch-dcp" && options.hf_family.empty()) {
     committed = CopyMegatronSidecars(p->index, input.local_path, staging);
   }
+  if (me == 0 && committed.ok()) committed = CopyFromDir(options, copy_files, staging);
   if (me == 0 && committed.ok()) {
     committed = part ? part->Commit(messages)
                      : InternalError("process 0 was assigned no target file");

@@ -35,6 +35,12 @@ struct ConvertOptions {
   std::string target_manifest;
   std::string emit_manifest;                   // write the resolved per-rank chunk list here
   std::string aoa_file;                        // structure changes (convert mode)
+  // --hf-family NAME: instead of aoa_file, the program fc-export --hf-family generates
+  // (fc/ops/hf_family.h) from the checkpoint's facts and copy_from/config.json.
+  std::string hf_family;
+  // --copy-from DIR: DIR's config.json, tokenizer files and other small non-tensor files
+  // (CopyFromFiles, fc/ops/export.h) are copied into OUT (fc and torch-dcp output).
+  std::string copy_from;
   // Target tensors kept: globs (fc/core/glob.h) on target names. A tensor left out is in
   // no rank of the output (nor in --emit-manifest).
   std::vector<std::string> include;

@@ -22,6 +22,11 @@ unexpected or mismatched keys (q/k/v_proj.bias included) and its fp32 logits equ
 of Megatron-Core's TP 1 model loaded from the save within 1e-6. The llama family refuses that
 save (its bias against attention_bias false) and qwen2 refuses the bias-less Llama save, each
 exit 3.
+
+fc-convert --hf-family qwen2 --preset hf-llama --tp 2 --output-format torch-dcp of the same
+save: torch.distributed.checkpoint reads the DCP (dcp_to_torch_save), Qwen2ForCausalLM
+load_state_dict takes it with no unexpected key and no missing one but the tied lm_head, and
+its logits equal Megatron's forward within 1e-6.
 """
 import json
 import os
@@ -108,6 +113,25 @@ def qwen2_case(m, testdata, real, tools, tmp, port):
     # the biases are Megatron's saved values (drawn, not zero): a wrong split changes logits
     bias = model.model.layers[0].self_attn.k_proj.bias
     assert bias.abs().min().item() > 0, bias
+    # fc-convert to HF names in torch DCP at TP 2: torch reads it into the same model
+    dcp = os.path.join(tmp, "dcp_qwen2")
+    fcio.run([os.path.join(tools, "fc-convert"), ckpt, dcp, "--hf-family", "qwen2",
+              "--copy-from", ref, "--preset", "hf-llama", "--tp", "2", "--output-format",
+              "torch-dcp", "-q"])
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    saved = os.path.join(tmp, "dcp_qwen2.pt")
+    dcp_to_torch_save(dcp, saved)
+    sd = torch.load(saved)
+    fresh = Qwen2ForCausalLM(Qwen2Config.from_pretrained(dcp)).float().eval()
+    missing, unexpected = fresh.load_state_dict(sd, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    assert fresh.lm_head.weight.data_ptr() == fresh.model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():
+        got = fresh(input_ids=torch.tensor(INPUT)).logits
+    diff = (got - want).abs().max().item()
+    print(f"qwen2: fc-convert --hf-family qwen2 torch DCP (TP 2) read by torch into "
+          f"Qwen2ForCausalLM; logits vs Megatron-Core's forward: max |d| {diff:.3g}", flush=True)
+    assert diff <= TOLERANCE, f"qwen2 fc-convert: logits differ by {diff}"
     # each family refuses the other's save: exit 3 naming the bias
     llama_ref = os.path.join(tmp, "ref")
     for src, family, cfg, words in [

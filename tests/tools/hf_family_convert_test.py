@@ -1,0 +1,112 @@
+"""fc-convert --hf-family NAME --copy-from DIR on the real Megatron-Core saves
+(testdata/real/megatron), numpy only: the converted output holds, under HF names, exactly the
+tensors fc-export --hf-family writes (bit for bit), for fc distcp and torch DCP output at
+another TP degree (--preset hf-llama); DIR's config.json is copied into OUT and Megatron's
+metadata.json / common.pt and the save's non-tensor objects are not (they describe a
+Megatron save); a config.json that
+disagrees with the source is exit 3 naming both values, in --dry-run too, with no OUT; and
+the flag is refused (exit 2) with --aoa, without --copy-from, and with --output-format ucp.
+transformers on the converted output: tests/real/megatron/hf_family_test.py.
+
+usage: hf_family_convert_test.py BUILD_ROOT TESTDATA_DIR
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fcio  # noqa: E402
+
+# The committed saves' model (testdata/real/megatron/make_fixtures.py MODEL)
+LLAMA = dict(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=16,
+             num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=2,
+             tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+             rms_norm_eps=1e-5, hidden_act="silu", max_position_embeddings=16)
+QWEN2 = dict(LLAMA, model_type="qwen2", tie_word_embeddings=True)
+del QWEN2["attention_bias"], QWEN2["mlp_bias"], QWEN2["head_dim"]
+
+
+def write_config(path, fields):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(fields, f, indent=1)
+    return path
+
+
+def main():
+    build, testdata = sys.argv[1], sys.argv[2]
+    tools = os.path.join(build, "tools")
+    convert, export = os.path.join(tools, "fc-convert"), os.path.join(tools, "fc-export")
+    real = os.path.join(testdata, "real", "megatron")
+    tmp = tempfile.mkdtemp(prefix="fc-hf-family-convert-")
+    try:
+        cases = [("llama", LLAMA, "gpt_tp2_pp2/ckpt", 39),
+                 ("llama", LLAMA, "gpt_tp2_vpp2/legacy", 39),
+                 ("qwen2", QWEN2, "qwen2_tp2/ckpt", 50)]
+        for family, fields, src, count in cases:
+            ref = write_config(os.path.join(tmp, "ref_" + family), fields)
+            ckpt = os.path.join(real, src)
+            label = f"{family} {src}"
+            want_dir = os.path.join(tmp, "export_" + src.replace("/", "_"))
+            fcio.run([export, ckpt, want_dir, "--hf-family", family, "--copy-from", ref, "-q"])
+            want, _ = fcio.read_hf_dir(want_dir)
+            assert len(want) == count, (label, sorted(want))
+            for fmt, tp in (("fc", "1"), ("torch-dcp", "2")):
+                out = os.path.join(tmp, f"convert_{fmt}_" + src.replace("/", "_"))
+                fcio.run([convert, ckpt, out, "--hf-family", family, "--copy-from", ref,
+                          "--preset", "hf-llama", "--tp", tp, "--output-format", fmt, "-q"])
+                with open(os.path.join(out, "config.json"), "rb") as a, \
+                        open(os.path.join(ref, "config.json"), "rb") as b:
+                    assert a.read() == b.read(), (label, fmt)
+                for sidecar in ("metadata.json", "common.pt"):
+                    assert not os.path.exists(os.path.join(out, sidecar)), (label, fmt, sidecar)
+                # Megatron's non-tensor objects (_extra_state, ...) stay behind
+                info = json.loads(fcio.run([os.path.join(tools, "fc-inspect"), "--json",
+                                            out]).stdout)
+                assert not info.get("objects"), (label, fmt, info.get("objects"))
+                back = os.path.join(out + "_export")
+                fcio.run([export, out, back, "-q"])
+                got, _ = fcio.read_hf_dir(back)
+                fcio.same_tensors(got, want, f"{label} fc-convert --output-format {fmt} --tp {tp}")
+            print(f"{label}: fc-convert --hf-family {family} (fc TP 1, torch-dcp TP 2) holds the "
+                  f"{count} tensors fc-export --hf-family writes, bit for bit; config.json copied",
+                  flush=True)
+
+        ckpt = os.path.join(real, "qwen2_tp2", "ckpt")
+        ref = os.path.join(tmp, "ref_qwen2")
+        never = os.path.join(tmp, "never")
+        # config.json against the source: exit 3 naming both values, dry run or not
+        bad = write_config(os.path.join(tmp, "bad"), dict(QWEN2, num_hidden_layers=6))
+        for extra in ([], ["--dry-run"]):
+            p = fcio.run([convert, ckpt, never, "--hf-family", "qwen2", "--copy-from", bad,
+                          "--preset", "hf-llama", *extra], expect=3)
+            assert "4 layers" in p.stderr and "num_hidden_layers is 6" in p.stderr, p.stderr
+            assert not os.path.exists(never)
+        # refused combinations: exit 2 before reading anything
+        for args, words in [
+                (["--aoa", os.path.join(tmp, "x.aoa")], "excludes"),
+                (["--output-format", "ucp"], "--hf-family applies to --output-format fc and "
+                                             "torch-dcp"),
+        ]:
+            p = fcio.run([convert, ckpt, never, "--hf-family", "qwen2", "--copy-from", ref,
+                          *(["--preset", "hf-llama"] if "ucp" not in args else []), *args],
+                         expect=2)
+            assert words in p.stderr, (args, p.stderr)
+            assert not os.path.exists(never)
+        p = fcio.run([convert, ckpt, never, "--hf-family", "qwen2", "--preset", "hf-llama"],
+                     expect=2)
+        assert "--hf-family needs --copy-from DIR" in p.stderr, p.stderr
+        p = fcio.run([convert, ckpt, never, "--hf-family", "gpt2", "--copy-from", ref,
+                      "--preset", "hf-llama"], expect=2)
+        assert "gpt2" in p.stderr, p.stderr
+        print("fc-convert --hf-family: config.json mismatch exit 3 (dry run too); with --aoa, "
+              "--output-format ucp, without --copy-from, an unverified family: exit 2",
+              flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
