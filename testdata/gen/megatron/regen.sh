@@ -4,6 +4,6 @@
 # gate/up, vocabulary 10 padded to 12).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out="$here/../../torch_dcp/megatron_tiny_tp2_pp2"
+out="${FC_TESTDATA_OUT:-$here/../..}/torch_dcp/megatron_tiny_tp2_pp2"  # FC_TESTDATA_OUT: see ../torch_dcp/regen.sh
 rm -rf "$out"
-/usr/bin/python3 "$here/../../../../shared/tools/torch_dcp_fixture.py" "$here/tiny_llama_tp2_pp2.json" "$out"
+/usr/bin/python3 "$here/../../../tests/support/torch_dcp_fixture.py" "$here/tiny_llama_tp2_pp2.json" "$out"

@@ -2,7 +2,7 @@
 # Regenerates testdata/torch_dcp/<name>/{ckpt,expected} with Debian's torch 1.13
 # (apt-get install python3-torch python3-numpy). Deterministic: same specs, same bytes.
 #
-#   <name>.json        -> shared/tools/torch_dcp_fixture.py (real multi-rank DCP saves)
+#   <name>.json        -> tests/support/torch_dcp_fixture.py (real multi-rank DCP saves)
 #   ../torch_dcp_adam/{fsdp_adam,fsdp_adam_steps,megatron_dist,megatron_reshardable,megatron_dp_reshardable} -> make_fsdp_adam.py (steps made whole numbers)
 #   ../torch_dcp_adam/megatron_flattened -> make_megatron_flattened.py (pre-0.14 N-D reformulated optimizer states + mcore_data)
 #   strided            -> make_strided.py (views: transposed, storage_offset, stride 0, 0-d)
@@ -15,12 +15,17 @@
 # bit for bit (issue 34 item 3); a failed assertion stops this script.
 #
 # usage: testdata/gen/torch_dcp/regen.sh   (from anywhere)
+#   FC_TESTDATA_OUT=DIR: write DIR/torch_dcp and DIR/torch_dcp_adam instead of testdata/
+#   (tests/format/torch/torch_dcp_generators.sh regenerates there and compares with the
+#   committed bytes); FC_TOOLS=DIR: the fixture writer and torch 1.13 shim (default
+#   tests/support, the repository's copies of the team's shared/tools)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
-shared=${FC_SHARED:-$repo/../shared}
-tools=$(cd "$shared/tools" && pwd)
-out=$repo/testdata/torch_dcp
+tools=$(cd "${FC_TOOLS:-$repo/tests/support}" && pwd)
+root=${FC_TESTDATA_OUT:-$repo/testdata}
+out=$root/torch_dcp
+mkdir -p "$root/torch_dcp_adam"
 py=/usr/bin/python3
 
 mkdir -p "$out"
