@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 
+#include <re2/re2.h>
 #include <spdlog/spdlog.h>
 
 #include "fc/aoa/engine.h"
@@ -520,6 +521,89 @@ Status CheckParamName(const std::string& input, const std::string& name) {
   return Status::Ok();
 }
 
+// ds_to_universal (0.19, ZeRO 1/2 and BF16_Optimizer) also writes zero/<name>/fp32.pt as
+// {'param': tensor.float()} for every entry of the model states' module state dict that got
+// no file from the optimizer fragments (frozen params, tied aliases, buffers): it goes
+// through the mp_rank_XX_model_states.pt files in order and the first copy of a name wins
+// (TP rank 0's, as that rank holds it; a pipeline's files hold no module: nothing). The same
+// here: each module.<name> tensor (or its per-rank forms) whose data lies in an
+// mp_rank_XX_model_states.pt file, the lowest XX's piece, cast to float32.
+template <typename AddPieces>
+Status AddModuleOnlyFiles(const std::string& input, const CheckpointIndex& index,
+                          const std::vector<UcpParam>& params, AddPieces& add_pieces) {
+  static const RE2 kModelStates(R"((?:.*/)?mp_rank_(\d+)_model_states\.pt)");
+  static const RE2 kRankPrefix(R"(mp_rank_(\d+)\.(.+))");
+  std::set<std::string> have;
+  for (const UcpParam& p : params) have.insert(p.name);
+  struct Pick {
+    int64_t rank = 0;
+    const TensorEntry* entry = nullptr;
+    const Chunk* chunk = nullptr;
+  };
+  std::map<std::string, Pick> picks;
+  std::vector<std::string> order;
+  for (const TensorEntry& t : index.tensors) {
+    // module.<name>, module.mp_rank_YY.<name> (buffers kept per TP rank) or
+    // mp_rank_YY.module.<name> (TP without universal_checkpoint_info)
+    std::string name = t.key;
+    std::string rank_text;
+    std::string rest;
+    if (RE2::FullMatch(name, kRankPrefix, &rank_text, &rest)) name = rest;
+    if (!name.starts_with("module.")) continue;
+    name = name.substr(7);
+    if (RE2::FullMatch(name, kRankPrefix, &rank_text, &rest)) name = rest;
+    if (have.count(name)) continue;
+    std::optional<Pick> best;
+    bool other_file = false;
+    for (const Chunk& c : t.chunks) {
+      if (c.file >= index.files.size()) {
+        return InternalError(t.key + ": chunk file " + std::to_string(c.file) + " out of range");
+      }
+      std::string file_rank;
+      if (!RE2::FullMatch(index.files[c.file].path, kModelStates, &file_rank)) {
+        other_file = true;  // a pipeline layer file or an expert file
+        break;
+      }
+      const int64_t r = std::stoll(file_rank);
+      if (best && r == best->rank) {
+        return UnimplementedError(input + ": " + t.key + " has several pieces in " +
+                                  index.files[c.file].path + ": fc does not know which is "
+                                  "the module entry ds_to_universal writes as zero/" + name +
+                                  "/fp32.pt");
+      }
+      if (!best || r < best->rank) best = Pick{r, &t, &c};
+    }
+    if (other_file || !best) continue;
+    if (best->chunk->flat_range) {
+      return UnimplementedError(input + ": " + t.key + " is stored as a flattened range, not a "
+                                "module state dict entry");
+    }
+    auto [it, fresh] = picks.try_emplace(name, *best);
+    if (fresh) {
+      order.push_back(name);
+    } else if (best->rank < it->second.rank) {
+      it->second = *best;
+    }
+  }
+  for (const std::string& name : order) {
+    FC_RETURN_IF_ERROR(CheckParamName(input, name));
+    const Pick& pick = picks.at(name);
+    SourcePiece piece;
+    piece.source = pick.entry;
+    piece.src_box = pick.chunk->box;
+    piece.dst_box = Box::Whole(pick.chunk->box.local_shape);
+    if (pick.entry->dtype != DType::kFloat32) {
+      piece.ops.push_back(PieceOp{PieceOp::Kind::kCast, {}, DType::kFloat32, {}});
+    }
+    std::vector<SourcePiece> pieces;
+    pieces.push_back(std::move(piece));
+    FC_RETURN_IF_ERROR(add_pieces("zero/" + name + "/fp32.pt", pick.entry->key, DType::kFloat32,
+                                  pick.chunk->box.local_shape, std::move(pieces),
+                                  UcpFileMeta{}));
+  }
+  return Status::Ok();
+}
+
 Status BuildJob(const ConvertOptions& options, UcpJob& job) {
   const CheckpointIndex& index = job.index;
   if (index.format == CheckpointFormat::kDeepSpeed) {
@@ -717,6 +801,9 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
     } else if (job.int_step) {
       job.int_steps.push_back("zero/" + p.name + "/step.pt");
     }
+  }
+  if (index.format == CheckpointFormat::kDeepSpeed && !zero3) {
+    FC_RETURN_IF_ERROR(AddModuleOnlyFiles(options.input, index, job.params, add_pieces));
   }
   request.processes = 1;
   request.threads = WorkerThreads(options.threads);

@@ -104,11 +104,42 @@ def expected_optimizer_state(src, zero3):
     holds = lambda v: isinstance(v, torch.Tensor) or (  # noqa: E731
         isinstance(v, (list, tuple)) and any(holds(x) for x in v)) or (
         isinstance(v, dict) and any(holds(x) for x in v.values()))
-    out = {k: v for k, v in osd.items() if k not in (
-        "base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")
-        and not holds(v)}
+    out = {}
+    for k, v in osd.items():
+        if k in ("base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups"):
+            continue
+        if zero3 and k == "optimizer_state_dict":
+            # what DeepSpeed's ZeRO-3 universal loader reads: each state's step, param_groups
+            out[k] = {"state": {sk: {"step": sv["step"]} for sk, sv in v["state"].items()},
+                      "param_groups": v["param_groups"]}
+        elif not holds(v):
+            out[k] = v
     out["param_groups"] = base["param_groups"]
     return out
+
+
+def expected_module_only(src, params, raw):
+    """ds_to_universal (0.19, stage <= 2): zero/<name>/fp32.pt = {'param': value.float()} for
+    each module state dict entry of the mp_rank_*_model_states.pt files (in order, the first
+    copy of a name) that has no optimizer state; a pipeline's files hold no module."""
+    out = {}
+    if raw:
+        return out
+    for f in sorted(n for n in os.listdir(src) if re.fullmatch(r"mp_rank_\d+_model_states\.pt", n)):
+        module = load(os.path.join(src, f)).get("module")
+        for k, v in (module or {}).items():
+            if k not in params and k not in out:
+                out[k] = v
+    return out
+
+
+def check_module_only(case, out, module_only):
+    for name, v in module_only.items():
+        got = load(os.path.join(out, "zero", name, "fp32.pt"))
+        assert list(got) == ["param"], (case, name, list(got))
+        assert got["param"].dtype == torch.float32 and torch.equal(got["param"], v.float()), \
+            (case, name)
+        assert sorted(os.listdir(os.path.join(out, "zero", name))) == ["fp32.pt"], (case, name)
 
 
 def check_ucp(case, root, out):
@@ -117,7 +148,10 @@ def check_ucp(case, root, out):
     exp = fcio.expected_values(os.path.join(DS, case))
     params = sorted(k[len("optimizer.exp_avg."):] for k in exp if k.startswith("optimizer.exp_avg."))
     assert open(os.path.join(root, "latest_universal")).read() == "universal"
-    assert sorted(os.listdir(os.path.join(out, "zero"))) == sorted(params + ["optimizer_state.pt"])
+    module_only = expected_module_only(src, params, case in RAW)
+    assert sorted(os.listdir(os.path.join(out, "zero"))) == \
+        sorted(params + list(module_only) + ["optimizer_state.pt"]), case
+    check_module_only(case, out, module_only)
     info = None
     if not universal:
         names = sorted(os.listdir(src))
@@ -183,7 +217,10 @@ def case_write():
     params = sorted(k[len("mp_rank_00.optimizer.exp_avg."):] for k in exp
                     if k.startswith("mp_rank_00.optimizer.exp_avg."))
     assert params == ["layer.bias", "layer.weight"], params
-    assert sorted(os.listdir(os.path.join(out, "zero"))) == params + ["optimizer_state.pt"]
+    module_only = expected_module_only(tag_dir("tp2"), params, False)
+    assert sorted(os.listdir(os.path.join(out, "zero"))) == \
+        sorted(params + list(module_only) + ["optimizer_state.pt"])
+    check_module_only("tp2", out, module_only)
     for p in params:
         for state, key in (("fp32", p), ("exp_avg", "optimizer.exp_avg." + p),
                            ("exp_avg_sq", "optimizer.exp_avg_sq." + p)):

@@ -2848,6 +2848,27 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   if (universal_) {
     Families u;
     FC_RETURN_IF_ERROR(ReadUniversalParams(order, tp == 1, &u));
+    // ds_to_universal (0.19) also writes zero/<name>/fp32.pt, module value as float32, for
+    // module entries without optimizer state (frozen params, buffers, tied aliases), which
+    // the copied model states hold too: those keep the model states' copy (as stored).
+    std::set<std::string> module_only;
+    for (size_t fam : {kFrozen, kBuffers}) {
+      for (const TensorEntry& t : all.tensors[fam]) {
+        module_only.insert(t.key);
+        // TP copies kept per rank (mp_rank_YY.<name>): ds_to_universal wrote TP rank 0's
+        if (t.key.starts_with("mp_rank_") && t.key.find('.') != std::string::npos) {
+          module_only.insert(t.key.substr(t.key.find('.') + 1));
+        }
+      }
+    }
+    for (const auto& [alias, owner] : all.aliases) module_only.insert(alias);
+    std::set<std::string> with_state;
+    for (const TensorEntry& t : u.tensors[kExpAvg]) {
+      with_state.insert(t.key.substr(std::string_view(kFamilyPrefix[kExpAvg]).size()));
+    }
+    std::erase_if(u.tensors[kWeights], [&](const TensorEntry& t) {
+      return module_only.count(t.key) > 0 && with_state.count(t.key) == 0;
+    });
     std::set<std::string> have;
     for (const TensorEntry& t : u.tensors[kWeights]) have.insert(t.key);
     std::erase_if(all.tensors[kOther], [&](const TensorEntry& t) { return have.count(t.key) > 0; });

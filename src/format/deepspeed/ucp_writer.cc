@@ -16,6 +16,7 @@
 #include "fc/format/ucp_writer.h"
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <set>
 
@@ -26,6 +27,7 @@
 #include "fc/codec/pickle_writer.h"
 #include "fc/codec/zip_writer.h"
 #include "fc/core/checked_math.h"
+#include "fc/format/chunk_reader.h"
 #include "fc/format/deepspeed.h"
 #include "fc/io/file.h"
 #include "src/format/torch/torch_save_writer.h"
@@ -325,6 +327,79 @@ Result<PickleValue::Ptr> SubParamShapeFor(const PickleValue* info, const std::st
   return PickleValue::Ptr();
 }
 
+// zero/optimizer_state.pt of a ZeRO-3 source (see ReadUcpSource): `out` with entry
+// `osd_at` (rank 0's optimizer_state_dict, `base`) replaced by {'state': {k: {'step': s}}
+// for each sub-group k of base's state, 'param_groups': base's}. A step that is a tensor is
+// the source's optimizer.step.<param> tensor (one value for every sub-group: DeepSpeed's
+// loader gives every sub-group state[0]'s), the archive's one storage.
+Result<std::string> Zero3OptimizerState(const PickleValue& out, size_t osd_at,
+                                        const PickleValue& base, const CheckpointIndex& index,
+                                        const std::vector<std::string>& params) {
+  const PickleValue* state = base.Find("state");
+  const PickleValue* groups = base.Find("param_groups");
+  if (state == nullptr || !state->is_dict() || groups == nullptr) {
+    return DataLossError("optimizer_state_dict['optimizer_state_dict'] has no state dict or "
+                         "no param_groups");
+  }
+  const TensorEntry* step = nullptr;
+  for (const std::string& p : params) {
+    if ((step = index.FindTensor("optimizer.step." + p)) != nullptr) break;
+  }
+  PickleWriter w(2);
+  bool tensor_step = false;
+  w.EmptyDict().Memoize().Mark();
+  for (size_t i = 0; i < out.entries.size(); ++i) {
+    const auto& [k, v] = out.entries[i];
+    FC_RETURN_IF_ERROR(EmitPickleValue(w, *k, "key"));
+    if (i != osd_at) {
+      FC_RETURN_IF_ERROR(EmitPickleValue(w, *v, k->is_str() ? k->str : "value"));
+      continue;
+    }
+    w.EmptyDict().Memoize().Mark();
+    w.Str("state").Memoize();
+    w.EmptyDict().Memoize().Mark();
+    for (const auto& [sk, sv] : state->entries) {
+      const PickleValue* s = sv->Find("step");
+      if (s == nullptr) {
+        return DataLossError("optimizer_state_dict['optimizer_state_dict']['state'][" +
+                             sk->DebugString() + "] has no 'step'");
+      }
+      FC_RETURN_IF_ERROR(EmitPickleValue(w, *sk, "state key"));
+      w.EmptyDict().Memoize();
+      w.Str("step").Memoize();
+      if (HoldsTensor(*s)) {
+        if (step == nullptr || step->global_shape.size() != 0 || step->chunks.size() != 1) {
+          return DataLossError("the Adam step is a tensor, but fc found no 0-d "
+                               "optimizer.step.<param> tensor holding it");
+        }
+        internal_torch::EmitTensor(w, step->dtype, step->global_shape);
+        tensor_step = true;
+      } else {
+        FC_RETURN_IF_ERROR(EmitPickleValue(w, *s, "step"));
+      }
+      w.SetItem();
+    }
+    w.SetItems();
+    w.Str("param_groups").Memoize();
+    FC_RETURN_IF_ERROR(EmitPickleValue(w, *groups, "param_groups"));
+    w.SetItems();
+  }
+  w.SetItems();
+  std::string pickle = w.Finish();
+  if (!tensor_step) return ArchiveBytes(std::move(pickle));
+  const size_t bytes = DTypeSize(step->dtype);
+  std::vector<std::byte> data(bytes);
+  ChunkReader reader(index);
+  const Box whole = Box::Whole(step->global_shape);
+  FC_RETURN_IF_ERROR(reader.CopyChunkRegion(*step, step->chunks[0], whole, data.data(), whole));
+  const TensorArchive archive = internal_torch::PlanArchiveWithPickle(std::move(pickle), bytes);
+  std::string result = internal_torch::TensorArchiveHead(archive);
+  result.append(reinterpret_cast<const char*>(data.data()), data.size());
+  result += internal_torch::TensorArchiveTail(
+      archive, Crc32(0, std::span<const std::byte>(data.data(), data.size())));
+  return result;
+}
+
 }  // namespace
 
 Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex& index,
@@ -412,9 +487,21 @@ Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex&
   }
   PickleValue out;
   out.kind = PickleValue::Kind::kDict;
+  // ZeRO-3: DeepSpeed's universal loader (stage3.py load_hp_checkpoint_state_from_checkpoint_
+  // dir_stage3) reads optimizer_state_dict['state'][0]['step'] and
+  // optimizer_state_dict['param_groups'][0]; ds_to_universal copies rank 0's whole
+  // optimizer_state_dict there. fc keeps its place in the dict, its param_groups and each
+  // sub-group state's 'step' (torch's Adam: a 0-d tensor, written with its bytes), and leaves
+  // out rank 0's exp_avg / exp_avg_sq shards, which no loader reads.
+  size_t zero3_osd_at = SIZE_MAX;
   for (const auto& [k, v] : osd->entries) {
     if (k->is_str() && (k->str == "base_optimizer_state" || k->str == "param_slice_mappings" ||
                         k->str == "single_partition_of_fp32_groups" || k->str == "param_groups")) {
+      continue;
+    }
+    if (zero3 && k->is_str() && k->str == "optimizer_state_dict") {
+      zero3_osd_at = out.entries.size();
+      out.entries.emplace_back(k, v);
       continue;
     }
     if (HoldsTensor(*v)) continue;
@@ -424,16 +511,44 @@ Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex&
   key->kind = PickleValue::Kind::kStr;
   key->str = "param_groups";
   out.entries.emplace_back(key, std::make_shared<PickleValue>(*groups));
-  FC_ASSIGN_OR_RETURN(src.optimizer_state_archive,
-                      PlainValueArchive(out).With(JoinPath(src.dir, optim_file)));
+  if (zero3_osd_at == SIZE_MAX) {
+    FC_ASSIGN_OR_RETURN(src.optimizer_state_archive,
+                        PlainValueArchive(out).With(JoinPath(src.dir, optim_file)));
+  } else {
+    FC_ASSIGN_OR_RETURN(src.optimizer_state_archive,
+                        Zero3OptimizerState(out, zero3_osd_at, *base, index, params)
+                            .With(JoinPath(src.dir, optim_file)));
+  }
 
   int64_t tp = 1;
   if (const std::string t = attr("deepspeed.tp_degree"); !t.empty()) tp = std::stoll(t);
+  // DeepSpeed 0.19's AutoTP publishes, beside the category patterns, an `affine_map`: per
+  // param pattern, where each TP rank's block lies in the full tensor. ds_to_universal then
+  // rebuilds such a param from the map and saves none of the category keys (cat_dim,
+  // param_n_sub_params, sub_param_shape), only vocab_tensor; a loader of an AutoTP model
+  // takes the layout from its own params' maps. The values equal the category merge fc
+  // reads (real_deepspeed_autotp), so only the keys follow the map here. Each pattern is
+  // compiled once (AutoTP lists one per param).
+  std::vector<std::unique_ptr<RE2>> affine_patterns;
+  if (const PickleValue* am = info ? info->Find("affine_map") : nullptr; am && am->is_dict()) {
+    if (const PickleValue* ps = am->Find("params"); ps && ps->is_dict()) {
+      for (const auto& [k, v] : ps->entries) {
+        if (k->is_str()) affine_patterns.push_back(std::make_unique<RE2>(k->str, RE2::Quiet));
+      }
+    }
+  }
+  auto affine_map_covers = [&](const std::string& name) {
+    for (const auto& re : affine_patterns) {  // Python's re.match: anchored at the start
+      if (re->ok() && re->Match(name, 0, name.size(), RE2::ANCHOR_START, nullptr, 0)) return true;
+    }
+    return false;
+  };
   for (const std::string& p : params) {
     UcpFileMeta meta;
     if (zero3 && tp == 1) {
       meta.form = UcpFileForm::kRawTensor;
-    } else if (!AnyMatch(info, "tp_replicated_parameter_patterns", p) &&
+    } else if (!affine_map_covers(p) &&
+               !AnyMatch(info, "tp_replicated_parameter_patterns", p) &&
                !AnyMatch(info, "parameter_to_average_patterns", p)) {
       const TensorEntry* merged = index.FindTensor(p);
       PickleValue::Ptr sub;

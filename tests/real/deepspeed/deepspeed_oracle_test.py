@@ -10,8 +10,14 @@ CASE
             committed testdata/real/deepspeed saves' expected values have the same names,
             dtypes and shapes as the fresh ones
   ucp       fc-convert --output-format ucp of the committed saves == ds_to_universal's output:
-            every zero/<param>/<state>.pt value (fc's 16-bit frozen params compared as the
-            float32 DeepSpeed writes), the step
+            the same set of files (zero/<name>/fp32.pt of module-only entries included),
+            every zero/<name>/<state>.pt equal (dict keys, dtype, shape, bits; the step),
+            zero/optimizer_state.pt (see optimizer_state_diff), the model states byte copies
+  load_universal
+            both UCPs of ZeRO-1/2/3 and BF16_Optimizer saves (UNIVERSAL_CASES) loaded by
+            DeepSpeed with "checkpoint": {"load_universal": true} at another DP size (and
+            ZeRO stage where allowed): fp32 masters and Adam moments from fc's UCP equal
+            those from ds_to_universal's bitwise, and the loss of one step after it
   load      fc-convert --output-format deepspeed --dp 3 of the committed ZeRO-1/2/3, bf16
             and BF16_Optimizer saves (LOAD_CASES) loaded by engine.load_checkpoint at DP 3
             (torchrun 3 ranks): every param's fp32 master and Adam moments through
@@ -21,6 +27,7 @@ CASE
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 import fcio  # noqa: E402
 
-PORT = {"fixtures": 29641, "ucp": 29651, "load": 29661}
+PORT = {"fixtures": 29641, "ucp": 29651, "load": 29661, "load_universal": 29671}
 
 
 def fixtures_module(testdata):
@@ -67,19 +74,6 @@ def case_fixtures(build, testdata, tmp):
     print("fixtures: fresh saves read by fc equal DeepSpeed's tools; same layout as committed")
 
 
-def ucp_values(ucp):
-    out = {}
-    zero = os.path.join(ucp, "zero")
-    for name in sorted(os.listdir(zero)):
-        d = os.path.join(zero, name)
-        if not os.path.isdir(d):
-            continue
-        for f in sorted(os.listdir(d)):
-            v = torch.load(os.path.join(d, f), map_location="cpu", weights_only=False)
-            out[f"{name}/{f[:-3]}"] = v
-    return out
-
-
 def as_tensor(v):
     if isinstance(v, dict):
         v = v["param"]
@@ -89,7 +83,50 @@ def as_tensor(v):
 
 
 UCP_CASES = ["zero1_fp32", "zero2_fp32", "zero2_bf16", "zero1_bf16", "bf16_optimizer",
-             "zero2_fp32_dp3", "pp2"]
+             "zero2_fp32_dp3", "pp2", "zero3_fp32", "zero3_bf16", "zero3_fp32_dp3",
+             "zero3_subgroup"]
+
+
+def ucp_files(ucp):
+    """Every file under the UCP dir, relative."""
+    out = set()
+    for root, _, files in os.walk(ucp):
+        out.update(os.path.relpath(os.path.join(root, f), ucp) for f in files)
+    return out
+
+
+def same_value(a, b):
+    """Deep equality of torch.load values: tensors bitwise with dtype and shape, objects
+    without __eq__ (DeepSpeed's LossScaler) by their attributes."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and
+                a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same_value, a, b))
+    if type(a) is not type(b):
+        return False
+    if hasattr(a, "__dict__") and type(a).__eq__ is object.__eq__:
+        return same_value(vars(a), vars(b))
+    return a == b
+
+
+def optimizer_state_diff(want, got):
+    """zero/optimizer_state.pt: fc's equals ds_to_universal's, except that for ZeRO-3 fc
+    leaves out what no loader reads: rank 0's flat fp32 partitions (fp32_flat_groups) and its
+    Adam moment shards in optimizer_state_dict['state'][k] (it keeps each sub-group's
+    'step', which DeepSpeed's ZeRO-3 universal loader reads, and param_groups)."""
+    want = dict(want)
+    if "fp32_flat_groups" in want:
+        want.pop("fp32_flat_groups")
+        inner = dict(want["optimizer_state_dict"])
+        inner["state"] = {k: {"step": v["step"]} for k, v in inner["state"].items()}
+        want["optimizer_state_dict"] = inner
+    if list(want) != list(got):
+        return [f"optimizer_state.pt keys: DeepSpeed {list(want)}, fc {list(got)}"]
+    return [f"optimizer_state.pt['{k}']: DeepSpeed {want[k]!r}, fc {got[k]!r}" for k in want
+            if not same_value(want[k], got[k])]
 
 
 def case_ucp(build, testdata, tmp):
@@ -97,48 +134,67 @@ def case_ucp(build, testdata, tmp):
     failed = []
     for case in UCP_CASES:
         ckpt = os.path.join(real, case, "ckpt")
-        info = json.load(open(os.path.join(real, case, "info.json")))
-        ds = os.path.join(tmp, case + "-ds")
-        fc = os.path.join(tmp, case + "-fc")
+        ds = os.path.join(tmp, case + "-ds", "ucp")
+        fc = os.path.join(tmp, case + "-fc", "ucp")
         subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
                         "--input_folder", os.path.join(ckpt, "step2"), "--output_folder", ds,
                         "--inject_missing_state", "--num_extract_workers", "1",
                         "--num_merge_workers", "1"], check=True, capture_output=True)
         fcio.run([os.path.join(build, "tools", "fc-convert"), ckpt, fc, "--output-format", "ucp",
                   "-q"])
-        want, got = ucp_values(ds), ucp_values(fc)
         bad = []
-        # Known gap (open): ds_to_universal 0.19 also writes zero/<name>/fp32.pt for every
-        # module state dict entry without optimizer fragments (frozen params, tied aliases,
-        # buffers: the module value as float32); fc's UCP writer does not yet.
-        module_only = set(info["frozen_param_shapes"]) | set(info["shared_params"]) | \
-            set(info["buffer_names"]) | {k.rsplit("/", 1)[0] for k in want if k.endswith("/fp32")
-                                         and k.rsplit("/", 1)[0] + "/exp_avg" not in want}
-        gap = sorted(k for k in set(want) - set(got) if k.rsplit("/", 1)[0] in module_only
-                     and k.endswith("/fp32"))
-        if gap:
-            print(f"KNOWN GAP {case}: fc's UCP lacks {gap}")
-            want = {k: v for k, v in want.items() if k not in gap}
-        if sorted(want) != sorted(got):
-            bad.append(f"files: only DeepSpeed {sorted(set(want) - set(got))}, "
-                       f"only fc {sorted(set(got) - set(want))}")
-        for k in sorted(set(want) & set(got)):
-            w, g = as_tensor(want[k]), as_tensor(got[k])
-            if k.split("/")[0] in info["shared_params"]:
-                continue  # tied alias: DeepSpeed writes the module copy (see fixtures check)
-            if k.endswith("/step"):
-                ok = float(w) == float(g)
+        # every file ds_to_universal writes, and no other (zero/<name>/fp32.pt of module-only
+        # entries included: frozen params, tied aliases, buffers), and latest_universal
+        want_files, got_files = ucp_files(ds), ucp_files(fc)
+        # Deliberate: fc also copies a pipeline's layer files (the only files holding its
+        # module weights; ds_to_universal copies only mp_rank_*): byte copies of the source's.
+        for f in sorted(got_files - want_files):
+            if re.fullmatch(r"layer_\d+-(model_\d+-)?model_states\.pt", f) and \
+                    open(os.path.join(fc, f), "rb").read() == \
+                    open(os.path.join(ckpt, "step2", f), "rb").read():
+                got_files.discard(f)
+        if want_files != got_files:
+            bad.append(f"files: only DeepSpeed {sorted(want_files - got_files)}, "
+                       f"only fc {sorted(got_files - want_files)}")
+        for side in (ds, fc):
+            with open(os.path.join(os.path.dirname(side), "latest_universal")) as f:
+                if f.read().strip() != "ucp":
+                    bad.append(f"{side}: latest_universal does not name ucp")
+        n = 0
+        for rel in sorted(want_files & got_files):
+            w_path, g_path = os.path.join(ds, rel), os.path.join(fc, rel)
+            if not rel.startswith("zero" + os.sep):  # the model states: copied as they are
+                if open(w_path, "rb").read() != open(g_path, "rb").read():
+                    bad.append(f"{rel}: not a byte copy of the source's file")
+                continue
+            w = torch.load(w_path, map_location="cpu", weights_only=False)
+            g = torch.load(g_path, map_location="cpu", weights_only=False)
+            n += 1
+            if rel == os.path.join("zero", "optimizer_state.pt"):
+                bad += optimizer_state_diff(w, g)
+                continue
+            # the dict's keys and order ({'param': ...}, cat_dim...) or a raw tensor / int
+            shape_w = list(w) if isinstance(w, dict) else type(w).__name__
+            shape_g = list(g) if isinstance(g, dict) else type(g).__name__
+            if shape_w != shape_g:
+                bad.append(f"{rel}: DeepSpeed {shape_w}, fc {shape_g}")
+                continue
+            if rel.endswith("step.pt") and not isinstance(w, torch.Tensor):
+                ok = w == g and type(w) is type(g)
             else:
-                ok = w.dtype == g.dtype and w.shape == g.shape and torch.equal(w, g)
+                ok = same_value(w, g)
             if not ok:
-                bad.append(f"{k}: DeepSpeed {w.dtype}{list(w.shape)} fc {g.dtype}{list(g.shape)}"
-                           + ("" if w.shape != g.shape else
-                              f" max|d| {(w.double() - g.double()).abs().max().item()}"))
+                wt, gt = as_tensor(w), as_tensor(g)
+                bad.append(f"{rel}: DeepSpeed {wt.dtype}{list(wt.shape)} fc "
+                           f"{gt.dtype}{list(gt.shape)}" +
+                           ("" if wt.shape != gt.shape else
+                            f" max|d| {(wt.double() - gt.double()).abs().max().item()}"))
         if bad:
             failed.append(case)
             print(f"FAIL {case}: fc's UCP vs ds_to_universal:\n  " + "\n  ".join(bad))
         else:
-            print(f"{case}: fc's UCP == ds_to_universal ({len(want)} files)")
+            print(f"{case}: fc's UCP == ds_to_universal (the same {len(want_files)} files; "
+                  f"{n} under zero/ equal in value, optimizer_state.pt as documented)")
     assert not failed, failed
 
 
@@ -162,7 +218,7 @@ def link_loaded_optimizer_state(engine):
         opt._lazy_init_hp_params_optimizer_state()
 
 
-def load_worker(testdata, case, ckpt, out):
+def load_worker(testdata, case, ckpt, out, universal="0"):
     """torchrun rank: a fresh engine at this world size loads ckpt; its values ->
     out/case/expected_live.safetensors; then one training step on STEP_BATCH (the same batch
     on every rank) -> out/case/loss.json: the loss of that step's forward (the loaded module)
@@ -176,9 +232,11 @@ def load_worker(testdata, case, ckpt, out):
     torch.manual_seed(99)  # other initial values: what is checked must come from ckpt
     model = mf.Tiny()
     params = [p for p in model.parameters() if p.requires_grad]
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params,
-                                           config=mf.config(ws, stage, dtype, extra))
-    path, _ = engine.load_checkpoint(ckpt)
+    cfg = mf.config(ws, stage, dtype, extra)
+    if universal == "1":
+        cfg["checkpoint"] = {"load_universal": True}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=cfg)
+    path, _ = engine.load_checkpoint(ckpt, load_lr_scheduler_states=False)
     assert path is not None, f"load_checkpoint({ckpt}) loaded nothing"
     link_loaded_optimizer_state(engine)
     mf.live_values(engine, model, out, case)
@@ -208,10 +266,11 @@ STEP_BATCH = (3, 0)  # make_fixtures.batch(step, rank): a batch the saves never 
 STEP_RTOL = 1e-5
 
 
-def run_load(mf, testdata, case, ckpt, nproc, out, env):
+def run_load(mf, testdata, case, ckpt, nproc, out, env, universal=False):
     os.makedirs(os.path.join(out, case), exist_ok=True)
-    p = mf.torchrun(nproc, PORT["load"], [os.path.abspath(__file__), "--load-worker", testdata,
-                                          case, ckpt, out], env)
+    p = mf.torchrun(nproc, PORT["load_universal" if universal else "load"],
+                    [os.path.abspath(__file__), "--load-worker", testdata, case, ckpt, out,
+                     "1" if universal else "0"], env)
     if p.returncode != 0:
         return None, None, (p.stdout + p.stderr)[-3000:]
     return (st(os.path.join(out, case, "expected_live.safetensors")),
@@ -266,16 +325,77 @@ def case_load(build, testdata, tmp):
     assert not failed, failed
 
 
+# load_universal: (source save, the CASES entry whose ZeRO stage / dtype the loading job
+# uses, its DP size). Another DP size each; another ZeRO stage where DeepSpeed allows it
+# (ZeRO-1 <-> 2: one UCP form; a ZeRO-3 UCP loads only in ZeRO-3, ZeRO-1/2's only in 1/2 and
+# BF16_Optimizer).
+UNIVERSAL_CASES = [("zero1_fp32", "zero2_fp32", 3), ("zero2_bf16", "zero1_bf16", 3),
+                   ("bf16_optimizer", "bf16_optimizer", 3), ("zero3_fp32", "zero3_fp32", 3),
+                   ("zero3_bf16", "zero3_bf16", 3), ("zero3_subgroup", "zero3_fp32", 3),
+                   ("zero2_fp32_dp3", "zero2_fp32", 2)]
+
+
+def case_load_universal(build, testdata, tmp):
+    """fc-convert --output-format ucp and ds_to_universal of each source, both loaded by
+    DeepSpeed (load_universal) at another DP size: the fp32 masters and Adam moments
+    (safe_get_full_*) from fc's UCP equal those from ds_to_universal's, bitwise, and so does
+    the loss of one step after the load."""
+    real = os.path.join(testdata, "real", "deepspeed")
+    mf = fixtures_module(testdata)
+    env = mf.env()
+    failed = []
+    for src_case, cfg_case, ws in UNIVERSAL_CASES:
+        tag_dir = os.path.join(real, src_case, "ckpt", "step2")
+        got = {}
+        for side in ("ds", "fc"):
+            ucp = os.path.join(tmp, f"{src_case}-{side}", "ucp")
+            if side == "ds":
+                subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                                "--input_folder", tag_dir, "--output_folder", ucp,
+                                "--inject_missing_state", "--num_extract_workers", "1",
+                                "--num_merge_workers", "1"], check=True, capture_output=True)
+            else:
+                fcio.run([os.path.join(build, "tools", "fc-convert"),
+                          os.path.dirname(tag_dir), ucp, "--output-format", "ucp", "-q"])
+            out = os.path.join(tmp, f"{src_case}-{side}-loaded")
+            got[side] = run_load(mf, testdata, cfg_case, os.path.dirname(ucp), ws, out, env,
+                                 universal=True)
+        (live_ds, loss_ds, err_ds), (live_fc, loss_fc, err_fc) = got["ds"], got["fc"]
+        what = (f"{src_case} (dp {mf.CASES[src_case][0]}) -> {cfg_case.split('_')[0]} "
+                f"{mf.CASES[cfg_case][2]} dp {ws}")
+        if err_ds is not None or err_fc is not None:
+            failed.append(src_case)
+            print(f"FAIL {what}: load_universal of ds_to_universal's UCP: "
+                  f"{'ok' if err_ds is None else err_ds}\nof fc's UCP: "
+                  f"{'ok' if err_fc is None else err_fc}")
+            continue
+        bad = sorted(k for k in set(live_ds) | set(live_fc)
+                     if k not in live_ds or k not in live_fc or
+                     not torch.equal(live_ds[k], live_fc[k]))
+        want = st(os.path.join(real, src_case, "expected_live.safetensors"))
+        as_trained = sorted(live_ds) == sorted(want) and \
+            all(torch.equal(live_ds[k], want[k]) for k in want)
+        print(f"{what}: {len(live_ds)} fp32 masters / Adam moments loaded from fc's UCP "
+              f"{'==' if not bad else '!='} from ds_to_universal's "
+              f"({'equal to' if as_trained else 'NOT equal to'} the trained values); loss "
+              f"before / after one step: fc {loss_fc['before']!r} / {loss_fc['after']!r}, "
+              f"DeepSpeed's UCP {loss_ds['before']!r} / {loss_ds['after']!r}")
+        if bad or loss_fc != loss_ds:
+            failed.append(src_case)
+            print(f"FAIL {what}: differ: {bad[:8]}")
+    assert not failed, failed
+
+
 def main():
     if sys.argv[1] == "--load-worker":
-        load_worker(*sys.argv[2:6])
+        load_worker(*sys.argv[2:7])
         return
     build, testdata, case = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3]
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     tmp = tempfile.mkdtemp(prefix="fc-real-ds-")
     try:
-        {"fixtures": case_fixtures, "ucp": case_ucp, "load": case_load}[case](build, testdata,
-                                                                             tmp)
+        {"fixtures": case_fixtures, "ucp": case_ucp, "load": case_load,
+         "load_universal": case_load_universal}[case](build, testdata, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
