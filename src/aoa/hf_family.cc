@@ -61,10 +61,324 @@ bool IsDigits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// The source's tensors by role: non-layer names (`is_top`), and the layers' tensors from
+// layer-stacked ("decoder.layers.<suffix>", layer on axis 0) or per-layer
+// ("decoder.layers.<i>.<suffix>") keys whose suffix `is_layer`; anything else is
+// kUnimplemented naming the tensor (`what`: the names the family maps).
+struct SourceModel {
+  std::map<std::string, Shape> top;      // non-layer tensors
+  std::map<std::string, Shape> stacked;  // suffix -> stacked shape (empty: per-layer keys)
+  std::map<std::string, Shape> layer;    // one layer's tensors, without the layer axis
+  int64_t num_layers = 0;
+};
+
+template <typename IsTop, typename IsLayer>
+Result<SourceModel> ReadSource(const HfSourceFacts& source, const std::string& where,
+                               const std::string& fam, const std::string& what, IsTop is_top,
+                               IsLayer is_layer) {
+  auto mismatch = [&](const std::string& text) { return InvalidArgumentError(where + ": " + text); };
+  // The source's names: layer-stacked ("decoder.layers.<suffix>", layer on axis 0) or
+  // per-layer ("decoder.layers.<i>.<suffix>") keys.
+  SourceModel m;
+  std::map<std::string, Shape>& top = m.top;
+  std::map<std::string, Shape>& stacked = m.stacked;
+  std::map<int64_t, std::map<std::string, Shape>> layers;    // id -> suffix -> shape
+  for (const HfSourceFacts::Tensor& t : source.tensors) {
+    if (t.name.rfind("optimizer.", 0) == 0) continue;
+    const std::string prefix = "decoder.layers.";
+    if (t.name.rfind(prefix, 0) == 0) {
+      std::string rest = t.name.substr(prefix.size());
+      const size_t dot = rest.find('.');
+      std::string suffix = rest;
+      std::optional<int64_t> id;
+      if (dot != std::string::npos && IsDigits(rest.substr(0, dot))) {
+        id = std::stoll(rest.substr(0, dot));
+        suffix = rest.substr(dot + 1);
+      }
+      if (!is_layer(suffix)) {
+        return UnimplementedError(where + ": the source tensor '" + t.name +
+                                  "' has no place in family " + fam + " (" + what + ")");
+      }
+      if (id) {
+        layers[*id][suffix] = t.shape;
+      } else {
+        stacked[suffix] = t.shape;
+      }
+      continue;
+    }
+    if (is_top(t.name)) {
+      top[t.name] = t.shape;
+      continue;
+    }
+    return UnimplementedError(where + ": the source tensor '" + t.name + "' has no place in family " +
+                              fam + " (not a Megatron-Core GPT name fc maps)");
+  }
+  if (!top.count("embedding.word_embeddings.weight")) {
+    return UnimplementedError(where + ": the source has no embedding.word_embeddings.weight; " +
+                              "--hf-family reads Megatron-Core GPT checkpoints");
+  }
+  if (!top.count("decoder.final_layernorm.weight")) {
+    return UnimplementedError(where + ": the source has no decoder.final_layernorm.weight");
+  }
+  if (!stacked.empty() && !layers.empty()) {
+    return UnimplementedError(where + ": the source mixes layer-stacked and per-layer keys");
+  }
+  // One layer's tensors (shapes without the layer axis) and the layer count.
+  std::map<std::string, Shape>& layer = m.layer;
+  int64_t& num_layers = m.num_layers;
+  if (!stacked.empty()) {
+    for (const auto& [suffix, shape] : stacked) {
+      if (shape.empty()) return mismatch("stacked tensor decoder.layers." + suffix + " is 0-d");
+      if (num_layers == 0) num_layers = shape[0];
+      if (shape[0] != num_layers) {
+        return mismatch("stacked tensors disagree on the layer count: decoder.layers." + suffix +
+                        " has " + std::to_string(shape[0]) + ", others " +
+                        std::to_string(num_layers));
+      }
+      layer[suffix] = Shape(shape.begin() + 1, shape.end());
+    }
+  } else if (!layers.empty()) {
+    num_layers = static_cast<int64_t>(layers.size());
+    layer = layers.begin()->second;
+    int64_t expect = 0;
+    for (const auto& [id, tensors] : layers) {
+      if (id != expect) {
+        return mismatch("the source's layers are not numbered 0.." + std::to_string(num_layers - 1) +
+                        " (layer " + std::to_string(expect) + " is missing)");
+      }
+      if (tensors != layer) {
+        return mismatch("layer " + std::to_string(id) + " holds other tensors or shapes than layer 0");
+      }
+      ++expect;
+    }
+  }
+  return m;
+}
+
+
+// "decoder.layers.<suffix>" stacked tensors cut into "decoder.layers.<i>.<suffix>", each
+// without the layer axis (nothing for per-layer keys).
+std::string StackedCut(const SourceModel& m) {
+  if (m.stacked.empty()) return "";
+  std::string p = "\n# layer-stacked tensors: cut into layers, each without the layer axis\n";
+  const std::string L = "decoder.layers.$LAYER_ID.";
+  for (const auto& [suffix, shape] : m.stacked) {
+    p += "decoder.layers." + suffix + " ->";
+    for (int64_t i = 0; i < m.num_layers; ++i) {
+      p += std::string(i ? "," : "") + "\n    decoder.layers." + std::to_string(i) + "." + suffix;
+    }
+    p += ",\n    axis=0\n";
+    p += L + suffix + " -> " + L + suffix + ", shape='" + ShapeText(m.layer.at(suffix)) + "'\n";
+  }
+  return p;
+}
+
+// The GPT-2 layer tensors (suffixes after "decoder.layers.[i.]").
+constexpr const char* kGpt2LayerSuffixes[] = {
+    "self_attention.linear_qkv.layer_norm_weight", "self_attention.linear_qkv.layer_norm_bias",
+    "input_layernorm.weight", "input_layernorm.bias",
+    "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
+    "self_attention.linear_proj.weight", "self_attention.linear_proj.bias",
+    "mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.layer_norm_bias",
+    "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias",
+    "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"};
+
+// --hf-family gpt2: learned absolute positions, LayerNorm with bias, biased linears, GeLU, HF
+// Conv1D weights ([in, out]: Megatron's transposed), c_attn = [q; k; v] (Megatron's QKV is
+// grouped per head: [q_h k_h v_h] for each head h).
+Result<std::string> Gpt2Program(const HfSourceFacts& source, const HfTargetConfig& cfg) {
+  const std::string where = "--hf-family gpt2";
+  auto mismatch = [&](const std::string& what) { return InvalidArgumentError(where + ": " + what); };
+  auto num = [](int64_t v) { return std::to_string(v); };
+  if (cfg.model_type != "gpt2") {
+    return mismatch("config.json model_type is '" + cfg.model_type + "', family gpt2 takes gpt2");
+  }
+  for (auto [v, k] : {std::pair{cfg.vocab_size, "vocab_size"}, {cfg.hidden_size, "n_embd"},
+                      {cfg.num_hidden_layers, "n_layer"}, {cfg.num_attention_heads, "n_head"},
+                      {cfg.max_position_embeddings, "n_positions"}}) {
+    if (v <= 0) return mismatch(std::string("config.json has no positive ") + k);
+  }
+  FC_ASSIGN_OR_RETURN(
+      SourceModel src,
+      ReadSource(source, where, "gpt2",
+                 "fc maps Megatron-Core GPT layers with LayerNorm, biases and a GeLU MLP",
+                 [](const std::string& n) {
+                   return n == "embedding.word_embeddings.weight" ||
+                          n == "embedding.position_embeddings.weight" ||
+                          n == "output_layer.weight" || n == "decoder.final_layernorm.weight" ||
+                          n == "decoder.final_layernorm.bias";
+                 },
+                 [](const std::string& suffix) {
+                   for (const char* s : kGpt2LayerSuffixes) {
+                     if (suffix == s) return true;
+                   }
+                   return false;
+                 }));
+  std::map<std::string, Shape>& top = src.top;
+  std::map<std::string, Shape>& layer = src.layer;
+  const int64_t hidden = cfg.hidden_size, heads = cfg.num_attention_heads;
+  const int64_t ffn = cfg.intermediate_size > 0 ? cfg.intermediate_size : 4 * hidden;
+  if (hidden % heads != 0) {
+    return mismatch("config.json n_embd " + num(hidden) + " does not divide by n_head " + num(heads));
+  }
+  auto pick = [&](const std::string& a, const std::string& b) -> Result<std::string> {
+    if (layer.count(a)) return a;
+    if (layer.count(b)) return b;
+    return UnimplementedError(where + ": the source's layers have no " + a + " (or " + b +
+                              "); GPT-2's LayerNorms have weight and bias");
+  };
+  FC_ASSIGN_OR_RETURN(std::string ln1w, pick("self_attention.linear_qkv.layer_norm_weight",
+                                             "input_layernorm.weight"));
+  FC_ASSIGN_OR_RETURN(std::string ln1b, pick("self_attention.linear_qkv.layer_norm_bias",
+                                             "input_layernorm.bias"));
+  FC_ASSIGN_OR_RETURN(std::string ln2w, pick("mlp.linear_fc1.layer_norm_weight",
+                                             "pre_mlp_layernorm.weight"));
+  FC_ASSIGN_OR_RETURN(std::string ln2b, pick("mlp.linear_fc1.layer_norm_bias",
+                                             "pre_mlp_layernorm.bias"));
+  for (const char* name : {"embedding.position_embeddings.weight", "decoder.final_layernorm.bias"}) {
+    if (!top.count(name)) {
+      return UnimplementedError(where + ": the source has no " + std::string(name) +
+                                " (GPT-2 has learned absolute positions and LayerNorm biases)");
+    }
+  }
+  if (src.num_layers != cfg.num_hidden_layers) {
+    return mismatch("the source has " + num(src.num_layers) + " layers, config.json n_layer is " +
+                    num(cfg.num_hidden_layers));
+  }
+  const Shape& emb = top["embedding.word_embeddings.weight"];
+  if (emb.size() != 2 || emb[1] != hidden) {
+    return mismatch("embedding.word_embeddings.weight is " + ShapeText(emb) +
+                    ", config.json n_embd is " + num(hidden));
+  }
+  const int64_t padded_vocab = emb[0];
+  if (cfg.vocab_size > padded_vocab) {
+    return mismatch("config.json vocab_size " + num(cfg.vocab_size) +
+                    " is larger than the source's vocabulary " + num(padded_vocab) +
+                    " (embedding.word_embeddings.weight rows)");
+  }
+  const Shape& pos = top["embedding.position_embeddings.weight"];
+  if (pos != Shape{cfg.max_position_embeddings, hidden}) {
+    return mismatch("embedding.position_embeddings.weight is " + ShapeText(pos) +
+                    ", config.json n_positions " + num(cfg.max_position_embeddings) +
+                    " and n_embd " + num(hidden) + " need " +
+                    ShapeText({cfg.max_position_embeddings, hidden}));
+  }
+  if (auto h = ArgInt(source, "num_attention_heads"); h && *h != heads) {
+    return mismatch("the source's num_attention_heads is " + num(*h) +
+                    " (Megatron args), config.json n_head is " + num(heads));
+  }
+  if (ArgBool(source, "group_query_attention").value_or(false)) {
+    if (auto g = ArgInt(source, "num_query_groups"); g && *g != heads) {
+      return mismatch("the source has grouped-query attention (args.num_query_groups " + num(*g) +
+                      "); GPT-2 has one K/V head per query head (n_head " + num(heads) + ")");
+    }
+  }
+  if (ArgBool(source, "swiglu").value_or(false)) {
+    return mismatch("the source's args.swiglu is true; GPT-2's MLP has no gate");
+  }
+  const std::string want_act = ArgBool(source, "openai_gelu").value_or(false) ? "gelu_new" : "gelu";
+  // GPT2Config's default activation_function is gelu_new (the tanh form)
+  const std::string act = cfg.activation_function.value_or("gelu_new");
+  if (act != want_act && !(want_act == "gelu_new" && act == "gelu_pytorch_tanh")) {
+    return mismatch("config.json activation_function is '" + act + "'" +
+                    (cfg.activation_function ? "" : " (GPT2Config's default)") +
+                    "; the source's GeLU is " +
+                    (want_act == "gelu" ? "the exact (erf) form Megatron uses without "
+                                          "--openai-gelu: set \"activation_function\": \"gelu\""
+                                        : "the tanh form (args.openai_gelu): gelu_new") );
+  }
+  auto expect = [&](const std::string& suffix, const Shape& want) -> Status {
+    if (!layer.count(suffix)) {
+      return UnimplementedError(where + ": the source's layers have no " + suffix +
+                                " (GPT-2's linears have biases: Megatron add_bias_linear)");
+    }
+    if (layer[suffix] != want) {
+      return mismatch(suffix + " is " + ShapeText(layer[suffix]) + " per layer; config.json (n_embd " +
+                      num(hidden) + ", n_head " + num(heads) + ", n_inner " + num(ffn) +
+                      ") needs " + ShapeText(want) +
+                      (suffix == "mlp.linear_fc1.weight" && layer[suffix] == Shape{2 * ffn, hidden}
+                           ? " (the source's MLP is gated, GPT-2's is not)"
+                           : ""));
+    }
+    return Status::Ok();
+  };
+  FC_RETURN_IF_ERROR(expect("self_attention.linear_qkv.weight", {3 * hidden, hidden}));
+  FC_RETURN_IF_ERROR(expect("self_attention.linear_qkv.bias", {3 * hidden}));
+  FC_RETURN_IF_ERROR(expect("self_attention.linear_proj.weight", {hidden, hidden}));
+  FC_RETURN_IF_ERROR(expect("self_attention.linear_proj.bias", {hidden}));
+  FC_RETURN_IF_ERROR(expect("mlp.linear_fc1.weight", {ffn, hidden}));
+  FC_RETURN_IF_ERROR(expect("mlp.linear_fc1.bias", {ffn}));
+  FC_RETURN_IF_ERROR(expect("mlp.linear_fc2.weight", {hidden, ffn}));
+  FC_RETURN_IF_ERROR(expect("mlp.linear_fc2.bias", {hidden}));
+  for (const std::string& s : {ln1w, ln1b, ln2w, ln2b}) FC_RETURN_IF_ERROR(expect(s, {hidden}));
+  const bool has_output = top.count("output_layer.weight") > 0;
+  if (has_output == cfg.tie_word_embeddings) {
+    return mismatch(std::string("the source ") +
+                    (has_output ? "has its own output_layer.weight (untied)" :
+                                  "has no output_layer.weight (tied to the embedding)") +
+                    ", config.json tie_word_embeddings is " +
+                    (cfg.tie_word_embeddings ? "true" : "false"));
+  }
+  if (has_output && top["output_layer.weight"] != emb) {
+    return mismatch("output_layer.weight is " + ShapeText(top["output_layer.weight"]) +
+                    ", the embedding " + ShapeText(emb));
+  }
+
+  std::string p;
+  const int64_t pad = padded_vocab - cfg.vocab_size;
+  p += "# Megatron-Core GPT -> HuggingFace gpt2 (generated by --hf-family gpt2)\n";
+  p += "# source: " + num(src.num_layers) + " layers" +
+       (src.stacked.empty() ? std::string(" (per-layer keys)") : std::string(" (layer-stacked keys)")) +
+       ", hidden " + num(hidden) + ", vocabulary " + num(padded_vocab) + " rows, " +
+       num(cfg.max_position_embeddings) + " positions\n";
+  p += "# config.json: " + num(heads) + " heads, n_inner " + num(ffn) + ", vocab_size " +
+       num(cfg.vocab_size) + ", activation_function " + act + "\n\n";
+  auto vocab = [&](const std::string& from, const std::string& to, const std::string& tmp) {
+    if (pad == 0) {
+      p += from + " -> " + to + "\n";
+    } else {
+      p += from + " -> " + to + ", " + tmp + ", axis=0, sizes='[" + num(cfg.vocab_size) + "," +
+           num(pad) + "]'\n" + tmp + " -> _\n";
+    }
+  };
+  if (pad > 0) p += "# drop the " + num(pad) + " rows Megatron padded the vocabulary with\n";
+  vocab("embedding.word_embeddings.weight", "transformer.wte.weight", "wte_pad");
+  if (has_output) vocab("output_layer.weight", "lm_head.weight", "lm_head_pad");
+  p += "embedding.position_embeddings.weight -> transformer.wpe.weight\n";
+  p += "decoder.final_layernorm.weight -> transformer.ln_f.weight\n";
+  p += "decoder.final_layernorm.bias -> transformer.ln_f.bias\n";
+  p += StackedCut(src);
+  const std::string L = "decoder.layers.$LAYER_ID.";
+  const std::string H = "transformer.h.$LAYER_ID.";
+  p += "\n# attention: Megatron's QKV is [q_h k_h v_h] per head; HF's c_attn is [q; k; v], and\n"
+       "# HF's Conv1D weights are [in, out] (Megatron's transposed)\n";
+  p += L + ln1w + " -> " + H + "ln_1.weight\n";
+  p += L + ln1b + " -> " + H + "ln_1.bias\n";
+  const std::string fused = ", fused_qkv, num_heads=" + num(heads) +
+                            ", num_key_value_groups=" + num(heads) + ", axis=0\n";
+  p += L + "self_attention.linear_qkv.weight ->\n    gpt2_q.$LAYER_ID, gpt2_k.$LAYER_ID, "
+       "gpt2_v.$LAYER_ID" + fused;
+  p += "gpt2_q.$LAYER_ID, gpt2_k.$LAYER_ID, gpt2_v.$LAYER_ID -> gpt2_qkv.$LAYER_ID, axis=0\n";
+  p += "gpt2_qkv.$LAYER_ID -> " + H + "attn.c_attn.weight, permute='[1, 0]'\n";
+  p += L + "self_attention.linear_qkv.bias ->\n    gpt2_qb.$LAYER_ID, gpt2_kb.$LAYER_ID, "
+       "gpt2_vb.$LAYER_ID" + fused;
+  p += "gpt2_qb.$LAYER_ID, gpt2_kb.$LAYER_ID, gpt2_vb.$LAYER_ID -> " + H + "attn.c_attn.bias, axis=0\n";
+  p += L + "self_attention.linear_proj.weight -> " + H + "attn.c_proj.weight, permute='[1, 0]'\n";
+  p += L + "self_attention.linear_proj.bias -> " + H + "attn.c_proj.bias\n";
+  p += "\n# MLP (GeLU, no gate)\n";
+  p += L + ln2w + " -> " + H + "ln_2.weight\n";
+  p += L + ln2b + " -> " + H + "ln_2.bias\n";
+  p += L + "mlp.linear_fc1.weight -> " + H + "mlp.c_fc.weight, permute='[1, 0]'\n";
+  p += L + "mlp.linear_fc1.bias -> " + H + "mlp.c_fc.bias\n";
+  p += L + "mlp.linear_fc2.weight -> " + H + "mlp.c_proj.weight, permute='[1, 0]'\n";
+  p += L + "mlp.linear_fc2.bias -> " + H + "mlp.c_proj.bias\n";
+  return p;
+}
+
 }  // namespace
 
 const std::vector<std::string_view>& HfFamilyNames() {
-  static const std::vector<std::string_view> kNames = {"llama", "qwen2"};
+  static const std::vector<std::string_view> kNames = {"gpt2", "llama", "qwen2"};
   return kNames;
 }
 
@@ -78,6 +392,7 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
                                 known + ")");
   }
   const std::string fam(family);
+  if (fam == "gpt2") return Gpt2Program(source, cfg);
   const std::string where = "--hf-family " + fam;
   auto mismatch = [&](const std::string& what) { return InvalidArgumentError(where + ": " + what); };
 
@@ -108,83 +423,19 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
   }
   const int64_t head_dim = cfg.head_dim > 0 ? cfg.head_dim : cfg.hidden_size / heads;
 
-  // The source's names: layer-stacked ("decoder.layers.<suffix>", layer on axis 0) or
-  // per-layer ("decoder.layers.<i>.<suffix>") keys.
-  std::map<std::string, Shape> top;                          // non-layer tensors
-  std::map<std::string, Shape> stacked;                      // suffix -> stacked shape
-  std::map<int64_t, std::map<std::string, Shape>> layers;    // id -> suffix -> shape
-  for (const HfSourceFacts::Tensor& t : source.tensors) {
-    if (t.name.rfind("optimizer.", 0) == 0) continue;
-    const std::string prefix = "decoder.layers.";
-    if (t.name.rfind(prefix, 0) == 0) {
-      std::string rest = t.name.substr(prefix.size());
-      const size_t dot = rest.find('.');
-      std::string suffix = rest;
-      std::optional<int64_t> id;
-      if (dot != std::string::npos && IsDigits(rest.substr(0, dot))) {
-        id = std::stoll(rest.substr(0, dot));
-        suffix = rest.substr(dot + 1);
-      }
-      if (!RoleOf(suffix)) {
-        return UnimplementedError(where + ": the source tensor '" + t.name +
-                                  "' has no place in family " + fam +
-                                  " (fc maps Megatron-Core GPT dense layers: " +
-                                  "fused QKV, SwiGLU MLP, RMSNorm)");
-      }
-      if (id) {
-        layers[*id][suffix] = t.shape;
-      } else {
-        stacked[suffix] = t.shape;
-      }
-      continue;
-    }
-    if (t.name == "embedding.word_embeddings.weight" || t.name == "output_layer.weight" ||
-        t.name == "decoder.final_layernorm.weight") {
-      top[t.name] = t.shape;
-      continue;
-    }
-    return UnimplementedError(where + ": the source tensor '" + t.name + "' has no place in family " +
-                              fam + " (not a Megatron-Core GPT name fc maps)");
-  }
-  if (!top.count("embedding.word_embeddings.weight")) {
-    return UnimplementedError(where + ": the source has no embedding.word_embeddings.weight; " +
-                              "--hf-family reads Megatron-Core GPT checkpoints");
-  }
-  if (!top.count("decoder.final_layernorm.weight")) {
-    return UnimplementedError(where + ": the source has no decoder.final_layernorm.weight");
-  }
-  if (!stacked.empty() && !layers.empty()) {
-    return UnimplementedError(where + ": the source mixes layer-stacked and per-layer keys");
-  }
-  // One layer's tensors (shapes without the layer axis) and the layer count.
-  std::map<std::string, Shape> layer;
-  int64_t num_layers = 0;
-  if (!stacked.empty()) {
-    for (const auto& [suffix, shape] : stacked) {
-      if (shape.empty()) return mismatch("stacked tensor decoder.layers." + suffix + " is 0-d");
-      if (num_layers == 0) num_layers = shape[0];
-      if (shape[0] != num_layers) {
-        return mismatch("stacked tensors disagree on the layer count: decoder.layers." + suffix +
-                        " has " + std::to_string(shape[0]) + ", others " +
-                        std::to_string(num_layers));
-      }
-      layer[suffix] = Shape(shape.begin() + 1, shape.end());
-    }
-  } else if (!layers.empty()) {
-    num_layers = static_cast<int64_t>(layers.size());
-    layer = layers.begin()->second;
-    int64_t expect = 0;
-    for (const auto& [id, tensors] : layers) {
-      if (id != expect) {
-        return mismatch("the source's layers are not numbered 0.." + std::to_string(num_layers - 1) +
-                        " (layer " + std::to_string(expect) + " is missing)");
-      }
-      if (tensors != layer) {
-        return mismatch("layer " + std::to_string(id) + " holds other tensors or shapes than layer 0");
-      }
-      ++expect;
-    }
-  }
+  FC_ASSIGN_OR_RETURN(
+      SourceModel src,
+      ReadSource(source, where, fam,
+                 "fc maps Megatron-Core GPT dense layers: fused QKV, SwiGLU MLP, RMSNorm",
+                 [](const std::string& n) {
+                   return n == "embedding.word_embeddings.weight" ||
+                          n == "output_layer.weight" || n == "decoder.final_layernorm.weight";
+                 },
+                 [](const std::string& suffix) { return RoleOf(suffix) != nullptr; }));
+  std::map<std::string, Shape>& top = src.top;
+  const std::map<std::string, Shape>& stacked = src.stacked;
+  std::map<std::string, Shape>& layer = src.layer;
+  const int64_t num_layers = src.num_layers;
   auto need = [&](const std::string& a, const std::string& b) -> Result<std::string> {
     if (layer.count(a)) return a;
     if (layer.count(b)) return b;
@@ -331,17 +582,7 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
   p += "decoder.final_layernorm.weight -> model.norm.weight\n";
   const std::string L = "decoder.layers.$LAYER_ID.";
   const std::string H = "model.layers.$LAYER_ID.";
-  if (!stacked.empty()) {
-    p += "\n# layer-stacked tensors: cut into layers, each without the layer axis\n";
-    for (const auto& [suffix, shape] : stacked) {
-      p += "decoder.layers." + suffix + " ->";
-      for (int64_t i = 0; i < num_layers; ++i) {
-        p += std::string(i ? "," : "") + "\n    decoder.layers." + num(i) + "." + suffix;
-      }
-      p += ",\n    axis=0\n";
-      p += L + suffix + " -> " + L + suffix + ", shape='" + ShapeText(layer[suffix]) + "'\n";
-    }
-  }
+  p += StackedCut(src);
   p += "\n# attention: Megatron's query-group QKV (per group its " + num(heads / groups) +
        " query heads, K, V)\n";
   p += L + norm1 + " -> " + H + "input_layernorm.weight\n";

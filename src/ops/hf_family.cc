@@ -18,6 +18,7 @@ Result<aoa::HfTargetConfig> ParseHfConfig(std::string_view json, const std::stri
     return InvalidArgumentError(origin + ": not a JSON object");
   }
   aoa::HfTargetConfig c;
+  std::optional<bool> tie;
   for (auto field : obj) {
     const std::string_view k = field.key;
     simdjson::dom::element v = field.value;
@@ -44,6 +45,22 @@ Result<aoa::HfTargetConfig> ParseHfConfig(std::string_view json, const std::stri
         return InvalidArgumentError(origin + ": 'model_type' must be a string");
       }
       c.model_type = std::string(s);
+    } else if (k == "activation_function") {
+      std::string_view s;
+      if (v.get_string().get(s) != simdjson::SUCCESS) {
+        return InvalidArgumentError(origin + ": 'activation_function' must be a string");
+      }
+      c.activation_function = std::string(s);
+    } else if (k == "max_position_embeddings" || k == "n_positions") {
+      FC_RETURN_IF_ERROR(integer(&c.max_position_embeddings));
+    } else if (k == "n_embd") {  // GPT-2's names for the fields below
+      FC_RETURN_IF_ERROR(integer(&c.hidden_size));
+    } else if (k == "n_layer") {
+      FC_RETURN_IF_ERROR(integer(&c.num_hidden_layers));
+    } else if (k == "n_head") {
+      FC_RETURN_IF_ERROR(integer(&c.num_attention_heads));
+    } else if (k == "n_inner") {
+      FC_RETURN_IF_ERROR(integer(&c.intermediate_size));
     } else if (k == "vocab_size") {
       FC_RETURN_IF_ERROR(integer(&c.vocab_size));
     } else if (k == "hidden_size") {
@@ -59,15 +76,16 @@ Result<aoa::HfTargetConfig> ParseHfConfig(std::string_view json, const std::stri
     } else if (k == "intermediate_size") {
       FC_RETURN_IF_ERROR(integer(&c.intermediate_size));
     } else if (k == "tie_word_embeddings") {
-      std::optional<bool> b;
-      FC_RETURN_IF_ERROR(boolean(&b));
-      c.tie_word_embeddings = *b;
+      FC_RETURN_IF_ERROR(boolean(&tie));
     } else if (k == "attention_bias") {
       FC_RETURN_IF_ERROR(boolean(&c.attention_bias));
     } else if (k == "mlp_bias") {
       FC_RETURN_IF_ERROR(boolean(&c.mlp_bias));
     }
   }
+  // save_pretrained leaves out fields at their model's default: GPT2Config ties the output
+  // layer by default, LlamaConfig, MistralConfig and Qwen2Config do not.
+  c.tie_word_embeddings = tie.value_or(c.model_type == "gpt2");
   return c;
 }
 

@@ -122,7 +122,7 @@ TEST_CASE("hf-family llama: a config.json that disagrees with the source is refu
   refused(Source(true), c, {"model_type is 'gpt2'"});
   auto unknown = GenerateHfFamilyProgram("mixtral", Source(true), Config());
   CHECK(unknown.status().code() == StatusCode::kInvalidArgument);
-  CHECK_THAT(unknown.status().message(), Catch::Contains("known: llama, qwen2"));
+  CHECK_THAT(unknown.status().message(), Catch::Contains("known: gpt2, llama, qwen2"));
   CHECK_THAT(GenerateHfFamilyProgram("qwen2", Source(true), Config()).status().message(),
              Catch::Contains("model_type is 'llama', family qwen2 takes qwen2"));
 }
@@ -172,6 +172,88 @@ TEST_CASE("hf-family llama: names it does not map are refused", "[aoa][hf_family
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == StatusCode::kUnimplemented);
   CHECK_THAT(r.status().message(), Catch::Contains("decoder.layers.0.mlp.router.weight"));
+}
+
+// GPT-2: 2 layers, hidden 8, 4 heads, n_inner 12, 20 positions, vocabulary 30 padded to 32.
+TEST_CASE("hf-family gpt2: positions, LayerNorm and linear biases, [q; k; v] c_attn, Conv1D "
+          "transposes", "[aoa][hf_family]") {
+  HfTargetConfig c;
+  c.model_type = "gpt2";
+  c.vocab_size = 30;
+  c.hidden_size = 8;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.intermediate_size = 12;
+  c.max_position_embeddings = 20;
+  c.tie_word_embeddings = true;
+  c.activation_function = "gelu";
+  HfSourceFacts f;
+  f.tensors = {{"embedding.word_embeddings.weight", {32, 8}},
+               {"embedding.position_embeddings.weight", {20, 8}},
+               {"decoder.final_layernorm.weight", {8}},
+               {"decoder.final_layernorm.bias", {8}}};
+  const std::vector<std::pair<std::string, Shape>> layer = {
+      {"self_attention.linear_qkv.layer_norm_weight", {8}},
+      {"self_attention.linear_qkv.layer_norm_bias", {8}},
+      {"self_attention.linear_qkv.weight", {24, 8}},
+      {"self_attention.linear_qkv.bias", {24}},
+      {"self_attention.linear_proj.weight", {8, 8}},
+      {"self_attention.linear_proj.bias", {8}},
+      {"mlp.linear_fc1.layer_norm_weight", {8}},
+      {"mlp.linear_fc1.layer_norm_bias", {8}},
+      {"mlp.linear_fc1.weight", {12, 8}},
+      {"mlp.linear_fc1.bias", {12}},
+      {"mlp.linear_fc2.weight", {8, 12}},
+      {"mlp.linear_fc2.bias", {8}}};
+  for (const auto& [suffix, shape] : layer) {
+    Shape s = shape;
+    s.insert(s.begin(), 2);
+    f.tensors.push_back({"decoder.layers." + suffix, s});
+  }
+  auto program = GenerateHfFamilyProgram("gpt2", f, c);
+  REQUIRE(program.ok());
+  CHECK_THAT(*program, Catch::Contains("fused_qkv, num_heads=4, num_key_value_groups=4, axis=0"));
+  std::map<std::string, Shape> out = Outputs(f, *program);
+  CHECK(out.size() == 4 + 2 * 12);
+  CHECK(out["transformer.wte.weight"] == Shape{30, 8});
+  CHECK(out["transformer.wpe.weight"] == Shape{20, 8});
+  CHECK(out["transformer.ln_f.bias"] == Shape{8});
+  CHECK(out.count("lm_head.weight") == 0);
+  for (int i = 0; i < 2; ++i) {
+    const std::string h = "transformer.h." + std::to_string(i) + ".";
+    CHECK(out[h + "attn.c_attn.weight"] == Shape{8, 24});
+    CHECK(out[h + "attn.c_attn.bias"] == Shape{24});
+    CHECK(out[h + "attn.c_proj.weight"] == Shape{8, 8});
+    CHECK(out[h + "mlp.c_fc.weight"] == Shape{8, 12});
+    CHECK(out[h + "mlp.c_proj.weight"] == Shape{12, 8});
+    CHECK(out[h + "ln_1.bias"] == Shape{8});
+    CHECK(out[h + "ln_2.weight"] == Shape{8});
+  }
+  auto refused = [&](HfSourceFacts src, HfTargetConfig cfg, const std::vector<std::string>& words) {
+    auto r = GenerateHfFamilyProgram("gpt2", src, cfg);
+    REQUIRE_FALSE(r.ok());
+    for (const std::string& w : words) CHECK_THAT(r.status().message(), Catch::Contains(w));
+  };
+  HfTargetConfig bad = c;
+  bad.activation_function.reset();
+  refused(f, bad, {"activation_function is 'gelu_new' (GPT2Config's default)"});
+  bad = c;
+  bad.max_position_embeddings = 24;
+  refused(f, bad, {"[20, 8]", "n_positions 24"});
+  bad = c;
+  bad.intermediate_size = 6;
+  refused(f, bad, {"mlp.linear_fc1.weight is [12, 8]", "(the source's MLP is gated, GPT-2's is not)"});
+  HfSourceFacts rms = f;
+  std::erase_if(rms.tensors, [](const HfSourceFacts::Tensor& t) {
+    return t.name.find("layer_norm_bias") != std::string::npos;
+  });
+  refused(rms, c, {"layer_norm_bias", "LayerNorms have weight and bias"});
+  // a Llama-like source (RMSNorm, SwiGLU, no positions) is not a GPT-2
+  HfTargetConfig llama_sized = c;
+  llama_sized.hidden_size = 16;
+  llama_sized.num_hidden_layers = 3;
+  llama_sized.num_attention_heads = 8;
+  refused(Source(true), llama_sized, {"layer_norm_bias"});
 }
 
 }  // namespace

@@ -26,6 +26,9 @@ LLAMA = dict(model_type="llama", vocab_size=64, hidden_size=16, intermediate_siz
              rms_norm_eps=1e-5, hidden_act="silu", max_position_embeddings=16)
 QWEN2 = dict(LLAMA, model_type="qwen2", tie_word_embeddings=True)
 del QWEN2["attention_bias"], QWEN2["mlp_bias"], QWEN2["head_dim"]
+# GPT2Config.save_pretrained's names; tie_word_embeddings left out (GPT-2's default: tied)
+GPT2 = dict(model_type="gpt2", vocab_size=64, n_embd=16, n_layer=4, n_head=8, n_inner=32,
+            n_positions=16, activation_function="gelu", layer_norm_epsilon=1e-5)
 
 
 def write_config(path, fields):
@@ -42,10 +45,13 @@ def main():
     real = os.path.join(testdata, "real", "megatron")
     tmp = tempfile.mkdtemp(prefix="fc-hf-family-convert-")
     try:
-        cases = [("llama", LLAMA, "gpt_tp2_pp2/ckpt", 39),
-                 ("llama", LLAMA, "gpt_tp2_vpp2/legacy", 39),
-                 ("qwen2", QWEN2, "qwen2_tp2/ckpt", 50)]
-        for family, fields, src, count in cases:
+        # (the hf-llama preset has no rule for GPT-2's names: its target is the layout of the
+        # fc-export output, every tensor whole, --target-like)
+        cases = [("llama", LLAMA, "gpt_tp2_pp2/ckpt", 39, "2"),
+                 ("llama", LLAMA, "gpt_tp2_vpp2/legacy", 39, "2"),
+                 ("qwen2", QWEN2, "qwen2_tp2/ckpt", 50, "2"),
+                 ("gpt2", GPT2, "gpt2_tp2/ckpt", 4 + 4 * 12, None)]
+        for family, fields, src, count, dcp_tp in cases:
             ref = write_config(os.path.join(tmp, "ref_" + family), fields)
             ckpt = os.path.join(real, src)
             label = f"{family} {src}"
@@ -53,10 +59,12 @@ def main():
             fcio.run([export, ckpt, want_dir, "--hf-family", family, "--copy-from", ref, "-q"])
             want, _ = fcio.read_hf_dir(want_dir)
             assert len(want) == count, (label, sorted(want))
-            for fmt, tp in (("fc", "1"), ("torch-dcp", "2")):
+            for fmt, tp in (("fc", "1"), ("torch-dcp", dcp_tp)):
                 out = os.path.join(tmp, f"convert_{fmt}_" + src.replace("/", "_"))
+                target = (["--preset", "hf-llama", "--tp", tp] if dcp_tp
+                          else ["--target-like", want_dir])
                 fcio.run([convert, ckpt, out, "--hf-family", family, "--copy-from", ref,
-                          "--preset", "hf-llama", "--tp", tp, "--output-format", fmt, "-q"])
+                          *target, "--output-format", fmt, "-q"])
                 with open(os.path.join(out, "config.json"), "rb") as a, \
                         open(os.path.join(ref, "config.json"), "rb") as b:
                     assert a.read() == b.read(), (label, fmt)
@@ -70,7 +78,8 @@ def main():
                 fcio.run([export, out, back, "-q"])
                 got, _ = fcio.read_hf_dir(back)
                 fcio.same_tensors(got, want, f"{label} fc-convert --output-format {fmt} --tp {tp}")
-            print(f"{label}: fc-convert --hf-family {family} (fc TP 1, torch-dcp TP 2) holds the "
+            layouts = f"fc TP 1, torch-dcp TP {dcp_tp}" if dcp_tp else "fc, torch-dcp"
+            print(f"{label}: fc-convert --hf-family {family} ({layouts}) holds the "
                   f"{count} tensors fc-export --hf-family writes, bit for bit; config.json copied",
                   flush=True)
 
@@ -98,9 +107,9 @@ def main():
         p = fcio.run([convert, ckpt, never, "--hf-family", "qwen2", "--preset", "hf-llama"],
                      expect=2)
         assert "--hf-family needs --copy-from DIR" in p.stderr, p.stderr
-        p = fcio.run([convert, ckpt, never, "--hf-family", "gpt2", "--copy-from", ref,
+        p = fcio.run([convert, ckpt, never, "--hf-family", "mixtral", "--copy-from", ref,
                       "--preset", "hf-llama"], expect=2)
-        assert "gpt2" in p.stderr, p.stderr
+        assert "mixtral" in p.stderr and "gpt2,llama,qwen2" in p.stderr, p.stderr
         print("fc-convert --hf-family: config.json mismatch exit 3 (dry run too); with --aoa, "
               "--output-format ucp, without --copy-from, an unverified family: exit 2",
               flush=True)

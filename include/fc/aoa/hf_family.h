@@ -42,12 +42,17 @@ struct HfTargetConfig {
   bool tie_word_embeddings = false;
   std::optional<bool> attention_bias;
   std::optional<bool> mlp_bias;
+  int64_t max_position_embeddings = 0;  // GPT-2: n_positions
+  std::optional<std::string> activation_function;  // GPT-2
 };
 
 // The families fc generates programs for, each verified against a real Megatron-Core save
 // and transformers: "llama" (Llama 2/3, Mistral: model_type llama or mistral; no biases, or
 // config.json attention_bias with a QKV bias), "qwen2" (model_type qwen2: the QKV bias of
-// Megatron's add_qkv_bias split into q/k/v_proj.bias with the weight's query grouping).
+// Megatron's add_qkv_bias split into q/k/v_proj.bias with the weight's query grouping), "gpt2"
+// (model_type gpt2: learned positions, LayerNorm and linear biases, GeLU; c_attn = [q; k; v]
+// from Megatron's per-head QKV, Conv1D weights transposed). GPT-2's config.json names
+// (n_embd, n_layer, n_head, n_inner, n_positions) fill the HfTargetConfig fields.
 const std::vector<std::string_view>& HfFamilyNames();
 
 // The AOA program (line form, with comments) for `family`. Errors: kInvalidArgument for an

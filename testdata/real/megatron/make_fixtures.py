@@ -40,6 +40,9 @@ Adam step 2, iteration 7):
   qwen2_tp2         TP 2 (2 processes), model only: a tiny Qwen2 (ARCHS["qwen2"]: QKV bias,
                     output layer tied to the embedding), its biases drawn (set_biases) since
                     Megatron initializes them to zero; the target of --hf-family qwen2
+  gpt2_tp2          TP 2 (2 processes), model only: a tiny GPT-2 (ARCHS["gpt2"]: learned
+                    absolute positions, LayerNorm, every linear biased, GeLU, tied), biases
+                    drawn as for qwen2_tp2; the target of --hf-family gpt2
 
 Every save passes the sharded_state_dict metadata Megatron-LM 0.16's
 _build_sharded_state_dict_metadata gives a non-distributed optimizer
@@ -86,14 +89,22 @@ CASES = {
     "gpt_tp2_pp2_layers": dict(tp=2, pp=2, vpp=None, world=4, optimizer=False, per_layer=True,
                                train=True),
     "qwen2_tp2": dict(tp=2, pp=1, vpp=None, world=2, optimizer=False, arch="qwen2"),
+    "gpt2_tp2": dict(tp=2, pp=1, vpp=None, world=2, optimizer=False, arch="gpt2"),
 }
 # The model variants beside the tiny Llama (ARCHS[case's "arch"]): TransformerConfig fields
 # and GPTModel arguments that differ from it.
 #   qwen2  a tiny Qwen2: QKV bias (add_qkv_bias=True, no other linear bias), output layer
 #          tied to the embedding (share_embeddings_and_output_weights=True)
+#   gpt2   a tiny GPT-2: learned absolute position embeddings, LayerNorm (with bias), every
+#          linear with a bias, GeLU (torch's exact erf form, Megatron's default) without a
+#          gate, no GQA (8 query groups of 1 head), ffn 32, tied output layer
 ARCHS = {
     "llama": dict(config={}, tied=False),
     "qwen2": dict(config=dict(add_qkv_bias=True), tied=True),
+    "gpt2": dict(config=dict(normalization="LayerNorm", add_bias_linear=True,
+                             gated_linear_unit=False, activation_func=torch.nn.functional.gelu,
+                             num_query_groups=8, ffn_hidden_size=32),
+                 tied=True, position="learned_absolute"),
 }
 MODEL = dict(num_layers=4, hidden_size=16, num_attention_heads=8, num_query_groups=4,
              ffn_hidden_size=16, vocab_size=64, seq_len=16)
@@ -175,7 +186,8 @@ def build_models(tp, pp, vpp, per_layer=False, arch="llama"):
                                max_sequence_length=MODEL["seq_len"], pre_process=pre,
                                post_process=post,
                                share_embeddings_and_output_weights=ARCHS[arch]["tied"],
-                               position_embedding_type="rope", vp_stage=vp))
+                               position_embedding_type=ARCHS[arch].get("position", "rope"),
+                               vp_stage=vp))
     return chunks
 
 

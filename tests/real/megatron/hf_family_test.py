@@ -1,4 +1,4 @@
-"""fc-export --hf-family llama and qwen2 on the real Megatron-Core 0.16.1 saves
+"""fc-export --hf-family llama, qwen2 and gpt2 on the real Megatron-Core 0.16.1 saves
 (testdata/real/megatron), checked by transformers 5 and Megatron-Core's own forward (suite
 `real`; run through venv_run.py torch).
 
@@ -27,6 +27,14 @@ fc-convert --hf-family qwen2 --preset hf-llama --tp 2 --output-format torch-dcp 
 save: torch.distributed.checkpoint reads the DCP (dcp_to_torch_save), Qwen2ForCausalLM
 load_state_dict takes it with no unexpected key and no missing one but the tied lm_head, and
 its logits equal Megatron's forward within 1e-6.
+
+gpt2: the TP 2 save of a GPTModel with learned absolute positions, LayerNorm, biases on every
+linear (drawn), GeLU and a tied output layer (gpt2_tp2), exported with `--hf-family gpt2`
+against a GPT2Config (activation_function "gelu": Megatron's default GeLU is the exact one):
+GPT2LMHeadModel loads it with no missing, unexpected or mismatched keys (c_attn: [q; k; v]
+reordered from Megatron's per-head QKV, Conv1D weights transposed) and its fp32 logits equal
+Megatron's forward within 1e-6; with GPT2Config's default activation_function (gelu_new) the
+export is exit 3 naming it.
 """
 import json
 import os
@@ -147,6 +155,34 @@ def qwen2_case(m, testdata, real, tools, tmp, port):
           flush=True)
 
 
+def gpt2_case(m, testdata, real, tools, tmp, port):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    M = m.MODEL
+    fields = dict(vocab_size=M["vocab_size"], n_embd=M["hidden_size"], n_layer=M["num_layers"],
+                  n_head=M["num_attention_heads"],
+                  n_inner=m.ARCHS["gpt2"]["config"]["ffn_hidden_size"],
+                  n_positions=M["seq_len"], layer_norm_epsilon=1e-5, resid_pdrop=0.0,
+                  embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    ref = os.path.join(tmp, "ref_gpt2")
+    GPT2Config(activation_function="gelu", **fields).save_pretrained(ref)
+    ckpt = os.path.join(real, "gpt2_tp2", "ckpt")
+    want = megatron_logits(testdata, ckpt, False, tmp, port, arch="gpt2")
+    out = os.path.join(tmp, "hf_gpt2")
+    fcio.run([os.path.join(tools, "fc-export"), ckpt, out, "--hf-family", "gpt2",
+              "--copy-from", ref, "-q"])
+    model = load_and_compare(GPT2LMHeadModel, out, want, "gpt2 (torch_dist TP 2, learned "
+                             "positions, LayerNorm, biases, tied)", "gpt2")
+    assert model.transformer.h[0].attn.c_attn.bias.abs().min().item() > 0
+    # GPT2Config's default activation_function is gelu_new (tanh): not the source's GeLU
+    tanh = os.path.join(tmp, "ref_gpt2_tanh")
+    GPT2Config(**fields).save_pretrained(tanh)
+    r = subprocess.run([os.path.join(tools, "fc-export"), ckpt, os.path.join(tmp, "never"),
+                        "--hf-family", "gpt2", "--copy-from", tanh], capture_output=True,
+                       text=True)
+    assert r.returncode == 3 and "activation_function is 'gelu_new'" in r.stderr, r.stderr
+    print("gpt2 with activation_function gelu_new (GPT2Config's default): exit 3", flush=True)
+
+
 def main():
     build, testdata = sys.argv[1], sys.argv[2]
     import torch
@@ -196,6 +232,7 @@ def main():
               f"heads, {M['num_layers']} layers, {M['vocab_size']} rows in the source): exit 3 "
               "naming both values", flush=True)
         qwen2_case(m, testdata, real, tools, tmp, port + 1)
+        gpt2_case(m, testdata, real, tools, tmp, port + 2)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

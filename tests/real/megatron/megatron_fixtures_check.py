@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 import fcio  # noqa: E402
 
 
-CASES = ["gpt_tp2_pp2", "gpt_tp2_vpp2", "gpt_tp4", "gpt_tp2_pp2_layers", "qwen2_tp2"]
+CASES = ["gpt_tp2_pp2", "gpt_tp2_vpp2", "gpt_tp4", "gpt_tp2_pp2_layers", "qwen2_tp2",
+         "gpt2_tp2"]
 
 
 
