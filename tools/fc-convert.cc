@@ -71,7 +71,9 @@ int main(int argc, char** argv) {
                    "Megatron-Core GPT (torch_dist or legacy) -> HuggingFace names, as fc-export "
                    "--hf-family: the AOA program generated from the checkpoint's facts and "
                    "--copy-from DIR's config.json (llama: Llama 2/3, Mistral; qwen2: Qwen2, QKV "
-                   "bias; gpt2: GPT-2), e.g. with --preset hf-llama; fc-inspect --hf-family NAME "
+                   "bias; gpt2: GPT-2; mixtral: Mixtral MoE; qwen2-moe: Qwen2-MoE), e.g. with "
+                   "--preset hf-llama; "
+                   "fc-inspect --hf-family NAME "
                    "--print-aoa "
                    "prints it")
         ->check(CLI::IsMember(families))

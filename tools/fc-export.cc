@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
     app.add_option("--hf-family", options.hf_family,
                    "Megatron-Core GPT (torch_dist or legacy) -> HuggingFace names: the AOA program "
                    "generated from the checkpoint's facts and --copy-from DIR's config.json "
-                   "(llama: Llama 2/3, Mistral; qwen2: Qwen2, QKV bias; gpt2: GPT-2); fc-inspect "
+                   "(llama: Llama 2/3, Mistral; qwen2: Qwen2, QKV bias; gpt2: GPT-2; mixtral: Mixtral "
+                   "MoE; qwen2-moe: Qwen2-MoE, shared expert); fc-inspect "
                    "--hf-family NAME --print-aoa prints it")
         ->check(CLI::IsMember(families))
         ->excludes("--aoa");

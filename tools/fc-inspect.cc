@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   app.add_option("--hf-family", options.hf_family,
                  "preview (or with --print-aoa print) the AOA program fc-export --hf-family "
                  "generates: Megatron-Core GPT -> HuggingFace names (llama: Llama 2/3, Mistral; "
-                 "qwen2: Qwen2, QKV bias; gpt2: GPT-2)")
+                 "qwen2: Qwen2, QKV bias; gpt2: GPT-2; mixtral: Mixtral MoE; qwen2-moe: Qwen2-MoE)")
       ->check(CLI::IsMember(families))
       ->excludes("--aoa");
   app.add_option("--copy-from", options.hf_config_dir,

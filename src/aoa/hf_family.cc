@@ -28,7 +28,25 @@ constexpr LayerRole kLayerRoles[] = {
     {"pre_mlp_layernorm.weight", "post_attention_layernorm.weight"},
     {"mlp.linear_fc1.weight", nullptr},
     {"mlp.linear_fc2.weight", "mlp.down_proj.weight"},
+    // MoE layers (family mixtral): the router and the SequentialMLP experts as torch_dist
+    // saves them, one tensor per layer with the expert on axis 0
+    {"mlp.router.weight", nullptr},
+    {"mlp.experts.experts.linear_fc1.weight", nullptr},
+    {"mlp.experts.experts.linear_fc2.weight", nullptr},
+    // the shared expert and its sigmoid gate (family qwen2-moe)
+    {"mlp.shared_experts.linear_fc1.weight", nullptr},
+    {"mlp.shared_experts.linear_fc2.weight", nullptr},
+    {"mlp.shared_experts.gate_weight", nullptr},
 };
+
+bool IsSharedExpertSuffix(std::string_view suffix) {
+  return suffix.starts_with("mlp.shared_experts.");
+}
+
+bool IsMoeSuffix(std::string_view suffix) {
+  return suffix == "mlp.router.weight" || suffix.starts_with("mlp.experts.") ||
+         IsSharedExpertSuffix(suffix);
+}
 
 const LayerRole* RoleOf(std::string_view suffix) {
   for (const LayerRole& r : kLayerRoles) {
@@ -378,7 +396,8 @@ Result<std::string> Gpt2Program(const HfSourceFacts& source, const HfTargetConfi
 }  // namespace
 
 const std::vector<std::string_view>& HfFamilyNames() {
-  static const std::vector<std::string_view> kNames = {"gpt2", "llama", "qwen2"};
+  static const std::vector<std::string_view> kNames = {"gpt2", "llama", "mixtral", "qwen2",
+                                                       "qwen2-moe"};
   return kNames;
 }
 
@@ -398,11 +417,22 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
 
   // config.json: the family's model types and the fields every family needs.
   const bool qwen2 = fam == "qwen2";
-  const std::set<std::string> types =
-      qwen2 ? std::set<std::string>{"qwen2"} : std::set<std::string>{"llama", "mistral"};
+  const bool qmoe = fam == "qwen2-moe";
+  const bool moe = fam == "mixtral" || qmoe;
+  const std::string type_text = qwen2 ? "qwen2" : qmoe ? "qwen2_moe" : moe ? "mixtral"
+                                                                          : "llama or mistral";
+  const std::set<std::string> types = qwen2  ? std::set<std::string>{"qwen2"}
+                                      : qmoe ? std::set<std::string>{"qwen2_moe"}
+                                      : moe  ? std::set<std::string>{"mixtral"}
+                                             : std::set<std::string>{"llama", "mistral"};
   if (!types.count(cfg.model_type)) {
     return mismatch("config.json model_type is '" + cfg.model_type + "', family " + fam +
-                    " takes " + (qwen2 ? "qwen2" : "llama or mistral"));
+                    " takes " + type_text);
+  }
+  if (qmoe && (cfg.decoder_sparse_step > 1 || cfg.has_mlp_only_layers)) {
+    return mismatch("config.json has dense MLP layers (decoder_sparse_step " +
+                    std::to_string(cfg.decoder_sparse_step) +
+                    ", mlp_only_layers); fc maps Qwen2-MoE models whose every MLP is a MoE layer");
   }
   for (auto [v, k] : {std::pair{cfg.vocab_size, "vocab_size"}, {cfg.hidden_size, "hidden_size"},
                       {cfg.num_hidden_layers, "num_hidden_layers"},
@@ -431,7 +461,10 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
                    return n == "embedding.word_embeddings.weight" ||
                           n == "output_layer.weight" || n == "decoder.final_layernorm.weight";
                  },
-                 [](const std::string& suffix) { return RoleOf(suffix) != nullptr; }));
+                 [moe, qmoe](const std::string& suffix) {
+                   return RoleOf(suffix) != nullptr && (moe || !IsMoeSuffix(suffix)) &&
+                          (qmoe || !IsSharedExpertSuffix(suffix));
+                 }));
   std::map<std::string, Shape>& top = src.top;
   const std::map<std::string, Shape>& stacked = src.stacked;
   std::map<std::string, Shape>& layer = src.layer;
@@ -445,8 +478,25 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
                                               "input_layernorm.weight"));
   FC_ASSIGN_OR_RETURN(std::string norm2, need("mlp.linear_fc1.layer_norm_weight",
                                               "pre_mlp_layernorm.weight"));
-  for (const char* s : {"self_attention.linear_qkv.weight", "self_attention.linear_proj.weight",
-                        "mlp.linear_fc1.weight", "mlp.linear_fc2.weight"}) {
+  std::vector<const char*> required =
+      moe ? std::vector<const char*>{"self_attention.linear_qkv.weight",
+                                     "self_attention.linear_proj.weight", "mlp.router.weight",
+                                     "mlp.experts.experts.linear_fc1.weight",
+                                     "mlp.experts.experts.linear_fc2.weight"}
+          : std::vector<const char*>{"self_attention.linear_qkv.weight",
+                                     "self_attention.linear_proj.weight", "mlp.linear_fc1.weight",
+                                     "mlp.linear_fc2.weight"};
+  if (qmoe) {
+    for (const char* s : {"mlp.shared_experts.linear_fc1.weight",
+                          "mlp.shared_experts.linear_fc2.weight", "mlp.shared_experts.gate_weight"}) {
+      required.push_back(s);
+    }
+  }
+  if (moe && (layer.count("mlp.linear_fc1.weight") || layer.count("mlp.linear_fc2.weight"))) {
+    return UnimplementedError(where + ": the source's layers have a dense MLP "
+                              "(mlp.linear_fc1.weight); Mixtral's every MLP is a MoE layer");
+  }
+  for (const char* s : required) {
     if (!layer.count(s)) {
       return UnimplementedError(where + ": the source's layers have no " + std::string(s));
     }
@@ -509,16 +559,83 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
   if (auto s = ArgBool(source, "swiglu"); s && !*s) {
     return mismatch("family " + fam + " needs SwiGLU; the source's args.swiglu is false");
   }
-  const int64_t ffn = cfg.intermediate_size;
-  const Shape& fc1 = layer["mlp.linear_fc1.weight"];
-  const Shape& fc2 = layer["mlp.linear_fc2.weight"];
+  // Qwen2-MoE: intermediate_size is its dense MLP's (no layer has one here); the experts'
+  // is moe_intermediate_size.
+  const int64_t ffn = qmoe ? cfg.moe_intermediate_size : cfg.intermediate_size;
+  const int64_t experts = cfg.num_local_experts;
+  const std::string experts_key = qmoe ? "num_experts" : "num_local_experts";
+  const std::string ffn_key = qmoe ? "moe_intermediate_size" : "intermediate_size";
+  if (moe) {
+    if (experts <= 0 || cfg.num_experts_per_tok <= 0 || ffn <= 0) {
+      return mismatch("config.json has no positive " + experts_key + ", num_experts_per_tok and " +
+                      ffn_key);
+    }
+    const Shape& router = layer["mlp.router.weight"];
+    if (router != Shape{experts, hidden}) {
+      return mismatch("mlp.router.weight is " + ShapeText(router) + " per layer; config.json " +
+                      experts_key + " " + num(experts) + " needs " + ShapeText({experts, hidden}));
+    }
+    const Shape& efc1 = layer["mlp.experts.experts.linear_fc1.weight"];
+    const Shape& efc2 = layer["mlp.experts.experts.linear_fc2.weight"];
+    if (efc1 != Shape{experts, 2 * ffn, hidden} || efc2 != Shape{experts, hidden, ffn}) {
+      return mismatch("the experts' linear_fc1.weight is " + ShapeText(efc1) + " and linear_fc2.weight " +
+                      ShapeText(efc2) + " per layer; config.json " + experts_key + " " + num(experts) +
+                      " and " + ffn_key + " " + num(ffn) + " need " +
+                      ShapeText({experts, 2 * ffn, hidden}) + " (SwiGLU gate and up) and " +
+                      ShapeText({experts, hidden, ffn}));
+    }
+    if (auto e = ArgInt(source, "num_experts"); e && *e != experts) {
+      return mismatch("the source's num_experts is " + num(*e) + " (Megatron args), config.json " +
+                      experts_key + " is " + num(experts));
+    }
+    if (auto k = ArgInt(source, "moe_router_topk"); k && *k != cfg.num_experts_per_tok) {
+      return mismatch("the source's moe_router_topk is " + num(*k) +
+                      " (Megatron args), config.json num_experts_per_tok is " +
+                      num(cfg.num_experts_per_tok));
+    }
+    // Megatron's router: softmax over the top-k logits (Mixtral, Qwen2-MoE norm_topk_prob
+    // true), or with moe_router_pre_softmax over all logits, then the top-k (Qwen2-MoE's
+    // default norm_topk_prob false).
+    const bool renormalized = qmoe ? cfg.norm_topk_prob.value_or(false) : true;
+    if (auto pre = ArgBool(source, "moe_router_pre_softmax"); pre && *pre == renormalized) {
+      return mismatch(std::string("the source's router takes the softmax ") +
+                      (*pre ? "over all experts before the top-k (args.moe_router_pre_softmax "
+                              "true); config.json's model renormalizes the top-k"
+                            : "over the top-k logits (args.moe_router_pre_softmax false); "
+                              "config.json's model does not renormalize the top-k") +
+                      (qmoe ? " (norm_topk_prob " + std::string(renormalized ? "true" : "false") + ")"
+                            : std::string(" (Mixtral always does)")));
+    }
+    if (qmoe) {
+      const int64_t shared = cfg.shared_expert_intermediate_size;
+      const Shape& sfc1 = layer["mlp.shared_experts.linear_fc1.weight"];
+      const Shape& sfc2 = layer["mlp.shared_experts.linear_fc2.weight"];
+      if (shared <= 0 || sfc1 != Shape{2 * shared, hidden} || sfc2 != Shape{hidden, shared}) {
+        return mismatch("the shared expert's linear_fc1.weight is " + ShapeText(sfc1) +
+                        " and linear_fc2.weight " + ShapeText(sfc2) + " per layer; config.json " +
+                        "shared_expert_intermediate_size " + num(shared) + " needs " +
+                        ShapeText({2 * shared, hidden}) + " and " + ShapeText({hidden, shared}));
+      }
+      if (layer["mlp.shared_experts.gate_weight"] != Shape{1, hidden}) {
+        return mismatch("mlp.shared_experts.gate_weight is " +
+                        ShapeText(layer["mlp.shared_experts.gate_weight"]) + ", Qwen2-MoE's "
+                        "shared_expert_gate needs " + ShapeText({1, hidden}));
+      }
+    }
+    if (auto f = ArgInt(source, "moe_ffn_hidden_size"); f && *f != ffn) {
+      return mismatch("the source's moe_ffn_hidden_size is " + num(*f) +
+                      " (Megatron args), config.json " + ffn_key + " is " + num(ffn));
+    }
+  }
+  const Shape& fc1 = moe ? Shape{2 * ffn, hidden} : layer["mlp.linear_fc1.weight"];
+  const Shape& fc2 = moe ? Shape{hidden, ffn} : layer["mlp.linear_fc2.weight"];
   if (fc1 != Shape{2 * ffn, hidden} || fc2 != Shape{hidden, ffn}) {
     return mismatch("linear_fc1.weight is " + ShapeText(fc1) + " and linear_fc2.weight " +
                     ShapeText(fc2) + " per layer; config.json intermediate_size " + num(ffn) +
                     " needs " + ShapeText({2 * ffn, hidden}) + " (SwiGLU gate and up) and " +
                     ShapeText({hidden, ffn}));
   }
-  if (auto f = ArgInt(source, "ffn_hidden_size"); f && *f != ffn) {
+  if (auto f = ArgInt(source, "ffn_hidden_size"); !moe && f && *f != ffn) {
     return mismatch("the source's ffn_hidden_size is " + num(*f) +
                     " (Megatron args), config.json intermediate_size is " + num(ffn));
   }
@@ -530,7 +647,12 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
   if (auto b = ArgBool(source, "add_qkv_bias"); qwen2 && b && !*b) {
     return mismatch("family qwen2 needs QKV biases; the source's args.add_qkv_bias is false");
   }
-  if (!qwen2 && qkv_bias != cfg.attention_bias.value_or(false)) {
+  if (qmoe && qkv_bias != cfg.qkv_bias.value_or(true)) {
+    return mismatch(std::string("the source ") + (qkv_bias ? "has" : "has no") +
+                    " linear_qkv.bias, config.json qkv_bias is " +
+                    (cfg.qkv_bias.value_or(true) ? "true (Qwen2MoeConfig's default)" : "false"));
+  }
+  if (!qwen2 && !qmoe && qkv_bias != cfg.attention_bias.value_or(false)) {
     return mismatch(std::string("the source ") + (qkv_bias ? "has" : "has no") +
                     " linear_qkv.bias, config.json attention_bias is " +
                     (cfg.attention_bias.value_or(false) ? "true" : "false") +
@@ -595,8 +717,41 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
          "self_attn.k_proj.bias,\n    " + H + "self_attn.v_proj.bias" + fused;
   }
   p += L + "self_attention.linear_proj.weight -> " + H + "self_attn.o_proj.weight\n";
-  p += "\n# MLP: SwiGLU fc1 is [gate; up] as fc reads it (any TP degree)\n";
   p += L + norm2 + " -> " + H + "post_attention_layernorm.weight\n";
+  if (moe) {
+    // HF names: Mixtral block_sparse_moe.experts.<e>.w1 / w3 / w2, Qwen2-MoE
+    // mlp.experts.<e>.gate_proj / up_proj / down_proj
+    const std::string M = H + (qmoe ? "mlp." : "block_sparse_moe.");
+    const std::string wg = qmoe ? "gate_proj" : "w1", wu = qmoe ? "up_proj" : "w3",
+                      wd = qmoe ? "down_proj" : "w2";
+    p += "\n# MoE: the router is the HF gate; each expert's SwiGLU fc1 is [gate; up] (" + wg +
+         "; " + wu + "),\n# fc2 is " + wd + "; Megatron stacks the " + num(experts) +
+         " experts on axis 0\n";
+    p += L + "mlp.router.weight -> " + M + "gate.weight\n";
+    if (qmoe) {
+      p += L + "mlp.shared_experts.linear_fc1.weight -> " + M + "shared_expert.gate_proj.weight, " +
+           M + "shared_expert.up_proj.weight, axis=0\n";
+      p += L + "mlp.shared_experts.linear_fc2.weight -> " + M + "shared_expert.down_proj.weight\n";
+      p += L + "mlp.shared_experts.gate_weight -> " + M + "shared_expert_gate.weight\n";
+    }
+    for (const char* fc : {"fc1", "fc2"}) {
+      p += L + "mlp.experts.experts.linear_" + fc + ".weight ->";
+      for (int64_t e = 0; e < experts; ++e) {
+        p += std::string(e ? "," : "") + "\n    moe_" + fc + ".$LAYER_ID." + num(e);
+      }
+      p += ",\n    axis=0\n";
+    }
+    for (int64_t e = 0; e < experts; ++e) {
+      const std::string id = ".$LAYER_ID." + num(e);
+      const std::string X = M + "experts." + num(e) + ".";
+      p += "moe_fc1" + id + " -> moe_fc1_view" + id + ", shape='" + ShapeText({2 * ffn, hidden}) +
+           "'\n";
+      p += "moe_fc1_view" + id + " -> " + X + wg + ".weight, " + X + wu + ".weight, axis=0\n";
+      p += "moe_fc2" + id + " -> " + X + wd + ".weight, shape='" + ShapeText({hidden, ffn}) + "'\n";
+    }
+    return p;
+  }
+  p += "\n# MLP: SwiGLU fc1 is [gate; up] as fc reads it (any TP degree)\n";
   p += L + "mlp.linear_fc1.weight -> " + H + "mlp.gate_proj.weight, " + H +
        "mlp.up_proj.weight, axis=0\n";
   p += L + "mlp.linear_fc2.weight -> " + H + "mlp.down_proj.weight\n";

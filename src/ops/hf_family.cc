@@ -53,6 +53,28 @@ Result<aoa::HfTargetConfig> ParseHfConfig(std::string_view json, const std::stri
       c.activation_function = std::string(s);
     } else if (k == "max_position_embeddings" || k == "n_positions") {
       FC_RETURN_IF_ERROR(integer(&c.max_position_embeddings));
+    } else if (k == "num_experts") {  // Qwen2-MoE's name
+      FC_RETURN_IF_ERROR(integer(&c.num_local_experts));
+    } else if (k == "moe_intermediate_size") {
+      FC_RETURN_IF_ERROR(integer(&c.moe_intermediate_size));
+    } else if (k == "shared_expert_intermediate_size") {
+      FC_RETURN_IF_ERROR(integer(&c.shared_expert_intermediate_size));
+    } else if (k == "decoder_sparse_step") {
+      FC_RETURN_IF_ERROR(integer(&c.decoder_sparse_step));
+    } else if (k == "norm_topk_prob") {
+      FC_RETURN_IF_ERROR(boolean(&c.norm_topk_prob));
+    } else if (k == "qkv_bias") {
+      FC_RETURN_IF_ERROR(boolean(&c.qkv_bias));
+    } else if (k == "mlp_only_layers") {
+      simdjson::dom::array a;
+      if (v.get_array().get(a) != simdjson::SUCCESS) {
+        return InvalidArgumentError(origin + ": 'mlp_only_layers' must be an array");
+      }
+      c.has_mlp_only_layers = a.size() > 0;
+    } else if (k == "num_local_experts") {
+      FC_RETURN_IF_ERROR(integer(&c.num_local_experts));
+    } else if (k == "num_experts_per_tok") {
+      FC_RETURN_IF_ERROR(integer(&c.num_experts_per_tok));
     } else if (k == "n_embd") {  // GPT-2's names for the fields below
       FC_RETURN_IF_ERROR(integer(&c.hidden_size));
     } else if (k == "n_layer") {

@@ -120,9 +120,10 @@ TEST_CASE("hf-family llama: a config.json that disagrees with the source is refu
   c = Config();
   c.model_type = "gpt2";
   refused(Source(true), c, {"model_type is 'gpt2'"});
-  auto unknown = GenerateHfFamilyProgram("mixtral", Source(true), Config());
+  auto unknown = GenerateHfFamilyProgram("deepseek", Source(true), Config());
   CHECK(unknown.status().code() == StatusCode::kInvalidArgument);
-  CHECK_THAT(unknown.status().message(), Catch::Contains("known: gpt2, llama, qwen2"));
+  CHECK_THAT(unknown.status().message(),
+             Catch::Contains("known: gpt2, llama, mixtral, qwen2, qwen2-moe)"));
   CHECK_THAT(GenerateHfFamilyProgram("qwen2", Source(true), Config()).status().message(),
              Catch::Contains("model_type is 'llama', family qwen2 takes qwen2"));
 }
@@ -254,6 +255,111 @@ TEST_CASE("hf-family gpt2: positions, LayerNorm and linear biases, [q; k; v] c_a
   llama_sized.num_hidden_layers = 3;
   llama_sized.num_attention_heads = 8;
   refused(Source(true), llama_sized, {"layer_norm_bias"});
+}
+
+// Mixtral: the shapes of Source() with MoE layers of 4 experts (ffn 12) instead of the MLP.
+TEST_CASE("hf-family mixtral: router and per-expert w1/w3/w2 from Megatron's stacked experts",
+          "[aoa][hf_family]") {
+  HfTargetConfig c = Config();
+  c.model_type = "mixtral";
+  c.num_local_experts = 4;
+  c.num_experts_per_tok = 2;
+  for (bool stacked : {true, false}) {
+    HfSourceFacts dense = Source(stacked);
+    HfSourceFacts f;
+    for (const auto& t : dense.tensors) {
+      if (t.name.find("mlp.linear_fc1.weight") == std::string::npos &&
+          t.name.find("mlp.linear_fc2.weight") == std::string::npos) {
+        f.tensors.push_back(t);
+      }
+    }
+    const std::vector<std::pair<std::string, Shape>> moe = {
+        {"mlp.router.weight", {4, 16}},
+        {"mlp.experts.experts.linear_fc1.weight", {4, 24, 16}},
+        {"mlp.experts.experts.linear_fc2.weight", {4, 16, 12}}};
+    for (const auto& [suffix, shape] : moe) {
+      if (stacked) {
+        Shape s = shape;
+        s.insert(s.begin(), 3);
+        f.tensors.push_back({"decoder.layers." + suffix, s});
+      } else {
+        for (int i = 0; i < 3; ++i) {
+          f.tensors.push_back({"decoder.layers." + std::to_string(i) + "." + suffix, shape});
+        }
+      }
+    }
+    auto program = GenerateHfFamilyProgram("mixtral", f, c);
+    REQUIRE(program.ok());
+    std::map<std::string, Shape> out = Outputs(f, *program);
+    CHECK(out.size() == 3 + 3 * (6 + 1 + 4 * 3));  // 2 norms, q k v o, gate, experts
+    for (int i = 0; i < 3; ++i) {
+      const std::string h = "model.layers." + std::to_string(i) + ".block_sparse_moe.";
+      CHECK(out[h + "gate.weight"] == Shape{4, 16});
+      for (int e = 0; e < 4; ++e) {
+        const std::string x = h + "experts." + std::to_string(e) + ".";
+        CHECK(out[x + "w1.weight"] == Shape{12, 16});
+        CHECK(out[x + "w3.weight"] == Shape{12, 16});
+        CHECK(out[x + "w2.weight"] == Shape{16, 12});
+      }
+    }
+    HfTargetConfig bad = c;
+    bad.num_local_experts = 8;
+    CHECK_THAT(GenerateHfFamilyProgram("mixtral", f, bad).status().message(),
+               Catch::Contains("num_local_experts 8 needs [8, 16]"));
+    f.args = {{"moe_router_topk", "1"}};
+    CHECK_THAT(GenerateHfFamilyProgram("mixtral", f, c).status().message(),
+               Catch::Contains("moe_router_topk is 1"));
+    // the dense source is not a Mixtral, and the MoE source is not a Llama
+    CHECK_THAT(GenerateHfFamilyProgram("mixtral", dense, c).status().message(),
+               Catch::Contains("dense MLP"));
+    // Qwen2-MoE: the same experts under its names, plus the gated shared expert
+    HfSourceFacts q = f;
+    q.args.clear();
+    for (const auto& [suffix, shape] : std::vector<std::pair<std::string, Shape>>{
+             {"self_attention.linear_qkv.bias", {32}},
+             {"mlp.shared_experts.linear_fc1.weight", {40, 16}},
+             {"mlp.shared_experts.linear_fc2.weight", {16, 20}},
+             {"mlp.shared_experts.gate_weight", {1, 16}}}) {
+      if (stacked) {
+        Shape s = shape;
+        s.insert(s.begin(), 3);
+        q.tensors.push_back({"decoder.layers." + suffix, s});
+      } else {
+        for (int i = 0; i < 3; ++i) {
+          q.tensors.push_back({"decoder.layers." + std::to_string(i) + "." + suffix, shape});
+        }
+      }
+    }
+    CHECK(GenerateHfFamilyProgram("mixtral", q, c).status().code() == StatusCode::kUnimplemented);
+    HfTargetConfig qc = Config();
+    qc.model_type = "qwen2_moe";
+    qc.num_local_experts = 4;
+    qc.num_experts_per_tok = 2;
+    qc.moe_intermediate_size = 12;
+    qc.shared_expert_intermediate_size = 20;
+    auto qp = GenerateHfFamilyProgram("qwen2-moe", q, qc);
+    REQUIRE(qp.ok());
+    std::map<std::string, Shape> qout = Outputs(q, *qp);
+    CHECK(qout.size() == 3 + 3 * (9 + 1 + 4 * 3 + 4));
+    CHECK(qout["model.layers.1.mlp.experts.3.gate_proj.weight"] == Shape{12, 16});
+    CHECK(qout["model.layers.1.mlp.experts.3.down_proj.weight"] == Shape{16, 12});
+    CHECK(qout["model.layers.1.mlp.shared_expert.up_proj.weight"] == Shape{20, 16});
+    CHECK(qout["model.layers.1.mlp.shared_expert.down_proj.weight"] == Shape{16, 20});
+    CHECK(qout["model.layers.1.mlp.shared_expert_gate.weight"] == Shape{1, 16});
+    q.args = {{"moe_router_pre_softmax", "false"}};  // Megatron renormalizes the top-k
+    CHECK_THAT(GenerateHfFamilyProgram("qwen2-moe", q, qc).status().message(),
+               Catch::Contains("does not renormalize the top-k (norm_topk_prob false)"));
+    qc.norm_topk_prob = true;
+    CHECK(GenerateHfFamilyProgram("qwen2-moe", q, qc).ok());
+    qc.shared_expert_intermediate_size = 16;
+    CHECK_THAT(GenerateHfFamilyProgram("qwen2-moe", q, qc).status().message(),
+               Catch::Contains("shared_expert_intermediate_size 16 needs [32, 16]"));
+    HfTargetConfig llama = Config();
+    f.args.clear();
+    auto r = GenerateHfFamilyProgram("llama", f, llama);
+    CHECK(r.status().code() == StatusCode::kUnimplemented);
+    CHECK_THAT(r.status().message(), Catch::Contains("mlp.router.weight' has no place in family llama"));
+  }
 }
 
 }  // namespace

@@ -27,6 +27,12 @@ LLAMA = dict(model_type="llama", vocab_size=64, hidden_size=16, intermediate_siz
 QWEN2 = dict(LLAMA, model_type="qwen2", tie_word_embeddings=True)
 del QWEN2["attention_bias"], QWEN2["mlp_bias"], QWEN2["head_dim"]
 # GPT2Config.save_pretrained's names; tie_word_embeddings left out (GPT-2's default: tied)
+MIXTRAL = dict(LLAMA, model_type="mixtral", num_hidden_layers=2, intermediate_size=8,
+               num_local_experts=4, num_experts_per_tok=2)
+del MIXTRAL["attention_bias"], MIXTRAL["mlp_bias"]
+QWEN2_MOE = dict(QWEN2, model_type="qwen2_moe", num_hidden_layers=2, tie_word_embeddings=False,
+                 num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8,
+                 shared_expert_intermediate_size=16, norm_topk_prob=False)
 GPT2 = dict(model_type="gpt2", vocab_size=64, n_embd=16, n_layer=4, n_head=8, n_inner=32,
             n_positions=16, activation_function="gelu", layer_norm_epsilon=1e-5)
 
@@ -45,14 +51,17 @@ def main():
     real = os.path.join(testdata, "real", "megatron")
     tmp = tempfile.mkdtemp(prefix="fc-hf-family-convert-")
     try:
-        # (the hf-llama preset has no rule for GPT-2's names: its target is the layout of the
-        # fc-export output, every tensor whole, --target-like)
+        # (the hf-llama preset has no rule for GPT-2's names or the MoE families': their
+        # target is the layout of the fc-export output, every tensor whole, --target-like)
         cases = [("llama", LLAMA, "gpt_tp2_pp2/ckpt", 39, "2"),
                  ("llama", LLAMA, "gpt_tp2_vpp2/legacy", 39, "2"),
                  ("qwen2", QWEN2, "qwen2_tp2/ckpt", 50, "2"),
-                 ("gpt2", GPT2, "gpt2_tp2/ckpt", 4 + 4 * 12, None)]
+                 ("gpt2", GPT2, "gpt2_tp2/ckpt", 4 + 4 * 12, None),
+                 ("mixtral", MIXTRAL, "mixtral_tp2/ckpt", 3 + 2 * (6 + 1 + 4 * 3), None),
+                 ("qwen2-moe", QWEN2_MOE, "qwen2_moe_tp2/ckpt",
+                  3 + 2 * (9 + 1 + 4 * 3 + 4), None)]
         for family, fields, src, count, dcp_tp in cases:
-            ref = write_config(os.path.join(tmp, "ref_" + family), fields)
+            ref = write_config(os.path.join(tmp, "ref_" + family.replace("-", "_")), fields)
             ckpt = os.path.join(real, src)
             label = f"{family} {src}"
             want_dir = os.path.join(tmp, "export_" + src.replace("/", "_"))
@@ -107,9 +116,9 @@ def main():
         p = fcio.run([convert, ckpt, never, "--hf-family", "qwen2", "--preset", "hf-llama"],
                      expect=2)
         assert "--hf-family needs --copy-from DIR" in p.stderr, p.stderr
-        p = fcio.run([convert, ckpt, never, "--hf-family", "mixtral", "--copy-from", ref,
+        p = fcio.run([convert, ckpt, never, "--hf-family", "deepseek", "--copy-from", ref,
                       "--preset", "hf-llama"], expect=2)
-        assert "mixtral" in p.stderr and "gpt2,llama,qwen2" in p.stderr, p.stderr
+        assert "deepseek" in p.stderr and "gpt2,llama,mixtral,qwen2,qwen2-moe" in p.stderr, p.stderr
         print("fc-convert --hf-family: config.json mismatch exit 3 (dry run too); with --aoa, "
               "--output-format ucp, without --copy-from, an unverified family: exit 2",
               flush=True)

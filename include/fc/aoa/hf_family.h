@@ -43,6 +43,15 @@ struct HfTargetConfig {
   std::optional<bool> attention_bias;
   std::optional<bool> mlp_bias;
   int64_t max_position_embeddings = 0;  // GPT-2: n_positions
+  int64_t num_local_experts = 0;        // Mixtral; Qwen2-MoE: num_experts
+  int64_t num_experts_per_tok = 0;      // Mixtral, Qwen2-MoE
+  // Qwen2-MoE
+  int64_t moe_intermediate_size = 0;
+  int64_t shared_expert_intermediate_size = 0;
+  std::optional<bool> norm_topk_prob;  // absent: false
+  std::optional<bool> qkv_bias;        // absent: true
+  int64_t decoder_sparse_step = 1;
+  bool has_mlp_only_layers = false;    // a non-empty mlp_only_layers
   std::optional<std::string> activation_function;  // GPT-2
 };
 
@@ -52,7 +61,12 @@ struct HfTargetConfig {
 // Megatron's add_qkv_bias split into q/k/v_proj.bias with the weight's query grouping), "gpt2"
 // (model_type gpt2: learned positions, LayerNorm and linear biases, GeLU; c_attn = [q; k; v]
 // from Megatron's per-head QKV, Conv1D weights transposed). GPT-2's config.json names
-// (n_embd, n_layer, n_head, n_inner, n_positions) fill the HfTargetConfig fields.
+// (n_embd, n_layer, n_head, n_inner, n_positions) fill the HfTargetConfig fields. "mixtral"
+// (model_type mixtral: llama's attention, every MLP a MoE layer: Megatron's router ->
+// block_sparse_moe.gate, the SequentialMLP experts' fc1 -> experts.<e>.w1 / w3, fc2 -> w2),
+// "qwen2-moe" (model_type qwen2_moe: as mixtral with QKV bias, the names mlp.gate,
+// mlp.experts.<e>.gate_proj / up_proj / down_proj, and the shared expert with its sigmoid
+// gate: Megatron's shared_experts.linear_fc1 / linear_fc2 / gate_weight).
 const std::vector<std::string_view>& HfFamilyNames();
 
 // The AOA program (line form, with comments) for `family`. Errors: kInvalidArgument for an

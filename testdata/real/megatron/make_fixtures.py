@@ -43,6 +43,16 @@ Adam step 2, iteration 7):
   gpt2_tp2          TP 2 (2 processes), model only: a tiny GPT-2 (ARCHS["gpt2"]: learned
                     absolute positions, LayerNorm, every linear biased, GeLU, tied), biases
                     drawn as for qwen2_tp2; the target of --hf-family gpt2
+  mixtral_tp2       TP 2 (2 processes), model only: a tiny Mixtral (ARCHS["mixtral"]: 2 layers,
+                    MoE MLPs of 4 SwiGLU experts, top-2): the router
+                    (decoder.layers.mlp.router.weight) and the SequentialMLP experts, saved
+                    one tensor per name with the expert on axis 1 after the layer
+                    (decoder.layers.mlp.experts.experts.linear_fc{1,2}.weight); the target of
+                    --hf-family mixtral
+  qwen2_moe_tp2     TP 2 (2 processes), model only: a tiny Qwen2-MoE (ARCHS["qwen2_moe"]: QKV
+                    bias, 2 MoE layers with a gated shared expert,
+                    decoder.layers.mlp.shared_experts.{linear_fc1,linear_fc2,gate_weight}); the
+                    target of --hf-family qwen2-moe
 
 Every save passes the sharded_state_dict metadata Megatron-LM 0.16's
 _build_sharded_state_dict_metadata gives a non-distributed optimizer
@@ -64,7 +74,10 @@ unconditionally there; none changes what is saved):
     construction, torch.tensor's device='cuda' becomes 'cpu'.
   - model_parallel_cuda_manual_seed is not called (it seeds CUDA): torch.manual_seed only.
 What does not run on CPU (errors in errors.json, recorded by this script): the mixed-precision
-Float16OptimizerWithFloat16Params (bf16 params), the distributed optimizer.
+Float16OptimizerWithFloat16Params (bf16 params), the distributed optimizer, MoE experts as a
+grouped GEMM (the grouped_gemm CUDA package), and the MoE router's forward without Transformer
+Engine unless moe_utils.te_general_gemm is set to None (megatron_oracle_test.forward_worker
+does, scoped to the forward).
 """
 import contextlib
 import json
@@ -90,11 +103,22 @@ CASES = {
                                train=True),
     "qwen2_tp2": dict(tp=2, pp=1, vpp=None, world=2, optimizer=False, arch="qwen2"),
     "gpt2_tp2": dict(tp=2, pp=1, vpp=None, world=2, optimizer=False, arch="gpt2"),
+    "mixtral_tp2": dict(tp=2, pp=1, vpp=None, world=2, optimizer=False, arch="mixtral"),
+    "qwen2_moe_tp2": dict(tp=2, pp=1, vpp=None, world=2, optimizer=False, arch="qwen2_moe"),
 }
 # The model variants beside the tiny Llama (ARCHS[case's "arch"]): TransformerConfig fields
 # and GPTModel arguments that differ from it.
 #   qwen2  a tiny Qwen2: QKV bias (add_qkv_bias=True, no other linear bias), output layer
 #          tied to the embedding (share_embeddings_and_output_weights=True)
+#   mixtral  a tiny Mixtral, 2 layers (a smaller save): every MLP a MoE layer of 4 SwiGLU
+#          experts (ffn 8), top-2
+#          routing (Megatron's default: softmax over the top-k logits), SequentialMLP local
+#          experts (moe_grouped_gemm=False: the grouped GEMM needs Transformer Engine), the
+#          allgather token dispatcher, no aux loss
+#   qwen2_moe  a tiny Qwen2-MoE: QKV bias, 2 layers of MoE MLPs (4 SwiGLU experts of ffn 8,
+#          top-2 of the softmax over all experts: moe_router_pre_softmax, as Qwen2-MoE's
+#          norm_topk_prob false) plus a shared expert (ffn 16) scaled by a sigmoid gate
+#          (moe_shared_expert_gate)
 #   gpt2   a tiny GPT-2: learned absolute position embeddings, LayerNorm (with bias), every
 #          linear with a bias, GeLU (torch's exact erf form, Megatron's default) without a
 #          gate, no GQA (8 query groups of 1 head), ffn 32, tied output layer
@@ -105,6 +129,17 @@ ARCHS = {
                              gated_linear_unit=False, activation_func=torch.nn.functional.gelu,
                              num_query_groups=8, ffn_hidden_size=32),
                  tied=True, position="learned_absolute"),
+    "mixtral": dict(config=dict(num_layers=2, num_moe_experts=4, moe_router_topk=2,
+                                moe_ffn_hidden_size=8,
+                                moe_grouped_gemm=False, moe_aux_loss_coeff=0.0,
+                                moe_token_dispatcher_type="allgather"),
+                    tied=False, experts=4),
+    "qwen2_moe": dict(config=dict(num_layers=2, num_moe_experts=4, moe_router_topk=2,
+                                  moe_ffn_hidden_size=8, moe_shared_expert_intermediate_size=16,
+                                  moe_shared_expert_gate=True, moe_router_pre_softmax=True,
+                                  add_qkv_bias=True, moe_grouped_gemm=False,
+                                  moe_aux_loss_coeff=0.0, moe_token_dispatcher_type="allgather"),
+                      tied=False, experts=4),
 }
 MODEL = dict(num_layers=4, hidden_size=16, num_attention_heads=8, num_query_groups=4,
              ffn_hidden_size=16, vocab_size=64, seq_len=16)
@@ -174,7 +209,8 @@ def build_models(tp, pp, vpp, per_layer=False, arch="llama"):
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     cfg = config(tp, pp, vpp, per_layer, arch)
-    spec = get_gpt_layer_local_spec(normalization=cfg.normalization)
+    spec = get_gpt_layer_local_spec(num_experts=ARCHS[arch].get("experts"),
+                                    moe_grouped_gemm=False, normalization=cfg.normalization)
     chunks = []
     for v in range(vpp or 1):
         vp = v if vpp else None
@@ -544,6 +580,33 @@ def errors_worker(out):
         importlib.import_module("megatron.training.checkpointing")
     errors["Megatron-LM legacy per-rank save (megatron.training.checkpointing.save_checkpoint)"] = \
         error_of(legacy_save)
+
+    def moe_grouped_gemm():
+        from megatron.core.models.gpt.gpt_model import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        cfg = config(1, 1, None, arch="mixtral")
+        cfg.moe_grouped_gemm = True
+        GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(
+                     num_experts=ARCHS["mixtral"]["experts"], moe_grouped_gemm=True,
+                     normalization="RMSNorm"),
+                 vocab_size=MODEL["vocab_size"], max_sequence_length=MODEL["seq_len"])
+    errors["MoE experts as grouped GEMM (moe_grouped_gemm=True)"] = error_of(moe_grouped_gemm)
+
+    def moe_forward_unpatched():
+        import megatron.core.transformer.moe.moe_utils as moe_utils
+        assert not hasattr(moe_utils, "te_general_gemm")
+        model = build_models(1, 1, None, arch="mixtral")[0]
+        model.eval()
+        cur = torch.cuda.current_device
+        torch.cuda.current_device = lambda: "cpu"  # as the forward patches it (RotaryEmbedding)
+        try:
+            with torch.no_grad():
+                model.decoder.layers[0].mlp.router(torch.zeros(2, 1, MODEL["hidden_size"]))
+        finally:
+            torch.cuda.current_device = cur
+    errors["MoE router forward without Transformer Engine (torch.cuda.current_device "
+           "patched to cpu, no te_general_gemm patch)"] = \
+        error_of(moe_forward_unpatched)
 
     with open(os.path.join(out, "errors.json"), "w") as f:
         json.dump(errors, f, indent=1)

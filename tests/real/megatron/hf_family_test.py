@@ -35,6 +35,19 @@ GPT2LMHeadModel loads it with no missing, unexpected or mismatched keys (c_attn:
 reordered from Megatron's per-head QKV, Conv1D weights transposed) and its fp32 logits equal
 Megatron's forward within 1e-6; with GPT2Config's default activation_function (gelu_new) the
 export is exit 3 naming it.
+
+mixtral: the TP 2 save of a 2-layer GPTModel whose MLPs are MoE layers (4 SwiGLU experts,
+SequentialMLP, top-2; mixtral_tp2), exported with `--hf-family mixtral` against a
+MixtralConfig: MixtralForCausalLM loads it with no missing, unexpected or mismatched keys and
+its fp32 logits equal Megatron's forward within 1e-6; a num_local_experts that disagrees is
+exit 3 (num_experts_per_tok is checked against args.moe_router_topk, which this save, like
+every torch_dist save without Megatron-LM's args, does not hold).
+
+qwen2-moe: the TP 2 save of a 2-layer GPTModel with QKV bias and MoE MLPs (4 SwiGLU experts,
+top-2 of the softmax over all experts: moe_router_pre_softmax) plus a shared expert with a
+sigmoid gate (qwen2_moe_tp2), exported with `--hf-family qwen2-moe` against a Qwen2MoeConfig
+(norm_topk_prob false): Qwen2MoeForCausalLM loads it with no missing, unexpected or
+mismatched keys and its fp32 logits equal Megatron's forward within 1e-6.
 """
 import json
 import os
@@ -183,6 +196,61 @@ def gpt2_case(m, testdata, real, tools, tmp, port):
     print("gpt2 with activation_function gelu_new (GPT2Config's default): exit 3", flush=True)
 
 
+def mixtral_case(m, testdata, real, tools, tmp, port):
+    from transformers import MixtralConfig, MixtralForCausalLM
+    M, A = m.MODEL, m.ARCHS["mixtral"]["config"]
+    fields = dict(vocab_size=M["vocab_size"], hidden_size=M["hidden_size"],
+                  intermediate_size=A["moe_ffn_hidden_size"], num_hidden_layers=A["num_layers"],
+                  num_attention_heads=M["num_attention_heads"],
+                  num_key_value_heads=M["num_query_groups"],
+                  head_dim=M["hidden_size"] // M["num_attention_heads"],
+                  num_local_experts=A["num_moe_experts"],
+                  num_experts_per_tok=A["moe_router_topk"], max_position_embeddings=M["seq_len"],
+                  rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+                  router_jitter_noise=0.0, hidden_act="silu")
+    ref = os.path.join(tmp, "ref_mixtral")
+    MixtralConfig(**fields).save_pretrained(ref)
+    ckpt = os.path.join(real, "mixtral_tp2", "ckpt")
+    want = megatron_logits(testdata, ckpt, False, tmp, port, arch="mixtral")
+    out = os.path.join(tmp, "hf_mixtral")
+    fcio.run([os.path.join(tools, "fc-export"), ckpt, out, "--hf-family", "mixtral",
+              "--copy-from", ref, "-q"])
+    load_and_compare(MixtralForCausalLM, out, want, "mixtral (torch_dist TP 2, 4 experts, "
+                     "top-2)", "mixtral")
+    bad = os.path.join(tmp, "ref_mixtral_bad")
+    MixtralConfig(**dict(fields, num_local_experts=8)).save_pretrained(bad)
+    r = subprocess.run([os.path.join(tools, "fc-export"), ckpt, os.path.join(tmp, "never"),
+                        "--hf-family", "mixtral", "--copy-from", bad], capture_output=True,
+                       text=True)
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    for w in ("num_local_experts 8", "[4, 16]"):
+        assert w in r.stderr, (w, r.stderr)
+    print("mixtral with num_local_experts 8 against 4 experts: exit 3", flush=True)
+
+
+def qwen2_moe_case(m, testdata, real, tools, tmp, port):
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+    M, A = m.MODEL, m.ARCHS["qwen2_moe"]["config"]
+    ref = os.path.join(tmp, "ref_qwen2_moe")
+    Qwen2MoeConfig(vocab_size=M["vocab_size"], hidden_size=M["hidden_size"],
+                   intermediate_size=M["ffn_hidden_size"], num_hidden_layers=A["num_layers"],
+                   num_attention_heads=M["num_attention_heads"],
+                   num_key_value_heads=M["num_query_groups"], num_experts=A["num_moe_experts"],
+                   num_experts_per_tok=A["moe_router_topk"],
+                   moe_intermediate_size=A["moe_ffn_hidden_size"],
+                   shared_expert_intermediate_size=A["moe_shared_expert_intermediate_size"],
+                   norm_topk_prob=False, max_position_embeddings=M["seq_len"], rms_norm_eps=1e-5,
+                   rope_theta=10000.0, tie_word_embeddings=False,
+                   hidden_act="silu").save_pretrained(ref)
+    ckpt = os.path.join(real, "qwen2_moe_tp2", "ckpt")
+    want = megatron_logits(testdata, ckpt, False, tmp, port, arch="qwen2_moe")
+    out = os.path.join(tmp, "hf_qwen2_moe")
+    fcio.run([os.path.join(tools, "fc-export"), ckpt, out, "--hf-family", "qwen2-moe",
+              "--copy-from", ref, "-q"])
+    load_and_compare(Qwen2MoeForCausalLM, out, want, "qwen2-moe (torch_dist TP 2, QKV bias, "
+                     "4 experts, top-2, shared expert)", "qwen2-moe")
+
+
 def main():
     build, testdata = sys.argv[1], sys.argv[2]
     import torch
@@ -233,6 +301,8 @@ def main():
               "naming both values", flush=True)
         qwen2_case(m, testdata, real, tools, tmp, port + 1)
         gpt2_case(m, testdata, real, tools, tmp, port + 2)
+        mixtral_case(m, testdata, real, tools, tmp, port + 3)
+        qwen2_moe_case(m, testdata, real, tools, tmp, port + 4)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -23,7 +23,7 @@ import fcio  # noqa: E402
 
 
 CASES = ["gpt_tp2_pp2", "gpt_tp2_vpp2", "gpt_tp4", "gpt_tp2_pp2_layers", "qwen2_tp2",
-         "gpt2_tp2"]
+         "gpt2_tp2", "mixtral_tp2", "qwen2_moe_tp2"]
 
 
 

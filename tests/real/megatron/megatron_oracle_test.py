@@ -241,11 +241,20 @@ def forward_worker(testdata, ckpt, out, per_layer="1", arch="llama"):
     cur = torch.cuda.current_device
     tracker.fork = lambda *a, **k: contextlib.nullcontext()
     torch.cuda.current_device = lambda: "cpu"
+    # MoE (arch mixtral): router_gating_linear tests `te_general_gemm is not None`, a name
+    # moe_utils defines only when Transformer Engine imports (NameError without it): None
+    # takes its torch matmul path.
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    had_te = hasattr(moe_utils, "te_general_gemm")
+    if not had_te:
+        moe_utils.te_general_gemm = None
     try:
         with torch.no_grad():
             logits = model(input_ids=ids, position_ids=pos, attention_mask=mask)
     finally:
         torch.cuda.current_device = cur
+        if not had_te:
+            del moe_utils.te_general_gemm
     torch.save(logits.detach().float().contiguous(), out)
     dist.destroy_process_group()
 
