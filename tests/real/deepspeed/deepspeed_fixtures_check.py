@@ -9,6 +9,8 @@ bit for bit with what DeepSpeed's own tools gave back (testdata/real/deepspeed/m
                                            (expected_ucp) and == the live engine's
                                            safe_get_full_* values (expected_live)
   fc-export CKPT/step1 (two tags)       == zero_to_fp32 of that tag
+  a Trainer save (info saved_by):       the same checks on its tag dir, and fc-export of the
+                                        Trainer's checkpoint dir with --format deepspeed
 
 No framework is needed (numpy reads both sides).
 
@@ -57,6 +59,19 @@ def check_case(tools, fx, case, tmp):
     info = json.load(open(os.path.join(d, "info.json")))
     ckpt = os.path.join(d, "ckpt")
     done = []
+    if info.get("saved_by") == "transformers.Trainer":
+        # The Trainer's checkpoint-N dir holds its own model.safetensors (the module weights)
+        # beside DeepSpeed's `latest` and tag dir: fc detects the safetensors first, so the
+        # DeepSpeed checkpoint is read as --format deepspeed there, or by its tag dir (below).
+        want = fcio.read_safetensors(os.path.join(d, "expected_fp32.safetensors"))
+        same(export(tools, ckpt, os.path.join(tmp, "trainer"), "--format", "deepspeed"), want,
+             f"{case}: zero_to_fp32 (the Trainer's dir, --format deepspeed)")
+        same(fcio.read_safetensors(os.path.join(ckpt, "model.safetensors")),
+             fcio.read_safetensors(os.path.join(d, "expected_module.safetensors")),
+             f"{case}: the Trainer's model.safetensors vs the DeepSpeed module")
+        with open(os.path.join(ckpt, "latest")) as f:
+            ckpt = os.path.join(ckpt, f.read().strip())
+        done.append("Trainer dir --format deepspeed")
     p = fcio.run([os.path.join(tools, "fc-inspect"), "--verify", ckpt])
     assert "verify: OK" in p.stdout, (case, p.stdout)
     exp = lambda n: os.path.join(d, n)  # noqa: E731
@@ -150,8 +165,10 @@ def check_case(tools, fx, case, tmp):
 
 def main():
     build, fx = sys.argv[1], sys.argv[2]
+    # the AutoTP saves (make_autotp.py: no expected_live) have their own check, autotp_check.py
     cases = sys.argv[3:] or sorted(c for c in os.listdir(fx)
-                                   if os.path.isdir(os.path.join(fx, c, "ckpt")))
+                                   if os.path.isdir(os.path.join(fx, c, "ckpt")) and
+                                   os.path.exists(os.path.join(fx, c, "expected_live.safetensors")))
     tools = os.path.join(build, "tools")
     failed = []
     for case in cases:
