@@ -424,9 +424,12 @@ def case_buffers():
 
 def case_source_layout():
     """--source-layout FILE merges a TP 2 checkpoint without universal_checkpoint_info (tp2):
-    each rule's axis concatenates the TP slices, unmatched names (the norm buffer) are TP
-    rank 0's copy; compared element by element with the per-rank tensors the generator
-    wrote, for the fp32 weights, the module weights and the Adam states."""
+    each rule's axis concatenates the TP slices; the norm buffer, which no rule splits and
+    whose TP copies differ, stays per rank (as without rules: each TP rank loads its own
+    buffers), named in deepspeed.tp_buffers_per_rank; compared element by element with the
+    per-rank tensors the generator wrote, for the fp32 weights, the module weights and the
+    Adam states. A param without an axis whose copies differ is refused (a replicated
+    tensor is exported once only after its TP copies are found equal)."""
     fx = os.path.join(TESTDATA, "deepspeed", "tp2")
     exp = fcio.expected_values(fx)
     ckpt = os.path.join(fx, "ckpt")
@@ -450,16 +453,28 @@ def case_source_layout():
                     key = f"optimizer.{state}.{name}"
                     want[key] = np.concatenate([exp[f"mp_rank_0{t}.{key}"] for t in (0, 1)], axis=ax)
                 want[f"optimizer.step.{name}"] = exp[f"mp_rank_00.optimizer.step.{name}"]
-            want["norm.running_mean"] = exp["mp_rank_00." + ("module." if weights == "module" else "") + "norm.running_mean"]
+            for t in (0, 1):
+                want[f"mp_rank_0{t}.norm.running_mean"] = exp[
+                    f"mp_rank_0{t}." + ("module." if weights == "module" else "") + "norm.running_mean"]
+            assert "norm.running_mean" not in got, (axis, weights, sorted(got))
             for name, w in want.items():
                 assert name in got, (axis, weights, name, sorted(got))
                 _, arr = got[name]
-                if weights == "fp32" and name == "norm.running_mean":
+                if weights == "fp32" and name.endswith("norm.running_mean"):
                     w = w.astype(arr.dtype)  # buffers export as fp32 (zero_to_fp32)
                 assert tuple(arr.shape) == tuple(w.shape), (axis, weights, name, arr.shape, w.shape)
                 assert np.array_equal(fcio.bits(arr), fcio.bits(w)), (axis, weights, name)
         p = fcio.run([INSPECT, ckpt, "--source-layout", rules])
         assert "deepspeed.tp_merge tensor_parallel rules of --source-layout " + rules in p.stdout, p.stdout
+        assert "norm.running_mean (values differ between TP rank 0 and TP rank 1" in p.stdout, p.stdout
+    # layer.bias without an axis: replicated by the rules, but its TP copies differ.
+    bad = os.path.join(tmp, "rules_bad.json")
+    json.dump({"tensor_parallel": [{"regex": r"layer\.weight$", "axis": 0}]}, open(bad, "w"))
+    p = fcio.run([EXPORT, ckpt, os.path.join(tmp, "bad"), "--quiet", "--source-layout", bad],
+                 expect=5)
+    assert ("'layer.bias' (float32 [2]) is replicated across TP (no tensor_parallel axis for it "
+            "in --source-layout " + bad + "), but its TP copies differ: element 0 is ") in p.stderr and (
+        "fc exports one copy only (give it an axis if it is split across TP)") in p.stderr, p.stderr
     # UCP output records its merge as universal_checkpoint_info: refused with rules.
     p = fcio.run([CONVERT, ckpt, os.path.join(tmp, "ucp"), "--output-format", "ucp",
                   "--source-layout", rules], expect=6)
@@ -468,9 +483,11 @@ def case_source_layout():
     p = fcio.run([CONVERT, ckpt, os.path.join(tmp, "ds"), "--output-format", "deepspeed",
                   "--dp", "1", "--source-layout", rules], expect=2)
     assert "--source-layout has no effect" in p.stderr, p.stderr
-    # An axis a tensor lacks: exit 3 naming it.
+    # An axis a tensor lacks: exit 3 naming it (layer.weight gets its axis: without one its
+    # differing TP copies would be refused first).
     bad = os.path.join(tmp, "bad.json")
-    json.dump({"tensor_parallel": [{"regex": r"layer\.bias$", "axis": 1}]}, open(bad, "w"))
+    json.dump({"tensor_parallel": [{"regex": r"layer\.weight$", "axis": 0},
+                                   {"regex": r"layer\.bias$", "axis": 1}]}, open(bad, "w"))
     p = fcio.run([INSPECT, ckpt, "--source-layout", bad], expect=3)
     assert "layer.bias" in p.stderr and "axis 1" in p.stderr, p.stderr
     print("ok source_layout")

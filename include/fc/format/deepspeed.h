@@ -65,8 +65,13 @@
 //
 // TP > 1: with `universal_checkpoint_info` in the model states (of mp_rank 0), every tensor
 // is ONE global tensor merged by deepspeed.md 5.5's rules (patterns are Python regexes,
-// re.match, run by RE2): tp_replicated_parameter_patterns -> TP rank 0's copy (the other
-// ranks' copies are not compared and never averaged); parameter_with_2_sub_params_cat_dim_0
+// re.match, run by RE2): tp_replicated_parameter_patterns -> TP rank 0's copy, once every
+// other TP copy of what fc exports (the fp32 master, read through its flat-partition
+// chunks; the 16-bit module weight; exp_avg, exp_avg_sq) is found equal to it element by
+// element (torch.equal: equal bytes, or +0 and -0), read in pieces of
+// DeepSpeedReadOptions::replica_piece_bytes; copies that differ are kDataLoss naming the
+// tensor, the TP ranks, the first differing element, both values and their files
+// (ds_to_universal's merge_tp_slices asserts the same); parameter_with_2_sub_params_cat_dim_0
 // -> the first halves of every rank's slice, then the second halves (torch.chunk(2, dim 0));
 // parameter_with_sub_params (fused params, e.g. QKV: SubparamShape(patterns, shape,
 // partition_dim), shape holding the sub-param sizes at partition_dim) -> each rank's slice
@@ -81,13 +86,16 @@
 // original_vocab_size. A merge only places each rank's chunks at their offset in the global
 // tensor (no data is copied): a piece along dim 0 keeps its chunk's form, a piece along
 // another dim becomes a strided chunk (a flattened range first split into its row-major
-// blocks); the step is TP rank 0's. Params matching parameter_to_average_patterns (a mean fc
+// blocks); the step is TP rank 0's (not compared, as in ds_to_universal). Params matching
+// parameter_to_average_patterns (a mean fc
 // does not compute) keep their per-rank names mp_rank_YY.<key> and are listed in
 // deepspeed.tp_unmerged. Module buffers (buffer_names, in no optimizer group) do not take
-// the default concatenation: a buffer no explicit pattern matches is TP rank 0's copy when
-// every TP copy has the same dtype, shape and bytes (read and compared, up to 64 MiB), and
+// the default concatenation: a buffer that no explicit pattern matches, or that
+// tp_replicated_parameter_patterns matches, is TP rank 0's copy when every TP copy has the
+// same dtype, shape and values (read and compared in pieces, whatever the size), and
 // otherwise stays per rank as mp_rank_YY.<name> / module.mp_rank_YY.<name>, listed with
-// the reason in deepspeed.tp_buffers_per_rank (a warning; export is not refused).
+// the reason and first differing element in deepspeed.tp_buffers_per_rank (a warning;
+// export is not refused: ds_to_universal never compares buffers).
 // Without universal_checkpoint_info every key is prefixed
 // "mp_rank_YY." (YY: TP rank).
 // Universal Checkpoints are already TP- and DP-merged: their cat_dim / vocab_tensor /
@@ -150,10 +158,17 @@ bool IsDeepSpeedCheckpointDir(const std::string& dir);
 struct DeepSpeedReadOptions {
   // When set (fc-* --source-layout FILE), says how TP > 1 shards merge instead of
   // universal_checkpoint_info: for each param name, the dim the TP ranks' slices are
-  // concatenated along, or nullopt (replicated: TP rank 0's copy). No vocabulary trimming,
+  // concatenated along, or nullopt (replicated: TP rank 0's copy, once every TP copy is
+  // found equal to it; copies that differ are kDataLoss, the step excepted; a module buffer
+  // without an axis follows the buffer rule above: per rank when its copies differ). No
+  // vocabulary trimming,
   // sub-param or averaging rules then. deepspeed.tp_merge names the rules.
   std::function<std::optional<int64_t>(std::string_view name)> tp_axis;
   std::string tp_axis_origin;
+  // TP copies that must be equal (replicated tensors, module buffers) are read and compared
+  // in pieces of at most this many bytes per copy (a strided copy is read whole, as export
+  // reads it). Tests set it small to cut tensors into several pieces.
+  uint64_t replica_piece_bytes = uint64_t{4} << 20;
 };
 
 Result<CheckpointIndex> ReadDeepSpeedCheckpoint(const std::string& path,

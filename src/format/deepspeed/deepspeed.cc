@@ -20,6 +20,9 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -32,6 +35,9 @@
 
 #include "fc/codec/pickle_globals.h"
 #include "fc/core/checked_math.h"
+#include "fc/core/dtype_convert.h"
+#include "fc/core/flat_range.h"
+#include "fc/format/chunk_reader.h"
 #include "fc/format/file_names.h"
 #include "fc/format/torch_save.h"
 #include "fc/io/file.h"
@@ -40,15 +46,56 @@ namespace fc {
 namespace {
 
 constexpr uint64_t kMaxPickleBytes = uint64_t{256} << 20;
-// Module buffers at TP > 1 are compared across the TP ranks; larger ones (bytes of one copy,
-// or of the file range a strided copy spans) are kept per rank without reading them.
-constexpr uint64_t kMaxBufferCompareBytes = uint64_t{64} << 20;
-
 std::string ShapeText(const Shape& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
 }
+
+// One element for messages: its value, and for a float its bit pattern too.
+std::string ElementText(DType dtype, const std::byte* p) {
+  const size_t item = DTypeSize(dtype);
+  std::string hex = "0x";
+  for (size_t b = item; b-- > 0;) {  // little-endian in the file: most significant first
+    char h[3];
+    std::snprintf(h, sizeof h, "%02x", std::to_integer<unsigned>(p[b]));
+    hex += h;
+  }
+  if (dtype == DType::kInt64 || dtype == DType::kUInt64) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    return dtype == DType::kInt64 ? std::to_string(static_cast<int64_t>(v)) : std::to_string(v);
+  }
+  double v = 0;
+  if (IsPacked(dtype) || dtype == DType::kComplex64 ||
+      !ConvertElements(p, dtype, &v, DType::kFloat64, 1).ok()) {
+    return hex;
+  }
+  char buf[48];
+  std::snprintf(buf, sizeof buf, dtype == DType::kFloat64 ? "%.17g" : "%.9g", v);
+  return IsFloating(dtype) ? std::string(buf) + " (" + hex + ")" : std::string(buf);
+}
+
+// Whether two elements are equal as torch.equal sees them: equal bytes, or floats of equal
+// value (+0 and -0).
+bool SameElement(DType dtype, const std::byte* a, const std::byte* b) {
+  const size_t item = DTypeSize(dtype);
+  if (std::memcmp(a, b, item) == 0) return true;
+  if (!IsFloating(dtype) || IsPacked(dtype) || dtype == DType::kComplex64) return false;
+  double x = 0, y = 0;
+  if (!ConvertElements(a, dtype, &x, DType::kFloat64, 1).ok() ||
+      !ConvertElements(b, dtype, &y, DType::kFloat64, 1).ok()) {
+    return false;
+  }
+  return x == y;
+}
+
+// The first element where a TP copy of a replicated tensor differs from TP rank 0's.
+struct ReplicaDifference {
+  size_t rank = 0;      // the TP rank whose copy differs
+  int64_t element = 0;  // row-major index in the tensor
+  std::string value0, value;
+};
 
 // --- File names ------------------------------------------------------------------------
 
@@ -1184,14 +1231,24 @@ class Reader {
 
   // Module buffers at TP > 1 (MergeTp): "" when the TP copies `parts` are equal (dtype,
   // shape, values), else why they are kept per rank.
-  Result<std::string> BufferCopiesDiffer(const std::vector<TensorEntry*>& parts) const;
-  // A buffer's value, row-major (one whole chunk, strides followed), or nullopt when it is
-  // not one such chunk.
-  Result<std::optional<std::vector<std::byte>>> BufferValue(const TensorEntry& e) const;
+  Result<std::string> BufferCopiesDiffer(const std::vector<TensorEntry*>& parts,
+                                         ChunkReader& reader) const;
+  // The TP copies `parts` of one tensor (equal dtype and shape) compared element by element,
+  // read through the chunks the export reads (flattened ranges, strides) in pieces of
+  // options_.replica_piece_bytes: the first difference from TP rank 0's copy, or nullopt.
+  Result<std::optional<ReplicaDifference>> FirstReplicaDifference(
+      const std::vector<TensorEntry*>& parts, ChunkReader& reader) const;
+  // The kDataLoss refusal of a replicated tensor `key` whose copies differ (`rule` says
+  // what made it replicated).
+  Status ReplicasDiffer(const std::string& key, const std::vector<TensorEntry*>& parts,
+                        const ReplicaDifference& d, const std::string& rule) const;
+  // The file holding element `element` of `e` (for messages).
+  std::string FileOfElement(const TensorEntry& e, int64_t element) const;
 
   // The user's TP rules (--source-layout) merge `parts` (one per TP rank) into `m`.
   Status MergeBySourceSplit(const std::string& name, bool step,
-                            const std::vector<TensorEntry*>& parts, TensorEntry* m) const;
+                            const std::vector<TensorEntry*>& parts, TensorEntry* m,
+                            ChunkReader& reader) const;
 
   DeepSpeedReadOptions options_;
   bool pipeline_ = false;   // layer_* files hold the module weights
@@ -2140,8 +2197,27 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
   const int64_t tp = static_cast<int64_t>(per_tp.size());
   if (tp == 1) return std::move(per_tp[0]);
   Families out;
+  // Reads the TP copies that are compared (replicated tensors, buffers); the files are the
+  // index's so far.
+  ChunkReader reader(index_, ChunkReaderOptions{.verify_checksums = false});
+  // Module buffers (buffer_names) that no rule splits: one tensor when their TP copies are
+  // equal, else per rank (see below): name -> "" (equal) or why not.
+  std::map<std::string, std::string> buffer_verdict;
+  auto note_per_rank = [&] {
+    std::string per_rank;
+    for (const auto& [name, why] : buffer_verdict) {
+      if (!why.empty()) per_rank += (per_rank.empty() ? "" : "; ") + name + " (" + why + ")";
+    }
+    if (!per_rank.empty()) index_.attributes["deepspeed.tp_buffers_per_rank"] = per_rank;
+  };
   if (options_.tp_axis) {
     // The user's rules say how every tensor merges; universal_checkpoint_info is not used.
+    // A buffer the rules give no axis follows the buffer rule below (each TP rank loads its
+    // own buffers): its copies are not refused when they differ, they stay per rank.
+    std::set<std::string> buffer_names;
+    for (const Families& f : per_tp) {
+      for (const TensorEntry& e : f.tensors[kBuffers]) buffer_names.insert(e.key);
+    }
     for (size_t i = 0; i < kFamilies; ++i) {
       std::vector<std::map<std::string, TensorEntry*>> by_rank(static_cast<size_t>(tp));
       for (int64_t t = 0; t < tp; ++t) {
@@ -2165,13 +2241,31 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
           }
           parts.push_back(it->second);
         }
+        const std::string name = e0.key.substr(kFamilyPrefix[i].size());
+        if ((i == kBuffers || i == kModule) && buffer_names.count(name) &&
+            !options_.tp_axis(name)) {
+          auto [v, fresh] = buffer_verdict.emplace(name, std::string());
+          if (fresh) {
+            FC_ASSIGN_OR_RETURN(v->second, BufferCopiesDiffer(parts, reader));
+          }
+          if (v->second.empty()) {
+            out.tensors[i].push_back(std::move(*parts[0]));  // equal copies: TP rank 0's
+            continue;
+          }
+          for (int64_t t = 0; t < tp; ++t) {
+            TensorEntry e = *parts[static_cast<size_t>(t)];
+            e.key = std::string(kFamilyPrefix[i]) + MpName(t) + "." + name;
+            out.tensors[i].push_back(std::move(e));
+          }
+          continue;
+        }
         TensorEntry m;
-        FC_RETURN_IF_ERROR(MergeBySourceSplit(e0.key.substr(kFamilyPrefix[i].size()),
-                                              i == kStep, parts, &m));
+        FC_RETURN_IF_ERROR(MergeBySourceSplit(name, i == kStep, parts, &m, reader));
         out.tensors[i].push_back(std::move(m));
       }
     }
     out.aliases = per_tp[0].aliases;
+    note_per_rank();
     return out;
   }
   if (rules == nullptr) {
@@ -2200,7 +2294,6 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
   for (const Families& f : per_tp) {
     for (const TensorEntry& e : f.tensors[kBuffers]) buffer_names.insert(e.key);
   }
-  std::map<std::string, std::string> buffer_verdict;  // name -> "" (equal) or why not
   for (size_t i = 0; i < kFamilies; ++i) {
     std::vector<std::map<std::string, TensorEntry*>> by_rank(static_cast<size_t>(tp));
     for (int64_t t = 0; t < tp; ++t) {
@@ -2225,15 +2318,19 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
         parts.push_back(it->second);
       }
       const std::string name = e0.key.substr(kFamilyPrefix[i].size());
+      // A buffer matching tp_replicated_parameter_patterns (DeepSpeed's first rule) takes
+      // this rule too: ds_to_universal never compares buffers (it saves the first mp_rank
+      // file's), so copies that differ stay per rank rather than being refused.
       if ((i == kBuffers || i == kModule) && buffer_names.count(name) &&
-          !TpRules::Matches(rules->replicated, name) && !TpRules::Matches(rules->average, name) &&
-          !TpRules::Matches(rules->two_sub_params, name) &&
-          !TpRules::Matches(rules->sub_params, name) &&
-          !TpRules::Matches(rules->row_parallel, name) &&
-          !TpRules::Matches(rules->vocabulary, name)) {
+          (TpRules::Matches(rules->replicated, name) ||
+           (!TpRules::Matches(rules->average, name) &&
+            !TpRules::Matches(rules->two_sub_params, name) &&
+            !TpRules::Matches(rules->sub_params, name) &&
+            !TpRules::Matches(rules->row_parallel, name) &&
+            !TpRules::Matches(rules->vocabulary, name)))) {
         auto [v, fresh] = buffer_verdict.emplace(name, std::string());
         if (fresh) {
-          FC_ASSIGN_OR_RETURN(v->second, BufferCopiesDiffer(parts));
+          FC_ASSIGN_OR_RETURN(v->second, BufferCopiesDiffer(parts, reader));
         }
         if (v->second.empty()) {
           out.tensors[i].push_back(std::move(*parts[0]));  // equal copies: TP rank 0's
@@ -2272,9 +2369,16 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
                              " on TP rank " + std::to_string(t));
       };
       if (i == kStep || TpRules::Matches(rules->replicated, name)) {
-        // Replicated across TP (layernorms, the step): TP rank 0's copy. The other copies
-        // are not compared (DeepSpeed asserts they are equal; fc never reads them).
+        // Replicated across TP (layernorms, the step): TP rank 0's copy, once every other
+        // copy is found equal to it (ds_to_universal's merge_tp_slices asserts the same of
+        // fp32, exp_avg and exp_avg_sq; fc also compares the 16-bit module weights it
+        // exports). The step is TP rank 0's without a comparison, as in ds_to_universal.
         if (int64_t t = differs_on(SIZE_MAX)) return shape_error(t, "replicated");
+        if (i != kStep) {
+          FC_ASSIGN_OR_RETURN(std::optional<ReplicaDifference> d,
+                              FirstReplicaDifference(parts, reader));
+          if (d) return ReplicasDiffer(e0.key, parts, *d, "tp_replicated_parameter_patterns");
+        }
         out.tensors[i].push_back(std::move(*parts[0]));
         continue;
       }
@@ -2380,69 +2484,128 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
     for (const std::string& u : unmerged) s += (s.empty() ? "" : "; ") + u;
     index_.attributes["deepspeed.tp_unmerged"] = s;
   }
-  std::string per_rank;
-  for (const auto& [name, why] : buffer_verdict) {
-    if (!why.empty()) per_rank += (per_rank.empty() ? "" : "; ") + name + " (" + why + ")";
-  }
-  if (!per_rank.empty()) index_.attributes["deepspeed.tp_buffers_per_rank"] = per_rank;
+  note_per_rank();
   return out;
 }
 
-Result<std::optional<std::vector<std::byte>>> Reader::BufferValue(const TensorEntry& e) const {
-  const uint64_t item = DTypeSize(e.dtype);
-  const int64_t n = *CheckedNumElements(e.global_shape);
-  std::vector<std::byte> out(static_cast<size_t>(n) * item);
-  if (n == 0) return std::optional(std::move(out));
-  if (e.chunks.size() != 1) return std::optional<std::vector<std::byte>>();
-  const Chunk& c = e.chunks[0];
-  if (c.flat_range || c.encoded_item || c.unlocated_item || c.box.local_shape != e.global_shape ||
-      c.file >= files_.size() || (!c.strides.empty() && c.strides.size() != e.global_shape.size())) {
-    return std::optional<std::vector<std::byte>>();
-  }
-  FC_ASSIGN_OR_RETURN(std::vector<std::byte> span,
-                      files_[c.file]->file->ReadAt(c.byte_offset, c.byte_length));
-  if (c.strides.empty()) {
-    if (span.size() < out.size()) {
-      return DataLossError(files_[c.file]->name + ": buffer '" + e.key + "' holds " +
-                           std::to_string(span.size()) + " bytes, its shape needs " +
-                           std::to_string(out.size()));
-    }
-    std::copy(span.begin(), span.begin() + static_cast<std::ptrdiff_t>(out.size()), out.begin());
-    return std::optional(std::move(out));
-  }
-  // Row-major order over a strided view: each element's file position from its index.
-  const size_t rank = e.global_shape.size();
-  const uint64_t stored = span.size() / item;
-  for (size_t d = 0; d < rank; ++d) {
-    // Bounds every index * stride below (n and `stored` are at most 64 MiB of elements).
-    if (c.strides[d] < 0 || (e.global_shape[d] > 1 && static_cast<uint64_t>(c.strides[d]) >= stored)) {
-      return DataLossError(files_[c.file]->name + ": buffer '" + e.key + "' has stride " +
-                           std::to_string(c.strides[d]) + " at dim " + std::to_string(d) +
-                           " over " + std::to_string(stored) + " stored elements");
+Result<std::optional<ReplicaDifference>> Reader::FirstReplicaDifference(
+    const std::vector<TensorEntry*>& parts, ChunkReader& reader) const {
+  const TensorEntry& e0 = *parts[0];
+  const Shape& shape = e0.global_shape;
+  const uint64_t item = DTypeSize(e0.dtype);
+  FC_ASSIGN_OR_RETURN(const int64_t n, CheckedNumElements(shape));
+  if (n == 0 || parts.size() < 2) return std::optional<ReplicaDifference>();
+  // Pieces of options_.replica_piece_bytes per copy (at least one element); a strided copy
+  // is read whole by CopyChunkRegion anyway, so its span is the piece then.
+  uint64_t budget = std::max<uint64_t>(options_.replica_piece_bytes, item);
+  for (const TensorEntry* p : parts) {
+    for (const Chunk& c : p->chunks) {
+      if (!c.strides.empty()) budget = std::max(budget, c.byte_length);
     }
   }
-  std::vector<int64_t> idx(rank, 0);
-  for (int64_t k = 0; k < n; ++k) {
-    uint64_t pos = 0;
-    for (size_t d = 0; d < rank; ++d) {
-      pos += static_cast<uint64_t>(idx[d]) * static_cast<uint64_t>(c.strides[d]);
+  // A piece: one index of each dim before k, a run of `rows` indices of dim k, all of the
+  // dims after it (`inner` elements per index of dim k): row-major contiguous in the tensor.
+  const size_t rank = shape.size();
+  size_t k = 0;
+  int64_t inner = 1, rows = 1;
+  if (rank > 0) {
+    std::vector<int64_t> after(rank, 1);  // products of trailing dims, at most n
+    for (size_t d = rank - 1; d-- > 0;) after[d] = after[d + 1] * shape[d + 1];
+    while (k + 1 < rank && static_cast<uint64_t>(after[k]) * item > budget) ++k;
+    inner = after[k];
+    rows = std::clamp<int64_t>(
+        static_cast<int64_t>(budget / (static_cast<uint64_t>(inner) * item)), 1, shape[k]);
+  }
+  const size_t piece_bytes = static_cast<size_t>(static_cast<uint64_t>(rows * inner) * item);
+  std::vector<std::byte> want(piece_bytes), got(piece_bytes);
+  std::vector<int64_t> outer(k, 0);
+  for (bool more = true; more;) {
+    for (int64_t lo = 0; lo < (rank > 0 ? shape[k] : 1); lo += rows) {
+      Box box = Box::Whole(shape);
+      int64_t count = 1;
+      if (rank > 0) {
+        for (size_t d = 0; d < k; ++d) {
+          box.global_offset[d] = outer[d];
+          box.local_shape[d] = 1;
+        }
+        box.global_offset[k] = lo;
+        box.local_shape[k] = std::min(rows, shape[k] - lo);
+        count = box.local_shape[k] * inner;
+      }
+      const int64_t first = rank > 0 ? Ravel(box.global_offset, shape) : 0;
+      const size_t bytes = static_cast<size_t>(static_cast<uint64_t>(count) * item);
+      auto fill = [&](const TensorEntry& e, std::vector<std::byte>& buf) -> Status {
+        std::fill(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(bytes), std::byte{0});
+        for (const Chunk& c : e.chunks) {
+          FC_RETURN_IF_ERROR(reader.CopyChunkRegion(e, c, box, buf.data(), box));
+        }
+        return Status::Ok();
+      };
+      FC_RETURN_IF_ERROR(fill(e0, want));
+      for (size_t t = 1; t < parts.size(); ++t) {
+        FC_RETURN_IF_ERROR(fill(*parts[t], got));
+        if (std::memcmp(want.data(), got.data(), bytes) == 0) continue;
+        for (int64_t j = 0; j < count; ++j) {
+          const std::byte* a = want.data() + static_cast<size_t>(j) * item;
+          const std::byte* b = got.data() + static_cast<size_t>(j) * item;
+          if (SameElement(e0.dtype, a, b)) continue;
+          return std::optional(ReplicaDifference{t, first + j, ElementText(e0.dtype, a),
+                                                 ElementText(e0.dtype, b)});
+        }
+      }
     }
-    if (pos >= stored) {
-      return DataLossError(files_[c.file]->name + ": buffer '" + e.key + "' element " +
-                           std::to_string(k) + " lies past its " + std::to_string(span.size()) +
-                           " stored bytes");
-    }
-    std::copy_n(span.begin() + static_cast<std::ptrdiff_t>(pos * item), item,
-                out.begin() + static_cast<std::ptrdiff_t>(static_cast<uint64_t>(k) * item));
-    for (size_t d = rank; d-- > 0;) {
-      if (++idx[d] < e.global_shape[d]) break;
-      idx[d] = 0;
+    more = false;
+    for (size_t d = k; d-- > 0;) {
+      if (++outer[d] < shape[d]) {
+        more = true;
+        break;
+      }
+      outer[d] = 0;
     }
   }
-  return std::optional(std::move(out));
+  return std::optional<ReplicaDifference>();
 }
 
-Result<std::string> Reader::BufferCopiesDiffer(const std::vector<TensorEntry*>& parts) const {
+std::string Reader::FileOfElement(const TensorEntry& e, int64_t element) const {
+  const Shape at = e.global_shape.empty() ? Shape() : Unravel(element, e.global_shape);
+  for (const Chunk& c : e.chunks) {
+    if (c.box.rank() != at.size() || c.file >= files_.size()) continue;
+    Shape local(at.size());
+    bool inside = true;
+    for (size_t d = 0; d < at.size() && inside; ++d) {
+      local[d] = at[d] - c.box.global_offset[d];
+      inside = local[d] >= 0 && local[d] < c.box.local_shape[d];
+    }
+    if (!inside) continue;
+    if (c.flat_range) {
+      const int64_t f = local.empty() ? 0 : Ravel(local, c.box.local_shape);
+      if (f < c.flat_range->inclusive_min || f >= c.flat_range->exclusive_max) continue;
+    }
+    return files_[c.file]->name;
+  }
+  return "no chunk";
+}
+
+Status Reader::ReplicasDiffer(const std::string& key, const std::vector<TensorEntry*>& parts,
+                              const ReplicaDifference& d, const std::string& rule) const {
+  const TensorEntry& e0 = *parts[0];
+  std::string where = "element " + std::to_string(d.element);
+  if (e0.global_shape.size() > 1) where += " (index " + ShapeText(Unravel(d.element, e0.global_shape)) + ")";
+  const std::string t = std::to_string(d.rank);
+  return DataLossError(
+      dir_ + ": '" + key + "' (" + std::string(DTypeName(e0.dtype)) + " " +
+      ShapeText(e0.global_shape) + ") is replicated across TP (" + rule +
+      "), but its TP copies differ: " + where + " is " + d.value0 + " on TP rank 0 (" +
+      FileOfElement(e0, d.element) + ") and " + d.value + " on TP rank " + t + " (" +
+      FileOfElement(*parts[d.rank], d.element) + "); fc exports one copy only" +
+      (options_.tp_axis ? std::string(" (give it an axis if it is split across TP)")
+                        : std::string(", and DeepSpeed's ds_to_universal refuses such a checkpoint "
+                                      "too (merge_tp_slices asserts the TP slices of a "
+                                      "replicated param equal)")));
+}
+
+Result<std::string> Reader::BufferCopiesDiffer(const std::vector<TensorEntry*>& parts,
+                                               ChunkReader& reader) const {
   const TensorEntry& e0 = *parts[0];
   for (size_t t = 1; t < parts.size(); ++t) {
     const TensorEntry& e = *parts[t];
@@ -2452,27 +2615,15 @@ Result<std::string> Reader::BufferCopiesDiffer(const std::vector<TensorEntry*>& 
              ShapeText(e.global_shape) + " on TP rank " + std::to_string(t);
     }
   }
-  const uint64_t bytes =
-      static_cast<uint64_t>(*CheckedNumElements(e0.global_shape)) * DTypeSize(e0.dtype);
-  for (const TensorEntry* p : parts) {
-    const uint64_t stored = p->chunks.empty() ? 0 : p->chunks[0].byte_length;
-    if (bytes > kMaxBufferCompareBytes || stored > kMaxBufferCompareBytes) {
-      return std::to_string(std::max(bytes, stored)) + " bytes, over the " +
-             std::to_string(kMaxBufferCompareBytes >> 20) + " MiB fc compares across TP ranks";
-    }
-  }
-  FC_ASSIGN_OR_RETURN(std::optional<std::vector<std::byte>> v0, BufferValue(e0));
-  if (!v0) return std::string("stored in pieces, not compared");
-  for (size_t t = 1; t < parts.size(); ++t) {
-    FC_ASSIGN_OR_RETURN(std::optional<std::vector<std::byte>> v, BufferValue(*parts[t]));
-    if (!v) return std::string("stored in pieces, not compared");
-    if (*v != *v0) return "values differ between TP rank 0 and TP rank " + std::to_string(t);
-  }
-  return std::string();
+  FC_ASSIGN_OR_RETURN(std::optional<ReplicaDifference> d, FirstReplicaDifference(parts, reader));
+  if (!d) return std::string();
+  return "values differ between TP rank 0 and TP rank " + std::to_string(d->rank) +
+         ": element " + std::to_string(d->element) + " is " + d->value0 + " and " + d->value;
 }
 
 Status Reader::MergeBySourceSplit(const std::string& name, bool step,
-                                  const std::vector<TensorEntry*>& parts, TensorEntry* m) const {
+                                  const std::vector<TensorEntry*>& parts, TensorEntry* m,
+                                  ChunkReader& reader) const {
   const TensorEntry& e0 = *parts[0];
   *m = e0;
   for (size_t t = 1; t < parts.size(); ++t) {
@@ -2501,7 +2652,17 @@ Status Reader::MergeBySourceSplit(const std::string& name, bool step,
       }
     }
   }
-  if (!axis) return Status::Ok();  // replicated: TP rank 0's copy (the others are not read)
+  if (!axis) {
+    // Replicated: TP rank 0's copy, once every copy is found equal to it (the step, which
+    // ds_to_universal takes from TP rank 0 too, is not compared).
+    if (step) return Status::Ok();
+    FC_ASSIGN_OR_RETURN(std::optional<ReplicaDifference> d, FirstReplicaDifference(parts, reader));
+    if (d) {
+      return ReplicasDiffer(e0.key, parts, *d,
+                            "no tensor_parallel axis for it in " + options_.tp_axis_origin);
+    }
+    return Status::Ok();
+  }
   m->chunks.clear();
   int64_t off = 0;
   for (const TensorEntry* p : parts) {

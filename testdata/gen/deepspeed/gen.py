@@ -75,6 +75,7 @@ import shutil
 import sys
 import tempfile
 import types
+import zlib
 
 import numpy as np
 import torch
@@ -153,6 +154,18 @@ def values(n, seed, positive=False):
     return v.abs() + 0.01 if positive else v
 
 
+def name_seed(name):
+    """A seed offset from a param's name alone (not its offset in a group, which may differ
+    between TP ranks)."""
+    return zlib.crc32(name.encode()) % 100000
+
+
+def tp_replicated(info, names):
+    """The names that universal_checkpoint_info's tp_replicated_parameter_patterns match."""
+    pats = (info or {}).get("tp_replicated_parameter_patterns", [])
+    return {n for n in names if any(re.match(p, n) for p in pats)}
+
+
 def numel(shape):
     n = 1
     for s in shape:
@@ -167,7 +180,7 @@ def ds_config(stage, bf16):
 
 
 def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master, same=(), same_seed=0,
-                       moments=None, preset=None):
+                       moments=None, preset=None, replicated=(), rep_seed=0):
     """groups: list of OrderedDict name->shape. Returns (per-rank OSD list, flat bit16 list).
 
     master: dict name -> fp32 value (filled here). Params named in `same` take their values
@@ -175,7 +188,10 @@ def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master, same=(),
     moments: None or {"exp_avg": {}, "exp_avg_sq": {}}, filled with each param's Adam
     states, cut from the group's source values before they are partitioned (ground truth).
     preset: name -> fp32 value to use instead of generating one (a pipeline-tied param's
-    value from the first stage holding it)."""
+    value from the first stage holding it).
+    replicated: TP-replicated params (tp_replicated_parameter_patterns), whose master (unless
+    preset or in `same`) and Adam states are drawn from rep_seed and the name alone, so they
+    are equal on every TP rank, as a real run keeps them (ds_to_universal asserts it)."""
     per_rank = [dict(single=[], paddings=[], mappings=[], state={}) for _ in range(dp)]
     flats16 = []
     align = 2 * dp
@@ -189,6 +205,8 @@ def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master, same=(),
             n = numel(shape)
             if preset and name in preset:
                 v = preset[name].reshape(-1).clone()
+            elif name in replicated and name not in same:
+                v = values(n, rep_seed + name_seed(name))
             else:
                 v = values(n, (same_seed if name in same else seed) + 17 * gi + off)
             flat[off:off + n] = v
@@ -198,6 +216,14 @@ def zero12_rank_states(groups, dp, seed, stage, bf16_optimizer, master, same=(),
         exp_avg[:orig] = values(orig, seed + 1000 + gi)
         exp_avg_sq = torch.zeros(padded)
         exp_avg_sq[:orig] = values(orig, seed + 2000 + gi, positive=True)
+        off = 0
+        for name, shape in shapes.items():
+            n = numel(shape)
+            if name in replicated:
+                exp_avg[off:off + n] = values(n, rep_seed + 1000 + name_seed(name))
+                exp_avg_sq[off:off + n] = values(n, rep_seed + 2000 + name_seed(name),
+                                                 positive=True)
+            off += n
         if moments is not None:
             off = 0
             for name, shape in shapes.items():
@@ -341,20 +367,9 @@ def check_tp_merged(key, name, got, slices, info):
                 assert same_bits(got.narrow(d, mo, n), slices[t].narrow(d, so, n)), (key, t)
 
 
-# TP-replicated keys whose truth differs between the TP ranks: found by check_truth, listed
-# so the set cannot grow unnoticed. The expected values keep TP rank 0's (fc does too);
-# DeepSpeed's ds_to_universal would refuse these files (merge_tp_slices asserts the slices
-# of a replicated param equal), and real training keeps them equal. Known modelling
-# shortcuts: the Adam states are drawn per TP rank even for `same` params, gen_pp draws
-# replicated params per TP rank, tp2_avg's buffer is drawn per rank.
-_NORM_STATES = ["optimizer.exp_avg.norm.weight", "optimizer.exp_avg_sq.norm.weight"]
-UNEQUAL_REPLICAS = {
-    "pp2_tp2": ["1.input_layernorm.weight", "module.1.input_layernorm.weight",
-                "optimizer.exp_avg.1.input_layernorm.weight",
-                "optimizer.exp_avg_sq.1.input_layernorm.weight"],
-    "tp2_ucp": _NORM_STATES, "ucp_tp2": _NORM_STATES, "tp2_fused": _NORM_STATES,
-    "ucp_tp2_fused": _NORM_STATES,
-    "tp2_avg": ["norm.running_mean", "module.norm.running_mean"]}
+# TP-replicated keys (tp_replicated_parameter_patterns) are drawn equal on every TP rank, as
+# real training keeps them: check_truth asserts it (fc refuses a checkpoint whose replicas
+# differ, as ds_to_universal does; deepspeed_refusals_test edits a fixture copy for that).
 
 
 def check_truth(case_dir, exp):
@@ -402,7 +417,7 @@ def check_truth(case_dir, exp):
             continue
         check_tp_merged(case + ": " + key, name, exp[key], slices, info)
     assert set(exp) == seen, (case, sorted(set(exp) ^ seen))
-    assert sorted(unequal) == sorted(UNEQUAL_REPLICAS.get(case, [])), (case, sorted(unequal))
+    assert not unequal, ("TP replicas differ", case, sorted(unequal))
 
 
 def common_state(module, param_shapes, buffer_names, dp, mp, stage, bf16, **extra):
@@ -441,13 +456,18 @@ def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
     dtype = torch.bfloat16 if bf16_optimizer else torch.float16
     prefix = "bf16_" if bf16_optimizer else ""
     truth_ranks = []
+    # TP-replicated params and buffers (universal_checkpoint_info at tp > 1): equal on every
+    # TP rank, as in a real run.
+    info = (client or {}).get("universal_checkpoint_info") if mp > 1 else None
     for m in range(mp):
         if rank_groups:
             groups = rank_groups[m]
         master = {}
         moments = {"exp_avg": {}, "exp_avg_sq": {}}
+        replicated = tp_replicated(info, [n for g in groups for n in g])
         osds, flats16 = zero12_rank_states(groups, dp, seed + 100 * m, stage, bf16_optimizer,
-                                           master, same, seed, moments)
+                                           master, same, seed, moments, replicated=replicated,
+                                           rep_seed=seed)
         truth = truth_of_params(master, moments, dtype)
         truth_ranks.append(truth)
         module = module_from_flats(groups, flats16, dtype)
@@ -471,7 +491,8 @@ def gen_zero12(out, case, stage, dp, groups, seed, bf16_optimizer=False, mp=1,
                 truth[alias] = master[owner]
                 truth["module." + alias] = master[owner].to(dtype)
             extra["shared_params"] = dict(tied)
-        module["norm.running_mean"] = values(4, seed + 900 + (0 if same else m)).to(dtype)
+        equal = same or tp_replicated(info, ["norm.running_mean"])
+        module["norm.running_mean"] = values(4, seed + 900 + (0 if equal else m)).to(dtype)
         truth["norm.running_mean"] = module["norm.running_mean"].clone()
         truth["module.norm.running_mean"] = truth["norm.running_mean"]
         if client:
@@ -588,9 +609,13 @@ def gen_pp(out, case, dp, stages, seed, tp=1, info=None):
             # depends on its offset in the stage's group; the later stages take the
             # first's.)
             preset = {k: v for k, v in truth_ranks[t].items() if k in tied}
+            # A TP-replicated param: equal on every TP rank (drawn from the stage's seed).
             osds, flats16 = zero12_rank_states([shapes], dp, seed + 100 * m, 1, False, master,
                                                same=tied, same_seed=seed + 7 + 50 * t,
-                                               moments=moments, preset=preset)
+                                               moments=moments, preset=preset,
+                                               replicated=tp_replicated(info if tp > 1 else None,
+                                                                        shapes),
+                                               rep_seed=seed + 300 * st)
             # A tied param's weights: the first stage's (zero_to_fp32 keeps the first);
             # its weights are equal in every stage, its optimizer states are not.
             for k, v in truth_of_params(master, moments, torch.float16).items():

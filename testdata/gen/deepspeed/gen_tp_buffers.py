@@ -18,7 +18,8 @@ Buffers are in no optimizer group: ds_to_universal's merge_tp_slices never sees 
 merges the params of param_shapes; for other module entries it saves the first mp_rank
 file's copy), and each TP rank loads its own from its model states. The expected values
 follow fc's rule for them: a buffer that an explicit universal_checkpoint_info pattern
-matches follows it (dense.mask: cat along dim 1; norm.*: TP rank 0's); any other buffer
+matches follows it (dense.mask: cat along dim 1; norm.*: replicated, TP rank 0's copy when
+the copies are equal, as here, per rank otherwise); any other buffer
 whose TP copies have equal dtype, shape and values is one tensor (TP rank 0's); copies that
 differ stay per rank, as mp_rank_XX.<name> and module.mp_rank_XX.<name>. The params merge
 as gen.py's merge_tp does (ds_to_universal's rules).

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
@@ -18,6 +19,7 @@
 #include <string>
 #include <string_view>
 
+#include "fc/format/chunk_reader.h"
 #include "tests/format/megatron/pickle_edit.h"
 #include "tests/format/torch/torch_test_support.h"
 
@@ -822,6 +824,179 @@ TEST_CASE("deepspeed refusals: universal checkpoint params", "[deepspeed][refusa
     std::filesystem::remove_all(dir + "/zero/layer.weight");
     Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kNotFound,
             {"/zero/layer.weight/ is missing (param_shapes lists 'layer.weight')"});
+  }
+}
+
+// Writes `value` over element `element` of the pickled tensor `t` (a view: its storage offset
+// is added) in `z`, the records of its file.
+template <typename T>
+void SetElement(PV& t, ZipRecords& z, int64_t element, T value) {
+  const int64_t offset = M(testing::TensorArgs(t).items[1]).int_value;
+  std::vector<std::byte>& data = z.Get("/data/" + testing::StorageKey(t));
+  const size_t at = static_cast<size_t>(offset + element) * sizeof(T);
+  REQUIRE(at + sizeof(T) <= data.size());
+  std::memcpy(data.data() + at, &value, sizeof(T));
+}
+
+// tp2_ucp (tp 2 x dp 2, universal_checkpoint_info, norm.weight [4] replicated): norm.weight
+// lies at [18, 22) of DP rank 1's flat partition (fp32 master and Adam states) and is a view
+// at storage offset 42 of the flat 16-bit buffer in the module states.
+const char* kTp1Optim1 = "zero_pp_rank_1_mp_rank_01_optim_states.pt";
+const char* kTp0Optim1 = "zero_pp_rank_1_mp_rank_00_optim_states.pt";
+
+void SetMaster(const std::string& path, int64_t element, float value) {
+  testing::RewriteTorchSave(path, [&](PV& root, ZipRecords& z) {
+    SetElement(Singles(At(root, "optimizer_state_dict"), 0), z, element, value);
+  });
+}
+void SetState(const std::string& path, const char* state, int64_t element, float value) {
+  testing::RewriteTorchSave(path, [&](PV& root, ZipRecords& z) {
+    PV& st = AtInt(At(At(At(root, "optimizer_state_dict"), "base_optimizer_state"), "state"), 0);
+    SetElement(At(st, state), z, element, value);
+  });
+}
+void SetModule(const std::string& path, const char* name, int64_t element, uint16_t bits) {
+  testing::RewriteTorchSave(path, [&](PV& root, ZipRecords& z) {
+    SetElement(At(At(root, "module"), name), z, element, bits);
+  });
+}
+
+// Issues 29/34: a replicated param's TP copies (fp32 master, Adam states, 16-bit module
+// weights) are compared; DeepSpeed's ds_to_universal asserts them equal, fc refuses too.
+TEST_CASE("deepspeed refusals: TP copies of a replicated param that differ",
+          "[deepspeed][refusals]") {
+  testing::TempDir tmp;
+  const std::string tail =
+      "; fc exports one copy only, and DeepSpeed's ds_to_universal refuses such a checkpoint "
+      "too (merge_tp_slices asserts the TP slices of a replicated param equal)";
+  SECTION("fp32 master, in DP rank 1's flat partition") {
+    const std::string dir = CopyTag(tmp, "tp2_ucp");
+    SetMaster(dir + "/" + kTp1Optim1, 20, 7.5f);
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {dir + ": 'norm.weight' (float32 [4]) is replicated across TP "
+                   "(tp_replicated_parameter_patterns), but its TP copies differ: element 2 is ",
+             " on TP rank 0 (" + std::string(kTp0Optim1) + ") and 7.5 (0x40f00000) on TP rank 1 (" +
+                 kTp1Optim1 + ")" + tail});
+  }
+  SECTION("Adam exp_avg_sq") {
+    const std::string dir = CopyTag(tmp, "tp2_ucp");
+    SetState(dir + "/" + kTp1Optim1, "exp_avg_sq", 21, 0.25f);
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {": 'optimizer.exp_avg_sq.norm.weight' (float32 [4]) is replicated across TP",
+             "element 3 is ", " and 0.25 (0x3e800000) on TP rank 1 (" + std::string(kTp1Optim1)});
+  }
+  SECTION("16-bit module weight") {
+    const std::string dir = CopyTag(tmp, "tp2_ucp");
+    SetModule(dir + "/mp_rank_01_model_states.pt", "norm.weight", 1, uint16_t{0x4780});
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {": 'module.norm.weight' (float16 [4]) is replicated across TP",
+             "element 1 is ", " on TP rank 0 (mp_rank_00_model_states.pt) and 7.5 (0x4780) on "
+                              "TP rank 1 (mp_rank_01_model_states.pt)"});
+  }
+  SECTION("pipeline layer file of TP rank 1") {
+    const std::string dir = CopyTag(tmp, "pp2_tp2");
+    testing::RewriteTorchSave(dir + "/layer_01-model_01-model_states.pt",
+                              [](PV& root, ZipRecords& z) {
+                                SetElement(At(root, "input_layernorm.weight"), z, 0,
+                                           uint16_t{0xbc00});
+                              });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {": 'module.1.input_layernorm.weight' (float16 [3]) is replicated across TP",
+             "element 0 is ", " and -1 (0xbc00) on TP rank 1 (layer_01-model_01-model_states.pt)"});
+  }
+  SECTION("compared in pieces of 8 bytes: the difference in a later piece") {
+    const std::string dir = CopyTag(tmp, "tp2_ucp");
+    SetState(dir + "/" + kTp1Optim1, "exp_avg", 21, 0.5f);
+    DeepSpeedReadOptions o;
+    o.replica_piece_bytes = 8;
+    Refused(ReadDeepSpeedCheckpoint(dir, o), StatusCode::kDataLoss,
+            {": 'optimizer.exp_avg.norm.weight' (float32 [4])", "element 3 is ",
+             " and 0.5 (0x3f000000) on TP rank 1"});
+  }
+  SECTION("--source-layout: a tensor without an axis is compared too") {
+    // TP rank 1 made a copy of TP rank 0 (every file), then one element of its fp32 master of
+    // embed.weight [4, 3] (DP rank 0's partition, element 7 = index [2, 1]) changed; the
+    // rules give no tensor an axis, so every tensor is replicated.
+    const std::string dir = CopyTag(tmp, "tp2_ucp");
+    for (const char* f : {"mp_rank_@_model_states.pt", "zero_pp_rank_0_mp_rank_@_optim_states.pt",
+                          "zero_pp_rank_1_mp_rank_@_optim_states.pt"}) {
+      std::string from = f, to = f;
+      from.replace(from.find('@'), 1, "00");
+      to.replace(to.find('@'), 1, "01");
+      std::filesystem::copy_file(dir + "/" + from, dir + "/" + to,
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+    DeepSpeedReadOptions o;
+    o.tp_axis = [](std::string_view) { return std::optional<int64_t>(); };
+    o.tp_axis_origin = "layout.json";
+    o.replica_piece_bytes = 8;  // [4, 3] fp32: 2 pieces a row
+    auto equal = ReadDeepSpeedCheckpoint(dir, o);
+    REQUIRE(equal.ok());
+    CHECK(equal->FindTensor("embed.weight")->global_shape == Shape{4, 3});
+    SetMaster(dir + "/zero_pp_rank_0_mp_rank_01_optim_states.pt", 7, -2.0f);
+    Refused(ReadDeepSpeedCheckpoint(dir, o), StatusCode::kDataLoss,
+            {": 'embed.weight' (float32 [4, 3]) is replicated across TP (no tensor_parallel axis "
+             "for it in layout.json), but its TP copies differ: element 7 (index [2, 1]) is ",
+             " on TP rank 0 (zero_pp_rank_0_mp_rank_00_optim_states.pt) and -2 (0xc0000000) on "
+             "TP rank 1 (zero_pp_rank_0_mp_rank_01_optim_states.pt); fc exports one copy only "
+             "(give it an axis if it is split across TP)"});
+  }
+  SECTION("--source-layout: a buffer without an axis whose copies differ stays per rank") {
+    // tp2: norm.running_mean differs per TP rank; the rules split the params only.
+    DeepSpeedReadOptions o;
+    o.tp_axis = [](std::string_view name) {
+      return name == "norm.running_mean" ? std::optional<int64_t>() : std::optional<int64_t>(0);
+    };
+    o.tp_axis_origin = "layout.json";
+    auto r = ReadDeepSpeedCheckpoint(Fixture("tp2") + "/ckpt", o);
+    REQUIRE(r.ok());
+    CHECK(r->FindTensor("norm.running_mean") == nullptr);
+    CHECK(r->FindTensor("mp_rank_01.norm.running_mean")->global_shape == Shape{4});
+    CHECK(r->FindTensor("module.mp_rank_00.norm.running_mean") != nullptr);
+    CHECK(r->FindTensor("layer.weight")->global_shape == Shape{4, 4});
+    CHECK_THAT(r->attributes.at("deepspeed.tp_buffers_per_rank"),
+               Catch::Contains("norm.running_mean (values differ between TP rank 0 and TP rank "
+                               "1: element 0 is "));
+  }
+}
+
+TEST_CASE("deepspeed: equal TP replicas export, buffers that differ stay per rank",
+          "[deepspeed][refusals]") {
+  testing::TempDir tmp;
+  SECTION("the same new value on both TP ranks") {
+    const std::string dir = CopyTag(tmp, "tp2_ucp");
+    SetMaster(dir + "/" + kTp0Optim1, 20, 7.5f);
+    SetMaster(dir + "/" + kTp1Optim1, 20, 7.5f);
+    auto r = ReadDeepSpeedCheckpoint(dir);
+    REQUIRE(r.ok());
+    const TensorEntry* t = r->FindTensor("norm.weight");
+    REQUIRE(t != nullptr);
+    float v[4] = {0, 0, 0, 0};
+    ChunkReader reader(*r);
+    for (const Chunk& c : t->chunks) {
+      REQUIRE(reader.CopyChunkRegion(*t, c, Box::Whole({4}), v, Box::Whole({4})).ok());
+    }
+    CHECK(v[2] == 7.5f);
+  }
+  SECTION("+0 and -0 are equal (torch.equal)") {
+    const std::string dir = CopyTag(tmp, "tp2_ucp");
+    SetMaster(dir + "/" + kTp0Optim1, 19, 0.0f);
+    SetMaster(dir + "/" + kTp1Optim1, 19, -0.0f);
+    CHECK(ReadDeepSpeedCheckpoint(dir).ok());
+  }
+  SECTION("a buffer matching the replicated pattern: per rank when its copies differ") {
+    // ds_to_universal never compares buffers (it keeps the first mp_rank file's): fc keeps
+    // the copies per rank with a note (deepspeed.tp_buffers_per_rank), as for other buffers.
+    const std::string dir = CopyTag(tmp, "tp2_buffers");
+    SetModule(dir + "/mp_rank_01_model_states.pt", "norm.running_mean", 3, uint16_t{0x4780});
+    auto r = ReadDeepSpeedCheckpoint(dir);
+    REQUIRE(r.ok());
+    CHECK(r->FindTensor("norm.running_mean") == nullptr);
+    CHECK(r->FindTensor("mp_rank_01.norm.running_mean") != nullptr);
+    CHECK(r->FindTensor("module.mp_rank_00.norm.running_mean") != nullptr);
+    CHECK_THAT(r->attributes.at("deepspeed.tp_buffers_per_rank"),
+               Catch::Contains("norm.running_mean (values differ between TP rank 0 and TP rank "
+                               "1: element 3 is "));
   }
 }
 
