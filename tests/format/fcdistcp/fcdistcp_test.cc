@@ -1007,5 +1007,19 @@ TEST_CASE("reader corruption matrix", "[fcdistcp]") {
   }
 }
 
+TEST_CASE("ReadFcDistcp refuses a path that is not a directory", "[fcdistcp]") {
+  TempDir tmp;
+  auto missing = ReadFcDistcp(tmp.Join("nothing_here"));
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.status().code() == StatusCode::kNotFound);
+  CHECK_THAT(missing.status().message(), Catch::Contains("nothing_here: no such directory"));
+  WriteText(tmp.Join("a_file"), "{}");
+  auto file = ReadFcDistcp(tmp.Join("a_file"));
+  REQUIRE_FALSE(file.ok());
+  CHECK(file.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(file.status().message(),
+             Catch::Contains("a_file: not a directory (an fc distcp checkpoint is one)"));
+}
+
 }  // namespace
 }  // namespace fc
