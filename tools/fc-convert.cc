@@ -79,6 +79,21 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember(families))
         ->excludes(aoa);
   }
+  {
+    std::vector<std::string> families(fc::aoa::HfFamilyReverseNames().begin(),
+                                      fc::aoa::HfFamilyReverseNames().end());
+    app.add_option("--from-hf-family", options.from_hf_family,
+                   "the reverse of --hf-family: a HuggingFace checkpoint (CKPT, with its "
+                   "config.json) -> Megatron-Core GPT names and fused layouts (query-group "
+                   "linear_qkv, SwiGLU linear_fc1 = [gate; up]) by the AOA program generated "
+                   "from its shapes and config.json (llama: Llama 2/3, Mistral; qwen2: QKV "
+                   "bias); with --target-like a Megatron torch_dist checkpoint (e.g. the new "
+                   "run's step 0), its embedding rows (vocabulary padding), norm names and "
+                   "key form, and with --output-format torch-dcp its metadata.json and "
+                   "common.pt are copied into OUT")
+        ->check(CLI::IsMember(families))
+        ->excludes(aoa);
+  }
   app.add_option("--copy-from", options.copy_from,
                  "copy config.json, tokenizer files and other small (<= 64 MiB) non-tensor "
                  "files of this directory (e.g. the HF model dir) into OUT (--output-format fc "
@@ -181,7 +196,8 @@ int main(int argc, char** argv) {
                  "  fc-convert old/ new/ --preset megatron-gpt --tp 2 --pp 2 --sharding 4 --dry-run\n"
                  "  fc-convert ds/global_step100 ds/universal --output-format ucp\n"
                  "  fc-convert fsdp_dcp/ tp1/ --target-like tp1_run/ --output-format torch-dcp --aoa qkv.aoa\n"
-                 "  fc-convert megatron/ hf_dcp/ --hf-family llama --copy-from hf_model/ --preset hf-llama --tp 1 --output-format torch-dcp\n\n") +
+                 "  fc-convert megatron/ hf_dcp/ --hf-family llama --copy-from hf_model/ --preset hf-llama --tp 1 --output-format torch-dcp\n"
+                 "  fc-convert hf_model/ megatron/ --from-hf-family llama --target-like step0/ --output-format torch-dcp\n\n") +
              fc::cli::ExitCodeHelp());
   const std::string tool = "fc-convert";
   if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
@@ -189,10 +205,12 @@ int main(int argc, char** argv) {
     // Reads no checkpoint: every other input would have no effect.
     if (options.preset.empty()) return fc::cli::UsageError(tool, "--print-layout needs --preset NAME");
     if (!options.input.empty() || app.count("--dry-run") || app.count("--output-format") ||
-        app.count("--aoa") || app.count("--hf-family") || app.count("--copy-from")) {
+        app.count("--aoa") || app.count("--hf-family") || app.count("--from-hf-family") ||
+        app.count("--copy-from")) {
       return fc::cli::UsageError(tool, "--print-layout prints the preset's layout file and "
                                  "reads no checkpoint: leave out CKPT, OUT, --dry-run, "
-                                 "--output-format, --aoa, --hf-family and --copy-from");
+                                 "--output-format, --aoa, --hf-family, --from-hf-family and "
+                                 "--copy-from");
     }
     auto rules = fc::PresetRules(options.preset, options.degrees);
     if (!rules.ok()) return fc::cli::Finish(tool, rules.status());
@@ -233,6 +251,14 @@ int main(int argc, char** argv) {
   if (no_target && (app.count("--hf-family") || app.count("--copy-from"))) {
     return fc::cli::UsageError(tool, std::string(app.count("--hf-family") ? "--hf-family" : "--copy-from") +
                                " applies to --output-format fc and torch-dcp, not " + out_format);
+  }
+  if (app.count("--from-hf-family") && app.count("--hf-family")) {
+    return fc::cli::UsageError(tool, "--from-hf-family (HF -> Megatron) and --hf-family "
+                               "(Megatron -> HF) exclude each other");
+  }
+  if (no_target && app.count("--from-hf-family")) {
+    return fc::cli::UsageError(tool, "--from-hf-family applies to --output-format fc and "
+                               "torch-dcp, not " + out_format);
   }
   if (app.count("--hf-family") && !app.count("--copy-from")) {
     return fc::cli::UsageError(tool, "--hf-family needs --copy-from DIR (the HuggingFace model "

@@ -758,4 +758,186 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
   return p;
 }
 
+const std::vector<std::string_view>& HfFamilyReverseNames() {
+  static const std::vector<std::string_view> kNames = {"llama", "qwen2"};
+  return kNames;
+}
+
+Result<std::string> GenerateHfFamilyReverseProgram(std::string_view family,
+                                                   const HfReverseSource& source,
+                                                   const HfTargetConfig& cfg,
+                                                   const MegatronTargetFacts& target) {
+  const std::string fam(family);
+  const std::string where = "--from-hf-family " + fam;
+  const auto& names = HfFamilyReverseNames();
+  if (std::find(names.begin(), names.end(), family) == names.end()) {
+    return InvalidArgumentError(where + ": no reverse program for this family (reverse: llama, "
+                                "qwen2)");
+  }
+  auto mismatch = [&](const std::string& what) { return InvalidArgumentError(where + ": " + what); };
+  auto num = [](int64_t v) { return std::to_string(v); };
+  const bool qwen2 = fam == "qwen2";
+  const std::set<std::string> types =
+      qwen2 ? std::set<std::string>{"qwen2"} : std::set<std::string>{"llama", "mistral"};
+  if (!types.count(cfg.model_type)) {
+    return mismatch("config.json model_type is '" + cfg.model_type + "', family " + fam +
+                    " takes " + (qwen2 ? "qwen2" : "llama or mistral"));
+  }
+  for (auto [v, k] : {std::pair{cfg.vocab_size, "vocab_size"}, {cfg.hidden_size, "hidden_size"},
+                      {cfg.num_hidden_layers, "num_hidden_layers"},
+                      {cfg.num_attention_heads, "num_attention_heads"},
+                      {cfg.intermediate_size, "intermediate_size"}}) {
+    if (v <= 0) return mismatch(std::string("config.json has no positive ") + k);
+  }
+  const int64_t hidden = cfg.hidden_size, heads = cfg.num_attention_heads,
+                ffn = cfg.intermediate_size, layers = cfg.num_hidden_layers;
+  const int64_t groups = cfg.num_key_value_heads > 0 ? cfg.num_key_value_heads : heads;
+  if (heads % groups != 0) {
+    return mismatch("config.json num_attention_heads " + num(heads) +
+                    " is not a multiple of num_key_value_heads " + num(groups));
+  }
+  if (cfg.head_dim <= 0 && hidden % heads != 0) {
+    return mismatch("config.json hidden_size " + num(hidden) + " does not divide by "
+                    "num_attention_heads " + num(heads) + " and there is no head_dim");
+  }
+  const int64_t hd = cfg.head_dim > 0 ? cfg.head_dim : hidden / heads;
+  const bool qkv_bias = qwen2 || cfg.attention_bias.value_or(false);
+  if (!qwen2 && qkv_bias) {
+    return mismatch("config.json attention_bias is true: Llama's o_proj then has a bias, "
+                    "which Megatron's linear_proj here does not");
+  }
+  if (cfg.mlp_bias.value_or(false)) {
+    return mismatch("config.json mlp_bias is true; Megatron's SwiGLU MLP here has no biases");
+  }
+  // Every HF tensor the family has, with its shape from config.json.
+  std::map<std::string, Shape> want = {{"model.embed_tokens.weight", {cfg.vocab_size, hidden}},
+                                       {"model.norm.weight", {hidden}}};
+  if (!cfg.tie_word_embeddings) want["lm_head.weight"] = {cfg.vocab_size, hidden};
+  for (int64_t i = 0; i < layers; ++i) {
+    const std::string h = "model.layers." + num(i) + ".";
+    want[h + "input_layernorm.weight"] = {hidden};
+    want[h + "post_attention_layernorm.weight"] = {hidden};
+    want[h + "self_attn.q_proj.weight"] = {heads * hd, hidden};
+    want[h + "self_attn.k_proj.weight"] = {groups * hd, hidden};
+    want[h + "self_attn.v_proj.weight"] = {groups * hd, hidden};
+    if (qkv_bias) {
+      want[h + "self_attn.q_proj.bias"] = {heads * hd};
+      want[h + "self_attn.k_proj.bias"] = {groups * hd};
+      want[h + "self_attn.v_proj.bias"] = {groups * hd};
+    }
+    want[h + "self_attn.o_proj.weight"] = {hidden, heads * hd};
+    want[h + "mlp.gate_proj.weight"] = {ffn, hidden};
+    want[h + "mlp.up_proj.weight"] = {ffn, hidden};
+    want[h + "mlp.down_proj.weight"] = {hidden, ffn};
+  }
+  const std::string cfg_text = "config.json (hidden_size " + num(hidden) + ", num_attention_heads " +
+                               num(heads) + ", num_key_value_heads " + num(groups) + ", head_dim " +
+                               num(hd) + ", intermediate_size " + num(ffn) + ", vocab_size " +
+                               num(cfg.vocab_size) + ")";
+  std::set<std::string> seen;
+  for (const HfSourceFacts::Tensor& t : source.tensors) {
+    auto it = want.find(t.name);
+    if (it == want.end()) {
+      if (t.name == "lm_head.weight") {
+        return mismatch("the source has lm_head.weight, config.json tie_word_embeddings is true");
+      }
+      return UnimplementedError(where + ": the source tensor '" + t.name +
+                                "' has no place in a Megatron-Core GPT of family " + fam + " with " +
+                                num(layers) + " layers (config.json num_hidden_layers)" +
+                                (t.name.find("bias") != std::string::npos
+                                     ? " and config.json's biases"
+                                     : ""));
+    }
+    if (t.shape != it->second) {
+      return mismatch(t.name + " is " + ShapeText(t.shape) + ", " + cfg_text + " needs " +
+                      ShapeText(it->second));
+    }
+    seen.insert(t.name);
+  }
+  for (const auto& [name, shape] : want) {
+    if (!seen.count(name)) {
+      return mismatch("the source has no " + name + " (" + ShapeText(shape) + "), which " +
+                      (name == "lm_head.weight" ? "config.json tie_word_embeddings false"
+                                                : "config.json") +
+                      " implies");
+    }
+  }
+  const int64_t padded = target.padded_vocab_size > 0 ? target.padded_vocab_size : cfg.vocab_size;
+  if (padded < cfg.vocab_size) {
+    return mismatch("the target's embedding has " + num(padded) + " rows, fewer than config.json "
+                    "vocab_size " + num(cfg.vocab_size));
+  }
+  const int64_t pad = padded - cfg.vocab_size;
+  if (pad > 0 && source.embedding_dtype.empty()) {
+    return mismatch("padding the vocabulary needs the embedding's dtype");
+  }
+
+  std::string p;
+  p += "# HuggingFace " + fam + " -> Megatron-Core GPT (generated by --from-hf-family " + fam + ")\n";
+  p += "# config.json: " + num(layers) + " layers, hidden " + num(hidden) + ", " + num(heads) +
+       " heads, " + num(groups) + " KV heads, head_dim " + num(hd) + ", intermediate_size " +
+       num(ffn) + ", vocab_size " + num(cfg.vocab_size) + "\n";
+  p += "# target: " + std::string(target.stacked_layers ? "layer-stacked" : "per-layer") +
+       " keys, " + (target.local_norm_names ? "local-spec" : "Transformer Engine") +
+       " norm names, vocabulary " + num(padded) + " rows\n\n";
+  auto vocab = [&](const std::string& from, const std::string& to, const std::string& tmp) {
+    if (pad == 0) {
+      p += from + " -> " + to + "\n";
+      return;
+    }
+    p += "_ -> " + tmp + ", shape='" + ShapeText({pad, hidden}) + "', dtype='" +
+         source.embedding_dtype + "', fill=0\n";
+    p += from + ", " + tmp + " -> " + to + ", axis=0\n";
+  };
+  if (pad > 0) p += "# pad the vocabulary with " + num(pad) + " zero rows (Megatron's padding)\n";
+  vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight", "embed_pad");
+  if (!cfg.tie_word_embeddings) vocab("lm_head.weight", "output_layer.weight", "lm_head_pad");
+  p += "model.norm.weight -> decoder.final_layernorm.weight\n";
+  const std::string H = "model.layers.$LAYER_ID.";
+  const std::string L = target.stacked_layers ? "mg_layer.$LAYER_ID." : "decoder.layers.$LAYER_ID.";
+  const std::string norm1 = target.local_norm_names ? "input_layernorm.weight"
+                                                    : "self_attention.linear_qkv.layer_norm_weight";
+  const std::string norm2 = target.local_norm_names ? "pre_mlp_layernorm.weight"
+                                                    : "mlp.linear_fc1.layer_norm_weight";
+  p += "\n# attention: Megatron's QKV is grouped per query group (its " + num(heads / groups) +
+       " query heads, K, V)\n";
+  p += H + "input_layernorm.weight -> " + L + norm1 + "\n";
+  const std::string fused = ", fused_qkv, num_heads=" + num(heads) +
+                            ", num_key_value_groups=" + num(groups) + ", axis=0\n";
+  p += H + "self_attn.q_proj.weight, " + H + "self_attn.k_proj.weight, " + H +
+       "self_attn.v_proj.weight ->\n    " + L + "self_attention.linear_qkv.weight" + fused;
+  if (qkv_bias) {
+    p += H + "self_attn.q_proj.bias, " + H + "self_attn.k_proj.bias, " + H +
+         "self_attn.v_proj.bias ->\n    " + L + "self_attention.linear_qkv.bias" + fused;
+  }
+  p += H + "self_attn.o_proj.weight -> " + L + "self_attention.linear_proj.weight\n";
+  p += H + "post_attention_layernorm.weight -> " + L + norm2 + "\n";
+  p += "\n# MLP: SwiGLU fc1 is [gate; up] as torch_dist stores it globally (at any TP degree)\n";
+  p += H + "mlp.gate_proj.weight, " + H + "mlp.up_proj.weight -> " + L +
+       "mlp.linear_fc1.weight, axis=0\n";
+  p += H + "mlp.down_proj.weight -> " + L + "mlp.linear_fc2.weight\n";
+  if (target.stacked_layers) {
+    std::vector<std::pair<std::string, Shape>> suffixes = {
+        {norm1, {hidden}},
+        {"self_attention.linear_qkv.weight", {(heads + 2 * groups) * hd, hidden}},
+        {"self_attention.linear_proj.weight", {hidden, heads * hd}},
+        {norm2, {hidden}},
+        {"mlp.linear_fc1.weight", {2 * ffn, hidden}},
+        {"mlp.linear_fc2.weight", {hidden, ffn}}};
+    if (qkv_bias) suffixes.push_back({"self_attention.linear_qkv.bias", {(heads + 2 * groups) * hd}});
+    p += "\n# layer-stacked target: each layer's tensor gets a layer axis, then they are stacked\n";
+    for (const auto& [suffix, shape] : suffixes) {
+      Shape one = shape;
+      one.insert(one.begin(), 1);
+      p += L + suffix + " -> mg_stack.$LAYER_ID." + suffix + ", shape='" + ShapeText(one) + "'\n";
+      p += "";
+      for (int64_t i = 0; i < layers; ++i) {
+        p += std::string(i ? ",\n    " : "") + "mg_stack." + num(i) + "." + suffix;
+      }
+      p += " ->\n    decoder.layers." + suffix + ", axis=0\n";
+    }
+  }
+  return p;
+}
+
 }  // namespace fc::aoa

@@ -56,6 +56,7 @@ Result<std::string> ReadTextFile(const std::string& path) {
 std::string AoaOrigin(const ConvertOptions& options) {
   if (!options.aoa_file.empty()) return options.aoa_file;
   if (!options.hf_family.empty()) return "--hf-family " + options.hf_family;
+  if (!options.from_hf_family.empty()) return "--from-hf-family " + options.from_hf_family;
   return "";
 }
 
@@ -313,7 +314,23 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
                         bool budget_given, ConvertPlan& p) {
   const CheckpointIndex& index = p.index;
   std::string aoa_text;
-  if (!options.hf_family.empty()) {
+  std::optional<TargetLayout> like;  // --from-hf-family --target-like: read before the program
+  if (!options.from_hf_family.empty()) {
+    if (!options.aoa_file.empty() || !options.hf_family.empty()) {
+      return InvalidArgumentError("--from-hf-family excludes --aoa and --hf-family");
+    }
+    if (!options.target_like.empty()) {
+      FC_ASSIGN_OR_RETURN(like, ResolveLayout(index, options, "",
+                                              p.like_manifest ? &*p.like_manifest : nullptr));
+    }
+    const std::string in = StripTrailingSlashes(options.input);
+    const size_t slash = in.rfind('/');
+    const std::string hf_dir = IsDirectory(in)                ? in
+                               : slash == std::string::npos ? std::string(".")
+                                                            : in.substr(0, slash);
+    FC_ASSIGN_OR_RETURN(aoa_text, HfFamilyReverseProgram(index, options.from_hf_family, hf_dir,
+                                                         like ? &like->tensors : nullptr));
+  } else if (!options.hf_family.empty()) {
     if (!options.aoa_file.empty()) {
       return InvalidArgumentError("--hf-family and --aoa exclude each other");
     }
@@ -322,9 +339,13 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
     FC_ASSIGN_OR_RETURN(aoa_text, ReadTextFile(options.aoa_file));
   }
   FC_ASSIGN_OR_RETURN(NameFilter filter, NameFilter::Compile(options.include, options.exclude));
-  FC_ASSIGN_OR_RETURN(TargetLayout resolved,
-                      ResolveLayout(index, options, aoa_text,
-                                    p.like_manifest ? &*p.like_manifest : nullptr));
+  TargetLayout resolved;
+  if (like) {
+    resolved = std::move(*like);
+  } else {
+    FC_ASSIGN_OR_RETURN(resolved, ResolveLayout(index, options, aoa_text,
+                                                p.like_manifest ? &*p.like_manifest : nullptr));
+  }
   TargetLayout layout = FilterLayout(std::move(resolved), filter);
   if (layout.tensors.empty()) {
     return InvalidArgumentError("no target tensor left to write (check --include/--exclude)");
@@ -602,6 +623,10 @@ Status CopyFromDir(const ConvertOptions& options, const std::vector<std::string>
 
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
   FC_ASSIGN_OR_RETURN(const OutputFormat* format, FindOutputFormat(options.output_format));
+  if (!options.from_hf_family.empty() && format->shape != OutputShape::kTargetFiles) {
+    return InvalidArgumentError("--from-hf-family applies to --output-format fc and torch-dcp, "
+                                "not " + std::string(format->name));
+  }
   if ((!options.hf_family.empty() || !options.copy_from.empty()) &&
       format->shape != OutputShape::kTargetFiles) {
     return InvalidArgumentError(std::string(options.hf_family.empty() ? "--copy-from" : "--hf-family") +
@@ -720,8 +745,21 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
   const std::vector<std::string> messages = comm->Gather(digests, 0);
   Status committed = Status::Ok();
   // Megatron's metadata.json and common.pt describe a Megatron save: not for HF names.
-  if (me == 0 && format->name == "torch-dcp" && options.hf_family.empty()) {
+  if (me == 0 && format->name == "torch-dcp" && options.hf_family.empty() &&
+      options.from_hf_family.empty()) {
     committed = CopyMegatronSidecars(p->index, input.local_path, staging);
+  }
+  // --from-hf-family: the Megatron target's own metadata.json and common.pt (the new run's
+  // step 0: its backend, iteration and common state), which dist_checkpointing.load reads.
+  if (me == 0 && format->name == "torch-dcp" && !options.from_hf_family.empty() &&
+      !options.target_like.empty() && PathExists(JoinPath(options.target_like, "metadata.json"))) {
+    for (const char* name : {"metadata.json", "common.pt"}) {
+      const std::string from = JoinPath(options.target_like, name);
+      if (!committed.ok() || !PathExists(from)) continue;
+      committed = CopyWholeFile(from, JoinPath(staging, name), kMaxSidecarBytes)
+                      .With("--from-hf-family: Megatron's " + std::string(name) +
+                            " of --target-like");
+    }
   }
   if (me == 0 && committed.ok()) committed = CopyFromDir(options, copy_files, staging);
   if (me == 0 && committed.ok()) {

@@ -133,4 +133,38 @@ Result<std::string> HfFamilyProgram(const CheckpointIndex& index, const std::str
   return aoa::GenerateHfFamilyProgram(family, facts, config);
 }
 
+Result<std::string> HfFamilyReverseProgram(const CheckpointIndex& index, const std::string& family,
+                                           const std::string& hf_dir,
+                                           const std::vector<TargetTensor>* target) {
+  const std::string path = JoinPath(hf_dir, "config.json");
+  FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(path, 64ull << 20));
+  FC_ASSIGN_OR_RETURN(aoa::HfTargetConfig config,
+                      ParseHfConfig(std::string_view(reinterpret_cast<const char*>(bytes.data()),
+                                                     bytes.size()),
+                                    path));
+  aoa::HfReverseSource source;
+  for (const TensorEntry& t : index.tensors) {
+    source.tensors.push_back({t.key, t.global_shape});
+    if (t.key == "model.embed_tokens.weight") source.embedding_dtype = DTypeName(t.dtype);
+  }
+  aoa::MegatronTargetFacts facts;
+  if (target != nullptr) {
+    bool te = false, local = false;
+    for (const TargetTensor& t : *target) {
+      if (t.key == "embedding.word_embeddings.weight" && !t.global_shape.empty()) {
+        facts.padded_vocab_size = t.global_shape[0];
+      }
+      if (t.key.ends_with("self_attention.linear_qkv.layer_norm_weight")) te = true;
+      if (t.key.ends_with("input_layernorm.weight")) local = true;
+      if (t.key.starts_with("decoder.layers.self_attention.")) facts.stacked_layers = true;
+    }
+    if (te && local) {
+      return InvalidArgumentError("--from-hf-family " + family + ": the target has both "
+                                  "linear_qkv.layer_norm_weight and input_layernorm.weight names");
+    }
+    facts.local_norm_names = local;
+  }
+  return aoa::GenerateHfFamilyReverseProgram(family, source, config, facts);
+}
+
 }  // namespace fc

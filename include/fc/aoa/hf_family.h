@@ -78,6 +78,36 @@ const std::vector<std::string_view>& HfFamilyNames();
 Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSourceFacts& source,
                                             const HfTargetConfig& config);
 
+// --from-hf-family NAME: the reverse, a HuggingFace checkpoint of `family` -> Megatron-Core
+// GPT names and fused layouts (torch_dist's global tensors: linear_qkv grouped per query
+// group [q.. k v], linear_fc1 = [gate; up] whole, which torch_dist keeps at every TP degree).
+struct HfReverseSource {
+  std::vector<HfSourceFacts::Tensor> tensors;  // the HF checkpoint's tensors
+  std::string embedding_dtype;  // model.embed_tokens.weight's dtype name (vocabulary padding)
+};
+// What the Megatron target looks like (from --target-like; defaults otherwise).
+struct MegatronTargetFacts {
+  int64_t padded_vocab_size = 0;  // embedding rows; 0: the HF vocabulary, no padding
+  // Transformer Engine names (linear_qkv.layer_norm_weight, linear_fc1.layer_norm_weight),
+  // or the local spec's (input_layernorm.weight, pre_mlp_layernorm.weight).
+  bool local_norm_names = false;
+  // Layer-stacked keys ("decoder.layers.<suffix>", layer on axis 0) instead of per-layer
+  // "decoder.layers.<i>.<suffix>".
+  bool stacked_layers = false;
+};
+
+// The families with a reverse program: "llama" (model_type llama or mistral, no biases) and
+// "qwen2" (QKV bias, tied or untied embeddings).
+const std::vector<std::string_view>& HfFamilyReverseNames();
+
+// The AOA program HF -> Megatron-Core for `family`. Errors: kInvalidArgument for an unknown
+// family and for every disagreement between the HF tensors, config.json and the target
+// (naming both values); kUnimplemented for an HF tensor the family does not map, naming it.
+Result<std::string> GenerateHfFamilyReverseProgram(std::string_view family,
+                                                   const HfReverseSource& source,
+                                                   const HfTargetConfig& config,
+                                                   const MegatronTargetFacts& target);
+
 }  // namespace fc::aoa
 
 #endif  // FC_AOA_HF_FAMILY_H_

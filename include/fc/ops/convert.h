@@ -38,6 +38,12 @@ struct ConvertOptions {
   // --hf-family NAME: instead of aoa_file, the program fc-export --hf-family generates
   // (fc/ops/hf_family.h) from the checkpoint's facts and copy_from/config.json.
   std::string hf_family;
+  // --from-hf-family NAME: the reverse, an HF checkpoint of that family -> Megatron-Core GPT
+  // (fc/ops/hf_family.h HfFamilyReverseProgram): config.json from the input directory, the
+  // target's vocabulary rows, norm names and key form from --target-like when given; with
+  // torch-dcp output and a --target-like holding Megatron's metadata.json / common.pt, those
+  // are copied into OUT (dist_checkpointing.load reads them).
+  std::string from_hf_family;
   // --copy-from DIR: DIR's config.json, tokenizer files and other small non-tensor files
   // (CopyFromFiles, fc/ops/export.h) are copied into OUT (fc and torch-dcp output).
   std::string copy_from;

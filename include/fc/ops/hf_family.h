@@ -9,6 +9,7 @@
 #include "fc/aoa/hf_family.h"
 #include "fc/core/status.h"
 #include "fc/model/checkpoint_index.h"
+#include "fc/model/target_layout.h"
 
 namespace fc {
 
@@ -21,6 +22,15 @@ Result<aoa::HfTargetConfig> ParseHfConfig(std::string_view json, const std::stri
 // mismatches; kNotFound for a missing config.json.
 Result<std::string> HfFamilyProgram(const CheckpointIndex& index, const std::string& family,
                                     const std::string& config_dir);
+
+// --from-hf-family NAME: the reverse program (HF -> Megatron-Core) over the HF checkpoint
+// `index`, `hf_dir`/config.json (the HF model directory: the input itself, or the directory
+// holding an input file) and the target's tensors when known (--target-like: its embedding
+// rows, its norm names, layer-stacked or per-layer keys; nullptr: per-layer keys, Transformer
+// Engine norm names, no vocabulary padding). kNotFound for a missing config.json.
+Result<std::string> HfFamilyReverseProgram(const CheckpointIndex& index, const std::string& family,
+                                           const std::string& hf_dir,
+                                           const std::vector<TargetTensor>* target);
 
 }  // namespace fc
 
