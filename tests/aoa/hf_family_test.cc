@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "fc/aoa/hf_family.h"
+#include "naive.h"
 #include "test_util.h"
 
 namespace fc::aoa {
@@ -360,6 +361,125 @@ TEST_CASE("hf-family mixtral: router and per-expert w1/w3/w2 from Megatron's sta
     CHECK(r.status().code() == StatusCode::kUnimplemented);
     CHECK_THAT(r.status().message(), Catch::Contains("mlp.router.weight' has no place in family llama"));
   }
+}
+
+}  // namespace
+}  // namespace fc::aoa
+
+namespace fc::aoa {
+namespace {
+
+using testing::NaiveTensor;
+using testing::TensorMap;
+
+// Runs `program` over `data` (every tensor whole) and assembles every output.
+TensorMap RunProgram(const std::string& program, const TensorMap& data) {
+  std::vector<TensorMeta> metas;
+  for (const auto& [k, t] : data) metas.push_back(Meta(k, t.shape));
+  auto p = ParseAoaProgram(program);
+  INFO(program);
+  REQUIRE(p.ok());
+  auto e = AoaEngine::Create(*p, metas);
+  REQUIRE(e.ok());
+  TensorMap out;
+  for (const OutputTensor& o : e->ListOutputs()) {
+    bool ok = false;
+    out[o.key] = testing::Assemble(*e, o.key, Box::Whole(o.shape), data, &ok);
+    REQUIRE(ok);
+  }
+  return out;
+}
+
+TEST_CASE("from-hf-family llama/qwen2: the reverse program gives back the Megatron tensors the "
+          "forward program read", "[aoa][hf_family]") {
+  for (bool stacked : {false, true}) {
+    for (const std::string fam : {"llama", "qwen2"}) {
+      CAPTURE(stacked, fam);
+      HfSourceFacts f = Source(stacked);
+      HfTargetConfig c = Config();
+      if (fam == "qwen2") {
+        c.model_type = "qwen2";
+        for (int i = 0; i < 3; ++i) {
+          if (stacked && i > 0) break;
+          f.tensors.push_back({stacked ? "decoder.layers.self_attention.linear_qkv.bias"
+                                       : "decoder.layers." + std::to_string(i) +
+                                             ".self_attention.linear_qkv.bias",
+                               stacked ? Shape{3, 32} : Shape{32}});
+        }
+      }
+      TensorMap megatron;
+      double base = 0;
+      for (const auto& t : f.tensors) {
+        if (t.name.rfind("optimizer.", 0) == 0) continue;
+        megatron[t.name] = NaiveTensor::Iota(t.shape, base);
+        base += 10000;
+      }
+      auto forward = GenerateHfFamilyProgram(fam, f, c);
+      REQUIRE(forward.ok());
+      TensorMap hf = RunProgram(*forward, megatron);
+      HfReverseSource r;
+      for (const auto& [k, t] : hf) r.tensors.push_back({k, t.shape});
+      r.embedding_dtype = "float32";
+      MegatronTargetFacts target;
+      target.padded_vocab_size = 64;
+      target.stacked_layers = stacked;
+      auto reverse = GenerateHfFamilyReverseProgram(fam, r, c, target);
+      INFO((reverse.ok() ? *reverse : reverse.status().message()));
+      REQUIRE(reverse.ok());
+      CHECK_THAT(*reverse, Catch::Contains("fused_qkv, num_heads=8, num_key_value_groups=4"));
+      TensorMap back = RunProgram(*reverse, hf);
+      // the 4 rows of vocabulary padding come back as zeros
+      for (const char* k : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+        std::fill(megatron[k].data.begin() + 60 * 16, megatron[k].data.end(), 0.0);
+      }
+      CHECK(back.size() == megatron.size());
+      for (const auto& [k, t] : megatron) {
+        INFO(k);
+        REQUIRE(back.count(k));
+        CHECK(back[k] == t);
+      }
+      // a wrong fused layout does not give them back: Q, K, V concatenated as GPT-2's
+      // [q; k; v] instead of Megatron's query groups, or fc1 as [up; gate]
+      std::string wrong = *reverse;
+      const std::string fused = "fused_qkv, num_heads=8, num_key_value_groups=4, axis=0";
+      for (size_t at; (at = wrong.find(fused)) != std::string::npos;) {
+        wrong.replace(at, fused.size(), "axis=0");
+      }
+      TensorMap bad = RunProgram(wrong, hf);
+      const std::string qkv = stacked ? "decoder.layers.self_attention.linear_qkv.weight"
+                                      : "decoder.layers.1.self_attention.linear_qkv.weight";
+      CHECK_FALSE(bad[qkv] == megatron[qkv]);
+      wrong = *reverse;
+      const std::string gate_up = "model.layers.$LAYER_ID.mlp.gate_proj.weight, "
+                                  "model.layers.$LAYER_ID.mlp.up_proj.weight";
+      REQUIRE(wrong.find(gate_up) != std::string::npos);
+      wrong.replace(wrong.find(gate_up), gate_up.size(),
+                    "model.layers.$LAYER_ID.mlp.up_proj.weight, "
+                    "model.layers.$LAYER_ID.mlp.gate_proj.weight");
+      bad = RunProgram(wrong, hf);
+      const std::string fc1 = stacked ? "decoder.layers.mlp.linear_fc1.weight"
+                                      : "decoder.layers.2.mlp.linear_fc1.weight";
+      CHECK_FALSE(bad[fc1] == megatron[fc1]);
+    }
+  }
+}
+
+TEST_CASE("from-hf-family llama: HF tensors that disagree with config.json are refused naming "
+          "both", "[aoa][hf_family]") {
+  HfReverseSource r;
+  r.tensors = {{"model.embed_tokens.weight", {60, 16}}, {"model.norm.weight", {16}}};
+  auto res = GenerateHfFamilyReverseProgram("llama", r, Config(), {});
+  REQUIRE_FALSE(res.ok());
+  CHECK(res.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(res.status().message(), Catch::Contains("lm_head.weight ([60, 16])"));
+  r.tensors.push_back({"model.layers.7.mlp.up_proj.weight", {12, 16}});
+  res = GenerateHfFamilyReverseProgram("llama", r, Config(), {});
+  REQUIRE_FALSE(res.ok());
+  CHECK(res.status().code() == StatusCode::kUnimplemented);
+  CHECK_THAT(res.status().message(), Catch::Contains("model.layers.7.mlp.up_proj.weight"));
+  res = GenerateHfFamilyReverseProgram("gpt2", r, Config(), {});
+  REQUIRE_FALSE(res.ok());
+  CHECK_THAT(res.status().message(), Catch::Contains("reverse: llama, qwen2"));
 }
 
 }  // namespace
