@@ -143,6 +143,20 @@ Result<CheckpointFormat> DetectCheckpointFormat(const std::string& path) {
   FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(path));
   const Listing listing{path, names};
   FC_ASSIGN_OR_RETURN(std::optional<CheckpointFormat> found, DetectIn(listing));
+  if (found == CheckpointFormat::kSafetensors) {
+    // transformers' Trainer with DeepSpeed saves checkpoint-N/ with both its HF weights
+    // (model.safetensors, in the training dtype) and the DeepSpeed checkpoint (latest ->
+    // global_stepN: fp32 masters, Adam states). Which one the user means is not ours to
+    // guess: the two give different tensors.
+    FC_ASSIGN_OR_RETURN(bool deepspeed_too, IsDeepSpeed(listing));
+    if (deepspeed_too) {
+      return InvalidArgumentError(
+          path + ": holds both HuggingFace safetensors weights and a DeepSpeed checkpoint (its "
+          "'latest' file and tag directory, as transformers' Trainer saves them): give "
+          "--format safetensors for the weights or --format deepspeed for the DeepSpeed "
+          "checkpoint (fp32 master weights and optimizer states)");
+    }
+  }
   if (found) return *found;
   if (listing.Any([](const std::string& n) { return EndsWith(n, ".pt"); })) {
     return UnimplementedError(path + ": holds torch.save .pt files that are neither a "

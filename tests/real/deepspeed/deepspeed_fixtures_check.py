@@ -61,8 +61,15 @@ def check_case(tools, fx, case, tmp):
     done = []
     if info.get("saved_by") == "transformers.Trainer":
         # The Trainer's checkpoint-N dir holds its own model.safetensors (the module weights)
-        # beside DeepSpeed's `latest` and tag dir: fc detects the safetensors first, so the
-        # DeepSpeed checkpoint is read as --format deepspeed there, or by its tag dir (below).
+        # beside DeepSpeed's `latest` and tag dir: without --format fc refuses to guess, naming
+        # both; the DeepSpeed checkpoint is read as --format deepspeed there, or by its tag dir
+        # (below).
+        p = fcio.run([os.path.join(tools, "fc-export"), ckpt, os.path.join(tmp, "guess")],
+                     expect=None)
+        assert p.returncode != 0 and "holds both HuggingFace safetensors weights and a " \
+            "DeepSpeed checkpoint" in p.stderr and "--format deepspeed" in p.stderr, \
+            (case, p.returncode, p.stderr)
+        assert not os.path.exists(os.path.join(tmp, "guess")), case
         want = fcio.read_safetensors(os.path.join(d, "expected_fp32.safetensors"))
         same(export(tools, ckpt, os.path.join(tmp, "trainer"), "--format", "deepspeed"), want,
              f"{case}: zero_to_fp32 (the Trainer's dir, --format deepspeed)")
