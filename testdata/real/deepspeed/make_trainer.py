@@ -3,7 +3,7 @@ through accelerate) with the real DeepSpeed 0.19.8 on CPU, and beside it what De
 own tools give back, as make_fixtures.py does for its cases.
 
 usage: python make_trainer.py OUT_DIR
-  (the interop environment's python, with accelerate: the Trainer needs it)
+  (the interop environment's python; the Trainer needs accelerate, pinned in scripts/interop/torch.txt)
 
 The model: transformers' LlamaForCausalLM (vocabulary 64, hidden 16, 2 layers, 4 heads in 2
 KV groups, FFN 24, untied lm_head), fp32, seeded. TrainingArguments(deepspeed=<ZeRO-2 config,
