@@ -120,6 +120,14 @@ TEST_CASE("deepspeed refusals: ZeRO 1/2 partition sizes", "[deepspeed][refusals]
             {Optim(1) + ": group 0 partition holds 27 elements + 1 padding; with 56 elements in "
              "param_shapes over 2 ranks of 28 it must hold 28 + 0"});
   }
+  SECTION("a partition one element short and no padding (the element count, not only the "
+          "padding, is compared)") {
+    const std::string dir = CopyTag(tmp, "zero1");
+    EditOsd(dir + "/" + Optim(1), [](PV& osd) { SetView(Singles(osd, 0), {27}, {1}); });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {Optim(1) + ": group 0 partition holds 27 elements + 0 padding; with 56 elements in "
+             "param_shapes over 2 ranks of 28 it must hold 28 + 0"});
+  }
   SECTION("a partition padded to another size than rank 0's") {
     const std::string dir = CopyTag(tmp, "zero1");
     EditOsd(dir + "/" + Optim(1), [](PV& osd) {
