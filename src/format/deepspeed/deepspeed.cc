@@ -2210,6 +2210,25 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
     }
     if (!per_rank.empty()) index_.attributes["deepspeed.tp_buffers_per_rank"] = per_rank;
   };
+  // One buffer's TP copies (`parts`, family i): one tensor (TP rank 0's) when equal, else one
+  // per rank, <family prefix>mp_rank_YY.<name>.
+  auto add_buffer = [&](size_t i, const std::string& name,
+                        const std::vector<TensorEntry*>& parts) -> Status {
+    auto [v, fresh] = buffer_verdict.emplace(name, std::string());
+    if (fresh) {
+      FC_ASSIGN_OR_RETURN(v->second, BufferCopiesDiffer(parts, reader));
+    }
+    if (v->second.empty()) {
+      out.tensors[i].push_back(std::move(*parts[0]));  // equal copies: TP rank 0's
+      return Status::Ok();
+    }
+    for (int64_t t = 0; t < tp; ++t) {
+      TensorEntry e = *parts[static_cast<size_t>(t)];
+      e.key = std::string(kFamilyPrefix[i]) + MpName(t) + "." + name;
+      out.tensors[i].push_back(std::move(e));
+    }
+    return Status::Ok();
+  };
   if (options_.tp_axis) {
     // The user's rules say how every tensor merges; universal_checkpoint_info is not used.
     // A buffer the rules give no axis follows the buffer rule below (each TP rank loads its
@@ -2244,19 +2263,7 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
         const std::string name = e0.key.substr(kFamilyPrefix[i].size());
         if ((i == kBuffers || i == kModule) && buffer_names.count(name) &&
             !options_.tp_axis(name)) {
-          auto [v, fresh] = buffer_verdict.emplace(name, std::string());
-          if (fresh) {
-            FC_ASSIGN_OR_RETURN(v->second, BufferCopiesDiffer(parts, reader));
-          }
-          if (v->second.empty()) {
-            out.tensors[i].push_back(std::move(*parts[0]));  // equal copies: TP rank 0's
-            continue;
-          }
-          for (int64_t t = 0; t < tp; ++t) {
-            TensorEntry e = *parts[static_cast<size_t>(t)];
-            e.key = std::string(kFamilyPrefix[i]) + MpName(t) + "." + name;
-            out.tensors[i].push_back(std::move(e));
-          }
+          FC_RETURN_IF_ERROR(add_buffer(i, name, parts));
           continue;
         }
         TensorEntry m;
@@ -2328,19 +2335,7 @@ Result<Families> Reader::MergeTp(std::vector<Families> per_tp, const TpRules* ru
             !TpRules::Matches(rules->sub_params, name) &&
             !TpRules::Matches(rules->row_parallel, name) &&
             !TpRules::Matches(rules->vocabulary, name)))) {
-        auto [v, fresh] = buffer_verdict.emplace(name, std::string());
-        if (fresh) {
-          FC_ASSIGN_OR_RETURN(v->second, BufferCopiesDiffer(parts, reader));
-        }
-        if (v->second.empty()) {
-          out.tensors[i].push_back(std::move(*parts[0]));  // equal copies: TP rank 0's
-          continue;
-        }
-        for (int64_t t = 0; t < tp; ++t) {
-          TensorEntry e = *parts[static_cast<size_t>(t)];
-          e.key = std::string(kFamilyPrefix[i]) + MpName(t) + "." + name;
-          out.tensors[i].push_back(std::move(e));
-        }
+        FC_RETURN_IF_ERROR(add_buffer(i, name, parts));
         continue;
       }
       for (size_t t = 1; t < parts.size(); ++t) {
