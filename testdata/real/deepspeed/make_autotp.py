@@ -78,16 +78,7 @@ def worker(out, case):
 
 
 def ucp_keys(ucp):
-    out = {}
-    zero = os.path.join(ucp, "zero")
-    for name in sorted(os.listdir(zero)):
-        d = os.path.join(zero, name)
-        if not os.path.isdir(d):
-            continue
-        for f in sorted(os.listdir(d)):
-            v = torch.load(os.path.join(d, f), map_location="cpu", weights_only=False)
-            out[f"{name}/{f[:-3]}"] = sorted(v) if isinstance(v, dict) else None
-    return out
+    return {key: sorted(v) if isinstance(v, dict) else None for key, v in mf.ucp_loaded(ucp)}
 
 
 def expect(out, case):

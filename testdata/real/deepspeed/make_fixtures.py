@@ -287,20 +287,26 @@ def case_info(tag_dir):
             "dp_world_size": sd.get("dp_world_size"), "ds_version": sd.get("ds_version")}
 
 
-def ucp_values(ucp):
-    out = {}
+def ucp_loaded(ucp):
+    """Every zero/<param>/<state>.pt of a UCP dir, loaded: ("<param>/<state>", value), sorted."""
     zero = os.path.join(ucp, "zero")
     for name in sorted(os.listdir(zero)):
         d = os.path.join(zero, name)
         if not os.path.isdir(d):
             continue
         for f in sorted(os.listdir(d)):
-            v = torch.load(os.path.join(d, f), map_location="cpu", weights_only=False)
-            if isinstance(v, dict):
-                v = v["param"]
-            if not isinstance(v, torch.Tensor):
-                v = torch.tensor(v, dtype=torch.float32)
-            out[f"{name}/{f[:-3]}"] = v
+            yield (f"{name}/{f[:-3]}",
+                   torch.load(os.path.join(d, f), map_location="cpu", weights_only=False))
+
+
+def ucp_values(ucp):
+    out = {}
+    for key, v in ucp_loaded(ucp):
+        if isinstance(v, dict):
+            v = v["param"]
+        if not isinstance(v, torch.Tensor):
+            v = torch.tensor(v, dtype=torch.float32)
+        out[key] = v
     return out
 
 
