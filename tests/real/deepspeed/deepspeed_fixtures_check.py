@@ -66,7 +66,7 @@ def check_case(tools, fx, case, tmp):
         # (below).
         p = fcio.run([os.path.join(tools, "fc-export"), ckpt, os.path.join(tmp, "guess")],
                      expect=None)
-        assert p.returncode != 0 and "holds both HuggingFace safetensors weights and a " \
+        assert p.returncode == 3 and "holds both HuggingFace safetensors weights and a " \
             "DeepSpeed checkpoint" in p.stderr and "--format deepspeed" in p.stderr, \
             (case, p.returncode, p.stderr)
         assert not os.path.exists(os.path.join(tmp, "guess")), case
