@@ -39,8 +39,12 @@ def tools(build):
 
 
 def make_fixtures_module(testdata):
+    """testdata/real/torch/make_fixtures.py, and testdata/real/torchrun.py as `torchrun`."""
+    global torchrun
     sys.path.insert(0, os.path.join(testdata, "real", "torch"))
+    sys.path.insert(0, os.path.join(testdata, "real"))
     import make_fixtures
+    import torchrun
     return make_fixtures
 
 
@@ -176,10 +180,8 @@ def case_load(build, testdata, tmp):
               "--torch-version", "2", "--target-like", os.path.join(two, "ckpt"), "-q"])
     load_plain(out12, st_to_torch(os.path.join(one, "expected.safetensors")))
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                    "--master-port", "29541", os.path.abspath(__file__), "--load-worker",
-                    testdata, out12, os.path.join(one, "expected.safetensors")],
-                   check=True, env=env)
+    torchrun.check_run(2, 29541, [os.path.abspath(__file__), "--load-worker", testdata, out12,
+                                  os.path.join(one, "expected.safetensors")], env)
     print("1 rank -> 2: FSDP2 load equal")
 
     # --torch-serialization safetensors: torch 2.15 cannot load it (its own saves neither),

@@ -50,6 +50,9 @@ import traceback
 import torch
 from torch import nn
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torchrun as torchrun_module  # noqa: E402  (testdata/real/torchrun.py)
+
 # name: (dp, zero stage, dtype, extra config)
 CASES = {
     "zero0_fp32": (2, 0, "fp32", {}),
@@ -355,22 +358,8 @@ def expect(out, case, errors):
 
 def torchrun(nproc, port, args, env, clean_dir=None):
     """Runs args under torch.distributed.run; returns the CompletedProcess (output captured).
-
-    A worker killed by a signal (seen once in CI: "terminate called without an active
-    exception", SIGABRT in rank 1 during start-up, gloo on 2 cores) is the framework's crash,
-    not a result: the run is repeated, at most twice, saying so, with clean_dir emptied first.
-    An ordinary Python error is a result and is returned as it is."""
-    for attempt in range(3):
-        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                            str(nproc), "--master-port", str(port), *args], env=env,
-                           capture_output=True, text=True)
-        if p.returncode == 0 or not re.search(r"exitcode: -\d+", p.stderr) or attempt == 2:
-            return p
-        sys.stderr.write(f"{' '.join(args[1:])}: a worker died by a signal; running it again\n"
-                         + p.stderr[-2000:])
-        if clean_dir:
-            shutil.rmtree(clean_dir, ignore_errors=True)
-            os.makedirs(clean_dir)
+    A worker killed by a signal is repeated (testdata/real/torchrun.py says why)."""
+    return torchrun_module.run(nproc, port, args, env, [clean_dir] if clean_dir else [])
 
 
 def run_case(out, case, port, errors):

@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -208,9 +207,11 @@ def main():
         os.makedirs(os.path.join(out, case))
     single(out)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                    "--master-port", os.environ.get("FC_TORCHRUN_PORT", "29531"),
-                    os.path.abspath(__file__), "--worker", out], check=True, env=env)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import torchrun  # testdata/real/torchrun.py: repeats a run whose worker died by a signal
+    torchrun.check_run(2, os.environ.get("FC_TORCHRUN_PORT", "29531"),
+                       [os.path.abspath(__file__), "--worker", out], env,
+                       [os.path.join(out, case) for case in FSDP2_CASES])
     import safetensors
     with open(os.path.join(out, "versions.json"), "w") as f:
         json.dump({"torch": torch.__version__, "safetensors": safetensors.__version__,

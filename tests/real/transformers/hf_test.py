@@ -22,7 +22,6 @@ fp32 to bf16 as torch does (nearest even).
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -33,6 +32,9 @@ import torch.distributed.checkpoint as dcp
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 import fcio  # noqa: E402
+sys.path.insert(0, os.path.join(os.environ.get("FC_TESTDATA", os.path.join(HERE, "..", "..", "..",
+                                                                           "testdata")), "real"))
+import torchrun  # noqa: E402  (testdata/real/torchrun.py: repeats a worker killed by a signal)
 
 VOCAB, PADDED_VOCAB, HEADS, KV_HEADS, HEAD_DIM = 64, 72, 4, 2, 8
 INPUT = torch.tensor([[1, 5, 9, 13, 17, 21, 33, 40], [2, 3, 63, 0, 7, 11, 50, 12]])
@@ -160,9 +162,8 @@ def main():
     try:
         ckpt, ref = os.path.join(tmp, "ckpt"), os.path.join(tmp, "ref")
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        "--master-port", "29551", os.path.abspath(__file__), "--worker", case,
-                        ckpt, ref], check=True, env=env)
+        torchrun.check_run(2, 29551, [os.path.abspath(__file__), "--worker", case, ckpt, ref],
+                           env, [ckpt, ref])
         extra = []
         if case == "megatron_aoa":
             aoa = os.path.join(tmp, "megatron_to_hf.aoa")
