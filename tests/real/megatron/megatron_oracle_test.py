@@ -56,14 +56,14 @@ def regenerate(testdata, out, cases):
     subprocess.run([sys.executable, generator(testdata), out, *cases], check=True, env=env)
 
 
-def torchrun(n, port, *args):
-    """This file's workers under torch.distributed.run; a worker killed by a signal is run
-    again (testdata/real/torchrun.py says why)."""
+def torchrun(n, port, *args, script=__file__):
+    """The workers of `script` (this file by default) under torch.distributed.run; a worker
+    killed by a signal is run again (testdata/real/torchrun.py says why)."""
     sys.path.insert(0, os.path.join(os.environ.get(
         "FC_TESTDATA", os.path.join(HERE, "..", "..", "..", "testdata")), "real"))
     import torchrun as torchrun_module
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    torchrun_module.check_run(n, port, [os.path.abspath(__file__), *args], env)
+    torchrun_module.check_run(n, port, [os.path.abspath(script), *args], env)
 
 
 def mf(testdata):
@@ -226,7 +226,14 @@ def forward_worker(testdata, ckpt, out, per_layer="1", arch="llama"):
     m = mf(testdata)
     m.init(1, 1, None)
     chunks, _, _, _ = m.load_tp1(ckpt, False, per_layer=per_layer == "1", arch=arch)
-    model = chunks[0]
+    torch.save(megatron_forward(chunks[0]), out)
+    dist.destroy_process_group()
+
+
+def megatron_forward(model):
+    """The fp32 logits of a TP 1 x PP 1 GPTModel on INPUT (eval, no grad), with the CPU
+    patches its forward needs."""
+    import torch
     model.eval()
     ids = torch.tensor(INPUT)
     pos = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
@@ -258,8 +265,7 @@ def forward_worker(testdata, ckpt, out, per_layer="1", arch="llama"):
         torch.cuda.current_device = cur
         if not had_te:
             del moe_utils.te_general_gemm
-    torch.save(logits.detach().float().contiguous(), out)
-    dist.destroy_process_group()
+    return logits.detach().float().contiguous()
 
 
 def main():
