@@ -759,7 +759,8 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
 }
 
 const std::vector<std::string_view>& HfFamilyReverseNames() {
-  static const std::vector<std::string_view> kNames = {"llama", "qwen2"};
+  static const std::vector<std::string_view> kNames = {"gpt2", "llama", "mixtral", "qwen2",
+                                                       "qwen2-moe"};
   return kNames;
 }
 
@@ -771,49 +772,127 @@ Result<std::string> GenerateHfFamilyReverseProgram(std::string_view family,
   const std::string where = "--from-hf-family " + fam;
   const auto& names = HfFamilyReverseNames();
   if (std::find(names.begin(), names.end(), family) == names.end()) {
-    return InvalidArgumentError(where + ": no reverse program for this family (reverse: llama, "
-                                "qwen2)");
+    std::string known;
+    for (std::string_view n : names) known += (known.empty() ? "" : ", ") + std::string(n);
+    return InvalidArgumentError(where + ": no reverse program for this family (reverse: " +
+                                known + ")");
   }
   auto mismatch = [&](const std::string& what) { return InvalidArgumentError(where + ": " + what); };
   auto num = [](int64_t v) { return std::to_string(v); };
+  const bool gpt2 = fam == "gpt2";
   const bool qwen2 = fam == "qwen2";
-  const std::set<std::string> types =
-      qwen2 ? std::set<std::string>{"qwen2"} : std::set<std::string>{"llama", "mistral"};
+  const bool qmoe = fam == "qwen2-moe";
+  const bool mixtral = fam == "mixtral";
+  const bool moe = mixtral || qmoe;
+  const std::string type_text = gpt2    ? "gpt2"
+                                : qwen2 ? "qwen2"
+                                : qmoe  ? "qwen2_moe"
+                                : mixtral ? "mixtral"
+                                          : "llama or mistral";
+  const std::set<std::string> types = gpt2    ? std::set<std::string>{"gpt2"}
+                                      : qwen2 ? std::set<std::string>{"qwen2"}
+                                      : qmoe  ? std::set<std::string>{"qwen2_moe"}
+                                      : mixtral ? std::set<std::string>{"mixtral"}
+                                                : std::set<std::string>{"llama", "mistral"};
   if (!types.count(cfg.model_type)) {
     return mismatch("config.json model_type is '" + cfg.model_type + "', family " + fam +
-                    " takes " + (qwen2 ? "qwen2" : "llama or mistral"));
+                    " takes " + type_text);
   }
-  for (auto [v, k] : {std::pair{cfg.vocab_size, "vocab_size"}, {cfg.hidden_size, "hidden_size"},
-                      {cfg.num_hidden_layers, "num_hidden_layers"},
-                      {cfg.num_attention_heads, "num_attention_heads"},
-                      {cfg.intermediate_size, "intermediate_size"}}) {
-    if (v <= 0) return mismatch(std::string("config.json has no positive ") + k);
+  // config.json's names for the fields (GPT-2 has its own)
+  const std::string k_hidden = gpt2 ? "n_embd" : "hidden_size";
+  const std::string k_layers = gpt2 ? "n_layer" : "num_hidden_layers";
+  const std::string k_heads = gpt2 ? "n_head" : "num_attention_heads";
+  const std::string k_ffn = gpt2 ? "n_inner" : qmoe ? "moe_intermediate_size" : "intermediate_size";
+  const std::string k_experts = qmoe ? "num_experts" : "num_local_experts";
+  std::vector<std::pair<int64_t, std::string>> positive = {
+      {cfg.vocab_size, "vocab_size"}, {cfg.hidden_size, k_hidden},
+      {cfg.num_hidden_layers, k_layers}, {cfg.num_attention_heads, k_heads}};
+  if (gpt2) positive.push_back({cfg.max_position_embeddings, "n_positions"});
+  if (!gpt2 && !qmoe) positive.push_back({cfg.intermediate_size, "intermediate_size"});
+  if (qmoe) {
+    positive.push_back({cfg.moe_intermediate_size, "moe_intermediate_size"});
+    positive.push_back({cfg.shared_expert_intermediate_size, "shared_expert_intermediate_size"});
+  }
+  if (moe) {
+    positive.push_back({cfg.num_local_experts, k_experts});
+    positive.push_back({cfg.num_experts_per_tok, "num_experts_per_tok"});
+  }
+  for (const auto& [v, k] : positive) {
+    if (v <= 0) return mismatch("config.json has no positive " + k);
+  }
+  if (qmoe && (cfg.decoder_sparse_step > 1 || cfg.has_mlp_only_layers)) {
+    return mismatch("config.json has dense MLP layers (decoder_sparse_step " +
+                    num(cfg.decoder_sparse_step) +
+                    ", mlp_only_layers); fc maps Qwen2-MoE models whose every MLP is a MoE layer");
   }
   const int64_t hidden = cfg.hidden_size, heads = cfg.num_attention_heads,
-                ffn = cfg.intermediate_size, layers = cfg.num_hidden_layers;
-  const int64_t groups = cfg.num_key_value_heads > 0 ? cfg.num_key_value_heads : heads;
+                layers = cfg.num_hidden_layers;
+  // GPT-2: one K/V head per query head, head_dim n_embd / n_head, n_inner 4 x n_embd by default
+  const int64_t groups = !gpt2 && cfg.num_key_value_heads > 0 ? cfg.num_key_value_heads : heads;
   if (heads % groups != 0) {
     return mismatch("config.json num_attention_heads " + num(heads) +
                     " is not a multiple of num_key_value_heads " + num(groups));
   }
-  if (cfg.head_dim <= 0 && hidden % heads != 0) {
-    return mismatch("config.json hidden_size " + num(hidden) + " does not divide by "
-                    "num_attention_heads " + num(heads) + " and there is no head_dim");
+  if ((gpt2 || cfg.head_dim <= 0) && hidden % heads != 0) {
+    return mismatch("config.json " + k_hidden + " " + num(hidden) + " does not divide by " +
+                    k_heads + " " + num(heads) + (gpt2 ? "" : " and there is no head_dim"));
   }
-  const int64_t hd = cfg.head_dim > 0 ? cfg.head_dim : hidden / heads;
-  const bool qkv_bias = qwen2 || cfg.attention_bias.value_or(false);
-  if (!qwen2 && qkv_bias) {
-    return mismatch("config.json attention_bias is true: Llama's o_proj then has a bias, "
+  const int64_t hd = !gpt2 && cfg.head_dim > 0 ? cfg.head_dim : hidden / heads;
+  const int64_t ffn = gpt2   ? (cfg.intermediate_size > 0 ? cfg.intermediate_size : 4 * hidden)
+                      : qmoe ? cfg.moe_intermediate_size
+                             : cfg.intermediate_size;
+  const int64_t experts = moe ? cfg.num_local_experts : 0;
+  const int64_t shared = qmoe ? cfg.shared_expert_intermediate_size : 0;
+  const bool qkv_bias = gpt2 || qwen2 || (qmoe && cfg.qkv_bias.value_or(true)) ||
+                        cfg.attention_bias.value_or(false);
+  if ((fam == "llama" || mixtral) && qkv_bias) {
+    return mismatch("config.json attention_bias is true: the model's o_proj then has a bias, "
                     "which Megatron's linear_proj here does not");
   }
-  if (cfg.mlp_bias.value_or(false)) {
+  if (!gpt2 && cfg.mlp_bias.value_or(false)) {
     return mismatch("config.json mlp_bias is true; Megatron's SwiGLU MLP here has no biases");
   }
+  if (gpt2) {
+    // Megatron-Core GPT's GeLU: the exact form, or the tanh form with --openai-gelu; the
+    // weights are the same either way (the target's args decide which one it runs).
+    const std::string act = cfg.activation_function.value_or("gelu_new");
+    if (act != "gelu" && act != "gelu_new" && act != "gelu_pytorch_tanh") {
+      return mismatch("config.json activation_function is '" + act +
+                      "'; Megatron-Core GPT's MLP here is a GeLU (gelu, gelu_new)");
+    }
+  }
+
   // Every HF tensor the family has, with its shape from config.json.
-  std::map<std::string, Shape> want = {{"model.embed_tokens.weight", {cfg.vocab_size, hidden}},
-                                       {"model.norm.weight", {hidden}}};
+  std::map<std::string, Shape> want;
+  const std::string emb_hf = gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+  want[emb_hf] = {cfg.vocab_size, hidden};
   if (!cfg.tie_word_embeddings) want["lm_head.weight"] = {cfg.vocab_size, hidden};
+  if (gpt2) {
+    want["transformer.wpe.weight"] = {cfg.max_position_embeddings, hidden};
+    want["transformer.ln_f.weight"] = {hidden};
+    want["transformer.ln_f.bias"] = {hidden};
+  } else {
+    want["model.norm.weight"] = {hidden};
+  }
+  // Qwen2-MoE's MoE names live under "mlp.", Mixtral's under "block_sparse_moe."
+  const std::string moe_at = qmoe ? "mlp." : "block_sparse_moe.";
+  const std::string wg = qmoe ? "gate_proj" : "w1", wu = qmoe ? "up_proj" : "w3",
+                    wd = qmoe ? "down_proj" : "w2";
   for (int64_t i = 0; i < layers; ++i) {
+    if (gpt2) {
+      const std::string h = "transformer.h." + num(i) + ".";
+      for (const char* n : {"ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias",
+                            "attn.c_proj.bias", "mlp.c_proj.bias"}) {
+        want[h + n] = {hidden};
+      }
+      want[h + "attn.c_attn.weight"] = {hidden, 3 * hidden};
+      want[h + "attn.c_attn.bias"] = {3 * hidden};
+      want[h + "attn.c_proj.weight"] = {hidden, hidden};
+      want[h + "mlp.c_fc.weight"] = {hidden, ffn};
+      want[h + "mlp.c_fc.bias"] = {ffn};
+      want[h + "mlp.c_proj.weight"] = {ffn, hidden};
+      continue;
+    }
     const std::string h = "model.layers." + num(i) + ".";
     want[h + "input_layernorm.weight"] = {hidden};
     want[h + "post_attention_layernorm.weight"] = {hidden};
@@ -826,14 +905,35 @@ Result<std::string> GenerateHfFamilyReverseProgram(std::string_view family,
       want[h + "self_attn.v_proj.bias"] = {groups * hd};
     }
     want[h + "self_attn.o_proj.weight"] = {hidden, heads * hd};
-    want[h + "mlp.gate_proj.weight"] = {ffn, hidden};
-    want[h + "mlp.up_proj.weight"] = {ffn, hidden};
-    want[h + "mlp.down_proj.weight"] = {hidden, ffn};
+    if (!moe) {
+      want[h + "mlp.gate_proj.weight"] = {ffn, hidden};
+      want[h + "mlp.up_proj.weight"] = {ffn, hidden};
+      want[h + "mlp.down_proj.weight"] = {hidden, ffn};
+      continue;
+    }
+    const std::string m = h + moe_at;
+    want[m + "gate.weight"] = {experts, hidden};
+    for (int64_t e = 0; e < experts; ++e) {
+      const std::string x = m + "experts." + num(e) + ".";
+      want[x + wg + ".weight"] = {ffn, hidden};
+      want[x + wu + ".weight"] = {ffn, hidden};
+      want[x + wd + ".weight"] = {hidden, ffn};
+    }
+    if (qmoe) {
+      want[m + "shared_expert.gate_proj.weight"] = {shared, hidden};
+      want[m + "shared_expert.up_proj.weight"] = {shared, hidden};
+      want[m + "shared_expert.down_proj.weight"] = {hidden, shared};
+      want[m + "shared_expert_gate.weight"] = {1, hidden};
+    }
   }
-  const std::string cfg_text = "config.json (hidden_size " + num(hidden) + ", num_attention_heads " +
-                               num(heads) + ", num_key_value_heads " + num(groups) + ", head_dim " +
-                               num(hd) + ", intermediate_size " + num(ffn) + ", vocab_size " +
-                               num(cfg.vocab_size) + ")";
+  std::string cfg_text = "config.json (" + k_hidden + " " + num(hidden) + ", " + k_heads + " " +
+                         num(heads);
+  if (!gpt2) cfg_text += ", num_key_value_heads " + num(groups) + ", head_dim " + num(hd);
+  cfg_text += ", " + k_ffn + " " + num(ffn);
+  if (gpt2) cfg_text += ", n_positions " + num(cfg.max_position_embeddings);
+  if (moe) cfg_text += ", " + k_experts + " " + num(experts);
+  if (qmoe) cfg_text += ", shared_expert_intermediate_size " + num(shared);
+  cfg_text += ", vocab_size " + num(cfg.vocab_size) + ")";
   std::set<std::string> seen;
   for (const HfSourceFacts::Tensor& t : source.tensors) {
     auto it = want.find(t.name);
@@ -843,7 +943,10 @@ Result<std::string> GenerateHfFamilyReverseProgram(std::string_view family,
       }
       return UnimplementedError(where + ": the source tensor '" + t.name +
                                 "' has no place in a Megatron-Core GPT of family " + fam + " with " +
-                                num(layers) + " layers (config.json num_hidden_layers)" +
+                                num(layers) + " layers (config.json " + k_layers + ")" +
+                                (moe ? " and " + num(experts) + " experts (config.json " +
+                                           k_experts + ")"
+                                     : "") +
                                 (t.name.find("bias") != std::string::npos
                                      ? " and config.json's biases"
                                      : ""));
@@ -872,14 +975,134 @@ Result<std::string> GenerateHfFamilyReverseProgram(std::string_view family,
     return mismatch("padding the vocabulary needs the embedding's dtype");
   }
 
+  // The Megatron-Core tensors the program makes: the model's own, and one layer's (by the
+  // suffix after "decoder.layers.[i.]", shapes without the layer axis).
+  const bool local1 = target.local_norm_names;
+  const bool local2 = target.local_pre_mlp_norm.value_or(local1);
+  const std::string norm1 = local1 ? "input_layernorm." : "self_attention.linear_qkv.layer_norm_";
+  const std::string norm2 = local2 ? "pre_mlp_layernorm." : "mlp.linear_fc1.layer_norm_";
+  // (TE's fused-norm names are layer_norm_weight / layer_norm_bias, the local spec's
+  // weight / bias)
+  const std::string norm1w = norm1 + "weight", norm1b = norm1 + "bias";
+  const std::string norm2w = norm2 + "weight", norm2b = norm2 + "bias";
+  std::vector<std::pair<std::string, Shape>> top_out = {
+      {"embedding.word_embeddings.weight", {padded, hidden}},
+      {"decoder.final_layernorm.weight", {hidden}}};
+  if (!cfg.tie_word_embeddings) top_out.push_back({"output_layer.weight", {padded, hidden}});
+  if (gpt2) {
+    top_out.push_back({"embedding.position_embeddings.weight", {cfg.max_position_embeddings, hidden}});
+    top_out.push_back({"decoder.final_layernorm.bias", {hidden}});
+  }
+  const int64_t qkv_rows = (heads + 2 * groups) * hd;
+  std::vector<std::pair<std::string, Shape>> layer_out = {
+      {norm1w, {hidden}},
+      {"self_attention.linear_qkv.weight", {qkv_rows, hidden}},
+      {"self_attention.linear_proj.weight", {hidden, heads * hd}},
+      {norm2w, {hidden}}};
+  if (qkv_bias) layer_out.push_back({"self_attention.linear_qkv.bias", {qkv_rows}});
+  if (gpt2) {
+    for (const std::string& s : {norm1b, norm2b, std::string("self_attention.linear_proj.bias"),
+                                 std::string("mlp.linear_fc2.bias")}) {
+      layer_out.push_back({s, {hidden}});
+    }
+    layer_out.push_back({"mlp.linear_fc1.weight", {ffn, hidden}});
+    layer_out.push_back({"mlp.linear_fc1.bias", {ffn}});
+    layer_out.push_back({"mlp.linear_fc2.weight", {hidden, ffn}});
+  } else if (!moe) {
+    layer_out.push_back({"mlp.linear_fc1.weight", {2 * ffn, hidden}});
+    layer_out.push_back({"mlp.linear_fc2.weight", {hidden, ffn}});
+  } else {
+    layer_out.push_back({"mlp.router.weight", {experts, hidden}});
+    layer_out.push_back({"mlp.experts.experts.linear_fc1.weight", {experts, 2 * ffn, hidden}});
+    layer_out.push_back({"mlp.experts.experts.linear_fc2.weight", {experts, hidden, ffn}});
+    if (qmoe) {
+      layer_out.push_back({"mlp.shared_experts.linear_fc1.weight", {2 * shared, hidden}});
+      layer_out.push_back({"mlp.shared_experts.linear_fc2.weight", {hidden, shared}});
+      layer_out.push_back({"mlp.shared_experts.gate_weight", {1, hidden}});
+    }
+  }
+
+  // The target's own tensors (--target-like) against what config.json gives.
+  std::map<std::string, Shape> target_shapes;
+  for (const HfSourceFacts::Tensor& t : target.tensors) {
+    if (t.name.rfind("optimizer.", 0) != 0) target_shapes[t.name] = t.shape;
+  }
+  if (!target_shapes.empty()) {
+    int64_t target_layers = 0;
+    std::string layer_witness;
+    for (const auto& [name, shape] : target_shapes) {
+      const std::string prefix = "decoder.layers.";
+      if (name.rfind(prefix, 0) != 0) continue;
+      const std::string rest = name.substr(prefix.size());
+      const size_t dot = rest.find('.');
+      if (dot != std::string::npos && IsDigits(rest.substr(0, dot))) {
+        target_layers = std::max<int64_t>(target_layers, std::stoll(rest.substr(0, dot)) + 1);
+        if (layer_witness.empty()) layer_witness = "per-layer keys decoder.layers.<i>.*";
+      } else if (target.stacked_layers && !shape.empty() && target_layers == 0) {
+        target_layers = shape[0];
+        layer_witness = name + " " + ShapeText(shape);
+      }
+    }
+    if (target_layers > 0 && target_layers != layers) {
+      return mismatch("the target (--target-like) has " + num(target_layers) + " layers (" +
+                      layer_witness + "), config.json " + k_layers + " is " + num(layers));
+    }
+    if (moe) {
+      for (const auto& [name, shape] : target_shapes) {
+        if (name.ends_with("mlp.router.weight") && shape.size() >= 2 &&
+            shape[shape.size() - 2] != experts) {
+          return mismatch("the target's MoE layers have " + num(shape[shape.size() - 2]) +
+                          " experts (" + name + " " + ShapeText(shape) + "), config.json " +
+                          k_experts + " is " + num(experts));
+        }
+      }
+    }
+    auto check = [&](const std::string& name, const Shape& shape) -> Status {
+      auto it = target_shapes.find(name);
+      if (it == target_shapes.end()) {
+        return mismatch("the target (--target-like) has no " + name + ", which " +
+                        (name == "output_layer.weight"
+                             ? std::string("config.json tie_word_embeddings false")
+                             : cfg_text) +
+                        " gives (" + ShapeText(shape) + ")");
+      }
+      if (it->second != shape) {
+        return mismatch("the target's " + name + " is " + ShapeText(it->second) + ", " + cfg_text +
+                        " gives " + ShapeText(shape));
+      }
+      return Status::Ok();
+    };
+    for (const auto& [name, shape] : top_out) FC_RETURN_IF_ERROR(check(name, shape));
+    for (const auto& [suffix, shape] : layer_out) {
+      if (target.stacked_layers) {
+        Shape s = shape;
+        s.insert(s.begin(), layers);
+        FC_RETURN_IF_ERROR(check("decoder.layers." + suffix, s));
+      } else {
+        for (int64_t i = 0; i < layers; ++i) {
+          FC_RETURN_IF_ERROR(check("decoder.layers." + num(i) + "." + suffix, shape));
+        }
+      }
+    }
+    if (cfg.tie_word_embeddings && target_shapes.count("output_layer.weight")) {
+      return mismatch("the target has its own output_layer.weight (untied), config.json "
+                      "tie_word_embeddings is true");
+    }
+  }
+
+  // The program.
   std::string p;
   p += "# HuggingFace " + fam + " -> Megatron-Core GPT (generated by --from-hf-family " + fam + ")\n";
   p += "# config.json: " + num(layers) + " layers, hidden " + num(hidden) + ", " + num(heads) +
-       " heads, " + num(groups) + " KV heads, head_dim " + num(hd) + ", intermediate_size " +
-       num(ffn) + ", vocab_size " + num(cfg.vocab_size) + "\n";
+       " heads, " + num(groups) + " KV heads, head_dim " + num(hd) + ", " + k_ffn + " " +
+       num(ffn) + (moe ? ", " + num(experts) + " experts" : "") +
+       (qmoe ? ", shared expert " + num(shared) : "") + ", vocab_size " + num(cfg.vocab_size) +
+       "\n";
   p += "# target: " + std::string(target.stacked_layers ? "layer-stacked" : "per-layer") +
-       " keys, " + (target.local_norm_names ? "local-spec" : "Transformer Engine") +
-       " norm names, vocabulary " + num(padded) + " rows\n\n";
+       " keys, " + (local1 ? "local-spec" : "Transformer Engine") + " norm names" +
+       (local1 != local2 ? std::string(" (the MLP's: ") + (local2 ? "local-spec" : "TE") + ")"
+                         : std::string()) +
+       ", vocabulary " + num(padded) + " rows\n\n";
   auto vocab = [&](const std::string& from, const std::string& to, const std::string& tmp) {
     if (pad == 0) {
       p += from + " -> " + to + "\n";
@@ -890,47 +1113,91 @@ Result<std::string> GenerateHfFamilyReverseProgram(std::string_view family,
     p += from + ", " + tmp + " -> " + to + ", axis=0\n";
   };
   if (pad > 0) p += "# pad the vocabulary with " + num(pad) + " zero rows (Megatron's padding)\n";
-  vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight", "embed_pad");
+  vocab(emb_hf, "embedding.word_embeddings.weight", "embed_pad");
   if (!cfg.tie_word_embeddings) vocab("lm_head.weight", "output_layer.weight", "lm_head_pad");
-  p += "model.norm.weight -> decoder.final_layernorm.weight\n";
-  const std::string H = "model.layers.$LAYER_ID.";
   const std::string L = target.stacked_layers ? "mg_layer.$LAYER_ID." : "decoder.layers.$LAYER_ID.";
-  const std::string norm1 = target.local_norm_names ? "input_layernorm.weight"
-                                                    : "self_attention.linear_qkv.layer_norm_weight";
-  const std::string norm2 = target.local_norm_names ? "pre_mlp_layernorm.weight"
-                                                    : "mlp.linear_fc1.layer_norm_weight";
-  p += "\n# attention: Megatron's QKV is grouped per query group (its " + num(heads / groups) +
-       " query heads, K, V)\n";
-  p += H + "input_layernorm.weight -> " + L + norm1 + "\n";
   const std::string fused = ", fused_qkv, num_heads=" + num(heads) +
                             ", num_key_value_groups=" + num(groups) + ", axis=0\n";
-  p += H + "self_attn.q_proj.weight, " + H + "self_attn.k_proj.weight, " + H +
-       "self_attn.v_proj.weight ->\n    " + L + "self_attention.linear_qkv.weight" + fused;
-  if (qkv_bias) {
-    p += H + "self_attn.q_proj.bias, " + H + "self_attn.k_proj.bias, " + H +
-         "self_attn.v_proj.bias ->\n    " + L + "self_attention.linear_qkv.bias" + fused;
+  if (gpt2) {
+    const std::string H = "transformer.h.$LAYER_ID.";
+    p += "transformer.wpe.weight -> embedding.position_embeddings.weight\n";
+    p += "transformer.ln_f.weight -> decoder.final_layernorm.weight\n";
+    p += "transformer.ln_f.bias -> decoder.final_layernorm.bias\n";
+    p += "\n# attention: HF's Conv1D weights are [in, out] (Megatron's transposed); c_attn is\n"
+         "# [q; k; v], Megatron's QKV [q_h k_h v_h] per head\n";
+    p += H + "ln_1.weight -> " + L + norm1w + "\n";
+    p += H + "ln_1.bias -> " + L + norm1b + "\n";
+    p += H + "attn.c_attn.weight -> gpt2_qkv.$LAYER_ID, permute='[1, 0]'\n";
+    p += "gpt2_qkv.$LAYER_ID -> gpt2_q.$LAYER_ID, gpt2_k.$LAYER_ID, gpt2_v.$LAYER_ID, axis=0\n";
+    p += "gpt2_q.$LAYER_ID, gpt2_k.$LAYER_ID, gpt2_v.$LAYER_ID ->\n    " + L +
+         "self_attention.linear_qkv.weight" + fused;
+    p += H + "attn.c_attn.bias -> gpt2_qb.$LAYER_ID, gpt2_kb.$LAYER_ID, gpt2_vb.$LAYER_ID, axis=0\n";
+    p += "gpt2_qb.$LAYER_ID, gpt2_kb.$LAYER_ID, gpt2_vb.$LAYER_ID ->\n    " + L +
+         "self_attention.linear_qkv.bias" + fused;
+    p += H + "attn.c_proj.weight -> " + L + "self_attention.linear_proj.weight, permute='[1, 0]'\n";
+    p += H + "attn.c_proj.bias -> " + L + "self_attention.linear_proj.bias\n";
+    p += "\n# MLP (GeLU, no gate)\n";
+    p += H + "ln_2.weight -> " + L + norm2w + "\n";
+    p += H + "ln_2.bias -> " + L + norm2b + "\n";
+    p += H + "mlp.c_fc.weight -> " + L + "mlp.linear_fc1.weight, permute='[1, 0]'\n";
+    p += H + "mlp.c_fc.bias -> " + L + "mlp.linear_fc1.bias\n";
+    p += H + "mlp.c_proj.weight -> " + L + "mlp.linear_fc2.weight, permute='[1, 0]'\n";
+    p += H + "mlp.c_proj.bias -> " + L + "mlp.linear_fc2.bias\n";
+  } else {
+    const std::string H = "model.layers.$LAYER_ID.";
+    p += "model.norm.weight -> decoder.final_layernorm.weight\n";
+    p += "\n# attention: Megatron's QKV is grouped per query group (its " + num(heads / groups) +
+         " query heads, K, V)\n";
+    p += H + "input_layernorm.weight -> " + L + norm1w + "\n";
+    p += H + "self_attn.q_proj.weight, " + H + "self_attn.k_proj.weight, " + H +
+         "self_attn.v_proj.weight ->\n    " + L + "self_attention.linear_qkv.weight" + fused;
+    if (qkv_bias) {
+      p += H + "self_attn.q_proj.bias, " + H + "self_attn.k_proj.bias, " + H +
+           "self_attn.v_proj.bias ->\n    " + L + "self_attention.linear_qkv.bias" + fused;
+    }
+    p += H + "self_attn.o_proj.weight -> " + L + "self_attention.linear_proj.weight\n";
+    p += H + "post_attention_layernorm.weight -> " + L + norm2w + "\n";
+    if (!moe) {
+      p += "\n# MLP: SwiGLU fc1 is [gate; up] as torch_dist stores it globally (at any TP degree)\n";
+      p += H + "mlp.gate_proj.weight, " + H + "mlp.up_proj.weight -> " + L +
+           "mlp.linear_fc1.weight, axis=0\n";
+      p += H + "mlp.down_proj.weight -> " + L + "mlp.linear_fc2.weight\n";
+    } else {
+      const std::string M = H + moe_at;
+      p += "\n# MoE: the HF gate is the router; each expert's " + wg + " and " + wu +
+           " make its SwiGLU fc1 [gate; up],\n# " + wd + " its fc2; Megatron stacks the " +
+           num(experts) + " experts on axis 0\n";
+      p += M + "gate.weight -> " + L + "mlp.router.weight\n";
+      for (int64_t e = 0; e < experts; ++e) {
+        const std::string id = ".$LAYER_ID." + num(e);
+        const std::string X = M + "experts." + num(e) + ".";
+        p += X + wg + ".weight, " + X + wu + ".weight -> moe_fc1" + id + ", axis=0\n";
+        p += "moe_fc1" + id + " -> moe_fc1_one" + id + ", shape='" +
+             ShapeText({1, 2 * ffn, hidden}) + "'\n";
+        p += X + wd + ".weight -> moe_fc2_one" + id + ", shape='" + ShapeText({1, hidden, ffn}) +
+             "'\n";
+      }
+      for (const char* fc : {"fc1", "fc2"}) {
+        for (int64_t e = 0; e < experts; ++e) {
+          p += std::string(e ? ",\n    " : "") + "moe_" + fc + "_one.$LAYER_ID." + num(e);
+        }
+        p += " ->\n    " + L + "mlp.experts.experts.linear_" + fc + ".weight, axis=0\n";
+      }
+      if (qmoe) {
+        p += "\n# the shared expert (SwiGLU fc1 [gate; up]) and its sigmoid gate\n";
+        p += M + "shared_expert.gate_proj.weight, " + M + "shared_expert.up_proj.weight -> " + L +
+             "mlp.shared_experts.linear_fc1.weight, axis=0\n";
+        p += M + "shared_expert.down_proj.weight -> " + L + "mlp.shared_experts.linear_fc2.weight\n";
+        p += M + "shared_expert_gate.weight -> " + L + "mlp.shared_experts.gate_weight\n";
+      }
+    }
   }
-  p += H + "self_attn.o_proj.weight -> " + L + "self_attention.linear_proj.weight\n";
-  p += H + "post_attention_layernorm.weight -> " + L + norm2 + "\n";
-  p += "\n# MLP: SwiGLU fc1 is [gate; up] as torch_dist stores it globally (at any TP degree)\n";
-  p += H + "mlp.gate_proj.weight, " + H + "mlp.up_proj.weight -> " + L +
-       "mlp.linear_fc1.weight, axis=0\n";
-  p += H + "mlp.down_proj.weight -> " + L + "mlp.linear_fc2.weight\n";
   if (target.stacked_layers) {
-    std::vector<std::pair<std::string, Shape>> suffixes = {
-        {norm1, {hidden}},
-        {"self_attention.linear_qkv.weight", {(heads + 2 * groups) * hd, hidden}},
-        {"self_attention.linear_proj.weight", {hidden, heads * hd}},
-        {norm2, {hidden}},
-        {"mlp.linear_fc1.weight", {2 * ffn, hidden}},
-        {"mlp.linear_fc2.weight", {hidden, ffn}}};
-    if (qkv_bias) suffixes.push_back({"self_attention.linear_qkv.bias", {(heads + 2 * groups) * hd}});
     p += "\n# layer-stacked target: each layer's tensor gets a layer axis, then they are stacked\n";
-    for (const auto& [suffix, shape] : suffixes) {
+    for (const auto& [suffix, shape] : layer_out) {
       Shape one = shape;
       one.insert(one.begin(), 1);
       p += L + suffix + " -> mg_stack.$LAYER_ID." + suffix + ", shape='" + ShapeText(one) + "'\n";
-      p += "";
       for (int64_t i = 0; i < layers; ++i) {
         p += std::string(i ? ",\n    " : "") + "mg_stack." + num(i) + "." + suffix;
       }

@@ -145,24 +145,34 @@ Result<std::string> HfFamilyReverseProgram(const CheckpointIndex& index, const s
   aoa::HfReverseSource source;
   for (const TensorEntry& t : index.tensors) {
     source.tensors.push_back({t.key, t.global_shape});
-    if (t.key == "model.embed_tokens.weight") source.embedding_dtype = DTypeName(t.dtype);
+    if (t.key == "model.embed_tokens.weight" || (family == "gpt2" && t.key == "transformer.wte.weight")) {
+      source.embedding_dtype = DTypeName(t.dtype);
+    }
   }
   aoa::MegatronTargetFacts facts;
   if (target != nullptr) {
-    bool te = false, local = false;
+    bool te = false, local = false, te_mlp = false, local_mlp = false;
     for (const TargetTensor& t : *target) {
+      facts.tensors.push_back({t.key, t.global_shape});
       if (t.key == "embedding.word_embeddings.weight" && !t.global_shape.empty()) {
         facts.padded_vocab_size = t.global_shape[0];
       }
       if (t.key.ends_with("self_attention.linear_qkv.layer_norm_weight")) te = true;
       if (t.key.ends_with("input_layernorm.weight")) local = true;
+      if (t.key.ends_with("mlp.linear_fc1.layer_norm_weight")) te_mlp = true;
+      if (t.key.ends_with("pre_mlp_layernorm.weight")) local_mlp = true;
       if (t.key.starts_with("decoder.layers.self_attention.")) facts.stacked_layers = true;
     }
     if (te && local) {
       return InvalidArgumentError("--from-hf-family " + family + ": the target has both "
                                   "linear_qkv.layer_norm_weight and input_layernorm.weight names");
     }
+    if (te_mlp && local_mlp) {
+      return InvalidArgumentError("--from-hf-family " + family + ": the target has both "
+                                  "linear_fc1.layer_norm_weight and pre_mlp_layernorm.weight names");
+    }
     facts.local_norm_names = local;
+    if (te_mlp || local_mlp) facts.local_pre_mlp_norm = local_mlp;
   }
   return aoa::GenerateHfFamilyReverseProgram(family, source, config, facts);
 }

@@ -477,9 +477,293 @@ TEST_CASE("from-hf-family llama: HF tensors that disagree with config.json are r
   REQUIRE_FALSE(res.ok());
   CHECK(res.status().code() == StatusCode::kUnimplemented);
   CHECK_THAT(res.status().message(), Catch::Contains("model.layers.7.mlp.up_proj.weight"));
+  res = GenerateHfFamilyReverseProgram("deepseek", r, Config(), {});
+  REQUIRE_FALSE(res.ok());
+  CHECK(res.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(res.status().message(),
+             Catch::Contains("reverse: gpt2, llama, mixtral, qwen2, qwen2-moe"));
   res = GenerateHfFamilyReverseProgram("gpt2", r, Config(), {});
   REQUIRE_FALSE(res.ok());
-  CHECK_THAT(res.status().message(), Catch::Contains("reverse: llama, qwen2"));
+  CHECK_THAT(res.status().message(), Catch::Contains("model_type is 'llama', family gpt2 takes gpt2"));
+}
+
+// Adds one layer tensor to `f`: layer-stacked (the layer axis first) or per layer.
+void AddLayerTensor(HfSourceFacts& f, bool stacked, int layers, const std::string& suffix,
+                    const Shape& shape) {
+  if (stacked) {
+    Shape s = shape;
+    s.insert(s.begin(), layers);
+    f.tensors.push_back({"decoder.layers." + suffix, s});
+    return;
+  }
+  for (int i = 0; i < layers; ++i) {
+    f.tensors.push_back({"decoder.layers." + std::to_string(i) + "." + suffix, shape});
+  }
+}
+
+// GPT-2: 2 layers, hidden 8, 4 heads, n_inner 12, 20 positions, vocabulary 30 padded to 32,
+// tied.
+HfTargetConfig Gpt2Config() {
+  HfTargetConfig c;
+  c.model_type = "gpt2";
+  c.vocab_size = 30;
+  c.hidden_size = 8;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.intermediate_size = 12;
+  c.max_position_embeddings = 20;
+  c.tie_word_embeddings = true;
+  c.activation_function = "gelu";
+  return c;
+}
+
+// `local`: the local spec's norm names.
+HfSourceFacts Gpt2Source(bool stacked, bool local) {
+  HfSourceFacts f;
+  f.tensors = {{"embedding.word_embeddings.weight", {32, 8}},
+               {"embedding.position_embeddings.weight", {20, 8}},
+               {"decoder.final_layernorm.weight", {8}},
+               {"decoder.final_layernorm.bias", {8}}};
+  const std::string n1 = local ? "input_layernorm." : "self_attention.linear_qkv.layer_norm_";
+  const std::string n2 = local ? "pre_mlp_layernorm." : "mlp.linear_fc1.layer_norm_";
+  for (const auto& [suffix, shape] : std::vector<std::pair<std::string, Shape>>{
+           {n1 + "weight", {8}}, {n1 + "bias", {8}},
+           {"self_attention.linear_qkv.weight", {24, 8}},
+           {"self_attention.linear_qkv.bias", {24}},
+           {"self_attention.linear_proj.weight", {8, 8}},
+           {"self_attention.linear_proj.bias", {8}},
+           {n2 + "weight", {8}}, {n2 + "bias", {8}},
+           {"mlp.linear_fc1.weight", {12, 8}}, {"mlp.linear_fc1.bias", {12}},
+           {"mlp.linear_fc2.weight", {8, 12}}, {"mlp.linear_fc2.bias", {8}}}) {
+    AddLayerTensor(f, stacked, 2, suffix, shape);
+  }
+  return f;
+}
+
+// Mixtral / Qwen2-MoE: Source()'s attention (3 layers, 8 heads in 4 groups) with MoE layers of
+// 4 experts (FFN 12); Qwen2-MoE adds the QKV bias and a shared expert of 20.
+HfTargetConfig MoeConfig(bool qwen) {
+  HfTargetConfig c = Config();
+  c.model_type = qwen ? "qwen2_moe" : "mixtral";
+  c.num_local_experts = 4;
+  c.num_experts_per_tok = 2;
+  if (qwen) {
+    c.moe_intermediate_size = 12;
+    c.shared_expert_intermediate_size = 20;
+  }
+  return c;
+}
+
+HfSourceFacts MoeSource(bool stacked, bool qwen) {
+  HfSourceFacts dense = Source(stacked);
+  HfSourceFacts f;
+  for (const auto& t : dense.tensors) {
+    if (t.name.find("mlp.linear_fc1.weight") == std::string::npos &&
+        t.name.find("mlp.linear_fc2.weight") == std::string::npos &&
+        t.name.rfind("optimizer.", 0) != 0) {
+      f.tensors.push_back(t);
+    }
+  }
+  std::vector<std::pair<std::string, Shape>> moe = {
+      {"mlp.router.weight", {4, 16}},
+      {"mlp.experts.experts.linear_fc1.weight", {4, 24, 16}},
+      {"mlp.experts.experts.linear_fc2.weight", {4, 16, 12}}};
+  if (qwen) {
+    moe.push_back({"self_attention.linear_qkv.bias", {32}});
+    moe.push_back({"mlp.shared_experts.linear_fc1.weight", {40, 16}});
+    moe.push_back({"mlp.shared_experts.linear_fc2.weight", {16, 20}});
+    moe.push_back({"mlp.shared_experts.gate_weight", {1, 16}});
+  }
+  for (const auto& [suffix, shape] : moe) AddLayerTensor(f, stacked, 3, suffix, shape);
+  return f;
+}
+
+// The Megatron tensors of `f` filled with distinct values.
+TensorMap MegatronData(const HfSourceFacts& f) {
+  TensorMap megatron;
+  double base = 0;
+  for (const auto& t : f.tensors) {
+    if (t.name.rfind("optimizer.", 0) == 0) continue;
+    megatron[t.name] = NaiveTensor::Iota(t.shape, base);
+    base += 10000;
+  }
+  return megatron;
+}
+
+// Forward with --hf-family, then the reverse with `target`: returns the HF tensors and the
+// reverse program.
+std::pair<TensorMap, std::string> ForwardThenReverse(const std::string& fam, const HfSourceFacts& f,
+                                                     const HfTargetConfig& c,
+                                                     const TensorMap& megatron,
+                                                     const MegatronTargetFacts& target) {
+  auto forward = GenerateHfFamilyProgram(fam, f, c);
+  INFO((forward.ok() ? *forward : forward.status().message()));
+  REQUIRE(forward.ok());
+  TensorMap hf = RunProgram(*forward, megatron);
+  HfReverseSource r;
+  for (const auto& [k, t] : hf) r.tensors.push_back({k, t.shape});
+  r.embedding_dtype = "float32";
+  auto reverse = GenerateHfFamilyReverseProgram(fam, r, c, target);
+  INFO((reverse.ok() ? *reverse : reverse.status().message()));
+  REQUIRE(reverse.ok());
+  return {hf, *reverse};
+}
+
+void CheckGivesBack(TensorMap back, const TensorMap& megatron) {
+  CHECK(back.size() == megatron.size());
+  for (const auto& [k, t] : megatron) {
+    INFO(k);
+    REQUIRE(back.count(k));
+    CHECK(back[k] == t);
+  }
+}
+
+// `program` with `from` replaced by `to` (every occurrence; at least one).
+std::string Replaced(std::string program, const std::string& from, const std::string& to) {
+  size_t at = program.find(from);
+  REQUIRE(at != std::string::npos);
+  for (; at != std::string::npos; at = program.find(from, at + to.size())) {
+    program.replace(at, from.size(), to);
+  }
+  return program;
+}
+
+TEST_CASE("from-hf-family gpt2: the reverse program gives back the Megatron tensors the forward "
+          "program read; [q; k; v] kept whole or an untransposed Conv1D does not",
+          "[aoa][hf_family]") {
+  for (bool stacked : {false, true}) {
+    for (bool local : {false, true}) {
+      CAPTURE(stacked, local);
+      HfSourceFacts f = Gpt2Source(stacked, local);
+      TensorMap megatron = MegatronData(f);
+      MegatronTargetFacts target;
+      target.padded_vocab_size = 32;
+      target.stacked_layers = stacked;
+      target.local_norm_names = local;
+      for (const auto& t : f.tensors) target.tensors.push_back(t);
+      auto [hf, reverse] = ForwardThenReverse("gpt2", f, Gpt2Config(), megatron, target);
+      CHECK(hf.count("transformer.h.1.attn.c_attn.weight"));
+      CHECK_THAT(reverse, Catch::Contains("fused_qkv, num_heads=4, num_key_value_groups=4"));
+      TensorMap back = RunProgram(reverse, hf);
+      // the 2 rows of vocabulary padding come back as zeros
+      auto& emb = megatron["embedding.word_embeddings.weight"].data;
+      std::fill(emb.begin() + 30 * 8, emb.end(), 0.0);
+      CheckGivesBack(back, megatron);
+      const std::string at = stacked ? "decoder.layers." : "decoder.layers.1.";
+      // c_attn's [q; k; v] concatenated as is, not Megatron's per-head [q_h k_h v_h]
+      TensorMap bad = RunProgram(
+          Replaced(reverse, "fused_qkv, num_heads=4, num_key_value_groups=4, axis=0", "axis=0"), hf);
+      CHECK_FALSE(bad[at + "self_attention.linear_qkv.weight"] ==
+                  megatron[at + "self_attention.linear_qkv.weight"]);
+      CHECK_FALSE(bad[at + "self_attention.linear_qkv.bias"] ==
+                  megatron[at + "self_attention.linear_qkv.bias"]);
+      // c_proj's Conv1D weight [in, out] taken as Megatron's [out, in]
+      bad = RunProgram(Replaced(reverse, "self_attention.linear_proj.weight, permute='[1, 0]'",
+                                "self_attention.linear_proj.weight"),
+                       hf);
+      CHECK_FALSE(bad[at + "self_attention.linear_proj.weight"] ==
+                  megatron[at + "self_attention.linear_proj.weight"]);
+    }
+  }
+}
+
+TEST_CASE("from-hf-family mixtral/qwen2-moe: the reverse program gives back the router, the "
+          "stacked experts and the shared expert; swapped gate/up or expert order do not",
+          "[aoa][hf_family]") {
+  for (bool stacked : {false, true}) {
+    for (bool qwen : {false, true}) {
+      CAPTURE(stacked, qwen);
+      const std::string fam = qwen ? "qwen2-moe" : "mixtral";
+      HfSourceFacts f = MoeSource(stacked, qwen);
+      TensorMap megatron = MegatronData(f);
+      MegatronTargetFacts target;
+      target.padded_vocab_size = 64;
+      target.stacked_layers = stacked;
+      for (const auto& t : f.tensors) target.tensors.push_back(t);
+      auto [hf, reverse] = ForwardThenReverse(fam, f, MoeConfig(qwen), megatron, target);
+      TensorMap back = RunProgram(reverse, hf);
+      for (const char* k : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+        std::fill(megatron[k].data.begin() + 60 * 16, megatron[k].data.end(), 0.0);
+      }
+      CheckGivesBack(back, megatron);
+      const std::string at = stacked ? "decoder.layers." : "decoder.layers.2.";
+      const std::string fc1 = at + "mlp.experts.experts.linear_fc1.weight";
+      const std::string fc2 = at + "mlp.experts.experts.linear_fc2.weight";
+      const std::string x = qwen ? "mlp.experts.1." : "block_sparse_moe.experts.1.";
+      const std::string g = qwen ? "gate_proj" : "w1", u = qwen ? "up_proj" : "w3";
+      const std::string h = "model.layers.$LAYER_ID." + x;
+      // expert 1's fc1 as [up; gate]
+      TensorMap bad = RunProgram(Replaced(reverse, h + g + ".weight, " + h + u + ".weight",
+                                          h + u + ".weight, " + h + g + ".weight"),
+                                 hf);
+      CHECK_FALSE(bad[fc1] == megatron[fc1]);
+      CHECK(bad[fc2] == megatron[fc2]);
+      // experts 0 and 1 swapped on the expert axis
+      std::string swapped = Replaced(reverse, "moe_fc2_one.$LAYER_ID.0,\n    moe_fc2_one.$LAYER_ID.1",
+                                     "moe_fc2_one.$LAYER_ID.1,\n    moe_fc2_one.$LAYER_ID.0");
+      bad = RunProgram(swapped, hf);
+      CHECK_FALSE(bad[fc2] == megatron[fc2]);
+      if (qwen) {
+        const std::string s = "model.layers.$LAYER_ID.mlp.shared_expert.";
+        bad = RunProgram(Replaced(reverse, s + "gate_proj.weight, " + s + "up_proj.weight",
+                                  s + "up_proj.weight, " + s + "gate_proj.weight"),
+                         hf);
+        const std::string sfc1 = at + "mlp.shared_experts.linear_fc1.weight";
+        CHECK_FALSE(bad[sfc1] == megatron[sfc1]);
+      }
+    }
+  }
+}
+
+TEST_CASE("from-hf-family: a target whose layers, experts or shapes disagree with config.json "
+          "is refused naming both", "[aoa][hf_family]") {
+  HfSourceFacts f = MoeSource(true, false);
+  TensorMap megatron = MegatronData(f);
+  MegatronTargetFacts target;
+  target.padded_vocab_size = 64;
+  target.stacked_layers = true;
+  for (const auto& t : f.tensors) target.tensors.push_back(t);
+  auto [hf, reverse] = ForwardThenReverse("mixtral", f, MoeConfig(false), megatron, target);
+  HfReverseSource r;
+  for (const auto& [k, t] : hf) r.tensors.push_back({k, t.shape});
+  r.embedding_dtype = "float32";
+  auto refused = [&](const MegatronTargetFacts& t, const std::vector<std::string>& words) {
+    auto res = GenerateHfFamilyReverseProgram("mixtral", r, MoeConfig(false), t);
+    REQUIRE_FALSE(res.ok());
+    CHECK(res.status().code() == StatusCode::kInvalidArgument);
+    for (const std::string& w : words) CHECK_THAT(res.status().message(), Catch::Contains(w));
+  };
+  auto with = [&](const std::string& name, const Shape& shape) {
+    MegatronTargetFacts t = target;
+    for (auto& x : t.tensors) {
+      if (x.name == name) x.shape = shape;
+    }
+    return t;
+  };
+  refused(with("decoder.layers.mlp.router.weight", {3, 8, 16}),
+          {"the target's MoE layers have 8 experts", "num_local_experts is 4"});
+  MegatronTargetFacts two = target;  // every stacked tensor with 2 layers
+  for (auto& x : two.tensors) {
+    if (x.name.rfind("decoder.layers.", 0) == 0) x.shape[0] = 2;
+  }
+  refused(two, {"the target (--target-like) has 2 layers", "num_hidden_layers is 3"});
+  MegatronTargetFacts per_layer;  // per-layer keys of layers 0..4
+  per_layer.padded_vocab_size = 64;
+  for (int i = 0; i < 5; ++i) {
+    per_layer.tensors.push_back({"decoder.layers." + std::to_string(i) + ".mlp.router.weight", {4, 16}});
+  }
+  refused(per_layer, {"the target (--target-like) has 5 layers", "num_hidden_layers is 3"});
+  refused(with("decoder.layers.self_attention.linear_qkv.weight", {3, 48, 16}),
+          {"linear_qkv.weight is [3, 48, 16]", "num_key_value_heads 4", "gives [3, 32, 16]"});
+  refused(with("decoder.layers.mlp.experts.experts.linear_fc2.weight", {3, 4, 16, 8}),
+          {"[3, 4, 16, 8]", "intermediate_size 12", "gives [3, 4, 16, 12]"});
+  MegatronTargetFacts tied = target;
+  std::erase_if(tied.tensors, [](const auto& t) { return t.name == "output_layer.weight"; });
+  refused(tied, {"no output_layer.weight", "tie_word_embeddings false"});
+  // optimizer states in the target are not the model's
+  MegatronTargetFacts adam = target;
+  adam.tensors.push_back({"optimizer.state.exp_avg.decoder.layers.mlp.router.weight", {3, 8, 16}});
+  CHECK(GenerateHfFamilyReverseProgram("mixtral", r, MoeConfig(false), adam).ok());
 }
 
 }  // namespace

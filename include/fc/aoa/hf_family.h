@@ -83,26 +83,45 @@ Result<std::string> GenerateHfFamilyProgram(std::string_view family, const HfSou
 // group [q.. k v], linear_fc1 = [gate; up] whole, which torch_dist keeps at every TP degree).
 struct HfReverseSource {
   std::vector<HfSourceFacts::Tensor> tensors;  // the HF checkpoint's tensors
-  std::string embedding_dtype;  // model.embed_tokens.weight's dtype name (vocabulary padding)
+  // model.embed_tokens.weight's (GPT-2: transformer.wte.weight's) dtype name (vocabulary
+  // padding)
+  std::string embedding_dtype;
 };
 // What the Megatron target looks like (from --target-like; defaults otherwise).
 struct MegatronTargetFacts {
   int64_t padded_vocab_size = 0;  // embedding rows; 0: the HF vocabulary, no padding
-  // Transformer Engine names (linear_qkv.layer_norm_weight, linear_fc1.layer_norm_weight),
-  // or the local spec's (input_layernorm.weight, pre_mlp_layernorm.weight).
+  // Transformer Engine names (linear_qkv.layer_norm_weight, linear_fc1.layer_norm_weight;
+  // GPT-2's LayerNorms also layer_norm_bias), or the local spec's (input_layernorm.weight,
+  // pre_mlp_layernorm.weight; .bias).
   bool local_norm_names = false;
+  // The MLP's norm alone, where it differs from the attention's (a TE attention with
+  // pre_mlp_layernorm.weight); nullopt: as local_norm_names.
+  std::optional<bool> local_pre_mlp_norm;
   // Layer-stacked keys ("decoder.layers.<suffix>", layer on axis 0) instead of per-layer
   // "decoder.layers.<i>.<suffix>".
   bool stacked_layers = false;
+  // The target's tensors (global shapes; names starting "optimizer." are ignored); empty: no
+  // target to check. Each tensor the program makes must be there with the shape config.json
+  // gives, and the target's layer and expert counts must be config.json's.
+  std::vector<HfSourceFacts::Tensor> tensors;
 };
 
-// The families with a reverse program: "llama" (model_type llama or mistral, no biases) and
-// "qwen2" (QKV bias, tied or untied embeddings).
+// The families with a reverse program, each the inverse of its --hf-family program: "llama"
+// (model_type llama or mistral, no biases), "qwen2" (QKV bias, tied or untied embeddings),
+// "gpt2" (transformer.wte / wpe / h.<i>.* / ln_f: learned positions, LayerNorm and linear
+// biases; the Conv1D weights transposed back, c_attn = [q; k; v] reordered into Megatron's
+// per-head QKV), "mixtral" (block_sparse_moe.gate -> mlp.router, the experts' w1 / w3 -> each
+// expert's fc1 [gate; up], w2 -> fc2, the experts stacked on axis 0 of
+// mlp.experts.experts.linear_fc1 / linear_fc2) and "qwen2-moe" (as mixtral under mlp.gate,
+// mlp.experts.<e>.gate_proj / up_proj / down_proj, with QKV bias unless config.json qkv_bias is
+// false, and the shared expert: shared_expert.gate_proj / up_proj -> shared_experts.linear_fc1,
+// down_proj -> linear_fc2, shared_expert_gate -> shared_experts.gate_weight).
 const std::vector<std::string_view>& HfFamilyReverseNames();
 
 // The AOA program HF -> Megatron-Core for `family`. Errors: kInvalidArgument for an unknown
 // family and for every disagreement between the HF tensors, config.json and the target
-// (naming both values); kUnimplemented for an HF tensor the family does not map, naming it.
+// (layers, experts, shapes from heads / query groups / head_dim / FFN sizes, tied output;
+// naming both values); kUnimplemented for an HF tensor the family does not map, naming it.
 Result<std::string> GenerateHfFamilyReverseProgram(std::string_view family,
                                                    const HfReverseSource& source,
                                                    const HfTargetConfig& config,
