@@ -1,6 +1,7 @@
 #include "fc/ops/convert.h"
 
 #include <algorithm>
+#include <charconv>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -253,6 +254,13 @@ void PrintPlan(const CheckpointIndex& index, const Plan& plan,
 
 // Everything RunConvert decides before writing a byte. Every process of a multi-process
 // run builds the same plan from the same inputs. Not movable: targets point into `index`.
+// An object copied from another checkpoint than the input, held in memory.
+struct CarriedObject {
+  std::string key;
+  ObjectEncoding encoding = ObjectEncoding::kRaw;
+  std::vector<std::byte> bytes;
+};
+
 struct ConvertPlan {
   const OutputFormat* format = nullptr;     // a kTargetFiles entry (fc/format/output_format.h)
   OutputSettings settings;
@@ -260,6 +268,10 @@ struct ConvertPlan {
   std::vector<OutputTensor> targets;
   FcDistcpPlan write_plan;                  // one data file per target rank, objects in file 0
   std::vector<const ObjectEntry*> objects;  // plan.files[0].objects[i] comes from objects[i]
+  // --from-hf-family with --target-like: the target's non-tensor objects, read by process 0
+  // and shared (ShareTargetObjects); plan.files[0].objects[objects.size() + i] is
+  // target_objects[i].
+  std::vector<CarriedObject> target_objects;
   Plan plan;                                // files = target ranks, slots = their chunks
   std::vector<int64_t> ranks;               // target rank of each plan file
   ConvertSummary summary;
@@ -293,6 +305,78 @@ Result<std::optional<std::string>> ShareTargetLike(const ConvertOptions& options
   FC_RETURN_IF_ERROR(comm.AllOk(read));
   comm.Broadcast(text, 0);
   return std::optional<std::string>(std::move(text));
+}
+
+// Object `obj`'s bytes (of `index`, read through `reader`), checked against its checksum.
+Result<std::vector<std::byte>> ReadObject(const CheckpointIndex& index, ChunkReader& reader,
+                                          const ObjectEntry& obj) {
+  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
+  FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadObjectBytes(*f, obj));
+  if (obj.xxh3_64 && DefaultVerifyChecksums()) {
+    // As ChunkReader does for chunks (fc-distcp(5), CHECKSUMS).
+    FC_ASSIGN_OR_RETURN(uint64_t sum, Xxh3OfFileRange(*f, obj.byte_offset, obj.byte_length));
+    if (sum != *obj.xxh3_64) {
+      return DataLossError(index.files[obj.file].path + ": object '" + obj.key +
+                           "': checksum mismatch: xxh3-64 of the bytes is " + HexU64(sum) +
+                           ", the metadata says " + HexU64(*obj.xxh3_64) +
+                           " (damaged data; --no-verify-checksums reads it anyway)");
+    }
+  }
+  return bytes;
+}
+
+// The most bytes of --target-like objects carried by --from-hf-family (Megatron's are its
+// modules' _extra_state: a few hundred bytes each).
+constexpr uint64_t kMaxTargetObjectBytes = 64ull << 20;
+
+// --from-hf-family with --target-like: the target's non-tensor objects (a Megatron save's
+// ShardedObjects: each module's _extra_state, ...), which Megatron-Core's
+// dist_checkpointing.load requires beside the tensors. The HF input has none, so the output
+// carries the target's, unchanged: the new run's own. Process 0 reads them and sends them
+// to the others (the target need exist on process 0's host only, as ShareTargetLike).
+// Errors (agreed by all): the target's OpenCheckpoint and object reads, checksum mismatches,
+// more than kMaxTargetObjectBytes in all.
+Result<std::vector<CarriedObject>> ShareTargetObjects(const ConvertOptions& options,
+                                                      Communicator& comm) {
+  std::vector<CarriedObject> objects;
+  if (options.from_hf_family.empty() || options.target_like.empty()) return objects;
+  Status read = Status::Ok();
+  if (comm.rank() == 0) {
+    read = [&]() -> Status {
+      FC_ASSIGN_OR_RETURN(CheckpointIndex like, OpenCheckpoint(options.target_like));
+      ChunkReader reader(like);
+      uint64_t total = 0;
+      for (const ObjectEntry& o : like.objects) {
+        total += o.byte_length;
+        if (total > kMaxTargetObjectBytes) {
+          return InvalidArgumentError("its non-tensor objects hold more than " +
+                                      HumanBytes(kMaxTargetObjectBytes) + " (at '" + o.key +
+                                      "'): not a model's extra state");
+        }
+        FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadObject(like, reader, o));
+        objects.push_back({o.key, o.encoding, std::move(bytes)});
+      }
+      return Status::Ok();
+    }().With("--target-like " + options.target_like);
+  }
+  FC_RETURN_IF_ERROR(comm.AllOk(read));
+  if (comm.size() <= 1) return objects;
+  std::string count = std::to_string(objects.size());
+  comm.Broadcast(count, 0);
+  size_t n = 0;
+  std::from_chars(count.data(), count.data() + count.size(), n);
+  objects.resize(n);
+  for (CarriedObject& o : objects) {
+    std::string encoding(1, static_cast<char>(o.encoding));
+    std::string bytes(reinterpret_cast<const char*>(o.bytes.data()), o.bytes.size());
+    comm.Broadcast(o.key, 0);
+    comm.Broadcast(encoding, 0);
+    comm.Broadcast(bytes, 0);
+    o.encoding = static_cast<ObjectEncoding>(encoding.at(0));
+    const auto* data = reinterpret_cast<const std::byte*>(bytes.data());
+    o.bytes.assign(data, data + bytes.size());
+  }
+  return objects;
 }
 
 // What the write plan holds (counted): it stays with the job while it runs.
@@ -431,6 +515,20 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
     p.objects.push_back(&o);
     plan.files.front().objects.push_back({o.key, o.encoding, o.byte_length});
   }
+  for (const CarriedObject& o : p.target_objects) {
+    if (!p.format->stores_object(o.encoding)) {
+      return InvalidArgumentError("--target-like " + options.target_like + ": object '" + o.key +
+                                  "' has no form in the " + std::string(p.format->name) +
+                                  " output; a Megatron target is written as torch-dcp");
+    }
+    for (const ObjectEntry* i : p.objects) {
+      if (i->key == o.key) {
+        return InvalidArgumentError("object '" + o.key + "' is both in the input and in "
+                                    "--target-like " + options.target_like);
+      }
+    }
+    plan.files.front().objects.push_back({o.key, o.encoding, o.bytes.size()});
+  }
   // The writer's checks (torch DCP: no flattened ranges, chunks that tile each tensor,
   // dtypes of the torch generation, ...) run on the plan here, so that --dry-run refuses
   // what the real run would, with the same message, before any output exists.
@@ -466,7 +564,7 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
   p.summary.ranks = layout.ranks.size();
   for (const PlanFile& f : p.plan.files) p.summary.chunks += f.slots.size();
   p.summary.bytes_written = p.plan.bytes_written;
-  p.summary.objects = p.objects.size();
+  p.summary.objects = p.objects.size() + p.target_objects.size();
   return Status::Ok();
 }
 
@@ -485,33 +583,19 @@ class PartSink : public PlanSink {
   TargetFilesWriter* part_;
 };
 
-// Objects (with file 0), copied byte for byte.
-// Object `o`'s bytes, checked against its checksum.
-Result<std::vector<std::byte>> ReadObject(const ConvertPlan& p, ChunkReader& reader, size_t o) {
-  const ObjectEntry& obj = *p.objects[o];
-  FC_ASSIGN_OR_RETURN(const RandomAccessFile* f, reader.File(obj.file));
-  FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadObjectBytes(*f, obj));
-  if (obj.xxh3_64 && DefaultVerifyChecksums()) {
-    // As ChunkReader does for chunks (fc-distcp(5), CHECKSUMS).
-    FC_ASSIGN_OR_RETURN(uint64_t sum, Xxh3OfFileRange(*f, obj.byte_offset, obj.byte_length));
-    if (sum != *obj.xxh3_64) {
-      return DataLossError(p.index.files[obj.file].path + ": object '" + obj.key +
-                           "': checksum mismatch: xxh3-64 of the bytes is " + HexU64(sum) +
-                           ", the metadata says " + HexU64(*obj.xxh3_64) +
-                           " (damaged data; --no-verify-checksums reads it anyway)");
-    }
-  }
-  return bytes;
-}
 
+// Objects (with file 0), copied byte for byte.
 // Objects go into target file 0. Collective: with every file visible everywhere its writer
 // reads them; otherwise each is read by the lowest process that sees its file and sent to
 // the writer of file 0 (objects are small: iteration counters, RNG states, configs).
 Status WriteObjects(const ConvertPlan& p, ChunkReader& reader, TargetFilesWriter* part,
                     Communicator& comm) {
-  if (p.objects.empty() || p.plan.files.empty()) return Status::Ok();
+  if ((p.objects.empty() && p.target_objects.empty()) || p.plan.files.empty()) {
+    return Status::Ok();
+  }
   const int me = comm.rank();
   const int writer = p.plan.files[0].process;
+
   for (size_t o = 0; o < p.objects.size(); ++o) {
     const uint32_t file = p.objects[o]->file;
     const int reader_rank = p.visibility.empty() || file >= p.visibility.size() ||
@@ -519,7 +603,7 @@ Status WriteObjects(const ConvertPlan& p, ChunkReader& reader, TargetFilesWriter
                                 ? writer
                                 : p.visibility[file].front();
     Result<std::vector<std::byte>> bytes = std::vector<std::byte>();
-    if (me == reader_rank) bytes = ReadObject(p, reader, o);
+    if (me == reader_rank) bytes = ReadObject(p.index, reader, *p.objects[o]);
     FC_RETURN_IF_ERROR(comm.AllOk(bytes.status()));
     if (reader_rank != writer) {
       std::string message;
@@ -537,7 +621,15 @@ Status WriteObjects(const ConvertPlan& p, ChunkReader& reader, TargetFilesWriter
     }
     FC_RETURN_IF_ERROR(comm.AllOk(written));
   }
-  return Status::Ok();
+  // The target's objects: every process holds them (ShareTargetObjects).
+  Status written = Status::Ok();
+  if (me == writer && !p.target_objects.empty()) {
+    if (part == nullptr) written = InternalError("the writer of target file 0 has no output part");
+    for (size_t t = 0; written.ok() && t < p.target_objects.size(); ++t) {
+      written = part->WriteObject(p.objects.size() + t, p.target_objects[t].bytes);
+    }
+  }
+  return comm.AllOk(written);
 }
 
 // This process's files: objects (with file 0), then its write items through the executor,
@@ -666,6 +758,7 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
     visibility = SimulatedVisibility(p->index, processes, options.simulate_shared);
   }
   FC_ASSIGN_OR_RETURN(p->like_manifest, ShareTargetLike(options, *comm));
+  FC_ASSIGN_OR_RETURN(p->target_objects, ShareTargetObjects(options, *comm));
   const JobMemory job = MeasureJobMemory(*comm, options.memory_budget > 0);
   FC_RETURN_IF_ERROR(comm->AllOk(
       BuildConvertPlan(PlannedWith(options, *comm), processes, me == 0, std::move(visibility),

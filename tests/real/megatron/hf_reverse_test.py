@@ -20,19 +20,12 @@ save's Adam states excluded: HF weights have none). Then Megatron-Core itself:
          and from OUT, each run on a fixed input (megatron_oracle_test.megatron_forward):
          the fp32 logits are bit-equal.
 
-Families whose reverse fc does not have yet are one line each in CASES once it does.
-
-STATUS (not yet registered in meson: it fails today, on a real gap in fc): Megatron-Core's
-sharded state dict of every GPTModel holds ShardedObjects for each linear's `_extra_state`
-(`decoder.layers.self_attention.linear_proj._extra_state/shard_0_4`, ... :
-BytesStorageMetadata items in the save's DCP). fc-convert --from-hf-family --target-like
-writes the tensors and copies metadata.json / common.pt but not the target's non-tensor
-objects, so dist_checkpointing.load (default strict handling, as Megatron-LM loads) fails in
-torch's planner: "RuntimeError: Missing key in checkpoint state_dict:
-decoder.layers.self_attention.linear_proj._extra_state/shard_0_4." (qwen2_tp2, TP 2). The fix
-belongs in src/ops/convert.cc: carry the --target-like checkpoint's objects byte for byte into
-the output (as common.pt is copied from it). Register the test (tests/real/megatron/meson.build,
-suite `real`, master ports 29780-29789) once that lands.
+Megatron-Core's sharded state dict of every GPTModel holds ShardedObjects for each linear's
+`_extra_state` (BytesStorageMetadata items in the save's DCP) that dist_checkpointing.load
+requires (strict, as Megatron-LM loads): fc-convert --from-hf-family carries the
+--target-like checkpoint's objects into the output, which this test first found missing
+("Missing key in checkpoint state_dict: decoder.layers.self_attention.linear_proj.
+_extra_state/shard_0_4").
 """
 import os
 import shutil
@@ -42,7 +35,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 import fcio  # noqa: E402
-from hf_family_convert_test import LLAMA, QWEN2, write_config  # noqa: E402
+from hf_family_convert_test import GPT2, LLAMA, MIXTRAL, QWEN2, QWEN2_MOE, write_config  # noqa: E402
 sys.path.insert(0, HERE)
 import megatron_oracle_test as oracle  # noqa: E402  (torchrun, mf, megatron_forward)
 
@@ -54,6 +47,9 @@ CASES = [
     ("gpt_tp2_pp2_layers", "llama", LLAMA),  # TP 2 x PP 2, per-layer keys
     ("gpt_tp2_pp2", "llama", LLAMA),         # TP 2 x PP 2, layer-stacked keys, Adam states
     ("qwen2_tp2", "qwen2", QWEN2),           # TP 2, QKV bias, tied output layer
+    ("gpt2_tp2", "gpt2", GPT2),              # TP 2, LayerNorm, biases, learned positions
+    ("mixtral_tp2", "mixtral", MIXTRAL),     # TP 2, MoE: router, 4 experts
+    ("qwen2_moe_tp2", "qwen2-moe", QWEN2_MOE),  # TP 2, MoE with a gated shared expert
 ]
 
 
