@@ -515,6 +515,9 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
     p.objects.push_back(&o);
     plan.files.front().objects.push_back({o.key, o.encoding, o.byte_length});
   }
+  // --include / --exclude choose among the target's objects as among its tensors.
+  std::erase_if(p.target_objects,
+                [&](const CarriedObject& o) { return !filter.Passes(o.key); });
   for (const CarriedObject& o : p.target_objects) {
     if (!p.format->stores_object(o.encoding)) {
       return InvalidArgumentError("--target-like " + options.target_like + ": object '" + o.key +

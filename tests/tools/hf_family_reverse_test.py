@@ -7,13 +7,18 @@ original --output-format torch-dcp)--> Megatron gives back every model tensor bi
 output layer (qwen2_tp2), GPT-2's learned positions, LayerNorm and linear biases and
 [q; k; v] c_attn (gpt2_tp2), Mixtral's router and experts (mixtral_tp2) and Qwen2-MoE's
 experts with the gated shared expert (qwen2_moe_tp2); OUT holds the target's metadata.json and
-common.pt. A config.json that disagrees with the HF tensors or with the target (layer count,
+common.pt and its non-tensor objects (Megatron's _extra_state ShardedObjects, byte for byte:
+dist_checkpointing.load requires them). `--preset megatron-gpt --tp 2 --pp 2` as the target
+instead of a save gives the same tensors, cut as Megatron cuts them. A config.json that disagrees with the HF tensors or with the target (layer count,
 QKV shape, tied output) is exit 3 naming both values, with no OUT; --from-hf-family with
 --hf-family, with --output-format ucp, or an unknown family is exit 2.
 
-usage: hf_family_reverse_test.py BUILD_ROOT TESTDATA_DIR
+usage: hf_family_reverse_test.py BUILD_ROOT TESTDATA_DIR [mpi]
+  mpi: the round trips under `mpirun -np 2` (the target's objects read by process 0 and sent to
+       the writer), nothing else.
 """
 import filecmp
+import json
 import os
 import shutil
 import sys
@@ -25,8 +30,32 @@ from hf_family_convert_test import (GPT2, LLAMA, MIXTRAL, QWEN2, QWEN2_MOE,  # n
                                     write_config)
 
 
+def objects_of(export, ckpt, where):
+    """{key file name: bytes} of CKPT's non-tensor objects (fc-export --objects)."""
+    fcio.run([export, ckpt, where + "_t", "--objects", where, "-q"])
+    got = {}
+    for name in sorted(os.listdir(where)):
+        with open(os.path.join(where, name), "rb") as f:
+            got[name] = f.read()
+    return got
+
+
+def chunks_of(inspect, ckpt):
+    """{tensor key: [(global_offset, local_shape, file)]} from fc-inspect --json."""
+    p = fcio.run([inspect, ckpt, "--json"])
+    return {t["key"]: [(c["global_offset"], c["local_shape"], c["file"]) for c in t["chunks"]]
+            for t in json.loads(p.stdout)["tensors"]}
+
+
 def main():
     build, testdata = sys.argv[1], sys.argv[2]
+    launch = []
+    if sys.argv[3:] == ["mpi"]:
+        mpirun = shutil.which("mpirun")
+        if not mpirun:
+            print("SKIP: no mpirun on PATH (Debian: openmpi-bin; scripts/install-deps.sh)")
+            sys.exit(77)
+        launch = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2"]
     tools = os.path.join(build, "tools")
     convert, export = os.path.join(tools, "fc-convert"), os.path.join(tools, "fc-export")
     real = os.path.join(testdata, "real", "megatron")
@@ -46,11 +75,15 @@ def main():
             fcio.run([export, ckpt, hf, "--hf-family", family, "--copy-from", ref, "-q"])
             out = os.path.join(tmp, "mg_" + tag)
             # (gpt_tp2_pp2 also holds Adam states: the HF weights have none to give them)
-            fcio.run([convert, hf, out, "--from-hf-family", family, "--target-like", ckpt,
-                      "--output-format", "torch-dcp", "--exclude", "optimizer.*", "-q"])
+            fcio.run([*launch, convert, hf, out, "--from-hf-family", family, "--target-like",
+                      ckpt, "--output-format", "torch-dcp", "--exclude", "optimizer.*", "-q"])
             for sidecar in ("metadata.json", "common.pt"):
                 assert filecmp.cmp(os.path.join(out, sidecar), os.path.join(ckpt, sidecar),
                                    shallow=False), (src, sidecar)
+            want_objects = objects_of(export, ckpt, os.path.join(tmp, "wo_" + tag))
+            got_objects = objects_of(export, out, os.path.join(tmp, "go_" + tag))
+            assert want_objects and any("_extra_state" in k for k in want_objects), want_objects
+            assert got_objects == want_objects, (src, sorted(got_objects), sorted(want_objects))
             want_dir, got_dir = os.path.join(tmp, "want_" + tag), os.path.join(tmp, "got_" + tag)
             fcio.run([export, ckpt, want_dir, "--exclude", "optimizer.*", "-q"])
             fcio.run([export, out, got_dir, "-q"])
@@ -60,7 +93,39 @@ def main():
             assert sorted(got) == sorted(want), (src, sorted(got), sorted(want))
             fcio.same_tensors(got, want, f"{family} {src} round trip")
             print(f"{family} {src}: HF -> fc-convert --from-hf-family {family} gives back the "
-                  f"{count} model tensors bit for bit; metadata.json, common.pt copied", flush=True)
+                  f"{count} model tensors bit for bit; metadata.json, common.pt and the "
+                  f"{len(want_objects)} _extra_state objects copied", flush=True)
+        if launch:
+            return
+
+        # --preset megatron-gpt as the target: Megatron's names (Transformer Engine, one key
+        # per layer), the tensors of the per-layer save, cut TP 2 x PP 2 as Megatron cuts them
+        hf = os.path.join(tmp, "hf_gpt_tp2_pp2_layers_ckpt")
+        ckpt = os.path.join(real, "gpt_tp2_pp2_layers", "ckpt")
+        out = os.path.join(tmp, "preset")
+        fcio.run([convert, hf, out, "--from-hf-family", "llama", "--preset", "megatron-gpt",
+                  "--tp", "2", "--pp", "2", "-q"])
+        fcio.run([export, out, os.path.join(tmp, "preset_hf"), "-q"])
+        got, _ = fcio.read_hf_dir(os.path.join(tmp, "preset_hf"))
+        want, _ = fcio.read_hf_dir(os.path.join(tmp, "want_gpt_tp2_pp2_layers_ckpt"))
+        assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+        fcio.same_tensors(got, want, "--preset megatron-gpt target")
+        chunks = chunks_of(os.path.join(tools, "fc-inspect"), out)
+        for key, axis in [("decoder.layers.0.self_attention.linear_qkv.weight", 0),
+                          ("decoder.layers.0.mlp.linear_fc1.weight", 0),
+                          ("decoder.layers.3.self_attention.linear_proj.weight", 1),
+                          ("decoder.layers.3.mlp.linear_fc2.weight", 1)]:
+            shape = list(want[key][1].shape)
+            cut = sorted((off, local) for off, local, _ in chunks[key])
+            half = shape[axis] // 2
+            assert len(cut) == 2 and all(l[axis] == half for _, l in cut), (key, cut)
+            assert [o[axis] for o, _ in cut] == [0, half], (key, cut)
+        first = {f for k, c in chunks.items() if k.startswith("decoder.layers.0.") for *_, f in c}
+        last = {f for k, c in chunks.items() if k.startswith("decoder.layers.3.") for *_, f in c}
+        assert len(first) == 2 and len(last) == 2 and not first & last, (first, last)
+        print("--from-hf-family llama --preset megatron-gpt --tp 2 --pp 2: the 27 tensors of the "
+              "per-layer save, QKV/fc1 cut on axis 0 and proj/fc2 on axis 1 in 2, layers 0 and "
+              "3 in different pipeline stages", flush=True)
 
         hf = os.path.join(tmp, "hf_gpt_tp2_pp2_layers_ckpt")
         ckpt = os.path.join(real, "gpt_tp2_pp2_layers", "ckpt")
