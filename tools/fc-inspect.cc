@@ -45,26 +45,47 @@ int main(int argc, char** argv) {
   app.add_option("--copy-from", options.hf_config_dir,
                  "with --hf-family: the HuggingFace model directory whose config.json the "
                  "program is made for (as fc-export --copy-from)");
-  app.add_flag("--print-aoa", options.print_aoa, "with --hf-family: print the generated program");
+  app.add_option("--from-hf-family", options.from_hf_family,
+                 "CKPT is a HuggingFace model directory: preview (or with --print-aoa print) the "
+                 "AOA program fc-convert --from-hf-family generates, HuggingFace -> Megatron-Core "
+                 "GPT names and fused layouts (same families as --hf-family)")
+      ->check(CLI::IsMember(families))
+      ->excludes("--aoa")
+      ->excludes("--hf-family");
+  app.add_option("--target-like", options.target_like,
+                 "with --from-hf-family: the Megatron checkpoint the program is made for (its "
+                 "vocabulary padding, norm names, key form), as fc-convert --target-like");
+  app.add_flag("--print-aoa", options.print_aoa,
+               "with --hf-family or --from-hf-family: print the generated program");
   app.set_version_flag("--version", std::string("fc-inspect ") + FC_VERSION);
   app.footer(std::string(
                  "Examples:\n"
                  "  fc-inspect ckpt/                           # formats, tensors, shardings, sizes\n"
                  "  fc-inspect ckpt/ --json > ckpt.json\n"
                  "  fc-inspect ckpt/ --verify                  # read every byte, check checksums\n"
-                 "  fc-inspect megatron/ --aoa to_hf.aoa       # the names and shapes a program gives\n\n") +
+                 "  fc-inspect megatron/ --aoa to_hf.aoa       # the names and shapes a program gives\n"
+                 "  fc-inspect megatron/ --hf-family llama --copy-from hf_model/ --print-aoa\n"
+                 "  fc-inspect hf_model/ --from-hf-family llama --target-like step0/ --print-aoa\n\n") +
              fc::cli::ExitCodeHelp());
   const std::string tool = "fc-inspect";
   if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
   // --aoa previews the program's outputs; the tensor table and the verification are not
   // printed then, so the flags that shape them would do nothing.
-  if ((options.print_aoa || !options.hf_config_dir.empty()) && options.hf_family.empty()) {
-    return fc::cli::UsageError(tool, std::string(options.print_aoa ? "--print-aoa" : "--copy-from") +
-                                         " needs --hf-family");
+  if (!options.hf_config_dir.empty() && options.hf_family.empty()) {
+    return fc::cli::UsageError(tool, "--copy-from needs --hf-family");
   }
-  if (!options.hf_family.empty() && (app.count("--tensors") || options.verify)) {
+  if (!options.target_like.empty() && options.from_hf_family.empty()) {
+    return fc::cli::UsageError(tool, "--target-like needs --from-hf-family");
+  }
+  if (options.print_aoa && options.hf_family.empty() && options.from_hf_family.empty()) {
+    return fc::cli::UsageError(tool, "--print-aoa needs --hf-family or --from-hf-family");
+  }
+  if ((!options.hf_family.empty() || !options.from_hf_family.empty()) &&
+      (app.count("--tensors") || options.verify)) {
     return fc::cli::UsageError(tool, std::string(options.verify ? "--verify" : "--tensors") +
-                                         " cannot be combined with --hf-family");
+                                         " cannot be combined with " +
+                                         (options.hf_family.empty() ? "--from-hf-family"
+                                                                    : "--hf-family"));
   }
   if (!options.aoa_file.empty() && (app.count("--tensors") || options.verify)) {
     return fc::cli::UsageError(tool, std::string(options.verify ? "--verify" : "--tensors") +

@@ -407,12 +407,8 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
       FC_ASSIGN_OR_RETURN(like, ResolveLayout(index, options, "",
                                               p.like_manifest ? &*p.like_manifest : nullptr));
     }
-    const std::string in = StripTrailingSlashes(options.input);
-    const size_t slash = in.rfind('/');
-    const std::string hf_dir = IsDirectory(in)                ? in
-                               : slash == std::string::npos ? std::string(".")
-                                                            : in.substr(0, slash);
-    FC_ASSIGN_OR_RETURN(aoa_text, HfFamilyReverseProgram(index, options.from_hf_family, hf_dir,
+    FC_ASSIGN_OR_RETURN(aoa_text, HfFamilyReverseProgram(index, options.from_hf_family,
+                                                         HfDirOfInput(options.input),
                                                          like ? &like->tensors : nullptr));
   } else if (!options.hf_family.empty()) {
     if (!options.aoa_file.empty()) {

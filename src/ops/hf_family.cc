@@ -133,6 +133,13 @@ Result<std::string> HfFamilyProgram(const CheckpointIndex& index, const std::str
   return aoa::GenerateHfFamilyProgram(family, facts, config);
 }
 
+std::string HfDirOfInput(const std::string& input) {
+  const std::string in = StripTrailingSlashes(input);
+  if (IsDirectory(in)) return in;
+  const size_t slash = in.rfind('/');
+  return slash == std::string::npos ? std::string(".") : in.substr(0, slash);
+}
+
 Result<std::string> HfFamilyReverseProgram(const CheckpointIndex& index, const std::string& family,
                                            const std::string& hf_dir,
                                            const std::vector<TargetTensor>* target) {

@@ -3,6 +3,7 @@
 #include "fc/ops/locate_chunks.h"
 
 #include <algorithm>
+#include <optional>
 #include <map>
 #include <set>
 #include <span>
@@ -16,6 +17,7 @@
 #include "fc/format/fc_distcp.h"
 #include "fc/format/open.h"
 #include "fc/io/file.h"
+#include "fc/layout/target_layout.h"
 #include "fc/ops/report_format.h"
 #include "fc/ops/targets.h"
 #include "fc/ops/verify.h"
@@ -372,6 +374,25 @@ Status RunInspect(const InspectOptions& options, std::ostream& out) {
       return Status::Ok();
     }
     return WriteAoaPreview(index, text, "--hf-family " + options.hf_family, options.json, out);
+  }
+  if (!options.from_hf_family.empty()) {
+    // The program fc-convert --from-hf-family runs (fc/ops/hf_family.h), for the same target.
+    std::optional<TargetLayout> like;
+    if (!options.target_like.empty()) {
+      FC_ASSIGN_OR_RETURN(CheckpointIndex target, OpenCheckpoint(options.target_like));
+      FC_ASSIGN_OR_RETURN(like, LayoutFromIndex(target).With("--target-like " +
+                                                             options.target_like));
+    }
+    FC_ASSIGN_OR_RETURN(std::string text,
+                        HfFamilyReverseProgram(index, options.from_hf_family,
+                                               HfDirOfInput(options.path),
+                                               like ? &like->tensors : nullptr));
+    if (options.print_aoa) {
+      out << text;
+      return Status::Ok();
+    }
+    return WriteAoaPreview(index, text, "--from-hf-family " + options.from_hf_family,
+                           options.json, out);
   }
   if (!options.aoa_file.empty()) {
     FC_ASSIGN_OR_RETURN(std::vector<std::byte> text, ReadWholeFile(options.aoa_file, 64 << 20));

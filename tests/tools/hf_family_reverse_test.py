@@ -127,6 +127,42 @@ def main():
               "per-layer save, QKV/fc1 cut on axis 0 and proj/fc2 on axis 1 in 2, layers 0 and "
               "3 in different pipeline stages", flush=True)
 
+        # fc-inspect --from-hf-family --print-aoa prints the program fc-convert runs: run
+        # through --aoa with the same target it gives the same tensors
+        inspect = os.path.join(tools, "fc-inspect")
+        for src in ("gpt_tp2_pp2_layers/ckpt", "qwen2_tp2/ckpt"):
+            tag = src.replace("/", "_")
+            family = "qwen2" if "qwen2" in src else "llama"
+            hf, ckpt = os.path.join(tmp, "hf_" + tag), os.path.join(real, src)
+            p = fcio.run([inspect, hf, "--from-hf-family", family, "--target-like", ckpt,
+                          "--print-aoa"])
+            assert "# target: " in p.stdout and "linear_qkv" in p.stdout, p.stdout
+            program = os.path.join(tmp, "printed_" + tag + ".aoa")
+            with open(program, "w") as f:
+                f.write(p.stdout)
+            out = os.path.join(tmp, "via_aoa_" + tag)
+            fcio.run([convert, hf, out, "--aoa", program, "--target-like", ckpt,
+                      "--output-format", "torch-dcp", "--exclude", "optimizer.*", "-q"])
+            fcio.run([export, out, out + "_hf", "-q"])
+            got, _ = fcio.read_hf_dir(out + "_hf")
+            want, _ = fcio.read_hf_dir(os.path.join(tmp, "want_" + tag))
+            assert sorted(got) == sorted(want), (src, sorted(got), sorted(want))
+            fcio.same_tensors(got, want, f"fc-inspect --print-aoa program for {src}")
+            # the preview names what the program gives, with the target's shapes
+            p = fcio.run([inspect, hf, "--from-hf-family", family, "--target-like", ckpt])
+            for key in want:
+                assert key in p.stdout, (src, key, p.stdout)
+        for args, words in [(["--print-aoa"], "--print-aoa needs --hf-family or --from-hf-family"),
+                            (["--target-like", ckpt], "--target-like needs --from-hf-family"),
+                            (["--from-hf-family", "llama", "--verify"],
+                             "--verify cannot be combined with --from-hf-family")]:
+            p = fcio.run([inspect, os.path.join(tmp, "hf_gpt_tp2_pp2_layers_ckpt"), *args],
+                         expect=2)
+            assert words in p.stderr, (args, p.stderr)
+        print("fc-inspect --from-hf-family --target-like --print-aoa: the printed program run "
+              "by fc-convert --aoa gives the same tensors; its preview lists them; misuse exit 2",
+              flush=True)
+
         hf = os.path.join(tmp, "hf_gpt_tp2_pp2_layers_ckpt")
         ckpt = os.path.join(real, "gpt_tp2_pp2_layers", "ckpt")
         never = os.path.join(tmp, "never")

@@ -23,6 +23,10 @@ Result<aoa::HfTargetConfig> ParseHfConfig(std::string_view json, const std::stri
 Result<std::string> HfFamilyProgram(const CheckpointIndex& index, const std::string& family,
                                     const std::string& config_dir);
 
+// The HF model directory of an --from-hf-family input: the input itself when it is a
+// directory, else the directory holding the input file.
+std::string HfDirOfInput(const std::string& input);
+
 // --from-hf-family NAME: the reverse program (HF -> Megatron-Core) over the HF checkpoint
 // `index`, `hf_dir`/config.json (the HF model directory: the input itself, or the directory
 // holding an input file) and the target's tensors when known (--target-like: its embedding

@@ -24,6 +24,10 @@ struct InspectOptions {
   std::string hf_family;     // --hf-family: the generated program (fc/ops/hf_family.h) as aoa_file
   std::string hf_config_dir; // its config.json's directory (--copy-from)
   bool print_aoa = false;    // print the generated program itself, not its preview
+  // --from-hf-family: the reverse program (HF -> Megatron-Core) over the HF checkpoint at
+  // `path`, for the target `target_like` (a Megatron save) when not empty.
+  std::string from_hf_family;
+  std::string target_like;
   int max_problems = 100;                   // verify: problems listed before "... and N more"
 };
 
