@@ -92,6 +92,52 @@ TEST_CASE("hf-family llama: stacked and per-layer Megatron-Core keys give the HF
   }
 }
 
+TEST_CASE("hf-family llama: pre-Core Megatron names map as their Megatron-Core counterparts",
+          "[aoa][hf_family]") {
+  // Source(false) respelled as megatron/legacy/model names it
+  const std::vector<std::pair<std::string, std::string>> pre_core = {
+      {"embedding.", "language_model.embedding."},
+      {"output_layer.", "language_model.output_layer."},
+      {"decoder.final_layernorm.", "language_model.encoder.final_norm."},
+      {"self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"},
+      {"self_attention.linear_qkv.", "self_attention.query_key_value."},
+      {"self_attention.linear_proj.", "self_attention.dense."},
+      {"mlp.linear_fc1.layer_norm_weight", "post_attention_norm.weight"},
+      {"mlp.linear_fc1.", "mlp.dense_h_to_4h."},
+      {"mlp.linear_fc2.", "mlp.dense_4h_to_h."},
+      {"decoder.layers.", "language_model.encoder.layers."}};
+  HfSourceFacts core = Source(false), old = core;
+  for (auto& t : old.tensors) {
+    if (t.name.starts_with("optimizer.")) continue;
+    for (const auto& [from, to] : pre_core) {
+      if (size_t at = t.name.find(from); at != std::string::npos) t.name.replace(at, from.size(), to);
+    }
+  }
+  auto want = GenerateHfFamilyProgram("llama", core, Config());
+  auto got = GenerateHfFamilyProgram("llama", old, Config());
+  REQUIRE(want.ok());
+  REQUIRE(got.ok());
+  CHECK_THAT(*got, Catch::Contains("language_model.encoder.layers.$LAYER_ID.self_attention."
+                                   "query_key_value.weight ->"));
+  CHECK_THAT(*got, Catch::Contains("language_model.encoder.final_norm.weight -> model.norm.weight"));
+  CHECK(Outputs(old, *got) == Outputs(core, *want));
+
+  // a tensor the family has no place for, named as the source spells it
+  HfSourceFacts biased = old;
+  biased.tensors.push_back({"language_model.encoder.layers.0.self_attention.dense.bias", {16}});
+  auto refused = GenerateHfFamilyProgram("llama", biased, Config());
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(),
+             Catch::Contains("'language_model.encoder.layers.0.self_attention.dense.bias'"));
+  // one tensor under both names
+  HfSourceFacts both = old;
+  both.tensors.push_back({"output_layer.weight", {64, 16}});
+  auto twice = GenerateHfFamilyProgram("llama", both, Config());
+  REQUIRE_FALSE(twice.ok());
+  CHECK_THAT(twice.status().message(),
+             Catch::Contains("holds both language_model.output_layer.weight and output_layer.weight"));
+}
+
 TEST_CASE("hf-family llama: a config.json that disagrees with the source is refused naming both",
           "[aoa][hf_family]") {
   auto refused = [](HfSourceFacts f, HfTargetConfig c, const std::vector<std::string>& words) {

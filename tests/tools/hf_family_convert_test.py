@@ -92,6 +92,89 @@ def main():
                   f"{count} tensors fc-export --hf-family writes, bit for bit; config.json copied",
                   flush=True)
 
+        # Pre-Core Megatron names (megatron/legacy/model, Megatron-DeepSpeed): the real saves'
+        # tensors renamed as the legacy GPTModel names them (an AOA program through fc-export,
+        # per-layer keys as the legacy model has; input_norm and final_norm are the 2023
+        # spellings, input_layernorm and final_layernorm the older), then --hf-family reads
+        # them: the same HF tensors as from the Megatron-Core names, bit for bit
+        inspect = os.path.join(tools, "fc-inspect")
+        for family, fields, src, spellings in [
+                ("llama", LLAMA, "gpt_tp2_pp2_layers/ckpt", ("input_norm", "final_norm")),
+                ("gpt2", GPT2, "gpt2_tp2/ckpt", ("input_layernorm", "final_layernorm"))]:
+            ckpt = os.path.join(real, src)
+            ref = os.path.join(tmp, "ref_" + family)
+            in_norm, final = spellings
+            top = {"embedding.word_embeddings.weight":
+                   "language_model.embedding.word_embeddings.weight",
+                   "embedding.position_embeddings.weight":
+                   "language_model.embedding.position_embeddings.weight",
+                   "output_layer.weight": "language_model.output_layer.weight",
+                   "decoder.final_layernorm.weight": f"language_model.encoder.{final}.weight",
+                   "decoder.final_layernorm.bias": f"language_model.encoder.{final}.bias"}
+            per_layer = {"self_attention.linear_qkv.layer_norm_weight": f"{in_norm}.weight",
+                         "self_attention.linear_qkv.layer_norm_bias": f"{in_norm}.bias",
+                         "self_attention.linear_qkv.weight": "self_attention.query_key_value.weight",
+                         "self_attention.linear_qkv.bias": "self_attention.query_key_value.bias",
+                         "self_attention.linear_proj.weight": "self_attention.dense.weight",
+                         "self_attention.linear_proj.bias": "self_attention.dense.bias",
+                         "mlp.linear_fc1.layer_norm_weight": "post_attention_layernorm.weight",
+                         "mlp.linear_fc1.layer_norm_bias": "post_attention_layernorm.bias",
+                         "mlp.linear_fc1.weight": "mlp.dense_h_to_4h.weight",
+                         "mlp.linear_fc1.bias": "mlp.dense_h_to_4h.bias",
+                         "mlp.linear_fc2.weight": "mlp.dense_4h_to_h.weight",
+                         "mlp.linear_fc2.bias": "mlp.dense_4h_to_h.bias"}
+            info = json.loads(fcio.run([inspect, ckpt, "--json"]).stdout)
+            lines = []
+            for t in info["tensors"]:
+                key, shape = t["key"], t["global_shape"]
+                if key.startswith("optimizer."):
+                    continue
+                if key in top:
+                    lines.append(f"{key} -> {top[key]}")
+                    continue
+                rest = key[len("decoder.layers."):]
+                head, _, suffix = rest.partition(".")
+                if head.isdigit():  # per-layer keys
+                    lines.append(f"{key} -> language_model.encoder.layers.{head}."
+                                 f"{per_layer[suffix]}")
+                    continue
+                # layer-stacked keys: cut into layers, each without the layer axis
+                suffix = rest
+                lines.append(f"{key} -> " + ", ".join(f"cut.{i}.{suffix}"
+                                                      for i in range(shape[0])) + ", axis=0")
+                for i in range(shape[0]):
+                    lines.append(f"cut.{i}.{suffix} -> language_model.encoder.layers.{i}."
+                                 f"{per_layer[suffix]}, shape='{shape[1:]}'")
+            program = os.path.join(tmp, f"pre_core_{family}.aoa")
+            with open(program, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            old = os.path.join(tmp, f"pre_core_{family}")
+            fcio.run([export, ckpt, old, "--aoa", program, "--exclude", "optimizer.*", "-q"])
+            names = [t["key"] for t in json.loads(fcio.run([inspect, old, "--json"]).stdout)
+                     ["tensors"]]
+            assert names and all(n.startswith("language_model.") for n in names), names
+            got_dir = os.path.join(tmp, f"pre_core_{family}_hf")
+            fcio.run([export, old, got_dir, "--hf-family", family, "--copy-from", ref, "-q"])
+            got, _ = fcio.read_hf_dir(got_dir)
+            want_dir = os.path.join(tmp, "core_" + family)
+            fcio.run([export, ckpt, want_dir, "--hf-family", family, "--copy-from", ref, "-q"])
+            want, _ = fcio.read_hf_dir(want_dir)
+            assert sorted(got) == sorted(want), (family, sorted(got), sorted(want))
+            fcio.same_tensors(got, want, f"{family} pre-Core names")
+            printed = fcio.run([inspect, old, "--hf-family", family, "--copy-from", ref,
+                                "--print-aoa"]).stdout
+            assert "language_model.encoder.layers.$LAYER_ID.self_attention.query_key_value" \
+                ".weight ->" in printed and "pre-Core" in printed, printed
+            print(f"{family} {src} under pre-Core Megatron names (language_model.encoder.layers.N"
+                  f".self_attention.query_key_value, {in_norm}, {final}, dense_h_to_4h, ...): "
+                  f"fc-export --hf-family {family} gives the {len(want)} tensors of the "
+                  f"Megatron-Core names, bit for bit", flush=True)
+        # a tensor the family has no place for is named as the source spells it
+        p = fcio.run([inspect, old, "--hf-family", "llama", "--copy-from",
+                      os.path.join(tmp, "ref_llama")], expect=6)
+        assert "'language_model.embedding.position_embeddings.weight' has no place in family " \
+            "llama" in p.stderr, p.stderr
+
         ckpt = os.path.join(real, "qwen2_tp2", "ckpt")
         ref = os.path.join(tmp, "ref_qwen2")
         never = os.path.join(tmp, "never")
