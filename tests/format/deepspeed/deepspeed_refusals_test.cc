@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -28,9 +29,11 @@ namespace {
 
 using testing::At;
 using testing::AtInt;
+using testing::EncodePickle;
 using testing::EntriesOf;
 using testing::Erase;
 using testing::M;
+using testing::PickleIntTuple;
 using testing::PV;
 using testing::Set;
 using testing::SetView;
@@ -1019,6 +1022,262 @@ TEST_CASE("deepspeed refusals: --weights", "[deepspeed][refusals]") {
   CHECK(s.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(s.message(), Catch::StartsWith("--weights applies to DeepSpeed checkpoints only "
                                             "(input is "));
+}
+
+
+// --- universal_checkpoint_info: the TP merge rules (issue 34) ----------------------------
+// tp2_ucp's mp_rank_00_model_states.pt carries UCP_INFO (testdata/gen/deepspeed/gen.py):
+// embed.weight a vocabulary param (original_vocab_size 7 of 8 rows), norm.* replicated,
+// dense.weight row-parallel, mlp.h_to_4h.weight two sub-params cat on dim 0.
+void EditInfo(const std::string& dir, const std::function<void(PV&)>& edit) {
+  Edit(dir + "/" + kModel, [&](PV& root) { edit(At(root, "universal_checkpoint_info")); });
+}
+PV::Ptr SubParams(std::vector<PV::Ptr> patterns, PV::Ptr shape, PV::Ptr partition_dim) {
+  return PickleDict({{"patterns", PickleList(std::move(patterns))},
+                     {"shape", std::move(shape)},
+                     {"partition_dim", std::move(partition_dim)}});
+}
+
+TEST_CASE("deepspeed refusals: universal_checkpoint_info", "[deepspeed][refusals]") {
+  testing::TempDir tmp;
+  auto refused = [&](const std::function<void(PV&)>& edit, StatusCode code,
+                     std::initializer_list<std::string_view> parts) {
+    const std::string dir = CopyTag(tmp, "tp2_ucp");
+    EditInfo(dir, edit);
+    Refused(ReadDeepSpeedCheckpoint(dir), code, parts);
+  };
+  const std::string info = std::string(kModel) + ": universal_checkpoint_info['";
+  SECTION("a pattern list that is not a list") {
+    refused([](PV& i) { Set(i, "tp_replicated_parameter_patterns", PickleInt(5)); },
+            StatusCode::kDataLoss,
+            {info + "tp_replicated_parameter_patterns'] is 5, expected a list of patterns"});
+  }
+  SECTION("a pattern that is not a string") {
+    refused([](PV& i) { Set(i, "parameter_with_row_parallelism_patterns",
+                            PickleList({PickleInt(3)})); },
+            StatusCode::kDataLoss,
+            {info + "parameter_with_row_parallelism_patterns'] entry 3 is not a string"});
+  }
+  SECTION("a pattern RE2 does not run (a backreference)") {
+    refused([](PV& i) { Set(i, "vocabulary_parameter_patterns",
+                            PickleList({PickleStr("(embed)\\1")})); },
+            StatusCode::kUnimplemented,
+            {info + "vocabulary_parameter_patterns'] pattern '(embed)\\1' is not a regular "
+                    "expression fc runs"});
+  }
+  SECTION("parameter_with_sub_params: an entry without patterns") {
+    refused([](PV& i) { Set(i, "parameter_with_sub_params",
+                            PickleList({PickleDict({{"shape", PickleIntTuple({2, 4})}})})); },
+            StatusCode::kDataLoss, {info + "parameter_with_sub_params'] entry", "has no patterns list"});
+  }
+  SECTION("parameter_with_sub_params: a pattern that is not a string") {
+    refused([](PV& i) { Set(i, "parameter_with_sub_params",
+                            PickleList({SubParams({PickleInt(1)}, PickleIntTuple({2, 4}),
+                                                  PickleInt(0))})); },
+            StatusCode::kDataLoss, {std::string(kModel) + ": sub-param pattern 1"});
+  }
+  SECTION("parameter_with_sub_params: partition_dim outside the shape") {
+    refused([](PV& i) { Set(i, "parameter_with_sub_params",
+                            PickleList({SubParams({PickleStr("x")}, PickleIntTuple({2, 4}),
+                                                  PickleInt(2))})); },
+            StatusCode::kDataLoss,
+            {"shape must be a non-empty tuple and partition_dim one of its dims"});
+  }
+  SECTION("parameter_with_sub_params: an empty shape") {
+    refused([](PV& i) { Set(i, "parameter_with_sub_params",
+                            PickleList({SubParams({PickleStr("x")}, PickleIntTuple({}),
+                                                  PickleInt(0))})); },
+            StatusCode::kDataLoss,
+            {"shape must be a non-empty tuple and partition_dim one of its dims"});
+  }
+  SECTION("parameter_with_sub_params: a negative shape entry") {
+    refused([](PV& i) { Set(i, "parameter_with_sub_params",
+                            PickleList({SubParams({PickleStr("x")}, PickleIntTuple({-2, 4}),
+                                                  PickleInt(0))})); },
+            StatusCode::kDataLoss, {"parameter_with_sub_params'] entry", ": shape entry -2"});
+  }
+  SECTION("parameter_with_sub_params: a shape entry that is neither a size nor sizes") {
+    refused([](PV& i) { Set(i, "parameter_with_sub_params",
+                            PickleList({SubParams({PickleStr("x")},
+                                                  PickleTuple({PickleStr("2"), PickleInt(4)}),
+                                                  PickleInt(0))})); },
+            StatusCode::kDataLoss, {": shape entry '2'"});
+  }
+  SECTION("parameter_with_sub_params: a negative sub-param size") {
+    refused([](PV& i) { Set(i, "parameter_with_sub_params",
+                            PickleList({SubParams({PickleStr("x")},
+                                                  PickleTuple({PickleIntTuple({2, -1}),
+                                                               PickleInt(4)}),
+                                                  PickleInt(0))})); },
+            StatusCode::kDataLoss, {": sub-param size -1"});
+  }
+  SECTION("sub_param_shard_widths that is not a dict") {
+    refused([](PV& i) { Set(i, "sub_param_shard_widths", PickleList({})); },
+            StatusCode::kDataLoss,
+            {info + "sub_param_shard_widths'] is [], expected a dict pattern -> widths"});
+  }
+  SECTION("sub_param_shard_widths with a negative width") {
+    refused([](PV& i) {
+              Set(i, "sub_param_shard_widths",
+                  PickleDict({{"x", PickleList({PickleList({PickleInt(2), PickleInt(-1)})})}}));
+            },
+            StatusCode::kDataLoss,
+            {info + "sub_param_shard_widths'] entry 'x'",
+             "is not pattern: [[width per TP rank] per sub-param]"});
+  }
+  SECTION("a negative original_vocab_size") {
+    refused([](PV& i) { Set(i, "original_vocab_size", PickleInt(-1)); },
+            StatusCode::kDataLoss, {info + "original_vocab_size'] is -1"});
+  }
+  SECTION("autotp_unsupported_parameter_patterns listed") {
+    refused([](PV& i) { Set(i, "autotp_unsupported_parameter_patterns",
+                            PickleDict({{"lm_head", PickleStr("fused")}})); },
+            StatusCode::kUnimplemented,
+            {"universal_checkpoint_info lists autotp_unsupported_parameter_patterns",
+             "(DeepSpeed refuses to merge this checkpoint too)"});
+  }
+  SECTION("a vocabulary param without original_vocab_size") {
+    refused([](PV& i) { Erase(i, "original_vocab_size"); }, StatusCode::kDataLoss,
+            {"vocabulary_parameter_patterns matches 'embed.weight' but universal_checkpoint_info "
+             "has no original_vocab_size"});
+  }
+  SECTION("original_vocab_size past the merged rows") {
+    refused([](PV& i) { Set(i, "original_vocab_size", PickleInt(9)); }, StatusCode::kDataLoss,
+            {"original_vocab_size 9 exceeds the 8 merged rows of 'embed.weight'"});
+  }
+}
+
+// --- legacy (non-zip) torch.save: the header pickles and the storage list (issue 34) -------
+// The legacy fixture's files: five protocol-2 pickles (magic number, protocol version 1001,
+// sys_info, the object, the storage keys), then per key an int64 element count and the bytes.
+struct LegacyFile {
+  std::vector<std::vector<std::byte>> pickles;  // the five, as written
+  std::vector<std::byte> data;                  // everything after them
+};
+LegacyFile SplitLegacy(const std::string& path) {
+  const std::vector<std::byte> bytes = testing::ReadFileBytes(path);
+  LegacyFile f;
+  size_t pos = 0;
+  for (int i = 0; i < 5; ++i) {
+    size_t used = 0;
+    auto v = ParsePickle(std::span(bytes).subspan(pos), PickleLimits{}, &used);
+    REQUIRE(v.ok());
+    f.pickles.emplace_back(bytes.begin() + static_cast<std::ptrdiff_t>(pos),
+                           bytes.begin() + static_cast<std::ptrdiff_t>(pos + used));
+    pos += used;
+  }
+  f.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(pos), bytes.end());
+  return f;
+}
+void JoinLegacy(const std::string& path, const LegacyFile& f) {
+  std::vector<std::byte> out;
+  for (const auto& p : f.pickles) out.insert(out.end(), p.begin(), p.end());
+  out.insert(out.end(), f.data.begin(), f.data.end());
+  testing::WriteFileBytes(path, out);
+}
+// Replaces the first occurrence of `from` in `bytes` (which must hold it) by `to`.
+void ReplaceBytes(std::vector<std::byte>& bytes, std::string_view from, std::string_view to) {
+  REQUIRE(from.size() == to.size());
+  auto it = std::search(bytes.begin(), bytes.end(), from.begin(), from.end(),
+                        [](std::byte b, char c) { return b == static_cast<std::byte>(c); });
+  REQUIRE(it != bytes.end());
+  for (char c : to) *it++ = static_cast<std::byte>(c);
+}
+
+TEST_CASE("deepspeed refusals: legacy torch.save", "[deepspeed][refusals]") {
+  testing::TempDir tmp;
+  const std::string file = "zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  auto refused = [&](const std::function<void(LegacyFile&)>& edit, StatusCode code,
+                     std::initializer_list<std::string_view> parts) {
+    const std::string dir = CopyTag(tmp, "legacy");
+    LegacyFile f = SplitLegacy(dir + "/" + file);
+    edit(f);
+    JoinLegacy(dir + "/" + file, f);
+    auto r = ReadDeepSpeedCheckpoint(dir);
+    Refused(r, code, parts);
+    if (!r.ok()) CHECK_THAT(r.status().message(), Catch::Contains(file));
+  };
+  // the storage list's first key and the data region's first element count
+  auto first_key = [](const LegacyFile& f) {
+    auto keys = ParsePickle(f.pickles[4]);
+    REQUIRE(keys.ok());
+    REQUIRE_FALSE(keys->items.empty());
+    return keys->items[0]->str;
+  };
+  SECTION("another magic number") {
+    refused([](LegacyFile& f) {
+              REQUIRE(f.pickles[0].size() == 15);  // PROTO 2, LONG1 10 bytes, STOP
+              f.pickles[0][5] ^= std::byte{0x01};
+            },
+            StatusCode::kDataLoss, {"legacy torch.save magic number is"});
+  }
+  SECTION("another protocol version") {
+    refused([](LegacyFile& f) { f.pickles[1] = EncodePickle(*PickleInt(1002)); },
+            StatusCode::kUnimplemented, {"legacy torch.save protocol version 1002 (fc reads 1001)"});
+  }
+  SECTION("written on a big-endian machine") {
+    refused([](LegacyFile& f) {
+              auto info = ParsePickle(f.pickles[2]);
+              REQUIRE(info.ok());
+              PV::Ptr copy = testing::DeepCopy(*info);
+              Set(M(copy), "little_endian", PickleBool(false));
+              f.pickles[2] = EncodePickle(*copy);
+            },
+            StatusCode::kUnimplemented, {"legacy torch.save written on a big-endian machine"});
+  }
+  SECTION("a storage key list that is not a list") {
+    refused([](LegacyFile& f) { f.pickles[4] = EncodePickle(*PickleInt(5)); },
+            StatusCode::kDataLoss, {"legacy torch.save storage key list is 5"});
+  }
+  SECTION("a storage key that is not a string") {
+    refused([](LegacyFile& f) { f.pickles[4] = EncodePickle(*PickleList({PickleInt(7)})); },
+            StatusCode::kDataLoss, {"legacy torch.save storage key 7"});
+  }
+  SECTION("a storage key no tensor uses") {
+    refused([](LegacyFile& f) {
+              f.pickles[4] = EncodePickle(*PickleList({PickleStr("nobody")}));
+            },
+            StatusCode::kDataLoss, {"legacy torch.save storage 'nobody' is used by no tensor"});
+  }
+  SECTION("the data ends before a storage's element count") {
+    refused([](LegacyFile& f) { f.data.resize(4); },
+            StatusCode::kDataLoss, {"starts past the end"});
+  }
+  SECTION("an element count that disagrees with the pickle's storage size") {
+    refused([](LegacyFile& f) {
+              REQUIRE(f.data.size() >= 8);
+              f.data[0] = static_cast<std::byte>(static_cast<uint8_t>(f.data[0]) + 1);
+            },
+            StatusCode::kDataLoss, {"elements of 4 bytes, the pickle says"});
+  }
+  SECTION("a tensor whose storage the list leaves out") {
+    refused([&](LegacyFile& f) {
+              auto keys = ParsePickle(f.pickles[4]);
+              REQUIRE(keys.ok());
+              REQUIRE(keys->items.size() >= 2);
+              f.pickles[4] = EncodePickle(*PickleList({PickleStr(first_key(f))}));
+            },
+            StatusCode::kDataLoss, {"' is not in the file's storage list"});
+  }
+  SECTION("a storage listed twice") {
+    // the list names its first key twice: the second time the count read is the next
+    // storage's, so a list of one key repeated over a file of one storage is built instead
+    refused([&](LegacyFile& f) {
+              const std::string key = first_key(f);
+              f.pickles[4] = EncodePickle(*PickleList({PickleStr(key), PickleStr(key)}));
+              // the first storage's count and bytes, twice
+              auto count = std::vector<std::byte>(f.data.begin(), f.data.begin() + 8);
+              uint64_t numel = 0;
+              for (int b = 7; b >= 0; --b) numel = (numel << 8) | static_cast<uint64_t>(count[b]);
+              const size_t bytes = 8 + static_cast<size_t>(numel) * 4;
+              REQUIRE(f.data.size() >= bytes);
+              std::vector<std::byte> one(f.data.begin(),
+                                         f.data.begin() + static_cast<std::ptrdiff_t>(bytes));
+              f.data = one;
+              f.data.insert(f.data.end(), one.begin(), one.end());
+            },
+            StatusCode::kDataLoss, {"' listed twice"});
+  }
 }
 
 }  // namespace
