@@ -1280,5 +1280,57 @@ TEST_CASE("deepspeed refusals: legacy torch.save", "[deepspeed][refusals]") {
   }
 }
 
+// --- TP merge by universal_checkpoint_info (issue 34) --------------------------------------
+// tp2_ucp's TP rank 1 (mp_rank_01_model_states.pt) edited: its 16-bit module weights are the
+// TP slices merged with rank 0's (module.layer.weight [2, 4] per rank, cat on dim 0).
+const char* kTp1Model = "mp_rank_01_model_states.pt";
+
+TEST_CASE("deepspeed refusals: TP slices that do not merge", "[deepspeed][refusals]") {
+  testing::TempDir tmp;
+  auto refused = [&](const char* file, const std::function<void(PV&)>& edit, StatusCode code,
+                     std::initializer_list<std::string_view> parts) {
+    const std::string dir = CopyTag(tmp, "tp2_ucp");
+    Edit(dir + "/" + file, edit);
+    Refused(ReadDeepSpeedCheckpoint(dir), code, parts);
+  };
+  SECTION("a row-parallel pattern matching a 1-d param") {
+    refused(kModel, [](PV& root) {
+              Set(At(root, "universal_checkpoint_info"), "parameter_with_row_parallelism_patterns",
+                  PickleList({PickleStr("layer\\.bias")}));
+            },
+            StatusCode::kDataLoss,
+            {"'layer.bias' has shape [2], its TP slices cannot be concatenated along dim 1 "
+             "(row-parallel pattern in mp_rank_00_model_states.pt)"});
+  }
+  SECTION("a module weight TP rank 1 lacks") {
+    refused(kTp1Model, [](PV& root) { Erase(At(root, "module"), "layer.bias"); },
+            StatusCode::kDataLoss,
+            {"tensor 'module.layer.bias' of TP rank 0 is absent from TP rank 1"});
+  }
+  SECTION("a module weight under another name on TP rank 1") {
+    refused(kTp1Model, [](PV& root) {
+              PV& module = At(root, "module");
+              PV::Ptr bias = *testing::Slot(module, "layer.bias");
+              Erase(module, "layer.bias");
+              Set(module, "layer.bias_renamed", bias);
+            },
+            StatusCode::kDataLoss,
+            {"tensor 'layer.bias_renamed' of TP rank 1 is absent from TP rank 0"});
+  }
+  SECTION("a module weight of another rank on TP rank 1") {
+    refused(kTp1Model, [](PV& root) { SetView(At(At(root, "module"), "layer.weight"), {8}, {1}); },
+            StatusCode::kDataLoss,
+            {"tensor 'module.layer.weight' is float16 [2, 4] on TP rank 0 but float16 [8] on TP "
+             "rank 1"});
+  }
+  SECTION("TP slices that differ off the concatenated dim") {
+    refused(kTp1Model,
+            [](PV& root) { SetView(At(At(root, "module"), "layer.weight"), {4, 2}, {2, 1}); },
+            StatusCode::kDataLoss,
+            {"TP slices of 'module.layer.weight' (concatenated along dim 0) are [2, 4] on TP "
+             "rank 0 and [4, 2] on TP rank 1"});
+  }
+}
+
 }  // namespace
 }  // namespace fc
