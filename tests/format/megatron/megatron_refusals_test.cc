@@ -143,6 +143,13 @@ TEST_CASE("megatron refusals: directories and rank files", "[megatron][refusals]
     Refused(ReadMegatronLegacyCheckpoint(dir), StatusCode::kNotFound,
             {"iter_0000003/mp_rank_00_000/model_optim_rng.pt: missing"});
   }
+  SECTION("a rank dir of the grid lacks its model_optim_rng.pt (issue 34)") {
+    const std::string dir = CopySave(tmp, "gpt_tp2_pp2");
+    std::filesystem::remove(dir + "/iter_0000003/mp_rank_01_001/model_optim_rng.pt");
+    Refused(ReadMegatronLegacyCheckpoint(dir), StatusCode::kNotFound,
+            {"iter_0000003/mp_rank_01_001/model_optim_rng.pt: missing (the rank dirs present "
+             "make a TP 2 x PP 2 x EP 1 grid)"});
+  }
   SECTION("a rank number of 100000") {
     const std::string dir = CopySave(tmp, "gpt_tp1");
     std::filesystem::create_directories(dir + "/release/mp_rank_100000");

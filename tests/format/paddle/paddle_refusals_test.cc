@@ -138,6 +138,12 @@ TEST_CASE("paddle refusals: metadata files", "[paddle][refusals]") {
     Edit(meta, [](PV& md) { Erase(M(StorageEntry(md, "linear.w", 3).first), "tensor_key"); });
     Refused(read(), StatusCode::kDataLoss, {meta + ": storage_metadata key ", ": no tensor_key"});
   }
+  SECTION("a storage file name that is not <rank>_<id>.distcp (issue 34)") {
+    Edit(meta, [](PV& md) { StorageEntry(md, "linear.w", 3).second = PickleStr("../x.distcp"); });
+    Refused(read(), StatusCode::kDataLoss,
+            {meta + ": storage_metadata key ",
+             ": file name '../x.distcp' is not <rank>_<id>.distcp or <rank>_<id>.safetensors"});
+  }
   SECTION("a replica_id that is not an integer") {
     Edit(meta, [](PV& md) {
       Set(M(StorageEntry(md, "linear.w", 3).first), "replica_id", PickleStr("r"));
