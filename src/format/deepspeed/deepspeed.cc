@@ -2839,6 +2839,15 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
     }
   }
   if (ranks.empty()) {
+    // Expert, pipeline layer or MoE optimizer files alone: the save's own model states file
+    // is what is missing, not the checkpoint.
+    if (!experts.empty() || !layers.empty() || skipped_optim > 0) {
+      return NotFoundError(dir + ": mp_rank_00_model_states.pt is missing (the dir holds " +
+                           (experts.empty() ? layers.empty() ? "MoE optimizer" : "pipeline layer"
+                                            : "expert") +
+                           " files of a DeepSpeed save, but no mp_rank_XX_model_states.pt or "
+                           "*_optim_states.pt)");
+    }
     return NotFoundError(dir + ": no DeepSpeed *_model_states.pt / *_optim_states.pt files");
   }
   pipeline_ = !layers.empty();

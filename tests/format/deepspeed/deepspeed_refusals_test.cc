@@ -1332,5 +1332,103 @@ TEST_CASE("deepspeed refusals: TP slices that do not merge", "[deepspeed][refusa
   }
 }
 
+// --- MoE expert files, pipeline layer files, missing model states, export selection -------
+TEST_CASE("deepspeed refusals: expert and layer files and model states", "[deepspeed][refusals]") {
+  testing::TempDir tmp;
+  const std::string expert0 = "layer_0_expert_0_mp_rank_00_model_states.pt";
+  const std::string expert1 = "layer_0_expert_1_mp_rank_00_model_states.pt";
+  // a copy of the first tensor value of a dict
+  auto first_value = [](PV& d) { return EntriesOf(d).front().second; };
+  SECTION("an expert file key that is not a string") {
+    const std::string dir = CopyTag(tmp, "moe");
+    Edit(dir + "/" + expert0, [&](PV& root) {
+      EntriesOf(root).emplace_back(PickleInt(3), first_value(root));
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {expert0 + ": state dict key 3"});
+  }
+  SECTION("a tensor in two expert files") {
+    const std::string dir = CopyTag(tmp, "moe");
+    Edit(dir + "/" + expert1, [&](PV& root) {
+      Set(root, "moe.deepspeed_moe.experts.deepspeed_experts.0.fc.bias",
+          *testing::Slot(root, "moe.deepspeed_moe.experts.deepspeed_experts.1.fc.bias"));
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {": 'moe.deepspeed_moe.experts.deepspeed_experts.0.fc.bias' is also in another model "
+             "states or expert file"});
+  }
+  SECTION("an MoE tag dir without mp_rank_00_model_states.pt") {
+    const std::string dir = CopyTag(tmp, "moe");
+    std::filesystem::remove(dir + "/" + kModel);
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kNotFound,
+            {dir + ": mp_rank_00_model_states.pt is missing (the dir holds expert files of a "
+                   "DeepSpeed save, but no mp_rank_XX_model_states.pt or *_optim_states.pt)"});
+  }
+  SECTION("a ZeRO-2 tag dir without mp_rank_00_model_states.pt") {
+    const std::string dir = CopyTag(tmp, "zero2");
+    std::filesystem::remove(dir + "/" + kModel);
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kNotFound,
+            {dir + ": mp_rank_00_model_states.pt is missing"});
+  }
+  SECTION("a pipeline layer file key that is not a string") {
+    const std::string dir = CopyTag(tmp, "pp2");
+    Edit(dir + "/layer_01-model_00-model_states.pt", [&](PV& root) {
+      EntriesOf(root).emplace_back(PickleInt(5), first_value(root));
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {"layer_01-model_00-model_states.pt: state dict key 5"});
+  }
+  SECTION("a tied weight of another shape in a later layer file") {
+    const std::string dir = CopyTag(tmp, "pp2");
+    Edit(dir + "/layer_04-model_00-model_states.pt",
+         [&](PV& root) { SetView(At(root, "weight"), {4, 6}, {6, 1}); });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss,
+            {"layer_04-model_00-model_states.pt: 'weight' (tied_modules.embed.weight) is float16 "
+             "[4, 6], an earlier layer file has float16 [6, 4]"});
+  }
+  SECTION("pipeline layer files without the model states") {
+    const std::string dir = CopyTag(tmp, "pp2");
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      if (!e.path().filename().string().starts_with("layer_")) std::filesystem::remove(e.path());
+    }
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kNotFound,
+            {dir + ": mp_rank_00_model_states.pt is missing (the dir holds pipeline layer files"});
+  }
+}
+
+TEST_CASE("deepspeed refusals: export weight selection", "[deepspeed][refusals]") {
+  SECTION("TP shards and no universal_checkpoint_info") {
+    auto index = ReadDeepSpeedCheckpoint(Fixture("tp2") + "/ckpt");
+    REQUIRE(index.ok());
+    Status s = SelectDeepSpeedWeights(DeepSpeedWeights::kFp32, &*index);
+    CHECK(s.code() == StatusCode::kUnimplemented);
+    CHECK_THAT(s.message(), Catch::Contains(
+                                "DeepSpeed checkpoint with tensor parallelism (tp_degree 2) but no "
+                                "universal_checkpoint_info in its model states: nothing says how "
+                                "the TP shards concatenate"));
+  }
+  SECTION("MoE fp32 master weights") {
+    auto index = ReadDeepSpeedCheckpoint(Fixture("moe") + "/ckpt");
+    REQUIRE(index.ok());
+    Status s = SelectDeepSpeedWeights(DeepSpeedWeights::kFp32, &*index);
+    CHECK(s.code() == StatusCode::kUnimplemented);
+    CHECK_THAT(s.message(), Catch::Contains(
+                                "MoE DeepSpeed checkpoint: fc reads its 16-bit module and expert "
+                                "weights only (its optimizer files, which hold the fp32 master "
+                                "weights, are not read); export with --weights module"));
+    CHECK(SelectDeepSpeedWeights(DeepSpeedWeights::kModule, &*index).ok());
+  }
+  SECTION("TP shards fc keeps per rank") {
+    auto index = ReadDeepSpeedCheckpoint(Fixture("tp2_avg") + "/ckpt");
+    REQUIRE(index.ok());
+    REQUIRE(index->attributes.count("deepspeed.tp_unmerged") == 1);
+    Status s = SelectDeepSpeedWeights(DeepSpeedWeights::kFp32, &*index);
+    CHECK(s.code() == StatusCode::kUnimplemented);
+    CHECK_THAT(s.message(), Catch::Contains("DeepSpeed TP shards that fc does not merge: " +
+                                            index->attributes.at("deepspeed.tp_unmerged") +
+                                            "; export refused"));
+  }
+}
+
 }  // namespace
 }  // namespace fc
