@@ -33,6 +33,7 @@ using testing::EncodePickle;
 using testing::EntriesOf;
 using testing::Erase;
 using testing::M;
+using testing::PickleFloat;
 using testing::PickleIntTuple;
 using testing::PV;
 using testing::Set;
@@ -1427,6 +1428,81 @@ TEST_CASE("deepspeed refusals: export weight selection", "[deepspeed][refusals]"
     CHECK_THAT(s.message(), Catch::Contains("DeepSpeed TP shards that fc does not merge: " +
                                             index->attributes.at("deepspeed.tp_unmerged") +
                                             "; export refused"));
+  }
+}
+
+// parameter_with_sub_params applied: tp2_ucp's mlp.h_to_4h.weight ([4, 3] per TP rank, [8, 3]
+// merged) given a SubparamShape instead of its 2-sub-params rule.
+TEST_CASE("deepspeed refusals: sub-param merges", "[deepspeed][refusals]") {
+  testing::TempDir tmp;
+  const std::string pattern = "mlp\\.h_to_4h\\.weight";
+  auto refused = [&](double version, PV::Ptr shape, int64_t partition_dim, PV::Ptr widths,
+                     StatusCode code, std::initializer_list<std::string_view> parts) {
+    const std::string dir = CopyTag(tmp, "tp2_ucp");
+    EditInfo(dir, [&](PV& i) {
+      Erase(i, "parameter_with_2_sub_params_cat_dim_0");
+      Set(i, "universal_checkpoint_version", PickleFloat(version));
+      Set(i, "parameter_with_sub_params",
+          PickleList({SubParams({PickleStr(pattern)}, shape, PickleInt(partition_dim))}));
+      if (widths) Set(i, "sub_param_shard_widths", PickleDict({{pattern, widths}}));
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), code, parts);
+  };
+  auto ints = [](std::vector<std::vector<int64_t>> rows) {
+    std::vector<PV::Ptr> out;
+    for (const auto& r : rows) {
+      std::vector<PV::Ptr> row;
+      for (int64_t v : r) row.push_back(PickleInt(v));
+      out.push_back(PickleList(std::move(row)));
+    }
+    return PickleList(std::move(out));
+  };
+  const std::string where = std::string(kModel) + ": parameter_with_sub_params pattern '" +
+                            pattern + "' for '";
+  SECTION("a partition_dim the TP slices lack") {
+    refused(0.4, PickleIntTuple({8, 3, 1}), 2, nullptr, StatusCode::kUnimplemented,
+            {where, "': the TP slice [4, 3] has no dim 2 to size the sub-params by"});
+  }
+  SECTION("version 0.4 with a count, not sizes, at partition_dim") {
+    refused(0.4, PickleIntTuple({2, 3}), 0, nullptr, StatusCode::kDataLoss,
+            {where, "universal_checkpoint_version 0.4", "needs the sub-param sizes (a tuple) at "
+                                                        "partition_dim 0"});
+  }
+  SECTION("version 0.4 without shard widths for the pattern") {
+    refused(0.4, PickleTuple({PickleIntTuple({4, 4}), PickleInt(3)}), 0, nullptr,
+            StatusCode::kDataLoss,
+            {where, "but sub_param_shard_widths has no entry for the pattern"});
+  }
+  SECTION("before 0.4: a count that does not divide the merged dim") {
+    refused(0.3, PickleIntTuple({3, 3}), 0, nullptr, StatusCode::kDataLoss,
+            {where, ": 3 sub-params do not divide the 8 merged entries of dim 0"});
+  }
+  SECTION("before 0.4: a sub-param size the TP degree does not divide") {
+    refused(0.3, PickleTuple({PickleIntTuple({3, 5}), PickleInt(3)}), 0, nullptr,
+            StatusCode::kUnimplemented,
+            {where, ": sub-param size 3 is not divisible by the TP degree 2",
+             "records no sub_param_shard_widths: the uneven layout is unknown"});
+  }
+  SECTION("shard widths for fewer sub-params") {
+    refused(0.4, PickleTuple({PickleIntTuple({4, 4}), PickleInt(3)}), 0, ints({{2, 2}}),
+            StatusCode::kDataLoss, {where, ": 1 shard width lists for 2 sub-params"});
+  }
+  SECTION("shard widths that do not sum to the sub-param") {
+    refused(0.4, PickleTuple({PickleIntTuple({4, 4}), PickleInt(3)}), 0, ints({{2, 2}, {3, 2}}),
+            StatusCode::kDataLoss,
+            {where, ": sub-param 1 of size 4 has shard widths summing to 5 over 2 ranks, "
+                    "expected 2"});
+  }
+  SECTION("TP slices larger than the sub-param shape") {
+    refused(0.4, PickleTuple({PickleIntTuple({2, 2}), PickleInt(3)}), 0, ints({{1, 1}, {1, 1}}),
+            StatusCode::kDataLoss,
+            {where, ": TP rank 0 holds [4, 3], the sub-param shape with its widths is [2, 3]"});
+  }
+  SECTION("TP slices of the sub-param's count in another shape") {
+    refused(0.4, PickleTuple({PickleIntTuple({2, 2}), PickleInt(6)}), 0, ints({{1, 1}, {1, 1}}),
+            StatusCode::kUnimplemented,
+            {where, ": TP rank 0 holds [4, 3], the sub-param shape with its widths is [2, 6] "
+                    "(fc merges a sub-param view of the slice's own shape only)"});
   }
 }
 
