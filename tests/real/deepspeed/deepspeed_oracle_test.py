@@ -40,6 +40,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+import fresh_vs_committed  # noqa: E402
 import fcio  # noqa: E402
 
 PORT = {"fixtures": 29641, "ucp": 29651, "load": 29661, "load_universal": 29671}
@@ -90,12 +92,14 @@ def case_fixtures(build, testdata, tmp):
                     "trainer_zero2"], check=True)
     for f in sorted(os.listdir(os.path.join(trainer, "trainer_zero2"))):
         if f.endswith(".safetensors"):
-            a = st(os.path.join(trainer, "trainer_zero2", f))
-            b = st(os.path.join(committed, "trainer_zero2", f))
-            assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), f
+            how = fresh_vs_committed.compare(st(os.path.join(trainer, "trainer_zero2", f)),
+                                             st(os.path.join(committed, "trainer_zero2", f)),
+                                             f"trainer_zero2/{f}: fresh vs committed")
+            print(f"trainer_zero2/{f}: fresh vs committed: {how}")
     te = json.load(open(os.path.join(trainer, "errors.json")))
     assert sorted(te) == sorted(trainer_errors), ("trainer errors differ", te, trainer_errors)
-    print("fixtures: a fresh Trainer save equals the committed one; fc reads it as zero_to_fp32")
+    print("fixtures: a fresh Trainer save equals the committed one (up to this processor's "
+          "rounding where it differs); fc reads it as zero_to_fp32")
 
 
 def as_tensor(v):
