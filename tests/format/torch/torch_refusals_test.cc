@@ -1,9 +1,13 @@
 // Issue 34 item 1: refusals of the zip reader (src/codec/zip.cc), torch.save items
 // (src/format/torch/torch_save.cc), DCP .metadata (dcp_metadata.cc) and the torch DCP reader
-// (torch_dcp.cc) that no other test asserted, each reached from built bytes or a fixture
+// (torch_dcp.cc) and its zstd item decoding (dcp_transform.cc) that no other test asserted
+// (or asserted without the values the message names), each reached from built bytes or a fixture
 // copy with one field changed, its status code and the distinctive part of its message
 // asserted. (The others: zip_torch_save_test.cc, torch_dcp_corruption_test.cc,
 // torch_dcp_test.cc, torch_dcp2_test.cc.)
+#include <zstd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -13,7 +17,9 @@
 #include "fc/codec/zip.h"
 #include "fc/format/open_problems.h"
 #include "fc/format/torch_dcp.h"
+#include "fc/format/torch_dcp_transform.h"
 #include "fc/format/torch_save.h"
+#include "fc/io/file.h"
 #include "tests/format/torch/torch_test_support.h"
 #include "tests/format/torch/zip_builder.h"
 
@@ -40,6 +46,12 @@ void Refused(const R& r, StatusCode code, std::initializer_list<std::string> par
   INFO(r.status().ToString());
   CHECK(r.status().code() == code);
   for (const std::string& p : parts) CHECK_THAT(r.status().message(), Catch::Contains(p));
+}
+void Refused(const Status& st, StatusCode code, std::initializer_list<std::string> parts) {
+  REQUIRE_FALSE(st.ok());
+  INFO(st.ToString());
+  CHECK(st.code() == code);
+  for (const std::string& p : parts) CHECK_THAT(st.message(), Catch::Contains(p));
 }
 
 // --- zip ----------------------------------------------------------------------------------
@@ -370,6 +382,32 @@ TEST_CASE("torch.save refusals: records", "[torch_save][refusals]") {
     Refused(ParseTorchSaveTensor(with_order(std::string(17, 'l'))), StatusCode::kDataLoss,
             {"record 'archive/byteorder' is not a short stored string"});
   }
+  SECTION("a first record outside any archive directory") {
+    auto zip = BuildZip({{"data.pkl", pkl}, {"archive/data/0", kStorage}});
+    Refused(ParseTorchSaveTensor(zip), StatusCode::kDataLoss,
+            {"torch.save record 'data.pkl' has no '<archive>/' prefix"});
+  }
+  SECTION("an archive without its data.pkl") {
+    auto zip = BuildZip({{"model/data/0", kStorage}, {"model/data.pkx", pkl}});
+    Refused(ParseTorchSaveTensor(zip), StatusCode::kDataLoss,
+            {"torch.save archive has no 'model/data.pkl' record"});
+  }
+}
+
+TEST_CASE("torch.save refusals: an UntypedStorage under _rebuild_tensor_v2",
+          "[torch_save][refusals]") {
+  // v3 names the dtype of an UntypedStorage's bytes; v2 takes it from a typed storage class.
+  Rebuild r;
+  r.pid = [](PickleWriter& w) {
+    w.Mark().Str("storage").Global("torch", "UntypedStorage").Str("0").Str("cpu").Int(24);
+    w.Tuple();
+  };
+  Rebuild v3 = r;
+  v3.name = "_rebuild_tensor_v3";
+  v3.v3_dtype = [](PickleWriter& w) { w.Global("torch", "float32"); };
+  REQUIRE(Parse(v3.Pickle()).ok());
+  Refused(Parse(r.Pickle()), StatusCode::kDataLoss,
+          {"UntypedStorage '0' used by _rebuild_tensor_v2, which carries no dtype"});
 }
 
 // --- DCP .metadata ------------------------------------------------------------------------
@@ -633,6 +671,31 @@ TEST_CASE("dcp .metadata refusals: storage_data", "[torch_dcp][refusals]") {
     Refused(ParseDcpMetadata(p.Bytes()), StatusCode::kDataLoss,
             {w + " transform_descriptors is not a list: 2"});
   }
+  SECTION("a length of 2^64 (LONG1, 9 bytes)") {
+    p.info = Obj(kFs, "_StorageInfo", With(InfoFields(), "length", [](PickleWriter& pw) {
+                   const uint8_t le[] = {0, 0, 0, 0, 0, 0, 0, 0, 1};
+                   pw.Long1(le);
+                 }));
+    Refused(ParseDcpMetadata(p.Bytes()), StatusCode::kDataLoss,
+            {w + " length is an integer beyond 64 bits"});
+  }
+  SECTION("a negative offset") {
+    p.info = Obj(kFs, "_StorageInfo", With(InfoFields(), "offset", Int(-16)));
+    Refused(ParseDcpMetadata(p.Bytes()), StatusCode::kDataLoss,
+            {w + " offset is not an integer >= 0: -16"});
+  }
+  SECTION("a length that is a string") {
+    p.info = Obj(kFs, "_StorageInfo", With(InfoFields(), "length", Str("16")));
+    Refused(ParseDcpMetadata(p.Bytes()), StatusCode::kDataLoss,
+            {w + " length is not an integer >= 0: "});
+  }
+}
+
+TEST_CASE("dcp .metadata refusals: a Metadata class outside torch", "[torch_dcp][refusals]") {
+  MdParts p;
+  auto bytes = MdParts::Pkl4(Obj("mylib.checkpoint", "Metadata", p.Root()));
+  Refused(ParseDcpMetadata(bytes), StatusCode::kUnimplemented,
+          {"not a PyTorch DCP .metadata: the root object is mylib.checkpoint.Metadata"});
 }
 
 // --- The torch DCP reader -----------------------------------------------------------------
@@ -738,6 +801,48 @@ TEST_CASE("torch dcp refusals: directory, objects", "[torch_dcp][refusals]") {
     Refused(ReadTorchDcp(c.dir()), StatusCode::kDataLoss,
             {".metadata: object 'iteration': no storage_data entry"});
   }
+  SECTION("no .metadata and no per-rank __<rank>.metadata") {
+    // __x.metadata names no rank: it is not a per-rank metadata file.
+    std::filesystem::rename(c.dir() + "/.metadata", c.dir() + "/__x.metadata");
+    Refused(ReadTorchDcp(c.dir()), StatusCode::kNotFound,
+            {c.dir() + "/.metadata: not found, nor any per-rank __<rank>.metadata (not a torch "
+             "DCP checkpoint?)"});
+  }
+  SECTION("an object with two storage entries") {
+    const testing::MdStorage* it = nullptr;
+    for (const auto& s : c.spec.storage) {
+      if (s.fqn == "iteration") it = &s;
+    }
+    REQUIRE(it != nullptr);
+    c.spec.storage.push_back(*it);
+    c.WriteMetadata();
+    auto r = ReadTorchDcp(c.dir());
+    Refused(r, StatusCode::kDataLoss, {"storage_data has two entries for 'iteration'"});
+    // An object's entries have no offsets, so none are named.
+    CHECK(r.status().message() == ".metadata: storage_data has two entries for 'iteration'");
+  }
+  SECTION("a tensor chunk without its storage entry") {
+    std::erase_if(c.spec.storage, [](const testing::MdStorage& s) {
+      return s.fqn == "w" && s.offset == Shape{4, 0};
+    });
+    c.WriteMetadata();
+    Refused(ReadTorchDcp(c.dir()), StatusCode::kDataLoss,
+            {".metadata: tensor 'w' chunk [4, 8) x [0, 6): no storage_data entry for this chunk"});
+  }
+  SECTION("locating a chunk the open located already") {
+    auto index = ReadTorchDcp(c.dir());  // locate_chunks: every chunk located
+    REQUIRE(index.ok());
+    const TensorEntry* w = index->FindTensor("w");
+    REQUIRE(w != nullptr);
+    const Chunk& chunk = w->chunks.at(0);
+    REQUIRE_FALSE(chunk.unlocated_item);
+    const std::string name = index->files.at(chunk.file).path;
+    auto file = RandomAccessFile::Open(c.dir() + "/" + name);
+    REQUIRE(file.ok());
+    Refused(LocateTorchDcpChunk(**file, name, "w", chunk), StatusCode::kInternal,
+            {name + ": tensor 'w' chunk " + chunk.box.ToString() +
+             ": the chunk is already located"});
+  }
 }
 
 TEST_CASE("torch dcp refusals: Megatron's N-D reformulated tensors", "[torch_dcp][refusals]") {
@@ -808,6 +913,148 @@ TEST_CASE("torch dcp refusals: a strided item of a flattened range", "[torch_dcp
   write();
   Refused(ReadTorchDcp(tmp.path()), StatusCode::kUnimplemented,
           {"__0_0.distcp: tensor 'x' chunk ", ": a strided item of a flattened range"});
+}
+
+// --- zstd-encoded items (dcp_transform.cc) -------------------------------------------------
+
+// A zstd frame of `blocks` RLE blocks of 128 KiB of 0x42 each (window 128 KiB, no content
+// size); with `closed` false the last block's flag is never set, so the frame never ends.
+std::vector<std::byte> RleFrame(uint32_t blocks, bool closed) {
+  std::vector<std::byte> f;
+  auto put = [&](uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) f.push_back(static_cast<std::byte>(v >> (8 * i)));
+  };
+  put(0xFD2FB528u, 4);  // magic
+  put(0x00, 1);         // frame header descriptor: no content size, not single-segment
+  put(7 << 3, 1);       // window descriptor: 2^(10 + 7)
+  for (uint32_t b = 0; b < blocks; ++b) {
+    const uint32_t last = closed && b + 1 == blocks ? 1 : 0;
+    put((uint32_t{128 * 1024} << 3) | (1u << 1) | last, 3);  // RLE block of 128 KiB
+    put(0x42, 1);
+  }
+  return f;
+}
+
+// One zstd frame of `data` (the one-shot API: the header declares the content size).
+std::vector<std::byte> ZstdFrame(std::span<const std::byte> data) {
+  std::vector<std::byte> out(ZSTD_compressBound(data.size()));
+  const size_t n = ZSTD_compress(out.data(), out.size(), data.data(), data.size(), 3);
+  REQUIRE_FALSE(ZSTD_isError(n));
+  out.resize(n);
+  return out;
+}
+
+// Fixture zstd (torch 2.x, every item "stream.zstd/1"-encoded): __0_0.distcp holds the
+// objects iteration, lr and run_name and grid's chunk [0, 2) x [0, 3) (F32, 24 bytes).
+struct ZstdCopy : Copy {
+  ZstdCopy() : Copy("zstd") {}
+  testing::MdStorage& Entry(const std::string& fqn) {
+    for (auto& s : spec.storage) {
+      if (s.fqn == fqn && (!s.offset || std::all_of(s.offset->begin(), s.offset->end(),
+                                                    [](int64_t o) { return o == 0; }))) {
+        return s;
+      }
+    }
+    FAIL("no storage entry for " << fqn);
+    return spec.storage.front();
+  }
+  // `fqn`'s (first) item becomes `item`, appended to its file; returns
+  // "<file>: zstd item bytes [a, b)", the decoder's name for it.
+  std::string Reencode(const std::string& fqn, const std::vector<std::byte>& item) {
+    testing::MdStorage& s = Entry(fqn);
+    auto bytes = testing::ReadFileBytes(dir() + "/" + s.relative_path);
+    s.offset_bytes = static_cast<int64_t>(bytes.size());
+    s.length = static_cast<int64_t>(item.size());
+    bytes.insert(bytes.end(), item.begin(), item.end());
+    testing::WriteFileBytes(dir() + "/" + s.relative_path, bytes);
+    WriteMetadata();
+    return s.relative_path + ": zstd item bytes [" + std::to_string(s.offset_bytes) + ", " +
+           std::to_string(s.offset_bytes + s.length) + ")";
+  }
+};
+
+TEST_CASE("torch dcp refusals: zstd-encoded items", "[torch_dcp][zstd][refusals]") {
+  ZstdCopy c;
+  SECTION("an object under two stacked transforms") {
+    c.Entry("lr").transform_descriptors = {"stream.zstd/1", "stream.zstd/1"};
+    c.WriteMetadata();
+    Refused(ReadTorchDcp(c.dir()), StatusCode::kUnimplemented,
+            {"__0_0.distcp: object 'lr': 2 stacked transforms are not supported; fc reads one "
+             "stream.zstd/1"});
+  }
+  SECTION("an encoded object of 0 bytes") {
+    testing::MdStorage& lr = c.Entry("lr");
+    lr.length = 0;
+    c.WriteMetadata();
+    const std::string at = std::to_string(lr.offset_bytes);
+    Refused(ReadTorchDcp(c.dir()), StatusCode::kDataLoss,
+            {"object 'lr': __0_0.distcp: zstd item bytes [" + at + ", " + at +
+             "): the item is empty"});
+  }
+  SECTION("an encoded object that is no zstd frame") {
+    const std::string where = c.Reencode("lr", AsBytes("not a zstd frame"));
+    Refused(ReadTorchDcp(c.dir()), StatusCode::kDataLoss,
+            {"object 'lr': " + where + ": Unknown frame descriptor (after 0 decoded bytes)"});
+  }
+  SECTION("an encoded object whose frame never ends") {
+    const std::string where = c.Reencode("lr", RleFrame(1, false));
+    Refused(ReadTorchDcp(c.dir()), StatusCode::kDataLoss,
+            {"object 'lr': " + where +
+             ": the zstd frame is truncated (after 131072 decoded bytes)"});
+  }
+  SECTION("an encoded tensor item decoding past its chunk's bytes + 64 KiB") {
+    // The chunk's 24 bytes + kTorchSaveItemOverheadMax = 65560; 2 x 128 KiB would decode.
+    const std::string where = c.Reencode("grid", RleFrame(2, true));
+    Refused(ReadTorchDcp(c.dir()), StatusCode::kDataLoss,
+            {"__0_0.distcp: tensor 'grid' chunk [0, 2) x [0, 3) (24 tensor bytes): " + where +
+             ": decodes to more than 65560 bytes, the most the metadata allows (stopped at "
+             "65561)"});
+  }
+  SECTION("an encoded object whose zip structure lies between its decoded windows") {
+    // The decoder keeps the first and last 256 KiB; data/1's local header is past the first
+    // and before the last (300 KiB records on either side).
+    PickleWriter w;
+    w.Proto(2).Int(7).Stop();
+    const std::vector<std::byte> big(300 * 1024, std::byte{1});
+    const auto zip = BuildZip({{"archive/data.pkl", w.bytes()},
+                               {"archive/data/0", big},
+                               {"archive/data/1", Floats({1, 2})},
+                               {"archive/data/2", big}});
+    REQUIRE(ParseZipDirectory(zip).ok());
+    const size_t header = testing::FindBytes(zip, AsBytes("archive/data/1")) - 30;
+    REQUIRE(header > 256 * 1024);
+    REQUIRE(header + 30 + 14 < zip.size() - 256 * 1024);
+    c.Reencode("lr", ZstdFrame(zip));
+    const std::string n = std::to_string(zip.size());
+    Refused(ReadTorchDcp(c.dir()), StatusCode::kUnimplemented,
+            {"__0_0.distcp: object 'lr': decoded item of " + n + " bytes: the decoded item's "
+             "structure lies beyond its first 262144 and last 262144 bytes (read of [" +
+                 std::to_string(header) + ", " + std::to_string(header + 44) + ") of " + n + ")"});
+  }
+}
+
+TEST_CASE("torch dcp refusals: decoded reads past a zstd item's end",
+          "[torch_dcp][zstd][refusals]") {
+  // The readers never ask for them (the zip reader stays inside the decoded size); the
+  // public decoding API refuses them.
+  testing::TempDir tmp;
+  std::vector<std::byte> data(100, std::byte{9});
+  const auto frame = ZstdFrame(data);
+  testing::WriteFileBytes(tmp.path() + "/item.zst", frame);
+  auto file = RandomAccessFile::Open(tmp.path() + "/item.zst");
+  REQUIRE(file.ok());
+  const EncodedItem item{EncodedItem::Codec::kZstd, 0, frame.size()};
+  std::vector<std::byte> dst(20);
+  REQUIRE(ReadDecodedRange(**file, item, 80, dst).ok());
+  Refused(ReadDecodedRange(**file, item, 90, dst), StatusCode::kDataLoss,
+          {"item.zst: zstd item bytes [0, " + std::to_string(frame.size()) +
+           "): decoded item is 100 bytes, read of decoded bytes [90, 110) passes its end"});
+  auto windows = DecodeItemWindows(**file, item, 1000);
+  REQUIRE(windows.ok());
+  REQUIRE(windows->size == 100);
+  REQUIRE(windows->Read(80, dst).ok());
+  Refused(windows->Read(90, dst), StatusCode::kDataLoss,
+          {"read of decoded item bytes [90, 110) passes its end at 100"});
 }
 
 }  // namespace
