@@ -280,8 +280,8 @@ Result<CheckpointIndex> ReadFiles(const std::string& root, const std::vector<std
       }
       if (off->second.size() != t.shape.size()) {
         return DataLossError(path + ": tensor '" + t.name + "': saved_offsets " +
-                             Box::Whole(off->second).ToString() + " and shape " +
-                             Box::Whole(t.shape).ToString() + " differ in rank");
+                             json_internal::ShapeText(off->second) + " and shape " +
+                             json_internal::ShapeText(t.shape) + " differ in rank");
       }
       if (owner.count(t.name)) {
         return DataLossError("tensor '" + t.name + "' is stored whole in " +

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <filesystem>
 #include <random>
 #include <regex>
@@ -43,6 +44,13 @@ std::vector<std::byte> ReadRange(const CheckpointIndex& index, uint32_t file, ui
 }
 
 uint64_t Xxh3(std::span<const std::byte> b) { return XXH3_64bits(b.data(), b.size()); }
+
+// `v` as the 16 lower-case hex digits fc writes and prints checksums in.
+std::string Hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
 
 // ---------------------------------------------------------------------------------------
 // The committed sample.
@@ -544,6 +552,14 @@ TEST_CASE("ChunkReader verifies checksums on read", "[fcdistcp]") {
     CHECK(s.code() == StatusCode::kDataLoss);
     CHECK_THAT(s.message(), Catch::Matchers::StartsWith(embed_name));
     CHECK_THAT(s.message(), Catch::Matchers::Contains("checksum mismatch: xxh3-64 of the bytes is "));
+    // Issue 34 item 1: the whole message: the chunk's byte range, both digests, the way out.
+    const uint64_t actual = Xxh3(ReadRange(*bad, victim.file, victim.byte_offset, victim.byte_length));
+    REQUIRE(actual != *victim.xxh3_64);
+    CHECK(s.message() == embed_name + " bytes [" + std::to_string(victim.byte_offset) + ", " +
+                             std::to_string(victim.byte_offset + 64) +
+                             "): checksum mismatch: xxh3-64 of the bytes is " + Hex16(actual) +
+                             ", the metadata says " + Hex16(*victim.xxh3_64) +
+                             " (damaged data; --no-verify-checksums reads it anyway)");
     // Still refused on the next read: a failed chunk is not remembered as verified.
     s = reader.CopyChunkRegion(bad_embed, bad_embed.chunks[1], whole, dst.data(), wide);
     CHECK(s.code() == StatusCode::kDataLoss);
@@ -617,6 +633,52 @@ TEST_CASE("ChunkReader verifies checksums on read", "[fcdistcp]") {
     FC_EXPECT_OK(off.CopyChunkRegion(bad_embed, bad_embed.chunks[1], whole, dst.data(), wide));
     CHECK(on.CopyChunkRegion(bad_embed, bad_embed.chunks[1], whole, dst.data(), wide).code() ==
           StatusCode::kDataLoss);
+  }
+}
+
+// Issue 34 item 1: ChunkReader and CheckChunkChecksums given an index or chunk no reader
+// makes (a caller's own): a file index past the index's files, a checksummed chunk that is
+// not packed. Internal errors naming what is wrong, not a read out of bounds.
+TEST_CASE("ChunkReader and CheckChunkChecksums refuse chunks no reader makes", "[fcdistcp]") {
+  auto index = ReadFcDistcp(Testdata("fc_distcp/sample"));
+  FC_REQUIRE_OK(index);
+  const TensorEntry& embed = *index->FindTensor("model.embed.weight");
+  const Box whole{{0, 0}, {8, 4}};
+  std::vector<float> dst(8 * 4, 0.f);
+  ChunkReader reader(*index, ChunkReaderOptions{.verify_checksums = true});
+  SECTION("a file index past the index's files") {
+    Result<const RandomAccessFile*> f = reader.File(9);
+    REQUIRE_FALSE(f.ok());
+    CHECK(f.status().code() == StatusCode::kInternal);
+    CHECK(f.status().message() == "file index 9 out of range");
+    // An unlocated chunk (torch DCP's form) is located in its file: refused before that.
+    Chunk unlocated = embed.chunks[0];
+    unlocated.unlocated_item = UnlocatedItem{DType::kFloat32};
+    unlocated.file = 7;
+    Result<ChunkLocation> loc = reader.Locate(embed, unlocated);
+    REQUIRE_FALSE(loc.ok());
+    CHECK(loc.status().code() == StatusCode::kInternal);
+    CHECK(loc.status().message() == "file index 7 out of range");
+    // CheckChunkChecksums (fc-inspect --verify) on an index whose chunk names file 5.
+    CheckpointIndex edited = *index;
+    edited.tensors[1].chunks[0].file = 5;
+    auto report = CheckChunkChecksums(edited);
+    REQUIRE_FALSE(report.ok());
+    CHECK(report.status().code() == StatusCode::kInternal);
+    CHECK(report.status().message() == "file index 5 out of range");
+    Status s = VerifyChunkChecksums(edited);
+    CHECK(s.code() == StatusCode::kInternal);
+  }
+  SECTION("a checksummed chunk with strides") {
+    Chunk strided = embed.chunks[0];
+    strided.strides = {1, 4};  // column-major: fc distcp never stores it so
+    Status s = reader.CopyChunkRegion(embed, strided, whole, dst.data(), whole);
+    CHECK(s.code() == StatusCode::kInternal);
+    CHECK(s.message() == "tensor 'model.embed.weight' chunk [0, 4) x [0, 4): a checksummed "
+                         "chunk must be located and packed");
+    // Without verification it is read as strided.
+    ChunkReader unverified(*index, ChunkReaderOptions{.verify_checksums = false});
+    FC_EXPECT_OK(unverified.CopyChunkRegion(embed, strided, whole, dst.data(), whole));
   }
 }
 
@@ -844,6 +906,65 @@ TEST_CASE("plan validation", "[fcdistcp]") {
     p.files[1].objects[0].key = "train.iteration";
     expect(p, "object 'train.iteration' listed twice");
   }
+  // Issue 34 item 1: the plan's other refusals.
+  {
+    FcDistcpPlan p = fcdistcp_sample::SamplePlan();
+    p.tensors[2].key = "";
+    expect(p, "fc distcp plan: empty tensor key");
+    p.tensors[2].key = "optim.\xff";
+    expect(p, "fc distcp plan: tensor key \"optim.\xff\" is not valid UTF-8");
+  }
+  {
+    FcDistcpPlan p = fcdistcp_sample::SamplePlan();
+    p.tensors[0].global_shape = {4611686018427387904, 4};
+    expect(p, "fc distcp plan: tensor 'model.embed.weight': bad global shape: element count "
+              "overflows int64");
+    p.tensors[0].global_shape = {8, -4};
+    expect(p, "fc distcp plan: tensor 'model.embed.weight': bad global shape: negative extent "
+              "-4 on axis 1");
+  }
+  {
+    // 2^62 float64 elements: a valid shape whose bytes pass 2^64.
+    FcDistcpPlan p = fcdistcp_sample::SamplePlan();
+    p.tensors.push_back({"huge", DType::kFloat64, {4611686018427387904}});
+    p.files[0].chunks.push_back({"huge", Box{{0}, {4611686018427387904}}, std::nullopt, 0});
+    expect(p, "fc distcp plan: 0_0.distcp: tensor 'huge' chunk [0, 4611686018427387904): byte "
+              "size overflows");
+  }
+  {
+    FcDistcpPlan p = fcdistcp_sample::SamplePlan();
+    p.files[1].objects[0].key = "";
+    expect(p, "fc distcp plan: empty object key");
+    p.files[1].objects[0].key = "rng\xc3";
+    expect(p, "fc distcp plan: object key \"rng\xc3\" is not valid UTF-8");
+  }
+  {
+    FcDistcpPlan p = fcdistcp_sample::SamplePlan();
+    p.files[1].objects[0].byte_length = uint64_t{1} << 63;
+    expect(p, "fc distcp plan: object 'rng_state' is too large");
+  }
+}
+
+// Issue 34 item 1: the metadata text needs each file's checksums once, for its chunks and
+// objects (what a multi-process commit gathers from the ranks).
+TEST_CASE("metadata JSON refuses checksums that do not fit the plan", "[fcdistcp]") {
+  const FcDistcpPlan plan = fcdistcp_sample::SamplePlan();
+  auto refused = [&](std::vector<FcDistcpFileDigests> digests, const std::string& msg) {
+    auto json = FcDistcpMetadataJson(plan, digests);
+    REQUIRE_FALSE(json.ok());
+    CHECK(json.status().code() == StatusCode::kInvalidArgument);
+    CHECK(json.status().message() == msg);
+  };
+  const FcDistcpFileDigests d0{0, std::vector<uint64_t>(4), {0}};
+  const FcDistcpFileDigests d1{1, std::vector<uint64_t>(4), {0}};
+  FC_EXPECT_OK(FcDistcpMetadataJson(plan, std::vector<FcDistcpFileDigests>{d1, d0}));
+  refused({d0, d1, {2, {}, {}}}, "checksums given for file index 2, but the plan has 2 files");
+  refused({d0, d1, d0}, "checksums given twice for 0_0.distcp");
+  refused({d0, {1, std::vector<uint64_t>(3), {0}}},
+          "checksums for 1_0.distcp cover 3 chunks and 1 objects; the plan has 4 and 1");
+  refused({{0, std::vector<uint64_t>(4), {}}, d1},
+          "checksums for 0_0.distcp cover 4 chunks and 0 objects; the plan has 4 and 1");
+  refused({d0}, "no checksums for 1_0.distcp");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -915,6 +1036,17 @@ TEST_CASE("reader corruption matrix", "[fcdistcp]") {
        "not 16 hex digits"},
       {"attributes not an object", "\"attributes\": {", "\"attributes\": 5, \"attributes_\": {",
        StatusCode::kDataLoss, "\"attributes\" is not an object: 5"},
+      // Issue 34 item 1: an attribute, a shape, a replica id that are not what they must be.
+      {"an attribute that is not a string", "\"source_format\": \"synthetic\"",
+       "\"source_format\": [1]", StatusCode::kDataLoss,
+       "fc.metadata.json: attribute 'source_format' is not a string"},
+      {"a global shape of more than 2^63 elements", "\"global_shape\": [8, 4]",
+       "\"global_shape\": [4611686018427387904, 4]", StatusCode::kDataLoss,
+       "tensor 'model.embed.weight': global shape [4611686018427387904, 4] has too many elements"},
+      {"a replica_id past int64", "\"replica_id\": 0", "\"replica_id\": 9223372036854775808",
+       StatusCode::kDataLoss,
+       "tensor 'model.embed.weight' chunk [0, 4) x [0, 4): replica_id 9223372036854775808 out of "
+       "range"},
       {"a chunk that is not an object", "{\"global_offset\": [0, 0]", "7, {\"global_offset\": [0, 0]",
        StatusCode::kDataLoss, ": not an object: 7"},
       {"unknown object encoding", "\"encoding\": \"raw\"", "\"encoding\": \"pickle\"",
@@ -973,6 +1105,54 @@ TEST_CASE("reader corruption matrix", "[fcdistcp]") {
     std::filesystem::rename(JoinPath(dir, "tmp"), JoinPath(dir, "1_0.distcp"));
     auto r = ReadFcDistcp(dir);
     CHECK(r.status().code() == StatusCode::kDataLoss);
+  }
+  // Issue 34 item 1: a data file whose safetensors header does not hold what the metadata
+  // places in it (an entry renamed, same length, so the file stays valid).
+  auto edited_data_file = [&](const std::string& name, const std::string& from,
+                              const std::string& to) {
+    const std::string dir = tmp.Join("edited");
+    std::filesystem::copy(good, dir);
+    std::string bytes = ReadText(JoinPath(dir, name));
+    const size_t at = bytes.find(from);
+    REQUIRE(at != std::string::npos);
+    REQUIRE(from.size() == to.size());
+    bytes.replace(at, from.size(), to);
+    WriteText(JoinPath(dir, name), bytes);
+    return ReadFcDistcp(dir);
+  };
+  SECTION("a chunk's entry missing from its data file's header") {
+    auto r = edited_data_file("0_0.distcp", "\"model.embed.weight@0\"", "\"model.embed.weight@7\"");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK(r.status().message() ==
+          JoinPath(tmp.Join("edited"), "0_0.distcp") +
+              ": tensor 'model.embed.weight' chunk [0, 4) x [0, 4): no entry "
+              "'model.embed.weight@0' in the file's safetensors header");
+  }
+  SECTION("an object's entry missing from its data file's header") {
+    auto r = edited_data_file("1_0.distcp", "\"rng_state@obj\"", "\"rng_state@xyz\"");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK(r.status().message() == JoinPath(tmp.Join("edited"), "1_0.distcp") +
+                                      ": object 'rng_state': no entry 'rng_state@obj' in the "
+                                      "file's safetensors header");
+  }
+  SECTION("a data file entry that is neither a chunk, an object nor padding") {
+    auto r = edited_data_file("0_0.distcp", "\"@pad1\"", "\"@padX\"");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK(r.status().message() == JoinPath(tmp.Join("edited"), "0_0.distcp") +
+                                      ": entry '@padX' is neither a chunk or object of "
+                                      "fc.metadata.json nor padding");
+  }
+  SECTION("padding of another dtype than U8") {
+    auto r = edited_data_file("0_0.distcp", "\"@pad0\":{\"dtype\":\"U8\"",
+                              "\"@pad0\":{\"dtype\":\"I8\"");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(),
+               Catch::Matchers::EndsWith("0_0.distcp: entry '@pad0' is neither a chunk or object "
+                                         "of fc.metadata.json nor padding"));
   }
   SECTION("no metadata: not a checkpoint") {
     const std::string dir = tmp.Join("nometa");
