@@ -32,7 +32,8 @@ TEST_CASE("output table: names, lookup, complete entries", "[output_format]") {
   REQUIRE_FALSE(unknown.ok());
   CHECK(unknown.status().code() == StatusCode::kInvalidArgument);
   CHECK_THAT(unknown.status().message(),
-             Catch::Contains("'zarr'") && Catch::Contains("fc, torch-dcp, ucp, deepspeed"));
+             Catch::Contains("unknown output format 'zarr' (expected one of: fc, torch-dcp, "
+                             "ucp, deepspeed)"));
   for (const OutputFormat& f : OutputFormats()) {
     INFO(f.name);
     CHECK_FALSE(f.summary.empty());
@@ -134,9 +135,24 @@ TEST_CASE("output table: fc distcp's commit needs every part's checksums", "[out
   std::vector<std::string> results = WriteParts(format, plan, out, *staging, part0);
   CHECK_FALSE(results[1].empty());  // the checksums of file 1 travel to the committer
   CHECK_FALSE(part0->Commit(std::vector<std::string>{results[0]}).ok());
-  results[1].pop_back();  // a damaged message is refused, not read past its end
-  CHECK(part0->Commit(results).code() == StatusCode::kInternal);
-  AbortFcDistcpStaging(*staging);
+  // A damaged message is refused, not read past its end. Each part's is little-endian u64
+  // words: file count 1, file index, 1 chunk digest, 0 object digests.
+  REQUIRE(results[1].size() == 5 * 8);
+  auto refused = [&](const std::string& message, const std::string& expected) {
+    const Status s = part0->Commit(std::vector<std::string>{results[0], message});
+    INFO(s.ToString());
+    CHECK(s.code() == StatusCode::kInternal);
+    CHECK(s.message() == expected);
+  };
+  refused(results[1].substr(0, 39), "digest message of 39 bytes");
+  refused(results[1].substr(0, 32), "truncated digest message");  // no object count
+  std::string long_list = results[1];
+  long_list[16] = 2;  // 2 chunk digests, of which the message holds 1
+  refused(long_list, "truncated digest message");
+  refused(results[1] + std::string(8, '\0'), "digest message has trailing words");
+  CHECK_FALSE(PathExists(out));
+  REQUIRE(part0->Commit(results).ok());  // the intact messages still commit
+  CHECK(ReadBack(out) == std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7});
 }
 
 TEST_CASE("output table: the writers' checks before any output", "[output_format]") {
@@ -145,11 +161,30 @@ TEST_CASE("output table: the writers' checks before any output", "[output_format
   OutputSettings settings;
   settings.torch_version = "3.1";
   Status bad_version = torch.check(plan, settings);
-  CHECK_THAT(bad_version.message(), Catch::Contains("--torch-version '3.1'"));
+  CHECK(bad_version.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(bad_version.message(),
+             Catch::Contains("--torch-version '3.1': expected 1.13, 2.0 or 2"));
+  settings.torch_version = "";
+  settings.source_torch_generation = "2.4";  // nor from the source's
+  CHECK_THAT(torch.check(plan, settings).message(),
+             Catch::Contains("--torch-version '2.4': expected 1.13, 2.0 or 2"));
+  settings = OutputSettings{};
+  settings.torch_serialization = "zip";
+  for (const Status& s :
+       {torch.check(plan, settings), torch.create("/nonexistent/out", plan, {0}, "", settings).status()}) {
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(s.message(),
+               Catch::Contains("--torch-serialization 'zip': expected torch-save or safetensors"));
+  }
+  settings.torch_serialization = "torch-save";
+  CHECK(torch.check(plan, settings).ok());
   settings = OutputSettings{};
   settings.source_torch_generation = "1.13";  // the source's generation when none is given
-  settings.torch_serialization = "safetensors";  // needs torch 2.4+
-  CHECK_FALSE(torch.check(plan, settings).ok());
+  settings.torch_serialization = "safetensors";  // needs --torch-version 2
+  const Status old_torch = torch.check(plan, settings);
+  CHECK(old_torch.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(old_torch.message(),
+             Catch::Contains("the SAFETENSORS serialization exists in torch 2.8+ only"));
   settings.torch_version = "2";
   CHECK(torch.check(plan, settings).ok());
   // A flattened range is fc distcp's, not DCP's.

@@ -11,6 +11,7 @@
 
 #include "fc/codec/json_writer.h"
 #include "fc/format/safetensors.h"
+#include "fc/io/env.h"
 #include "fc/io/file.h"
 #include "tests/format/safetensors/st_test_util.h"
 
@@ -310,10 +311,18 @@ TEST_CASE("writer: misuse is reported", "[safetensors]") {
   CHECK_THAT(s.message(), Catch::Matchers::Contains("tensor 'y' is incomplete: 0 of 2 bytes"));
   // Nothing under the final name yet: the writer works on a temporary file.
   CHECK_FALSE(PathExists(path));
+  s = (*w)->WriteTensor(1, std::span(buf).first(3));
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Matchers::Contains("m.safetensors: tensor 'y' is 2 bytes, got 3"));
   FC_REQUIRE_OK((*w)->WriteTensor(1, std::span(buf).first(2)));
   FC_REQUIRE_OK((*w)->Finish());
   CHECK(ListNames(tmp.path()) == std::vector<std::string>{"m.safetensors"});
-  CHECK((*w)->Finish().code() == StatusCode::kFailedPrecondition);
+  s = (*w)->Finish();
+  CHECK(s.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(s.message(), Catch::Matchers::Contains("m.safetensors: Finish after Finish/Abort"));
+  s = (*w)->Write(1, 0, std::span(buf).first(1));
+  CHECK(s.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(s.message(), Catch::Matchers::Contains("m.safetensors: write after Finish/Abort"));
 }
 
 TEST_CASE("writer: Abort and destruction remove the unfinished file", "[safetensors]") {
@@ -328,7 +337,12 @@ TEST_CASE("writer: Abort and destruction remove the unfinished file", "[safetens
       CHECK(ListNames(tmp.path()).size() == 1);
       (*w)->Abort();
       CHECK(ListNames(tmp.path()).empty());
-      CHECK((*w)->Write(0, 0, Bytes({1})).code() == StatusCode::kFailedPrecondition);
+      Status s = (*w)->Write(0, 0, Bytes({1}));
+      CHECK(s.code() == StatusCode::kFailedPrecondition);
+      CHECK_THAT(s.message(), Catch::Matchers::Contains("a.safetensors: write after Finish/Abort"));
+      s = (*w)->Finish();
+      CHECK(s.code() == StatusCode::kFailedPrecondition);
+      CHECK_THAT(s.message(), Catch::Matchers::Contains("a.safetensors: Finish after Finish/Abort"));
     }
     {
       auto w = SafetensorsWriter::Create(tmp.Join("b.safetensors"), {{"x", DType::kInt8, {4}}},
@@ -338,6 +352,60 @@ TEST_CASE("writer: Abort and destruction remove the unfinished file", "[safetens
     }
     CHECK(ListNames(tmp.path()).empty());
   }
+}
+
+TEST_CASE("writer: I/O errors pass through and poison the writer", "[safetensors][io]") {
+  TempDir tmp;
+  const std::string path = tmp.Join("f.safetensors");
+  FaultInjectingEnv env(PosixEnv());
+  ScopedEnvOverride scoped(&env);
+  auto arm = [&](FaultOp op) {
+    env.ResetCounts();
+    env.FailNth(op, 1);
+  };
+  auto injected = [&](const Status& s, const std::string& what) {
+    CHECK(env.Fired());
+    INFO(s.ToString());
+    CHECK(s.code() == StatusCode::kIoError);
+    CHECK_THAT(s.message(), Catch::Matchers::Contains("injected fault: " + what + " #1 on " + path));
+    env.FailNth(FaultOp::kWrite, 0);  // disarms (any op)
+  };
+  const std::vector<SafetensorsTensorSpec> specs = {{"x", DType::kInt32, {4}}};
+  std::vector<std::byte> buf(16, std::byte{7});
+  SECTION("creating the file") {
+    arm(FaultOp::kCreate);
+    injected(SafetensorsWriter::Create(path, specs).status(), "create");
+  }
+  SECTION("writing the header") {
+    arm(FaultOp::kWrite);
+    injected(SafetensorsWriter::Create(path, specs).status(), "write");
+  }
+  SECTION("a failed write: every later write and Finish fail with it") {
+    auto w = SafetensorsWriter::Create(path, specs);
+    FC_REQUIRE_OK(w);
+    arm(FaultOp::kWrite);
+    const Status first = (*w)->Write(0, 0, std::span(buf).first(8));
+    injected(first, "write");
+    for (const Status& s : {(*w)->Write(0, 8, std::span(buf).first(8)), (*w)->Finish()}) {
+      CHECK(s.code() == StatusCode::kIoError);
+      CHECK(s.message() == first.message());
+    }
+  }
+  SECTION("fsync and rename at Finish: the error stays") {
+    for (FaultOp op : {FaultOp::kSync, FaultOp::kRename}) {
+      auto w = SafetensorsWriter::Create(path, specs);
+      FC_REQUIRE_OK(w);
+      FC_REQUIRE_OK((*w)->WriteTensor(0, buf));
+      arm(op);
+      const Status first = (*w)->Finish();
+      injected(first, op == FaultOp::kSync ? "fsync" : "rename");
+      const Status again = (*w)->Finish();
+      CHECK(again.code() == StatusCode::kIoError);
+      CHECK(again.message() == first.message());
+    }
+  }
+  env.FailNth(FaultOp::kWrite, 0);
+  CHECK(ListNames(tmp.path()).empty());
 }
 
 TEST_CASE("layout: invalid specs are rejected", "[safetensors]") {
@@ -352,7 +420,7 @@ TEST_CASE("layout: invalid specs are rejected", "[safetensors]") {
         StatusCode::kInvalidArgument, "tensor 'a' is listed twice");
   check({{"", DType::kInt8, {1}}}, {}, {}, StatusCode::kInvalidArgument, "empty tensor name");
   check({{"__metadata__", DType::kInt8, {1}}}, {}, {}, StatusCode::kInvalidArgument,
-        "cannot be named '__metadata__'");
+        "a tensor cannot be named '__metadata__'");
   check({{"bad\xff", DType::kInt8, {1}}}, {}, {}, StatusCode::kInvalidArgument,
         "is not valid UTF-8");
   check({{"n", DType::kInt8, {-2}}}, {}, {}, StatusCode::kInvalidArgument,
@@ -363,7 +431,25 @@ TEST_CASE("layout: invalid specs are rejected", "[safetensors]") {
         "__metadata__ key 'k' is listed twice");
   SafetensorsWriteOptions odd;
   odd.alignment = 24;
-  check({}, {}, odd, StatusCode::kInvalidArgument, "alignment 24 is not a power of two");
+  check({}, {}, odd, StatusCode::kInvalidArgument,
+        "safetensors alignment 24 is not a power of two >= 8");
+  odd.alignment = 4;
+  check({}, {}, odd, StatusCode::kInvalidArgument,
+        "safetensors alignment 4 is not a power of two >= 8");
+  check({}, {{"k", "v\xff"}}, {}, StatusCode::kInvalidArgument,
+        "__metadata__ entry \"k\" is not valid UTF-8");
+  check({{"p", DType::kFloat4E2M1FNx2, {}}}, {}, {}, StatusCode::kInvalidArgument,
+        "tensor 'p': a packed F4 tensor needs at least one dimension");
+  check({{"p", DType::kFloat6E3M2FNx4, {2, INT64_MAX / 4 + 1}}}, {}, {}, StatusCode::kOutOfRange,
+        "tensor 'p': value count overflows");
+  // Sizes that fit a tensor but not a file (2^62 bytes at most): nothing is allocated.
+  check({{"a", DType::kUInt8, {int64_t{1} << 62}}, {"b", DType::kUInt8, {1}}}, {}, {},
+        StatusCode::kOutOfRange, "tensor 'b': file size overflows");
+  // A header over the limit (here all padding, to a multiple of a 128 MiB alignment).
+  SafetensorsWriteOptions huge;
+  huge.alignment = uint64_t{1} << 27;
+  check({}, {}, huge, StatusCode::kOutOfRange,
+        "safetensors header would be 134217720 bytes, more than the limit 100000000");
   SafetensorsWriteOptions padded;
   padded.alignment = 64;
   padded.align_each_tensor = true;

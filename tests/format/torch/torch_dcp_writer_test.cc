@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
@@ -19,6 +20,7 @@
 #include "fc/format/torch_dcp.h"
 #include "fc/format/torch_save.h"
 #include "fc/codec/zip.h"
+#include "fc/io/env.h"
 #include "fc/io/file.h"
 #include "fc/codec/pickle_writer.h"
 #include "src/format/torch/torch_save_writer.h"
@@ -918,6 +920,345 @@ TEST_CASE("torch dcp writer: several writers on one staging directory", "[torch_
   }
   CHECK(EntriesContaining(tmp.path(), ".fc-tmp-").empty());
   CHECK(!std::filesystem::exists(tmp.path() + "/never"));
+}
+
+
+// ---------------------------------------------------------------------------------------
+// Every refusal of the writer, with its code and the item, bytes or values it names.
+
+template <typename R>
+void Refused(const R& r, StatusCode code, std::initializer_list<std::string> parts) {
+  REQUIRE_FALSE(r.ok());
+  const Status s = [&]() -> Status {
+    if constexpr (std::is_same_v<R, Status>) {
+      return r;
+    } else {
+      return r.status();
+    }
+  }();
+  INFO(s.ToString());
+  CHECK(s.code() == code);
+  for (const std::string& p : parts) CHECK_THAT(s.message(), Catch::Contains(p));
+}
+
+TEST_CASE("torch dcp writer refusals: the plan", "[torch_writer][refusals]") {
+  TempDir tmp;
+  const std::string out = tmp.path() + "/ckpt";
+  // Create refuses before anything exists, with ValidateTorchDcpPlan's (or the layout's)
+  // message.
+  auto refused = [&](const FcDistcpPlan& plan, std::initializer_list<std::string> parts,
+                     TorchDcpWriteOptions o = {}) {
+    Refused(TorchDcpWriter::Create(out, plan, o), StatusCode::kInvalidArgument, parts);
+    CHECK(std::filesystem::is_empty(tmp.path()));
+  };
+  SECTION("tensor keys, dtypes and sizes") {
+    FcDistcpPlan p = SmallPlan();
+    p.tensors[0].key = "";
+    refused(p, {"tensor key '' is empty or not UTF-8"});
+    p.tensors[0].key = "w\xff";
+    refused(p, {"tensor key 'w\xff' is empty or not UTF-8"});
+    p = SmallPlan();
+    p.tensors.push_back(p.tensors[0]);
+    refused(p, {"tensor 'w' is listed twice"});
+    p = SmallPlan();
+    p.tensors[0].dtype = DType::kFloat4E2M1FNx2;
+    refused(p, {"tensor 'w': dtype float4_e2m1fn_x2 (safetensors F4) cannot be written to "
+                "torch DCP by fc"});
+    p = SmallPlan();
+    p.tensors[0].dtype = DType::kFloat8E4M3FN;
+    TorchDcpWriteOptions v1_13;
+    v1_13.generation = TorchGeneration::k1_13;
+    refused(p, {"tensor 'w': torch 1.13 has no dtype float8_e4m3fn"}, v1_13);
+    p = SmallPlan();
+    p.tensors[0].global_shape = {int64_t{1} << 62};  // 2^64 bytes of float32
+    refused(p, {"tensor 'w': byte size overflows uint64"});
+  }
+  SECTION("file names") {
+    FcDistcpPlan p = SmallPlan();
+    p.files[0].name = "0_0.distcp";
+    refused(p, {"file name '0_0.distcp' is not of the form __<rank>_<n>.distcp"});
+    p.files[0].name = "__1_0.distcp";
+    refused(p, {"file '__1_0.distcp' is listed twice"});
+  }
+  SECTION("chunks") {
+    FcDistcpPlan p = SmallPlan();
+    p.files[1].chunks[0].key = "nope";
+    refused(p, {"__1_0.distcp: tensor 'nope' chunk [2, 4) x [0, 2): no such tensor in the plan"});
+    p = SmallPlan();
+    p.files[1].chunks[0].flat_range = FlatRange{1, 3};
+    refused(p, {"__1_0.distcp: tensor 'w' chunk [2, 4) x [0, 2): has a flattened range [1, 3); "
+                "torch DCP stores whole n-d boxes only"});
+    p = SmallPlan();
+    p.files[1].chunks[0].replica_id = -2;
+    refused(p, {"__1_0.distcp: tensor 'w' chunk [2, 4) x [0, 2): replica_id -2 < 0"});
+    p = SmallPlan();
+    p.files[1].chunks[0].box = Box{{2, 0}, {3, 2}};
+    refused(p, {"__1_0.distcp: tensor 'w' chunk [2, 5) x [0, 2): box [2, 5) x [0, 2) of tensor "
+                "shape (4, 2): axis 0: box ends at 5, beyond tensor extent 4"});
+    p = SmallPlan();
+    p.files[1].chunks[0].box = Box{{2}, {2, 2}};
+    refused(p, {"__1_0.distcp: tensor 'w' chunk (bad box): box ",
+                ": offset rank 1 differs from extent rank 2"});
+  }
+  SECTION("tiling") {
+    FcDistcpPlan p = SmallPlan();
+    p.files[1].chunks[0].box = Box{{0, 0}, {4, 2}};
+    refused(p, {"tensor 'w': two chunks start at [0, 4) x [0, 2)"});
+    p.files[1].chunks[0].box = Box{{1, 0}, {3, 2}};
+    refused(p, {"tensor 'w': chunks [0, 2) x [0, 2) and [1, 4) x [0, 2) overlap (DCP stores "
+                "each element once)"});
+    p.files[1].chunks[0].box = Box{{2, 0}, {1, 2}};
+    refused(p, {"tensor 'w': its chunks with replica_id 0 hold 6 of 8 elements (DCP chunks "
+                "must cover the tensor exactly)"});
+  }
+  SECTION("objects") {
+    FcDistcpPlan p = SmallPlan();
+    p.files[0].objects.push_back({"", ObjectEncoding::kTorchSave, 400});
+    refused(p, {"__0_0.distcp: object '': key is empty or not UTF-8"});
+    p.files[0].objects[0] = {"step", ObjectEncoding::kRaw, 8};
+    refused(p, {"__0_0.distcp: object 'step': encoding raw; torch DCP BYTE_IO items must be "
+                "torch.save archives"});
+    p.files[0].objects[0] = {"step", ObjectEncoding::kTorchSave, 3};
+    refused(p, {"__0_0.distcp: object 'step': 3 bytes cannot be a torch.save archive"});
+    p.files[0].objects[0] = {"w", ObjectEncoding::kTorchSave, 400};
+    refused(p, {"__0_0.distcp: object 'w': a tensor has the same key (DCP fqns are unique)"});
+    p.files[0].objects[0] = {"step", ObjectEncoding::kTorchSave, 400};
+    p.files[1].objects.push_back({"step", ObjectEncoding::kTorchSave, 400});
+    refused(p, {"__1_0.distcp: object 'step': the key is used twice"});
+  }
+  SECTION("the SAFETENSORS serialization") {
+    TorchDcpWriteOptions st;
+    st.serialization = TorchDcpSerialization::kSafetensors;
+    st.generation = TorchGeneration::k2_0;
+    refused(SmallPlan(), {"the SAFETENSORS serialization exists in torch 2.8+ only (generation 2)"},
+            st);
+    st.generation = TorchGeneration::k2;
+    FcDistcpPlan p = SmallPlan();
+    p.files[0].chunks.push_back(p.files[1].chunks[0]);
+    p.files[1].chunks.clear();
+    refused(p, {"__0_0.distcp: tensor 'w' chunk [2, 4) x [0, 2): a second chunk of its tensor "
+                "in this file; the SAFETENSORS serialization keys the file's blob by fqn (one "
+                "chunk per tensor per file)"},
+            st);
+  }
+  SECTION("file offsets past 2^62") {
+    // Sizes that fit a tensor but not a file: refused from the plan alone, nothing allocated.
+    FcDistcpPlan p = SmallPlan();
+    p.files[0].objects.push_back({"step", ObjectEncoding::kTorchSave, (uint64_t{1} << 62) + 1});
+    refused(p, {"__0_0.distcp: object 'step': file offsets overflow"});
+    FcDistcpPlan big;
+    big.tensors.push_back({"big", DType::kUInt8, {int64_t{1} << 62}});
+    big.files.push_back({"__0_0.distcp", {}, {}});
+    big.files[0].chunks.push_back({"big", Box{{0}, {int64_t{1} << 62}}, std::nullopt, 0});
+    refused(big, {"__0_0.distcp: tensor 'big' chunk [0, 4611686018427387904): file offsets "
+                  "overflow"});
+    TorchDcpWriteOptions st;
+    st.serialization = TorchDcpSerialization::kSafetensors;
+    refused(big, {"__0_0.distcp: file offsets overflow"}, st);
+  }
+  SECTION("options") {
+    TorchDcpWriteOptions o;
+    o.files = {1, 5};
+    refused(SmallPlan(), {"writer file index 5 out of range (plan has 2 files)"}, o);
+    // Generation 2 stores the output path as storage_meta.checkpoint_id, a str.
+    const std::string bad = tmp.path() + "/ckpt\xff";
+    Refused(TorchDcpWriter::Create(bad, SmallPlan()), StatusCode::kInvalidArgument,
+            {bad + ": the output path is not UTF-8, so it cannot be storage_meta.checkpoint_id "
+                   "(write generation 2.0 instead)"});
+    CHECK(std::filesystem::is_empty(tmp.path()));
+    o = {};
+    o.generation = TorchGeneration::k2_0;
+    auto w = TorchDcpWriter::Create(bad, SmallPlan(), o);
+    CHECK(w.ok());
+  }
+}
+
+TEST_CASE("torch dcp writer refusals: writes", "[torch_writer][refusals]") {
+  TempDir tmp;
+  const std::string out = tmp.path() + "/ckpt";
+  FcDistcpPlan plan = SmallPlan();
+  const std::vector<std::byte> object = FixtureObjects()[0];
+  const std::string n = std::to_string(object.size());
+  plan.files[0].objects.push_back({"step", ObjectEncoding::kTorchSave, object.size()});
+  auto w = TorchDcpWriter::Create(out, plan);
+  REQUIRE(w.ok());
+  std::vector<std::byte> bytes(16, std::byte{1});
+  const std::string chunk0 = "__0_0.distcp: tensor 'w' chunk [0, 2) x [0, 2)";
+  Refused((*w)->WriteChunk(2, 0, 0, bytes), StatusCode::kInvalidArgument,
+          {out + ": file index 2 out of range (plan has 2 files)"});
+  Refused((*w)->WriteChunk(0, 1, 0, bytes), StatusCode::kInvalidArgument,
+          {out + ": __0_0.distcp has no chunk 1"});
+  Refused((*w)->WriteObject(1, 0, 0, bytes), StatusCode::kInvalidArgument,
+          {out + ": __1_0.distcp has no object 0"});
+  Refused((*w)->WriteChunk(0, 0, 8, bytes), StatusCode::kInvalidArgument,
+          {chunk0 + ": bytes [8, 24) pass its end 16"});
+  Refused((*w)->WriteObject(0, 0, object.size() - 1, std::span(object).first(2)),
+          StatusCode::kInvalidArgument,
+          {"__0_0.distcp: object 'step': bytes [" + std::to_string(object.size() - 1) + ", " +
+           std::to_string(object.size() + 1) + ") pass its end " + n});
+  // The zip signature, checked in whatever slabs hold bytes 0..3.
+  Refused((*w)->WriteObject(0, 0, 0, bytes), StatusCode::kInvalidArgument,
+          {"__0_0.distcp: object 'step': does not start with a zip local header (torch DCP "
+           "objects must be torch.save archives)"});
+  const std::vector<std::byte> pk05 = {std::byte{3}, std::byte{5}};  // "\3\5" for "\3\4"
+  Refused((*w)->WriteObject(0, 0, 2, pk05), StatusCode::kInvalidArgument,
+          {"__0_0.distcp: object 'step': does not start with a zip local header"});
+  REQUIRE((*w)->WriteChunk(0, 0, 0, bytes).ok());
+  Refused((*w)->WriteChunk(0, 0, 12, std::span(bytes).first(4)), StatusCode::kInvalidArgument,
+          {chunk0 + ": bytes [12, 16) written twice"});
+  REQUIRE((*w)->WriteChunk(1, 0, 0, bytes).ok());
+  REQUIRE((*w)->WriteObject(0, 0, 0, std::span(object).first(2)).ok());
+  Refused((*w)->CommitMetadata(), StatusCode::kFailedPrecondition,
+          {out + ": CommitMetadata before FinishDataFiles"});
+  // Objects are checked before chunks.
+  Refused((*w)->FinishDataFiles(), StatusCode::kFailedPrecondition,
+          {"__0_0.distcp: object 'step' is incomplete: 2 of " + n + " bytes written, bytes [2, " +
+           n + ") missing"});
+  CHECK(std::filesystem::is_empty(tmp.path()));  // aborted
+  Refused((*w)->WriteChunk(0, 0, 0, bytes), StatusCode::kFailedPrecondition,
+          {out + ": write after Abort"});
+  Refused((*w)->FinishDataFiles(), StatusCode::kFailedPrecondition,
+          {out + ": FinishDataFiles after Abort"});
+  Refused((*w)->CommitMetadata(), StatusCode::kFailedPrecondition,
+          {out + ": CommitMetadata after Abort"});
+  Refused((*w)->Finish(), StatusCode::kFailedPrecondition, {out + ": Finish after Abort"});
+
+  // The states after a successful FinishDataFiles and commit.
+  w = TorchDcpWriter::Create(out, SmallPlan());
+  REQUIRE(w.ok());
+  REQUIRE((*w)->WriteChunk(0, 0, 0, bytes).ok());
+  REQUIRE((*w)->WriteChunk(1, 0, 0, bytes).ok());
+  REQUIRE((*w)->FinishDataFiles().ok());
+  Refused((*w)->WriteChunk(0, 0, 0, bytes), StatusCode::kFailedPrecondition,
+          {out + ": write after FinishDataFiles"});
+  Refused((*w)->FinishDataFiles(), StatusCode::kFailedPrecondition,
+          {out + ": FinishDataFiles after FinishDataFiles"});
+  Refused((*w)->Finish(), StatusCode::kFailedPrecondition,
+          {out + ": Finish after FinishDataFiles"});
+  REQUIRE((*w)->CommitMetadata().ok());
+  Refused((*w)->WriteObject(0, 0, 0, bytes), StatusCode::kFailedPrecondition,
+          {out + ": write after the commit"});
+  Refused((*w)->CommitMetadata(), StatusCode::kFailedPrecondition,
+          {out + ": CommitMetadata after the commit"});
+  Refused((*w)->Finish(), StatusCode::kFailedPrecondition, {out + ": Finish after the commit"});
+  CHECK(ReadTorchDcp(out).ok());
+}
+
+TEST_CASE("torch dcp writer refusals: the committer checks every data file",
+          "[torch_writer][refusals]") {
+  TempDir tmp;
+  const std::string out = tmp.path() + "/ckpt";
+  std::vector<std::byte> bytes(16, std::byte{1});
+  auto staging = CreateFcDistcpStagingDir(out);
+  REQUIRE(staging.ok());
+  std::vector<std::unique_ptr<TorchDcpWriter>> writers;
+  for (size_t f = 0; f < 2; ++f) {
+    TorchDcpWriteOptions o;
+    o.files = {f};
+    o.staging_dir = *staging;
+    auto w = TorchDcpWriter::Create(out, SmallPlan(), o);
+    REQUIRE(w.ok());
+    writers.push_back(std::move(*w));
+  }
+  Refused(writers[1]->WriteChunk(0, 0, 0, bytes), StatusCode::kInvalidArgument,
+          {out + ": __0_0.distcp is not written by this writer"});
+  REQUIRE(writers[0]->WriteChunk(0, 0, 0, bytes).ok());
+  REQUIRE(writers[0]->FinishDataFiles().ok());
+  SECTION("a file that is not there") {
+    writers.pop_back();  // an unfinished writer removes its file
+    Refused(writers[0]->CommitMetadata(), StatusCode::kDataLoss,
+            {"committing " + out + ": data file __1_0.distcp is missing: "});
+  }
+  SECTION("a file of another size than planned") {
+    REQUIRE(writers[1]->WriteChunk(1, 0, 0, bytes).ok());
+    REQUIRE(writers[1]->FinishDataFiles().ok());
+    const uint64_t planned = writers[0]->layouts()[1].file_size;
+    {
+      std::ofstream append(*staging + "/__1_0.distcp", std::ios::binary | std::ios::app);
+      append << 'x';
+    }
+    Refused(writers[0]->CommitMetadata(), StatusCode::kDataLoss,
+            {"committing " + out + ": data file __1_0.distcp is " + std::to_string(planned + 1) +
+             " bytes, expected " + std::to_string(planned)});
+  }
+  CHECK(!std::filesystem::exists(out));
+  AbortFcDistcpStaging(*staging);
+}
+
+TEST_CASE("torch dcp writer refusals: I/O errors pass through and leave nothing",
+          "[torch_writer][refusals][io]") {
+  TempDir tmp;
+  const std::string out = tmp.path() + "/ckpt";
+  std::vector<std::byte> bytes(16, std::byte{1});
+  FaultInjectingEnv env(PosixEnv());
+  ScopedEnvOverride scoped(&env);
+  auto arm = [&](FaultOp op) {
+    env.ResetCounts();
+    env.FailNth(op, 1);
+  };
+  auto injected = [&](const Status& s, const std::string& what) {
+    CHECK(env.Fired());
+    Refused(s, StatusCode::kIoError, {"injected fault: " + what + " #1 on "});
+    env.FailNth(FaultOp::kOpenRead, 0);  // disarms (any op)
+  };
+  SECTION("creating the staging directory") {
+    arm(FaultOp::kMkdir);
+    injected(TorchDcpWriter::Create(out, SmallPlan()).status(), "mkdir");
+  }
+  SECTION("creating a data file") {
+    arm(FaultOp::kCreate);
+    auto w = TorchDcpWriter::Create(out, SmallPlan());
+    injected(w.status(), "create");
+    CHECK_THAT(w.status().message(), Catch::Contains("__0_0.distcp"));
+  }
+  SECTION("a write poisons its file") {
+    auto w = TorchDcpWriter::Create(out, SmallPlan());
+    REQUIRE(w.ok());
+    arm(FaultOp::kWrite);
+    const Status first = (*w)->WriteChunk(0, 0, 0, std::span(bytes).first(8));
+    injected(first, "write");
+    // Later writes to that file fail with the same error; the other file is unaffected.
+    const Status again = (*w)->WriteChunk(0, 0, 8, std::span(bytes).first(8));
+    CHECK(again.code() == StatusCode::kIoError);
+    CHECK(again.message() == first.message());
+    REQUIRE((*w)->WriteChunk(1, 0, 0, bytes).ok());
+    const Status finish = (*w)->Finish();
+    Refused(finish, StatusCode::kIoError, {out + ": ", first.message()});
+    CHECK((*w)->Finish().code() == StatusCode::kFailedPrecondition);
+  }
+  SECTION("fsync of a data file") {
+    auto w = TorchDcpWriter::Create(out, SmallPlan());
+    REQUIRE(w.ok());
+    REQUIRE((*w)->WriteChunk(0, 0, 0, bytes).ok());
+    REQUIRE((*w)->WriteChunk(1, 0, 0, bytes).ok());
+    arm(FaultOp::kSync);
+    const Status s = (*w)->FinishDataFiles();
+    injected(s, "fsync");
+    CHECK_THAT(s.message(), Catch::Contains(out + ": finishing __0_0.distcp: "));
+  }
+  SECTION("looking at the data files before the commit") {
+    auto w = TorchDcpWriter::Create(out, SmallPlan());
+    REQUIRE(w.ok());
+    REQUIRE((*w)->WriteChunk(0, 0, 0, bytes).ok());
+    REQUIRE((*w)->WriteChunk(1, 0, 0, bytes).ok());
+    REQUIRE((*w)->FinishDataFiles().ok());
+    arm(FaultOp::kOpenRead);
+    const Status s = (*w)->CommitMetadata();
+    injected(s, "open");
+    CHECK_THAT(s.message(), Catch::Contains("committing " + out + ": "));
+    CHECK_THAT(s.message(), !Catch::Contains("is missing"));  // an I/O error, not kDataLoss
+  }
+  SECTION("the commit's rename") {
+    auto w = TorchDcpWriter::Create(out, SmallPlan());
+    REQUIRE(w.ok());
+    REQUIRE((*w)->WriteChunk(0, 0, 0, bytes).ok());
+    REQUIRE((*w)->WriteChunk(1, 0, 0, bytes).ok());
+    arm(FaultOp::kRename);
+    injected((*w)->Finish(), "rename");
+  }
+  env.FailNth(FaultOp::kOpenRead, 0);  // disarms (any op)
+  CHECK(!std::filesystem::exists(out));
+  CHECK(std::filesystem::is_empty(tmp.path()));
 }
 
 }  // namespace
