@@ -1506,5 +1506,74 @@ TEST_CASE("deepspeed refusals: sub-param merges", "[deepspeed][refusals]") {
   }
 }
 
+// --source-layout's tensor_parallel rules (DeepSpeedReadOptions::tp_axis) on tp2 (TP 2, no
+// universal_checkpoint_info): TP rank 1's module states edited.
+TEST_CASE("deepspeed refusals: TP merge by --source-layout rules", "[deepspeed][refusals]") {
+  testing::TempDir tmp;
+  DeepSpeedReadOptions o;
+  o.tp_axis = [](std::string_view name) {
+    return name == "norm.running_mean" ? std::optional<int64_t>() : std::optional<int64_t>(0);
+  };
+  o.tp_axis_origin = "layout.json";
+  auto read = [&](const std::function<void(PV&)>& edit) {
+    const std::string dir = CopyTag(tmp, "tp2");
+    Edit(dir + "/" + kTp1Model, edit);
+    return ReadDeepSpeedCheckpoint(dir, o);
+  };
+  SECTION("TP rank 1 holds one more module tensor") {
+    Refused(read([](PV& root) {
+              PV& module = At(root, "module");
+              Set(module, "extra.weight", *testing::Slot(module, "layer.bias"));
+            }),
+            StatusCode::kDataLoss, {"TP rank 1 holds ", " tensors of a kind where TP rank 0 holds "});
+  }
+  SECTION("a param TP rank 1 names otherwise (module, param_shapes, param_slice_mappings)") {
+    auto rename = [](PV& d) {
+      for (auto& [k, v] : EntriesOf(d)) {
+        if (k && k->kind == PV::Kind::kStr && k->str == "layer.bias") {
+          k = PickleStr("layer.bias_renamed");
+        }
+      }
+    };
+    const std::string dir = CopyTag(tmp, "tp2");
+    Edit(dir + "/" + kTp1Model, [&](PV& root) {
+      rename(At(root, "module"));
+      for (auto& g : At(root, "param_shapes").items) rename(M(g));
+    });
+    for (const char* f : {"zero_pp_rank_0_mp_rank_01_optim_states.pt", kTp1Optim1}) {
+      EditOsd(dir + "/" + f, [&](PV& osd) {
+        for (auto& g : At(osd, "param_slice_mappings").items) rename(M(g));
+      });
+    }
+    Refused(ReadDeepSpeedCheckpoint(dir, o), StatusCode::kDataLoss,
+            {"tensor 'layer.bias' of TP rank 0 is absent from TP rank 1"});
+  }
+  SECTION("a slice of another rank on TP rank 1") {
+    Refused(read([](PV& root) { SetView(At(At(root, "module"), "layer.weight"), {8}, {1}); }),
+            StatusCode::kDataLoss,
+            {"tensor 'module.layer.weight' is float16 [2, 4] on TP rank 0 but float16 [8] on TP "
+             "rank 1"});
+  }
+}
+
+// parameter_with_sub_params entries past the reader's bounds (65536 dims, 65536 sub-params):
+// refused before anything is sized from them.
+TEST_CASE("deepspeed refusals: sub-param shapes past the bounds", "[deepspeed][refusals]") {
+  testing::TempDir tmp;
+  auto refused = [&](PV::Ptr shape, std::string_view words) {
+    const std::string dir = CopyTag(tmp, "tp2_ucp");
+    EditInfo(dir, [&](PV& i) {
+      Set(i, "parameter_with_sub_params",
+          PickleList({SubParams({PickleStr("x")}, shape, PickleInt(0))}));
+    });
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kDataLoss, {words});
+  };
+  SECTION("65537 dims") { refused(PickleIntTuple(std::vector<int64_t>(65537, 1)), ": shape too long"); }
+  SECTION("65537 sub-params") {
+    refused(PickleTuple({PickleIntTuple(std::vector<int64_t>(65537, 1)), PickleInt(3)}),
+            ": too many sub-params");
+  }
+}
+
 }  // namespace
 }  // namespace fc
