@@ -624,7 +624,9 @@ Status PlanZero3(DsRepartition& job,
     std::vector<Zero3Param> frozen;
     if (const PV* fs = model0.root.Find("frozen_param_shapes"); fs && !fs->is_none()) {
       for (const auto& [key, v] : fs->entries) {
-        if (!key->is_str()) return DataLossError(model0.path + ": frozen_param_shapes key");
+        if (!key->is_str()) {
+          return DataLossError(model0.path + ": frozen_param_shapes key not a string");
+        }
         FC_ASSIGN_OR_RETURN(int64_t n, ShapeNumel(*v, model0.path + ": frozen_param_shapes['" + key->str + "']"));
         frozen.push_back({key->str, n});
       }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <utility>
 
 #include "fc/codec/zip.h"
 #include "fc/codec/zip_writer.h"
@@ -176,10 +177,25 @@ TEST_CASE("DsArchiveWriter: records read back; twice-written and missing bytes a
   REQUIRE(w.ok());
   const auto part = testing::AsBytes("abcd");
   REQUIRE((*w)->Write(0, 0, 0, part).ok());
-  CHECK((*w)->Write(0, 0, 2, part).code() == StatusCode::kInvalidArgument);  // overlaps
-  CHECK((*w)->Write(0, 1, 0, part).code() == StatusCode::kInvalidArgument);  // a copy record
-  CHECK((*w)->Write(0, 0, 6, part).code() == StatusCode::kInvalidArgument);  // past the end
-  SECTION("missing bytes") { CHECK((*w)->Finish(4096).code() == StatusCode::kInternal); }
+  const Status overlap = (*w)->Write(0, 0, 2, part);
+  CHECK(overlap.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(overlap.message(), Catch::Contains("t/a.pt: s: bytes at 2 written twice"));
+  // A copy record (and an archive that does not exist) takes no streamed bytes.
+  for (const auto& [archive, record] : {std::pair<size_t, size_t>{0, 1}, {1, 0}}) {
+    const Status copy = (*w)->Write(archive, record, 0, part);
+    CHECK(copy.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(copy.message(), Catch::Contains(dir + ": no streamed record " +
+                                               std::to_string(record) + " in archive " +
+                                               std::to_string(archive)));
+  }
+  const Status past = (*w)->Write(0, 0, 6, part);
+  CHECK(past.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(past.message(), Catch::Contains("t/a.pt: s: bytes [6, +4) pass its end 8"));
+  SECTION("missing bytes") {
+    const Status missing = (*w)->Finish(4096);
+    CHECK(missing.code() == StatusCode::kInternal);
+    CHECK_THAT(missing.message(), Catch::Contains("t/a.pt: s: not every byte was written"));
+  }
   SECTION("complete") {
     REQUIRE((*w)->Write(0, 0, 4, testing::AsBytes("efgh")).ok());
     REQUIRE((*w)->Finish(2).ok());
