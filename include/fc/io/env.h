@@ -210,6 +210,12 @@ class FaultInjectingEnv : public Env {
   explicit FaultInjectingEnv(Env* base) : base_(base) {}
   // Fails operation number n (1-based) of kind `op`; 0 disarms (Fired() keeps its value).
   void FailNth(FaultOp op, uint64_t n);
+  // ResetCounts, then fail the next `op` (its number 1).
+  void FailNext(FaultOp op) {
+    ResetCounts();
+    FailNth(op, 1);
+  }
+  void Disarm() { FailNth(FaultOp::kOpenRead, 0); }
   void ShortReads(size_t max_bytes) { short_reads_ = max_bytes; }
   uint64_t Count(FaultOp op) const { return counts_[static_cast<int>(op)].load(); }
   bool Fired() const { return fired_.load(); }

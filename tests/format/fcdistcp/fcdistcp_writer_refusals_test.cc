@@ -180,14 +180,11 @@ TEST_CASE("fc distcp writer refusals: I/O errors pass through and leave nothing"
   const FcDistcpPlan plan = fcdistcp_sample::SamplePlan();
   FaultInjectingEnv env(PosixEnv());
   ScopedEnvOverride scoped(&env);
-  auto arm = [&](FaultOp op) {
-    env.ResetCounts();
-    env.FailNth(op, 1);
-  };
+  auto arm = [&](FaultOp op) { env.FailNext(op); };
   auto injected = [&](const Status& s, const std::string& what) {
     CHECK(env.Fired());
     Refused(s, StatusCode::kIoError, {"injected fault: " + what + " #1 on "});
-    env.FailNth(FaultOp::kWrite, 0);  // disarms (any op)
+    env.Disarm();
   };
   SECTION("creating a data file") {
     arm(FaultOp::kCreate);
@@ -225,7 +222,7 @@ TEST_CASE("fc distcp writer refusals: I/O errors pass through and leave nothing"
     arm(FaultOp::kRename);
     injected((*w)->Finish(), "rename");
   }
-  env.FailNth(FaultOp::kWrite, 0);
+  env.Disarm();
   CHECK_FALSE(PathExists(out));
   CHECK(ListNames(tmp.path()).empty());
 }

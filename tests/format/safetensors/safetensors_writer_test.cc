@@ -359,16 +359,13 @@ TEST_CASE("writer: I/O errors pass through and poison the writer", "[safetensors
   const std::string path = tmp.Join("f.safetensors");
   FaultInjectingEnv env(PosixEnv());
   ScopedEnvOverride scoped(&env);
-  auto arm = [&](FaultOp op) {
-    env.ResetCounts();
-    env.FailNth(op, 1);
-  };
+  auto arm = [&](FaultOp op) { env.FailNext(op); };
   auto injected = [&](const Status& s, const std::string& what) {
     CHECK(env.Fired());
     INFO(s.ToString());
     CHECK(s.code() == StatusCode::kIoError);
     CHECK_THAT(s.message(), Catch::Matchers::Contains("injected fault: " + what + " #1 on " + path));
-    env.FailNth(FaultOp::kWrite, 0);  // disarms (any op)
+    env.Disarm();
   };
   const std::vector<SafetensorsTensorSpec> specs = {{"x", DType::kInt32, {4}}};
   std::vector<std::byte> buf(16, std::byte{7});
@@ -404,7 +401,7 @@ TEST_CASE("writer: I/O errors pass through and poison the writer", "[safetensors
       CHECK(again.message() == first.message());
     }
   }
-  env.FailNth(FaultOp::kWrite, 0);
+  env.Disarm();
   CHECK(ListNames(tmp.path()).empty());
 }
 

@@ -1192,14 +1192,11 @@ TEST_CASE("torch dcp writer refusals: I/O errors pass through and leave nothing"
   std::vector<std::byte> bytes(16, std::byte{1});
   FaultInjectingEnv env(PosixEnv());
   ScopedEnvOverride scoped(&env);
-  auto arm = [&](FaultOp op) {
-    env.ResetCounts();
-    env.FailNth(op, 1);
-  };
+  auto arm = [&](FaultOp op) { env.FailNext(op); };
   auto injected = [&](const Status& s, const std::string& what) {
     CHECK(env.Fired());
     Refused(s, StatusCode::kIoError, {"injected fault: " + what + " #1 on "});
-    env.FailNth(FaultOp::kOpenRead, 0);  // disarms (any op)
+    env.Disarm();
   };
   SECTION("creating the staging directory") {
     arm(FaultOp::kMkdir);
@@ -1256,7 +1253,7 @@ TEST_CASE("torch dcp writer refusals: I/O errors pass through and leave nothing"
     arm(FaultOp::kRename);
     injected((*w)->Finish(), "rename");
   }
-  env.FailNth(FaultOp::kOpenRead, 0);  // disarms (any op)
+  env.Disarm();
   CHECK(!std::filesystem::exists(out));
   CHECK(std::filesystem::is_empty(tmp.path()));
 }
