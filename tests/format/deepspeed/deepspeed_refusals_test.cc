@@ -21,6 +21,7 @@
 #include <string_view>
 
 #include "fc/format/chunk_reader.h"
+#include "tests/format/deepspeed/ds_fixture_edit.h"
 #include "tests/format/megatron/pickle_edit.h"
 #include "tests/format/torch/torch_test_support.h"
 
@@ -42,28 +43,10 @@ using testing::ZipRecords;
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
-std::string Fixture(const std::string& name) {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
-  return std::string(root) + "/deepspeed/" + name;
-}
-
-// A copy of fixture `name`'s tag dir (ckpt/global_step3).
-std::string CopyTag(const testing::TempDir& tmp, const std::string& name) {
-  static int copies = 0;
-  const std::string dir = tmp.path() + "/" + name + "_" + std::to_string(copies++);
-  std::filesystem::create_directories(dir);
-  testing::CopyDirectoryFiles(Fixture(name) + "/ckpt/global_step3", dir);
-  return dir;
-}
-
-void Edit(const std::string& path, const std::function<void(PV&)>& edit) {
-  testing::RewriteTorchSave(path, [&](PV& root, ZipRecords&) { edit(root); });
-}
-// Edits the optimizer_state_dict of an optimizer file.
-void EditOsd(const std::string& path, const std::function<void(PV&)>& edit) {
-  Edit(path, [&](PV& root) { edit(At(root, "optimizer_state_dict")); });
-}
+using testing::deepspeed::CopyTag;
+using testing::deepspeed::Edit;
+using testing::deepspeed::EditOsd;
+using testing::deepspeed::Fixture;
 
 void Refused(const Result<CheckpointIndex>& r, StatusCode code,
              std::initializer_list<std::string_view> parts) {
@@ -1176,15 +1159,6 @@ void JoinLegacy(const std::string& path, const LegacyFile& f) {
   out.insert(out.end(), f.data.begin(), f.data.end());
   testing::WriteFileBytes(path, out);
 }
-// Replaces the first occurrence of `from` in `bytes` (which must hold it) by `to`.
-void ReplaceBytes(std::vector<std::byte>& bytes, std::string_view from, std::string_view to) {
-  REQUIRE(from.size() == to.size());
-  auto it = std::search(bytes.begin(), bytes.end(), from.begin(), from.end(),
-                        [](std::byte b, char c) { return b == static_cast<std::byte>(c); });
-  REQUIRE(it != bytes.end());
-  for (char c : to) *it++ = static_cast<std::byte>(c);
-}
-
 TEST_CASE("deepspeed refusals: legacy torch.save", "[deepspeed][refusals]") {
   testing::TempDir tmp;
   const std::string file = "zero_pp_rank_1_mp_rank_00_optim_states.pt";

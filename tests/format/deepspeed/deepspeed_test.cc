@@ -14,6 +14,7 @@
 #include <set>
 
 #include "fc/format/open.h"
+#include "tests/format/deepspeed/ds_fixture_edit.h"
 #include "tests/format/megatron/pickle_edit.h"
 #include "tests/format/torch/torch_test_support.h"
 
@@ -29,11 +30,7 @@ const char* kCases[] = {"zero1", "zero2", "bf16",    "tp2",    "frozen_tied",
                         "tp2_fused_v02", "ucp_tp2_fused", "moe_zero2", "moe_zero1_dbe", "moe_bf16",
                         "tp2_buffers"};
 
-std::string Fixture(const std::string& name) {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
-  return std::string(root) + "/deepspeed/" + name;
-}
+using testing::deepspeed::Fixture;
 
 // Row-major value of `t`, each element written exactly once (checked). Chunks are boxes of
 // the tensor (TP-merged tensors: the per-rank pieces at their offsets), optionally a
@@ -197,13 +194,7 @@ TEST_CASE("deepspeed: fused sub-params merge in place", "[deepspeed]") {
   CHECK(v02->FindTensor("mlp.fused.weight")->global_shape == Shape{3, 8});
 }
 
-// A copy of fixture `name`'s tag dir in a temp dir.
-std::string CopyTag(const testing::TempDir& tmp, const std::string& name) {
-  const std::string dir = tmp.path() + "/" + name;
-  std::filesystem::create_directories(dir);
-  testing::CopyDirectoryFiles(Fixture(name) + "/ckpt/global_step3", dir);
-  return dir;
-}
+using testing::deepspeed::CopyTag;
 
 // Issue 29 item 5: module buffers (buffer_names) are in no optimizer group, so the default
 // "concatenate along dim 0" of universal_checkpoint_info is not theirs.

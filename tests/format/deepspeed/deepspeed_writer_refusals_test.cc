@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 
+#include "tests/format/deepspeed/ds_fixture_edit.h"
 #include "tests/format/megatron/pickle_edit.h"
 #include "tests/format/torch/torch_test_support.h"
 
@@ -35,29 +36,12 @@ using testing::Set;
 using testing::SetView;
 using testing::ZipRecords;
 
-std::string Fixture(const std::string& name) {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
-  return std::string(root) + "/deepspeed/" + name;
-}
-
-// A copy of fixture `name`'s tag dir (ckpt/global_step3), named global_step3 under a fresh
-// directory (the writer names its output after the tag dir).
+using testing::deepspeed::Edit;
+using testing::deepspeed::EditOsd;
+using testing::deepspeed::Fixture;
+// A copy of fixture `name`'s tag dir named global_step3 (the writer names its output after it).
 std::string CopyTag(const testing::TempDir& tmp, const std::string& name) {
-  static int copies = 0;
-  const std::string dir = tmp.path() + "/" + name + "_" + std::to_string(copies++) +
-                          "/global_step3";
-  std::filesystem::create_directories(dir);
-  testing::CopyDirectoryFiles(Fixture(name) + "/ckpt/global_step3", dir);
-  return dir;
-}
-
-void Edit(const std::string& path, const std::function<void(PV&)>& edit) {
-  testing::RewriteTorchSave(path, [&](PV& root, ZipRecords&) { edit(root); });
-}
-// Edits the optimizer_state_dict of an optimizer file.
-void EditOsd(const std::string& path, const std::function<void(PV&)>& edit) {
-  Edit(path, [&](PV& root) { edit(At(root, "optimizer_state_dict")); });
+  return testing::deepspeed::CopyTag(tmp, name, /*keep_tag_name=*/true);
 }
 void Rename(const std::string& dir, const std::string& from, const std::string& to) {
   std::filesystem::rename(dir + "/" + from, dir + "/" + to);
