@@ -129,6 +129,18 @@ TEST_CASE("hf-family llama: pre-Core Megatron names map as their Megatron-Core c
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(refused.status().message(),
              Catch::Contains("'language_model.encoder.layers.0.self_attention.dense.bias'"));
+  // one layer spelling a tensor the 2023 way, another the older way
+  HfSourceFacts mixed = old;
+  for (auto& t : mixed.tensors) {
+    if (t.name == "language_model.encoder.layers.1.input_layernorm.weight") {
+      t.name = "language_model.encoder.layers.1.input_norm.weight";
+    }
+  }
+  auto two_ways = GenerateHfFamilyProgram("llama", mixed, Config());
+  REQUIRE_FALSE(two_ways.ok());
+  CHECK(two_ways.status().code() == StatusCode::kUnimplemented);
+  CHECK_THAT(two_ways.status().message(),
+             Catch::Contains("the source spells one tensor two ways in different layers"));
   // one tensor under both names
   HfSourceFacts both = old;
   both.tensors.push_back({"output_layer.weight", {64, 16}});

@@ -1361,6 +1361,14 @@ TEST_CASE("deepspeed refusals: expert and layer files and model states", "[deeps
             {"layer_04-model_00-model_states.pt: 'weight' (tied_modules.embed.weight) is float16 "
              "[4, 6], an earlier layer file has float16 [6, 4]"});
   }
+  SECTION("an MoE optimizer file alone") {
+    const std::string dir = CopyTag(tmp, "moe");
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      if (!e.path().filename().string().starts_with("expp_rank_")) std::filesystem::remove(e.path());
+    }
+    Refused(ReadDeepSpeedCheckpoint(dir), StatusCode::kNotFound,
+            {dir + ": mp_rank_00_model_states.pt is missing (the dir holds MoE optimizer files"});
+  }
   SECTION("pipeline layer files without the model states") {
     const std::string dir = CopyTag(tmp, "pp2");
     for (const auto& e : std::filesystem::directory_iterator(dir)) {
