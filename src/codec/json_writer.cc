@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <ostream>
@@ -10,8 +11,15 @@ namespace fc {
 
 void AppendJsonString(std::string* out, std::string_view s) {
   out->push_back('"');
-  for (char c : s) {
+  // Runs of characters that need no escape are appended whole: most keys and values are
+  // plain ASCII (fc-inspect --json writes about 150 bytes of them per chunk).
+  size_t plain = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
     const unsigned char u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && c != '"' && c != '\\') continue;
+    out->append(s.substr(plain, i - plain));
+    plain = i + 1;
     switch (c) {
       case '"': out->append("\\\""); break;
       case '\\': out->append("\\\\"); break;
@@ -20,16 +28,14 @@ void AppendJsonString(std::string* out, std::string_view s) {
       case '\n': out->append("\\n"); break;
       case '\r': out->append("\\r"); break;
       case '\t': out->append("\\t"); break;
-      default:
-        if (u < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", u);
-          out->append(buf);
-        } else {
-          out->push_back(c);
-        }
+      default: {
+        char buf[8];
+        std::snprintf(buf, sizeof(buf), "\\u%04x", u);
+        out->append(buf);
+      }
     }
   }
+  out->append(s.substr(plain));
   out->push_back('"');
 }
 
@@ -152,12 +158,16 @@ JsonWriter& JsonWriter::String(std::string_view value) {
 }
 JsonWriter& JsonWriter::Int(int64_t value) {
   BeforeValue();
-  out_.append(std::to_string(value));
+  char buf[24];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value);
+  out_.append(buf, static_cast<size_t>(end - buf));
   return *this;
 }
 JsonWriter& JsonWriter::Uint(uint64_t value) {
   BeforeValue();
-  out_.append(std::to_string(value));
+  char buf[24];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value);
+  out_.append(buf, static_cast<size_t>(end - buf));
   return *this;
 }
 JsonWriter& JsonWriter::Fixed(double value, int decimals) {
