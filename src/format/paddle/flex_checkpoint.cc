@@ -263,10 +263,9 @@ std::optional<uint64_t> DataFileId(std::string_view n) {
   return (*m)[1];
 }
 
-}  // namespace
-
-Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
-  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
+// The metadata file to read among `names` (the files of `dir`): the only <id>.metadata, or
+// Paddle's unique_id's, the largest id among the data files.
+Result<std::string> ChooseMetadata(const std::string& dir, const std::vector<std::string>& names) {
   std::vector<std::string> metas;
   for (const std::string& n : names) {
     if (IsMetadataName(n)) metas.push_back(n);
@@ -289,23 +288,16 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
                                         : "none for the data files' id " +
                                               std::to_string(unique_id)));
   }
-  const std::string meta_path = JoinPath(dir, meta_name);
-  FC_ASSIGN_OR_RETURN(std::vector<std::byte> meta_bytes, ReadWholeFile(meta_path, 1ull << 30));
-  FC_ASSIGN_OR_RETURN(PickleValue root, ParsePickle(meta_bytes).With(meta_path));
-  FC_ASSIGN_OR_RETURN(Fields md, ObjectFields(root, "Metadata", meta_path));
-  const PickleValue* sdm = Get(md, "state_dict_metadata");
-  const PickleValue* storage = Get(md, "storage_metadata");
-  if (sdm == nullptr || sdm->kind != Kind::kDict || storage == nullptr ||
-      storage->kind != Kind::kDict) {
-    return DataLossError(meta_path + ": Metadata lacks the state_dict_metadata and "
-                         "storage_metadata dicts");
-  }
-  const bool older = root.CalleeGlobal()->str == kOlderModule;
+  return meta_name;
+}
 
-  // storage_metadata: (key, offset, flat range) -> file of the lowest replica.
-  using StorageKey = std::tuple<std::string, Shape, std::pair<int64_t, int64_t>>;
-  std::map<StorageKey, StorageRef> where;
-  for (const auto& [k, v] : storage->entries) {
+// storage_metadata: (key, offset, flat range) -> file of the lowest replica.
+using StorageKey = std::tuple<std::string, Shape, std::pair<int64_t, int64_t>>;
+using StorageMap = std::map<StorageKey, StorageRef>;
+
+Result<StorageMap> ReadStorageMetadata(const PickleValue& storage, const std::string& meta_path) {
+  StorageMap where;
+  for (const auto& [k, v] : storage.entries) {
     const std::string what = meta_path + ": storage_metadata key " + k->DebugString(80);
     FC_ASSIGN_OR_RETURN(Fields idx, ObjectFields(*k, "LocalTensorIndex", what));
     const PickleValue* key = Get(idx, "tensor_key");
@@ -331,23 +323,78 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
       where[sk] = {v->str, replica_id, local_shape};
     }
   }
+  return where;
+}
 
-  CheckpointIndex index;
-  index.format = CheckpointFormat::kPaddleFlex;
-  index.root = dir;
-  index.attributes["paddle_metadata"] = meta_name;
-  index.attributes["paddle_metadata_module"] = std::string(older ? kOlderModule : kCurrentModule);
-  std::map<std::string, uint32_t> file_index;
-  // Per tensor, its chunks and the file each lives in.
-  struct Pending {
-    std::vector<ChunkMeta> chunks;
-    std::vector<std::string> files;
-    std::optional<DType> dtype;
-    std::optional<Shape> global_shape;
-  };
+// A tensor of state_dict_metadata: its chunks and the file each lives in.
+struct Pending {
+  std::vector<ChunkMeta> chunks;
+  std::vector<std::string> files;
+  std::optional<DType> dtype;
+  std::optional<Shape> global_shape;
+};
+
+// One LocalTensorMetadata `item` of tensor `key`, added to `p` unless another rank listed
+// the same chunk (`seen_chunks`).
+Status AddChunkMeta(const PickleValue* item, const std::string& key, const StorageMap& where,
+                    const std::string& meta_path,
+                    std::set<std::tuple<Shape, Shape, std::pair<int64_t, int64_t>>>& seen_chunks,
+                    Pending& p) {
+  const std::string what = meta_path + ": tensor '" + key + "'";
+  FC_ASSIGN_OR_RETURN(Fields f, ObjectFields(*item, "LocalTensorMetadata", what));
+  ChunkMeta c;
+  FC_ASSIGN_OR_RETURN(c.global_offset, IntTuple(Get(f, "global_offset"), what + " global_offset"));
+  FC_ASSIGN_OR_RETURN(c.local_shape, IntTuple(Get(f, "local_shape"), what + " local_shape"));
+  if (c.global_offset.size() != c.local_shape.size()) {
+    return DataLossError(what + ": global_offset " + Box::Whole(c.global_offset).ToString() +
+                         " and local_shape " + Box::Whole(c.local_shape).ToString() +
+                         " differ in rank");
+  }
+  FC_ASSIGN_OR_RETURN(c.flat_range, FlatRangeField(f, what));
+  const PickleValue* dt = Get(f, "dtype");
+  if (!IsNone(dt)) {
+    if (dt->kind != Kind::kStr) return DataLossError(what + ": dtype is not a string");
+    Result<DType> parsed = ParseDType(dt->str);
+    if (!parsed.ok()) {
+      return UnimplementedError(what + ": dtype '" + dt->str + "' has no fc type");
+    }
+    if (p.dtype && *p.dtype != *parsed) {
+      return DataLossError(what + ": chunks disagree on the dtype (" +
+                           std::string(DTypeName(*p.dtype)) + " and " + dt->str + ")");
+    }
+    p.dtype = *parsed;
+  }
+  const PickleValue* gs = Get(f, "global_shape");
+  if (!IsNone(gs)) {
+    FC_ASSIGN_OR_RETURN(Shape shape, IntTuple(gs, what + " global_shape"));
+    if (p.global_shape && *p.global_shape != shape) {
+      return DataLossError(what + ": chunks disagree on the global shape");
+    }
+    p.global_shape = shape;
+  }
+  if (!seen_chunks.insert({c.global_offset, c.local_shape, FlatKey(c.flat_range)}).second) {
+    return Status::Ok();  // listed by several ranks
+  }
+  auto it = where.find(StorageKey{key, c.global_offset, FlatKey(c.flat_range)});
+  if (it == where.end()) {
+    return DataLossError(meta_path + ": " + ChunkLabel(key, c) +
+                         " has no entry in storage_metadata");
+  }
+  if (it->second.local_shape && *it->second.local_shape != c.local_shape) {
+    return DataLossError(meta_path + ": " + ChunkLabel(key, c) + ": storage_metadata gives "
+                         "it local_shape " + Box::Whole(*it->second.local_shape).ToString());
+  }
+  p.files.push_back(it->second.file);
+  p.chunks.push_back(std::move(c));
+  return Status::Ok();
+}
+
+// state_dict_metadata: each tensor's chunks, in the metadata's order.
+Result<std::vector<std::pair<std::string, Pending>>> ReadTensorMetadata(
+    const PickleValue& sdm, const StorageMap& where, const std::string& meta_path) {
   std::vector<std::pair<std::string, Pending>> pending;
   std::set<std::string> seen_keys;
-  for (const auto& [k, list] : sdm->entries) {
+  for (const auto& [k, list] : sdm.entries) {
     if (k->kind != Kind::kStr) {
       return DataLossError(meta_path + ": state_dict_metadata key " + k->DebugString() +
                            " is not a string");
@@ -363,57 +410,24 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
     Pending p;
     std::set<std::tuple<Shape, Shape, std::pair<int64_t, int64_t>>> seen_chunks;
     for (const auto& item : list->items) {
-      const std::string what = meta_path + ": tensor '" + key + "'";
-      FC_ASSIGN_OR_RETURN(Fields f, ObjectFields(*item, "LocalTensorMetadata", what));
-      ChunkMeta c;
-      FC_ASSIGN_OR_RETURN(c.global_offset, IntTuple(Get(f, "global_offset"), what + " global_offset"));
-      FC_ASSIGN_OR_RETURN(c.local_shape, IntTuple(Get(f, "local_shape"), what + " local_shape"));
-      if (c.global_offset.size() != c.local_shape.size()) {
-        return DataLossError(what + ": global_offset " + Box::Whole(c.global_offset).ToString() +
-                             " and local_shape " + Box::Whole(c.local_shape).ToString() +
-                             " differ in rank");
-      }
-      FC_ASSIGN_OR_RETURN(c.flat_range, FlatRangeField(f, what));
-      const PickleValue* dt = Get(f, "dtype");
-      if (!IsNone(dt)) {
-        if (dt->kind != Kind::kStr) return DataLossError(what + ": dtype is not a string");
-        Result<DType> parsed = ParseDType(dt->str);
-        if (!parsed.ok()) {
-          return UnimplementedError(what + ": dtype '" + dt->str + "' has no fc type");
-        }
-        if (p.dtype && *p.dtype != *parsed) {
-          return DataLossError(what + ": chunks disagree on the dtype (" +
-                               std::string(DTypeName(*p.dtype)) + " and " + dt->str + ")");
-        }
-        p.dtype = *parsed;
-      }
-      const PickleValue* gs = Get(f, "global_shape");
-      if (!IsNone(gs)) {
-        FC_ASSIGN_OR_RETURN(Shape shape, IntTuple(gs, what + " global_shape"));
-        if (p.global_shape && *p.global_shape != shape) {
-          return DataLossError(what + ": chunks disagree on the global shape");
-        }
-        p.global_shape = shape;
-      }
-      if (!seen_chunks.insert({c.global_offset, c.local_shape, FlatKey(c.flat_range)}).second) {
-        continue;  // listed by several ranks
-      }
-      auto it = where.find(StorageKey{key, c.global_offset, FlatKey(c.flat_range)});
-      if (it == where.end()) {
-        return DataLossError(meta_path + ": " + ChunkLabel(key, c) +
-                             " has no entry in storage_metadata");
-      }
-      if (it->second.local_shape && *it->second.local_shape != c.local_shape) {
-        return DataLossError(meta_path + ": " + ChunkLabel(key, c) + ": storage_metadata gives "
-                             "it local_shape " + Box::Whole(*it->second.local_shape).ToString());
-      }
-      p.files.push_back(it->second.file);
-      p.chunks.push_back(std::move(c));
+      FC_RETURN_IF_ERROR(AddChunkMeta(item.get(), key, where, meta_path, seen_chunks, p));
     }
     pending.emplace_back(key, std::move(p));
   }
+  return pending;
+}
 
-  // The data files: each parsed once, the arrays the metadata places there located.
+// The arrays of each data file that the metadata places there, by file and key.
+using ArraysByFile = std::map<std::string, std::map<std::string, ArrayRef>>;
+
+// The data files: each parsed once, the arrays the metadata places there located. Lists
+// the files in `index` and their numbers in `file_index`.
+Result<ArraysByFile> LocateArrays(const std::string& dir,
+                                  const std::vector<std::pair<std::string, Pending>>& pending,
+                                  std::map<std::string, uint32_t>* file_index_out,
+                                  CheckpointIndex* index_out) {
+  std::map<std::string, uint32_t>& file_index = *file_index_out;
+  CheckpointIndex& index = *index_out;
   std::map<std::string, std::set<std::string>> wanted;  // file -> tensor keys
   for (const auto& [key, p] : pending) {
     for (const std::string& name : p.files) wanted[name].insert(key);
@@ -460,99 +474,151 @@ Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
       index.files.push_back({name, static_cast<uint64_t>(mapped->bytes().size())});
     }
   }
+  return arrays;
+}
 
-  for (auto& [key, p] : pending) {
-    TensorEntry t;
-    t.key = key;
-    t.dtype = p.dtype.value_or(DType::kFloat32);
-    std::set<std::string> files_used;  // paddle writes at most one chunk of a key per file
-    for (size_t i = 0; i < p.chunks.size(); ++i) {
-      const ChunkMeta& c = p.chunks[i];
-      const std::string& name = p.files[i];
-      const std::string label = JoinPath(dir, name) + ": " + ChunkLabel(key, c);
-      // Sizes from the file are checked before anything multiplies them.
-      FC_RETURN_IF_ERROR_WITH(CheckedNumElements(c.local_shape).status(), label);
-      if (!files_used.insert(name).second) {
-        return DataLossError(label + ": a second chunk of '" + key + "' placed in the same file "
-                             "(each file holds one array per key)");
-      }
-      auto it = arrays[name].find(key);
-      if (it == arrays[name].end()) {
-        return DataLossError(label + ": the file holds no array '" + key + "'");
-      }
-      const ArrayRef& a = it->second;
-      DType dtype;
-      if (a.safetensors_dtype) {
-        FC_ASSIGN_OR_RETURN(dtype, SafetensorsArrayDType(*a.safetensors_dtype, p.dtype, label));
-      } else {
-        // The type string: optional byte order, then kind and size ("<f4", "|b1", "u2").
-        const size_t kind_at = a.type.find_first_not_of("<>|=");
-        if (kind_at == std::string::npos || a.type.find('>') != std::string::npos) {
-          return DataLossError(label + ": numpy type '" + a.type + "' is not a little-endian " +
-                               "kind and size");
-        }
-        FC_ASSIGN_OR_RETURN(dtype, NumpyDType(a.type.substr(kind_at), p.dtype, label));
-      }
-      if (t.chunks.empty()) t.dtype = dtype;
-      if (dtype != t.dtype) return DataLossError(label + ": arrays of one tensor differ in dtype");
-      Chunk chunk;
-      chunk.box = Box{c.global_offset, c.local_shape};
-      chunk.flat_range = c.flat_range;
-      chunk.file = file_index.at(name);
-      chunk.byte_offset = a.offset;
-      chunk.byte_length = a.length;
-      const Shape want_shape = c.flat_range ? Shape{c.flat_range->size()} : c.local_shape;
-      if (a.shape != want_shape) {
-        return DataLossError(label + ": the array has shape " + Box::Whole(a.shape).ToString() +
-                             ", expected " + Box::Whole(want_shape).ToString());
-      }
-      FC_ASSIGN_OR_RETURN(uint64_t bytes,
-                          CheckedByteSize(want_shape, DTypeSize(dtype)).With(label));
-      if (bytes != a.length) {
-        return DataLossError(label + ": the array holds " + std::to_string(a.length) +
-                             " bytes, its shape needs " + std::to_string(bytes));
-      }
-      if (a.fortran && !c.flat_range && want_shape.size() > 1) {
-        // Column-major: the first index moves fastest.
-        chunk.strides.resize(want_shape.size());
-        int64_t stride = 1;
-        for (size_t d = 0; d < want_shape.size(); ++d) {
-          chunk.strides[d] = stride;
-          stride *= want_shape[d];
-        }
-      }
-      t.chunks.push_back(std::move(chunk));
+// The chunk that array `a` (in file number `file`) holds for chunk `c` of a tensor whose
+// metadata is `p`: its dtype checked against the tensor's `*t_dtype`, which the `first`
+// chunk sets; `label` names it in messages.
+Result<Chunk> ArrayChunk(const ArrayRef& a, const ChunkMeta& c, const Pending& p,
+                         uint32_t file, bool first, const std::string& label, DType* t_dtype) {
+  DType dtype;
+  if (a.safetensors_dtype) {
+    FC_ASSIGN_OR_RETURN(dtype, SafetensorsArrayDType(*a.safetensors_dtype, p.dtype, label));
+  } else {
+    // The type string: optional byte order, then kind and size ("<f4", "|b1", "u2").
+    const size_t kind_at = a.type.find_first_not_of("<>|=");
+    if (kind_at == std::string::npos || a.type.find('>') != std::string::npos) {
+      return DataLossError(label + ": numpy type '" + a.type + "' is not a little-endian " +
+                           "kind and size");
     }
-    if (p.global_shape) {
-      t.global_shape = *p.global_shape;
-    } else {
-      // Older metadata has no global shape: the chunks' bounding box.
-      for (const Chunk& c : t.chunks) {
-        if (t.global_shape.empty()) t.global_shape.assign(c.box.rank(), 0);
-        if (c.box.rank() != t.global_shape.size()) {
-          return DataLossError(meta_path + ": tensor '" + key + "' has chunks of different ranks");
-        }
-        for (size_t d = 0; d < c.box.rank(); ++d) {
-          int64_t end = 0;
-          if (__builtin_add_overflow(c.box.global_offset[d], c.box.local_shape[d], &end)) {
-            return DataLossError(meta_path + ": tensor '" + key + "' chunk " + c.box.ToString() +
-                                 " ends beyond 64-bit offsets");
-          }
-          t.global_shape[d] = std::max(t.global_shape[d], end);
-        }
-      }
+    FC_ASSIGN_OR_RETURN(dtype, NumpyDType(a.type.substr(kind_at), p.dtype, label));
+  }
+  if (first) *t_dtype = dtype;
+  if (dtype != *t_dtype) return DataLossError(label + ": arrays of one tensor differ in dtype");
+  Chunk chunk;
+  chunk.box = Box{c.global_offset, c.local_shape};
+  chunk.flat_range = c.flat_range;
+  chunk.file = file;
+  chunk.byte_offset = a.offset;
+  chunk.byte_length = a.length;
+  const Shape want_shape = c.flat_range ? Shape{c.flat_range->size()} : c.local_shape;
+  if (a.shape != want_shape) {
+    return DataLossError(label + ": the array has shape " + Box::Whole(a.shape).ToString() +
+                         ", expected " + Box::Whole(want_shape).ToString());
+  }
+  FC_ASSIGN_OR_RETURN(uint64_t bytes,
+                      CheckedByteSize(want_shape, DTypeSize(dtype)).With(label));
+  if (bytes != a.length) {
+    return DataLossError(label + ": the array holds " + std::to_string(a.length) +
+                         " bytes, its shape needs " + std::to_string(bytes));
+  }
+  if (a.fortran && !c.flat_range && want_shape.size() > 1) {
+    // Column-major: the first index moves fastest.
+    chunk.strides.resize(want_shape.size());
+    int64_t stride = 1;
+    for (size_t d = 0; d < want_shape.size(); ++d) {
+      chunk.strides[d] = stride;
+      stride *= want_shape[d];
     }
-    FC_RETURN_IF_ERROR_WITH(CheckedNumElements(t.global_shape).status(),
+  }
+  return chunk;
+}
+
+// The global shape of a tensor whose metadata has none: its chunks' bounding box.
+Status BoundingShape(const std::string& meta_path, const std::string& key, TensorEntry* t) {
+  for (const Chunk& c : t->chunks) {
+    if (t->global_shape.empty()) t->global_shape.assign(c.box.rank(), 0);
+    if (c.box.rank() != t->global_shape.size()) {
+      return DataLossError(meta_path + ": tensor '" + key + "' has chunks of different ranks");
+    }
+    for (size_t d = 0; d < c.box.rank(); ++d) {
+      int64_t end = 0;
+      if (__builtin_add_overflow(c.box.global_offset[d], c.box.local_shape[d], &end)) {
+        return DataLossError(meta_path + ": tensor '" + key + "' chunk " + c.box.ToString() +
+                             " ends beyond 64-bit offsets");
+      }
+      t->global_shape[d] = std::max(t->global_shape[d], end);
+    }
+  }
+  return Status::Ok();
+}
+
+// Tensor `key` from its metadata `p` and the located arrays.
+Result<TensorEntry> BuildTensor(const std::string& dir, const std::string& meta_path,
+                                const std::string& key, const Pending& p,
+                                ArraysByFile& arrays,
+                                const std::map<std::string, uint32_t>& file_index) {
+  TensorEntry t;
+  t.key = key;
+  t.dtype = p.dtype.value_or(DType::kFloat32);
+  std::set<std::string> files_used;  // paddle writes at most one chunk of a key per file
+  for (size_t i = 0; i < p.chunks.size(); ++i) {
+    const ChunkMeta& c = p.chunks[i];
+    const std::string& name = p.files[i];
+    const std::string label = JoinPath(dir, name) + ": " + ChunkLabel(key, c);
+    // Sizes from the file are checked before anything multiplies them.
+    FC_RETURN_IF_ERROR_WITH(CheckedNumElements(c.local_shape).status(), label);
+    if (!files_used.insert(name).second) {
+      return DataLossError(label + ": a second chunk of '" + key + "' placed in the same file "
+                           "(each file holds one array per key)");
+    }
+    auto it = arrays[name].find(key);
+    if (it == arrays[name].end()) {
+      return DataLossError(label + ": the file holds no array '" + key + "'");
+    }
+    FC_ASSIGN_OR_RETURN(Chunk chunk, ArrayChunk(it->second, c, p, file_index.at(name),
+                                                t.chunks.empty(), label, &t.dtype));
+    t.chunks.push_back(std::move(chunk));
+  }
+  if (p.global_shape) {
+    t.global_shape = *p.global_shape;
+  } else {
+    FC_RETURN_IF_ERROR(BoundingShape(meta_path, key, &t));
+  }
+  FC_RETURN_IF_ERROR_WITH(CheckedNumElements(t.global_shape).status(),
+                          meta_path + ": tensor '" + key + "'");
+  for (const Chunk& c : t.chunks) {
+    FC_RETURN_IF_ERROR_WITH(ValidateBox(c.box, t.global_shape),
                             meta_path + ": tensor '" + key + "'");
-    for (const Chunk& c : t.chunks) {
-      FC_RETURN_IF_ERROR_WITH(ValidateBox(c.box, t.global_shape),
-                              meta_path + ": tensor '" + key + "'");
-      if (c.flat_range && c.flat_range->exclusive_max > c.box.num_elements()) {
-        return DataLossError(meta_path + ": tensor '" + key + "': flattened range " +
-                             c.flat_range->ToString() + " passes the end of its block " +
-                             c.box.ToString());
-      }
+    if (c.flat_range && c.flat_range->exclusive_max > c.box.num_elements()) {
+      return DataLossError(meta_path + ": tensor '" + key + "': flattened range " +
+                           c.flat_range->ToString() + " passes the end of its block " +
+                           c.box.ToString());
     }
+  }
+  return t;
+}
+
+}  // namespace
+
+Result<CheckpointIndex> ReadPaddleFlexCheckpoint(const std::string& dir) {
+  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
+  FC_ASSIGN_OR_RETURN(const std::string meta_name, ChooseMetadata(dir, names));
+  const std::string meta_path = JoinPath(dir, meta_name);
+  FC_ASSIGN_OR_RETURN(std::vector<std::byte> meta_bytes, ReadWholeFile(meta_path, 1ull << 30));
+  FC_ASSIGN_OR_RETURN(PickleValue root, ParsePickle(meta_bytes).With(meta_path));
+  FC_ASSIGN_OR_RETURN(Fields md, ObjectFields(root, "Metadata", meta_path));
+  const PickleValue* sdm = Get(md, "state_dict_metadata");
+  const PickleValue* storage = Get(md, "storage_metadata");
+  if (sdm == nullptr || sdm->kind != Kind::kDict || storage == nullptr ||
+      storage->kind != Kind::kDict) {
+    return DataLossError(meta_path + ": Metadata lacks the state_dict_metadata and "
+                         "storage_metadata dicts");
+  }
+  const bool older = root.CalleeGlobal()->str == kOlderModule;
+  FC_ASSIGN_OR_RETURN(const StorageMap where, ReadStorageMetadata(*storage, meta_path));
+
+  CheckpointIndex index;
+  index.format = CheckpointFormat::kPaddleFlex;
+  index.root = dir;
+  index.attributes["paddle_metadata"] = meta_name;
+  index.attributes["paddle_metadata_module"] = std::string(older ? kOlderModule : kCurrentModule);
+  FC_ASSIGN_OR_RETURN(auto pending, ReadTensorMetadata(*sdm, where, meta_path));
+  std::map<std::string, uint32_t> file_index;
+  FC_ASSIGN_OR_RETURN(ArraysByFile arrays, LocateArrays(dir, pending, &file_index, &index));
+  for (auto& [key, p] : pending) {
+    FC_ASSIGN_OR_RETURN(TensorEntry t, BuildTensor(dir, meta_path, key, p, arrays, file_index));
     index.tensors.push_back(std::move(t));
   }
   return index;

@@ -43,8 +43,8 @@
 //
 // Cost: reads 8 to 16 elements per param and one per model chunk (plus whole params where
 // two candidates pass the samples), at open.
-#ifndef FC_SRC_FORMAT_TORCH_MEGATRON_BUCKETS_H_
-#define FC_SRC_FORMAT_TORCH_MEGATRON_BUCKETS_H_
+#ifndef FC_SRC_FORMAT_MEGATRON_MEGATRON_BUCKETS_H_
+#define FC_SRC_FORMAT_MEGATRON_MEGATRON_BUCKETS_H_
 
 #include <functional>
 #include <string>
@@ -69,4 +69,4 @@ MegatronBucketsOutcome MapMegatronOptimizerBuckets(
 
 }  // namespace fc
 
-#endif  // FC_SRC_FORMAT_TORCH_MEGATRON_BUCKETS_H_
+#endif  // FC_SRC_FORMAT_MEGATRON_MEGATRON_BUCKETS_H_

@@ -13,7 +13,7 @@
 // after every step (copy_ of the fp32 main params into the model params), so a candidate
 // that passes is the param unless two params hold equal weights, which the tie rule or a
 // refusal settles.
-#include "src/format/torch/megatron_buckets.h"
+#include "src/format/megatron/megatron_buckets.h"
 
 #include <algorithm>
 #include <charconv>
