@@ -15,6 +15,24 @@
 
 namespace fc::deepspeed_internal {
 
+namespace {
+
+// A rank's ZeRO-3 model states files in DP rank order. Errors: kNotFound naming the first
+// DP rank missing (`dir`: the checkpoint).
+Result<std::vector<const PtFile*>> Zero3Models(const RankFiles& rf, const std::string& dir) {
+  std::vector<const PtFile*> models;
+  for (const auto& [dp, f] : rf.model_z3) {
+    if (dp != static_cast<int64_t>(models.size())) {
+      return NotFoundError(dir + ": ZeRO-3 model states of DP rank " +
+                           std::to_string(models.size()) + " are missing");
+    }
+    models.push_back(f);
+  }
+  return models;
+}
+
+}  // namespace
+
 Status Reader::ReadRank(int64_t mp, RankFiles& rf) {
   std::vector<const PtFile*> optims;
   for (const auto& [dp, f] : rf.optim) {
@@ -106,14 +124,7 @@ Status Reader::ReadRank(int64_t mp, RankFiles& rf) {
   SetAttr("deepspeed.optimizer", variant, "mp rank " + std::to_string(mp));
   SetAttr("deepspeed.dp_degree", std::to_string(std::max<size_t>(1, optims.size())), "");
   if (variant == "zero3") {
-    std::vector<const PtFile*> models;
-    for (const auto& [dp, f] : rf.model_z3) {
-      if (dp != static_cast<int64_t>(models.size())) {
-        return NotFoundError(dir_ + ": ZeRO-3 model states of DP rank " +
-                             std::to_string(models.size()) + " are missing");
-      }
-      models.push_back(f);
-    }
+    FC_ASSIGN_OR_RETURN(const std::vector<const PtFile*> models, Zero3Models(rf, dir_));
     if (models.size() != optims.size()) {
       return NotFoundError(dir_ + ": " + std::to_string(models.size()) +
                            " ZeRO-3 model state files for " + std::to_string(optims.size()) +
@@ -125,14 +136,7 @@ Status Reader::ReadRank(int64_t mp, RankFiles& rf) {
   if (universal_ && rf.model == nullptr && !rf.model_z3.empty()) {
     // A stage-3 UCP keeps the per-rank model states (frozen fragments, buffers); the
     // trainable params are in zero/<param>/.
-    std::vector<const PtFile*> models;
-    for (const auto& [dp, f] : rf.model_z3) {
-      if (dp != static_cast<int64_t>(models.size())) {
-        return NotFoundError(dir_ + ": ZeRO-3 model states of DP rank " +
-                             std::to_string(models.size()) + " are missing");
-      }
-      models.push_back(f);
-    }
+    FC_ASSIGN_OR_RETURN(const std::vector<const PtFile*> models, Zero3Models(rf, dir_));
     FC_RETURN_IF_ERROR(AddFrozenZero3(models));
     return AddModule(*models[0], /*zero3_placeholders=*/true);
   }

@@ -30,6 +30,23 @@ std::set<std::string> BufferNames(const std::vector<Families>& per_tp) {
   return buffer_names;
 }
 
+// The TP ranks' tensors `key` (TP rank 0's first). Errors: kDataLoss naming the TP rank
+// that lacks it (`dir`: the checkpoint).
+Result<std::vector<TensorEntry*>> TpSlices(
+    const std::vector<std::map<std::string, TensorEntry*>>& by_rank, const std::string& key,
+    const std::string& dir) {
+  std::vector<TensorEntry*> parts;
+  for (size_t t = 0; t < by_rank.size(); ++t) {
+    auto it = by_rank[t].find(key);
+    if (it == by_rank[t].end()) {
+      return DataLossError(dir + ": tensor '" + key + "' of TP rank 0 is absent from TP rank " +
+                           std::to_string(t));
+    }
+    parts.push_back(it->second);
+  }
+  return parts;
+}
+
 // Without rules: every TP rank's tensors under per-rank names mp_rank_YY.<key>.
 Families MergeTpPerRank(std::vector<Families> per_tp) {
   const int64_t tp = static_cast<int64_t>(per_tp.size());
@@ -166,15 +183,7 @@ Result<Families> Reader::MergeTpBySourceLayout(std::vector<Families>& per_tp,
       }
     }
     for (const TensorEntry& e0 : per_tp[0].tensors[i]) {
-      std::vector<TensorEntry*> parts;
-      for (int64_t t = 0; t < tp; ++t) {
-        auto it = by_rank[static_cast<size_t>(t)].find(e0.key);
-        if (it == by_rank[static_cast<size_t>(t)].end()) {
-          return DataLossError(dir_ + ": tensor '" + e0.key + "' of TP rank 0 is absent from "
-                               "TP rank " + std::to_string(t));
-        }
-        parts.push_back(it->second);
-      }
+      FC_ASSIGN_OR_RETURN(std::vector<TensorEntry*> parts, TpSlices(by_rank, e0.key, dir_));
       const std::string name = e0.key.substr(kFamilyPrefix[i].size());
       if ((i == kBuffers || i == kModule) && buffer_names.count(name) &&
           !options_.tp_axis(name)) {
@@ -217,15 +226,7 @@ Result<Families> Reader::MergeTpByRules(std::vector<Families>& per_tp, const TpR
       }
     }
     for (const TensorEntry& e0 : per_tp[0].tensors[i]) {
-      std::vector<TensorEntry*> parts;
-      for (int64_t t = 0; t < tp; ++t) {
-        auto it = by_rank[static_cast<size_t>(t)].find(e0.key);
-        if (it == by_rank[static_cast<size_t>(t)].end()) {
-          return DataLossError(dir_ + ": tensor '" + e0.key + "' of TP rank 0 is absent from TP "
-                               "rank " + std::to_string(t));
-        }
-        parts.push_back(it->second);
-      }
+      FC_ASSIGN_OR_RETURN(std::vector<TensorEntry*> parts, TpSlices(by_rank, e0.key, dir_));
       const std::string name = e0.key.substr(kFamilyPrefix[i].size());
       // A buffer matching tp_replicated_parameter_patterns (DeepSpeed's first rule) takes
       // this rule too: ds_to_universal never compares buffers (it saves the first mp_rank

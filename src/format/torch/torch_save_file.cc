@@ -17,7 +17,8 @@
 namespace fc {
 namespace {
 
-// A legacy file (layout in the header). `head` holds the file's first bytes; kDataLoss when the pickles pass its end.
+// A legacy file (layout in the header) into *pt: its object and storages. `head` holds the
+// file's first bytes; kDataLoss when the pickles pass its end.
 Status ReadLegacyHead(std::span<const std::byte> head, TorchSaveFile* pt) {
   size_t pos = 0;
   std::vector<PickleValue> parts;
