@@ -1,4 +1,4 @@
-// libFuzzer harness: the DeepSpeed checkpoint reader (src/format/deepspeed/deepspeed.cc):
+// libFuzzer harness: the DeepSpeed checkpoint reader (src/format/deepspeed/reader.cc):
 // model states, ZeRO 1/2/3 and BF16_Optimizer partitions, pipeline layer files, MoE expert
 // files, Universal Checkpoints. It only opens directories, so each part of the input
 // (fuzz_util.h, at most 8) is one file of an in-memory tag directory: its first line the
