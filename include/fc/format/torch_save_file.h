@@ -86,10 +86,11 @@ Status OpenTorchSaveFile(const std::string& path, std::string name,
 
 // The pickle globals every torch.save file of a state dict may name and readers interpret as
 // plain data (never calling them): collections.OrderedDict, torch.Size / device / Tensor /
-// *Storage / float16 / bfloat16 / float32, the torch tensor rebuild functions, builtins set /
-// frozenset / getattr (read as an Enum member, never called), argparse.Namespace,
-// _codecs.encode and numpy's array, dtype and scalar reconstruction. A reader adds its
-// framework's own classes to it; anything else is kept opaque and reported.
+// *Storage and the torch dtypes fc knows (torch.float16, torch.bfloat16, ...), the torch tensor
+// rebuild functions, builtins set / frozenset / bytes / getattr (read as an Enum member, never
+// called), argparse.Namespace, _codecs.encode and numpy's array, dtype and scalar
+// reconstruction. One list for DeepSpeed and Megatron; a reader adds its framework's own
+// classes to it (DeepSpeed's); anything else is kept opaque and reported.
 bool TorchSaveDataGlobal(const std::string& module, const std::string& name);
 
 }  // namespace fc

@@ -129,7 +129,7 @@ void Reader::AddOptimizerStep() {
 void Reader::AddOpaqueGlobals() {
   auto& a = index_.attributes;
   std::set<std::string> opaque;
-  for (const auto& f : files_) CollectUnknownGlobals(f->root, AllowedGlobal, &opaque);
+  for (const auto& f : files_) CollectUnknownGlobals(f->root, TorchSaveDataGlobal, &opaque);
   if (!opaque.empty()) {
     std::string s;
     for (const std::string& g : opaque) s += (s.empty() ? "" : ", ") + g;

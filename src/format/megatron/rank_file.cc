@@ -1,8 +1,7 @@
-// Megatron rank files (rank_file.h): opening, args, the allow-list of globals.
+// Megatron rank files (rank_file.h): opening, locating, args.
 #include "src/format/megatron/rank_file.h"
 
 #include <cstring>
-#include <set>
 #include <span>
 #include <utility>
 
@@ -13,33 +12,17 @@ constexpr uint64_t kMaxPickleBytes = uint64_t{256} << 20;
 
 }  // namespace
 
-bool AllowedGlobal(const std::string& module, const std::string& name) {
-  static const std::set<std::pair<std::string, std::string>> kAllowed = {
-      {"collections", "OrderedDict"},
-      {"torch", "Size"},
-      {"torch", "device"},
-      {"__builtin__", "set"}, {"builtins", "set"},
-      {"__builtin__", "frozenset"}, {"builtins", "frozenset"},
-      {"__builtin__", "bytes"}, {"builtins", "bytes"},
-      // getattr(SomeEnum, 'member'): an Enum member pickled by Python >= 3.11; never called,
-      // and the enum class itself is reported when it is not allowed.
-      {"__builtin__", "getattr"}, {"builtins", "getattr"},
-      {"argparse", "Namespace"},
-      // Protocol 2 writes bytes objects (numpy RNG key arrays) as _codecs.encode(str, enc).
-      {"_codecs", "encode"},
-      {"numpy.core.multiarray", "_reconstruct"},
-      {"numpy._core.multiarray", "_reconstruct"},
-      {"numpy.core.multiarray", "scalar"},
-      {"numpy._core.multiarray", "scalar"},
-      {"numpy", "ndarray"},
-      {"numpy", "dtype"},
-  };
-  if (kAllowed.count({module, name})) return true;
-  if (module == "torch._utils" && name.starts_with("_rebuild_")) return true;
-  if (module == "torch._tensor" && name == "_rebuild_from_type_v2") return true;
-  if (module == "torch" && (name.ends_with("Storage") || name == "Tensor")) return true;
-  if (module == "torch" && TorchDTypeFromName(name).ok()) return true;  // params_dtype
-  return false;
+Result<Located> RankFile::Locate(const PV& v, const std::string& what) const {
+  FC_ASSIGN_OR_RETURN(TorchSaveFileTensor t, TorchSaveFile::Locate(&v, what));
+  Located l;
+  l.dtype = t.dtype;
+  l.shape = std::move(t.shape);
+  l.strides = std::move(t.strides);
+  l.contiguous = t.contiguous;
+  l.first = t.first;
+  l.file = index;
+  l.where = rel + ": " + what;
+  return l;
 }
 
 
@@ -89,24 +72,12 @@ Result<std::unique_ptr<RankFile>> OpenRankFile(const std::string& dir, const std
   auto rf = std::make_unique<RankFile>();
   rf->rel = rel;
   rf->index = index;
-  FC_ASSIGN_OR_RETURN(rf->file, RandomAccessFile::Open(dir + "/" + rel));
-  const RandomAccessFile* f = rf->file.get();
-  ZipReadFn read = [f](uint64_t off, std::span<std::byte> dst) { return f->ReadAt(off, dst); };
-  if (f->size() >= 2) {
-    std::byte magic[2];
-    FC_RETURN_IF_ERROR(f->ReadAt(0, magic));
-    if (magic[0] == std::byte{0x80}) {
-      return UnimplementedError(rel + ": a legacy (non-zip) torch.save file "
-                                "(_use_new_zipfile_serialization=False); fc reads Megatron "
-                                "checkpoints saved as torch.save zips (torch >= 1.6)");
-    }
-  }
-  auto archive = ReadTorchSaveArchive(f->size(), read);
-  if (!archive.ok()) return archive.status().With(rel);
-  rf->archive = std::move(*archive);
-  auto root = ReadTorchSavePickle(rf->archive, read, kMaxPickleBytes);
-  if (!root.ok()) return root.status().With(rel);
-  rf->root = std::move(*root);
+  TorchSaveOpenOptions options;
+  options.max_pickle_bytes = kMaxPickleBytes;
+  options.refuse_legacy = "a legacy (non-zip) torch.save file "
+                          "(_use_new_zipfile_serialization=False); fc reads Megatron "
+                          "checkpoints saved as torch.save zips (torch >= 1.6)";
+  FC_RETURN_IF_ERROR(OpenTorchSaveFile(dir + "/" + rel, rel, options, rf.get()));
   if (state_dict && DictEntries(&rf->root) == nullptr) {
     return DataLossError(rel + ": the saved object is " + rf->root.DebugString() +
                          ", expected Megatron's state dict (a dict with args, model, ...)");

@@ -1,6 +1,7 @@
 // A Megatron rank file (model_optim_rng.pt, distrib_optim.pt): a torch.save zip whose data.pkl
 // is parsed into a value tree (nothing runs), and the tensors of that tree located inside
-// their storage records (Located: dtype, shape, strides and the absolute file offset of the
+// their storage records (fc/format/torch_save_file.h; its allow-list, TorchSaveDataGlobal,
+// is the one fc reports megatron.opaque_globals against) (Located: dtype, shape, strides and the absolute file offset of the
 // first element). No tensor data is read when opening.
 #ifndef FC_SRC_FORMAT_MEGATRON_RANK_FILE_H_
 #define FC_SRC_FORMAT_MEGATRON_RANK_FILE_H_
@@ -12,7 +13,7 @@
 
 #include "fc/core/box.h"
 #include "fc/core/dtype.h"
-#include "fc/format/torch_save.h"
+#include "fc/format/torch_save_file.h"
 #include "fc/io/file.h"
 #include "src/format/megatron/pickle_values.h"
 
@@ -28,46 +29,15 @@ struct Located {
   std::string where;  // "<file>: <name>" for messages
 };
 
-struct RankFile {
+// A rank file is a torch.save file (fc/format/torch_save_file.h, named by `rel` in messages)
+// with its place in the rank grid.
+struct RankFile : TorchSaveFile {
   int64_t tp = 0, pp = 0, ep = 0;
   std::string rel;  // relative to the iteration dir
   uint32_t index = 0;
-  std::unique_ptr<RandomAccessFile> file;
-  TorchSaveArchive archive;
-  PickleValue root;
 
-  Result<Located> Locate(const PV& v, const std::string& what) const {
-    auto ref = DecodeTorchTensor(v);
-    if (!ref.ok()) return ref.status().With(rel + ": " + what);
-    const ZipEntry* e = archive.FindRecord("data/" + ref->storage_key);
-    if (e == nullptr) {
-      return DataLossError(rel + ": " + what + ": storage record 'data/" + ref->storage_key +
-                           "' is missing");
-    }
-    if (e->method != 0) {
-      return UnimplementedError(rel + ": " + what + ": storage record '" + e->name +
-                                "' is compressed");
-    }
-    if (e->compressed_size != ref->storage_bytes) {
-      return DataLossError(rel + ": " + what + ": storage record '" + e->name + "' has " +
-                           std::to_string(e->compressed_size) + " bytes, data.pkl says " +
-                           std::to_string(ref->storage_bytes));
-    }
-    if (e->data_exclusive_max() > file->size()) {
-      return DataLossError(rel + ": " + what + ": storage record '" + e->name +
-                           "' passes the end of the file");
-    }
-    Located l;
-    l.dtype = ref->dtype;
-    l.shape = ref->shape;
-    l.strides = ref->strides;
-    l.contiguous = ref->IsRowMajorContiguous();
-    // In range: DecodeTorchTensor checked that the view fits the storage.
-    l.first = e->data_offset + static_cast<uint64_t>(ref->storage_offset) * DTypeSize(l.dtype);
-    l.file = index;
-    l.where = rel + ": " + what;
-    return l;
-  }
+  // TorchSaveFile::Locate, with the file's index and "<rel>: <what>" for messages.
+  Result<Located> Locate(const PV& v, const std::string& what) const;
 };
 
 // The integral value of a one-element float32/float64/int64 tensor in `f` (torch Adam's
@@ -83,10 +53,6 @@ Result<std::unique_ptr<RankFile>> OpenRankFile(const std::string& dir, const std
 // args: an argparse.Namespace (NEWOBJ + BUILD of its __dict__) or a plain dict; nullptr
 // when the file has neither.
 const PV* ArgsDict(const RankFile& f);
-
-// The allow-list: globals whose meaning fc knows; anything else is kept as an opaque node
-// and reported in megatron.opaque_globals.
-bool AllowedGlobal(const std::string& module, const std::string& name);
 
 // A value pickled by torch.save for a tensor: REDUCE of a torch rebuild function.
 bool LooksLikeTensor(const PV& v);

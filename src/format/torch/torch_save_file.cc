@@ -237,22 +237,23 @@ bool TorchSaveDataGlobal(const std::string& module, const std::string& name) {
       // Python >= 3.11); never called.
       {"__builtin__", "getattr"}, {"builtins", "getattr"},
       {"__builtin__", "frozenset"}, {"builtins", "frozenset"},
+      {"__builtin__", "bytes"}, {"builtins", "bytes"},
       {"argparse", "Namespace"},
       // Protocol 2 writes bytes objects (numpy RNG key arrays) as _codecs.encode(str, enc).
       {"_codecs", "encode"},
       {"numpy.core.multiarray", "_reconstruct"},
       {"numpy._core.multiarray", "_reconstruct"},
       {"numpy.core.multiarray", "scalar"},
+      {"numpy._core.multiarray", "scalar"},
       {"numpy", "ndarray"},
       {"numpy", "dtype"},
   };
   if (kAllowed.count({module, name})) return true;
   if (module == "torch._utils" && name.starts_with("_rebuild_")) return true;
   if (module == "torch._tensor" && name == "_rebuild_from_type_v2") return true;
-  if (module == "torch" && (name.ends_with("Storage") || name == "Tensor" ||
-                            name == "bfloat16" || name == "float32" || name == "float16")) {
-    return true;
-  }
+  if (module == "torch" && (name.ends_with("Storage") || name == "Tensor")) return true;
+  // torch dtypes (Megatron's args.params_dtype, DeepSpeed's bf16/fp16 flags).
+  if (module == "torch" && TorchDTypeFromName(name).ok()) return true;
   return false;
 }
 
