@@ -25,6 +25,23 @@ const PV* PickleFindIntKey(const PV* dict, int64_t key) {
   return found;
 }
 
+std::optional<int64_t> PickleInt(const PV* v) {
+  if (v == nullptr || !v->is_int()) return std::nullopt;
+  return v->int_value;
+}
+
+std::optional<bool> PickleBool(const PV* v) {
+  if (v == nullptr || v->kind != PV::Kind::kBool) return std::nullopt;
+  return v->bool_value;
+}
+
+std::optional<double> PickleNumber(const PV* v) {
+  if (v == nullptr) return std::nullopt;
+  if (v->kind == PV::Kind::kFloat) return v->float_value;
+  if (v->is_int()) return static_cast<double>(v->int_value);
+  return std::nullopt;
+}
+
 const std::vector<PV::Ptr>* PickleListItems(const PV* v) {
   if (v == nullptr || (v->kind != PV::Kind::kList && v->kind != PV::Kind::kTuple)) {
     return nullptr;

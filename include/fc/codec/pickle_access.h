@@ -1,6 +1,6 @@
 // Reading plain data out of a parsed pickle (fc/codec/pickle.h) without interpreting it
 // further: dicts (a dict or a REDUCE'd collections.OrderedDict), lists and tuples, strs,
-// int-keyed entries and shapes (torch.Size or a tuple of ints). Each returns nullptr /
+// ints, bools and numbers, int-keyed entries and shapes (torch.Size or a tuple of ints). Each returns nullptr /
 // nullopt when the value is absent or of another kind, so a caller chains lookups and says
 // itself what it expected.
 //
@@ -30,6 +30,15 @@ const PickleValue* PickleFindIntKey(const PickleValue* dict, int64_t key);
 
 // The items of a list or tuple, or nullptr.
 const std::vector<PickleValue::Ptr>* PickleListItems(const PickleValue* v);
+
+// An int's value (not a bool's), or nullopt.
+std::optional<int64_t> PickleInt(const PickleValue* v);
+
+// A bool's value, or nullopt.
+std::optional<bool> PickleBool(const PickleValue* v);
+
+// An int or a float as a double, or nullopt.
+std::optional<double> PickleNumber(const PickleValue* v);
 
 // A str's text, or nullopt.
 std::optional<std::string> PickleStr(const PickleValue* v);

@@ -26,9 +26,9 @@ void Reader::AddModelAttributes() {
                           "num_experts", "normalization", "position_embedding_type"}) {
       const PV* v = args_->Find(k);
       if (v == nullptr) continue;
-      if (auto i = IntOf(v)) {
+      if (auto i = PickleInt(v)) {
         a[std::string("megatron.args.") + k] = std::to_string(*i);
-      } else if (auto b = BoolOf(v)) {
+      } else if (auto b = PickleBool(v)) {
         a[std::string("megatron.args.") + k] = *b ? "true" : "false";
       } else if (v->is_str()) {
         a[std::string("megatron.args.") + k] = v->str;
@@ -98,7 +98,7 @@ void Reader::AddOptimizerStep() {
   std::set<int64_t> steps;
   if (groups != nullptr && groups->is_list()) {
     for (const auto& g : groups->items) {
-      if (auto st = g ? IntOf(g->Find("step")) : std::nullopt) steps.insert(*st);
+      if (auto st = g ? PickleInt(g->Find("step")) : std::nullopt) steps.insert(*st);
     }
   }
   // torch's Adam/AdamW (Megatron-Core's optimizer without Transformer Engine or Apex, as on
@@ -111,7 +111,7 @@ void Reader::AddOptimizerStep() {
       for (const auto& [k, v] : states->entries) {
         const PV* step = v ? v->Find("step") : nullptr;
         if (step == nullptr) continue;
-        if (auto st = IntOf(step)) {
+        if (auto st = PickleInt(step)) {
           steps.insert(*st);
         } else if (auto st2 = ScalarStep(*files_[0], *step)) {
           steps.insert(*st2);

@@ -33,9 +33,9 @@ std::string RuleText(const BufferLayoutRule& r) {
 enum class Form { kCoalesced, kPerBucket, kWhole };
 
 Result<Form> StateForm(const PV& root, const std::string& rel) {
-  if (BoolOf(root.Find("buckets_coalesced")).value_or(false)) return Form::kCoalesced;
+  if (PickleBool(root.Find("buckets_coalesced")).value_or(false)) return Form::kCoalesced;
   if (root.Find("per_bucket_numel") != nullptr) return Form::kPerBucket;
-  for (const auto& [k, v] : *DictEntries(&root)) {
+  for (const auto& [k, v] : *PickleDictEntries(&root)) {
     if (!k || !k->is_int()) {
       return UnimplementedError(rel + ": key " + (k ? k->DebugString() : std::string("?")) +
                                 " and neither 'buckets_coalesced' nor 'per_bucket_numel': a "
@@ -157,11 +157,11 @@ std::optional<std::vector<int64_t>> RecordedBuckets(const PV& per_bucket_numel, 
   std::optional<std::vector<int64_t>> recorded_buckets;
   if (per_bucket_numel.is_list() && per_bucket_numel.items.size() == buffers &&
       per_bucket_numel.items[g]) {
-    const Entries* e = DictEntries(per_bucket_numel.items[g].get());
+    const Entries* e = PickleDictEntries(per_bucket_numel.items[g].get());
     if (e != nullptr && e->size() == 1 && (*e)[0].second && (*e)[0].second->is_list()) {
       std::vector<int64_t> sizes;
       for (const auto& item : (*e)[0].second->items) {
-        const std::optional<int64_t> n = IntOf(item.get());
+        const std::optional<int64_t> n = PickleInt(item.get());
         if (!n) break;
         sizes.push_back(*n);
       }
@@ -187,8 +187,8 @@ Result<SavedBuffer> LoadSavedBuffer(const RankFile& f, const RankFile& model, co
   s.max_padding = max_padding;
   const std::string& where = s.where;
   const PV* root = &state;
-  const PV* by_dtype = FindIntKey(*root, static_cast<int64_t>(g));
-  const Entries* entries = DictEntries(by_dtype);
+  const PV* by_dtype = PickleFindIntKey(root, static_cast<int64_t>(g));
+  const Entries* entries = PickleDictEntries(by_dtype);
   if (entries == nullptr || entries->size() != 1 || !(*entries)[0].first ||
       !(*entries)[0].second) {
     return DataLossError(where + ": expected {dtype: states}, found " +
@@ -206,7 +206,7 @@ Result<SavedBuffer> LoadSavedBuffer(const RankFile& f, const RankFile& model, co
   }
   const PV& states = *(*entries)[0].second;
   if (form == Form::kCoalesced) {
-    s.numel = IntOf(states.Find("numel_unpadded"));
+    s.numel = PickleInt(states.Find("numel_unpadded"));
     if (!s.numel || *s.numel < 0) return DataLossError(where + ": no numel_unpadded");
   }
   FC_RETURN_IF_ERROR(LoadStateTensors(states, g, &s));
@@ -395,9 +395,9 @@ Result<std::optional<FoundLayout>> FindLayout(const SavedBuffer& s,
 Result<std::vector<BufferLayoutRule>> Reader::LayoutCandidates(
     int64_t p, int64_t v, std::optional<int64_t> rank_numel) const {
   std::vector<std::optional<int64_t>> sizes;
-  const std::optional<bool> overlap = BoolOf(args_ ? args_->Find("overlap_grad_reduce") : nullptr);
+  const std::optional<bool> overlap = PickleBool(args_ ? args_->Find("overlap_grad_reduce") : nullptr);
   const std::optional<bool> with_step =
-      BoolOf(args_ ? args_->Find("overlap_param_gather_with_optimizer_step") : nullptr);
+      PickleBool(args_ ? args_->Find("overlap_param_gather_with_optimizer_step") : nullptr);
   // Megatron disables bucketing without overlap_grad_reduce, after the first pipeline stage,
   // after the first model chunk, and with overlap_param_gather_with_optimizer_step.
   if (!overlap.value_or(false) || p > 0 || v > 0 || with_step.value_or(false)) {
@@ -428,7 +428,7 @@ Result<std::vector<BufferLayoutRule>> Reader::LayoutCandidates(
   const int64_t instances =
       std::clamp<int64_t>(ArgInt("num_distributed_optimizer_instances").value_or(1), 1, 1 << 24);
   const bool busbw =
-      BoolOf(args_ ? args_->Find("ddp_pad_buckets_for_high_nccl_busbw") : nullptr).value_or(false);
+      PickleBool(args_ ? args_->Find("ddp_pad_buckets_for_high_nccl_busbw") : nullptr).value_or(false);
   std::set<int64_t> dps;
   for (int64_t d : {dp, dp * cp}) {
     dps.insert(d);
@@ -483,7 +483,7 @@ Status Reader::ReadRankDistribOptim(const RankFile& model, const Pieces& pieces,
     const size_t extra = has_experts ? 1 : 0;
     const bool per_chunk =
         vpp > 1 && items.size() == static_cast<size_t>(vpp) + extra &&
-        BoolOf(args_ ? args_->Find("overlap_param_gather_with_optimizer_step") : nullptr)
+        PickleBool(args_ ? args_->Find("overlap_param_gather_with_optimizer_step") : nullptr)
             .value_or(false);
     if (items.size() != 1 + extra && !per_chunk) {
       return UnimplementedError(rel + " holds " + std::to_string(items.size()) +
@@ -549,7 +549,7 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
                                   int64_t p, int64_t e, int64_t t, const Degrees& deg,
                                   int64_t vpp, std::optional<int64_t> chunk) {
   const PV* root = &state;
-  if (DictEntries(root) == nullptr) {
+  if (PickleDictEntries(root) == nullptr) {
     return DataLossError(rel + ": the saved object is " + root->DebugString() +
                          ", expected the distributed optimizer's parameter state");
   }
@@ -562,7 +562,7 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
   FC_ASSIGN_OR_RETURN(const std::vector<Buffer> buffers,
                       RankBuffers(model, pieces, p, e, t, vpp, experts, chunk));
   int64_t saved_buffers = 0;
-  for (const auto& [k, v] : *DictEntries(root)) {
+  for (const auto& [k, v] : *PickleDictEntries(root)) {
     if (k && k->is_int()) ++saved_buffers;
   }
   if (saved_buffers != static_cast<int64_t>(buffers.size())) {
@@ -574,7 +574,7 @@ Status Reader::ReadOptimizerState(const RankFile& model, const RankFile& f, cons
   FC_ASSIGN_OR_RETURN(const std::optional<int64_t> rank_numel,
                       RankNumel(model, pieces, p, e, t, vpp));
   const std::optional<bool> untie =
-      BoolOf(args_ ? args_->Find("untie_embeddings_and_output_weights") : nullptr);
+      PickleBool(args_ ? args_->Find("untie_embeddings_and_output_weights") : nullptr);
   const bool shared_embeddings = deg.pp > 1 && !untie.value_or(false);
   for (size_t g = 0; g < buffers.size(); ++g) {
     const Buffer& b = buffers[g];

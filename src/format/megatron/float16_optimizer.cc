@@ -26,24 +26,24 @@ Result<std::vector<GroupKind>> ParamGroupKinds(const PV* groups, const std::stri
   std::vector<GroupKind> kinds;
   for (size_t g = 0; g < groups->items.size(); ++g) {
     const PV* grp = groups->items[g].get();
-    if (grp == nullptr || DictEntries(grp) == nullptr) {
+    if (grp == nullptr || PickleDictEntries(grp) == nullptr) {
       return DataLossError(rel + ": param group " + std::to_string(g) + " is not a dict");
     }
     GroupKind k;
-    if (auto lr = NumberOf(grp->Find("lr_mult")); lr && *lr != 1.0) {
+    if (auto lr = PickleNumber(grp->Find("lr_mult")); lr && *lr != 1.0) {
       return UnimplementedError(rel + ": param group " + std::to_string(g) + " has lr_mult " +
                                 std::to_string(*lr) + " (scale_lr_cond: which params it holds "
                                 "is not recorded)");
     }
-    if (auto wd = NumberOf(grp->Find("wd_mult"))) {
+    if (auto wd = PickleNumber(grp->Find("wd_mult"))) {
       k.no_wd = *wd == 0.0;
     } else if (groups->items.size() == 2) {
       k.no_wd = g == 1;  // the oldest form: [weight decay, no weight decay]
     } else {
       return UnimplementedError(rel + ": param group " + std::to_string(g) + " has no wd_mult");
     }
-    k.expert = BoolOf(grp->Find("is_expert_parallel"));
-    k.decoupled = BoolOf(grp->Find("is_decoupled_lr"));
+    k.expert = PickleBool(grp->Find("is_expert_parallel"));
+    k.decoupled = PickleBool(grp->Find("is_decoupled_lr"));
     *decoupled_used |= k.decoupled.value_or(false);
     kinds.push_back(k);
   }
@@ -111,7 +111,7 @@ Status Reader::ReadFloat16State(const RankFile& f, const PV& state, const std::s
   const PV* groups = inner ? inner->Find("param_groups") : nullptr;
   const PV* states = inner ? inner->Find("state") : nullptr;
   if ((!fp32_optimizer && (masters == nullptr || !masters->is_list())) || groups == nullptr ||
-      !groups->is_list() || DictEntries(states) == nullptr) {
+      !groups->is_list() || PickleDictEntries(states) == nullptr) {
     return UnimplementedError(rel + " is not a Float16 optimizer's state ({optimizer: "
                               "{state, param_groups}, fp32_from_fp16_params}) nor an "
                               "FP32Optimizer's ({state, param_groups})");
@@ -187,12 +187,12 @@ Status Reader::ReadFloat16State(const RankFile& f, const PV& state, const std::s
         FC_ASSIGN_OR_RETURN(located[0], f.Locate(*fp32->items[next_master++],
                                                  "fp32 master of '" + name + "'"));
       }
-      const std::optional<int64_t> id = ids.items[i] ? IntOf(ids.items[i].get()) : std::nullopt;
+      const std::optional<int64_t> id = ids.items[i] ? PickleInt(ids.items[i].get()) : std::nullopt;
       if (id && !used_ids.insert(*id).second) {
         return DataLossError(rel + ": state " + std::to_string(*id) + " is listed twice in the "
                              "param groups");
       }
-      const PV* st = id ? FindIntKey(*states, *id) : nullptr;
+      const PV* st = id ? PickleFindIntKey(states, *id) : nullptr;
       if (st == nullptr) {
         return UnimplementedError(rel + ": no Adam state for '" + name + "' (param " +
                                   (id ? std::to_string(*id) : std::string("?")) +

@@ -88,7 +88,7 @@ std::optional<ExpertPos> ExpertOf(const std::vector<std::string_view>& parts) {
 Status FlattenStateDict(const RankFile& f, const PV& dict, const std::string& prefix, int depth,
                         std::vector<Piece>* out, int64_t* skipped) {
   if (depth > 16) return DataLossError(f.rel + ": state dict nested deeper than 16 levels");
-  for (const auto& [k, v] : *DictEntries(&dict)) {
+  for (const auto& [k, v] : *PickleDictEntries(&dict)) {
     if (!k || !k->is_str() || !v) {
       ++*skipped;
       continue;
@@ -100,7 +100,7 @@ Status FlattenStateDict(const RankFile& f, const PV& dict, const std::string& pr
     }
     if (LooksLikeTensor(*v)) {
       out->push_back(Piece{name, v.get()});
-    } else if (DictEntries(v.get()) != nullptr) {
+    } else if (PickleDictEntries(v.get()) != nullptr) {
       FC_RETURN_IF_ERROR(FlattenStateDict(f, *v, name, depth + 1, out, skipped));
     } else {
       ++*skipped;

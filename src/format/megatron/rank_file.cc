@@ -78,7 +78,7 @@ Result<std::unique_ptr<RankFile>> OpenRankFile(const std::string& dir, const std
                           "(_use_new_zipfile_serialization=False); fc reads Megatron "
                           "checkpoints saved as torch.save zips (torch >= 1.6)";
   FC_RETURN_IF_ERROR(OpenTorchSaveFile(dir + "/" + rel, rel, options, rf.get()));
-  if (state_dict && DictEntries(&rf->root) == nullptr) {
+  if (state_dict && PickleDictEntries(&rf->root) == nullptr) {
     return DataLossError(rel + ": the saved object is " + rf->root.DebugString() +
                          ", expected Megatron's state dict (a dict with args, model, ...)");
   }
@@ -89,10 +89,10 @@ Result<std::unique_ptr<RankFile>> OpenRankFile(const std::string& dir, const std
 const PV* ArgsDict(const RankFile& f) {
   const PV* a = f.root.Find("args");
   if (a == nullptr) return nullptr;
-  if (DictEntries(a) != nullptr) return a;
+  if (PickleDictEntries(a) != nullptr) return a;
   const PV* g = a->CalleeGlobal();
   if (g != nullptr && g->IsGlobal("argparse", "Namespace") && a->state &&
-      DictEntries(a->state.get()) != nullptr) {
+      PickleDictEntries(a->state.get()) != nullptr) {
     return a->state.get();
   }
   return nullptr;

@@ -47,7 +47,7 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
       }
     }
   }
-  swiglu_ = BoolOf(args_ ? args_->Find("swiglu") : nullptr);
+  swiglu_ = PickleBool(args_ ? args_->Find("swiglu") : nullptr);
   FC_RETURN_IF_ERROR(MergeTp(model.order, model.per_tp, swiglu_));
   FC_RETURN_IF_ERROR(MergeTp(optim.order, optim.per_tp, swiglu_));
   FC_RETURN_IF_ERROR(CheckCoverage());
@@ -155,7 +155,7 @@ Status Reader::CheckIterationAndVersion() {
   std::optional<int64_t> iteration;
   std::string version;
   for (const auto& f : files_) {
-    const auto it = IntOf(f->root.Find("iteration"));
+    const auto it = PickleInt(f->root.Find("iteration"));
     if (it && iteration && *it != *iteration) {
       return DataLossError(f->rel + ": iteration " + std::to_string(*it) + ", " + args_file_ +
                            ": " + std::to_string(*iteration));
@@ -208,7 +208,7 @@ Status Reader::CollectModelChunks() {
   for (const auto& [pet, f] : grid_) {
     for (int64_t v = 0; v < vpp_; ++v) {
       const PV* m = f->root.Find(ModelKey(v));
-      if (m == nullptr || DictEntries(m) == nullptr) {
+      if (m == nullptr || PickleDictEntries(m) == nullptr) {
         return DataLossError(f->rel + ": '" + ModelKey(v) + "' is " +
                              (m ? m->DebugString() : std::string("missing")) +
                              ", expected the model's state dict");

@@ -76,7 +76,7 @@ class Reader {
   void AddOpaqueGlobals();
 
   std::optional<int64_t> ArgInt(const char* key) const {
-    return args_ ? IntOf(args_->Find(key)) : std::nullopt;
+    return args_ ? PickleInt(args_->Find(key)) : std::nullopt;
   }
   Status CheckDegree(const char* key, int64_t found, const std::string& what) const;
   std::string ModelKey(int64_t v) const {
