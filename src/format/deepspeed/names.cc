@@ -4,6 +4,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fc/core/trim.h"
 #include "fc/format/file_names.h"
 #include "fc/io/file.h"
 
@@ -19,16 +20,6 @@ std::optional<NumberedName> MatchName(std::string_view n, std::string_view patte
     if ((*m)[i] >= 1'000'000'000) return std::nullopt;
   }
   return m;
-}
-
-std::string Trim(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' ||
-                        s.back() == '\t')) {
-    s.pop_back();
-  }
-  size_t i = 0;
-  while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;
-  return s.substr(i);
 }
 
 }  // namespace
@@ -87,7 +78,8 @@ Result<std::optional<std::string>> LatestTag(const std::string& dir, const std::
   const std::string latest = dir + "/" + file;
   if (!PathExists(latest) || IsDirectory(latest)) return std::optional<std::string>();
   FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(latest, 4096));
-  std::string tag = Trim(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  std::string tag(
+      TrimLineText(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
   if (tag.empty() || tag == "." || tag == ".." || tag.find('/') != std::string::npos ||
       tag.find('\0') != std::string::npos) {
     return DataLossError(latest + ": '" + tag + "' is not a tag directory name");

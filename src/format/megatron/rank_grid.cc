@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "fc/core/trim.h"
 #include "fc/format/file_names.h"
 #include "fc/io/file.h"
 #include "src/format/megatron/param_names.h"
@@ -16,17 +17,6 @@ std::string Padded(int64_t v, size_t width) {
   if (s.size() < width) s.insert(0, width - s.size(), '0');
   return s;
 }
-
-std::string Trim(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' ||
-                        s.back() == '\t')) {
-    s.pop_back();
-  }
-  size_t i = 0;
-  while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;
-  return s.substr(i);
-}
-
 
 }  // namespace
 
@@ -59,8 +49,8 @@ Result<std::optional<std::string>> LatestIterationDir(const std::string& save) {
   const std::string latest = save + "/" + std::string(kLatestFile);
   if (!PathExists(latest) || IsDirectory(latest)) return std::optional<std::string>();
   FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(latest, 4096));
-  const std::string text =
-      Trim(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  const std::string text(
+      TrimLineText(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
   if (text == "release") return std::optional<std::string>("release");
   int64_t iteration = 0;
   if (!ParseUint(text, &iteration)) {
