@@ -14,10 +14,10 @@
 #include "fc/exec/execute.h"
 #include "fc/exec/parallel.h"
 #include "fc/format/chunk_reader.h"
-#include "fc/format/deepspeed.h"
-#include "fc/format/megatron.h"
 #include "fc/format/open.h"
+#include "fc/format/optimizer_names.h"
 #include "fc/format/safetensors.h"
+#include "fc/format/weights.h"
 #include "fc/io/file.h"
 #include "fc/io/output_dir.h"
 #include "fc/ops/report_format.h"
@@ -32,19 +32,7 @@
 
 namespace fc {
 
-const std::vector<std::string> kDefaultOptimizerMarkers = {
-    "optim.",      "optimizer.",  ".exp_avg",        ".exp_avg_sq",      ".fp32_param",
-    ".moment1_0",  ".moment2_0",  ".w_0",            ".beta1_pow_acc_0", ".beta2_pow_acc_0",
-    ".master_weight"};
-
 namespace {
-
-bool IsOptimizerKey(const std::string& key, const std::vector<std::string>& markers) {
-  for (const std::string& m : markers) {
-    if (key.find(m) != std::string::npos) return true;
-  }
-  return false;
-}
 
 bool EndsWith(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -167,39 +155,11 @@ void WarnNotCarried(const ExportPlan& p) {
 Status BuildExportPlan(const ExportOptions& options, int processes,
                        std::vector<std::vector<int>> visibility, const JobMemory& job,
                        bool budget_given, ExportPlan& p) {
-  if (p.index.format == CheckpointFormat::kDeepSpeed) {
-    // Plain names: fp32 master weights (default) or the 16-bit module weights.
-    FC_ASSIGN_OR_RETURN(DeepSpeedWeights w, ParseDeepSpeedWeights(options.weights.empty()
-                                                                      ? "fp32"
-                                                                      : options.weights));
-    std::vector<std::string>& no_module_copy = p.no_module_copy;
-    if (w == DeepSpeedWeights::kModule) {
-      std::unordered_set<std::string> module_names;
-      for (const TensorEntry& t : p.index.tensors) {
-        if (t.key.starts_with("module.")) module_names.insert(t.key.substr(7));
-      }
-      for (const TensorEntry& t : p.index.tensors) {
-        if (!t.key.starts_with("module.") && !t.key.starts_with("optimizer.") &&
-            !module_names.count(t.key)) {
-          no_module_copy.push_back(t.key);
-        }
-      }
-    }
-    FC_RETURN_IF_ERROR(SelectDeepSpeedWeights(w, &p.index));
-  } else if (p.index.format == CheckpointFormat::kMegatronLegacy && !options.weights.empty()) {
-    // Plain names: the model weights (default, what Megatron's converters export) or the
-    // distributed optimizer's fp32 master weights.
-    FC_ASSIGN_OR_RETURN(DeepSpeedWeights w, ParseDeepSpeedWeights(options.weights));
-    if (w == DeepSpeedWeights::kFp32) FC_RETURN_IF_ERROR(SelectMegatronMasterWeights(&p.index));
-  } else if (!options.weights.empty()) {
-    return InvalidArgumentError("--weights applies to DeepSpeed and Megatron checkpoints only");
-  }
-  if (options.include_optimizer && p.index.format == CheckpointFormat::kMegatronLegacy) {
-    auto o = p.index.attributes.find("megatron.optimizer");
-    if (o != p.index.attributes.end() && o->second.find(", not read") != std::string::npos) {
-      auto d = p.index.attributes.find("megatron.distrib_optim");
-      spdlog::warn("{}: the optimizer states are not exported: {}", p.index.root,
-                   d != p.index.attributes.end() ? "distrib_optim.pt " + d->second : o->second);
+  FC_ASSIGN_OR_RETURN(WeightsSelected weights, SelectWeights(options.weights, &p.index));
+  p.no_module_copy = std::move(weights.no_module_copy);
+  if (options.include_optimizer) {
+    if (const std::string why = UnreadOptimizerStates(p.index); !why.empty()) {
+      spdlog::warn("{}: the optimizer states are not exported: {}", p.index.root, why);
     }
   }
   const CheckpointIndex& index = p.index;
