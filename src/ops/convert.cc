@@ -393,6 +393,54 @@ uint64_t WritePlanBytes(const FcDistcpPlan& plan) {
   return n;
 }
 
+// The objects of file 0: the input's (left out with --hf-family, or where the format has
+// no form for their encoding, with a warning when `report`), then the target's
+// (--from-hf-family --target-like), both through --include / --exclude.
+Status AddObjects(const ConvertOptions& options, const NameFilter& filter, bool report,
+                  ConvertPlan& p) {
+  // --hf-family: the output holds HF names; the Megatron save's non-tensor objects (its
+  // modules' _extra_state, iteration, args, ...) belong to Megatron's names and are left out.
+  if (!options.hf_family.empty() && !p.index.objects.empty()) {
+    if (report) {
+      spdlog::info("--hf-family {}: the source's {} non-tensor object(s) (e.g. '{}') are not "
+                   "carried into the HF-named output", options.hf_family, p.index.objects.size(),
+                   p.index.objects.front().key);
+    }
+  }
+  for (const ObjectEntry& o : p.index.objects) {
+    if (!options.hf_family.empty()) break;
+    if (!p.format->stores_object(o.encoding)) {
+      if (report) {
+        spdlog::warn("object '{}' is {}: left out of the {} output (no such form there)", o.key,
+                     o.encoding == ObjectEncoding::kRaw ? "raw bytes, not a torch.save value"
+                                                        : "a torch.save value",
+                     p.format->name);
+      }
+      continue;
+    }
+    p.objects.push_back(&o);
+    p.write_plan.files.front().objects.push_back({o.key, o.encoding, o.byte_length});
+  }
+  // --include / --exclude choose among the target's objects as among its tensors.
+  std::erase_if(p.target_objects,
+                [&](const CarriedObject& o) { return !filter.Passes(o.key); });
+  for (const CarriedObject& o : p.target_objects) {
+    if (!p.format->stores_object(o.encoding)) {
+      return InvalidArgumentError("--target-like " + options.target_like + ": object '" + o.key +
+                                  "' has no form in the " + std::string(p.format->name) +
+                                  " output; a Megatron target is written as torch-dcp");
+    }
+    for (const ObjectEntry* i : p.objects) {
+      if (i->key == o.key) {
+        return InvalidArgumentError("object '" + o.key + "' is both in the input and in "
+                                    "--target-like " + options.target_like);
+      }
+    }
+    p.write_plan.files.front().objects.push_back({o.key, o.encoding, o.bytes.size()});
+  }
+  return Status::Ok();
+}
+
 // `p.index` is open; `visibility` as PlanRequest::source_visibility; `job` and
 // `budget_given` as for the export (job_memory.h).
 Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write_manifest,
@@ -490,46 +538,7 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
     plan.files.push_back(std::move(file));
   }
   if (plan.files.empty()) return InvalidArgumentError("the target layout has no ranks");
-  // --hf-family: the output holds HF names; the Megatron save's non-tensor objects (its
-  // modules' _extra_state, iteration, args, ...) belong to Megatron's names and are left out.
-  if (!options.hf_family.empty() && !index.objects.empty()) {
-    if (write_manifest) {
-      spdlog::info("--hf-family {}: the source's {} non-tensor object(s) (e.g. '{}') are not "
-                   "carried into the HF-named output", options.hf_family, index.objects.size(),
-                   index.objects.front().key);
-    }
-  }
-  for (const ObjectEntry& o : index.objects) {
-    if (!options.hf_family.empty()) break;
-    if (!p.format->stores_object(o.encoding)) {
-      if (write_manifest) {
-        spdlog::warn("object '{}' is {}: left out of the {} output (no such form there)", o.key,
-                     o.encoding == ObjectEncoding::kRaw ? "raw bytes, not a torch.save value"
-                                                        : "a torch.save value",
-                     p.format->name);
-      }
-      continue;
-    }
-    p.objects.push_back(&o);
-    plan.files.front().objects.push_back({o.key, o.encoding, o.byte_length});
-  }
-  // --include / --exclude choose among the target's objects as among its tensors.
-  std::erase_if(p.target_objects,
-                [&](const CarriedObject& o) { return !filter.Passes(o.key); });
-  for (const CarriedObject& o : p.target_objects) {
-    if (!p.format->stores_object(o.encoding)) {
-      return InvalidArgumentError("--target-like " + options.target_like + ": object '" + o.key +
-                                  "' has no form in the " + std::string(p.format->name) +
-                                  " output; a Megatron target is written as torch-dcp");
-    }
-    for (const ObjectEntry* i : p.objects) {
-      if (i->key == o.key) {
-        return InvalidArgumentError("object '" + o.key + "' is both in the input and in "
-                                    "--target-like " + options.target_like);
-      }
-    }
-    plan.files.front().objects.push_back({o.key, o.encoding, o.bytes.size()});
-  }
+  FC_RETURN_IF_ERROR(AddObjects(options, filter, write_manifest, p));
   // The writer's checks (torch DCP: no flattened ranges, chunks that tile each tensor,
   // dtypes of the torch generation, ...) run on the plan here, so that --dry-run refuses
   // what the real run would, with the same message, before any output exists.

@@ -544,9 +544,10 @@ Status AddModuleOnlyFiles(const std::string& input, const CheckpointIndex& index
   return Status::Ok();
 }
 
-// `options` as PlannedWith gives them; `processes` and `visibility` as PlanRequest's.
-Status BuildJob(const ConvertOptions& options, int processes,
-                std::vector<std::vector<int>> visibility, UcpJob& job) {
+// The params written and what goes beside them: a DeepSpeed source's (ReadUcpSource), or
+// another source's found by their Adam names (or all, --ucp-fresh-optimizer; mapped by
+// --aoa) with the model states synthesized.
+Status ChooseParams(const ConvertOptions& options, UcpJob& job) {
   const CheckpointIndex& index = job.index;
   if (index.format == CheckpointFormat::kDeepSpeed) {
     if (options.ucp_zero3) {
@@ -638,6 +639,14 @@ Status BuildJob(const ConvertOptions& options, int processes,
     // it in optimizer_state.pt).
     if (!options.ucp_zero3) job.int_step = step;
   }
+  return Status::Ok();
+}
+
+// `options` as PlannedWith gives them; `processes` and `visibility` as PlanRequest's.
+Status BuildJob(const ConvertOptions& options, int processes,
+                std::vector<std::vector<int>> visibility, UcpJob& job) {
+  const CheckpointIndex& index = job.index;
+  FC_RETURN_IF_ERROR(ChooseParams(options, job));
   const bool zero3 = index.Attribute("deepspeed.optimizer") == "zero3" || options.ucp_zero3;
   PlanRequest request;
   request.kind = PlanKind::kExport;
