@@ -726,7 +726,7 @@ class TargetFilesJob : public OutputJob {
                                           p_.settings));
     return std::unique_ptr<JobPart>(std::make_unique<TargetFilesPart>(std::move(writer)));
   }
-  Status WriteBeforeExecute(JobPart* part, ChunkReader& reader,
+  Status WriteBeforeExecute(JobPart* part, const std::string& /*staging*/, ChunkReader& reader,
                             Communicator& comm) const override {
     return WriteObjects(p_, reader,
                         part ? &static_cast<TargetFilesPart*>(part)->writer() : nullptr, comm);

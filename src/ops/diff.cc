@@ -216,12 +216,6 @@ SlabResult CompareTolerance(DType da, const std::byte* a, DType db, const std::b
   return r;
 }
 
-std::string ShapeText(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 size_t WidestDType(const OutputTensor& t) {
   size_t widest = DTypeSize(t.dtype);
   for (const SourcePiece& piece : t.pieces) {

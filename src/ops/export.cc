@@ -22,7 +22,7 @@
 #include "fc/io/output_dir.h"
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
-#include "src/ops/claim_output.h"
+#include "src/ops/job.h"
 #include "src/ops/job_memory.h"
 #include "src/ops/plan_report.h"
 #include "src/ops/time_estimate.h"
@@ -311,10 +311,11 @@ void PrintPlan(const ExportPlan& p, const ExportOptions& options, std::ostream& 
   PrintProcessReport(plan, out);
 }
 
-// The export's writers: one safetensors file per plan file this process writes.
-class ExportSink : public PlanSink {
+// One process's part: a safetensors file per plan file it writes.
+class ExportPart : public JobPart {
  public:
   Status Open(const ExportPlan& p, const std::vector<uint32_t>& files, const std::string& staging) {
+    files_ = files;
     writers_.resize(p.shards.file_names.size());
     for (uint32_t f : files) {
       std::vector<SafetensorsTensorSpec> specs;
@@ -333,33 +334,62 @@ class ExportSink : public PlanSink {
                std::span<const std::byte> bytes) override {
     return writers_[file]->Write(slot, byte_offset, bytes);
   }
-  Status Finish(const std::vector<uint32_t>& files) {
-    for (uint32_t f : files) FC_RETURN_IF_ERROR(writers_[f]->Finish());
-    return Status::Ok();
+  Result<std::string> Finish() override {
+    for (uint32_t f : files_) FC_RETURN_IF_ERROR(writers_[f]->Finish());
+    return std::string();
   }
 
  private:
+  std::vector<uint32_t> files_;
   std::vector<std::unique_ptr<SafetensorsWriter>> writers_;
 };
 
-// This process's files, written completely under `staging` (not yet renamed into place).
-Result<ExecuteStats> WriteFiles(const ExportOptions& options, const ExportPlan& p,
-                                Communicator& comm, const std::string& staging) {
-  const int me = comm.rank();
-  const std::vector<uint32_t>& files = p.plan.per_process[static_cast<size_t>(me)].files;
-  ExportSink sink;
-  // Every process enters the executor, or none (it exchanges data in step).
-  FC_RETURN_IF_ERROR(comm.AllOk(sink.Open(p, files, staging)));
-  ChunkReader reader(p.index);
-  ExecuteOptions eo;
-  eo.comm = &comm;
-  eo.process = me;
-  eo.what = "exporting";
-  eo.progress = options.progress;
-  FC_ASSIGN_OR_RETURN(ExecuteStats stats, Execute(p.plan, reader, sink, eo));
-  FC_RETURN_IF_ERROR(sink.Finish(files));
-  return stats;
-}
+// The export as a job of the one job path (src/ops/job.h): whole files per process,
+// balanced by bytes (the plan's assignment); process 0 adds the index and renames the
+// staging directory onto OUT, so OUT holds nothing or the whole export.
+class ExportJob : public OutputJob {
+ public:
+  explicit ExportJob(const ExportOptions& options) : options_(options) {}
+  ExportPlan& export_plan() { return p_; }
+
+  const Plan& plan() const override { return p_.plan; }
+  const CheckpointIndex& source() const override { return p_.index; }
+  void PrintPlan(std::ostream& out) const override { fc::PrintPlan(p_, options_, out); }
+  Result<std::unique_ptr<JobPart>> CreatePart(const std::string& staging,
+                                              const std::vector<uint32_t>& files,
+                                              int /*process*/) const override {
+    if (files.empty()) return std::unique_ptr<JobPart>();
+    auto part = std::make_unique<ExportPart>();
+    FC_RETURN_IF_ERROR(part->Open(p_, files, staging));
+    return std::unique_ptr<JobPart>(std::move(part));
+  }
+  // --copy-from's files (process 0) and --objects (collective).
+  Status WriteBeforeExecute(JobPart*, const std::string& staging, ChunkReader&,
+                            Communicator& comm) const override {
+    FC_RETURN_IF_ERROR(
+        comm.AllOk(comm.rank() == 0 ? PrepareOutput(options_, p_, staging) : Status::Ok()));
+    if (!p_.index.objects.empty() && !options_.objects_dir.empty()) {
+      FC_RETURN_IF_ERROR(
+          DumpObjects(p_, ObjectsDir(options_, staging), comm).With("--objects"));
+    }
+    return Status::Ok();
+  }
+  Status Commit(JobPart*, std::span<const std::string>, OutputDir& output,
+                const std::string& staging) const override {
+    if (p_.shards.file_names.size() > 1) {
+      const std::string staged = JoinPath(staging, std::string(kHfIndexFileName));
+      FC_ASSIGN_OR_RETURN(auto index_file, WritableFile::Create(staged));
+      FC_RETURN_IF_ERROR(index_file->Append(WriteHfIndexJson(p_.tensor_bytes, p_.shards)));
+      FC_RETURN_IF_ERROR(index_file->Sync());
+      FC_RETURN_IF_ERROR(index_file->Close());
+    }
+    return output.Commit();
+  }
+
+ private:
+  ExportOptions options_;
+  ExportPlan p_;
+};
 
 // The options every process plans with: threads and budget agreed (AgreeOnResources).
 ExportOptions PlannedWith(const ExportOptions& options, Communicator& comm) {
@@ -400,21 +430,21 @@ Result<std::vector<std::string>> CopyFromFiles(const std::string& dir) {
 }
 
 Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out) {
-  RunStatsMeter meter;
   Communicator* comm = options.comm ? options.comm : &SingleProcessCommunicator();
   const int me = comm->rank();
   // Every step that can fail on one process alone ends in an agreement, so that no process
   // waits for one that has given up.
-  auto p = std::make_unique<ExportPlan>();
+  auto job = std::make_unique<ExportJob>(options);
+  ExportPlan* p = &job->export_plan();
   // The input as every process sees it (fc/ops/shared_input.h), opened everywhere.
   FC_ASSIGN_OR_RETURN(SharedInput input, ShareInput(options.input, *comm));
   FC_ASSIGN_OR_RETURN(p->index, OpenSharedCheckpoint(input, OpenOptions{.format = options.format, .source_split = options.source_split}, *comm));
   FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,
                       ShareVisibility(p->index, input, *comm));
-  const JobMemory job = MeasureJobMemory(*comm, options.memory_budget > 0);
+  const JobMemory memory = MeasureJobMemory(*comm, options.memory_budget > 0);
   FC_RETURN_IF_ERROR(
       comm->AllOk(BuildExportPlan(PlannedWith(options, *comm), comm->size(),
-                                  std::move(visibility), job, options.memory_budget > 0, *p)));
+                                  std::move(visibility), memory, options.memory_budget > 0, *p)));
   if (me == 0) {
     // -v: what the plan rests on, before any byte is read.
     spdlog::debug("{}: {}, {} tensor(s), {} object(s) in {} file(s)", options.input,
@@ -438,60 +468,21 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
     }
     FC_RETURN_IF_ERROR(comm->AllOk(listed));
   }
-  if (options.dry_run) {
-    // OUT as the real run would claim it, refused with the same message and exit code.
-    FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, input.local_path, *comm,
-                                            options.overwrite));
-    if (me == 0) PrintPlan(*p, options, out);
-    p->summary.tensors = p->outputs.size();
-    return p->summary;
-  }
-  // Process 0 claims OUT (lock, checks, a staging directory next to it: fc/io/output_dir.h);
-  // every process writes its files into that one staging directory; process 0 adds the
-  // index and renames the directory onto OUT, so OUT holds nothing or the whole export.
-  FC_ASSIGN_OR_RETURN(
-      ClaimedOutput claimed,
-      ClaimOutput(options.output_dir, input.local_path, *comm, options.overwrite,
-                  /*writes_here=*/!p->plan.per_process[static_cast<size_t>(me)].files.empty()));
-  std::unique_ptr<OutputDir>& output = claimed.dir;
-  const std::string& staging = claimed.staging;
-  FC_RETURN_IF_ERROR(comm->AllOk(me == 0 ? PrepareOutput(options, *p, staging) : Status::Ok()));
-  if (!p->index.objects.empty() && !options.objects_dir.empty()) {
-    FC_RETURN_IF_ERROR(DumpObjects(*p, ObjectsDir(options, staging), *comm).With("--objects"));
-  }
-
-  // Whole files per process, balanced by bytes (the plan's assignment).
-  const HfShardAssignment& shards = p->shards;
-  ExecuteStats executed;
-  Status written = [&]() -> Status {
-    Result<ExecuteStats> run = WriteFiles(options, *p, *comm, staging);
-    meter.InputsDone();
-    FC_ASSIGN_OR_RETURN(executed, std::move(run));
-    return Status::Ok();
-  }();
-  FC_RETURN_IF_ERROR(comm->AllOk(written));
-
-  p->summary.files = shards.file_names;
-  Status committed = [&]() -> Status {
-    if (me != 0) return Status::Ok();
-    if (shards.file_names.size() > 1) {
-      const std::string staged = JoinPath(staging, std::string(kHfIndexFileName));
-      FC_ASSIGN_OR_RETURN(auto index_file, WritableFile::Create(staged));
-      FC_RETURN_IF_ERROR(index_file->Append(WriteHfIndexJson(p->tensor_bytes, shards)));
-      FC_RETURN_IF_ERROR(index_file->Sync());
-      FC_RETURN_IF_ERROR(index_file->Close());
-    }
-    return output->Commit();
-  }();
-  FC_RETURN_IF_ERROR(comm->AllOk(committed));
-  if (shards.file_names.size() > 1) p->summary.files.push_back(std::string(kHfIndexFileName));
-  p->summary.copied = p->copy_files;
+  JobRun run;
+  run.tool = "fc-export";
+  run.what = "exporting";
+  run.output_dir = options.output_dir;
+  run.input = input.local_path;
+  run.overwrite = options.overwrite;
+  run.dry_run = options.dry_run;
+  run.progress = options.progress;
+  run.stats_file = options.stats_file;
+  FC_RETURN_IF_ERROR(RunJob(*job, run, *comm, out));
   p->summary.tensors = p->outputs.size();
-  if (!options.stats_file.empty()) {
-    FC_RETURN_IF_ERROR(WriteRunStats(options.stats_file, "fc-export", p->plan.bytes_needed,
-                                     meter.Finish(executed.peak_buffer_bytes, executed.bytes_sent,
-                                                  executed.bytes_received), *comm));
-  }
+  if (options.dry_run) return p->summary;
+  p->summary.files = p->shards.file_names;
+  if (p->shards.file_names.size() > 1) p->summary.files.push_back(std::string(kHfIndexFileName));
+  p->summary.copied = p->copy_files;
   return p->summary;
 }
 

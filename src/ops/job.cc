@@ -50,12 +50,12 @@ Status RunJob(const OutputJob& job, const JobRun& run, Communicator& comm, std::
     // Every process enters the executor, or none.
     FC_RETURN_IF_ERROR(comm.AllOk(made.status()));
     ChunkReader reader(job.source());
-    FC_RETURN_IF_ERROR(job.WriteBeforeExecute(part.get(), reader, comm));
+    FC_RETURN_IF_ERROR(job.WriteBeforeExecute(part.get(), claimed.staging, reader, comm));
     PartSink sink(part.get());
     ExecuteOptions eo;
     eo.comm = &comm;
     eo.process = me;
-    eo.what = "converting";
+    eo.what = run.what;
     eo.progress = run.progress;
     FC_ASSIGN_OR_RETURN(executed, Execute(plan, reader, sink, eo));
     meter.InputsDone();

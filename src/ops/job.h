@@ -1,5 +1,5 @@
 // Private to src/ops: the one path of a job that writes an output directory from a plan
-// (fc-convert's outputs, every entry of fc/format/output_format.h):
+// (every entry of fc-convert's output table, fc/format/output_format.h, and fc-export):
 //
 //   dry run: OUT checked as the run would claim it, the plan printed (process 0); or
 //   claim OUT (process 0: lock, staging directory; src/ops/claim_output.h)
@@ -58,10 +58,11 @@ class OutputJob {
   virtual Result<std::unique_ptr<JobPart>> CreatePart(const std::string& staging,
                                                       const std::vector<uint32_t>& files,
                                                       int process) const = 0;
-  // Collective, after every part exists and before the executor: what the parts write
-  // besides the plan's slots (convert: the objects, into the part of plan file 0).
-  virtual Status WriteBeforeExecute(JobPart* /*part*/, ChunkReader& /*reader*/,
-                                    Communicator& /*comm*/) const {
+  // Collective, after every part exists and before the executor: what is written besides
+  // the plan's slots (convert: the objects, into the part of plan file 0; export: the
+  // --copy-from files and --objects into `staging`).
+  virtual Status WriteBeforeExecute(JobPart* /*part*/, const std::string& /*staging*/,
+                                    ChunkReader& /*reader*/, Communicator& /*comm*/) const {
     return Status::Ok();
   }
   // Process 0, once every part finished: the job's own files into `staging` (copies,
@@ -73,6 +74,7 @@ class OutputJob {
 
 struct JobRun {
   std::string tool;        // for --stats: "fc-convert"
+  std::string what = "converting";  // the progress label
   std::string output_dir;  // OUT
   std::string input;       // this process's input path (OUT must not lie in it)
   bool overwrite = false;
