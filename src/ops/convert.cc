@@ -817,18 +817,7 @@ Result<ConvertJob> PlanTargetFiles(const ConvertOptions& options, const OutputFo
                     file.reads.size());
     }
   }
-  if (!options.copy_from.empty()) {
-    Status listed = Status::Ok();
-    if (me == 0) {
-      auto files = CopyFromFiles(options.copy_from);
-      if (files.ok()) {
-        job->copy_files() = std::move(*files);
-      } else {
-        listed = files.status();
-      }
-    }
-    FC_RETURN_IF_ERROR(comm.AllOk(listed));
-  }
+  FC_ASSIGN_OR_RETURN(job->copy_files(), ListCopyFromOnProcess0(options.copy_from, comm));
   ConvertSummary summary = p.summary;
   return ConvertJob{std::move(job), summary};
 }
@@ -893,14 +882,10 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
                       OpenSharedCheckpoint(input, planner->open(options), comm));
   FC_ASSIGN_OR_RETURN(ConvertJob planned,
                       planner->plan(options, format, std::move(index), input, comm));
-  JobRun run;
-  run.tool = "fc-convert";
-  run.output_dir = options.output_dir;
-  run.input = input.local_path;
-  run.overwrite = options.overwrite;
-  run.dry_run = options.dry_run;
-  run.progress = options.progress;
-  run.stats_file = options.stats_file;
+  const JobRun run{.tool = "fc-convert", .output_dir = options.output_dir,
+                   .input = input.local_path, .overwrite = options.overwrite,
+                   .dry_run = options.dry_run, .progress = options.progress,
+                   .stats_file = options.stats_file};
   FC_RETURN_IF_ERROR(RunJob(*planned.job, run, comm, out));
   return planned.summary;
 }

@@ -429,6 +429,23 @@ Result<std::vector<std::string>> CopyFromFiles(const std::string& dir) {
   return files;
 }
 
+Result<std::vector<std::string>> ListCopyFromOnProcess0(const std::string& dir,
+                                                        Communicator& comm) {
+  std::vector<std::string> files;
+  if (dir.empty()) return files;
+  Status listed = Status::Ok();
+  if (comm.rank() == 0) {
+    Result<std::vector<std::string>> found = CopyFromFiles(dir);
+    if (found.ok()) {
+      files = std::move(*found);
+    } else {
+      listed = found.status();
+    }
+  }
+  FC_RETURN_IF_ERROR(comm.AllOk(listed));
+  return files;
+}
+
 Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out) {
   Communicator* comm = options.comm ? options.comm : &SingleProcessCommunicator();
   const int me = comm->rank();
@@ -456,27 +473,11 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
     }
     WarnNotCarried(*p);
   }
-  if (!options.copy_from.empty()) {
-    Status listed = Status::Ok();
-    if (me == 0) {
-      auto files = CopyFromFiles(options.copy_from);
-      if (files.ok()) {
-        p->copy_files = std::move(*files);
-      } else {
-        listed = files.status();
-      }
-    }
-    FC_RETURN_IF_ERROR(comm->AllOk(listed));
-  }
-  JobRun run;
-  run.tool = "fc-export";
-  run.what = "exporting";
-  run.output_dir = options.output_dir;
-  run.input = input.local_path;
-  run.overwrite = options.overwrite;
-  run.dry_run = options.dry_run;
-  run.progress = options.progress;
-  run.stats_file = options.stats_file;
+  FC_ASSIGN_OR_RETURN(p->copy_files, ListCopyFromOnProcess0(options.copy_from, *comm));
+  const JobRun run{.tool = "fc-export", .what = "exporting", .output_dir = options.output_dir,
+                   .input = input.local_path, .overwrite = options.overwrite,
+                   .dry_run = options.dry_run, .progress = options.progress,
+                   .stats_file = options.stats_file};
   FC_RETURN_IF_ERROR(RunJob(*job, run, *comm, out));
   p->summary.tensors = p->outputs.size();
   if (options.dry_run) return p->summary;

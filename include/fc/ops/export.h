@@ -68,6 +68,10 @@ struct ExportOptions {
 // IoPolicy::follow_symlinks (--follow-symlinks), naming the file.
 inline constexpr uint64_t kMaxCopyFromBytes = 64ull << 20;
 Result<std::vector<std::string>> CopyFromFiles(const std::string& dir);
+// Collective: CopyFromFiles(dir) listed by process 0 (process 0 copies them), the others get
+// an empty list; the outcome agreed. Empty `dir`: none.
+Result<std::vector<std::string>> ListCopyFromOnProcess0(const std::string& dir,
+                                                        Communicator& comm);
 
 struct ExportSummary {
   std::vector<std::string> files;  // written, in order (index last when present)
