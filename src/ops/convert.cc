@@ -847,14 +847,6 @@ constexpr OutputPlanner kPlanners[] = {
 
 }  // namespace
 
-// The options every process plans with: threads and budget agreed (AgreeOnResources).
-ConvertOptions PlannedWith(const ConvertOptions& options, Communicator& comm) {
-  ConvertOptions planned = options;
-  const PlanResources r = AgreeOnResources(options.threads, options.memory_budget, comm);
-  planned.threads = r.threads;
-  planned.memory_budget = r.memory_budget;
-  return planned;
-}
 
 
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {

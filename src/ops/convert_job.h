@@ -20,9 +20,6 @@ struct ConvertJob {
   ConvertSummary summary;  // what RunConvert returns (also for --dry-run)
 };
 
-// The threads and memory budget every process plans with (AgreeOnResources).
-ConvertOptions PlannedWith(const ConvertOptions& options, Communicator& comm);
-
 }  // namespace fc
 
 #endif  // FC_SRC_OPS_CONVERT_JOB_H_

@@ -391,14 +391,6 @@ class ExportJob : public OutputJob {
   ExportPlan p_;
 };
 
-// The options every process plans with: threads and budget agreed (AgreeOnResources).
-ExportOptions PlannedWith(const ExportOptions& options, Communicator& comm) {
-  ExportOptions planned = options;
-  const PlanResources r = AgreeOnResources(options.threads, options.memory_budget, comm);
-  planned.threads = r.threads;
-  planned.memory_budget = r.memory_budget;
-  return planned;
-}
 
 }  // namespace
 
