@@ -32,6 +32,8 @@
 #include "fc/ops/run_stats.h"
 #include "src/ops/claim_output.h"
 #include "src/ops/convert_deepspeed.h"
+#include "src/ops/convert_job.h"
+#include "src/ops/job.h"
 #include "src/ops/job_memory.h"
 #include "src/ops/convert_ucp.h"
 #include "src/ops/plan_report.h"
@@ -391,6 +393,54 @@ uint64_t WritePlanBytes(const FcDistcpPlan& plan) {
   return n;
 }
 
+// The objects of file 0: the input's (left out with --hf-family, or where the format has
+// no form for their encoding, with a warning when `report`), then the target's
+// (--from-hf-family --target-like), both through --include / --exclude.
+Status AddObjects(const ConvertOptions& options, const NameFilter& filter, bool report,
+                  ConvertPlan& p) {
+  // --hf-family: the output holds HF names; the Megatron save's non-tensor objects (its
+  // modules' _extra_state, iteration, args, ...) belong to Megatron's names and are left out.
+  if (!options.hf_family.empty() && !p.index.objects.empty()) {
+    if (report) {
+      spdlog::info("--hf-family {}: the source's {} non-tensor object(s) (e.g. '{}') are not "
+                   "carried into the HF-named output", options.hf_family, p.index.objects.size(),
+                   p.index.objects.front().key);
+    }
+  }
+  for (const ObjectEntry& o : p.index.objects) {
+    if (!options.hf_family.empty()) break;
+    if (!p.format->stores_object(o.encoding)) {
+      if (report) {
+        spdlog::warn("object '{}' is {}: left out of the {} output (no such form there)", o.key,
+                     o.encoding == ObjectEncoding::kRaw ? "raw bytes, not a torch.save value"
+                                                        : "a torch.save value",
+                     p.format->name);
+      }
+      continue;
+    }
+    p.objects.push_back(&o);
+    p.write_plan.files.front().objects.push_back({o.key, o.encoding, o.byte_length});
+  }
+  // --include / --exclude choose among the target's objects as among its tensors.
+  std::erase_if(p.target_objects,
+                [&](const CarriedObject& o) { return !filter.Passes(o.key); });
+  for (const CarriedObject& o : p.target_objects) {
+    if (!p.format->stores_object(o.encoding)) {
+      return InvalidArgumentError("--target-like " + options.target_like + ": object '" + o.key +
+                                  "' has no form in the " + std::string(p.format->name) +
+                                  " output; a Megatron target is written as torch-dcp");
+    }
+    for (const ObjectEntry* i : p.objects) {
+      if (i->key == o.key) {
+        return InvalidArgumentError("object '" + o.key + "' is both in the input and in "
+                                    "--target-like " + options.target_like);
+      }
+    }
+    p.write_plan.files.front().objects.push_back({o.key, o.encoding, o.bytes.size()});
+  }
+  return Status::Ok();
+}
+
 // `p.index` is open; `visibility` as PlanRequest::source_visibility; `job` and
 // `budget_given` as for the export (job_memory.h).
 Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write_manifest,
@@ -488,46 +538,7 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
     plan.files.push_back(std::move(file));
   }
   if (plan.files.empty()) return InvalidArgumentError("the target layout has no ranks");
-  // --hf-family: the output holds HF names; the Megatron save's non-tensor objects (its
-  // modules' _extra_state, iteration, args, ...) belong to Megatron's names and are left out.
-  if (!options.hf_family.empty() && !index.objects.empty()) {
-    if (write_manifest) {
-      spdlog::info("--hf-family {}: the source's {} non-tensor object(s) (e.g. '{}') are not "
-                   "carried into the HF-named output", options.hf_family, index.objects.size(),
-                   index.objects.front().key);
-    }
-  }
-  for (const ObjectEntry& o : index.objects) {
-    if (!options.hf_family.empty()) break;
-    if (!p.format->stores_object(o.encoding)) {
-      if (write_manifest) {
-        spdlog::warn("object '{}' is {}: left out of the {} output (no such form there)", o.key,
-                     o.encoding == ObjectEncoding::kRaw ? "raw bytes, not a torch.save value"
-                                                        : "a torch.save value",
-                     p.format->name);
-      }
-      continue;
-    }
-    p.objects.push_back(&o);
-    plan.files.front().objects.push_back({o.key, o.encoding, o.byte_length});
-  }
-  // --include / --exclude choose among the target's objects as among its tensors.
-  std::erase_if(p.target_objects,
-                [&](const CarriedObject& o) { return !filter.Passes(o.key); });
-  for (const CarriedObject& o : p.target_objects) {
-    if (!p.format->stores_object(o.encoding)) {
-      return InvalidArgumentError("--target-like " + options.target_like + ": object '" + o.key +
-                                  "' has no form in the " + std::string(p.format->name) +
-                                  " output; a Megatron target is written as torch-dcp");
-    }
-    for (const ObjectEntry* i : p.objects) {
-      if (i->key == o.key) {
-        return InvalidArgumentError("object '" + o.key + "' is both in the input and in "
-                                    "--target-like " + options.target_like);
-      }
-    }
-    plan.files.front().objects.push_back({o.key, o.encoding, o.bytes.size()});
-  }
+  FC_RETURN_IF_ERROR(AddObjects(options, filter, write_manifest, p));
   // The writer's checks (torch DCP: no flattened ranges, chunks that tile each tensor,
   // dtypes of the torch generation, ...) run on the plan here, so that --dry-run refuses
   // what the real run would, with the same message, before any output exists.
@@ -566,22 +577,6 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
   p.summary.objects = p.objects.size() + p.target_objects.size();
   return Status::Ok();
 }
-
-// The convert's writers, as the executor's sink (none on a process without target files:
-// it only reads for others).
-class PartSink : public PlanSink {
- public:
-  explicit PartSink(TargetFilesWriter* part) : part_(part) {}
-  Status Write(uint32_t file, uint32_t slot, uint64_t byte_offset,
-               std::span<const std::byte> bytes) override {
-    if (part_ == nullptr) return InternalError("write item for a process without target files");
-    return part_->WriteChunk(file, slot, byte_offset, bytes);
-  }
-
- private:
-  TargetFilesWriter* part_;
-};
-
 
 // Objects (with file 0), copied byte for byte.
 // Objects go into target file 0. Collective: with every file visible everywhere its writer
@@ -629,31 +624,6 @@ Status WriteObjects(const ConvertPlan& p, ChunkReader& reader, TargetFilesWriter
     }
   }
   return comm.AllOk(written);
-}
-
-// This process's files: objects (with file 0), then its write items through the executor,
-// which every process enters (it exchanges data in step), also one without target files.
-Result<ExecuteStats> WritePart(const ConvertOptions& options, const ConvertPlan& p,
-                               Communicator& comm, TargetFilesWriter* part) {
-  const int me = comm.rank();
-  ChunkReader reader(p.index);
-  FC_RETURN_IF_ERROR(WriteObjects(p, reader, part, comm));
-  PartSink sink(part);
-  ExecuteOptions eo;
-  eo.comm = &comm;
-  eo.process = me;
-  eo.what = "converting";
-  eo.progress = options.progress;
-  return Execute(p.plan, reader, sink, eo);
-}
-
-// The options every process plans with: threads and budget agreed (AgreeOnResources).
-ConvertOptions PlannedWith(const ConvertOptions& options, Communicator& comm) {
-  ConvertOptions planned = options;
-  const PlanResources r = AgreeOnResources(options.threads, options.memory_budget, comm);
-  planned.threads = r.threads;
-  planned.memory_budget = r.memory_budget;
-  return planned;
 }
 
 }  // namespace
@@ -712,6 +682,173 @@ Status CopyFromDir(const ConvertOptions& options, const std::vector<std::string>
 
 }  // namespace
 
+namespace {
+
+// A kTargetFiles part: the format's TargetFilesWriter of this process's target files.
+class TargetFilesPart : public JobPart {
+ public:
+  explicit TargetFilesPart(std::unique_ptr<TargetFilesWriter> writer)
+      : writer_(std::move(writer)) {}
+  Status Write(uint32_t file, uint32_t slot, uint64_t byte_offset,
+               std::span<const std::byte> bytes) override {
+    return writer_->WriteChunk(file, slot, byte_offset, bytes);
+  }
+  Result<std::string> Finish() override { return writer_->FinishDataFiles(); }
+  TargetFilesWriter& writer() { return *writer_; }
+
+ private:
+  std::unique_ptr<TargetFilesWriter> writer_;
+};
+
+// fc distcp and torch DCP output: one data file per target rank (ConvertPlan), objects with
+// file 0, then the sidecars and --copy-from files, and the writer's metadata at the commit.
+class TargetFilesJob : public OutputJob {
+ public:
+  TargetFilesJob(const ConvertOptions& options, std::string source_dir)
+      : options_(options), source_dir_(std::move(source_dir)) {}
+  ConvertPlan& convert_plan() { return p_; }
+  std::vector<std::string>& copy_files() { return copy_files_; }
+
+  const Plan& plan() const override { return p_.plan; }
+  const CheckpointIndex& source() const override { return p_.index; }
+  void PrintPlan(std::ostream& out) const override {
+    fc::PrintPlan(p_.index, p_.plan, p_.ranks, options_, out);
+  }
+  // Target files shared out by bytes (the plan's assignment); process 0 always has one, so
+  // it can commit. None: this process only reads.
+  Result<std::unique_ptr<JobPart>> CreatePart(const std::string& staging,
+                                              const std::vector<uint32_t>& planned,
+                                              int /*process*/) const override {
+    if (planned.empty()) return std::unique_ptr<JobPart>();
+    const std::vector<size_t> files(planned.begin(), planned.end());
+    FC_ASSIGN_OR_RETURN(std::unique_ptr<TargetFilesWriter> writer,
+                        p_.format->create(options_.output_dir, p_.write_plan, files, staging,
+                                          p_.settings));
+    return std::unique_ptr<JobPart>(std::make_unique<TargetFilesPart>(std::move(writer)));
+  }
+  Status WriteBeforeExecute(JobPart* part, const std::string& /*staging*/, ChunkReader& reader,
+                            Communicator& comm) const override {
+    return WriteObjects(p_, reader,
+                        part ? &static_cast<TargetFilesPart*>(part)->writer() : nullptr, comm);
+  }
+  Status Commit(JobPart* part, std::span<const std::string> parts, OutputDir& output,
+                const std::string& staging) const override;
+
+ private:
+  ConvertOptions options_;
+  std::string source_dir_;  // process 0's input path (Megatron's sidecars are beside it)
+  ConvertPlan p_;
+  std::vector<std::string> copy_files_;  // --copy-from's files, listed by process 0
+};
+
+Status TargetFilesJob::Commit(JobPart* part, std::span<const std::string> parts,
+                              OutputDir& output, const std::string& staging) const {
+  // Megatron's metadata.json and common.pt describe a Megatron save: not for HF names.
+  if (p_.format->name == "torch-dcp" && options_.hf_family.empty() &&
+      options_.from_hf_family.empty()) {
+    FC_RETURN_IF_ERROR(CopyMegatronSidecars(p_.index, source_dir_, staging));
+  }
+  // --from-hf-family: the Megatron target's own metadata.json and common.pt (the new run's
+  // step 0: its backend, iteration and common state), which dist_checkpointing.load reads.
+  if (p_.format->name == "torch-dcp" && !options_.from_hf_family.empty() &&
+      !options_.target_like.empty() &&
+      PathExists(JoinPath(options_.target_like, "metadata.json"))) {
+    for (const char* name : {"metadata.json", "common.pt"}) {
+      const std::string from = JoinPath(options_.target_like, name);
+      if (!PathExists(from)) continue;
+      FC_RETURN_IF_ERROR(CopyWholeFile(from, JoinPath(staging, name), kMaxSidecarBytes)
+                             .With("--from-hf-family: Megatron's " + std::string(name) +
+                                   " of --target-like"));
+    }
+  }
+  FC_RETURN_IF_ERROR(CopyFromDir(options_, copy_files_, staging));
+  if (part == nullptr) return InternalError("process 0 was assigned no target file");
+  FC_RETURN_IF_ERROR(static_cast<TargetFilesPart*>(part)->writer().Commit(parts));
+  output.MarkCommitted();  // the writer renamed it
+  return Status::Ok();
+}
+
+// Every process plans (planning reads metadata only); the write plan and the file
+// assignment come out the same everywhere (write items may differ with each machine's
+// threads and memory, not the files). Agreeing on the outcome keeps a process that failed
+// alone (an unreadable file) from leaving the others waiting.
+Result<ConvertJob> PlanTargetFiles(const ConvertOptions& options, const OutputFormat* format,
+                                   CheckpointIndex index, SharedInput& input,
+                                   Communicator& comm) {
+  const int me = comm.rank();
+  auto job = std::make_unique<TargetFilesJob>(options, input.local_path);
+  ConvertPlan& p = job->convert_plan();
+  p.format = format;
+  p.index = std::move(index);
+  FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,
+                      ShareVisibility(p.index, input, comm));
+  p.settings.torch_version = options.torch_version;
+  p.settings.torch_serialization = options.torch_serialization;
+  if (auto g = p.index.attributes.find("torch_generation"); g != p.index.attributes.end()) {
+    p.settings.source_torch_generation = g->second;
+  }
+  int processes = comm.size();
+  if (options.dry_run && options.simulate_processes > 0) {
+    if (comm.size() > 1) {
+      return InvalidArgumentError("--simulate-processes plans for processes that are not "
+                                  "started: run it as one process, not under mpirun");
+    }
+    processes = options.simulate_processes;
+    visibility = SimulatedVisibility(p.index, processes, options.simulate_shared);
+  }
+  FC_ASSIGN_OR_RETURN(p.like_manifest, ShareTargetLike(options, comm));
+  FC_ASSIGN_OR_RETURN(p.target_objects, ShareTargetObjects(options, comm));
+  const JobMemory memory = MeasureJobMemory(comm, options.memory_budget > 0);
+  FC_RETURN_IF_ERROR(comm.AllOk(
+      BuildConvertPlan(PlannedWith(options, comm), processes, me == 0, std::move(visibility),
+                       memory, options.memory_budget > 0, p)));
+  // Chunks several workers write at once are hashed as written (fc/format/output_format.h),
+  // in what the budget leaves beyond the plan's own buffers.
+  p.settings.reorder_bytes = ReorderAllowance(p.plan.memory);
+  if (me == 0) {
+    // -v: what the plan rests on, before any byte is read.
+    spdlog::debug("{}: {}, {} tensor(s), {} object(s) in {} file(s)", options.input,
+                  CheckpointFormatName(p.index.format), p.index.tensors.size(),
+                  p.index.objects.size(), p.index.files.size());
+    for (size_t f = 0; f < p.plan.files.size(); ++f) {
+      const PlanFile& file = p.plan.files[f];
+      spdlog::debug("target rank {} ({}): process {}, {} chunk(s), {}, reads {} source file(s)",
+                    p.ranks[f], file.name, file.process, file.slots.size(), HumanBytes(file.bytes),
+                    file.reads.size());
+    }
+  }
+  FC_ASSIGN_OR_RETURN(job->copy_files(), ListCopyFromOnProcess0(options.copy_from, comm));
+  ConvertSummary summary = p.summary;
+  return ConvertJob{std::move(job), summary};
+}
+
+// The planner of each shape of the output table, with the flags it refuses before the
+// input is opened and how it opens the input.
+struct OutputPlanner {
+  OutputShape shape;
+  Status (*check)(const ConvertOptions& options);
+  OpenOptions (*open)(const ConvertOptions& options);
+  Result<ConvertJob> (*plan)(const ConvertOptions& options, const OutputFormat* format,
+                             CheckpointIndex index, SharedInput& input, Communicator& comm);
+};
+
+Status NoChecks(const ConvertOptions&) { return Status::Ok(); }
+OpenOptions OpenWithSplit(const ConvertOptions& o) {
+  return OpenOptions{.format = o.format, .source_split = o.source_split};
+}
+OpenOptions OpenWithFormat(const ConvertOptions& o) { return OpenOptions{.format = o.format}; }
+
+constexpr OutputPlanner kPlanners[] = {
+    {OutputShape::kTargetFiles, NoChecks, OpenWithSplit, PlanTargetFiles},
+    {OutputShape::kDeepSpeedUniversal, CheckUcpOptions, OpenWithSplit, PlanUcp},
+    {OutputShape::kDeepSpeedRepartitioned, CheckDeepSpeedOptions, OpenWithFormat,
+     PlanDeepSpeed},
+};
+
+}  // namespace
+
+
+
 Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& out) {
   FC_ASSIGN_OR_RETURN(const OutputFormat* format, FindOutputFormat(options.output_format));
   if (!options.from_hf_family.empty() && format->shape != OutputShape::kTargetFiles) {
@@ -724,148 +861,25 @@ Result<ConvertSummary> RunConvert(const ConvertOptions& options, std::ostream& o
                                 " applies to --output-format fc and torch-dcp, not " +
                                 std::string(format->name));
   }
-  if (format->shape == OutputShape::kDeepSpeedUniversal) return RunConvertUcp(options, out);
-  if (format->shape == OutputShape::kDeepSpeedRepartitioned) {
-    return RunConvertDeepSpeed(options, out);
+  const OutputPlanner* planner = nullptr;
+  for (const OutputPlanner& p : kPlanners) {
+    if (p.shape == format->shape) planner = &p;
   }
-  RunStatsMeter meter;
-  Communicator* comm = options.comm ? options.comm : &SingleProcessCommunicator();
-  const int me = comm->rank();
-  // Every process plans (planning reads metadata only); the write plan and the file
-  // assignment come out the same everywhere (write items may differ with each machine's
-  // threads and memory, not the files). Agreeing on the outcome keeps a process that failed
-  // alone (an unreadable file) from leaving the others waiting.
-  auto p = std::make_unique<ConvertPlan>();
-  p->format = format;
+  if (planner == nullptr) return InternalError("no planner for output format " + std::string(format->name));
+  FC_RETURN_IF_ERROR(planner->check(options));
+  Communicator& comm = options.comm ? *options.comm : SingleProcessCommunicator();
   // The input as every process sees it (fc/ops/shared_input.h), opened everywhere.
-  FC_ASSIGN_OR_RETURN(SharedInput input, ShareInput(options.input, *comm));
-  FC_ASSIGN_OR_RETURN(p->index, OpenSharedCheckpoint(input, OpenOptions{.format = options.format, .source_split = options.source_split}, *comm));
-  FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,
-                      ShareVisibility(p->index, input, *comm));
-  p->settings.torch_version = options.torch_version;
-  p->settings.torch_serialization = options.torch_serialization;
-  if (auto g = p->index.attributes.find("torch_generation"); g != p->index.attributes.end()) {
-    p->settings.source_torch_generation = g->second;
-  }
-  int processes = comm->size();
-  if (options.dry_run && options.simulate_processes > 0) {
-    if (comm->size() > 1) {
-      return InvalidArgumentError("--simulate-processes plans for processes that are not "
-                                  "started: run it as one process, not under mpirun");
-    }
-    processes = options.simulate_processes;
-    visibility = SimulatedVisibility(p->index, processes, options.simulate_shared);
-  }
-  FC_ASSIGN_OR_RETURN(p->like_manifest, ShareTargetLike(options, *comm));
-  FC_ASSIGN_OR_RETURN(p->target_objects, ShareTargetObjects(options, *comm));
-  const JobMemory job = MeasureJobMemory(*comm, options.memory_budget > 0);
-  FC_RETURN_IF_ERROR(comm->AllOk(
-      BuildConvertPlan(PlannedWith(options, *comm), processes, me == 0, std::move(visibility),
-                       job, options.memory_budget > 0, *p)));
-  // Chunks several workers write at once are hashed as written (fc/format/output_format.h),
-  // in what the budget leaves beyond the plan's own buffers.
-  p->settings.reorder_bytes = ReorderAllowance(p->plan.memory);
-  if (me == 0) {
-    // -v: what the plan rests on, before any byte is read.
-    spdlog::debug("{}: {}, {} tensor(s), {} object(s) in {} file(s)", options.input,
-                  CheckpointFormatName(p->index.format), p->index.tensors.size(),
-                  p->index.objects.size(), p->index.files.size());
-    for (size_t f = 0; f < p->plan.files.size(); ++f) {
-      const PlanFile& file = p->plan.files[f];
-      spdlog::debug("target rank {} ({}): process {}, {} chunk(s), {}, reads {} source file(s)",
-                    p->ranks[f], file.name, file.process, file.slots.size(), HumanBytes(file.bytes),
-                    file.reads.size());
-    }
-  }
-  std::vector<std::string> copy_files;
-  if (!options.copy_from.empty()) {
-    Status listed = Status::Ok();
-    if (me == 0) {
-      auto files = CopyFromFiles(options.copy_from);
-      if (files.ok()) {
-        copy_files = std::move(*files);
-      } else {
-        listed = files.status();
-      }
-    }
-    FC_RETURN_IF_ERROR(comm->AllOk(listed));
-  }
-  if (options.dry_run) {
-    // OUT as the real run would claim it (not nested with the input, absent or empty), with
-    // its message; no lock is taken and nothing is created.
-    FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, input.local_path, *comm,
-                                            options.overwrite));
-    if (me == 0) PrintPlan(p->index, p->plan, p->ranks, options, out);
-    return p->summary;
-  }
-  // Process 0 claims OUT (lock, checks, a staging directory next to it: fc/io/output_dir.h),
-  // everyone writes into the staging directory, process 0 commits it. Until then, and on
-  // any failure, `output` removes the staging directory.
-  // Target files shared out by bytes (the plan's assignment); process 0 always has one, so
-  // it can commit.
-  const std::vector<uint32_t>& planned = p->plan.per_process[static_cast<size_t>(me)].files;
-  FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
-                      ClaimOutput(options.output_dir, input.local_path, *comm,
-                                  options.overwrite, /*writes_here=*/!planned.empty()));
-  std::unique_ptr<OutputDir>& output = claimed.dir;
-  const std::string& staging = claimed.staging;
-
-  const std::vector<size_t> files(planned.begin(), planned.end());
-  std::unique_ptr<TargetFilesWriter> part;
-  ExecuteStats executed;
-  std::string digests;
-  Status written = [&]() -> Status {
-    Status created = Status::Ok();
-    if (!files.empty()) {  // more processes than target files: this one only reads
-      Result<std::unique_ptr<TargetFilesWriter>> made =
-          p->format->create(options.output_dir, p->write_plan, files, staging, p->settings);
-      if (made.ok()) part = std::move(*made);
-      created = made.status();
-    }
-    // Every process enters WritePart, or none.
-    FC_RETURN_IF_ERROR(comm->AllOk(created));
-    FC_ASSIGN_OR_RETURN(executed, WritePart(options, *p, *comm, part.get()));
-    meter.InputsDone();
-    if (part) {
-      FC_ASSIGN_OR_RETURN(digests, part->FinishDataFiles());
-    }
-    return Status::Ok();
-  }();
-  // A failed part removes its own files now, before process 0 removes the directory.
-  if (!written.ok()) part.reset();
-  FC_RETURN_IF_ERROR(comm->AllOk(written));
-  const std::vector<std::string> messages = comm->Gather(digests, 0);
-  Status committed = Status::Ok();
-  // Megatron's metadata.json and common.pt describe a Megatron save: not for HF names.
-  if (me == 0 && format->name == "torch-dcp" && options.hf_family.empty() &&
-      options.from_hf_family.empty()) {
-    committed = CopyMegatronSidecars(p->index, input.local_path, staging);
-  }
-  // --from-hf-family: the Megatron target's own metadata.json and common.pt (the new run's
-  // step 0: its backend, iteration and common state), which dist_checkpointing.load reads.
-  if (me == 0 && format->name == "torch-dcp" && !options.from_hf_family.empty() &&
-      !options.target_like.empty() && PathExists(JoinPath(options.target_like, "metadata.json"))) {
-    for (const char* name : {"metadata.json", "common.pt"}) {
-      const std::string from = JoinPath(options.target_like, name);
-      if (!committed.ok() || !PathExists(from)) continue;
-      committed = CopyWholeFile(from, JoinPath(staging, name), kMaxSidecarBytes)
-                      .With("--from-hf-family: Megatron's " + std::string(name) +
-                            " of --target-like");
-    }
-  }
-  if (me == 0 && committed.ok()) committed = CopyFromDir(options, copy_files, staging);
-  if (me == 0 && committed.ok()) {
-    committed = part ? part->Commit(messages)
-                     : InternalError("process 0 was assigned no target file");
-  }
-  if (me == 0 && committed.ok()) output->MarkCommitted();  // the writer renamed it
-  FC_RETURN_IF_ERROR(comm->AllOk(committed));
-  if (!options.stats_file.empty()) {
-    FC_RETURN_IF_ERROR(WriteRunStats(options.stats_file, "fc-convert", p->plan.bytes_needed,
-                                     meter.Finish(executed.peak_buffer_bytes, executed.bytes_sent,
-                                                  executed.bytes_received), *comm));
-  }
-  return p->summary;
+  FC_ASSIGN_OR_RETURN(SharedInput input, ShareInput(options.input, comm));
+  FC_ASSIGN_OR_RETURN(CheckpointIndex index,
+                      OpenSharedCheckpoint(input, planner->open(options), comm));
+  FC_ASSIGN_OR_RETURN(ConvertJob planned,
+                      planner->plan(options, format, std::move(index), input, comm));
+  const JobRun run{.tool = "fc-convert", .output_dir = options.output_dir,
+                   .input = input.local_path, .overwrite = options.overwrite,
+                   .dry_run = options.dry_run, .progress = options.progress,
+                   .stats_file = options.stats_file};
+  FC_RETURN_IF_ERROR(RunJob(*planned.job, run, comm, out));
+  return planned.summary;
 }
 
 }  // namespace fc

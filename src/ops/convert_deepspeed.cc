@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 
 #include "fc/exec/assemble.h"
 #include "fc/exec/execute.h"
@@ -23,21 +24,20 @@
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
 #include "fc/plan/plan.h"
-#include "src/ops/claim_output.h"
+#include "src/ops/convert_job.h"
+#include "src/ops/job.h"
 #include "src/ops/plan_report.h"
 #include "src/ops/shared_input.h"
+#include "src/ops/staged_files.h"
 
 namespace fc {
 namespace {
 
 constexpr uint64_t kCopyBlock = uint64_t{16} << 20;
 
-std::string Attr(const CheckpointIndex& index, const std::string& key) {
-  auto it = index.attributes.find(key);
-  return it == index.attributes.end() ? std::string() : it->second;
-}
+}  // namespace
 
-Status CheckOptions(const ConvertOptions& o) {
+Status CheckDeepSpeedOptions(const ConvertOptions& o) {
   std::vector<std::string> given;
   if (!o.target_like.empty()) given.push_back("--target-like");
   if (!o.target_layout_file.empty()) given.push_back("--target-layout");
@@ -56,16 +56,14 @@ Status CheckOptions(const ConvertOptions& o) {
                                 "checkpoint as it is, for --dp: " + given.front() +
                                 " does not apply");
   }
-  if (o.comm != nullptr && o.comm->size() > 1) {
-    return UnimplementedError("--output-format deepspeed is written by one process (not under "
-                              "mpirun)");
-  }
   if (o.dry_run && o.simulate_processes > 0) {
     return UnimplementedError("--output-format deepspeed: --simulate-processes does not apply "
                               "(one process)");
   }
   return Status::Ok();
 }
+
+namespace {
 
 // What the reader says about the source, refused before any file is laid out.
 Status CheckSource(const CheckpointIndex& index, const std::string& input) {
@@ -74,12 +72,12 @@ Status CheckSource(const CheckpointIndex& index, const std::string& input) {
                               "checkpoints only (input is " +
                               std::string(CheckpointFormatName(index.format)) + ")");
   }
-  const std::string optimizer = Attr(index, "deepspeed.optimizer");
+  const std::string optimizer = index.Attribute("deepspeed.optimizer");
   if (optimizer == "universal") {
     return UnimplementedError(input + ": a Universal Checkpoint is loaded at any DP size "
                               "(load_universal); nothing to re-partition");
   }
-  if (!Attr(index, "deepspeed.moe").empty() && optimizer == "not read (MoE)") {
+  if (!index.Attribute("deepspeed.moe").empty() && optimizer == "not read (MoE)") {
     return UnimplementedError(input + ": MoE checkpoint whose optimizer files fc does not read "
                               "(deepspeed.moe): not re-partitioned (MoE: ZeRO 1/2 or BF16_Optimizer at one "
                               "model-parallel rank)");
@@ -95,8 +93,15 @@ struct DsJob {
   Plan plan;
 };
 
-Status BuildJob(const ConvertOptions& options, DsJob& job) {
-  FC_ASSIGN_OR_RETURN(job.layout, PlanDeepSpeedRepartition(options.input, options.degrees.dp));
+// `options` as PlannedWith gives them. Collective: every process lays out the files (reading
+// the source's pickles) and the files' visibility is shared.
+Status BuildJob(const ConvertOptions& options, SharedInput& input, Communicator& comm,
+                DsJob& job) {
+  Result<DsRepartition> layout = PlanDeepSpeedRepartition(options.input, options.degrees.dp);
+  FC_RETURN_IF_ERROR(comm.AllOk(layout.status()));
+  job.layout = std::move(*layout);
+  FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,
+                      ShareVisibility(job.layout.source, input, comm));
   PlanRequest request;
   request.kind = PlanKind::kExport;
   const std::vector<TensorEntry>& sources = job.layout.source.tensors;
@@ -133,13 +138,16 @@ Status BuildJob(const ConvertOptions& options, DsJob& job) {
     job.plan_archive.push_back(a);
     job.slot_record.push_back(std::move(records));
   }
-  request.processes = 1;
+  request.processes = comm.size();
   request.threads = WorkerThreads(options.threads);
   request.memory_budget =
       options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
-  FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, job.layout.source));
-  FC_ASSIGN_OR_RETURN(job.plan, BuildPlan(std::move(request)));
-  return Status::Ok();
+  request.source_visibility = std::move(visibility);
+  return comm.AllOk([&]() -> Status {
+    FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, job.layout.source));
+    FC_ASSIGN_OR_RETURN(job.plan, BuildPlan(std::move(request)));
+    return Status::Ok();
+  }());
 }
 
 uint64_t CopiedBytes(const DsJob& job) {
@@ -170,95 +178,103 @@ void PrintPlan(const DsJob& job, const ConvertOptions& options, std::ostream& ou
       << "steps), " << l.copies.size() << " file(s) copied whole, then latest\n";
 }
 
-Status CopyFile(const std::string& from, const std::string& to, uint64_t block_bytes) {
-  FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> in, RandomAccessFile::Open(from));
-  FC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, WritableFile::Create(to));
-  std::vector<std::byte> block(
-      static_cast<size_t>(std::max<uint64_t>(1, std::min<uint64_t>(block_bytes, in->size()))));
-  for (uint64_t at = 0; at < in->size(); at += block.size()) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), in->size() - at));
-    std::span<std::byte> part(block.data(), n);
-    FC_RETURN_IF_ERROR(in->ReadAt(at, part));
-    FC_RETURN_IF_ERROR(out->Append(std::span<const std::byte>(part)));
-  }
-  FC_RETURN_IF_ERROR(out->Sync());
-  return out->Close();
+// Copies go in blocks of at most 16 MiB, or the budget when smaller.
+uint64_t CopyBlock(const DsJob& job) {
+  return std::min(kCopyBlock, std::max<uint64_t>(job.plan.memory.budget, 4096));
 }
 
-class DsSink : public PlanSink {
+// One process's archives: those of the plan files assigned to it, and (process 0) the
+// archives without streamed records.
+class DsPart : public JobPart {
  public:
-  DsSink(DsArchiveWriter& writer, const DsJob& job) : writer_(writer), job_(job) {}
+  DsPart(std::unique_ptr<DsArchiveWriter> writer, const DsJob& job,
+         std::map<uint32_t, size_t> local)
+      : writer_(std::move(writer)), job_(job), local_(std::move(local)) {}
   Status Write(uint32_t file, uint32_t slot, uint64_t byte_offset,
                std::span<const std::byte> bytes) override {
-    return writer_.Write(job_.plan_archive[file], job_.slot_record[file][slot], byte_offset,
-                         bytes);
+    auto it = local_.find(file);
+    if (it == local_.end()) {
+      return InternalError("archive plan file " + std::to_string(file) +
+                           " is not this process's");
+    }
+    return writer_->Write(it->second, job_.slot_record[file][slot], byte_offset, bytes);
+  }
+  Result<std::string> Finish() override {
+    FC_RETURN_IF_ERROR(writer_->Finish(CopyBlock(job_)));
+    return std::string();
   }
 
  private:
-  DsArchiveWriter& writer_;
+  std::unique_ptr<DsArchiveWriter> writer_;
   const DsJob& job_;
+  const std::map<uint32_t, size_t> local_;  // plan file -> the writer's archive
 };
 
-Result<ExecuteStats> WriteStaging(const ConvertOptions& options, const DsJob& job,
-                                  const std::string& staging) {
-  const uint64_t block = std::min(kCopyBlock, std::max<uint64_t>(job.plan.memory.budget, 4096));
-  FC_ASSIGN_OR_RETURN(std::unique_ptr<DsArchiveWriter> writer,
-                      DsArchiveWriter::Create(staging, job.layout.archives));
-  ChunkReader reader(job.layout.source);
-  DsSink sink(*writer, job);
-  ExecuteOptions eo;
-  eo.what = "converting";
-  eo.progress = options.progress;
-  FC_ASSIGN_OR_RETURN(ExecuteStats stats, Execute(job.plan, reader, sink, eo));
-  FC_RETURN_IF_ERROR(writer->Finish(block));
-  for (const auto& [from, to] : job.layout.copies) {
-    const std::string dst = JoinPath(staging, to);
-    FC_RETURN_IF_ERROR(CreateDirectories(Dirname(dst)));
-    FC_RETURN_IF_ERROR(CopyFile(from, dst, block).With(from));
+class DsOutputJob : public OutputJob {
+ public:
+  explicit DsOutputJob(const ConvertOptions& options) : options_(options) {}
+  DsJob& job() { return job_; }
+
+  const Plan& plan() const override { return job_.plan; }
+  const CheckpointIndex& source() const override { return job_.layout.source; }
+  void PrintPlan(std::ostream& out) const override { fc::PrintPlan(job_, options_, out); }
+  Result<std::unique_ptr<JobPart>> CreatePart(const std::string& staging,
+                                              const std::vector<uint32_t>& files,
+                                              int process) const override {
+    std::vector<DsArchiveSpec> archives;
+    std::map<uint32_t, size_t> local;
+    for (uint32_t f : files) {
+      local[f] = archives.size();
+      archives.push_back(job_.layout.archives[job_.plan_archive[f]]);
+    }
+    if (process == 0) {
+      std::vector<bool> planned(job_.layout.archives.size(), false);
+      for (size_t a : job_.plan_archive) planned[a] = true;
+      for (size_t a = 0; a < planned.size(); ++a) {
+        if (!planned[a]) archives.push_back(job_.layout.archives[a]);
+      }
+    }
+    if (archives.empty()) return std::unique_ptr<JobPart>();
+    FC_ASSIGN_OR_RETURN(std::unique_ptr<DsArchiveWriter> writer,
+                        DsArchiveWriter::Create(staging, std::move(archives)));
+    return std::unique_ptr<JobPart>(
+        std::make_unique<DsPart>(std::move(writer), job_, std::move(local)));
   }
-  // `latest` last: a temporary file renamed onto it.
-  const std::string tmp = JoinPath(staging, "latest.fc-tmp-" + std::to_string(::getpid()));
-  {
-    FC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, WritableFile::Create(tmp));
-    FC_RETURN_IF_ERROR(f->Append(job.layout.tag));
-    FC_RETURN_IF_ERROR(f->Sync());
-    FC_RETURN_IF_ERROR(f->Close());
+  // The files copied whole, then `latest` (a temporary file renamed onto it), then the
+  // commit.
+  Status Commit(JobPart*, std::span<const std::string>, OutputDir& output,
+                const std::string& staging) const override {
+    for (const auto& [from, to] : job_.layout.copies) {
+      const std::string dst = JoinPath(staging, to);
+      FC_RETURN_IF_ERROR(CreateDirectories(Dirname(dst)));
+      FC_RETURN_IF_ERROR(CopyFileInBlocks(from, dst, CopyBlock(job_)).With(from));
+    }
+    const std::string tmp = JoinPath(staging, "latest.fc-tmp-" + std::to_string(::getpid()));
+    FC_RETURN_IF_ERROR(WriteSmallFile(tmp, job_.layout.tag));
+    FC_RETURN_IF_ERROR(RenameDurably(tmp, JoinPath(staging, "latest")).With("latest"));
+    return output.Commit();
   }
-  FC_RETURN_IF_ERROR(RenameDurably(tmp, JoinPath(staging, "latest")).With("latest"));
-  return stats;
-}
+
+ private:
+  ConvertOptions options_;
+  DsJob job_;
+};
 
 }  // namespace
 
-Result<ConvertSummary> RunConvertDeepSpeed(const ConvertOptions& options, std::ostream& out) {
-  RunStatsMeter meter;
-  FC_RETURN_IF_ERROR(CheckOptions(options));
-  auto job = std::make_unique<DsJob>();
-  FC_ASSIGN_OR_RETURN(job->index, OpenCheckpoint(options.input, options.format));
-  FC_RETURN_IF_ERROR(CheckSource(job->index, options.input));
-  FC_RETURN_IF_ERROR(BuildJob(options, *job));
+Result<ConvertJob> PlanDeepSpeed(const ConvertOptions& options, const OutputFormat*,
+                                 CheckpointIndex index, SharedInput& input, Communicator& comm) {
+  auto out = std::make_unique<DsOutputJob>(options);
+  DsJob& job = out->job();
+  job.index = std::move(index);
+  FC_RETURN_IF_ERROR(CheckSource(job.index, options.input));
+  FC_RETURN_IF_ERROR(BuildJob(PlannedWith(options, comm), input, comm, job));
   ConvertSummary summary;
-  summary.ranks = static_cast<uint64_t>(job->layout.dp);
-  summary.chunks = job->layout.archives.size();
-  summary.bytes_written = job->plan.bytes_written + CopiedBytes(*job);
-  summary.objects = job->layout.copies.size();
-  if (options.dry_run) {
-    FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, options.input,
-                                            SingleProcessCommunicator(), options.overwrite));
-    PrintPlan(*job, options, out);
-    return summary;
-  }
-  Communicator& comm = SingleProcessCommunicator();
-  FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
-                      ClaimOutput(options.output_dir, options.input, comm, options.overwrite));
-  FC_ASSIGN_OR_RETURN(ExecuteStats executed, WriteStaging(options, *job, claimed.staging));
-  meter.InputsDone();
-  FC_RETURN_IF_ERROR(claimed.dir->Commit());
-  if (!options.stats_file.empty()) {
-    FC_RETURN_IF_ERROR(WriteRunStats(options.stats_file, "fc-convert", job->plan.bytes_needed,
-                                     meter.Finish(executed.peak_buffer_bytes, 0, 0), comm));
-  }
-  return summary;
+  summary.ranks = static_cast<uint64_t>(job.layout.dp);
+  summary.chunks = job.layout.archives.size();
+  summary.bytes_written = job.plan.bytes_written + CopiedBytes(job);
+  summary.objects = job.layout.copies.size();
+  return ConvertJob{std::move(out), summary};
 }
 
 }  // namespace fc

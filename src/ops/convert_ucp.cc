@@ -28,6 +28,7 @@
 #include "fc/exec/parallel.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/open.h"
+#include "fc/format/optimizer_names.h"
 #include "fc/format/ucp_writer.h"
 #include "fc/io/file.h"
 #include "fc/io/output_dir.h"
@@ -35,9 +36,11 @@
 #include "fc/ops/run_stats.h"
 #include "fc/ops/targets.h"
 #include "fc/plan/plan.h"
-#include "src/ops/claim_output.h"
+#include "src/ops/convert_job.h"
+#include "src/ops/job.h"
 #include "src/ops/plan_report.h"
 #include "src/ops/shared_input.h"
+#include "src/ops/staged_files.h"
 
 namespace fc {
 namespace {
@@ -45,17 +48,14 @@ namespace {
 constexpr const char* kStates[] = {"fp32", "exp_avg", "exp_avg_sq"};
 constexpr uint64_t kCopyBlock = uint64_t{16} << 20;
 
-std::string Attr(const CheckpointIndex& index, const std::string& key) {
-  auto it = index.attributes.find(key);
-  return it == index.attributes.end() ? std::string() : it->second;
-}
-
 // The source tensor holding `state` of `param` (deepspeed.h names).
 std::string SourceKey(const std::string& param, std::string_view state) {
   return state == "fp32" ? param : "optimizer." + std::string(state) + "." + param;
 }
 
-Status CheckOptions(const ConvertOptions& o) {
+}  // namespace
+
+Status CheckUcpOptions(const ConvertOptions& o) {
   std::vector<std::string> given;
   if (!o.target_like.empty()) given.push_back("--target-like");
   if (!o.target_layout_file.empty()) given.push_back("--target-layout");
@@ -70,14 +70,13 @@ Status CheckOptions(const ConvertOptions& o) {
                                 "DeepSpeed's loader expects: " + given.front() +
                                 " does not apply");
   }
-  if (o.comm != nullptr && o.comm->size() > 1) {
-    return UnimplementedError("--output-format ucp is written by one process (not under mpirun)");
-  }
   if (o.dry_run && o.simulate_processes > 0) {
     return UnimplementedError("--output-format ucp: --simulate-processes does not apply (one process)");
   }
   return Status::Ok();
 }
+
+namespace {
 
 // The tensors a param's file is made of: one global tensor, or (TP > 1 without
 // universal_checkpoint_info, with inject_missing_state) the TP ranks' slices, concatenated
@@ -90,65 +89,6 @@ struct UcpParam {
   // --ucp-fresh-optimizer), used instead of `states`.
   std::vector<OutputTensor> mapped;
 };
-
-// A source that is not DeepSpeed's: one way its writer names a param's Adam states
-// (convert_ucp.h).
-struct AdamNames {
-  std::string_view writer;           // for messages
-  std::string param, exp_avg_sq;
-  std::string step;                  // empty: the writer keeps no step tensor
-  std::vector<std::string> weights;  // the param's weight, first found wins
-  size_t masters = 0;                // weights[0, masters) are fp32 masters the others round to
-  // States the step stands for, left out of the UCP without a warning (PaddlePaddle's
-  // beta1^step and beta2^step).
-  std::vector<std::string> step_powers;
-};
-
-// The namings under which `key` is a param's exp_avg, in the order tried (the first whose
-// exp_avg_sq exists is taken); empty when it is none.
-std::vector<AdamNames> AdamNamesOf(std::string_view key) {
-  // The middle of key between prefix and suffix, when it has both and a middle.
-  auto middle = [key](std::string_view prefix, std::string_view suffix) {
-    return key.size() > prefix.size() + suffix.size() && key.starts_with(prefix) &&
-                   key.ends_with(suffix)
-               ? std::optional<std::string>(std::string(
-                     key.substr(prefix.size(), key.size() - prefix.size() - suffix.size())))
-               : std::nullopt;
-  };
-  std::vector<AdamNames> names;
-  // torch.distributed.checkpoint's flattened {"model", "optim"} state dict (and the same
-  // under "optimizer"): <prefix><p>.exp_avg, .exp_avg_sq, .step.
-  for (std::string_view prefix : {"optim.state.", "optimizer.state."}) {
-    if (std::optional<std::string> p = middle(prefix, ".exp_avg")) {
-      const std::string base = std::string(prefix) + *p;
-      names.push_back({"torch", *p, base + ".exp_avg_sq", base + ".step",
-                       {*p, "model." + *p, "module." + *p}, 0, {}});
-    }
-  }
-  // Megatron-Core's dist checkpointing (torch_dist): optimizer.state.<state>.<sharded key>,
-  // the fp32 master weight as state fp32_param (the distributed optimizer's
-  // fully_sharded_model_space form, and the non-distributed optimizer) or param (its
-  // fully_reshardable form, Megatron-Core 0.14 on); the step is in common.pt (the torch DCP
-  // reader's megatron.optimizer_step), not a tensor.
-  if (std::optional<std::string> p = middle("optimizer.state.exp_avg.", "")) {
-    names.push_back({"Megatron torch_dist", *p, "optimizer.state.exp_avg_sq." + *p, "",
-                     {"optimizer.state.fp32_param." + *p, "optimizer.state.param." + *p, *p},
-                     2, {}});
-  }
-  // fc's DeepSpeed and Megatron legacy names (the fp32 master weight optimizer.fp32.<p>
-  // where the weight <p> is 16-bit).
-  if (std::optional<std::string> p = middle("optimizer.exp_avg.", "")) {
-    names.push_back({"fc", *p, "optimizer.exp_avg_sq." + *p, "optimizer.step." + *p,
-                     {"optimizer.fp32." + *p, *p, "module." + *p}, 1, {}});
-  }
-  // PaddlePaddle's optimizer state keys (semantics.md): <p>.moment1_0, .moment2_0, the
-  // master weight <p>.w_0; no step, only its powers of beta1 and beta2.
-  if (std::optional<std::string> p = middle("", ".moment1_0")) {
-    names.push_back({"PaddlePaddle", *p, *p + ".moment2_0", "", {*p + ".w_0", *p}, 1,
-                     {*p + ".beta1_pow_acc_0", *p + ".beta2_pow_acc_0"}});
-  }
-  return names;
-}
 
 // The roles in a source that is not DeepSpeed's, found by AdamNamesOf; every tensor of a
 // param the same shape, floating point (cast to fp32 when written), and a step tensor each
@@ -229,7 +169,7 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
     // Megatron-Core's distributed optimizer in its flat forms: per-bucket buffers whose
     // params nothing in the checkpoint names (dp_reshardable's are tensors,
     // dp_zero_gather_scatter's one pickled object per DP group).
-    const std::string type = Attr(index, "megatron.optimizer_sharding_type");
+    const std::string type = index.Attribute("megatron.optimizer_sharding_type");
     std::string flat;
     for (const TensorEntry& t : index.tensors) {
       if (t.key.find("optimizer.distributed.dp_group_idx_") != std::string::npos) {
@@ -240,7 +180,7 @@ Result<std::vector<UcpParam>> NamedUcpParams(const CheckpointIndex& index,
     if (!flat.empty() || type.starts_with("dp_") || type == "fully_sharded_bucket_space") {
       // dp_reshardable buckets are mapped to params when they can be (megatron_buckets.h);
       // the reader says why these were not.
-      const std::string why = Attr(index, "megatron.optimizer_buckets");
+      const std::string why = index.Attribute("megatron.optimizer_buckets");
       return UnimplementedError(
           input + ": Megatron's distributed optimizer saved its states as flat per-bucket "
           "buffers (" + (flat.empty() ? std::string() : flat + "; ") + "sharding type " +
@@ -411,12 +351,12 @@ Result<int64_t> CommonStep(const CheckpointIndex& index,
 Result<std::vector<UcpParam>> UcpParams(const CheckpointIndex& index,
                                         const ConvertOptions& options) {
   const std::string& input = options.input;
-  const std::string optimizer = Attr(index, "deepspeed.optimizer");
+  const std::string optimizer = index.Attribute("deepspeed.optimizer");
   if (optimizer.empty() || optimizer == "none") {
     return InvalidArgumentError(input + ": no fp32 master weights (no optimizer files: stage 0 "
                                 "or a weights-only copy); a Universal Checkpoint needs them");
   }
-  if (!Attr(index, "deepspeed.moe").empty()) {
+  if (!index.Attribute("deepspeed.moe").empty()) {
     // DeepSpeed's universal loader looks each param up as zero/<name> under its local
     // (per expert-parallel rank) expert name: it is not expert-parallel aware, so a UCP of
     // global expert names would not load, and one of local names cannot hold every rank.
@@ -426,20 +366,20 @@ Result<std::vector<UcpParam>> UcpParams(const CheckpointIndex& index,
                               "fc-export --include-optimizer writes every expert's fp32 weights "
                               "and Adam states under global names");
   }
-  if (const std::string u = Attr(index, "deepspeed.tp_unmerged"); !u.empty()) {
+  if (const std::string u = index.Attribute("deepspeed.tp_unmerged"); !u.empty()) {
     return UnimplementedError(input + ": TP shards fc does not merge (averaged params): " + u);
   }
-  const std::string tp_text = Attr(index, "deepspeed.tp_degree");
+  const std::string tp_text = index.Attribute("deepspeed.tp_degree");
   const int64_t tp = tp_text.empty() ? 1 : std::stoll(tp_text);
   if (constexpr std::string_view kByRules = "tensor_parallel rules of ";
-      Attr(index, "deepspeed.tp_merge").starts_with(kByRules)) {
+      index.Attribute("deepspeed.tp_merge").starts_with(kByRules)) {
     return UnimplementedError(input + ": TP shards merged by " +
-                              Attr(index, "deepspeed.tp_merge").substr(kByRules.size()) +
+                              index.Attribute("deepspeed.tp_merge").substr(kByRules.size()) +
                               ": a Universal Checkpoint records its merge as "
                               "universal_checkpoint_info patterns, which fc does not derive "
                               "from layout rules; leave out --source-layout");
   }
-  const bool per_rank = tp > 1 && Attr(index, "deepspeed.tp_merge") != "universal_checkpoint_info";
+  const bool per_rank = tp > 1 && index.Attribute("deepspeed.tp_merge") != "universal_checkpoint_info";
   if (per_rank && !options.ucp_inject_missing_state) {
     return UnimplementedError(input + ": TP degree " + tp_text + " without "
                               "universal_checkpoint_info: nothing says how the TP shards "
@@ -604,7 +544,10 @@ Status AddModuleOnlyFiles(const std::string& input, const CheckpointIndex& index
   return Status::Ok();
 }
 
-Status BuildJob(const ConvertOptions& options, UcpJob& job) {
+// The params written and what goes beside them: a DeepSpeed source's (ReadUcpSource), or
+// another source's found by their Adam names (or all, --ucp-fresh-optimizer; mapped by
+// --aoa) with the model states synthesized.
+Status ChooseParams(const ConvertOptions& options, UcpJob& job) {
   const CheckpointIndex& index = job.index;
   if (index.format == CheckpointFormat::kDeepSpeed) {
     if (options.ucp_zero3) {
@@ -637,7 +580,7 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
   } else {
     std::vector<const TensorEntry*> steps;
     std::optional<int64_t> group_step;
-    if (const std::string s = Attr(index, "megatron.optimizer_step"); !s.empty()) {
+    if (const std::string s = index.Attribute("megatron.optimizer_step"); !s.empty()) {
       int64_t v = 0;
       const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
       if (ec != std::errc() || end != s.data() + s.size()) {
@@ -696,7 +639,15 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
     // it in optimizer_state.pt).
     if (!options.ucp_zero3) job.int_step = step;
   }
-  const bool zero3 = Attr(index, "deepspeed.optimizer") == "zero3" || options.ucp_zero3;
+  return Status::Ok();
+}
+
+// `options` as PlannedWith gives them; `processes` and `visibility` as PlanRequest's.
+Status BuildJob(const ConvertOptions& options, int processes,
+                std::vector<std::vector<int>> visibility, UcpJob& job) {
+  const CheckpointIndex& index = job.index;
+  FC_RETURN_IF_ERROR(ChooseParams(options, job));
+  const bool zero3 = index.Attribute("deepspeed.optimizer") == "zero3" || options.ucp_zero3;
   PlanRequest request;
   request.kind = PlanKind::kExport;
   // One file of one tensor, filled by `pieces`.
@@ -805,10 +756,11 @@ Status BuildJob(const ConvertOptions& options, UcpJob& job) {
   if (index.format == CheckpointFormat::kDeepSpeed && !zero3) {
     FC_RETURN_IF_ERROR(AddModuleOnlyFiles(options.input, index, job.params, add_pieces));
   }
-  request.processes = 1;
+  request.processes = processes;
   request.threads = WorkerThreads(options.threads);
   request.memory_budget =
       options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
+  request.source_visibility = std::move(visibility);
   FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, index));
   FC_ASSIGN_OR_RETURN(job.plan, BuildPlan(std::move(request)));
   return Status::Ok();
@@ -850,76 +802,6 @@ void PrintPlan(const UcpJob& job, const ConvertOptions& options, std::ostream& o
       << "\n";
 }
 
-Status CopyFile(const std::string& from, const std::string& to) {
-  FC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> in, RandomAccessFile::Open(from));
-  FC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, WritableFile::Create(to));
-  std::vector<std::byte> block(static_cast<size_t>(std::min<uint64_t>(kCopyBlock, in->size())));
-  for (uint64_t at = 0; at < in->size(); at += block.size()) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), in->size() - at));
-    std::span<std::byte> part(block.data(), n);
-    FC_RETURN_IF_ERROR(in->ReadAt(at, part));
-    FC_RETURN_IF_ERROR(out->Append(std::span<const std::byte>(part)));
-  }
-  FC_RETURN_IF_ERROR(out->Sync());
-  return out->Close();
-}
-
-Status WriteSmallFile(const std::string& path, std::string_view bytes) {
-  FC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, WritableFile::Create(path));
-  FC_RETURN_IF_ERROR(out->Append(bytes));
-  FC_RETURN_IF_ERROR(out->Sync());
-  return out->Close();
-}
-
-class UcpSink : public PlanSink {
- public:
-  explicit UcpSink(UcpWriter& writer) : writer_(writer) {}
-  Status Write(uint32_t file, uint32_t, uint64_t byte_offset,
-               std::span<const std::byte> bytes) override {
-    return writer_.Write(file, byte_offset, bytes);
-  }
-
- private:
-  UcpWriter& writer_;
-};
-
-// Everything into the staging directory.
-Result<ExecuteStats> WriteStaging(const ConvertOptions& options, const UcpJob& job,
-                                  const std::string& staging) {
-  FC_ASSIGN_OR_RETURN(std::unique_ptr<UcpWriter> writer, UcpWriter::Create(staging, job.specs));
-  ChunkReader reader(job.index);
-  UcpSink sink(*writer);
-  ExecuteOptions eo;
-  eo.what = "converting";
-  eo.progress = options.progress;
-  FC_ASSIGN_OR_RETURN(ExecuteStats stats, Execute(job.plan, reader, sink, eo));
-  FC_RETURN_IF_ERROR(writer->Finish());
-  if (job.int_step) {
-    PickleValue v;
-    v.kind = PickleValue::Kind::kInt;
-    v.int_value = *job.int_step;
-    FC_ASSIGN_OR_RETURN(std::string archive, PlainValueArchive(v));
-    for (const std::string& path : job.int_steps) {
-      FC_RETURN_IF_ERROR(WriteSmallFile(JoinPath(staging, path), archive));
-    }
-  }
-  FC_RETURN_IF_ERROR(CreateDirectories(JoinPath(staging, "zero")));
-  const std::string osd = JoinPath(staging, "zero/optimizer_state.pt");
-  if (!job.source.optimizer_state_copy.empty()) {
-    FC_RETURN_IF_ERROR(CopyFile(job.source.optimizer_state_copy, osd));
-  } else if (!job.source.optimizer_state_archive.empty()) {
-    FC_RETURN_IF_ERROR(WriteSmallFile(osd, job.source.optimizer_state_archive));
-  }
-  for (const std::string& name : job.source.copy_files) {
-    FC_RETURN_IF_ERROR(CopyFile(JoinPath(job.source.dir, name), JoinPath(staging, name)));
-  }
-  if (!job.source.model_states_archive.empty()) {
-    FC_RETURN_IF_ERROR(WriteSmallFile(JoinPath(staging, job.source.model_states_name),
-                                      job.source.model_states_archive));
-  }
-  return stats;
-}
-
 // <parent>/latest_universal, replaced atomically (a temporary file renamed onto it).
 Status WriteLatestUniversal(const std::string& output_dir) {
   const std::string out = StripTrailingSlashes(output_dir);
@@ -933,41 +815,117 @@ Status WriteLatestUniversal(const std::string& output_dir) {
   return s.With("latest_universal");
 }
 
+
+// The files beside the param files (process 0, once every part finished): the int step
+// files, zero/optimizer_state.pt, the copied or written model states.
+Status WriteSideFiles(const UcpJob& job, const std::string& staging) {
+  if (job.int_step) {
+    PickleValue v;
+    v.kind = PickleValue::Kind::kInt;
+    v.int_value = *job.int_step;
+    FC_ASSIGN_OR_RETURN(std::string archive, PlainValueArchive(v));
+    for (const std::string& path : job.int_steps) {
+      FC_RETURN_IF_ERROR(WriteSmallFile(JoinPath(staging, path), archive));
+    }
+  }
+  FC_RETURN_IF_ERROR(CreateDirectories(JoinPath(staging, "zero")));
+  const std::string osd = JoinPath(staging, "zero/optimizer_state.pt");
+  if (!job.source.optimizer_state_copy.empty()) {
+    FC_RETURN_IF_ERROR(CopyFileInBlocks(job.source.optimizer_state_copy, osd, kCopyBlock));
+  } else if (!job.source.optimizer_state_archive.empty()) {
+    FC_RETURN_IF_ERROR(WriteSmallFile(osd, job.source.optimizer_state_archive));
+  }
+  for (const std::string& name : job.source.copy_files) {
+    FC_RETURN_IF_ERROR(CopyFileInBlocks(JoinPath(job.source.dir, name),
+                                        JoinPath(staging, name), kCopyBlock));
+  }
+  if (!job.source.model_states_archive.empty()) {
+    FC_RETURN_IF_ERROR(WriteSmallFile(JoinPath(staging, job.source.model_states_name),
+                                      job.source.model_states_archive));
+  }
+  return Status::Ok();
+}
+
+// One process's param files: a UcpWriter of the plan files assigned to it.
+class UcpPart : public JobPart {
+ public:
+  UcpPart(std::unique_ptr<UcpWriter> writer, std::map<uint32_t, size_t> local)
+      : writer_(std::move(writer)), local_(std::move(local)) {}
+  Status Write(uint32_t file, uint32_t, uint64_t byte_offset,
+               std::span<const std::byte> bytes) override {
+    auto it = local_.find(file);
+    if (it == local_.end()) {
+      return InternalError("UCP plan file " + std::to_string(file) + " is not this process's");
+    }
+    return writer_->Write(it->second, byte_offset, bytes);
+  }
+  Result<std::string> Finish() override {
+    FC_RETURN_IF_ERROR(writer_->Finish());
+    return std::string();
+  }
+
+ private:
+  std::unique_ptr<UcpWriter> writer_;
+  const std::map<uint32_t, size_t> local_;  // plan file -> the writer's file
+};
+
+class UcpOutputJob : public OutputJob {
+ public:
+  explicit UcpOutputJob(const ConvertOptions& options) : options_(options) {}
+  UcpJob& job() { return job_; }
+
+  const Plan& plan() const override { return job_.plan; }
+  const CheckpointIndex& source() const override { return job_.index; }
+  void PrintPlan(std::ostream& out) const override { fc::PrintPlan(job_, options_, out); }
+  Result<std::unique_ptr<JobPart>> CreatePart(const std::string& staging,
+                                              const std::vector<uint32_t>& files,
+                                              int /*process*/) const override {
+    if (files.empty()) return std::unique_ptr<JobPart>();
+    std::vector<UcpFileSpec> specs;
+    std::map<uint32_t, size_t> local;
+    for (uint32_t f : files) {
+      local[f] = specs.size();
+      specs.push_back(job_.specs[f]);
+    }
+    FC_ASSIGN_OR_RETURN(std::unique_ptr<UcpWriter> writer,
+                        UcpWriter::Create(staging, std::move(specs)));
+    return std::unique_ptr<JobPart>(std::make_unique<UcpPart>(std::move(writer),
+                                                              std::move(local)));
+  }
+  // Then, once OUT is committed, <parent of OUT>/latest_universal.
+  Status Commit(JobPart*, std::span<const std::string>, OutputDir& output,
+                const std::string& staging) const override {
+    FC_RETURN_IF_ERROR(WriteSideFiles(job_, staging));
+    FC_RETURN_IF_ERROR(output.Commit());
+    return WriteLatestUniversal(options_.output_dir);
+  }
+
+ private:
+  ConvertOptions options_;
+  UcpJob job_;
+};
+
 }  // namespace
 
-Result<ConvertSummary> RunConvertUcp(const ConvertOptions& options, std::ostream& out) {
-  RunStatsMeter meter;
-  FC_RETURN_IF_ERROR(CheckOptions(options));
-  auto job = std::make_unique<UcpJob>();
-  FC_ASSIGN_OR_RETURN(job->index, OpenCheckpoint(options.input, OpenOptions{.format = options.format, .source_split = options.source_split}));
-  FC_RETURN_IF_ERROR(BuildJob(options, *job));
+Result<ConvertJob> PlanUcp(const ConvertOptions& options, const OutputFormat*,
+                           CheckpointIndex index, SharedInput& input, Communicator& comm) {
+  auto out = std::make_unique<UcpOutputJob>(options);
+  UcpJob& job = out->job();
+  job.index = std::move(index);
+  FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,
+                      ShareVisibility(job.index, input, comm));
+  FC_RETURN_IF_ERROR(comm.AllOk(
+      BuildJob(PlannedWith(options, comm), comm.size(), std::move(visibility), job)));
   ConvertSummary summary;
   summary.ranks = 0;
   // chunks: the files fc writes; objects: those it copies.
-  const UcpSource& src = job->source;
-  summary.chunks = job->specs.size() + job->int_steps.size() +
+  const UcpSource& src = job.source;
+  summary.chunks = job.specs.size() + job.int_steps.size() +
                    (src.optimizer_state_copy.empty() ? 1 : 0) +
                    (src.model_states_archive.empty() ? 0 : 1);
-  summary.bytes_written = job->plan.bytes_written;
+  summary.bytes_written = job.plan.bytes_written;
   summary.objects = src.copy_files.size() + (src.optimizer_state_copy.empty() ? 0 : 1);
-  if (options.dry_run) {
-    FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, options.input,
-                                            SingleProcessCommunicator(), options.overwrite));
-    PrintPlan(*job, options, out);
-    return summary;
-  }
-  Communicator& comm = SingleProcessCommunicator();
-  FC_ASSIGN_OR_RETURN(ClaimedOutput claimed,
-                      ClaimOutput(options.output_dir, options.input, comm, options.overwrite));
-  FC_ASSIGN_OR_RETURN(ExecuteStats executed, WriteStaging(options, *job, claimed.staging));
-  meter.InputsDone();
-  FC_RETURN_IF_ERROR(claimed.dir->Commit());
-  FC_RETURN_IF_ERROR(WriteLatestUniversal(options.output_dir));
-  if (!options.stats_file.empty()) {
-    FC_RETURN_IF_ERROR(WriteRunStats(options.stats_file, "fc-convert", job->plan.bytes_needed,
-                                     meter.Finish(executed.peak_buffer_bytes, 0, 0), comm));
-  }
-  return summary;
+  return ConvertJob{std::move(out), summary};
 }
 
 }  // namespace fc

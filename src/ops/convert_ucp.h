@@ -1,4 +1,5 @@
-// Private to src/ops: fc-convert --output-format ucp (RunConvert hands the run here).
+// Private to src/ops: fc-convert --output-format ucp, planned here (RunConvert runs the job
+// through the one job path, src/ops/job.h).
 //
 // Writes a DeepSpeed Universal Checkpoint (fc/format/ucp_writer.h; deepspeed.md section 5)
 // from a DeepSpeed checkpoint (ZeRO 1/2/3, BF16_Optimizer, TP merged by
@@ -8,7 +9,9 @@
 // OUT/zero/<param>/*.pt under the memory budget, step.pt, zero/optimizer_state.pt and the
 // copied model states; then, once OUT is committed, <parent of OUT>/latest_universal (the
 // basename of OUT, written to a temporary file and renamed). No target is given: the
-// output holds every param whole.
+// output holds every param whole. Under mpirun the param files are shared out among the
+// processes like any plan's files (the bytes are the same at any process count); process 0
+// writes the rest and commits.
 //
 // From a checkpoint DeepSpeed did not write: the params with Adam states under torch's
 // names (optim.state.<p>.exp_avg / .exp_avg_sq / .step, or optimizer.state.<p>.*, weight
@@ -35,7 +38,8 @@
 // (kInvalidArgument), a DeepSpeed source without fp32 master weights or Adam states
 // (kInvalidArgument), TP shards left unmerged
 // and MoE (kUnimplemented; TP > 1 without universal_checkpoint_info is written with every
-// param's slices concatenated along dim 0 when ucp_inject_missing_state), several processes (kUnimplemented), and the options that shape
+// param's slices concatenated along dim 0 when ucp_inject_missing_state), --simulate-processes
+// (kUnimplemented), and the options that shape
 // a target (--target-*, --preset, --include/--exclude, --dtype: kInvalidArgument).
 #ifndef FC_SRC_OPS_CONVERT_UCP_H_
 #define FC_SRC_OPS_CONVERT_UCP_H_
@@ -43,11 +47,20 @@
 #include <ostream>
 
 #include "fc/core/status.h"
+#include "fc/format/output_format.h"
+#include "fc/model/checkpoint_index.h"
 #include "fc/ops/convert.h"
+#include "src/ops/convert_job.h"
+#include "src/ops/shared_input.h"
 
 namespace fc {
 
-Result<ConvertSummary> RunConvertUcp(const ConvertOptions& options, std::ostream& out);
+// The options refused before the input is opened.
+Status CheckUcpOptions(const ConvertOptions& options);
+
+// Collective: the job from the opened input `index` (every process plans alike).
+Result<ConvertJob> PlanUcp(const ConvertOptions& options, const OutputFormat* format,
+                           CheckpointIndex index, SharedInput& input, Communicator& comm);
 
 }  // namespace fc
 

@@ -216,12 +216,6 @@ SlabResult CompareTolerance(DType da, const std::byte* a, DType db, const std::b
   return r;
 }
 
-std::string ShapeText(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 size_t WidestDType(const OutputTensor& t) {
   size_t widest = DTypeSize(t.dtype);
   for (const SourcePiece& piece : t.pieces) {
@@ -270,29 +264,12 @@ void AppendJsonShape(std::string& out, const Shape& s) {
 
 }  // namespace
 
-Result<DiffReport> RunDiff(const DiffOptions& options) {
-  DiffReport report;
-  report.tolerance_mode = options.rtol.has_value() || options.atol.has_value();
-  const double rtol = options.rtol.value_or(0.0);
-  const double atol = options.atol.value_or(0.0);
-  if (!(rtol >= 0) || !(atol >= 0) || std::isinf(rtol) || std::isinf(atol)) {
-    return InvalidArgumentError("--rtol " + std::to_string(rtol) + " / --atol " +
-                                std::to_string(atol) + ": tolerances must be finite and >= 0");
-  }
-  FC_ASSIGN_OR_RETURN(NameFilter filter, NameFilter::Compile(options.include, options.exclude));
-  auto a = std::make_unique<Side>();
-  auto b = std::make_unique<Side>();
-  FC_RETURN_IF_ERROR_WITH(
-      BuildSide("A", options.a, options.format_a, options.aoa_a, filter, *a), "A");
-  FC_RETURN_IF_ERROR_WITH(
-      BuildSide("B", options.b, options.format_b, options.aoa_b, filter, *b), "B");
-  report.tensors_a = a->outputs.size();
-  report.tensors_b = b->outputs.size();
-  report.only_common = options.only_common;
-  // A name on one side only: a difference, or (only_common) listed apart.
-  std::vector<TensorDiff>& one_sided = options.only_common ? report.unmatched : report.differences;
-
-  // Keys first: missing, extra, dtype and shape mismatches need no data.
+// Keys first: missing, extra, dtype and shape mismatches need no data. The names on both
+// sides whose values are to be compared, as pairs; the others into `report` (one-sided
+// names into `one_sided`).
+Result<std::vector<std::unique_ptr<Pair>>> PairByName(const Side* a, const Side* b,
+                                                      DiffReport& report,
+                                                      std::vector<TensorDiff>& one_sided) {
   std::vector<std::unique_ptr<Pair>> pairs;
   for (const OutputTensor& ta : a->outputs) {
     auto it = b->by_name.find(ta.name);
@@ -339,6 +316,61 @@ Result<DiffReport> RunDiff(const DiffOptions& options) {
     d.shape_b = tb.shape;
     one_sided.push_back(std::move(d));
   }
+  return pairs;
+}
+
+// What the slabs found, per pair: the compared list and a kValues difference for each pair
+// whose values differ.
+Status ReportValues(const std::vector<std::unique_ptr<Pair>>& pairs, DiffReport& report) {
+  for (const auto& p : pairs) {
+    report.compared.push_back({p->a->name, p->max_abs, p->max_rel});
+    if (p->differing == 0) continue;
+    TensorDiff d;
+    d.kind = TensorDiff::Kind::kValues;
+    d.name = p->a->name;
+    d.dtype_a = p->a->dtype;
+    d.dtype_b = p->b->dtype;
+    d.shape_a = p->a->shape;
+    d.shape_b = p->b->shape;
+    d.differing_elements = p->differing;
+    FC_ASSIGN_OR_RETURN(uint64_t elements, CheckedByteSize(p->a->shape, 1));
+    d.elements = elements;
+    d.first_index = p->a->shape.empty() ? Shape{} : Unravel(p->first_flat, p->a->shape);
+    d.first_a = p->first_a;
+    d.first_b = p->first_b;
+    d.first_a_value = p->first_a_value;
+    d.first_b_value = p->first_b_value;
+    d.max_abs_diff = p->max_abs;
+    d.max_rel_diff = p->max_rel;
+    report.differences.push_back(std::move(d));
+  }
+  return Status::Ok();
+}
+
+Result<DiffReport> RunDiff(const DiffOptions& options) {
+  DiffReport report;
+  report.tolerance_mode = options.rtol.has_value() || options.atol.has_value();
+  const double rtol = options.rtol.value_or(0.0);
+  const double atol = options.atol.value_or(0.0);
+  if (!(rtol >= 0) || !(atol >= 0) || std::isinf(rtol) || std::isinf(atol)) {
+    return InvalidArgumentError("--rtol " + std::to_string(rtol) + " / --atol " +
+                                std::to_string(atol) + ": tolerances must be finite and >= 0");
+  }
+  FC_ASSIGN_OR_RETURN(NameFilter filter, NameFilter::Compile(options.include, options.exclude));
+  auto a = std::make_unique<Side>();
+  auto b = std::make_unique<Side>();
+  FC_RETURN_IF_ERROR_WITH(
+      BuildSide("A", options.a, options.format_a, options.aoa_a, filter, *a), "A");
+  FC_RETURN_IF_ERROR_WITH(
+      BuildSide("B", options.b, options.format_b, options.aoa_b, filter, *b), "B");
+  report.tensors_a = a->outputs.size();
+  report.tensors_b = b->outputs.size();
+  report.only_common = options.only_common;
+  // A name on one side only: a difference, or (only_common) listed apart.
+  std::vector<TensorDiff>& one_sided = options.only_common ? report.unmatched : report.differences;
+
+  FC_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Pair>> pairs,
+                      PairByName(a.get(), b.get(), report, one_sided));
   // Everything compared must be readable in full before any data is read.
   for (const auto& p : pairs) {
     FC_RETURN_IF_ERROR_WITH(CheckCoverage(*p->a), "A");
@@ -428,28 +460,7 @@ Result<DiffReport> RunDiff(const DiffOptions& options) {
   progress.Finish(status.ok());
   FC_RETURN_IF_ERROR(status);
 
-  for (const auto& p : pairs) {
-    report.compared.push_back({p->a->name, p->max_abs, p->max_rel});
-    if (p->differing == 0) continue;
-    TensorDiff d;
-    d.kind = TensorDiff::Kind::kValues;
-    d.name = p->a->name;
-    d.dtype_a = p->a->dtype;
-    d.dtype_b = p->b->dtype;
-    d.shape_a = p->a->shape;
-    d.shape_b = p->b->shape;
-    d.differing_elements = p->differing;
-    FC_ASSIGN_OR_RETURN(uint64_t elements, CheckedByteSize(p->a->shape, 1));
-    d.elements = elements;
-    d.first_index = p->a->shape.empty() ? Shape{} : Unravel(p->first_flat, p->a->shape);
-    d.first_a = p->first_a;
-    d.first_b = p->first_b;
-    d.first_a_value = p->first_a_value;
-    d.first_b_value = p->first_b_value;
-    d.max_abs_diff = p->max_abs;
-    d.max_rel_diff = p->max_rel;
-    report.differences.push_back(std::move(d));
-  }
+  FC_RETURN_IF_ERROR(ReportValues(pairs, report));
   auto by_name_then_kind = [](const TensorDiff& x, const TensorDiff& y) {
     if (x.name != y.name) return x.name < y.name;
     return static_cast<int>(x.kind) < static_cast<int>(y.kind);

@@ -14,15 +14,15 @@
 #include "fc/exec/execute.h"
 #include "fc/exec/parallel.h"
 #include "fc/format/chunk_reader.h"
-#include "fc/format/deepspeed.h"
-#include "fc/format/megatron.h"
 #include "fc/format/open.h"
+#include "fc/format/optimizer_names.h"
 #include "fc/format/safetensors.h"
+#include "fc/format/weights.h"
 #include "fc/io/file.h"
 #include "fc/io/output_dir.h"
 #include "fc/ops/report_format.h"
 #include "fc/ops/run_stats.h"
-#include "src/ops/claim_output.h"
+#include "src/ops/job.h"
 #include "src/ops/job_memory.h"
 #include "src/ops/plan_report.h"
 #include "src/ops/time_estimate.h"
@@ -32,19 +32,7 @@
 
 namespace fc {
 
-const std::vector<std::string> kDefaultOptimizerMarkers = {
-    "optim.",      "optimizer.",  ".exp_avg",        ".exp_avg_sq",      ".fp32_param",
-    ".moment1_0",  ".moment2_0",  ".w_0",            ".beta1_pow_acc_0", ".beta2_pow_acc_0",
-    ".master_weight"};
-
 namespace {
-
-bool IsOptimizerKey(const std::string& key, const std::vector<std::string>& markers) {
-  for (const std::string& m : markers) {
-    if (key.find(m) != std::string::npos) return true;
-  }
-  return false;
-}
 
 bool EndsWith(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -167,39 +155,11 @@ void WarnNotCarried(const ExportPlan& p) {
 Status BuildExportPlan(const ExportOptions& options, int processes,
                        std::vector<std::vector<int>> visibility, const JobMemory& job,
                        bool budget_given, ExportPlan& p) {
-  if (p.index.format == CheckpointFormat::kDeepSpeed) {
-    // Plain names: fp32 master weights (default) or the 16-bit module weights.
-    FC_ASSIGN_OR_RETURN(DeepSpeedWeights w, ParseDeepSpeedWeights(options.weights.empty()
-                                                                      ? "fp32"
-                                                                      : options.weights));
-    std::vector<std::string>& no_module_copy = p.no_module_copy;
-    if (w == DeepSpeedWeights::kModule) {
-      std::unordered_set<std::string> module_names;
-      for (const TensorEntry& t : p.index.tensors) {
-        if (t.key.starts_with("module.")) module_names.insert(t.key.substr(7));
-      }
-      for (const TensorEntry& t : p.index.tensors) {
-        if (!t.key.starts_with("module.") && !t.key.starts_with("optimizer.") &&
-            !module_names.count(t.key)) {
-          no_module_copy.push_back(t.key);
-        }
-      }
-    }
-    FC_RETURN_IF_ERROR(SelectDeepSpeedWeights(w, &p.index));
-  } else if (p.index.format == CheckpointFormat::kMegatronLegacy && !options.weights.empty()) {
-    // Plain names: the model weights (default, what Megatron's converters export) or the
-    // distributed optimizer's fp32 master weights.
-    FC_ASSIGN_OR_RETURN(DeepSpeedWeights w, ParseDeepSpeedWeights(options.weights));
-    if (w == DeepSpeedWeights::kFp32) FC_RETURN_IF_ERROR(SelectMegatronMasterWeights(&p.index));
-  } else if (!options.weights.empty()) {
-    return InvalidArgumentError("--weights applies to DeepSpeed and Megatron checkpoints only");
-  }
-  if (options.include_optimizer && p.index.format == CheckpointFormat::kMegatronLegacy) {
-    auto o = p.index.attributes.find("megatron.optimizer");
-    if (o != p.index.attributes.end() && o->second.find(", not read") != std::string::npos) {
-      auto d = p.index.attributes.find("megatron.distrib_optim");
-      spdlog::warn("{}: the optimizer states are not exported: {}", p.index.root,
-                   d != p.index.attributes.end() ? "distrib_optim.pt " + d->second : o->second);
+  FC_ASSIGN_OR_RETURN(WeightsSelected weights, SelectWeights(options.weights, &p.index));
+  p.no_module_copy = std::move(weights.no_module_copy);
+  if (options.include_optimizer) {
+    if (const std::string why = UnreadOptimizerStates(p.index); !why.empty()) {
+      spdlog::warn("{}: the optimizer states are not exported: {}", p.index.root, why);
     }
   }
   const CheckpointIndex& index = p.index;
@@ -351,10 +311,11 @@ void PrintPlan(const ExportPlan& p, const ExportOptions& options, std::ostream& 
   PrintProcessReport(plan, out);
 }
 
-// The export's writers: one safetensors file per plan file this process writes.
-class ExportSink : public PlanSink {
+// One process's part: a safetensors file per plan file it writes.
+class ExportPart : public JobPart {
  public:
   Status Open(const ExportPlan& p, const std::vector<uint32_t>& files, const std::string& staging) {
+    files_ = files;
     writers_.resize(p.shards.file_names.size());
     for (uint32_t f : files) {
       std::vector<SafetensorsTensorSpec> specs;
@@ -373,42 +334,63 @@ class ExportSink : public PlanSink {
                std::span<const std::byte> bytes) override {
     return writers_[file]->Write(slot, byte_offset, bytes);
   }
-  Status Finish(const std::vector<uint32_t>& files) {
-    for (uint32_t f : files) FC_RETURN_IF_ERROR(writers_[f]->Finish());
-    return Status::Ok();
+  Result<std::string> Finish() override {
+    for (uint32_t f : files_) FC_RETURN_IF_ERROR(writers_[f]->Finish());
+    return std::string();
   }
 
  private:
+  std::vector<uint32_t> files_;
   std::vector<std::unique_ptr<SafetensorsWriter>> writers_;
 };
 
-// This process's files, written completely under `staging` (not yet renamed into place).
-Result<ExecuteStats> WriteFiles(const ExportOptions& options, const ExportPlan& p,
-                                Communicator& comm, const std::string& staging) {
-  const int me = comm.rank();
-  const std::vector<uint32_t>& files = p.plan.per_process[static_cast<size_t>(me)].files;
-  ExportSink sink;
-  // Every process enters the executor, or none (it exchanges data in step).
-  FC_RETURN_IF_ERROR(comm.AllOk(sink.Open(p, files, staging)));
-  ChunkReader reader(p.index);
-  ExecuteOptions eo;
-  eo.comm = &comm;
-  eo.process = me;
-  eo.what = "exporting";
-  eo.progress = options.progress;
-  FC_ASSIGN_OR_RETURN(ExecuteStats stats, Execute(p.plan, reader, sink, eo));
-  FC_RETURN_IF_ERROR(sink.Finish(files));
-  return stats;
-}
+// The export as a job of the one job path (src/ops/job.h): whole files per process,
+// balanced by bytes (the plan's assignment); process 0 adds the index and renames the
+// staging directory onto OUT, so OUT holds nothing or the whole export.
+class ExportJob : public OutputJob {
+ public:
+  explicit ExportJob(const ExportOptions& options) : options_(options) {}
+  ExportPlan& export_plan() { return p_; }
 
-// The options every process plans with: threads and budget agreed (AgreeOnResources).
-ExportOptions PlannedWith(const ExportOptions& options, Communicator& comm) {
-  ExportOptions planned = options;
-  const PlanResources r = AgreeOnResources(options.threads, options.memory_budget, comm);
-  planned.threads = r.threads;
-  planned.memory_budget = r.memory_budget;
-  return planned;
-}
+  const Plan& plan() const override { return p_.plan; }
+  const CheckpointIndex& source() const override { return p_.index; }
+  void PrintPlan(std::ostream& out) const override { fc::PrintPlan(p_, options_, out); }
+  Result<std::unique_ptr<JobPart>> CreatePart(const std::string& staging,
+                                              const std::vector<uint32_t>& files,
+                                              int /*process*/) const override {
+    if (files.empty()) return std::unique_ptr<JobPart>();
+    auto part = std::make_unique<ExportPart>();
+    FC_RETURN_IF_ERROR(part->Open(p_, files, staging));
+    return std::unique_ptr<JobPart>(std::move(part));
+  }
+  // --copy-from's files (process 0) and --objects (collective).
+  Status WriteBeforeExecute(JobPart*, const std::string& staging, ChunkReader&,
+                            Communicator& comm) const override {
+    FC_RETURN_IF_ERROR(
+        comm.AllOk(comm.rank() == 0 ? PrepareOutput(options_, p_, staging) : Status::Ok()));
+    if (!p_.index.objects.empty() && !options_.objects_dir.empty()) {
+      FC_RETURN_IF_ERROR(
+          DumpObjects(p_, ObjectsDir(options_, staging), comm).With("--objects"));
+    }
+    return Status::Ok();
+  }
+  Status Commit(JobPart*, std::span<const std::string>, OutputDir& output,
+                const std::string& staging) const override {
+    if (p_.shards.file_names.size() > 1) {
+      const std::string staged = JoinPath(staging, std::string(kHfIndexFileName));
+      FC_ASSIGN_OR_RETURN(auto index_file, WritableFile::Create(staged));
+      FC_RETURN_IF_ERROR(index_file->Append(WriteHfIndexJson(p_.tensor_bytes, p_.shards)));
+      FC_RETURN_IF_ERROR(index_file->Sync());
+      FC_RETURN_IF_ERROR(index_file->Close());
+    }
+    return output.Commit();
+  }
+
+ private:
+  ExportOptions options_;
+  ExportPlan p_;
+};
+
 
 }  // namespace
 
@@ -439,22 +421,39 @@ Result<std::vector<std::string>> CopyFromFiles(const std::string& dir) {
   return files;
 }
 
+Result<std::vector<std::string>> ListCopyFromOnProcess0(const std::string& dir,
+                                                        Communicator& comm) {
+  std::vector<std::string> files;
+  if (dir.empty()) return files;
+  Status listed = Status::Ok();
+  if (comm.rank() == 0) {
+    Result<std::vector<std::string>> found = CopyFromFiles(dir);
+    if (found.ok()) {
+      files = std::move(*found);
+    } else {
+      listed = found.status();
+    }
+  }
+  FC_RETURN_IF_ERROR(comm.AllOk(listed));
+  return files;
+}
+
 Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out) {
-  RunStatsMeter meter;
   Communicator* comm = options.comm ? options.comm : &SingleProcessCommunicator();
   const int me = comm->rank();
   // Every step that can fail on one process alone ends in an agreement, so that no process
   // waits for one that has given up.
-  auto p = std::make_unique<ExportPlan>();
+  auto job = std::make_unique<ExportJob>(options);
+  ExportPlan* p = &job->export_plan();
   // The input as every process sees it (fc/ops/shared_input.h), opened everywhere.
   FC_ASSIGN_OR_RETURN(SharedInput input, ShareInput(options.input, *comm));
   FC_ASSIGN_OR_RETURN(p->index, OpenSharedCheckpoint(input, OpenOptions{.format = options.format, .source_split = options.source_split}, *comm));
   FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,
                       ShareVisibility(p->index, input, *comm));
-  const JobMemory job = MeasureJobMemory(*comm, options.memory_budget > 0);
+  const JobMemory memory = MeasureJobMemory(*comm, options.memory_budget > 0);
   FC_RETURN_IF_ERROR(
       comm->AllOk(BuildExportPlan(PlannedWith(options, *comm), comm->size(),
-                                  std::move(visibility), job, options.memory_budget > 0, *p)));
+                                  std::move(visibility), memory, options.memory_budget > 0, *p)));
   if (me == 0) {
     // -v: what the plan rests on, before any byte is read.
     spdlog::debug("{}: {}, {} tensor(s), {} object(s) in {} file(s)", options.input,
@@ -466,72 +465,17 @@ Result<ExportSummary> RunExport(const ExportOptions& options, std::ostream& out)
     }
     WarnNotCarried(*p);
   }
-  if (!options.copy_from.empty()) {
-    Status listed = Status::Ok();
-    if (me == 0) {
-      auto files = CopyFromFiles(options.copy_from);
-      if (files.ok()) {
-        p->copy_files = std::move(*files);
-      } else {
-        listed = files.status();
-      }
-    }
-    FC_RETURN_IF_ERROR(comm->AllOk(listed));
-  }
-  if (options.dry_run) {
-    // OUT as the real run would claim it, refused with the same message and exit code.
-    FC_RETURN_IF_ERROR(CheckOutputClaimable(options.output_dir, input.local_path, *comm,
-                                            options.overwrite));
-    if (me == 0) PrintPlan(*p, options, out);
-    p->summary.tensors = p->outputs.size();
-    return p->summary;
-  }
-  // Process 0 claims OUT (lock, checks, a staging directory next to it: fc/io/output_dir.h);
-  // every process writes its files into that one staging directory; process 0 adds the
-  // index and renames the directory onto OUT, so OUT holds nothing or the whole export.
-  FC_ASSIGN_OR_RETURN(
-      ClaimedOutput claimed,
-      ClaimOutput(options.output_dir, input.local_path, *comm, options.overwrite,
-                  /*writes_here=*/!p->plan.per_process[static_cast<size_t>(me)].files.empty()));
-  std::unique_ptr<OutputDir>& output = claimed.dir;
-  const std::string& staging = claimed.staging;
-  FC_RETURN_IF_ERROR(comm->AllOk(me == 0 ? PrepareOutput(options, *p, staging) : Status::Ok()));
-  if (!p->index.objects.empty() && !options.objects_dir.empty()) {
-    FC_RETURN_IF_ERROR(DumpObjects(*p, ObjectsDir(options, staging), *comm).With("--objects"));
-  }
-
-  // Whole files per process, balanced by bytes (the plan's assignment).
-  const HfShardAssignment& shards = p->shards;
-  ExecuteStats executed;
-  Status written = [&]() -> Status {
-    Result<ExecuteStats> run = WriteFiles(options, *p, *comm, staging);
-    meter.InputsDone();
-    FC_ASSIGN_OR_RETURN(executed, std::move(run));
-    return Status::Ok();
-  }();
-  FC_RETURN_IF_ERROR(comm->AllOk(written));
-
-  p->summary.files = shards.file_names;
-  Status committed = [&]() -> Status {
-    if (me != 0) return Status::Ok();
-    if (shards.file_names.size() > 1) {
-      const std::string staged = JoinPath(staging, std::string(kHfIndexFileName));
-      FC_ASSIGN_OR_RETURN(auto index_file, WritableFile::Create(staged));
-      FC_RETURN_IF_ERROR(index_file->Append(WriteHfIndexJson(p->tensor_bytes, shards)));
-      FC_RETURN_IF_ERROR(index_file->Sync());
-      FC_RETURN_IF_ERROR(index_file->Close());
-    }
-    return output->Commit();
-  }();
-  FC_RETURN_IF_ERROR(comm->AllOk(committed));
-  if (shards.file_names.size() > 1) p->summary.files.push_back(std::string(kHfIndexFileName));
-  p->summary.copied = p->copy_files;
+  FC_ASSIGN_OR_RETURN(p->copy_files, ListCopyFromOnProcess0(options.copy_from, *comm));
+  const JobRun run{.tool = "fc-export", .what = "exporting", .output_dir = options.output_dir,
+                   .input = input.local_path, .overwrite = options.overwrite,
+                   .dry_run = options.dry_run, .progress = options.progress,
+                   .stats_file = options.stats_file};
+  FC_RETURN_IF_ERROR(RunJob(*job, run, *comm, out));
   p->summary.tensors = p->outputs.size();
-  if (!options.stats_file.empty()) {
-    FC_RETURN_IF_ERROR(WriteRunStats(options.stats_file, "fc-export", p->plan.bytes_needed,
-                                     meter.Finish(executed.peak_buffer_bytes, executed.bytes_sent,
-                                                  executed.bytes_received), *comm));
-  }
+  if (options.dry_run) return p->summary;
+  p->summary.files = p->shards.file_names;
+  if (p->shards.file_names.size() > 1) p->summary.files.push_back(std::string(kHfIndexFileName));
+  p->summary.copied = p->copy_files;
   return p->summary;
 }
 

@@ -54,8 +54,6 @@ void EncodedItemJson(JsonWriter& j, const EncodedItem& e) {
   j.EndObject();
 }
 
-std::string ShapeText(const Shape& shape) { return "[" + JoinInts(shape) + "]"; }
-
 void PrintSummary(const CheckpointIndex& index, const InspectOptions& options,
                   const std::vector<const TensorEntry*>& tensors, std::ostream& out) {
   uint64_t elements = 0, bytes = 0;

@@ -80,6 +80,17 @@ struct PlanResources {
 PlanResources AgreeOnResources(int requested_threads, uint64_t requested_budget,
                                Communicator& comm);
 
+// `options` (ConvertOptions, ExportOptions: `threads`, `memory_budget`) with the threads
+// and budget every process plans with (AgreeOnResources).
+template <typename Options>
+Options PlannedWith(const Options& options, Communicator& comm) {
+  Options planned = options;
+  const PlanResources r = AgreeOnResources(options.threads, options.memory_budget, comm);
+  planned.threads = r.threads;
+  planned.memory_budget = r.memory_budget;
+  return planned;
+}
+
 // kNotFound naming the first file a piece of `request` reads from that no process sees.
 Status CheckNeededFilesVisible(const PlanRequest& request, const CheckpointIndex& index);
 

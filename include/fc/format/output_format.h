@@ -1,17 +1,18 @@
 // The formats fc writes, in one table (src/format/output_format.cc), as open.h's detection
 // table is the one list of formats it reads. fc-convert's --output-format names and help
-// come from it, and RunConvert takes its path from the entry: a format that writes a target
-// layout's files plugs its writer in here, and the planner and executor stay as they are.
+// come from it, and RunConvert takes its planner from the entry's shape; every shape runs
+// through the one job path (src/ops/job.h): the plan (fc/plan/plan.h) assigns its files to
+// processes (mpirun), each process writes its files as the executor streams their bytes,
+// and process 0 adds what else the output holds and commits the directory.
 //
-// Two shapes of output:
-//   kTargetFiles  one data file per rank of a TargetLayout (fc distcp, PyTorch DCP): the
-//                 plan (fc/plan/plan.h) assigns the files to processes, the executor streams
-//                 each file's chunks into the entry's TargetFilesWriter, and process 0
-//                 commits the directory.
+// Three shapes of output:
+//   kTargetFiles  one data file per rank of a TargetLayout (fc distcp, PyTorch DCP): a
+//                 format that writes a target layout's files plugs its TargetFilesWriter in
+//                 here, and the planner and executor stay as they are.
 //   kDeepSpeed*   a DeepSpeed checkpoint restructured (a Universal Checkpoint, or the ZeRO
 //                 files re-partitioned for another data-parallel size): no target layout;
 //                 the files' structure follows the DeepSpeed input (fc/format/ucp_writer.h,
-//                 fc/format/deepspeed_writer.h, run by src/ops/convert_ucp.cc and
+//                 fc/format/deepspeed_writer.h, planned by src/ops/convert_ucp.cc and
 //                 src/ops/convert_deepspeed.cc).
 // (fc-export's output, HF safetensors shards, is another kind of target, with its own file
 // plan: fc/format/safetensors.h.)

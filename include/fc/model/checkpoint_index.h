@@ -131,6 +131,12 @@ struct CheckpointIndex {
   // Format-specific facts worth showing (e.g. "torch_generation" -> "1.13" or "2").
   std::map<std::string, std::string> attributes;
 
+  // attributes[key], or empty when the format does not state it.
+  std::string Attribute(const std::string& key) const {
+    auto it = attributes.find(key);
+    return it == attributes.end() ? std::string() : it->second;
+  }
+
   // The tensor named `key`, or nullptr. O(1) on average (see fc/model/key_lookup.h);
   // concurrent lookups are safe, a lookup concurrent with a change of `tensors` is not.
   const TensorEntry* FindTensor(std::string_view key) const;

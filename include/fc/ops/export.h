@@ -37,14 +37,16 @@ struct ExportOptions {
   std::vector<std::string> exclude;        // globs: drop names matching any
   bool include_optimizer = false;          // optimizer states are left out by default
   std::vector<std::string> optimizer_markers;  // empty: kDefaultOptimizerMarkers
+                                               // (fc/format/optimizer_names.h)
   uint64_t memory_budget = 0;              // bytes; 0: a quarter of physical memory
   int threads = 0;                         // 0: hardware concurrency (at most 8)
   std::string objects_dir;                 // dump non-tensor objects here (else skipped)
   // Copy the small non-tensor files of this directory (config.json, tokenizer files, ...;
   // see CopyFromFiles) into OUT with the export. Empty: none.
   std::string copy_from;
-  // DeepSpeed input only: "fp32" (default: fp32 master weights where the optimizer files
-  // hold them) or "module" (the 16-bit module weights). See fc/format/deepspeed.h.
+  // DeepSpeed and Megatron legacy input only: "fp32" (DeepSpeed's default: fp32 master
+  // weights where the optimizer files hold them) or "module" (the 16-bit module weights).
+  // See fc/format/weights.h.
   std::string weights;
   Progress::Mode progress = Progress::Mode::kAuto;
   bool dry_run = false;                    // plan only: print it to `out`, write nothing
@@ -57,11 +59,6 @@ struct ExportOptions {
   Communicator* comm = nullptr;
 };
 
-// Substrings that mark a key as optimizer state: "optim.", "optimizer.", ".exp_avg",
-// ".exp_avg_sq", ".fp32_param", ".moment1_0", ".moment2_0", ".w_0", ".beta1_pow_acc_0",
-// ".beta2_pow_acc_0", ".master_weight".
-extern const std::vector<std::string> kDefaultOptimizerMarkers;
-
 // --copy-from: the files of `dir` (top level only, sorted) that go into OUT with an export:
 // regular files (or symlinks to them) of at most kMaxCopyFromBytes that are not tensor data
 // or indexes (*.safetensors, *.bin, *.pt, *.pth, *.distcp, *.index.json, .metadata,
@@ -71,6 +68,10 @@ extern const std::vector<std::string> kDefaultOptimizerMarkers;
 // IoPolicy::follow_symlinks (--follow-symlinks), naming the file.
 inline constexpr uint64_t kMaxCopyFromBytes = 64ull << 20;
 Result<std::vector<std::string>> CopyFromFiles(const std::string& dir);
+// Collective: CopyFromFiles(dir) listed by process 0 (process 0 copies them), the others get
+// an empty list; the outcome agreed. Empty `dir`: none.
+Result<std::vector<std::string>> ListCopyFromOnProcess0(const std::string& dir,
+                                                        Communicator& comm);
 
 struct ExportSummary {
   std::vector<std::string> files;  // written, in order (index last when present)

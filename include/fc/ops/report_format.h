@@ -18,6 +18,8 @@ std::string ElideMiddle(const std::string& text, size_t max);
 // "a, b, c" or "a, b, c, d, e and 7 more": the first `shown` names of a list, for warnings
 // that count what they name.
 std::string FirstNames(const std::vector<std::string>& names, size_t shown = 5);
+// "[2, 3]": a shape (or a multi-index) as the reports print it; "[]" for a scalar.
+std::string ShapeText(const std::vector<int64_t>& shape);
 // 16 lower-case hex digits.
 std::string HexU64(uint64_t value);
 // Columns padded to the widest cell; the last column is not padded.
