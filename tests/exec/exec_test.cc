@@ -15,15 +15,10 @@
 #include "fc/exec/parallel.h"
 #include "fc/format/fc_distcp.h"
 #include "fc/io/file.h"
+#include "tests/support/temp_dir.h"
 
 namespace fc {
 namespace {
-
-std::string TempDir(const std::string& name) {
-  std::string dir = "/tmp/fc-exec-test-" + std::to_string(getpid()) + "-" + name;
-  REQUIRE(RemoveAll(dir).ok());
-  return dir;
-}
 
 // Writes float32 tensor `key` of `shape` with value i at flat index i, split into the given
 // boxes over one file, and returns the opened index.
@@ -131,7 +126,8 @@ TEST_CASE("BalanceByBytes: every item once, largest first to the lightest part",
 }
 
 TEST_CASE("AssembleRegion applies pieces with permute, cast, reshape and fill", "[exec]") {
-  const std::string dir = TempDir("assemble");
+  testing::TempDir tmp;
+  const std::string dir = tmp.Join("assemble");
   // w: [4, 6] f32 = arange, stored as a 2x2 grid of chunks.
   CheckpointIndex index = WriteArange(dir, "w", {4, 6},
                                       {{{0, 0}, {2, 3}}, {{0, 3}, {2, 3}}, {{2, 0}, {2, 3}},

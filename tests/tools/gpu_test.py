@@ -22,8 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import fcio  # noqa: E402
 
 BUILD, TESTDATA, CASE, HAVE_NCCL = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "true"
-EXPORT = os.path.join(BUILD, "tools", "fc-export")
-CONVERT = os.path.join(BUILD, "tools", "fc-convert")
+EXPORT, CONVERT = fcio.tools(BUILD, "fc-export", "fc-convert")
 CKPT = os.path.join(TESTDATA, "hf_dcp", "sharded_only")
 # This process may itself run under mpirun (meson does not, but a user might): the tools
 # must not think so.

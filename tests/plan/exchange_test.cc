@@ -5,7 +5,6 @@
 // equal a one-process run's, and what was sent must equal what was received.
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
 
 #include <chrono>
 #include <map>
@@ -18,6 +17,7 @@
 #include "fc/format/fc_distcp.h"
 #include "fc/io/file.h"
 #include "fc/plan/plan.h"
+#include "tests/support/temp_dir.h"
 
 namespace fc {
 namespace {
@@ -121,7 +121,8 @@ std::vector<Result<ExecuteStats>> RunGroup(const Plan& plan, const std::vector<C
 
 TEST_CASE("exchange: processes that each see one third of the files write what one process "
           "writes", "[exec][exchange]") {
-  const std::string dir = "/tmp/fc-exchange-test-" + std::to_string(getpid());
+  testing::TempDir tmp;
+  const std::string dir = tmp.Join("exchange");
   REQUIRE(RemoveAll(dir).ok());
   std::vector<Box> boxes;
   for (int64_t r = 0; r < 40; r += 8) boxes.push_back(Box{{r, 0}, {8, 12}});
@@ -214,7 +215,8 @@ class SlowSink : public MemorySink {
 
 TEST_CASE("progress: process 0 counts the whole job's bytes, with and without an exchange",
           "[exec][exchange][progress]") {
-  const std::string dir = "/tmp/fc-progress-test-" + std::to_string(getpid());
+  testing::TempDir tmp;
+  const std::string dir = tmp.Join("progress");
   REQUIRE(RemoveAll(dir).ok());
   std::vector<Box> boxes;
   for (int64_t r = 0; r < 40; r += 8) boxes.push_back(Box{{r, 0}, {8, 12}});
