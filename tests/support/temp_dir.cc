@@ -2,9 +2,11 @@
 
 #include <stdlib.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
+#include <string>
 #include <system_error>
 
 namespace fc::testing {
