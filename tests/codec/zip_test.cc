@@ -14,6 +14,8 @@ namespace {
 
 using testing::AsBytes;
 using testing::BuildZip;
+using testing::Put;
+using testing::PutStr;
 using testing::ZipOptions;
 using testing::ZipRec;
 

@@ -15,17 +15,11 @@
 namespace fc {
 namespace {
 
-using testing::AsBytes;
-using testing::PickleWriter;
-
 using testing::BuildZip;
-using testing::Put;
-using testing::PutStr;
+using testing::PickleWriter;
 using testing::Floats;
 using testing::TensorArchive;
 using testing::TensorPickle;
-using testing::ZipOptions;
-using testing::ZipRec;
 
 TEST_CASE("torch.save: a real DCP tensor item", "[torch_save]") {
   const auto item = testing::DcpFixtureItem("even_2d_f32", "w");
