@@ -223,7 +223,8 @@ TEST_CASE("AssembleRegion applies pieces with permute, cast, reshape and fill", 
 }
 
 TEST_CASE("CheckSourceCoverage names a missing chunk", "[exec]") {
-  const std::string dir = TempDir("coverage");
+  testing::TempDir tmp;
+  const std::string dir = tmp.Join("coverage");
   CheckpointIndex index = WriteArange(dir, "w", {4, 6}, {{{0, 0}, {2, 6}}, {{2, 0}, {2, 6}}});
   TensorEntry t = *index.FindTensor("w");
   t.chunks.pop_back();
