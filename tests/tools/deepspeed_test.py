@@ -295,14 +295,8 @@ def case_fused():
     partition_dim, sub-params a rank holds none of, column-major module weights) written by
     the generator, exported by fc and compared element by element with the generator's
     merge (needs Debian's torch)."""
-    try:
-        import random
-        import torch
-        sys.path.insert(0, os.path.join(TESTDATA, "gen", "deepspeed"))
-        import gen
-    except ImportError as e:
-        print("skipping:", e)
-        sys.exit(77)
+    sys.path.insert(0, os.path.join(TESTDATA, "gen", "deepspeed"))
+    random, torch, gen = fcio.import_or_skip("random", "torch", "gen")
     rng = random.Random(12)
     for case in range(10):
         tp, dp = rng.choice((2, 3)), rng.choice((1, 2, 3))
