@@ -13,10 +13,8 @@
 #include "fc/aoa/inspect.h"
 #include "naive.h"
 #include "test_util.h"
-
-#ifndef FC_AOA_TESTDATA
-#define FC_AOA_TESTDATA "testdata"
-#endif
+#include "tests/support/file_util.h"
+#include "tests/support/testdata.h"
 
 namespace fc::aoa {
 namespace {
@@ -29,14 +27,7 @@ using testing::SplitEven;
 using testing::TensorMap;
 
 std::string ReadExample() {
-  const char* env = std::getenv("FC_TESTDATA");
-  const std::string path = std::string(env ? env : FC_AOA_TESTDATA) + "/aoa/megatron_to_hf_llama.aoa";
-  std::ifstream in(path);
-  INFO("reading " << path);
-  REQUIRE(in.good());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return fc::testing::ReadText(fc::testing::TestdataPath("aoa/megatron_to_hf_llama.aoa"));
 }
 
 constexpr int64_t kHeads = 64, kGroups = 8, kVocab = 32000, kPaddedVocab = 32768;

@@ -15,39 +15,15 @@
 #include "fc/exec/parallel.h"
 #include "fc/format/fc_distcp.h"
 #include "fc/io/file.h"
+#include "tests/support/temp_dir.h"
+#include "tests/format/fcdistcp/arange_checkpoint.h"
 
 namespace fc {
 namespace {
 
-std::string TempDir(const std::string& name) {
-  std::string dir = "/tmp/fc-exec-test-" + std::to_string(getpid()) + "-" + name;
-  REQUIRE(RemoveAll(dir).ok());
-  return dir;
-}
-
-// Writes float32 tensor `key` of `shape` with value i at flat index i, split into the given
-// boxes over one file, and returns the opened index.
 CheckpointIndex WriteArange(const std::string& dir, const std::string& key, const Shape& shape,
                             const std::vector<Box>& boxes) {
-  FcDistcpPlan plan;
-  plan.tensors.push_back({key, DType::kFloat32, shape});
-  plan.files.push_back({FcDistcpFileName(0, 0), {}, {}});
-  for (const Box& b : boxes) plan.files[0].chunks.push_back({key, b, std::nullopt, 0});
-  auto writer = FcDistcpWriter::Create(dir, plan);
-  REQUIRE(writer.ok());
-  for (size_t c = 0; c < boxes.size(); ++c) {
-    std::vector<float> data(static_cast<size_t>(boxes[c].num_elements()));
-    for (int64_t i = 0; i < boxes[c].num_elements(); ++i) {
-      Shape local = Unravel(i, boxes[c].local_shape);
-      for (size_t a = 0; a < local.size(); ++a) local[a] += boxes[c].global_offset[a];
-      data[static_cast<size_t>(i)] = static_cast<float>(Ravel(local, shape));
-    }
-    REQUIRE((*writer)->WriteChunk(0, c, 0, std::as_bytes(std::span<const float>(data))).ok());
-  }
-  REQUIRE((*writer)->Finish().ok());
-  auto index = ReadFcDistcp(dir);
-  REQUIRE(index.ok());
-  return std::move(index).value();
+  return testing::WriteArangeCheckpoint(dir, key, shape, boxes, testing::ArangeFiles::kOneFile);
 }
 
 TEST_CASE("ContiguousSlabs cover the box in order, each contiguous, within budget", "[exec]") {
@@ -131,7 +107,8 @@ TEST_CASE("BalanceByBytes: every item once, largest first to the lightest part",
 }
 
 TEST_CASE("AssembleRegion applies pieces with permute, cast, reshape and fill", "[exec]") {
-  const std::string dir = TempDir("assemble");
+  testing::TempDir tmp;
+  const std::string dir = tmp.Join("assemble");
   // w: [4, 6] f32 = arange, stored as a 2x2 grid of chunks.
   CheckpointIndex index = WriteArange(dir, "w", {4, 6},
                                       {{{0, 0}, {2, 3}}, {{0, 3}, {2, 3}}, {{2, 0}, {2, 3}},
@@ -246,7 +223,8 @@ TEST_CASE("AssembleRegion applies pieces with permute, cast, reshape and fill", 
 }
 
 TEST_CASE("CheckSourceCoverage names a missing chunk", "[exec]") {
-  const std::string dir = TempDir("coverage");
+  testing::TempDir tmp;
+  const std::string dir = tmp.Join("coverage");
   CheckpointIndex index = WriteArange(dir, "w", {4, 6}, {{{0, 0}, {2, 6}}, {{2, 0}, {2, 6}}});
   TensorEntry t = *index.FindTensor("w");
   t.chunks.pop_back();

@@ -17,7 +17,7 @@
 namespace fc {
 namespace {
 
-using st_testing::TempDir;
+using testing::TempDir;
 
 TEST_CASE("output table: names, lookup, complete entries", "[output_format]") {
   CHECK(OutputFormatNames() == "fc, torch-dcp, ucp, deepspeed");

@@ -10,6 +10,7 @@
 #include "fc/io/env.h"
 #include "fc/io/file.h"
 #include "fc/io/output_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace fc {
 namespace {
@@ -17,15 +18,6 @@ namespace {
 std::string Text(const std::vector<std::byte>& b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
-
-struct Scratch {
-  Scratch() : dir("/tmp/fc-io-env-" + std::to_string(getpid())) {
-    REQUIRE(RemoveAll(dir).ok());
-    REQUIRE(CreateDirectories(dir).ok());
-  }
-  ~Scratch() { (void)RemoveAll(dir); }
-  std::string dir;
-};
 
 TEST_CASE("in-memory env: files, directories, rename of a tree", "[io][env]") {
   InMemoryEnv mem;
@@ -104,8 +96,8 @@ TEST_CASE("fault env: fails the Nth operation once; short reads are looped over"
 }
 
 TEST_CASE("reads: only regular files; a FIFO does not block", "[io][policy]") {
-  Scratch s;
-  const std::string fifo = JoinPath(s.dir, "fifo");
+  testing::TempDir s;
+  const std::string fifo = JoinPath(s.path(), "fifo");
   REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
   auto r = RandomAccessFile::Open(fifo);  // would block without O_NONBLOCK
   REQUIRE_FALSE(r.ok());
@@ -118,25 +110,25 @@ TEST_CASE("reads: only regular files; a FIFO does not block", "[io][policy]") {
 }
 
 TEST_CASE("reads: symlinks out of their directory need follow_symlinks", "[io][policy]") {
-  Scratch s;
-  REQUIRE(CreateDirectories(JoinPath(s.dir, "ckpt")).ok());
-  auto w = WritableFile::Create(JoinPath(s.dir, "outside"));
+  testing::TempDir s;
+  REQUIRE(CreateDirectories(JoinPath(s.path(), "ckpt")).ok());
+  auto w = WritableFile::Create(JoinPath(s.path(), "outside"));
   REQUIRE(w.ok());
   REQUIRE((*w)->Append(std::string_view("x")).ok());
   REQUIRE((*w)->Close().ok());
-  w = WritableFile::Create(JoinPath(s.dir, "ckpt/inside"));
+  w = WritableFile::Create(JoinPath(s.path(), "ckpt/inside"));
   REQUIRE(w.ok());
   REQUIRE((*w)->Close().ok());
-  REQUIRE(::symlink("../outside", JoinPath(s.dir, "ckpt/out").c_str()) == 0);
-  REQUIRE(::symlink("inside", JoinPath(s.dir, "ckpt/in").c_str()) == 0);
-  CHECK(RandomAccessFile::Open(JoinPath(s.dir, "ckpt/in")).ok());
-  auto refused = RandomAccessFile::Open(JoinPath(s.dir, "ckpt/out"));
+  REQUIRE(::symlink("../outside", JoinPath(s.path(), "ckpt/out").c_str()) == 0);
+  REQUIRE(::symlink("inside", JoinPath(s.path(), "ckpt/in").c_str()) == 0);
+  CHECK(RandomAccessFile::Open(JoinPath(s.path(), "ckpt/in")).ok());
+  auto refused = RandomAccessFile::Open(JoinPath(s.path(), "ckpt/out"));
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.status().code() == StatusCode::kInvalidArgument);
   CHECK(refused.status().message().find("outside the checkpoint directory") != std::string::npos);
   CHECK(refused.status().message().find("--follow-symlinks") != std::string::npos);
   SetIoPolicy(IoPolicy{true});
-  CHECK(RandomAccessFile::Open(JoinPath(s.dir, "ckpt/out")).ok());
+  CHECK(RandomAccessFile::Open(JoinPath(s.path(), "ckpt/out")).ok());
   SetIoPolicy(IoPolicy{false});
 }
 
@@ -145,8 +137,8 @@ TEST_CASE("posix writes: disjoint ranges from two threads, across write-back sta
   // from the end: more than two write-back strides, started (and written pages dropped) while
   // the other thread writes. Pieces end mid-page, so a page one thread filled in part may be
   // written back and dropped before the other thread writes the rest of it.
-  Scratch s;
-  const std::string path = JoinPath(s.dir, "big");
+  testing::TempDir s;
+  const std::string path = JoinPath(s.path(), "big");
   auto file = PosixEnv()->CreateForWrite(path);
   REQUIRE(file.ok());
   constexpr size_t kPiece = (size_t{1} << 20) + 1000, kPieces = 40;
@@ -183,23 +175,23 @@ TEST_CASE("posix writes: disjoint ranges from two threads, across write-back sta
 }
 
 TEST_CASE("cancel: every later operation fails", "[io][cancel]") {
-  Scratch s;
+  testing::TempDir s;
   RequestCancel(15);
-  auto w = WritableFile::Create(JoinPath(s.dir, "f"));
+  auto w = WritableFile::Create(JoinPath(s.path(), "f"));
   ResetCancel();
   REQUIRE_FALSE(w.ok());
   CHECK(w.status().message().find("interrupted (signal 15)") != std::string::npos);
 }
 
 TEST_CASE("output dir: lock, nesting, sweep, commit", "[io][output]") {
-  Scratch s;
-  const std::string out = JoinPath(s.dir, "out");
-  REQUIRE(CreateDirectories(JoinPath(s.dir, "in/sub")).ok());
+  testing::TempDir s;
+  const std::string out = JoinPath(s.path(), "out");
+  REQUIRE(CreateDirectories(JoinPath(s.path(), "in/sub")).ok());
   // Nesting.
-  for (const std::string& bad : {JoinPath(s.dir, "in"), JoinPath(s.dir, "in/sub"),
-                                 JoinPath(s.dir, "in/new/deeper"), s.dir}) {
+  for (const std::string& bad : {JoinPath(s.path(), "in"), JoinPath(s.path(), "in/sub"),
+                                 JoinPath(s.path(), "in/new/deeper"), s.path()}) {
     INFO(bad);
-    auto o = OutputDir::Open(bad, JoinPath(s.dir, "in"));
+    auto o = OutputDir::Open(bad, JoinPath(s.path(), "in"));
     REQUIRE_FALSE(o.ok());
     CHECK(o.status().code() == StatusCode::kInvalidArgument);
   }
@@ -209,7 +201,7 @@ TEST_CASE("output dir: lock, nesting, sweep, commit", "[io][output]") {
   REQUIRE(CreateDirectories(dead).ok());
   REQUIRE(CreateDirectories(live).ok());
   {
-    auto o = OutputDir::Open(out, JoinPath(s.dir, "in"));
+    auto o = OutputDir::Open(out, JoinPath(s.path(), "in"));
     REQUIRE(o.ok());
     CHECK_FALSE(PathExists(dead));
     CHECK(PathExists(live));
@@ -233,9 +225,9 @@ TEST_CASE("output dir: lock, nesting, sweep, commit", "[io][output]") {
   // A full OUT is refused; an abandoned claim leaves nothing.
   auto again = OutputDir::Open(out, "");
   CHECK(again.status().code() == StatusCode::kFailedPrecondition);
-  const std::string out2 = JoinPath(s.dir, "out2");
+  const std::string out2 = JoinPath(s.path(), "out2");
   { REQUIRE(OutputDir::Open(out2, "").ok()); }
-  auto names = ListDirectory(s.dir);
+  auto names = ListDirectory(s.path());
   REQUIRE(names.ok());
   CHECK(*names == std::vector<std::string>{"in", "out"});
 }
@@ -295,8 +287,8 @@ void CheckReplace(const std::string& parent) {
 
 TEST_CASE("output dir: kReplace swaps a full OUT at the commit", "[io][output]") {
   SECTION("posix (renameat2 RENAME_EXCHANGE)") {
-    Scratch s;
-    CheckReplace(s.dir);
+    testing::TempDir s;
+    CheckReplace(s.path());
   }
   SECTION("in memory") {
     InMemoryEnv mem;
@@ -348,21 +340,21 @@ TEST_CASE("output dir: a replacing commit that fails keeps the old OUT", "[io][o
 }
 
 TEST_CASE("output dir: kReplace refuses a file or a symlink as OUT", "[io][output]") {
-  Scratch s;
-  const std::string file = JoinPath(s.dir, "file");
-  PutFile(s.dir, "file", "x");
+  testing::TempDir s;
+  const std::string file = JoinPath(s.path(), "file");
+  PutFile(s.path(), "file", "x");
   auto o = OutputDir::Open(file, "", ExistingOutput::kReplace);
   REQUIRE_FALSE(o.ok());
   CHECK(o.status().message() ==
         file + ": output exists and is not a directory; --overwrite replaces a directory only");
-  REQUIRE(CreateDirectories(JoinPath(s.dir, "real")).ok());
-  PutFile(JoinPath(s.dir, "real"), "keep", "k");
-  const std::string link = JoinPath(s.dir, "link");
-  REQUIRE(::symlink(JoinPath(s.dir, "real").c_str(), link.c_str()) == 0);
+  REQUIRE(CreateDirectories(JoinPath(s.path(), "real")).ok());
+  PutFile(JoinPath(s.path(), "real"), "keep", "k");
+  const std::string link = JoinPath(s.path(), "link");
+  REQUIRE(::symlink(JoinPath(s.path(), "real").c_str(), link.c_str()) == 0);
   auto l = OutputDir::Open(link, "", ExistingOutput::kReplace);
   REQUIRE_FALSE(l.ok());
   CHECK(l.status().code() == StatusCode::kFailedPrecondition);
-  CHECK(GetFile(JoinPath(s.dir, "real/keep")) == "k");
+  CHECK(GetFile(JoinPath(s.path(), "real/keep")) == "k");
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 
 #include <iostream>
 
-#include <unistd.h>
 
 #include <cstdlib>
 #include <functional>
@@ -19,14 +18,13 @@
 #include "fc/io/file.h"
 #include "fc/ops/convert.h"
 #include "fc/ops/export.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/testdata.h"
 
 namespace fc {
 namespace {
 
-std::string TestData(const std::string& rel) {
-  const char* root = std::getenv("FC_TESTDATA");
-  return JoinPath(root ? root : "testdata", rel);
-}
+using testing::TestdataPath;
 
 // name -> bytes of every file under `dir` (recursively; "sub/name").
 std::map<std::string, std::string> Snapshot(const std::string& dir) {
@@ -56,15 +54,6 @@ std::vector<std::string> Leftovers(const std::string& parent, const std::string&
   }
   return left;
 }
-
-struct Scratch {
-  Scratch() : dir("/tmp/fc-io-fault-" + std::to_string(getpid())) {
-    REQUIRE(RemoveAll(dir).ok());
-    REQUIRE(CreateDirectories(dir).ok());
-  }
-  ~Scratch() { (void)RemoveAll(dir); }
-  std::string dir;
-};
 
 constexpr FaultOp kOps[] = {FaultOp::kOpenRead, FaultOp::kRead,   FaultOp::kCreate,
                             FaultOp::kWrite,    FaultOp::kSync,   FaultOp::kRename,
@@ -133,10 +122,10 @@ void EveryFailurePoint(const std::string& base, const std::function<Status(const
 }
 
 TEST_CASE("export: every failure point leaves no output and a rerun succeeds", "[io][fault]") {
-  Scratch scratch;
-  EveryFailurePoint(scratch.dir, [](const std::string& out) {
+  testing::TempDir scratch;
+  EveryFailurePoint(scratch.path(), [](const std::string& out) {
     ExportOptions o;
-    o.input = TestData("torch_dcp/mixed/ckpt");
+    o.input = TestdataPath("torch_dcp/mixed/ckpt");
     o.output_dir = out;
     o.max_shard_bytes = 64;  // several shards + the index
     o.progress = Progress::Mode::kQuiet;
@@ -148,11 +137,11 @@ TEST_CASE("export: every failure point leaves no output and a rerun succeeds", "
 }
 
 TEST_CASE("convert to fc distcp: every failure point leaves no output", "[io][fault]") {
-  Scratch scratch;
-  EveryFailurePoint(scratch.dir, [](const std::string& out) {
+  testing::TempDir scratch;
+  EveryFailurePoint(scratch.path(), [](const std::string& out) {
     ConvertOptions o;
-    o.input = TestData("torch_dcp/even_2d_f32/ckpt");
-    o.target_like = TestData("torch_dcp/even_2d_f32/ckpt");
+    o.input = TestdataPath("torch_dcp/even_2d_f32/ckpt");
+    o.target_like = TestdataPath("torch_dcp/even_2d_f32/ckpt");
     o.output_dir = out;
     o.progress = Progress::Mode::kQuiet;
     o.threads = 1;
@@ -162,11 +151,11 @@ TEST_CASE("convert to fc distcp: every failure point leaves no output", "[io][fa
 }
 
 TEST_CASE("convert to torch DCP: every failure point leaves no output", "[io][fault]") {
-  Scratch scratch;
-  EveryFailurePoint(scratch.dir, [](const std::string& out) {
+  testing::TempDir scratch;
+  EveryFailurePoint(scratch.path(), [](const std::string& out) {
     ConvertOptions o;
-    o.input = TestData("torch_dcp/mixed/ckpt");
-    o.target_like = TestData("torch_dcp/mixed/ckpt");
+    o.input = TestdataPath("torch_dcp/mixed/ckpt");
+    o.target_like = TestdataPath("torch_dcp/mixed/ckpt");
     o.output_dir = out;
     o.output_format = "torch-dcp";
     o.progress = Progress::Mode::kQuiet;

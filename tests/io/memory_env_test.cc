@@ -5,7 +5,6 @@
 
 #include <iostream>
 
-#include <unistd.h>
 
 #include <cstdlib>
 
@@ -15,14 +14,13 @@
 #include "fc/io/env.h"
 #include "fc/io/file.h"
 #include "fc/ops/export.h"
+#include "tests/support/testdata.h"
+#include "tests/support/temp_dir.h"
 
 namespace fc {
 namespace {
 
-std::string TestData(const std::string& rel) {
-  const char* root = std::getenv("FC_TESTDATA");
-  return JoinPath(root ? root : "testdata", rel);
-}
+using testing::TestdataPath;
 
 // Copies the files of a disk directory into `mem` at `to`.
 void CopyIn(const std::string& from, InMemoryEnv& mem, const std::string& to) {
@@ -42,10 +40,10 @@ void CopyIn(const std::string& from, InMemoryEnv& mem, const std::string& to) {
 TEST_CASE("in-memory env: checkpoints open the same as on disk", "[io][env]") {
   for (const std::string rel : {"fc_distcp/sample", "torch_dcp/mixed/ckpt"}) {
     INFO(rel);
-    auto disk = OpenCheckpoint(TestData(rel), std::nullopt);
+    auto disk = OpenCheckpoint(TestdataPath(rel), std::nullopt);
     REQUIRE(disk.ok());
     InMemoryEnv mem;
-    CopyIn(TestData(rel), mem, "/ckpt");
+    CopyIn(TestdataPath(rel), mem, "/ckpt");
     ScopedEnvOverride scoped(&mem);
     auto in_memory = OpenCheckpoint("/ckpt", std::nullopt);
     REQUIRE(in_memory.ok());
@@ -82,10 +80,11 @@ TEST_CASE("in-memory env: the fc distcp writer commits a checkpoint in memory", 
 }
 
 TEST_CASE("in-memory env: RunExport in memory gives the bytes of a disk export", "[io][env]") {
-  const std::string disk_out = "/tmp/fc-io-memexport-" + std::to_string(getpid());
+  testing::TempDir tmp;
+  const std::string disk_out = tmp.Join("export");
   REQUIRE(RemoveAll(disk_out).ok());
   ExportOptions o;
-  o.input = TestData("torch_dcp/mixed/ckpt");
+  o.input = TestdataPath("torch_dcp/mixed/ckpt");
   o.output_dir = disk_out;
   o.max_shard_bytes = 64;
   o.progress = Progress::Mode::kQuiet;
@@ -94,7 +93,7 @@ TEST_CASE("in-memory env: RunExport in memory gives the bytes of a disk export",
   REQUIRE(on_disk->files.size() > 2);
 
   InMemoryEnv mem;
-  CopyIn(TestData("torch_dcp/mixed/ckpt"), mem, "/ckpt");
+  CopyIn(TestdataPath("torch_dcp/mixed/ckpt"), mem, "/ckpt");
   std::vector<std::string> listing;
   {
     ScopedEnvOverride scoped(&mem);

@@ -4,7 +4,6 @@
 // missing or doubled element shows.
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <random>
@@ -16,6 +15,7 @@
 #include "fc/io/file.h"
 #include "fc/layout/target_layout.h"
 #include "fc/ops/convert.h"
+#include "tests/support/temp_dir.h"
 
 namespace fc {
 namespace {
@@ -142,7 +142,8 @@ void CheckOutput(const std::string& dir, const Shape& shape, size_t expected_chu
 TEST_CASE("convert: random source and target layouts, flattened on either side", "[ops][convert]") {
   const uint64_t seed = 20261202;
   std::mt19937_64 rng(seed);
-  const std::string base = "/tmp/fc-convert-prop-" + std::to_string(getpid());
+  testing::TempDir tmp;
+  const std::string base = tmp.Join("prop");
   for (int iter = 0; iter < 60; ++iter) {
     INFO("seed " << seed << " iter " << iter);
     Shape shape;
@@ -188,7 +189,8 @@ TEST_CASE("convert: ZeRO state over 4 sharding ranks to 2, 3 and unflattened, an
   const auto two = zero(2, {{0, 16, 30}, {0, 13, 30}});
   const auto three = zero(3, {{0, 10, 20, 30}, {0, 11, 19, 30}});
   const std::vector<Piece> tp_only = {{0, {{0, 0}, {5, 6}}, std::nullopt}, {1, {{5, 0}, {5, 6}}, std::nullopt}};
-  const std::string base = "/tmp/fc-convert-zero-" + std::to_string(getpid());
+  testing::TempDir tmp;
+  const std::string base = tmp.Join("zero");
   REQUIRE(RemoveAll(base).ok());
   REQUIRE(CreateDirectories(base).ok());
   WriteSource(base + "/four", shape, four, 8);

@@ -1,7 +1,5 @@
 #include "fc/ops/diff.h"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -16,14 +14,14 @@
 #include "fc/format/safetensors.h"
 #include "fc/io/file.h"
 #include "fc/ops/export.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/testdata.h"
 
 namespace fc {
 namespace {
 
-std::string Testdata(const std::string& rel) {
-  const char* root = std::getenv("FC_TESTDATA");
-  return std::string(root ? root : "testdata") + "/" + rel;
-}
+using testing::TempDir;
+using testing::TestdataPath;
 
 struct T {
   std::string name;
@@ -47,25 +45,10 @@ std::vector<float> Iota(size_t n, float start = 0.0f) {
   return v;
 }
 
-class TempDir {
- public:
-  TempDir() : path_("/tmp/fc-diff-test-" + std::to_string(getpid()) + "-" + std::to_string(next_++)) {
-    REQUIRE(RemoveAll(path_).ok());
-    REQUIRE(CreateDirectories(path_).ok());
-  }
-  ~TempDir() { (void)RemoveAll(path_); }
-  std::string File(const std::string& name) const { return JoinPath(path_, name); }
-  const std::string& path() const { return path_; }
-
- private:
-  static inline int next_ = 0;
-  std::string path_;
-};
-
 std::string WriteSt(const TempDir& dir, const std::string& name, const std::vector<T>& tensors) {
   std::vector<SafetensorsTensorSpec> specs;
   for (const T& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
-  const std::string path = dir.File(name);
+  const std::string path = dir.Join(name);
   auto w = SafetensorsWriter::Create(path, specs);
   REQUIRE(w.ok());
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -264,7 +247,7 @@ TEST_CASE("diff: tolerances, NaN and signed zeros", "[diff]") {
 TEST_CASE("diff: bad input", "[diff]") {
   TempDir dir;
   const std::string a = WriteSt(dir, "a.safetensors", {Make("w", DType::kFloat32, {2}, Iota(2))});
-  auto r = RunDiff({.a = a, .b = dir.File("missing.safetensors")});
+  auto r = RunDiff({.a = a, .b = dir.Join("missing.safetensors")});
   CHECK(r.status().code() == StatusCode::kNotFound);
   CHECK_THAT(r.status().message(), Catch::StartsWith("B: ") && Catch::Contains("missing"));
   DiffOptions o{.a = a, .b = a};
@@ -274,18 +257,18 @@ TEST_CASE("diff: bad input", "[diff]") {
   o.include = {"[w"};
   CHECK(RunDiff(o).status().code() == StatusCode::kInvalidArgument);
   // A truncated file: corrupt input.
-  REQUIRE(std::system(("head -c 20 " + a + " > " + dir.File("t.safetensors")).c_str()) == 0);
-  r = RunDiff({.a = dir.File("t.safetensors"), .b = a});
+  REQUIRE(std::system(("head -c 20 " + a + " > " + dir.Join("t.safetensors")).c_str()) == 0);
+  r = RunDiff({.a = dir.Join("t.safetensors"), .b = a});
   CHECK(r.status().code() == StatusCode::kDataLoss);
   CHECK_THAT(r.status().message(), Catch::StartsWith("A: "));
 }
 
 TEST_CASE("diff: a sharded torch DCP checkpoint against its export", "[diff]") {
   TempDir dir;
-  const std::string ckpt = Testdata("torch_dcp/megatron_tiny_tp2_pp2/ckpt");
+  const std::string ckpt = TestdataPath("torch_dcp/megatron_tiny_tp2_pp2/ckpt");
   ExportOptions e;
   e.input = ckpt;
-  e.output_dir = dir.File("hf");
+  e.output_dir = dir.Join("hf");
   e.progress = Progress::Mode::kQuiet;
   REQUIRE(RunExport(e, std::cout).ok());
   DiffReport r = Diff({.a = ckpt, .b = e.output_dir});
@@ -294,8 +277,8 @@ TEST_CASE("diff: a sharded torch DCP checkpoint against its export", "[diff]") {
   CHECK(r.tensors_compared == 15);
 
   // Through the AOA program on one side only.
-  const std::string aoa = Testdata("aoa/megatron_tiny_to_hf_llama.aoa");
-  e.output_dir = dir.File("llama");
+  const std::string aoa = TestdataPath("aoa/megatron_tiny_to_hf_llama.aoa");
+  e.output_dir = dir.Join("llama");
   e.aoa_file = aoa;
   REQUIRE(RunExport(e, std::cout).ok());
   DiffOptions o{.a = ckpt, .b = e.output_dir};

@@ -2,22 +2,20 @@
 // verify (success and each kind of problem), AOA preview.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include "fc/io/file.h"
 #include "fc/ops/inspect.h"
 #include "fc/ops/verify.h"
+#include "tests/support/file_util.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/testdata.h"
 
 namespace fc {
 namespace {
 
-std::string Testdata(const std::string& rel) {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
-  return JoinPath(root, rel);
-}
+using testing::TestdataPath;
 
 std::string Run(InspectOptions o, Status* status) {
   std::ostringstream out;
@@ -27,7 +25,7 @@ std::string Run(InspectOptions o, Status* status) {
 
 TEST_CASE("inspect describes how torch-written tensors are split", "[ops]") {
   InspectOptions o;
-  o.path = Testdata("torch_dcp/mixed/ckpt");
+  o.path = TestdataPath("torch_dcp/mixed/ckpt");
   Status s;
   const std::string text = Run(o, &s);
   REQUIRE(s.ok());
@@ -55,7 +53,7 @@ TEST_CASE("DescribeSplit names replicas and flattened chunks", "[ops]") {
 
 TEST_CASE("inspect --json carries every chunk field", "[ops]") {
   InspectOptions o;
-  o.path = Testdata("torch_dcp/mixed/ckpt");
+  o.path = TestdataPath("torch_dcp/mixed/ckpt");
   o.json = true;
   o.tensors = "grid";  // a glob on the whole key
   Status s;
@@ -73,7 +71,7 @@ TEST_CASE("inspect --verify passes on fixtures and names each kind of problem", 
   Status s;
   for (const char* fx : {"torch_dcp/mixed/ckpt", "torch_dcp/strided/ckpt", "fc_distcp/sample"}) {
     InspectOptions o;
-    o.path = Testdata(fx);
+    o.path = TestdataPath(fx);
     o.verify = true;
     const std::string text = Run(o, &s);
     INFO(fx << "\n" << text);
@@ -89,9 +87,8 @@ TEST_CASE("inspect --verify passes on fixtures and names each kind of problem", 
     }
   }
   // A flipped byte in an fc distcp data file: the checksum names the file and key.
-  const std::string dir = "/tmp/fc-inspect-test-" + std::to_string(getpid());
-  REQUIRE(RemoveAll(dir).ok());
-  REQUIRE(std::system(("cp -r " + Testdata("fc_distcp/sample") + " " + dir).c_str()) == 0);
+  testing::TempDir tmp;
+  const std::string dir = testing::CopyTreeInto(tmp, TestdataPath("fc_distcp/sample"), "sample");
   auto names = ListDirectory(dir);
   REQUIRE(names.ok());
   std::string data_file;
@@ -121,7 +118,7 @@ TEST_CASE("inspect --verify passes on fixtures and names each kind of problem", 
 // coverage problems made in memory.
 CheckpointIndex IndexOverSample() {
   CheckpointIndex index;
-  index.root = Testdata("fc_distcp/sample");
+  index.root = TestdataPath("fc_distcp/sample");
   index.files.push_back({"0_0.distcp", 904});
   return index;
 }
@@ -174,8 +171,8 @@ TEST_CASE("verify counts every problem and lists up to its cap", "[ops]") {
 
 TEST_CASE("inspect --aoa lists the HF tensors of the Megatron example", "[ops]") {
   InspectOptions o;
-  o.path = Testdata("torch_dcp/megatron_tiny_tp2_pp2/ckpt");
-  o.aoa_file = Testdata("aoa/megatron_tiny_to_hf_llama.aoa");
+  o.path = TestdataPath("torch_dcp/megatron_tiny_tp2_pp2/ckpt");
+  o.aoa_file = TestdataPath("aoa/megatron_tiny_to_hf_llama.aoa");
   Status s;
   const std::string text = Run(o, &s);
   REQUIRE(s.ok());
@@ -183,7 +180,7 @@ TEST_CASE("inspect --aoa lists the HF tensors of the Megatron example", "[ops]")
                        Catch::Contains("bfloat16  [4, 8]"));
   CHECK_THAT(text, Catch::Contains("lm_head.weight") && Catch::Contains("[10, 8]"));
   CHECK_THAT(text, !Catch::Contains("linear_qkv.weight  "));
-  o.aoa_file = Testdata("aoa/does-not-exist.aoa");
+  o.aoa_file = TestdataPath("aoa/does-not-exist.aoa");
   Run(o, &s);
   CHECK(s.code() == StatusCode::kNotFound);
 }

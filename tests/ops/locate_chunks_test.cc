@@ -4,7 +4,6 @@
 // data.pkl decode cache against a fresh parse.
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -17,15 +16,14 @@
 #include "fc/format/torch_save.h"
 #include "fc/io/file.h"
 #include "fc/ops/locate_chunks.h"
+#include "tests/support/file_util.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/testdata.h"
 
 namespace fc {
 namespace {
 
-std::string Testdata(const std::string& rel) {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
-  return JoinPath(root, rel);
-}
+using testing::TestdataPath;
 
 std::vector<ChunkToLocate> AllChunks(const CheckpointIndex& index) {
   std::vector<ChunkToLocate> refs;
@@ -65,21 +63,6 @@ size_t CheckAgainstReader(const CheckpointIndex& index, int threads) {
   return unlocated;
 }
 
-class TempCopy {
- public:
-  explicit TempCopy(const std::string& from)
-      : path_("/tmp/fc-locate-test-" + std::to_string(getpid()) + "-" + std::to_string(next_++)) {
-    std::filesystem::remove_all(path_);
-    std::filesystem::copy(from, path_, std::filesystem::copy_options::recursive);
-  }
-  ~TempCopy() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  static inline int next_ = 0;
-  std::string path_;
-};
-
 TEST_CASE("LocateChunks finds what ChunkReader::Locate finds, on every torch DCP fixture",
           "[locate]") {
   for (const char* fx : {"torch_dcp/mixed/ckpt", "torch_dcp/strided/ckpt",
@@ -89,7 +72,7 @@ TEST_CASE("LocateChunks finds what ChunkReader::Locate finds, on every torch DCP
                          "torch_dcp/zstd/ckpt", "torch_dcp/uneven_1d_bf16/ckpt",
                          "torch_dcp_adam/fsdp_adam/ckpt", "torch_dcp_adam/megatron_dp_buckets/ckpt",
                          "fc_distcp/sample"}) {
-    const std::string path = Testdata(fx);
+    const std::string path = TestdataPath(fx);
     if (!std::filesystem::exists(path)) FAIL("missing fixture " << path);
     INFO(fx);
     Result<CheckpointIndex> index = OpenCheckpoint(path, OpenOptions{});
@@ -104,8 +87,9 @@ TEST_CASE("LocateChunks finds what ChunkReader::Locate finds, on every torch DCP
 
 TEST_CASE("LocateChunks: a corrupt item fails its own chunk only, inside a run read at once",
           "[locate]") {
-  TempCopy copy(Testdata("torch_dcp/strided/ckpt"));
-  Result<CheckpointIndex> index = OpenCheckpoint(copy.path(), OpenOptions{});
+  testing::TempDir tmp;
+  const std::string copy = testing::CopyTreeInto(tmp, TestdataPath("torch_dcp/strided/ckpt"), "ckpt");
+  Result<CheckpointIndex> index = OpenCheckpoint(copy, OpenOptions{});
   REQUIRE(index.ok());
   // The file with the most unlocated small items: its items are read together.
   std::vector<size_t> per_file(index->files.size());
@@ -125,7 +109,7 @@ TEST_CASE("LocateChunks: a corrupt item fails its own chunk only, inside a run r
   }
   REQUIRE(victim != nullptr);
   {  // zero the victim's item: its zip directory and data.pkl are gone
-    std::fstream f(JoinPath(copy.path(), index->files[file].path),
+    std::fstream f(JoinPath(copy, index->files[file].path),
                    std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(victim->byte_offset));
     const std::string zeros(static_cast<size_t>(victim->byte_length), '\0');
@@ -152,11 +136,12 @@ TEST_CASE("LocateChunks: a corrupt item fails its own chunk only, inside a run r
 
 TEST_CASE("LocateChunks: a data file that shrank after opening fails each of its chunks",
           "[locate]") {
-  TempCopy copy(Testdata("torch_dcp/mixed/ckpt"));
-  Result<CheckpointIndex> index = OpenCheckpoint(copy.path(), OpenOptions{});
+  testing::TempDir tmp;
+  const std::string copy = testing::CopyTreeInto(tmp, TestdataPath("torch_dcp/mixed/ckpt"), "ckpt");
+  Result<CheckpointIndex> index = OpenCheckpoint(copy, OpenOptions{});
   REQUIRE(index.ok());
   const uint32_t file = index->tensors.front().chunks.front().file;
-  std::filesystem::resize_file(JoinPath(copy.path(), index->files[file].path), 10);
+  std::filesystem::resize_file(JoinPath(copy, index->files[file].path), 10);
   ChunkReader files(*index);
   const std::vector<ChunkToLocate> refs = AllChunks(*index);
   const std::vector<Result<ChunkLocation>> got = LocateChunks(*index, files, refs, 2);
@@ -174,7 +159,7 @@ TEST_CASE("LocateChunks: a data file that shrank after opening fails each of its
 TEST_CASE("TorchTensorRefCache: a remembered decode is the parse's, and texts stay apart",
           "[locate]") {
   Result<CheckpointIndex> index =
-      OpenCheckpoint(Testdata("torch_dcp/mixed/ckpt"), OpenOptions{});
+      OpenCheckpoint(TestdataPath("torch_dcp/mixed/ckpt"), OpenOptions{});
   REQUIRE(index.ok());
   ChunkReader files(*index);
   TorchTensorRefCache refs;

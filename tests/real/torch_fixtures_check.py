@@ -7,9 +7,7 @@ usage: torch_fixtures_check.py BUILD_ROOT FIXTURES_DIR
   FIXTURES_DIR: testdata/real/torch (committed), or a directory make_fixtures.py just wrote
 """
 import os
-import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 import fcio  # noqa: E402
@@ -23,8 +21,7 @@ CASES = ["single_plain", "fsdp2_plain", "fsdp2_zstd", "fsdp2_safetensors", "fsdp
 def main():
     build, fixtures = sys.argv[1], sys.argv[2]
     tools = os.path.join(build, "tools")
-    tmp = tempfile.mkdtemp(prefix="fc-real-torch-")
-    try:
+    with fcio.temp_dir("fc-real-torch-") as tmp:
         for case in CASES:
             ckpt = os.path.join(fixtures, case, "ckpt")
             want = fcio.read_safetensors(os.path.join(fixtures, case, "expected.safetensors"))
@@ -35,8 +32,6 @@ def main():
             got, _ = fcio.read_hf_dir(out)
             fcio.same_tensors(got, want, case)
             print(f"{case}: {len(want)} tensors equal torch's", flush=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,8 @@ CASE
             load with dcp.load, values equal fc-export's of the same source
 """
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import torch
@@ -32,12 +30,6 @@ sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 import fcio  # noqa: E402
 import fresh_vs_committed  # noqa: E402
-
-
-def tools(build):
-    t = os.path.join(build, "tools")
-    return (os.path.join(t, "fc-export"), os.path.join(t, "fc-convert"),
-            os.path.join(t, "fc-inspect"))
 
 
 def make_fixtures_module(testdata):
@@ -166,7 +158,7 @@ def read_safetensors_serialization(ckpt):
 
 
 def case_load(build, testdata, tmp):
-    export, convert, _ = tools(build)
+    export, convert = fcio.tools(build, "fc-export", "fc-convert")
     real = os.path.join(testdata, "real", "torch")
     two, one = os.path.join(real, "fsdp2_plain"), os.path.join(real, "single_plain")
     expected = st_to_torch(os.path.join(two, "expected.safetensors"))
@@ -219,7 +211,7 @@ def case_load(build, testdata, tmp):
 
 def case_others(build, testdata, tmp):
     """DeepSpeed and Megatron sources converted to torch DCP, loaded by torch."""
-    export, convert, _ = tools(build)
+    export, convert = fcio.tools(build, "fc-export", "fc-convert")
     layout = os.path.join(tmp, "tp1.json")
     with open(layout, "w") as f:
         f.write('{"degrees": {"tp": 1}}\n')
@@ -257,12 +249,9 @@ def main():
         return
     build, testdata, case = sys.argv[1:4]
     make_fixtures_module(testdata)
-    tmp = tempfile.mkdtemp(prefix="fc-real-torch-")
-    try:
+    with fcio.temp_dir("fc-real-torch-") as tmp:
         {"fixtures": case_fixtures, "load": case_load, "others": case_others}[case](
             build, testdata, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -8,25 +8,20 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(__file__))
+import fcio  # noqa: E402
+
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
-TOOLS = os.path.join(BUILD, "tools")
-EXPORT, CONVERT, DIFF, INSPECT = (os.path.join(TOOLS, t) for t in
-                                  ("fc-export", "fc-convert", "fc-diff", "fc-inspect"))
+EXPORT, CONVERT, DIFF, INSPECT = fcio.tools(BUILD, "fc-export", "fc-convert", "fc-diff", "fc-inspect")
 FIXTURE = os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt")
 tmp = tempfile.mkdtemp(prefix="fc-checksum-")
 
 
 def run(args, expect=0, limit=120, preexec_fn=None):
-    p = subprocess.run(["timeout", str(limit), *args], capture_output=True, text=True,
-                       preexec_fn=preexec_fn)
-    if expect is not None and p.returncode != expect:
-        raise AssertionError(f"{' '.join(args)}: exit {p.returncode}, expected {expect}\n"
-                             f"stdout: {p.stdout}\nstderr: {p.stderr}")
-    return p
+    return fcio.run(args, expect, limit, preexec_fn=preexec_fn)
 
 
 def case_damaged():
@@ -106,8 +101,5 @@ def case_oom():
     assert "(exit 10)" in p.stderr, p.stderr
 
 
-try:
-    {"damaged": case_damaged, "oom": case_oom}[CASE]()
-finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+fcio.run_case(globals(), CASE, tmp)
 print(f"checksum_test {CASE}: ok")

@@ -10,17 +10,13 @@ import glob
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-try:
-    import numpy as np
-    import fcio
-except ImportError as e:
-    print("skipping:", e)
-    sys.exit(77)
+import fcio  # noqa: E402
+
+np = fcio.import_or_skip("numpy")
 
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -465,7 +461,4 @@ def case_dryruntime():
     print("ok dryruntime", estimates)
 
 
-try:
-    globals()["case_" + CASE]()
-finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+fcio.run_case(globals(), CASE, tmp)

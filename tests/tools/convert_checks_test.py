@@ -7,24 +7,20 @@ CASE: torchflat | preset | emptyrank | outdir
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(__file__))
+import fcio  # noqa: E402
+
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
-TOOLS = os.path.join(BUILD, "tools")
-CONVERT = os.path.join(TOOLS, "fc-convert")
-EXPORT = os.path.join(TOOLS, "fc-export")
+CONVERT, EXPORT = fcio.tools(BUILD, "fc-convert", "fc-export")
 MEGATRON = os.path.join(TESTDATA, "torch_dcp", "megatron_tiny_tp2_pp2", "ckpt")
 tmp = tempfile.mkdtemp(prefix="fc-convert-checks-")
 
 
 def run(args, expect=0, limit=120):
-    p = subprocess.run(["timeout", str(limit), *args], capture_output=True, text=True)
-    if expect is not None and p.returncode != expect:
-        raise AssertionError(f"{' '.join(args)}: exit {p.returncode}, expected {expect}\n"
-                             f"stdout: {p.stdout}\nstderr: {p.stderr}")
-    return p
+    return fcio.run(args, expect, limit)
 
 
 def error_line(p):
@@ -143,8 +139,7 @@ def case_presetstates():
     # (before: only '<param>.exp_avg' matched, and a Megatron checkpoint stopped with
     # "target rank 4 (tp 0, pp 0, dp 0, sharding 1) holds no tensor"). Each conversion holds
     # flattened chunks on every sharding rank and equals its source (fc-diff exit 0).
-    diff = os.path.join(TOOLS, "fc-diff")
-    inspect = os.path.join(TOOLS, "fc-inspect")
+    diff, inspect = fcio.tools(BUILD, "fc-diff", "fc-inspect")
     cases = [  # (source, preset args, the states' names as the reader gives them)
         (os.path.join(TESTDATA, "megatron_legacy", "gpt_tp2_pp2", "ckpt"),  # Megatron legacy
          ["megatron-gpt", "--tp", "4", "--pp", "2", "--sharding", "2"], "optimizer."),
@@ -169,6 +164,5 @@ def case_presetstates():
         run([diff, src, out, "--quiet"])
 
 
-{"torchflat": case_torchflat, "presetstates": case_presetstates, "preset": case_preset, "emptyrank": case_emptyrank,
- "outdir": case_outdir}[CASE]()
+fcio.run_case(globals(), CASE, tmp)
 print("ok")

@@ -12,12 +12,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-try:
-    import numpy as np
-    import fcio
-except ImportError as e:
-    print("skipping:", e)
-    sys.exit(77)
+import fcio  # noqa: E402
+
+np = fcio.import_or_skip("numpy")
 
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 TOOLS = os.path.join(BUILD, "tools")
@@ -335,7 +332,4 @@ def case_mpi():
     print("ok mpi errors")
 
 
-try:
-    globals()["case_" + CASE]()
-finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+fcio.run_case(globals(), CASE, tmp)

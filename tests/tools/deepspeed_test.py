@@ -15,28 +15,16 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-try:
-    import numpy as np
-    import fcio
-except ImportError as e:  # numpy missing: the independent reader cannot run
-    print("skipping:", e)
-    sys.exit(77)
+import fcio  # noqa: E402
+
+# numpy missing: the independent reader cannot run
+np = fcio.import_or_skip("numpy")
 
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
-EXPORT = os.path.join(BUILD, "tools", "fc-export")
-INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
-CONVERT = os.path.join(BUILD, "tools", "fc-convert")
+EXPORT, INSPECT, CONVERT = fcio.tools(BUILD, "fc-export", "fc-inspect", "fc-convert")
 FIXTURES = sorted(glob.glob(os.path.join(TESTDATA, "deepspeed", "*", "ckpt")))
 assert len(FIXTURES) >= 15, FIXTURES
 tmp = tempfile.mkdtemp(prefix="fc-deepspeed-test-")
-
-
-def check_same(got, expected, label):
-    assert sorted(got) == sorted(expected), (label, sorted(set(got) ^ set(expected)))
-    for name, want in expected.items():
-        dt, arr = got[name]
-        assert tuple(arr.shape) == tuple(want.shape), (label, name, arr.shape, want.shape)
-        assert np.array_equal(fcio.bits(arr), fcio.bits(want)), f"{label}: {name} differs"
 
 
 def case_export():
@@ -50,7 +38,7 @@ def case_export():
             out = os.path.join(tmp, label + "-module")
             fcio.run([EXPORT, ckpt, out, "--quiet", "--weights", "module"])
             got, _ = fcio.read_hf_dir(out)
-            check_same(got, {k: v for k, v in exp.items() if not k.startswith("module.")}, label)
+            fcio.same_values(got, {k: v for k, v in exp.items() if not k.startswith("module.")}, label)
             print("ok export", label)
             continue
         # Default: fp32 master weights under the plain names, optimizer states left out.
@@ -59,20 +47,20 @@ def case_export():
         got, _ = fcio.read_hf_dir(out)
         want = {k: v for k, v in exp.items()
                 if not k.startswith("module.") and not k.startswith("optimizer.")}
-        check_same(got, want, label)
+        fcio.same_values(got, want, label)
         # With the optimizer states (exp_avg, exp_avg_sq, step).
         out = os.path.join(tmp, label + "-opt")
         fcio.run([EXPORT, ckpt, out, "--quiet", "--include-optimizer"])
         got, _ = fcio.read_hf_dir(out)
         want = {k: v for k, v in exp.items() if not k.startswith("module.")}
-        check_same(got, want, label + " --include-optimizer")
+        fcio.same_values(got, want, label + " --include-optimizer")
         # The 16-bit module weights instead, where the model states hold them.
         out = os.path.join(tmp, label + "-module")
         fcio.run([EXPORT, ckpt, out, "--quiet", "--weights", "module"])
         got, _ = fcio.read_hf_dir(out)
         want = {k: exp.get("module." + k, v) for k, v in exp.items()
                 if not k.startswith("module.") and not k.startswith("optimizer.")}
-        check_same(got, want, label + " --weights module")
+        fcio.same_values(got, want, label + " --weights module")
         if label not in ("zero3", "ucp_zero3", "pp2", "pp2_tp2"):
             key = next(k for k in ("embed.weight", "layer.weight", "attn.qkv.weight") if k in got)
             assert got[key][0] in ("F16", "BF16"), (label, key)
@@ -91,7 +79,7 @@ def case_export():
             if ucp == "ucp_zero3":  # a stage-3 UCP has no step.pt
                 got = {k: v for k, v in got.items() if not k.startswith("optimizer.step.")}
             outs.append(got)
-        check_same(outs[0], {k: v[1] for k, v in outs[1].items()}, ucp + " == " + zero + str(extra))
+        fcio.same_values(outs[0], {k: v[1] for k, v in outs[1].items()}, ucp + " == " + zero + str(extra))
         assert all(outs[0][k][0] == outs[1][k][0] for k in outs[0]), extra
     print("ok export ucp == zero")
 
@@ -307,14 +295,8 @@ def case_fused():
     partition_dim, sub-params a rank holds none of, column-major module weights) written by
     the generator, exported by fc and compared element by element with the generator's
     merge (needs Debian's torch)."""
-    try:
-        import random
-        import torch
-        sys.path.insert(0, os.path.join(TESTDATA, "gen", "deepspeed"))
-        import gen
-    except ImportError as e:
-        print("skipping:", e)
-        sys.exit(77)
+    sys.path.insert(0, os.path.join(TESTDATA, "gen", "deepspeed"))
+    random, torch, gen = fcio.import_or_skip("random", "torch", "gen")
     rng = random.Random(12)
     for case in range(10):
         tp, dp = rng.choice((2, 3)), rng.choice((1, 2, 3))
@@ -350,12 +332,12 @@ def case_fused():
         out = os.path.join(tmp, label + "-out")
         fcio.run([EXPORT, os.path.join(tmp, label, "ckpt"), out, "--quiet", "--include-optimizer"])
         got, _ = fcio.read_hf_dir(out)
-        check_same(got, {k: v for k, v in exp.items() if not k.startswith("module.")}, what)
+        fcio.same_values(got, {k: v for k, v in exp.items() if not k.startswith("module.")}, what)
         out = os.path.join(tmp, label + "-module")
         fcio.run([EXPORT, os.path.join(tmp, label, "ckpt"), out, "--quiet", "--weights", "module"])
         got, _ = fcio.read_hf_dir(out)
-        check_same(got, {k: exp.get("module." + k, v) for k, v in exp.items()
-                         if not k.startswith(("module.", "optimizer."))}, what + " module")
+        fcio.same_values(got, {k: exp.get("module." + k, v) for k, v in exp.items()
+                               if not k.startswith(("module.", "optimizer."))}, what + " module")
         # The Universal Checkpoint fc writes: the merged fp32 param and Adam states, and
         # sub_param_shape as ds_to_universal saves it.
         ucp = os.path.join(tmp, label + "-ucp", "universal")
@@ -493,7 +475,4 @@ def case_source_layout():
     print("ok source_layout")
 
 
-try:
-    globals()["case_" + CASE]()
-finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+fcio.run_case(globals(), CASE, tmp)

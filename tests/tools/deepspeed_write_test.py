@@ -19,18 +19,13 @@ import zipfile
 BUILD, TESTDATA, CASE = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3]
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(TESTDATA, "gen", "deepspeed"))
-try:
-    import numpy as np
-    import torch
-    import fcio
-    import gen  # registers the DeepSpeed stand-in classes the pickles name
-except ImportError as e:  # torch or numpy missing: nothing can load the files
-    print("skipping:", e)
-    sys.exit(77)
+import fcio  # noqa: E402
 
-CONVERT = os.path.join(BUILD, "tools", "fc-convert")
-EXPORT = os.path.join(BUILD, "tools", "fc-export")
-DIFF = os.path.join(BUILD, "tools", "fc-diff")
+# torch or numpy missing: nothing can load the files (gen registers the DeepSpeed stand-in
+# classes the pickles name)
+np, torch, gen = fcio.import_or_skip("numpy", "torch", "gen")
+
+CONVERT, EXPORT, DIFF = fcio.tools(BUILD, "fc-convert", "fc-export", "fc-diff")
 DS = os.path.join(TESTDATA, "deepspeed")
 # (case, source dp, target dps): stage 1 and 2, one and two param groups, BF16_Optimizer,
 # TP 2 with Megatron client state (no export: fc-diff only), TP 2 with
@@ -285,7 +280,4 @@ def case_errors():
     print("ok errors")
 
 
-try:
-    {"write": case_write, "roundtrip": case_roundtrip, "errors": case_errors}[CASE]()
-finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+fcio.run_case(globals(), CASE, tmp)

@@ -6,18 +6,15 @@ usage: diff_test.py BUILD_ROOT TESTDATA CASE   (CASE: layouts|values|keys|json|a
 import glob
 import json
 import os
-import shutil
 import struct
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-try:
-    import numpy as np
-    import fcio
-except ImportError as e:  # numpy missing
-    print("skipping:", e)
-    sys.exit(77)
+import fcio  # noqa: E402
+
+# numpy missing: skipped
+np = fcio.import_or_skip("numpy")
 
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 TOOLS = os.path.join(BUILD, "tools")
@@ -272,8 +269,4 @@ def case_errors():
     print("ok errors")
 
 
-try:
-    {"layouts": case_layouts, "values": case_values, "keys": case_keys, "json": case_json,
-     "aoa": case_aoa, "errors": case_errors, "onlycommon": case_onlycommon}[CASE]()
-finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+fcio.run_case(globals(), CASE, tmp)

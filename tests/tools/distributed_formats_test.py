@@ -17,8 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import fcio  # noqa: E402
 
 BUILD, TESTDATA = sys.argv[1], sys.argv[2]
-EXPORT = os.path.join(BUILD, "tools", "fc-export")
-CONVERT = os.path.join(BUILD, "tools", "fc-convert")
+EXPORT, CONVERT = fcio.tools(BUILD, "fc-export", "fc-convert")
 MPIRUN = shutil.which("mpirun")
 if not MPIRUN:
     print("skipping: no mpirun")

@@ -19,9 +19,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import fcio  # noqa: E402
 
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
-EXPORT = os.path.join(BUILD, "tools", "fc-export")
-CONVERT = os.path.join(BUILD, "tools", "fc-convert")
-INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
+EXPORT, CONVERT, INSPECT = fcio.tools(BUILD, "fc-export", "fc-convert", "fc-inspect")
 MAKE = os.path.join(BUILD, "bench", "make_synthetic_ckpt")
 MPIRUN = shutil.which("mpirun")
 if not MPIRUN:

@@ -1,15 +1,76 @@
-"""Independent readers for the CLI tests: safetensors via json + numpy (no fc code), .npy via
-numpy, and helpers to run the fc tools."""
+"""The one helper module of the Python tests (tests/tools, tests/real, tests/format): skipping
+when a module is missing, running the fc tools, temporary directories, and independent
+readers and comparisons: safetensors via json + numpy (no fc code), .npy via numpy.
+
+Importing it needs only the standard library, so a test can import it first and then skip
+(exit 77) through import_or_skip when numpy or a framework is missing; the readers and
+comparisons need numpy."""
+import contextlib
+import importlib
 import json
 import os
+import shutil
 import struct
 import subprocess
+import sys
+import tempfile
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # import_or_skip("numpy") skips the test before anything needs it
+    np = None
 
-ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
-             "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-             "BOOL": np.bool_, "F8_E4M3": np.uint8, "F8_E5M2": np.uint8}
+SKIP = 77  # meson's exit code for a skipped test
+
+ST_DTYPES = {} if np is None else {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_, "F8_E4M3": np.uint8, "F8_E5M2": np.uint8}
+
+
+def import_or_skip(*names):
+    """Imports the modules named, in order, and returns them (one module, or a tuple for
+    several); when one cannot be imported, prints "skipping: <why>" and exits 77."""
+    modules = []
+    for name in names:
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError as e:
+            print("skipping:", e)
+            sys.exit(SKIP)
+    return modules[0] if len(modules) == 1 else tuple(modules)
+
+
+def tools(build, *names):
+    """The paths of the fc tools named ("fc-export", ...) in BUILD/tools, in order (one path
+    for one name)."""
+    paths = tuple(os.path.join(build, "tools", n) for n in names)
+    return paths[0] if len(paths) == 1 else paths
+
+
+@contextlib.contextmanager
+def temp_dir(prefix):
+    """A fresh directory (tempfile.mkdtemp), removed with its contents, errors ignored, when
+    the block ends however it ends."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run_case(namespace, case, tmp):
+    """Runs namespace["case_" + case]() (a test script's globals() and its CASE argument),
+    then removes `tmp`, errors ignored, however it ended."""
+    try:
+        namespace["case_" + case]()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def snapshot(d):
+    """{name: bytes} of the files of directory d (not recursive)."""
+    return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
 
 
 def read_safetensors(path):
@@ -88,6 +149,22 @@ def same_tensors(got, want, label, subset=False):
     assert not bad, f"{label}:\n  " + "\n  ".join(bad)
 
 
+def same_values(got, expected, label, subset=False, dtype=None):
+    """Asserts that got ({name: (safetensors dtype, array)}, as read_safetensors gives them)
+    holds expected's values ({name: numpy array}, as expected_values gives them): the same
+    names (subset: every name of expected is in got), shapes and bytes; with dtype, each
+    tensor's safetensors dtype is dtype(expected array)."""
+    if not subset:
+        assert sorted(got) == sorted(expected), (label, sorted(set(got) ^ set(expected)))
+    for name, want in expected.items():
+        assert name in got, f"{label}: {name} missing from export ({sorted(got)})"
+        dt, arr = got[name]
+        if dtype is not None:
+            assert dt == dtype(want), (label, name, dt)
+        assert tuple(arr.shape) == tuple(want.shape), (label, name, arr.shape, want.shape)
+        assert np.array_equal(bits(arr), bits(want)), f"{label}: {name} differs"
+
+
 def same_tree(a, b, label):
     """Asserts that directories a and b hold the same file names with the same bytes."""
     fa, fb = sorted(os.listdir(a)), sorted(os.listdir(b))
@@ -97,9 +174,18 @@ def same_tree(a, b, label):
             assert x.read() == y.read(), (label, f)
 
 
-def run(args, expect=0, **kw):
-    p = subprocess.run(args, capture_output=True, text=True, **kw)
+def run(args, expect=0, limit=None, **kw):
+    """Runs args (text output captured; kw goes to subprocess.run), under `timeout LIMIT`
+    when a limit (seconds) is given; unless expect is None, fails naming the command and its
+    output when the exit code is not `expect`. Returns the CompletedProcess."""
+    command = list(args) if limit is None else ["timeout", str(limit), *args]
+    p = subprocess.run(command, capture_output=True, text=True, **kw)
+    check_exit(p, args, expect)
+    return p
+
+
+def check_exit(p, args, expect):
+    """Fails naming args and p's output when p's exit code is not expect (None: any)."""
     if expect is not None and p.returncode != expect:
         raise AssertionError(f"{' '.join(map(str, args))}: exit {p.returncode}, expected {expect}\n"
                              f"stdout: {p.stdout}\nstderr: {p.stderr}")
-    return p

@@ -22,8 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import fcio  # noqa: E402
 
 BUILD, TESTDATA, CASE, HAVE_NCCL = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "true"
-EXPORT = os.path.join(BUILD, "tools", "fc-export")
-CONVERT = os.path.join(BUILD, "tools", "fc-convert")
+EXPORT, CONVERT = fcio.tools(BUILD, "fc-export", "fc-convert")
 CKPT = os.path.join(TESTDATA, "hf_dcp", "sharded_only")
 # This process may itself run under mpirun (meson does not, but a user might): the tools
 # must not think so.
@@ -50,8 +49,7 @@ def gpu_listed():
 
 
 def case_refusal():
-    tmp = tempfile.mkdtemp(prefix="fc-gpu-test-")
-    try:
+    with fcio.temp_dir("fc-gpu-test-") as tmp:
         out = os.path.join(tmp, "out")
         for tool in (EXPORT, CONVERT):
             name = os.path.basename(tool)
@@ -70,8 +68,6 @@ def case_refusal():
             assert "--transport" in p.stderr and "nccl" in p.stderr, p.stderr
             assert not os.path.exists(out)
             print(f"ok {name}: --transport nccl here: exit {code}: {err.strip()}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def case_refusal_mpi():
@@ -79,8 +75,7 @@ def case_refusal_mpi():
     if not mpirun:
         print("skipping: no mpirun")
         sys.exit(77)
-    tmp = tempfile.mkdtemp(prefix="fc-gpu-test-")
-    try:
+    with fcio.temp_dir("fc-gpu-test-") as tmp:
         out = os.path.join(tmp, "out")
         code, _ = nccl_refusal(EXPORT, out)
         if code == 2:
@@ -94,8 +89,6 @@ def case_refusal_mpi():
             assert ("built without NCCL" if code == 6 else "no CUDA device") in p.stderr, p.stderr
             assert not os.path.exists(out)
             print(f"ok {name} np 2: exit {code}, one message")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def case_nccl():

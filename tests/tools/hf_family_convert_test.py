@@ -12,9 +12,7 @@ usage: hf_family_convert_test.py BUILD_ROOT TESTDATA_DIR
 """
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fcio  # noqa: E402
@@ -49,8 +47,7 @@ def main():
     tools = os.path.join(build, "tools")
     convert, export = os.path.join(tools, "fc-convert"), os.path.join(tools, "fc-export")
     real = os.path.join(testdata, "real", "megatron")
-    tmp = tempfile.mkdtemp(prefix="fc-hf-family-convert-")
-    try:
+    with fcio.temp_dir("fc-hf-family-convert-") as tmp:
         # (the hf-llama preset has no rule for GPT-2's names or the MoE families': their
         # target is the layout of the fc-export output, every tensor whole, --target-like)
         cases = [("llama", LLAMA, "gpt_tp2_pp2/ckpt", 39, "2"),
@@ -205,8 +202,6 @@ def main():
         print("fc-convert --hf-family: config.json mismatch exit 3 (dry run too); with --aoa, "
               "--output-format ucp, without --copy-from, an unverified family: exit 2",
               flush=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fcio  # noqa: E402
@@ -59,8 +58,7 @@ def main():
     tools = os.path.join(build, "tools")
     convert, export = os.path.join(tools, "fc-convert"), os.path.join(tools, "fc-export")
     real = os.path.join(testdata, "real", "megatron")
-    tmp = tempfile.mkdtemp(prefix="fc-hf-family-reverse-")
-    try:
+    with fcio.temp_dir("fc-hf-family-reverse-") as tmp:
         cases = [("llama", LLAMA, "gpt_tp2_pp2_layers/ckpt", 27),
                  ("llama", LLAMA, "gpt_tp2_pp2/ckpt", 9),
                  ("qwen2", QWEN2, "qwen2_tp2/ckpt", 9),
@@ -207,8 +205,6 @@ def main():
         print("fc-convert --from-hf-family: config.json mismatch with the HF tensors or the "
               "target (layers, QKV shape, tied output) exit 3; with --hf-family, "
               "--output-format ucp, an unknown family: exit 2", flush=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,11 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(__file__))
+import fcio  # noqa: E402
+
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
-EXPORT = os.path.join(BUILD, "tools", "fc-export")
-INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
-CONVERT = os.path.join(BUILD, "tools", "fc-convert")
+EXPORT, INSPECT, CONVERT = fcio.tools(BUILD, "fc-export", "fc-inspect", "fc-convert")
 MAKE_CKPT = os.path.join(BUILD, "bench", "make_synthetic_ckpt")
 FIXTURE = os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt")
 tmp = tempfile.mkdtemp(prefix="fc-io-safety-")
@@ -29,16 +30,10 @@ with open(MERGE, "w") as f:
 
 def run(args, expect=0, limit=60):
     # Every tool runs under a time limit: a FIFO that made a tool block would show as 124.
-    p = subprocess.run(["timeout", str(limit), *args], capture_output=True, text=True)
+    p = fcio.run(args, None, limit)
     assert p.returncode != 124, f"{args}: timed out (blocked?)\n{p.stderr}"
-    if expect is not None and p.returncode != expect:
-        raise AssertionError(f"{' '.join(args)}: exit {p.returncode}, expected {expect}\n"
-                             f"stdout: {p.stdout}\nstderr: {p.stderr}")
+    fcio.check_exit(p, args, expect)
     return p
-
-
-def snapshot(d):
-    return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
 
 
 def leftovers(out):
@@ -87,19 +82,19 @@ def case_symlink():
         run(args + ["--follow-symlinks"])
     clean = os.path.join(tmp, "links-clean")
     run([EXPORT, FIXTURE, clean, "--quiet"])
-    assert snapshot(clean) == snapshot(os.path.join(tmp, "links-out"))
+    assert fcio.snapshot(clean) == fcio.snapshot(os.path.join(tmp, "links-out"))
     print("ok symlink")
 
 
 def case_nested():
     ckpt = copy_fixture("nest")
-    before = snapshot(ckpt)
+    before = fcio.snapshot(ckpt)
     for out in (ckpt, os.path.join(ckpt, "out"), ckpt + "/", tmp):
         for args in ([EXPORT, ckpt, out, "--quiet"],
                      [CONVERT, ckpt, out, "--quiet", "--target-like", FIXTURE]):
             p = run(args, expect=3)
             assert "input" in p.stderr, p.stderr
-    assert snapshot(ckpt) == before, "the input changed"
+    assert fcio.snapshot(ckpt) == before, "the input changed"
     # fc-export, like fc-convert, writes only into a new or empty OUT.
     full = os.path.join(tmp, "full")
     os.makedirs(full)
@@ -265,8 +260,4 @@ def case_sigkill():
     print("ok sigkill")
 
 
-try:
-    {"fifo": case_fifo, "symlink": case_symlink, "nested": case_nested, "lock": case_lock,
-     "sigterm": case_sigterm, "sigkill": case_sigkill}[CASE]()
-finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+fcio.run_case(globals(), CASE, tmp)

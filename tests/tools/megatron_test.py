@@ -17,17 +17,13 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-try:
-    import numpy as np
-    import fcio
-except ImportError as e:  # numpy missing: the independent reader cannot run
-    print("skipping:", e)
-    sys.exit(77)
+import fcio  # noqa: E402
+
+# numpy missing: the independent reader cannot run
+np = fcio.import_or_skip("numpy")
 
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
-EXPORT = os.path.join(BUILD, "tools", "fc-export")
-INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
-CONVERT = os.path.join(BUILD, "tools", "fc-convert")
+EXPORT, INSPECT, CONVERT = fcio.tools(BUILD, "fc-export", "fc-inspect", "fc-convert")
 ROOT = os.path.join(TESTDATA, "megatron_legacy")
 CASES = ["gpt_tp2_pp2", "gpt_tp1", "gpt_pp2_vpp2", "moe_tp2_ep2", "legacy_tp2_pp2",
          "gpt_vpp2_tied", "moe_distopt", "gpt_buckets_tied", "gpt_whole_tp2", "gpt_num_buckets",
@@ -49,13 +45,9 @@ def expected_optimizer(label):
     return {f[:-4]: np.load(os.path.join(d, f)) for f in sorted(os.listdir(d))}
 
 
-def check_same(got, expected, label):
-    assert sorted(got) == sorted(expected), (label, sorted(set(got) ^ set(expected)))
-    for name, want in expected.items():
-        dt, arr = got[name]
-        assert dt == ("F32" if want.dtype == np.float32 else "BF16"), (label, name, dt)
-        assert tuple(arr.shape) == tuple(want.shape), (label, name, arr.shape, want.shape)
-        assert np.array_equal(fcio.bits(arr), fcio.bits(want)), f"{label}: {name} differs"
+def st_dtype(want):
+    """The safetensors dtype fc exports a fixture value of want's numpy dtype as."""
+    return "F32" if want.dtype == np.float32 else "BF16"
 
 
 def case_export():
@@ -64,7 +56,7 @@ def case_export():
         out = os.path.join(tmp, label)
         fcio.run([EXPORT, os.path.join(fx, "ckpt"), out, "--quiet"])
         got, _ = fcio.read_hf_dir(out)
-        check_same(got, fcio.expected_values(fx), label)
+        fcio.same_values(got, fcio.expected_values(fx), label, dtype=st_dtype)
         print("ok export", label)
     # TP 2 x PP 2 (SwiGLU halves merged, stage-local layers renumbered) exports exactly what
     # the TP 1 release checkpoint of the same full tensors does, byte for byte.
@@ -213,7 +205,7 @@ def case_optimizer():
         out = os.path.join(tmp, label + "_opt")
         fcio.run([EXPORT, ckpt, out, "--quiet", "--include-optimizer"])
         got, _ = fcio.read_hf_dir(out)
-        check_same(got, dict(model, **optim), label)
+        fcio.same_values(got, dict(model, **optim), label, dtype=st_dtype)
         # Independent of fc's layout: each master weight rounds to its bf16 model weight
         # (trained in fp32: is the weight).
         def master_name(name):  # per-rank names: mp_rank_TT.optimizer.fp32.<name>
@@ -236,12 +228,13 @@ def case_optimizer():
         out = os.path.join(tmp, label + "_fp32")
         fcio.run([EXPORT, ckpt, out, "--quiet", "--weights", "fp32"])
         got, _ = fcio.read_hf_dir(out)
-        check_same(got, {n: optim.get(master_name(n), model[n]) for n in model}, label + " fp32")
+        fcio.same_values(got, {n: optim.get(master_name(n), model[n]) for n in model}, label + " fp32",
+                         dtype=st_dtype)
         # --weights module is the default.
         out = os.path.join(tmp, label + "_module")
         fcio.run([EXPORT, ckpt, out, "--quiet", "--weights", "module"])
         got, _ = fcio.read_hf_dir(out)
-        check_same(got, model, label + " module")
+        fcio.same_values(got, model, label + " module", dtype=st_dtype)
         print("ok optimizer", label)
     # Stage 0's TP ranks' optimizer files swapped: not read, reported; the weights still export.
     save = os.path.join(tmp, "swapped")
@@ -257,7 +250,8 @@ def case_optimizer():
     p = fcio.run([EXPORT, save, os.path.join(tmp, "sw"), "--include-optimizer"])
     assert "the optimizer states are not exported: distrib_optim.pt 4 files, not read" in p.stderr, p.stderr
     got, _ = fcio.read_hf_dir(os.path.join(tmp, "sw"))
-    check_same(got, fcio.expected_values(os.path.join(ROOT, "gpt_tp2_pp2")), "swapped")
+    fcio.same_values(got, fcio.expected_values(os.path.join(ROOT, "gpt_tp2_pp2")), "swapped",
+                     dtype=st_dtype)
     p = fcio.run([EXPORT, save, os.path.join(tmp, "sw32"), "--weights", "fp32"], expect=6)
     assert "no fp32 master weights" in p.stderr and "not read" in p.stderr, p.stderr
     assert not os.path.exists(os.path.join(tmp, "sw32", "model.safetensors"))
@@ -288,7 +282,4 @@ def case_optimizer():
     print("ok optimizer ucp")
 
 
-try:
-    globals()["case_" + CASE]()
-finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+fcio.run_case(globals(), CASE, tmp)

@@ -13,11 +13,13 @@ usage: metadata_memory_test.py BUILD_ROOT TESTDATA CASE     CASE: shared_string 
 """
 import os
 import pickletools
-import shutil
 import struct
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+import fcio  # noqa: E402
 
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
@@ -80,8 +82,7 @@ def peak_rss_kib(args):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="fc-metadata-memory-")
-    try:
+    with fcio.temp_dir("fc-metadata-memory-") as tmp:
         if CASE == "tiny_containers":
             data = b"\x80\x02" + b"]" * (4 << 20) + b"."  # PROTO 2, EMPTY_LIST..., STOP
         else:
@@ -110,8 +111,6 @@ def main():
             # --verify) lists it without opening the data files.
             assert code == 0, f"exit {code}, expected 0\n{stderr}"
             assert "shares values so heavily" not in stderr, stderr
-    finally:
-        shutil.rmtree(tmp)
 
 
 main()

@@ -14,19 +14,17 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(__file__))
+import fcio  # noqa: E402
+
 BUILD, TESTDATA = sys.argv[1], sys.argv[2]
-EXPORT = os.path.join(BUILD, "tools", "fc-export")
-CONVERT = os.path.join(BUILD, "tools", "fc-convert")
+EXPORT, CONVERT = fcio.tools(BUILD, "fc-export", "fc-convert")
 SAMPLE = os.path.join(TESTDATA, "fc_distcp", "sample")
 tmp = tempfile.mkdtemp(prefix="fc-overwrite-")
 
 
 def run(args, expect=0):
-    p = subprocess.run(["timeout", "120", *args], capture_output=True, text=True)
-    if p.returncode != expect:
-        raise AssertionError(f"{' '.join(args)}: exit {p.returncode}, expected {expect}\n"
-                             f"stdout: {p.stdout}\nstderr: {p.stderr}")
-    return p
+    return fcio.run(args, expect, 120)
 
 
 def dtypes(path):
@@ -41,25 +39,21 @@ def beside(parent):
     return sorted(n for n in os.listdir(parent) if ".fc-" in n)
 
 
-def snapshot(d):
-    return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
-
-
 try:
     out = os.path.join(tmp, "out")
     run([EXPORT, SAMPLE, out, "-q"])
     model = os.path.join(out, "model.safetensors")
     assert "F32" in dtypes(model), dtypes(model)
     # Without the flag: refused, with the hint, OUT untouched; the dry run says the same.
-    before = snapshot(out)
+    before = fcio.snapshot(out)
     for extra in ([], ["--dry-run"]):
         p = run([EXPORT, SAMPLE, out, "-q", *extra], expect=8)
         assert "output directory exists and is not empty (--overwrite replaces a checkpoint " \
             "there)" in p.stderr, p.stderr
-    assert snapshot(out) == before
+    assert fcio.snapshot(out) == before
     # With it: the dry run passes and writes nothing; the run replaces OUT.
     run([EXPORT, SAMPLE, out, "-q", "--overwrite", "--dry-run"])
-    assert snapshot(out) == before
+    assert fcio.snapshot(out) == before
     run([EXPORT, SAMPLE, out, "-q", "--overwrite", "--dtype", "bfloat16"])
     assert "BF16" in dtypes(model) and "F32" not in dtypes(model), dtypes(model)
     assert beside(tmp) == [], beside(tmp)
@@ -71,12 +65,12 @@ try:
     data = os.path.join(broken, "1_0.distcp")
     with open(data, "r+b") as f:
         f.truncate(os.path.getsize(data) // 2)
-    before = snapshot(out)
+    before = fcio.snapshot(out)
     p = subprocess.run([EXPORT, broken, out, "-q", "--overwrite"], capture_output=True,
                        text=True)
     assert p.returncode not in (0, 8), (p.returncode, p.stderr)
     assert "1_0.distcp" in p.stderr, p.stderr
-    assert snapshot(out) == before
+    assert fcio.snapshot(out) == before
     assert beside(tmp) == [], beside(tmp)
 
     # Never replaced: a directory of other files, a file, a symlink to a checkpoint.
@@ -97,10 +91,10 @@ try:
         in p.stderr, p.stderr
     link = os.path.join(tmp, "link")
     os.symlink(out, link)
-    before = snapshot(out)
+    before = fcio.snapshot(out)
     p = run([EXPORT, SAMPLE, link, "-q", "--overwrite"], expect=8)
     assert "not a directory" in p.stderr, p.stderr
-    assert snapshot(out) == before and os.path.islink(link)
+    assert fcio.snapshot(out) == before and os.path.islink(link)
 
     # fc-convert: an fc distcp output replaced by a torch DCP one; an empty OUT needs no flag.
     mixed = os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt")

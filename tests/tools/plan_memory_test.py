@@ -18,6 +18,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(__file__))
+import fcio  # noqa: E402
+
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 EXPORT = os.path.join(BUILD, "tools", "fc-export")
 MAKE = os.path.join(BUILD, "bench", "make_dcp_metadata_scale")
@@ -45,8 +48,7 @@ def minimum_of(stderr):
 
 def main():
     assert CASE == "export", CASE
-    tmp = tempfile.mkdtemp(prefix="fc-plan-memory-")
-    try:
+    with fcio.temp_dir("fc-plan-memory-") as tmp:
         ckpt = os.path.join(tmp, "ckpt")
         subprocess.run([MAKE, ckpt, RANKS, TENSORS], check=True, stdout=subprocess.DEVNULL)
         out = os.path.join(tmp, "out")
@@ -83,8 +85,6 @@ def main():
         assert abs(named - minimum) <= slack, (named, minimum, err)
         assert not os.path.exists(out) or not os.listdir(out), os.listdir(out)
         print(f"ok: below the minimum ({below / MIB:.1f} MiB) refused, naming {named / MIB:.1f} MiB")
-    finally:
-        shutil.rmtree(tmp)
 
 
 main()

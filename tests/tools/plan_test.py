@@ -17,17 +17,12 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-try:
-    import numpy as np
-    import fcio
-except ImportError as e:
-    print("skipping:", e)
-    sys.exit(77)
+import fcio  # noqa: E402
+
+np = fcio.import_or_skip("numpy")
 
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
-EXPORT = os.path.join(BUILD, "tools", "fc-export")
-CONVERT = os.path.join(BUILD, "tools", "fc-convert")
-INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
+EXPORT, CONVERT, INSPECT = fcio.tools(BUILD, "fc-export", "fc-convert", "fc-inspect")
 tmp = tempfile.mkdtemp(prefix="fc-plan-test-")
 MiB = 1 << 20
 
@@ -257,8 +252,4 @@ def case_mpi():
     check_read_once(stats_of(stats), "small items, mpi np 4, per-process directories", needed)
 
 
-try:
-    {"readonce": case_readonce, "smallitems": case_smallitems, "dryrun": case_dryrun, "budget": case_budget,
-     "mpi": case_mpi}[CASE]()
-finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+fcio.run_case(globals(), CASE, tmp)

@@ -14,25 +14,19 @@ usage: safetensors_test.py BUILD_ROOT TESTDATA CASE   (CASE: dtypes|hf_dcp)
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, os.path.join(TESTDATA, "gen", "safetensors"))
 import stfile  # noqa: E402
+sys.path.insert(0, os.path.dirname(__file__))
+import fcio  # noqa: E402
 
-EXPORT = os.path.join(BUILD, "tools", "fc-export")
-CONVERT = os.path.join(BUILD, "tools", "fc-convert")
-INSPECT = os.path.join(BUILD, "tools", "fc-inspect")
+EXPORT, CONVERT, INSPECT = fcio.tools(BUILD, "fc-export", "fc-convert", "fc-inspect")
 
 
-def run(args, expect=0):
-    p = subprocess.run(args, capture_output=True, text=True)
-    if p.returncode != expect:
-        raise AssertionError(f"{' '.join(args)}: exit {p.returncode}, expected {expect}\n"
-                             f"stdout: {p.stdout}\nstderr: {p.stderr}")
-    return p
+run = fcio.run
 
 
 def check_aligned(path):

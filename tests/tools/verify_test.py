@@ -12,20 +12,17 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(__file__))
+import fcio  # noqa: E402
+
 BUILD, TESTDATA, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
-TOOLS = os.path.join(BUILD, "tools")
-CONVERT, INSPECT, EXPORT = (os.path.join(TOOLS, t)
-                            for t in ("fc-convert", "fc-inspect", "fc-export"))
+CONVERT, INSPECT, EXPORT = fcio.tools(BUILD, "fc-convert", "fc-inspect", "fc-export")
 MIXED = os.path.join(TESTDATA, "torch_dcp", "mixed", "ckpt")
 tmp = tempfile.mkdtemp(prefix="fc-verify-")
 
 
 def run(args, expect=0, limit=120):
-    p = subprocess.run(["timeout", str(limit), *args], capture_output=True, text=True)
-    if expect is not None and p.returncode != expect:
-        raise AssertionError(f"{' '.join(args)}: exit {p.returncode}, expected {expect}\n"
-                             f"stdout: {p.stdout}\nstderr: {p.stderr}")
-    return p
+    return fcio.run(args, expect, limit)
 
 
 def check_reported(ckpt, needles, count):
@@ -179,6 +176,5 @@ def case_safetensors_open():
     check_reported(ckpt, needles, 3)
 
 
-{"fcdistcp": case_fcdistcp, "torchdcp": case_torchdcp, "fcdistcp_open": case_fcdistcp_open,
- "torchdcp_open": case_torchdcp_open, "safetensors_open": case_safetensors_open}[CASE]()
+fcio.run_case(globals(), CASE, tmp)
 print("ok")

@@ -9,7 +9,6 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
-#include <unistd.h>
 
 #include <filesystem>
 #include <utility>
@@ -18,14 +17,13 @@
 #include "fc/codec/zip_writer.h"
 #include "fc/format/torch_save.h"
 #include "tests/format/torch/torch_test_support.h"
+#include "tests/support/testdata.h"
 
 namespace fc {
 namespace {
 
 std::string Fixture(const std::string& name) {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
-  return std::string(root) + "/deepspeed/" + name + "/ckpt";
+  return testing::TestdataPath("deepspeed/" + name + "/ckpt");
 }
 
 const DsArchiveSpec& Archive(const DsRepartition& job, const std::string& name) {
@@ -153,8 +151,8 @@ TEST_CASE("legacy torch.save sources are read; refused sources") {
 }
 
 TEST_CASE("DsArchiveWriter: records read back; twice-written and missing bytes are errors") {
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          ("fc-ds-writer-" + std::to_string(::getpid()));
+  testing::TempDir tmp;
+  const std::string dir = tmp.path();
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string src = dir + "/src.bin";
@@ -220,8 +218,8 @@ TEST_CASE("DsArchiveWriter: records read back; twice-written and missing bytes a
 }
 
 TEST_CASE("UcpWriter: paths from param names stay inside the output directory") {
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          ("fc-ucp-writer-test-" + std::to_string(::getpid()));
+  testing::TempDir tmp;
+  const std::string dir = tmp.path();
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   for (const std::string path : {"zero/../../escaped/fp32.pt", "/tmp/fp32.pt", "zero//fp32.pt",

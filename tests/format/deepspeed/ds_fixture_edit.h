@@ -14,26 +14,21 @@
 
 #include "tests/format/megatron/pickle_edit.h"
 #include "tests/format/torch/torch_test_support.h"
+#include "tests/support/testdata.h"
 
 namespace fc::testing::deepspeed {
 
 // testdata/deepspeed/<name> ($FC_TESTDATA).
 inline std::string Fixture(const std::string& name) {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
-  return std::string(root) + "/deepspeed/" + name;
+  return TestdataPath("deepspeed/" + name);
 }
 
 // A fresh copy of fixture `name`'s tag dir (ckpt/global_step3) under `tmp`; with
 // `keep_tag_name` the copy is itself named global_step3 (the DeepSpeed writer names its
 // output after the tag dir).
 inline std::string CopyTag(const TempDir& tmp, const std::string& name, bool keep_tag_name = false) {
-  static int copies = 0;
-  std::string dir = tmp.path() + "/" + name + "_" + std::to_string(copies++);
-  if (keep_tag_name) dir += "/global_step3";
-  std::filesystem::create_directories(dir);
-  CopyDirectoryFiles(Fixture(name) + "/ckpt/global_step3", dir);
-  return dir;
+  return CopyTreeInto(tmp, Fixture(name) + "/ckpt/global_step3", name,
+                      keep_tag_name ? "global_step3" : "");
 }
 
 // Rewrites the torch.save zip at `path` with `edit` applied to its pickled root.

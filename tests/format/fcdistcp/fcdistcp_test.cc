@@ -27,12 +27,12 @@ namespace {
 using st_testing::ListNames;
 using st_testing::RandomBytes;
 using st_testing::RandomSlabs;
-using st_testing::ReadAll;
-using st_testing::ReadText;
-using st_testing::TempDir;
-using st_testing::Testdata;
-using st_testing::WriteAll;
-using st_testing::WriteText;
+using testing::ReadFileBytes;
+using testing::ReadText;
+using testing::TempDir;
+using testing::TestdataPath;
+using testing::WriteFileBytes;
+using testing::WriteText;
 
 std::vector<std::byte> ReadRange(const CheckpointIndex& index, uint32_t file, uint64_t offset,
                                  uint64_t length) {
@@ -56,7 +56,7 @@ std::string Hex16(uint64_t v) {
 // The committed sample.
 
 TEST_CASE("the committed sample reads back with the expected layout and values", "[fcdistcp]") {
-  const std::string dir = Testdata("fc_distcp/sample");
+  const std::string dir = TestdataPath("fc_distcp/sample");
   auto index = ReadFcDistcp(dir);
   FC_REQUIRE_OK(index);
   CHECK(index->format == CheckpointFormat::kFcDistcp);
@@ -123,11 +123,11 @@ TEST_CASE("regenerating the sample gives byte-identical files", "[fcdistcp]") {
   TempDir tmp;
   const std::string out = tmp.Join("sample");
   FC_REQUIRE_OK(fcdistcp_sample::WriteFcDistcpSample(out));
-  const std::string committed = Testdata("fc_distcp/sample");
+  const std::string committed = TestdataPath("fc_distcp/sample");
   REQUIRE(ListNames(out) == ListNames(committed));
   for (const std::string& name : ListNames(out)) {
     INFO(name);
-    CHECK(ReadAll(JoinPath(out, name)) == ReadAll(JoinPath(committed, name)));
+    CHECK(ReadFileBytes(JoinPath(out, name)) == ReadFileBytes(JoinPath(committed, name)));
   }
   CHECK(ListNames(tmp.path()) == std::vector<std::string>{"sample"});
 }
@@ -379,7 +379,7 @@ TEST_CASE("determinism: same plan and bytes give identical directories", "[fcdis
     FC_REQUIRE_OK((*w)->Finish());
   }
   for (const std::string& f : ListNames(tmp.Join("a"))) {
-    CHECK(ReadAll(JoinPath(tmp.Join("a"), f)) == ReadAll(JoinPath(tmp.Join("b"), f)));
+    CHECK(ReadFileBytes(JoinPath(tmp.Join("a"), f)) == ReadFileBytes(JoinPath(tmp.Join("b"), f)));
   }
 }
 
@@ -395,9 +395,9 @@ TEST_CASE("a flipped byte: ReadFcDistcp succeeds, VerifyChunkChecksums names the
   FC_REQUIRE_OK(index);
   const Chunk& victim = index->FindTensor("model.embed.weight")->chunks[1];
   const std::string path = JoinPath(out, index->files[victim.file].path);
-  std::vector<std::byte> bytes = ReadAll(path);
+  std::vector<std::byte> bytes = ReadFileBytes(path);
   bytes[victim.byte_offset + 5] ^= std::byte{0x10};
-  WriteAll(path, bytes);
+  WriteFileBytes(path, bytes);
 
   auto reread = ReadFcDistcp(out);
   FC_REQUIRE_OK(reread);
@@ -418,12 +418,12 @@ TEST_CASE("a flipped byte: ReadFcDistcp succeeds, VerifyChunkChecksums names the
   // Objects and flattened chunks are named too.
   const ObjectEntry& obj = reread->objects[1];
   const Chunk& flat = reread->FindTensor("optim.exp_avg")->chunks[0];
-  bytes = ReadAll(JoinPath(out, "1_0.distcp"));
+  bytes = ReadFileBytes(JoinPath(out, "1_0.distcp"));
   bytes[obj.byte_offset] ^= std::byte{1};
-  WriteAll(JoinPath(out, "1_0.distcp"), bytes);
-  bytes = ReadAll(JoinPath(out, "0_0.distcp"));
+  WriteFileBytes(JoinPath(out, "1_0.distcp"), bytes);
+  bytes = ReadFileBytes(JoinPath(out, "0_0.distcp"));
   bytes[flat.byte_offset + flat.byte_length - 1] ^= std::byte{1};
-  WriteAll(JoinPath(out, "0_0.distcp"), bytes);
+  WriteFileBytes(JoinPath(out, "0_0.distcp"), bytes);
   s = VerifyChunkChecksums(*reread);
   CHECK_THAT(s.message(), Catch::Matchers::Contains("3 of 10 checksums do not match"));
   CHECK_THAT(s.message(), Catch::Matchers::Contains(
@@ -532,12 +532,12 @@ TEST_CASE("ChunkReader verifies checksums on read", "[fcdistcp]") {
   const Chunk& victim = embed.chunks[1];
   const Chunk& flat = adam.chunks[0];
   {
-    std::vector<std::byte> bytes = ReadAll(JoinPath(out, "1_0.distcp"));
+    std::vector<std::byte> bytes = ReadFileBytes(JoinPath(out, "1_0.distcp"));
     bytes[victim.byte_offset + 5] ^= std::byte{0x10};
-    WriteAll(JoinPath(out, "1_0.distcp"), bytes);
-    bytes = ReadAll(JoinPath(out, "0_0.distcp"));
+    WriteFileBytes(JoinPath(out, "1_0.distcp"), bytes);
+    bytes = ReadFileBytes(JoinPath(out, "0_0.distcp"));
     bytes[flat.byte_offset + flat.byte_length - 1] ^= std::byte{1};
-    WriteAll(JoinPath(out, "0_0.distcp"), bytes);
+    WriteFileBytes(JoinPath(out, "0_0.distcp"), bytes);
   }
   auto bad = ReadFcDistcp(out);
   FC_REQUIRE_OK(bad);
@@ -640,7 +640,7 @@ TEST_CASE("ChunkReader verifies checksums on read", "[fcdistcp]") {
 // makes (a caller's own): a file index past the index's files, a checksummed chunk that is
 // not packed. Internal errors naming what is wrong, not a read out of bounds.
 TEST_CASE("ChunkReader and CheckChunkChecksums refuse chunks no reader makes", "[fcdistcp]") {
-  auto index = ReadFcDistcp(Testdata("fc_distcp/sample"));
+  auto index = ReadFcDistcp(TestdataPath("fc_distcp/sample"));
   FC_REQUIRE_OK(index);
   const TensorEntry& embed = *index->FindTensor("model.embed.weight");
   const Box whole{{0, 0}, {8, 4}};
@@ -686,7 +686,7 @@ TEST_CASE("Xxh3OfFileRange matches one-shot XXH3 across slab boundaries", "[fcdi
   TempDir tmp;
   std::mt19937_64 rng(3);
   std::vector<std::byte> data = RandomBytes(rng, (9u << 20) + 123);
-  WriteAll(tmp.Join("f"), data);
+  WriteFileBytes(tmp.Join("f"), data);
   auto f = RandomAccessFile::Open(tmp.Join("f"));
   FC_REQUIRE_OK(f);
   for (auto [off, len] : std::vector<std::pair<uint64_t, uint64_t>>{

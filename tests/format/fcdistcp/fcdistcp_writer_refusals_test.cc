@@ -19,7 +19,7 @@ namespace fc {
 namespace {
 
 using st_testing::ListNames;
-using st_testing::TempDir;
+using testing::TempDir;
 
 template <typename R>
 void Refused(const R& r, StatusCode code, std::initializer_list<std::string> parts) {

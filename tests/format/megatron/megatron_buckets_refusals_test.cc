@@ -39,7 +39,7 @@
 #include "fc/format/torch_save.h"
 #include "tests/format/megatron/pickle_edit.h"
 #include "tests/format/torch/torch_test_support.h"
-#include "tests/format/torch/zip_builder.h"
+#include "tests/codec/zip_builder.h"
 
 namespace fc {
 namespace {

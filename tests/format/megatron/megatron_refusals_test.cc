@@ -20,6 +20,7 @@
 #include "src/format/megatron/distrib_optim_layout.h"
 #include "tests/format/megatron/pickle_edit.h"
 #include "tests/format/torch/torch_test_support.h"
+#include "tests/support/testdata.h"
 
 namespace fc {
 namespace {
@@ -37,17 +38,12 @@ using testing::SetView;
 using testing::ZipRecords;
 
 std::string Fixture(const std::string& name) {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
-  return std::string(root) + "/megatron_legacy/" + name + "/ckpt";
+  return testing::TestdataPath("megatron_legacy/" + name + "/ckpt");
 }
 
 // A copy of fixture `name`'s save dir.
 std::string CopySave(const testing::TempDir& tmp, const std::string& name) {
-  static int copies = 0;
-  const std::string dir = tmp.path() + "/" + name + "_" + std::to_string(copies++);
-  std::filesystem::copy(Fixture(name), dir, std::filesystem::copy_options::recursive);
-  return dir;
+  return testing::CopyTreeInto(tmp, Fixture(name), name);
 }
 
 void Edit(const std::string& path, const std::function<void(PV&)>& edit) {

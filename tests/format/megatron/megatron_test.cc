@@ -16,6 +16,7 @@
 #include "fc/format/open.h"
 #include "src/format/megatron/distrib_optim_layout.h"
 #include "tests/format/torch/torch_test_support.h"
+#include "tests/support/testdata.h"
 
 namespace fc {
 namespace {
@@ -24,9 +25,7 @@ using testing::ReadFileBytes;
 using testing::WriteFileBytes;
 
 std::string Fixture(const std::string& name) {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
-  return std::string(root) + "/megatron_legacy/" + name;
+  return testing::TestdataPath("megatron_legacy/" + name);
 }
 
 // Row-major value of `t`, each element written exactly once (checked). Chunks are boxes of
@@ -169,10 +168,7 @@ TEST_CASE("megatron: attributes, degrees and directory resolution", "[megatron]"
 
 // A copy of fixture `name`'s save dir in a temp dir.
 std::string CopySave(const testing::TempDir& tmp, const std::string& name) {
-  static int copies = 0;
-  const std::string dir = tmp.path() + "/" + name + "_" + std::to_string(copies++);
-  std::filesystem::copy(Fixture(name) + "/ckpt", dir, std::filesystem::copy_options::recursive);
-  return dir;
+  return testing::CopyTreeInto(tmp, Fixture(name) + "/ckpt", name);
 }
 
 TEST_CASE("megatron: distrib_optim buffer layout", "[megatron]") {

@@ -13,6 +13,7 @@
 
 #include "fc/format/open.h"
 #include "tests/format/torch/torch_test_support.h"
+#include "tests/support/testdata.h"
 
 namespace fc {
 namespace {
@@ -21,9 +22,7 @@ using testing::ReadFileBytes;
 using testing::WriteFileBytes;
 
 std::string Fixture(const std::string& name) {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
-  return std::string(root) + "/paddle_flex/" + name;
+  return testing::TestdataPath("paddle_flex/" + name);
 }
 
 TEST_CASE("paddle: fixtures reassemble to the expected values", "[paddle]") {
@@ -118,9 +117,7 @@ TEST_CASE("paddle: safetensors-backed data files", "[paddle]") {
 // tests/real/paddle/paddle_fixtures_check.py; here the two facts the emulated fixtures had
 // wrong, each of which made the reader refuse a real save (exit 5).
 std::string RealFixture(const std::string& name) {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
-  return std::string(root) + "/real/paddle/" + name + "/ckpt";
+  return testing::TestdataPath("real/paddle/" + name + "/ckpt");
 }
 
 TEST_CASE("paddle: real 3.3.1 saves", "[paddle]") {

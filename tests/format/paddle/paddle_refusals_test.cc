@@ -15,6 +15,7 @@
 
 #include "tests/format/megatron/pickle_edit.h"
 #include "tests/format/torch/torch_test_support.h"
+#include "tests/support/testdata.h"
 
 namespace fc {
 namespace {
@@ -29,17 +30,11 @@ using testing::PV;
 using testing::Set;
 
 std::string Fixture(const std::string& name) {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
-  return std::string(root) + "/paddle_flex/" + name + "/ckpt";
+  return testing::TestdataPath("paddle_flex/" + name + "/ckpt");
 }
 
 std::string CopyCkpt(const testing::TempDir& tmp, const std::string& name) {
-  static int copies = 0;
-  const std::string dir = tmp.path() + "/" + name + "_" + std::to_string(copies++);
-  std::filesystem::create_directories(dir);
-  testing::CopyDirectoryFiles(Fixture(name), dir);
-  return dir;
+  return testing::CopyTreeInto(tmp, Fixture(name), name);
 }
 
 // Rewrites the pickle file `path` after `edit`.

@@ -67,9 +67,7 @@ int Run() {
     std::cerr << "SKIP: numpy is not importable by " << kPython << "\n";
     return 77;
   }
-  const char* testdata = std::getenv("FC_TESTDATA");
-  const std::string script =
-      std::string(testdata ? testdata : "testdata") + "/../tests/format/safetensors/numpy_check.py";
+  const std::string script = testing::TestdataPath("../tests/format/safetensors/numpy_check.py");
 
   std::vector<Tensor> tensors = {
       Make("model.embed.weight", DType::kFloat32, {5, 3}),
@@ -86,7 +84,7 @@ int Run() {
   };
   int failures = 0;
   for (bool aligned : {false, true}) {
-    st_testing::TempDir tmp;
+    testing::TempDir tmp;
     const std::string path = tmp.Join("interop.safetensors");
     std::vector<SafetensorsTensorSpec> specs;
     for (const Tensor& t : tensors) specs.push_back(t.spec);
@@ -120,7 +118,7 @@ int Run() {
       return 1;
     }
     std::map<std::string, std::string> lines;
-    std::istringstream in(st_testing::ReadText(out));
+    std::istringstream in(testing::ReadText(out));
     for (std::string line; std::getline(in, line);) lines[line.substr(0, line.find(' '))] = line;
     for (const Tensor& t : tensors) {
       std::string shape;

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -18,11 +19,11 @@
 namespace fc {
 namespace {
 
-using st_testing::ReadAll;
-using st_testing::TempDir;
-using st_testing::Testdata;
-using st_testing::WriteAll;
-using st_testing::WriteText;
+using testing::ReadFileBytes;
+using testing::TempDir;
+using testing::TestdataPath;
+using testing::WriteFileBytes;
+using testing::WriteText;
 
 // A safetensors file from a hand-written header and `data_bytes` zero bytes.
 std::string FileFromHeader(const std::string& json, size_t data_bytes) {
@@ -84,7 +85,7 @@ TEST_CASE("safetensors: the writer's default order aligns every tensor to its el
 }
 
 TEST_CASE("safetensors: new dtypes in the fixture", "[safetensors][dtypes]") {
-  auto index = ReadSafetensorsCheckpoint(Testdata("st_dtypes/all_dtypes.safetensors"));
+  auto index = ReadSafetensorsCheckpoint(TestdataPath("st_dtypes/all_dtypes.safetensors"));
   REQUIRE(index.ok());
   const std::pair<const char*, DType> want[] = {
       {"u16", DType::kUInt16},   {"u32", DType::kUInt32},
@@ -98,14 +99,14 @@ TEST_CASE("safetensors: new dtypes in the fixture", "[safetensors][dtypes]") {
     REQUIRE(t != nullptr);
     CHECK(t->dtype == dtype);
   }
-  const std::vector<std::byte> file = ReadAll(Testdata("st_dtypes/all_dtypes.safetensors"));
+  const std::vector<std::byte> file = ReadFileBytes(TestdataPath("st_dtypes/all_dtypes.safetensors"));
   const TensorEntry* u64 = index->FindTensor("u64");
   uint64_t v[3];
   std::memcpy(v, file.data() + u64->chunks[0].byte_offset, sizeof(v));
   CHECK(v[1] == ~0ull);
   CHECK(v[2] == (1ull << 63) + 1);
   // The FNUZ file that used to be "corrupt".
-  auto fnuz = ReadSafetensorsCheckpoint(Testdata("st_dtypes/fnuz_only.safetensors"));
+  auto fnuz = ReadSafetensorsCheckpoint(TestdataPath("st_dtypes/fnuz_only.safetensors"));
   REQUIRE(fnuz.ok());
   CHECK(fnuz->tensors.at(0).dtype == DType::kFloat8E4M3FNUZ);
 }
@@ -115,7 +116,7 @@ TEST_CASE("safetensors: new dtypes in the fixture", "[safetensors][dtypes]") {
 // bytes as the packed DTypes: last dimension / 2 (F4) or / 4 (F6), bytes untouched.
 TEST_CASE("safetensors: packed sub-byte dtypes are read bit-exactly",
           "[safetensors][dtypes]") {
-  auto f4 = ReadSafetensorsCheckpoint(Testdata("st_dtypes/f4.safetensors"));
+  auto f4 = ReadSafetensorsCheckpoint(TestdataPath("st_dtypes/f4.safetensors"));
   if (!f4.ok()) FAIL(f4.status().ToString());
   const TensorEntry* w4 = f4->FindTensor("w4");
   REQUIRE(w4 != nullptr);
@@ -123,14 +124,14 @@ TEST_CASE("safetensors: packed sub-byte dtypes are read bit-exactly",
   CHECK(w4->global_shape == Shape{2, 2});  // F4 [2, 4]
   REQUIRE(w4->chunks.size() == 1);
   CHECK(w4->chunks[0].byte_length == 4);
-  const std::vector<std::byte> f4_file = ReadAll(Testdata("st_dtypes/f4.safetensors"));
+  const std::vector<std::byte> f4_file = ReadFileBytes(TestdataPath("st_dtypes/f4.safetensors"));
   CHECK(std::to_integer<int>(f4_file[w4->chunks[0].byte_offset]) == 0x21);
   CHECK(std::to_integer<int>(f4_file[w4->chunks[0].byte_offset + 3]) == 0x87);
-  auto f6 = ReadSafetensorsCheckpoint(Testdata("st_dtypes/f6.safetensors"));
+  auto f6 = ReadSafetensorsCheckpoint(TestdataPath("st_dtypes/f6.safetensors"));
   if (!f6.ok()) FAIL(f6.status().ToString());
   CHECK(f6->tensors.at(0).dtype == DType::kFloat6E2M3FNx4);
   CHECK(f6->tensors.at(0).global_shape == Shape{1});  // F6_E2M3 [4]: one 3-byte element
-  auto sub = ReadSafetensorsCheckpoint(Testdata("st_dtypes/subbyte.safetensors"));
+  auto sub = ReadSafetensorsCheckpoint(TestdataPath("st_dtypes/subbyte.safetensors"));
   if (!sub.ok()) FAIL(sub.status().ToString());
   CHECK(sub->FindTensor("f4")->global_shape == Shape{4, 4});
   CHECK(sub->FindTensor("f6a")->global_shape == Shape{2, 2});
@@ -140,14 +141,14 @@ TEST_CASE("safetensors: packed sub-byte dtypes are read bit-exactly",
   CHECK(sub->FindTensor("f6b")->chunks[0].byte_length == 9);
 
   // Valid for the reference, but rows of 3 F4 values are 12 bits: refused, naming it.
-  auto odd = ReadSafetensorsCheckpoint(Testdata("st_dtypes/f4_odd_rows.safetensors"));
+  auto odd = ReadSafetensorsCheckpoint(TestdataPath("st_dtypes/f4_odd_rows.safetensors"));
   REQUIRE_FALSE(odd.ok());
   CHECK(odd.status().code() == StatusCode::kUnimplemented);
   CHECK_THAT(odd.status().message(),
              Catch::Contains("tensor 'w' (F4 [2, 3]): its rows of 3 values are 12 bits, not "
                              "whole bytes") &&
                  Catch::Contains("otherwise valid"));
-  auto bad = ReadSafetensorsCheckpoint(Testdata("st_dtypes/f4_misaligned.safetensors"));
+  auto bad = ReadSafetensorsCheckpoint(TestdataPath("st_dtypes/f4_misaligned.safetensors"));
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().code() == StatusCode::kDataLoss);
   CHECK(bad.status().message().find("12 bits") != std::string::npos);
@@ -179,12 +180,12 @@ std::vector<std::byte> PlainBytes(const CheckpointIndex& plain, const std::strin
 }
 
 TEST_CASE("safetensors: DCP HF shards read as one sharded checkpoint", "[safetensors][dcp]") {
-  auto plain = ReadSafetensorsCheckpoint(Testdata("hf_dcp/plain/model.safetensors"));
+  auto plain = ReadSafetensorsCheckpoint(TestdataPath("hf_dcp/plain/model.safetensors"));
   REQUIRE(plain.ok());
   for (const char* layout : {"distributed", "consolidated", "sharded_only",
                              "sharded_only/sharded", "consolidated/sharded"}) {
     INFO(layout);
-    const std::string dir = Testdata(std::string("hf_dcp/") + layout);
+    const std::string dir = TestdataPath(std::string("hf_dcp/") + layout);
     auto format = DetectCheckpointFormat(dir);
     REQUIRE(format.ok());
     CHECK(*format == CheckpointFormat::kSafetensors);
@@ -285,22 +286,22 @@ TEST_CASE("safetensors: damaged DCP_SHARDING_INFO is an error naming the file",
 
 TEST_CASE("safetensors: byte mutations of a DCP shard never crash or give bad chunks",
           "[safetensors][dcp]") {
-  const std::string src = Testdata("hf_dcp/distributed");
+  const std::string src = TestdataPath("hf_dcp/distributed");
   const std::string victim = "shard-00001-model-00001-of-00002.safetensors";
-  const std::vector<std::byte> original = ReadAll(src + "/" + victim);
+  const std::vector<std::byte> original = ReadFileBytes(src + "/" + victim);
   std::mt19937_64 rng(7);
   int ok = 0, failed = 0;
   for (int round = 0; round < 400; ++round) {
     TempDir tmp;
     for (const std::string& n : st_testing::ListNames(src)) {
-      WriteAll(tmp.Join(n), ReadAll(src + "/" + n));
+      WriteFileBytes(tmp.Join(n), ReadFileBytes(src + "/" + n));
     }
     std::vector<std::byte> bytes = original;
     // Mostly the header (where the offsets live), sometimes anywhere.
     const size_t header_end = std::min<size_t>(bytes.size(), 8 + 200);
     const size_t at = rng() % (round % 4 ? header_end : bytes.size());
     bytes[at] = static_cast<std::byte>(rng() % 256);
-    WriteAll(tmp.Join(victim), bytes);
+    WriteFileBytes(tmp.Join(victim), bytes);
     auto index = ReadSafetensorsCheckpoint(tmp.path());
     if (!index.ok()) {
       ++failed;

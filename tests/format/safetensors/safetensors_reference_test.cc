@@ -306,12 +306,12 @@ TEST_CASE("reference: duplicate keys", "[safetensors][reference]") {
 
 TEST_CASE("reference cases through the file reader name the file", "[safetensors][reference]") {
   // The checkpoint reader applies the same rules and adds the path.
-  st_testing::TempDir dir;
+  testing::TempDir dir;
   const std::string path = dir.path() + "/attack.safetensors";
   std::string json = R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
                      R"("b":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})";
   std::vector<std::byte> f = File(json, 16);
-  st_testing::WriteAll(path, f);
+  testing::WriteFileBytes(path, f);
   Result<CheckpointIndex> index = ReadSafetensorsCheckpoint(path);
   REQUIRE_FALSE(index.ok());
   CHECK(index.status().code() == StatusCode::kDataLoss);

@@ -16,8 +16,8 @@
 namespace fc {
 namespace {
 
-using st_testing::TempDir;
-using st_testing::WriteText;
+using testing::TempDir;
+using testing::WriteText;
 
 // A safetensors file: the 8-byte length, the header JSON, `data_bytes` zero bytes.
 std::string FileFromHeader(const std::string& json, size_t data_bytes) {

@@ -22,12 +22,12 @@ using st_testing::AsBytes;
 using st_testing::ListNames;
 using st_testing::RandomBytes;
 using st_testing::RandomSlabs;
-using st_testing::ReadAll;
-using st_testing::ReadText;
-using st_testing::TempDir;
-using st_testing::Testdata;
-using st_testing::WriteAll;
-using st_testing::WriteText;
+using testing::ReadFileBytes;
+using testing::ReadText;
+using testing::TempDir;
+using testing::TestdataPath;
+using testing::WriteFileBytes;
+using testing::WriteText;
 
 std::vector<std::byte> Bytes(std::initializer_list<int> v) {
   std::vector<std::byte> out;
@@ -64,9 +64,9 @@ TEST_CASE("writer reproduces the upstream 64-byte test vector", "[safetensors]")
       R"({"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})";
   REQUIRE(json.size() == 64);
   const std::vector<std::byte> expected = Concat(LengthPrefix(64) + json, data);
-  CHECK(ReadAll(path) == expected);
+  CHECK(ReadFileBytes(path) == expected);
   // The same bytes as the independent Python generator's file.
-  CHECK(ReadAll(Testdata("safetensors/upstream_attn0.safetensors")) == expected);
+  CHECK(ReadFileBytes(TestdataPath("safetensors/upstream_attn0.safetensors")) == expected);
 }
 
 TEST_CASE("writer pads a 65-byte header with 7 spaces (N = 72)", "[safetensors]") {
@@ -98,11 +98,11 @@ TEST_CASE("writer reproduces the BF16/BOOL worked example of formats.md 6.1", "[
   REQUIRE(json.size() == 140);
   const std::vector<std::byte> expected =
       Concat(LengthPrefix(144) + json + "    ", Bytes({0x80, 0x3f, 0x00, 0x40, 0x01, 0x00, 0x01}));
-  const std::vector<std::byte> got = ReadAll(path);
+  const std::vector<std::byte> got = ReadFileBytes(path);
   CHECK(std::vector<std::byte>(got.begin(), got.begin() + 8) ==
         Bytes({0x90, 0, 0, 0, 0, 0, 0, 0}));
   CHECK(got == expected);
-  CHECK(ReadAll(Testdata("safetensors/worked_bf16_bool.safetensors")) == expected);
+  CHECK(ReadFileBytes(TestdataPath("safetensors/worked_bf16_bool.safetensors")) == expected);
 
   auto index = ReadSafetensorsCheckpoint(path);
   FC_REQUIRE_OK(index);
@@ -241,7 +241,7 @@ TEST_CASE("writer output is deterministic", "[safetensors]") {
     }
     FC_REQUIRE_OK((*w)->Finish());
   }
-  CHECK(ReadAll(tmp.Join("a.safetensors")) == ReadAll(tmp.Join("b.safetensors")));
+  CHECK(ReadFileBytes(tmp.Join("a.safetensors")) == ReadFileBytes(tmp.Join("b.safetensors")));
 }
 
 TEST_CASE("writer: per-tensor alignment uses @pad entries and stays valid", "[safetensors]") {
@@ -588,7 +588,7 @@ TEST_CASE("HF index JSON text", "[safetensors]") {
 // Checkpoint directories.
 
 TEST_CASE("read the committed HF sharded sample", "[safetensors]") {
-  const std::string dir = Testdata("safetensors/hf_sharded");
+  const std::string dir = TestdataPath("safetensors/hf_sharded");
   auto index = ReadSafetensorsCheckpoint(dir);
   FC_REQUIRE_OK(index);
   CHECK(index->format == CheckpointFormat::kSafetensors);
@@ -626,7 +626,7 @@ TEST_CASE("read the committed HF sharded sample", "[safetensors]") {
 
 TEST_CASE("fc's writer + sharding reproduce the Python-written HF sample byte for byte",
           "[safetensors]") {
-  const std::string src = Testdata("safetensors/hf_sharded");
+  const std::string src = TestdataPath("safetensors/hf_sharded");
   auto index = ReadSafetensorsCheckpoint(src);
   FC_REQUIRE_OK(index);
   // State-dict order of the generator (not the index's sorted order).
@@ -661,7 +661,7 @@ TEST_CASE("fc's writer + sharding reproduce the Python-written HF sample byte fo
   WriteText(out.Join(std::string(kHfIndexFileName)), WriteHfIndexJson(sizes, *a));
   for (const std::string& name : ListNames(src)) {
     INFO(name);
-    CHECK(ReadAll(out.Join(name)) == ReadAll(JoinPath(src, name)));
+    CHECK(ReadFileBytes(out.Join(name)) == ReadFileBytes(JoinPath(src, name)));
   }
   CHECK(ListNames(out.path()) == ListNames(src));
 }

@@ -1,24 +1,24 @@
-// Test helpers for the safetensors and fc distcp suites: temporary directories, whole-file
-// I/O, Status assertions. Header-only; include as "tests/format/safetensors/st_test_util.h".
+// Test helpers for the safetensors and fc distcp suites: Status assertions, byte views,
+// random bytes and slabs, directory listings. Header-only; include as
+// "tests/format/safetensors/st_test_util.h" (it brings tests/support's TempDir, file and
+// testdata helpers along).
 #ifndef FC_TESTS_FORMAT_SAFETENSORS_ST_TEST_UTIL_H_
 #define FC_TESTS_FORMAT_SAFETENSORS_ST_TEST_UTIL_H_
 
-#include <stdlib.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "fc/core/status.h"
+#include "tests/support/file_util.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/testdata.h"
 
 #define FC_EXPECT_OK(expr)                          \
   do {                                              \
@@ -36,50 +36,6 @@
 
 namespace fc::st_testing {
 
-// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/fc-st-test-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string Join(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-inline std::vector<std::byte> ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> out(chars.size());
-  if (!chars.empty()) std::memcpy(out.data(), chars.data(), chars.size());
-  return out;
-}
-
-inline std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-inline void WriteAll(const std::string& path, std::span<const std::byte> bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
-
-inline void WriteText(const std::string& path, const std::string& text) {
-  WriteAll(path, std::as_bytes(std::span<const char>(text.data(), text.size())));
-}
-
 inline std::span<const std::byte> AsBytes(const std::string& s) {
   return std::as_bytes(std::span<const char>(s.data(), s.size()));
 }
@@ -88,12 +44,6 @@ inline std::vector<std::byte> RandomBytes(std::mt19937_64& rng, size_t n) {
   std::vector<std::byte> out(n);
   for (auto& b : out) b = static_cast<std::byte>(rng() & 0xff);
   return out;
-}
-
-// $FC_TESTDATA/<rel> (the source tree's testdata/, set by tests/meson.build).
-inline std::string Testdata(const std::string& rel) {
-  const char* root = std::getenv("FC_TESTDATA");
-  return std::string(root ? root : "testdata") + "/" + rel;
 }
 
 // Names in `dir` (not recursive), sorted.

@@ -15,6 +15,7 @@
 #include "src/codec/compact_pickle.h"
 #include "src/format/torch/dcp_metadata_parse.h"
 #include "tests/format/torch/torch_test_support.h"
+#include "tests/support/testdata.h"
 
 namespace fc {
 namespace {
@@ -96,12 +97,9 @@ void CheckSameMetadata(const DcpMetadata& a, const DcpMetadata& b) {
 }
 
 std::vector<std::string> MetadataFiles() {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
   std::vector<std::string> out;
   for (const char* dir : {"torch_dcp", "torch_dcp_refused"}) {
-    for (const auto& e :
-         std::filesystem::recursive_directory_iterator(std::string(root) + "/" + dir)) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(testing::TestdataPath(dir))) {
       const std::string name = e.path().filename().string();
       if (e.is_regular_file() && name.ends_with(".metadata")) out.push_back(e.path().string());
     }

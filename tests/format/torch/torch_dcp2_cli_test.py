@@ -5,26 +5,23 @@ the refusals (big-endian items, unknown transforms, conflicting rank files).
 
 usage: torch_dcp2_cli_test.py BUILD_ROOT TESTDATA
 """
-import filecmp
 import io
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+import fcio  # noqa: E402
+
 BUILD, TESTDATA = sys.argv[1], sys.argv[2]
-TOOLS = os.path.join(BUILD, "tools")
-EXPORT, CONVERT, INSPECT = (os.path.join(TOOLS, t) for t in ("fc-export", "fc-convert", "fc-inspect"))
+EXPORT, CONVERT, INSPECT = fcio.tools(BUILD, "fc-export", "fc-convert", "fc-inspect")
 DCP = os.path.join(TESTDATA, "torch_dcp")
 tmp = tempfile.mkdtemp(prefix="fc-torch2-cli-")
 
 
-def run(args, expect=0):
-    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert p.returncode == expect, f"{args}: exit {p.returncode}, wanted {expect}\n{p.stderr}"
-    return p
+run = fcio.run
 
 
 def export(ckpt, name):
@@ -33,32 +30,25 @@ def export(ckpt, name):
     return out
 
 
-def same_dirs(a, b, label):
-    names = sorted(os.listdir(a))
-    assert names == sorted(os.listdir(b)), (label, names, sorted(os.listdir(b)))
-    match, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
-    assert not mismatch and not errors, f"{label}: {mismatch} {errors} differ"
-
-
 plain = export(os.path.join(DCP, "mixed", "ckpt"), "plain")
 for variant in ("rank_local", "zstd", "details", "safetensors"):
     ckpt = os.path.join(DCP, variant, "ckpt")
     got = export(ckpt, variant)
-    same_dirs(plain, got, variant + " export")
+    fcio.same_tree(plain, got, variant + " export")
     if variant == "details":  # re-archived with the recent records: same data.pkl
         for name in os.listdir(plain + ".objects"):
             pkl = [zipfile.ZipFile(os.path.join(d, name)).read("archive/data.pkl")
                    for d in (plain + ".objects", got + ".objects")]
             assert pkl[0] == pkl[1], (variant, name)
     else:
-        same_dirs(plain + ".objects", got + ".objects", variant + " objects")
+        fcio.same_tree(plain + ".objects", got + ".objects", variant + " objects")
     run([INSPECT, ckpt, "--verify"])
     # fc-convert to fc distcp and to torch DCP (2), exported again: the same bytes.
     for fmt in ("fc", "torch-dcp"):
         conv = os.path.join(tmp, f"{variant}-{fmt}")
         run([CONVERT, ckpt, conv, "--quiet", "--output-format", fmt,
              "--target-like", os.path.join(DCP, "mixed", "ckpt")])
-        same_dirs(plain, export(conv, f"{variant}-{fmt}-export"), f"{variant} via {fmt}")
+        fcio.same_tree(plain, export(conv, f"{variant}-{fmt}-export"), f"{variant} via {fmt}")
     print("ok", variant)
 
 # fc-convert --torch-serialization safetensors (torch ~2.8's SAFETENSORS form) reads back
@@ -68,8 +58,8 @@ run([CONVERT, os.path.join(DCP, "mixed", "ckpt"), st_out, "--quiet", "--output-f
      "--torch-version", "2", "--torch-serialization", "safetensors",
      "--target-like", os.path.join(DCP, "mixed", "ckpt")])
 got = export(st_out, "to-safetensors-export")
-same_dirs(plain, got, "safetensors serialization")
-same_dirs(plain + ".objects", got + ".objects", "safetensors serialization objects")
+fcio.same_tree(plain, got, "safetensors serialization")
+fcio.same_tree(plain + ".objects", got + ".objects", "safetensors serialization objects")
 run([INSPECT, st_out, "--verify"])
 first = open(os.path.join(st_out, "__1_0.distcp"), "rb").read()
 assert b'"DCP_SHARDING_INFO":"{\\"grid\\": {\\"saved_offsets\\": [0, 3]}' in first, first[:200]
@@ -190,7 +180,7 @@ def check_v2_metadata():
         assert all(mod.startswith(("torch.distributed.checkpoint.", "torch.distributed._shard."
                                    "sharded_tensor.", "torch", "pathlib"))
                    for mod, _ in globals_), globals_
-        same_dirs(plain, export(out, "v" + version + "-export"), "torch-version " + version)
+        fcio.same_tree(plain, export(out, "v" + version + "-export"), "torch-version " + version)
     print("ok torch-version 2 / 2.0 metadata")
 
 

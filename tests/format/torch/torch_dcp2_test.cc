@@ -33,6 +33,7 @@
 #include "fc/format/torch_save.h"
 #include "fc/io/file.h"
 #include "tests/format/torch/torch_test_support.h"
+#include "tests/support/testdata.h"
 
 namespace fc {
 namespace {
@@ -581,8 +582,7 @@ TEST_CASE("torch dcp 2.x: 2.4+ metadata details", "[torch_dcp2][details]") {
 }
 
 TEST_CASE("torch dcp 2.x: big-endian items are refused naming the record", "[torch_dcp2]") {
-  const std::string dir = std::string(std::getenv("FC_TESTDATA")) +
-                          "/torch_dcp_refused/big_endian/ckpt";
+  const std::string dir = testing::TestdataPath("torch_dcp_refused/big_endian/ckpt");
   auto index = ReadTorchDcp(dir);
   REQUIRE(!index.ok());
   CHECK(index.status().code() == StatusCode::kUnimplemented);

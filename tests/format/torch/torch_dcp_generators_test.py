@@ -14,7 +14,9 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+import fcio  # noqa: E402
 
 
 def main():
@@ -28,8 +30,7 @@ def main():
     if shutil.which("zstd") is None:
         print("skipping: the torch2 generator needs the zstd CLI (apt-get install zstd)")
         return 77
-    tmp = tempfile.mkdtemp(prefix="fc-torch-gen-")
-    try:
+    with fcio.temp_dir("fc-torch-gen-") as tmp:
         env = dict(os.environ, FC_TESTDATA_OUT=tmp)
         env.pop("FC_TOOLS", None)
         for script in ("testdata/gen/torch_dcp/regen.sh", "testdata/gen/megatron/regen.sh"):
@@ -61,8 +62,6 @@ def main():
             return 1
         print(f"{written} regenerated files equal the committed testdata/ byte for byte")
         return 0
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

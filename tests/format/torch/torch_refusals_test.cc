@@ -21,7 +21,7 @@
 #include "fc/format/torch_save.h"
 #include "fc/io/file.h"
 #include "tests/format/torch/torch_test_support.h"
-#include "tests/format/torch/zip_builder.h"
+#include "tests/codec/zip_builder.h"
 
 namespace fc {
 namespace {

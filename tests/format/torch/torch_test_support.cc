@@ -15,31 +15,25 @@
 #include "fc/core/dtype.h"
 #include "fc/format/torch_dcp_transform.h"
 #include "fc/io/file.h"
+#include "tests/support/testdata.h"
 
 namespace fc::testing {
 
-std::string TorchFixture(const std::string& name) {
-  const char* root = std::getenv("FC_TESTDATA");
-  REQUIRE(root != nullptr);
-  return std::string(root) + "/torch_dcp/" + name;
-}
+std::string TorchFixture(const std::string& name) { return TestdataPath("torch_dcp/" + name); }
 
-std::vector<std::byte> ReadFileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  INFO(path);
-  REQUIRE(in.good());
-  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> out(c.size());
-  if (!c.empty()) std::memcpy(out.data(), c.data(), c.size());
-  return out;
-}
-
-void WriteFileBytes(const std::string& path, std::span<const std::byte> bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  INFO(path);
-  REQUIRE(out.good());
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
+std::vector<std::byte> DcpFixtureItem(const std::string& fixture, const std::string& fqn) {
+  const std::string ckpt = TorchFixture(fixture) + "/ckpt";
+  auto md = ParseDcpMetadata(ReadFileBytes(ckpt + "/.metadata"));
+  REQUIRE(md.ok());
+  for (const DcpStorageInfo& s : md->storage) {
+    if (s.fqn != fqn) continue;
+    auto file = ReadFileBytes(ckpt + "/" + s.relative_path);
+    REQUIRE(s.offset + s.length <= file.size());
+    return std::vector<std::byte>(file.begin() + static_cast<std::ptrdiff_t>(s.offset),
+                                  file.begin() + static_cast<std::ptrdiff_t>(s.offset + s.length));
+  }
+  FAIL("no storage for " << fqn);
+  return {};
 }
 
 std::vector<std::byte> AsBytes(std::string_view s) {
@@ -66,28 +60,6 @@ std::vector<std::byte> Hex(std::string_view hex) {
   }
   REQUIRE(hi < 0);
   return out;
-}
-
-TempDir::TempDir() {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string templ = std::string(tmp ? tmp : "/tmp") + "/fc_torch_test_XXXXXX";
-  std::vector<char> buf(templ.begin(), templ.end());
-  buf.push_back('\0');
-  REQUIRE(mkdtemp(buf.data()) != nullptr);
-  path_ = buf.data();
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
-void CopyDirectoryFiles(const std::string& from, const std::string& to) {
-  for (const auto& e : std::filesystem::directory_iterator(from)) {
-    if (!e.is_regular_file()) continue;
-    std::filesystem::copy_file(e.path(), std::filesystem::path(to) / e.path().filename(),
-                               std::filesystem::copy_options::overwrite_existing);
-  }
 }
 
 size_t FindBytes(std::span<const std::byte> hay, std::span<const std::byte> needle,

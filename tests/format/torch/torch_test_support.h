@@ -1,5 +1,5 @@
 // Test helpers for the torch readers: fixtures, .npy files, tensor reassembly from a
-// CheckpointIndex, temporary directories, byte patching, and a pickle writer that builds
+// CheckpointIndex, byte patching, and a pickle writer that builds
 // DCP `.metadata` files (both torch generations, both enum forms, arbitrary damage).
 #ifndef FC_TESTS_FORMAT_TORCH_TORCH_TEST_SUPPORT_H_
 #define FC_TESTS_FORMAT_TORCH_TORCH_TEST_SUPPORT_H_
@@ -16,33 +16,21 @@
 #include "fc/core/status.h"
 #include "fc/model/checkpoint_index.h"
 #include "fc/format/torch_dcp.h"
+#include "tests/support/file_util.h"
+#include "tests/support/temp_dir.h"
 
 namespace fc::testing {
 
 // $FC_TESTDATA/torch_dcp/<name> (the fixture root, holding ckpt/ and expected/).
 std::string TorchFixture(const std::string& name);
 
-std::vector<std::byte> ReadFileBytes(const std::string& path);
-void WriteFileBytes(const std::string& path, std::span<const std::byte> bytes);
+// The bytes of the torch.save archive holding the first chunk of tensor `fqn` of fixture
+// `fixture` (cut out of its .distcp file at the offset its .metadata gives).
+std::vector<std::byte> DcpFixtureItem(const std::string& fixture, const std::string& fqn);
+
 std::vector<std::byte> AsBytes(std::string_view s);
 // "80 02 4b 07 2e" or "80024b072e" -> bytes.
 std::vector<std::byte> Hex(std::string_view hex);
-
-// A fresh directory under $TMPDIR, removed (recursively) on destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-// Copies every regular file of `from` (not recursive) into `to`.
-void CopyDirectoryFiles(const std::string& from, const std::string& to);
 
 // First position of `needle` in `hay` at or after `from`, or npos.
 size_t FindBytes(std::span<const std::byte> hay, std::span<const std::byte> needle,

@@ -33,6 +33,8 @@ PY = "/usr/bin/python3"
 rewrite, check = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.dirname(os.path.abspath(check)))
 import torch_load_check as tlc  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+import fcio  # noqa: E402
 
 testdata = os.environ.get("FC_TESTDATA") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "testdata")
@@ -146,8 +148,7 @@ def main():
         ("mixed", 3, 2, 13),
         ("strided", 2, 2, 14),
     ]
-    work = tempfile.mkdtemp(prefix="fc_torch_writer_interop_")
-    try:
+    with fcio.temp_dir("fc_torch_writer_interop_") as work:
         for name, ranks, files, seed in cases:
             src = os.path.join(fixtures, name, "ckpt")
             expected = os.path.join(fixtures, name, "expected")
@@ -202,8 +203,6 @@ def main():
             failures.append("negative control: torch_load_check did not report a flipped byte")
         else:
             print("negative control (values): caught")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
     for f in failures:
         print("FAIL:", f)

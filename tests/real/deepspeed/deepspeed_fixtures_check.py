@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
@@ -179,15 +178,13 @@ def main():
     tools = os.path.join(build, "tools")
     failed = []
     for case in cases:
-        tmp = tempfile.mkdtemp(prefix="fc-real-ds-")
-        try:
-            done = check_case(tools, fx, case, tmp)
-            print(f"{case}: equal ({', '.join(done)})", flush=True)
-        except AssertionError as e:
-            failed.append(case)
-            print(f"FAIL {case}: {e}", flush=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with fcio.temp_dir("fc-real-ds-") as tmp:
+            try:
+                done = check_case(tools, fx, case, tmp)
+                print(f"{case}: equal ({', '.join(done)})", flush=True)
+            except AssertionError as e:
+                failed.append(case)
+                print(f"FAIL {case}: {e}", flush=True)
     if failed:
         print(f"{len(failed)} of {len(cases)} cases differ: {' '.join(failed)}")
         sys.exit(1)

@@ -31,10 +31,8 @@ CASE
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import torch
 
@@ -465,12 +463,9 @@ def main():
         return
     build, testdata, case = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3]
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    tmp = tempfile.mkdtemp(prefix="fc-real-ds-")
-    try:
+    with fcio.temp_dir("fc-real-ds-") as tmp:
         {"fixtures": case_fixtures, "ucp": case_ucp, "load": case_load,
          "load_universal": case_load_universal}[case](build, testdata, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,7 @@ usage: autotp_check.py BUILD_ROOT FIXTURES_DIR   (testdata/real/deepspeed, or a 
 """
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 import fcio  # noqa: E402
@@ -47,12 +45,9 @@ def check_case(tools, fixtures, case, tmp):
 def main():
     build, fixtures = sys.argv[1], sys.argv[2]
     tools = os.path.join(build, "tools")
-    tmp = tempfile.mkdtemp(prefix="fc-autotp-")
-    try:
+    with fcio.temp_dir("fc-autotp-") as tmp:
         for case in CASES:
             check_case(tools, fixtures, case, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -26,16 +26,16 @@ seed, so what is checked comes from the checkpoint):
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 import fresh_vs_committed as fvc  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
+import fcio  # noqa: E402
 PORT = 29681
 LOAD_PORT = 29691
 
@@ -326,8 +326,7 @@ def main():
     build, testdata = sys.argv[1], os.path.abspath(sys.argv[2])
     case = sys.argv[3] if len(sys.argv) > 3 else "ucp"
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    tmp = tempfile.mkdtemp(prefix="fc-autotp-oracle-")
-    try:
+    with fcio.temp_dir("fc-autotp-oracle-") as tmp:
         if case == "ucp":
             ucp_vs_ds(build, testdata, tmp)
             fresh_vs_committed(build, testdata, tmp)
@@ -336,8 +335,6 @@ def main():
             load_universal_tp(build, testdata, tmp)
         else:
             raise SystemExit(f"unknown case {case!r} (ucp, load)")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

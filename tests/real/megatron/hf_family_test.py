@@ -51,10 +51,8 @@ mismatched keys and its fp32 logits equal Megatron's forward within 1e-6.
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
@@ -259,8 +257,7 @@ def main():
     m = mf(testdata)
     real = os.path.join(testdata, "real", "megatron")
     tools = os.path.join(build, "tools")
-    tmp = tempfile.mkdtemp(prefix="fc-real-hf-family-")
-    try:
+    with fcio.temp_dir("fc-real-hf-family-") as tmp:
         ref = os.path.join(tmp, "ref")
         write_config(m, ref)
         cases = [("torch_dist stacked", "gpt_tp2_pp2/ckpt", "gpt_tp2_pp2/ckpt", False),
@@ -303,8 +300,6 @@ def main():
         gpt2_case(m, testdata, real, tools, tmp, port + 2)
         mixtral_case(m, testdata, real, tools, tmp, port + 3)
         qwen2_moe_case(m, testdata, real, tools, tmp, port + 4)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -28,9 +28,7 @@ requires (strict, as Megatron-LM loads): fc-convert --from-hf-family carries the
 _extra_state/shard_0_4").
 """
 import os
-import shutil
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
@@ -137,8 +135,7 @@ def main():
     m = oracle.mf(testdata)
     tools = os.path.join(build, "tools")
     real = os.path.join(testdata, "real", "megatron")
-    tmp = tempfile.mkdtemp(prefix="fc-real-hf-reverse-")
-    try:
+    with fcio.temp_dir("fc-real-hf-reverse-") as tmp:
         layouts, pairs = {}, []
         for case, family, fields in CASES:
             ckpt = os.path.join(real, case, "ckpt")
@@ -158,8 +155,6 @@ def main():
                             script=__file__)
             port += 1
         oracle.torchrun(1, port, "--forward", testdata, *pairs, script=__file__)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

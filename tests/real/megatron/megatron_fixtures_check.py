@@ -13,9 +13,7 @@ usage: megatron_fixtures_check.py BUILD_ROOT FIXTURES_DIR [CASE...]
 """
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
@@ -96,12 +94,9 @@ def main():
     build, fixtures = sys.argv[1], sys.argv[2]
     cases = sys.argv[3:] or CASES
     tools = os.path.join(build, "tools")
-    tmp = tempfile.mkdtemp(prefix="fc-real-megatron-")
-    try:
+    with fcio.temp_dir("fc-real-megatron-") as tmp:
         for case in cases:
             check_case(tools, fixtures, case, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -28,10 +28,8 @@ from them); the test loads fc's output directory as fc wrote it.
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
@@ -278,8 +276,7 @@ def main():
         forward_worker(*sys.argv[2:7])
         return
     build, testdata, name = sys.argv[1], sys.argv[2], sys.argv[3]
-    tmp = tempfile.mkdtemp(prefix="fc-real-megatron-")
-    try:
+    with fcio.temp_dir("fc-real-megatron-") as tmp:
         if name == "fixtures":
             gen = os.path.join(tmp, "gen")
             regenerate(testdata, gen, [])
@@ -291,8 +288,6 @@ def main():
             hf_case(build, testdata, tmp)
         else:
             raise SystemExit(f"unknown test {name}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

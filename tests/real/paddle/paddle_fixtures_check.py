@@ -10,9 +10,7 @@ usage: paddle_fixtures_check.py BUILD_ROOT FIXTURES_DIR
 """
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 import fcio  # noqa: E402
@@ -236,8 +234,7 @@ def check_refused(tools, tmp, fixtures):
 def main():
     build, fixtures = sys.argv[1], sys.argv[2]
     tools = os.path.join(build, "tools")
-    tmp = tempfile.mkdtemp(prefix="fc-real-paddle-")
-    try:
+    with fcio.temp_dir("fc-real-paddle-") as tmp:
         for case in CASES:
             ckpt = os.path.join(fixtures, case, "ckpt")
             want = fcio.read_safetensors(os.path.join(fixtures, case, "expected.safetensors"))
@@ -262,8 +259,6 @@ def main():
                     check_program(tools, tmp, ckpt, aoa, f[:-5], stored)
         check_refused(tools, tmp, fixtures)
         check_relay(tools, tmp, fixtures)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,8 @@ CASE
             of the source checkpoint; the same for a 2-rank source and an AOA export
 """
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
@@ -32,11 +30,6 @@ def make_fixtures_module(testdata):
     sys.path.insert(0, os.path.join(testdata, "real", "paddle"))
     import make_fixtures
     return make_fixtures
-
-
-def tools(build):
-    t = os.path.join(build, "tools")
-    return os.path.join(t, "fc-export"), os.path.join(t, "fc-inspect")
 
 
 def case_fixtures(build, testdata, tmp):
@@ -80,7 +73,7 @@ def load_hf(hf, names_shapes):
 
 
 def export(build, ckpt, out, *extra):
-    exe, _ = tools(build)
+    exe = fcio.tools(build, "fc-export")
     fcio.run([exe, ckpt, out, "--max-shard-size", "100B", "-q"] + list(extra))
     files = [f for f in os.listdir(out) if f.endswith(".safetensors")]
     assert len(files) > 1, files
@@ -92,7 +85,7 @@ def case_load_fc(build, testdata, tmp):
     import paddle.distributed as dist
     mf = make_fixtures_module(testdata)
     real = os.path.join(testdata, "real", "paddle")
-    _, inspect = tools(build)
+    inspect = fcio.tools(build, "fc-inspect")
 
     # 1. One-process save -> fc-export (model weights, bf16/fp16 extras) -> a fresh model.
     want = mf.read_st(os.path.join(real, "single_pickle", "expected.safetensors"))
@@ -137,8 +130,8 @@ def case_load_fc(build, testdata, tmp):
     #    knows U16 U8 I8 I16 BOOL F16 F32 F64 BF16) and asserts "I64 is not supported yet.";
     #    a directory holding one cannot be loaded by Paddle (a Paddle limit, not fc's).
     hf = os.path.join(tmp, "i64")
-    fcio.run([tools(build)[0], os.path.join(real, "single_pickle", "ckpt"), hf, "--include",
-              "extra.step", "-q"])
+    fcio.run([fcio.tools(build, "fc-export"), os.path.join(real, "single_pickle", "ckpt"), hf,
+              "--include", "extra.step", "-q"])
     try:
         load_hf(hf, {"extra.step": ((3,), "int64")})
         print("int64: Paddle now loads an I64 safetensors tensor (update the test)", flush=True)
@@ -149,11 +142,8 @@ def case_load_fc(build, testdata, tmp):
 
 def main():
     build, testdata, case = sys.argv[1:4]
-    tmp = tempfile.mkdtemp(prefix="fc-real-paddle-")
-    try:
+    with fcio.temp_dir("fc-real-paddle-") as tmp:
         {"fixtures": case_fixtures, "load_fc": case_load_fc}[case](build, testdata, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

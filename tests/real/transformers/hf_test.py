@@ -21,9 +21,7 @@ fp32 to bf16 as torch does (nearest even).
 """
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
@@ -158,8 +156,7 @@ def main():
     build, case = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
     export = os.path.join(build, "tools", "fc-export")
-    tmp = tempfile.mkdtemp(prefix="fc-real-hf-")
-    try:
+    with fcio.temp_dir("fc-real-hf-") as tmp:
         ckpt, ref = os.path.join(tmp, "ckpt"), os.path.join(tmp, "ref")
         env = dict(os.environ, OMP_NUM_THREADS="1")
         torchrun.check_run(2, 29551, [os.path.abspath(__file__), "--worker", case, ckpt, ref],
@@ -201,8 +198,6 @@ def main():
                   f"equal bit for bit", flush=True)
         if case == "qwen2_tied":
             assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

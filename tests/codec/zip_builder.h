@@ -1,8 +1,8 @@
 // Zip archives and torch.save items built in memory for the zip / torch.save tests
-// (zip_torch_save_test.cc, torch_refusals_test.cc): STORED or DEFLATED-flagged entries, zip64
+// (tests/codec/zip_test.cc, tests/format/torch's zip_torch_save_test.cc and torch_refusals_test.cc): STORED or DEFLATED-flagged entries, zip64
 // extras, padding and damage on request (ZipOptions), a tensor pickle and its archive.
-#ifndef FC_TESTS_FORMAT_TORCH_ZIP_BUILDER_H_
-#define FC_TESTS_FORMAT_TORCH_ZIP_BUILDER_H_
+#ifndef FC_TESTS_CODEC_ZIP_BUILDER_H_
+#define FC_TESTS_CODEC_ZIP_BUILDER_H_
 
 #include <cstdint>
 #include <cstring>
@@ -166,4 +166,4 @@ inline std::vector<std::byte> TensorArchive(const std::vector<std::byte>& pkl,
 
 }  // namespace fc::testing
 
-#endif  // FC_TESTS_FORMAT_TORCH_ZIP_BUILDER_H_
+#endif  // FC_TESTS_CODEC_ZIP_BUILDER_H_

@@ -5,7 +5,6 @@
 // equal a one-process run's, and what was sent must equal what was received.
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
 
 #include <chrono>
 #include <map>
@@ -18,35 +17,11 @@
 #include "fc/format/fc_distcp.h"
 #include "fc/io/file.h"
 #include "fc/plan/plan.h"
+#include "tests/support/temp_dir.h"
+#include "tests/format/fcdistcp/arange_checkpoint.h"
 
 namespace fc {
 namespace {
-
-// Float32 `key` of `shape`, value i at flat index i, one file per box.
-CheckpointIndex WriteArangeFiles(const std::string& dir, const std::string& key,
-                                 const Shape& shape, const std::vector<Box>& boxes) {
-  FcDistcpPlan plan;
-  plan.tensors.push_back({key, DType::kFloat32, shape});
-  for (size_t c = 0; c < boxes.size(); ++c) {
-    plan.files.push_back({FcDistcpFileName(static_cast<int64_t>(c), 0), {}, {}});
-    plan.files.back().chunks.push_back({key, boxes[c], std::nullopt, 0});
-  }
-  auto writer = FcDistcpWriter::Create(dir, plan);
-  REQUIRE(writer.ok());
-  for (size_t c = 0; c < boxes.size(); ++c) {
-    std::vector<float> data(static_cast<size_t>(boxes[c].num_elements()));
-    for (int64_t i = 0; i < boxes[c].num_elements(); ++i) {
-      Shape local = Unravel(i, boxes[c].local_shape);
-      for (size_t a = 0; a < local.size(); ++a) local[a] += boxes[c].global_offset[a];
-      data[static_cast<size_t>(i)] = static_cast<float>(Ravel(local, shape));
-    }
-    REQUIRE((*writer)->WriteChunk(c, 0, 0, std::as_bytes(std::span<const float>(data))).ok());
-  }
-  REQUIRE((*writer)->Finish().ok());
-  auto index = ReadFcDistcp(dir);
-  REQUIRE(index.ok());
-  return std::move(index).value();
-}
 
 // Every write, by (file, slot, offset).
 class MemorySink : public PlanSink {
@@ -121,11 +96,13 @@ std::vector<Result<ExecuteStats>> RunGroup(const Plan& plan, const std::vector<C
 
 TEST_CASE("exchange: processes that each see one third of the files write what one process "
           "writes", "[exec][exchange]") {
-  const std::string dir = "/tmp/fc-exchange-test-" + std::to_string(getpid());
+  testing::TempDir tmp;
+  const std::string dir = tmp.Join("exchange");
   REQUIRE(RemoveAll(dir).ok());
   std::vector<Box> boxes;
   for (int64_t r = 0; r < 40; r += 8) boxes.push_back(Box{{r, 0}, {8, 12}});
-  const CheckpointIndex index = WriteArangeFiles(dir, "w", {40, 12}, boxes);
+  const CheckpointIndex index =
+      testing::WriteArangeCheckpoint(dir, "w", {40, 12}, boxes, testing::ArangeFiles::kFilePerBox);
   REQUIRE(index.files.size() == 5);
 
   // One process: the reference.
@@ -214,11 +191,13 @@ class SlowSink : public MemorySink {
 
 TEST_CASE("progress: process 0 counts the whole job's bytes, with and without an exchange",
           "[exec][exchange][progress]") {
-  const std::string dir = "/tmp/fc-progress-test-" + std::to_string(getpid());
+  testing::TempDir tmp;
+  const std::string dir = tmp.Join("progress");
   REQUIRE(RemoveAll(dir).ok());
   std::vector<Box> boxes;
   for (int64_t r = 0; r < 40; r += 8) boxes.push_back(Box{{r, 0}, {8, 12}});
-  const CheckpointIndex index = WriteArangeFiles(dir, "w", {40, 12}, boxes);
+  const CheckpointIndex index =
+      testing::WriteArangeCheckpoint(dir, "w", {40, 12}, boxes, testing::ArangeFiles::kFilePerBox);
   auto check = [](const Plan& plan, const std::vector<Result<ExecuteStats>>& results) {
     for (size_t p = 0; p < results.size(); ++p) {
       INFO("process " << p);
