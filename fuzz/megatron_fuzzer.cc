@@ -1,4 +1,4 @@
-// libFuzzer harness: the Megatron legacy reader (src/format/megatron/megatron.cc), with its
+// libFuzzer harness: the Megatron legacy reader (src/format/megatron/), with its
 // distributed optimizer (distrib_optim.pt in every form it reads) and Float16 optimizer
 // paths. It only opens directories, so the input's parts (fuzz_util.h) become files of an
 // in-memory iteration directory: mp_rank_00/model_optim_rng.pt, mp_rank_00/distrib_optim.pt,

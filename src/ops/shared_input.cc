@@ -380,7 +380,7 @@ Result<CheckpointIndex> OpenSharedCheckpoint(SharedInput& input, const OpenOptio
     const uint64_t missed_before = input.view ? input.view->missed_reads() : 0;
     FC_RETURN_IF_ERROR(comm.AllOk(open()));
     // Torch DCP opens from its metadata alone, except what it reads to show Megatron's
-    // common.pt and flat optimizer states (src/format/torch/megatron_buckets.h), which a
+    // common.pt and flat optimizer states (src/format/megatron/megatron_buckets.h), which a
     // process without those files reads otherwise, or not at all. When any process missed
     // a read, the checkpoint is opened again as the formats that read data are: process 0
     // first, the others from the same bytes.

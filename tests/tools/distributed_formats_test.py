@@ -37,7 +37,7 @@ CASES = [
     ("safetensors_sharded", "safetensors/hf_sharded", []),
     ("paddle_tp2", "paddle_flex/tp2/ckpt", []),
     # torch DCP opens from its metadata, except Megatron's flat optimizer states, whose
-    # params are found by reading the data (src/format/torch/megatron_buckets.h)
+    # params are found by reading the data (src/format/megatron/megatron_buckets.h)
     ("megatron_dp_buckets", "torch_dcp_adam/megatron_dp_buckets/ckpt", ["--include-optimizer"]),
     ("megatron_dp_zero", "torch_dcp_adam/megatron_dp_zero/ckpt", ["--include-optimizer"]),
 ]

@@ -30,9 +30,12 @@
 #include "fc/format/deepspeed.h"
 #include "fc/format/torch_save.h"
 #include "fc/io/file.h"
+#include "src/format/deepspeed/names.h"
 
 namespace fc {
 namespace {
+
+using deepspeed_internal::MpName;
 
 using internal_torch::PickleWriter;
 using PV = PickleValue;
@@ -193,11 +196,6 @@ int64_t PaddedLength(int64_t orig, int64_t dp) {
 // Real (non-padding) elements of rank r's partition.
 int64_t LeanLength(int64_t orig, int64_t ps, int64_t r) {
   return std::clamp<int64_t>(orig - r * ps, 0, ps);
-}
-
-std::string MpName(int64_t m) {
-  std::string s = std::to_string(m);
-  return std::string("mp_rank_") + (s.size() < 2 ? "0" : "") + s;
 }
 
 // numel of a torch.Size / tuple value.

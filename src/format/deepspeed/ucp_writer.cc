@@ -29,6 +29,7 @@
 #include "fc/core/checked_math.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/deepspeed.h"
+#include "src/format/deepspeed/names.h"
 #include "fc/io/file.h"
 #include "src/format/torch/torch_save_writer.h"
 
@@ -228,19 +229,12 @@ Result<PickleValue> ReadPickleOf(const std::string& path) {
   return ReadDeepSpeedPickle(path).With(path);
 }
 
-std::string Trim(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
+// The tag dir `latest` or `latest_universal` names (as the reader resolved it), else `input`.
 Result<std::string> ResolveDir(const std::string& input) {
   for (const char* pointer : {"latest", "latest_universal"}) {
-    const std::string p = JoinPath(input, pointer);
-    if (PathExists(p) && !IsDirectory(p)) {
-      FC_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(p, 4096));
-      return JoinPath(input, Trim(std::string(reinterpret_cast<const char*>(bytes.data()),
-                                              bytes.size())));
-    }
+    FC_ASSIGN_OR_RETURN(std::optional<std::string> tag,
+                        deepspeed_internal::LatestTag(input, pointer));
+    if (tag) return JoinPath(input, *tag);
   }
   return input;
 }

@@ -1,4 +1,4 @@
-// Refusals of the DeepSpeed reader (src/format/deepspeed/deepspeed.cc) reached from a file
+// Refusals of the DeepSpeed reader (src/format/deepspeed/) reached from a file
 // (issue 34 item 1), first those that guard the partition math, shapes, dtypes and sizes,
 // where a missing check would give a silently wrong tensor. Each section copies a fixture of
 // testdata/deepspeed, changes one thing (a data.pkl value through

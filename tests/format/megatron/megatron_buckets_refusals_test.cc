@@ -1,5 +1,5 @@
 // Every refusal of the Megatron distributed-optimizer bucket mapper
-// (src/format/torch/megatron_buckets.cc) reached from files through ReadTorchDcp (issue 34
+// (src/format/megatron/megatron_buckets.cc) reached from files through ReadTorchDcp (issue 34
 // item 1). Each section copies torch_dcp_adam/megatron_dp_buckets (dp_reshardable: per-bucket
 // 1-D states cut into pieces) or torch_dcp_adam/megatron_dp_zero (dp_zero_gather_scatter: one
 // torch.save dict per TP rank) and changes one thing: the .metadata (rewritten from a

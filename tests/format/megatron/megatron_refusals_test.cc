@@ -1,4 +1,4 @@
-// Every refusal of the Megatron legacy reader (src/format/megatron/megatron.cc) reached from
+// Every refusal of the Megatron legacy reader (src/format/megatron/) reached from
 // a file (issue 34 item 1): each section copies a fixture of testdata/megatron_legacy,
 // changes one thing (a data.pkl value through pickle_edit.h, a zip record, a directory) and
 // asserts the code and the message that names the file, tensor and values. Refusals of the
