@@ -343,6 +343,7 @@ Status AddZero3RankFiles(DsRepartition& job, const Zero3Source& z3, int64_t m, i
     return k == "optimizer_state_dict" ? new_osd : PV::Ptr();
   });
   FC_ASSIGN_OR_RETURN(DsArchiveSpec spec, out.Finish(*root, opt0));
+  job.archives.push_back(std::move(spec));
   return Status::Ok();
 }
 
