@@ -1,0 +1,51 @@
+// The DeepSpeed writer's view of one source .pt file (fc/format/deepspeed_writer.h): its
+// parsed tree and where each storage's bytes lie, so that the plan can read tensors in place
+// and copy untouched storages byte for byte. OpenSource reads the file; the rest is pure.
+#ifndef FC_SRC_FORMAT_DEEPSPEED_DS_SOURCE_FILE_H_
+#define FC_SRC_FORMAT_DEEPSPEED_DS_SOURCE_FILE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "fc/codec/pickle.h"
+#include "fc/core/status.h"
+#include "fc/format/torch_save.h"
+
+namespace fc::deepspeed_writer_internal {
+
+struct SourceFile {
+  std::string path;  // absolute
+  uint32_t index = 0;  // in DsRepartition::source.files
+  uint64_t size = 0;
+  PickleValue root;
+  // Storage key -> [offset, + bytes) in the file (zip record or legacy raw storage).
+  std::map<std::string, std::pair<uint64_t, uint64_t>> storages;
+};
+
+// Reads and parses dir/name.
+Result<SourceFile> OpenSource(const std::string& dir, const std::string& name);
+
+// The data of storage `key`: [offset, + bytes).
+Result<std::pair<uint64_t, uint64_t>> StorageRecord(const SourceFile& sf, const std::string& key);
+
+// numel of a torch.Size / tuple value.
+Result<int64_t> ShapeNumel(const PickleValue& v, const std::string& where);
+
+// One source partition tensor, located.
+struct Located {
+  TorchTensorRef ref;
+  uint64_t first = 0;  // absolute offset of element 0
+};
+
+// The 1-D tensor `v` of sf (`what` names it in errors), its storage record checked.
+Result<Located> LocateTensor(const SourceFile& sf, const PickleValue* v, const std::string& what);
+
+// The GLOBAL torch.<X>Storage of the first persistent id inside a tensor value (typed
+// storages only: a new storage's numel counts elements).
+Result<PickleValue::Ptr> StorageClassOf(const PickleValue& v, const std::string& where);
+
+}  // namespace fc::deepspeed_writer_internal
+
+#endif  // FC_SRC_FORMAT_DEEPSPEED_DS_SOURCE_FILE_H_
