@@ -1,4 +1,4 @@
-// libFuzzer harness: fc distcp metadata (src/format/fcdistcp/reader.cc). Part 0 of the input
+// libFuzzer harness: fc distcp metadata (src/format/fc_distcp/reader.cc). Part 0 of the input
 // (fuzz_util.h) is fc.metadata.json, parts 1 and 2 are 0_0.distcp and 1_0.distcp; the
 // directory lives in memory. ParseFcDistcpMetadata runs on the text alone, then
 // ReadFcDistcp checks it against the data files.

@@ -1,4 +1,4 @@
-// libFuzzer harness: the layout-rules parser (src/layout/rules.cc: JSON, validation, RE2
+// libFuzzer harness: the layout-rules parser (src/layout/layout_rules.cc: JSON, validation, RE2
 // patterns) and, for rules that parse and have at most 64 ranks, LayoutFromRules over a
 // fixed small Llama-style model (so the user's patterns are matched against keys).
 #include <cstddef>

@@ -1,4 +1,4 @@
-// libFuzzer harness: the Paddle FlexCheckpoint reader (src/format/paddle/flex_checkpoint.cc).
+// libFuzzer harness: the Paddle FlexCheckpoint reader (src/format/paddle/paddle_flex.cc).
 // It only opens directories, so part 0 of the input (fuzz_util.h) becomes 0.metadata and
 // parts 1 and 2 become 0_0.distcp and 1_0.distcp in an in-memory directory.
 #include <cstddef>

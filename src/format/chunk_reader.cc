@@ -16,7 +16,7 @@
 #include "fc/format/fc_distcp.h"
 #include "fc/format/torch_dcp.h"
 #include "fc/format/torch_dcp_transform.h"
-#include "src/format/fcdistcp/internal.h"
+#include "src/format/fc_distcp/internal.h"
 
 namespace fc {
 namespace {

@@ -27,7 +27,7 @@ class WriterPart : public TargetFilesWriter {
   std::unique_ptr<Writer> writer_;
 };
 
-OutputFormat FcDistcpOutputFormat();  // fcdistcp/output.cc
+OutputFormat FcDistcpOutputFormat();  // fc_distcp/output.cc
 OutputFormat TorchDcpOutputFormat();  // torch/dcp_output.cc
 
 }  // namespace fc

@@ -1,6 +1,6 @@
 // fc distcp: fc's native distributed checkpoint format (version 1). Reader, streaming
 // writer with atomic commit, and checksum verification. man/fc-distcp.5 is the same
-// specification in man-page form; keep the two in step with src/format/fcdistcp.
+// specification in man-page form; keep the two in step with src/format/fc_distcp.
 //
 // 1. Directory
 //

@@ -1,4 +1,4 @@
-// Every refusal of the Paddle FlexCheckpoint reader (src/format/paddle/flex_checkpoint.cc)
+// Every refusal of the Paddle FlexCheckpoint reader (src/format/paddle/paddle_flex.cc)
 // reached from a file (issue 34 item 1): each section copies a fixture of
 // testdata/paddle_flex, changes one thing in 0.metadata or a data file (parsed, edited and
 // written back as a pickle through tests/format/megatron/pickle_edit.h) and asserts the code

@@ -1,6 +1,6 @@
 // Issue 34 item 1: refusals of the zip reader (src/codec/zip.cc), torch.save items
 // (src/format/torch/torch_save.cc), DCP .metadata (dcp_metadata.cc) and the torch DCP reader
-// (torch_dcp.cc) and its zstd item decoding (dcp_transform.cc) that no other test asserted
+// (torch_dcp.cc) and its zstd item decoding (torch_dcp_transform.cc) that no other test asserted
 // (or asserted without the values the message names), each reached from built bytes or a fixture
 // copy with one field changed, its status code and the distinctive part of its message
 // asserted. (The others: zip_torch_save_test.cc, torch_dcp_corruption_test.cc,
@@ -915,7 +915,7 @@ TEST_CASE("torch dcp refusals: a strided item of a flattened range", "[torch_dcp
           {"__0_0.distcp: tensor 'x' chunk ", ": a strided item of a flattened range"});
 }
 
-// --- zstd-encoded items (dcp_transform.cc) -------------------------------------------------
+// --- zstd-encoded items (torch_dcp_transform.cc) -------------------------------------------------
 
 // A zstd frame of `blocks` RLE blocks of 128 KiB of 0x42 each (window 128 KiB, no content
 // size); with `closed` false the last block's flag is never set, so the frame never ends.

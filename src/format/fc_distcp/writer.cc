@@ -18,7 +18,7 @@
 #include "fc/format/fc_distcp.h"
 #include "fc/io/file.h"
 #include "fc/io/output_dir.h"
-#include "src/format/fcdistcp/internal.h"
+#include "src/format/fc_distcp/internal.h"
 
 namespace fc {
 namespace {

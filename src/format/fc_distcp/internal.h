@@ -1,6 +1,6 @@
 // Private pieces shared by the fc distcp sources. Not installed.
-#ifndef FC_SRC_FORMAT_FCDISTCP_INTERNAL_H_
-#define FC_SRC_FORMAT_FCDISTCP_INTERNAL_H_
+#ifndef FC_SRC_FORMAT_FC_DISTCP_INTERNAL_H_
+#define FC_SRC_FORMAT_FC_DISTCP_INTERNAL_H_
 
 #include <span>
 #include <string>
@@ -41,4 +41,4 @@ Result<std::string> MetadataJson(const FcDistcpPlan& plan,
 
 }  // namespace fc::fcdistcp_internal
 
-#endif  // FC_SRC_FORMAT_FCDISTCP_INTERNAL_H_
+#endif  // FC_SRC_FORMAT_FC_DISTCP_INTERNAL_H_

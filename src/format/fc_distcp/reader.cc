@@ -8,7 +8,7 @@
 #include "fc/format/fc_distcp.h"
 #include "fc/format/open_problems.h"
 #include "fc/io/file.h"
-#include "src/format/fcdistcp/internal.h"
+#include "src/format/fc_distcp/internal.h"
 #include "src/codec/json_util.h"
 
 namespace fc {

@@ -8,7 +8,7 @@
 #include "fc/format/fc_distcp.h"
 #include "fc/format/file_names.h"
 #include "fc/codec/json_writer.h"
-#include "src/format/fcdistcp/internal.h"
+#include "src/format/fc_distcp/internal.h"
 
 namespace fc {
 namespace {
