@@ -118,6 +118,44 @@ Result<SourceModel> ReadSource(const HfSourceFacts& source, const std::string& w
   return m;
 }
 
+Result<bool> ReadUntiedOutput(const SourceModel& m, const HfTargetConfig& cfg,
+                              const std::string& where) {
+  auto mismatch = [&](const std::string& what) { return InvalidArgumentError(where + ": " + what); };
+  const Shape& emb = m.top.at("embedding.word_embeddings.weight");
+  const bool has_output = m.top.count("output_layer.weight") > 0;
+  if (has_output == cfg.tie_word_embeddings) {
+    return mismatch(std::string("the source ") +
+                    (has_output ? "has its own output_layer.weight (untied)" :
+                                  "has no output_layer.weight (tied to the embedding)") +
+                    ", config.json tie_word_embeddings is " +
+                    (cfg.tie_word_embeddings ? "true" : "false"));
+  }
+  if (has_output && m.top.at("output_layer.weight") != emb) {
+    return mismatch("output_layer.weight is " + ShapeText(m.top.at("output_layer.weight")) +
+                    ", the embedding " + ShapeText(emb));
+  }
+  return has_output;
+}
+
+std::string VocabRows(int64_t vocab_size, int64_t padded_vocab, const std::string& hf_embedding,
+                      const std::string& embedding_pad, bool has_output) {
+  auto num = [](int64_t v) { return std::to_string(v); };
+  std::string p;
+  const int64_t pad = padded_vocab - vocab_size;
+  auto vocab = [&](const std::string& from, const std::string& to, const std::string& tmp) {
+    if (pad == 0) {
+      p += from + " -> " + to + "\n";
+    } else {
+      p += from + " -> " + to + ", " + tmp + ", axis=0, sizes='[" + num(vocab_size) + "," +
+           num(pad) + "]'\n" + tmp + " -> _\n";
+    }
+  };
+  if (pad > 0) p += "# drop the " + num(pad) + " rows Megatron padded the vocabulary with\n";
+  vocab("embedding.word_embeddings.weight", hf_embedding, embedding_pad);
+  if (has_output) vocab("output_layer.weight", "lm_head.weight", "lm_head_pad");
+  return p;
+}
+
 std::string StackedCut(const SourceModel& m) {
   if (m.stacked.empty()) return "";
   std::string p = "\n# layer-stacked tensors: cut into layers, each without the layer axis\n";

@@ -49,6 +49,18 @@ Result<SourceModel> ReadSource(const HfSourceFacts& source, const std::string& w
                                const std::function<bool(const std::string&)>& is_top,
                                const std::function<bool(const std::string&)>& is_layer);
 
+// Whether the source has its own output_layer.weight (untied), which must agree with
+// config.json tie_word_embeddings and have the embedding's shape (kInvalidArgument, after
+// `where`, naming both).
+Result<bool> ReadUntiedOutput(const SourceModel& m, const HfTargetConfig& cfg,
+                              const std::string& where);
+
+// The program lines that keep the first `vocab_size` of the `padded_vocab` rows of the
+// embedding (as `hf_embedding`, its padding named `embedding_pad`) and, where `has_output`,
+// of output_layer.weight (as lm_head.weight), dropping the rows Megatron padded with.
+std::string VocabRows(int64_t vocab_size, int64_t padded_vocab, const std::string& hf_embedding,
+                      const std::string& embedding_pad, bool has_output);
+
 // The program lines that cut "decoder.layers.<suffix>" stacked tensors into
 // "decoder.layers.<i>.<suffix>", each without the layer axis ("" for per-layer keys).
 std::string StackedCut(const SourceModel& m);
