@@ -56,6 +56,141 @@ class ExchangedSourceReader final : public SourceReader {
   std::map<std::tuple<const Chunk*, Shape, Shape>, const std::byte*> received_;
 };
 
+// The progress display of one process's part of the job. With several processes, process 0
+// shows the whole job: the others post their bytes written while their workers run
+// (Communicator::PostCounter), process 0 polls them.
+class JobProgress {
+ public:
+  // `options.process` must be in the plan.
+  JobProgress(const Plan& plan, const ExecuteOptions& options)
+      : comm_(options.comm),
+        me_(options.process),
+        whole_job_(comm_ != nullptr && comm_->size() > 1 && comm_->size() == plan.processes &&
+                   comm_->rank() == me_),
+        progress_(whole_job_ && me_ == 0 ? options.what + " (all processes)" : options.what,
+                  whole_job_ && me_ == 0 ? plan.bytes_written
+                                         : plan.per_process[static_cast<size_t>(me_)].bytes_written,
+                  options.progress) {}
+
+  void Add(uint64_t bytes) { progress_.Add(bytes); }
+
+  // Runs `work` (which starts the workers) on a helper thread while this thread, the only
+  // one that talks to the communicator, posts or polls the counters every quarter second.
+  Status Reporting(const std::function<Status()>& work) {
+    if (!whole_job_) return work();
+    std::promise<Status> result;
+    std::future<Status> done = result.get_future();
+    std::thread helper([&] { result.set_value(work()); });
+    do {
+      if (me_ == 0) {
+        ShowOthers(comm_->PollCounters());
+      } else {
+        comm_->PostCounter(progress_.done());
+      }
+    } while (done.wait_for(std::chrono::milliseconds(250)) != std::future_status::ready);
+    helper.join();
+    return done.get();
+  }
+
+  // Every process ends its counters (collective), failed or not: process 0's last line
+  // shows every process's bytes. Prints the final line (`ok` as Progress::Finish) and
+  // returns the bytes it counted.
+  uint64_t Finish(bool ok) {
+    if (whole_job_) {
+      const std::vector<uint64_t> final_counts =
+          comm_->EndCounters(me_ == 0 ? progress_.done() - others_shown_ : progress_.done());
+      if (me_ == 0) ShowOthers(final_counts);
+    }
+    const uint64_t counted = progress_.done();
+    progress_.Finish(ok);
+    return counted;
+  }
+
+ private:
+  // Process 0: adds what the other processes' counts show beyond what it showed already.
+  void ShowOthers(const std::vector<uint64_t>& counts) {
+    uint64_t others = 0;
+    for (size_t r = 1; r < counts.size(); ++r) others += counts[r];
+    if (others > others_shown_) {
+      progress_.Add(others - others_shown_);
+      others_shown_ = others;
+    }
+  }
+
+  Communicator* const comm_;
+  const int me_;
+  const bool whole_job_;
+  Progress progress_;
+  uint64_t others_shown_ = 0;  // process 0: other processes' bytes added to its progress
+};
+
+using TransferIterator = std::vector<Transfer>::const_iterator;
+
+// The exchange of one round, the transfers [first, last) of the plan, for process `me`:
+// reads what it sends with `threads` workers, moves every message of the round at once, and
+// hands what it received to `sources`, which points into `receive_buffers` (to be kept while
+// the round's items are written). Failures are agreed on by all processes
+// (Communicator::AllOk). Adds the bytes moved to `stats`; `exchange_peak` becomes at least
+// the bytes of the round's buffers.
+Status ExchangeRound(TransferIterator first, TransferIterator last, int me, int threads,
+                     ChunkReader& reader, Communicator& comm, ExchangedSourceReader& sources,
+                     std::map<int, std::vector<std::byte>>& receive_buffers, ExecuteStats& stats,
+                     uint64_t& exchange_peak) {
+  // What this process sends: one message per receiver, transfers in plan order.
+  std::vector<const Transfer*> outgoing;
+  std::map<int, uint64_t> send_bytes, receive_bytes;
+  for (auto t = first; t != last; ++t) {
+    if (t->reader == me) {
+      outgoing.push_back(&*t);
+      send_bytes[t->writer] += t->bytes;
+    }
+    if (t->writer == me) receive_bytes[t->reader] += t->bytes;
+  }
+  std::map<int, std::vector<std::byte>> send_buffers;
+  std::vector<uint64_t> offsets(outgoing.size());
+  {
+    std::map<int, uint64_t> at;
+    for (size_t i = 0; i < outgoing.size(); ++i) {
+      offsets[i] = at[outgoing[i]->writer];
+      at[outgoing[i]->writer] += outgoing[i]->bytes;
+    }
+  }
+  for (const auto& [peer, bytes] : send_bytes) send_buffers[peer].resize(bytes);
+  Status read = ParallelFor(outgoing.size(), threads, [&](size_t i) -> Status {
+    const Transfer& t = *outgoing[i];
+    std::byte* into = send_buffers[t.writer].data() + offsets[i];
+    return reader.CopyChunkRegion(*t.source, t.source->chunks[t.chunk], t.box, into, t.box);
+  });
+  FC_RETURN_IF_ERROR(comm.AllOk(read));
+  std::vector<Communicator::Message> sends, receives;
+  for (auto& [peer, bytes] : send_buffers) sends.push_back({peer, bytes});
+  for (const auto& [peer, bytes] : receive_bytes) {
+    receive_buffers[peer].resize(bytes);
+    receives.push_back({peer, receive_buffers[peer]});
+  }
+  uint64_t held = 0;
+  for (const auto& [peer, bytes] : send_bytes) held += bytes;
+  for (const auto& [peer, bytes] : receive_bytes) held += bytes;
+  exchange_peak = std::max(exchange_peak, held);
+  // Agreed: an NCCL exchange can fail on some processes only (a CUDA error, its step
+  // timeout) while the others go on to the next collective; a failed process 0 would
+  // then wait in EndCounters for the others' last counts forever.
+  FC_RETURN_IF_ERROR(comm.AllOk(comm.Exchange(sends, receives)));
+  for (const auto& [peer, bytes] : send_bytes) stats.bytes_sent += bytes;
+  for (const auto& [peer, bytes] : receive_bytes) stats.bytes_received += bytes;
+  send_buffers.clear();
+  // Received transfers, unpacked in plan order per sender.
+  sources.Clear();
+  std::map<int, uint64_t> at;
+  for (auto t = first; t != last; ++t) {
+    if (t->writer != me) continue;
+    uint64_t& offset = at[t->reader];
+    sources.Add(&t->source->chunks[t->chunk], t->box, receive_buffers[t->reader].data() + offset);
+    offset += t->bytes;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& sink,
@@ -78,39 +213,7 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
   PieceBlockCache blocks(plan.memory.block_bytes * static_cast<uint64_t>(threads));
   for (const auto& [t, k] : plan.whole_blocks) blocks.Allow(&plan.tensors[t].pieces[k]);
   std::vector<std::vector<std::byte>> buffers(static_cast<size_t>(threads));
-  // With several processes, process 0 shows the whole job: the others post their bytes
-  // written while their workers run (Communicator::PostCounter), process 0 polls them.
-  const bool whole_job = comm != nullptr && comm->size() > 1 && comm->size() == plan.processes &&
-                         comm->rank() == me;
-  Progress progress(whole_job && me == 0 ? options.what + " (all processes)" : options.what,
-                    whole_job && me == 0 ? plan.bytes_written : mine.bytes_written,
-                    options.progress);
-  uint64_t others_shown = 0;  // process 0: other processes' bytes added to its progress
-  auto show_others = [&](const std::vector<uint64_t>& counts) {
-    uint64_t others = 0;
-    for (size_t r = 1; r < counts.size(); ++r) others += counts[r];
-    if (others > others_shown) {
-      progress.Add(others - others_shown);
-      others_shown = others;
-    }
-  };
-  // Runs `work` (which starts the workers) on a helper thread while this thread, the only
-  // one that talks to the communicator, posts or polls the counters every quarter second.
-  auto reporting = [&](const std::function<Status()>& work) -> Status {
-    if (!whole_job) return work();
-    std::promise<Status> result;
-    std::future<Status> done = result.get_future();
-    std::thread helper([&] { result.set_value(work()); });
-    do {
-      if (me == 0) {
-        show_others(comm->PollCounters());
-      } else {
-        comm->PostCounter(progress.done());
-      }
-    } while (done.wait_for(std::chrono::milliseconds(250)) != std::future_status::ready);
-    helper.join();
-    return done.get();
-  };
+  JobProgress progress(plan, options);
   ExchangedSourceReader sources(reader);
   // Parts of checksummed chunks read ahead of the bytes before them wait for their hash
   // rather than being read again (fc/format/chunk_reader.h): in what the budget leaves
@@ -118,7 +221,7 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
   reader.SetReorderLimit(std::max<uint64_t>(ReorderAllowance(plan.memory), 1u << 20));
   // Writes this process's items [first, last) of mine.writes.
   auto write_items = [&](size_t first, size_t last) {
-    return reporting([&] {
+    return progress.Reporting([&] {
       return ParallelFor(last - first, threads, [&](size_t i, int worker) -> Status {
       const WriteItem& item = plan.writes[mine.writes[first + i]];
       const PlanTensor& tensor = plan.tensors[item.tensor];
@@ -145,61 +248,10 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
     for (uint32_t round = 0; round < plan.rounds && status.ok(); ++round) {
       auto round_end = std::find_if(transfer, plan.transfers.end(),
                                     [&](const Transfer& t) { return t.round != round; });
-      // What this process sends: one message per receiver, transfers in plan order.
-      std::vector<const Transfer*> outgoing;
-      std::map<int, uint64_t> send_bytes, receive_bytes;
-      for (auto t = transfer; t != round_end; ++t) {
-        if (t->reader == me) {
-          outgoing.push_back(&*t);
-          send_bytes[t->writer] += t->bytes;
-        }
-        if (t->writer == me) receive_bytes[t->reader] += t->bytes;
-      }
-      std::map<int, std::vector<std::byte>> send_buffers, receive_buffers;
-      std::vector<uint64_t> offsets(outgoing.size());
-      {
-        std::map<int, uint64_t> at;
-        for (size_t i = 0; i < outgoing.size(); ++i) {
-          offsets[i] = at[outgoing[i]->writer];
-          at[outgoing[i]->writer] += outgoing[i]->bytes;
-        }
-      }
-      for (const auto& [peer, bytes] : send_bytes) send_buffers[peer].resize(bytes);
-      Status read = ParallelFor(outgoing.size(), threads, [&](size_t i) -> Status {
-        const Transfer& t = *outgoing[i];
-        std::byte* into = send_buffers[t.writer].data() + offsets[i];
-        return reader.CopyChunkRegion(*t.source, t.source->chunks[t.chunk], t.box, into, t.box);
-      });
-      status = comm->AllOk(read);
+      std::map<int, std::vector<std::byte>> receive_buffers;
+      status = ExchangeRound(transfer, round_end, me, threads, reader, *comm, sources,
+                             receive_buffers, stats, exchange_peak);
       if (!status.ok()) break;
-      std::vector<Communicator::Message> sends, receives;
-      for (auto& [peer, bytes] : send_buffers) sends.push_back({peer, bytes});
-      for (const auto& [peer, bytes] : receive_bytes) {
-        receive_buffers[peer].resize(bytes);
-        receives.push_back({peer, receive_buffers[peer]});
-      }
-      uint64_t held = 0;
-      for (const auto& [peer, bytes] : send_bytes) held += bytes;
-      for (const auto& [peer, bytes] : receive_bytes) held += bytes;
-      exchange_peak = std::max(exchange_peak, held);
-      // Agreed: an NCCL exchange can fail on some processes only (a CUDA error, its step
-      // timeout) while the others go on to the next collective; a failed process 0 would
-      // then wait in EndCounters for the others' last counts forever.
-      status = comm->AllOk(comm->Exchange(sends, receives));
-      if (!status.ok()) break;
-      for (const auto& [peer, bytes] : send_bytes) stats.bytes_sent += bytes;
-      for (const auto& [peer, bytes] : receive_bytes) stats.bytes_received += bytes;
-      send_buffers.clear();
-      // Received transfers, unpacked in plan order per sender.
-      sources.Clear();
-      std::map<int, uint64_t> at;
-      for (auto t = transfer; t != round_end; ++t) {
-        if (t->writer != me) continue;
-        uint64_t& offset = at[t->reader];
-        sources.Add(&t->source->chunks[t->chunk], t->box,
-                    receive_buffers[t->reader].data() + offset);
-        offset += t->bytes;
-      }
       size_t last_item = next_item;
       while (last_item < mine.writes.size() && plan.writes[mine.writes[last_item]].round == round) {
         ++last_item;
@@ -218,15 +270,7 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
     // commits; every process gets here, failed or not, unless a round already failed.
     if (status.ok()) status = comm->AllOk(reader.FinishVerification());
   }
-  // Every process ends its counters (collective), failed or not: process 0's last line
-  // shows every process's bytes.
-  if (whole_job) {
-    const std::vector<uint64_t> final_counts =
-        comm->EndCounters(me == 0 ? progress.done() - others_shown : progress.done());
-    if (me == 0) show_others(final_counts);
-  }
-  stats.progress_bytes = progress.done();
-  progress.Finish(status.ok());
+  stats.progress_bytes = progress.Finish(status.ok());
   FC_RETURN_IF_ERROR(status);
   stats.bytes_written = mine.bytes_written;
   uint64_t buffer_bytes = 0;

@@ -141,50 +141,22 @@ Status ValidateRequest(const PlanRequest& r) {
   return Status::Ok();
 }
 
-}  // namespace
-
-std::string_view PlanKindName(PlanKind kind) {
-  return kind == PlanKind::kExport ? "export" : "convert";
-}
-
-bool operator==(const PlanTensor& a, const PlanTensor& b) {
-  if (a.name != b.name || a.dtype != b.dtype || a.shape != b.shape ||
-      a.pieces.size() != b.pieces.size()) {
-    return false;
-  }
-  for (size_t i = 0; i < a.pieces.size(); ++i) {
-    const SourcePiece& x = a.pieces[i];
-    const SourcePiece& y = b.pieces[i];
-    if (x.source != y.source || x.src_box != y.src_box || x.dst_box != y.dst_box ||
-        x.ops != y.ops || x.fill_value != y.fill_value) {
-      return false;
-    }
-  }
-  return true;
-}
-
-std::vector<Box> SlotStoredBoxes(const PlanSlot& slot) {
-  return StoredBoxes(slot.box, slot.flat_range);
-}
-
-uint64_t SlotBytes(const PlanSlot& slot, DType dtype) {
-  const int64_t n = slot.flat_range ? slot.flat_range->size() : slot.box.num_elements();
-  return static_cast<uint64_t>(n) * DTypeSize(dtype);
-}
-
-Result<Plan> BuildPlan(PlanRequest request) {
-  FC_RETURN_IF_ERROR(ValidateRequest(request));
-  Plan plan;
-  plan.kind = request.kind;
-  plan.processes = request.processes;
-  plan.tensors = std::move(request.tensors);
-
-  // Memory: per worker a write buffer and two staging copies of a source block (read, then
-  // permuted or converted), plus the whole source blocks of reshaping pieces, which are kept
-  // while their target regions are written so that each is read once.
-  std::vector<size_t> widest(plan.tensors.size());
+// The pieces whose source blocks the executor reads whole: reshaping pieces always (added to
+// plan.whole_blocks here), transposed and strided ones when they fit (`optional_blocks`,
+// decided once the budget is known); `block_bytes`, the largest block always read whole;
+// `widest`, WidestElement per tensor.
+struct WholeBlocks {
+  std::vector<size_t> widest;
   uint64_t block_bytes = 0;
   std::vector<std::pair<uint32_t, uint32_t>> optional_blocks;
+};
+
+WholeBlocks ChooseWholeBlocks(Plan& plan) {
+  WholeBlocks blocks;
+  std::vector<size_t>& widest = blocks.widest;
+  uint64_t& block_bytes = blocks.block_bytes;
+  std::vector<std::pair<uint32_t, uint32_t>>& optional_blocks = blocks.optional_blocks;
+  widest.resize(plan.tensors.size());
   for (size_t t = 0; t < plan.tensors.size(); ++t) {
     widest[t] = WidestElement(plan.tensors[t]);
     for (size_t k = 0; k < plan.tensors[t].pieces.size(); ++k) {
@@ -198,9 +170,12 @@ Result<Plan> BuildPlan(PlanRequest request) {
       }
     }
   }
-  // The job's bookkeeping comes off the budget first: what the process holds besides the
-  // plan (the index), and the plan itself, estimated here from what the request holds (the
-  // write items are at least one per stored box) and counted exactly once cut (below).
+  return blocks;
+}
+
+// The plan's bytes estimated from what the request holds (the write items are at least one
+// per stored box), before the plan is cut.
+uint64_t EstimatePlanBytes(const PlanRequest& request) {
   uint64_t plan_estimate = sizeof(Plan) + HeapBytes(request.tensors) + HeapBytes(request.files);
   for (const PlanTensor& t : request.tensors) {
     plan_estimate += HeapBytes(t.name) + HeapBytes(t.shape) + HeapBytes(t.pieces);
@@ -216,63 +191,73 @@ Result<Plan> BuildPlan(PlanRequest request) {
           2 * HeapBytes(slot.box) + sizeof(WriteItem) + sizeof(uint32_t);
     }
   }
-  auto charged_for = [&](uint64_t plan_bytes) -> uint64_t {
-    if (!request.charge_held) return 0;
-    const uint64_t held = request.held_bytes + plan_bytes;
-    return held > request.free_bytes ? held - request.free_bytes : 0;
-  };
-  const uint64_t held = charged_for(plan_estimate);
-  const uint64_t data_budget = request.memory_budget > held ? request.memory_budget - held : 0;
+  return plan_estimate;
+}
+
+// The memory budget's rules for one request: what the job's bookkeeping takes off the
+// budget, the least budget a plan needs, and the error for a budget below it. They depend on
+// `block_bytes`, the whole blocks' reservation per worker, read at each call: it grows as
+// optional blocks are taken, and must outlive the rules.
+class BudgetRules {
+ public:
+  BudgetRules(const PlanRequest& request, const uint64_t& block_bytes)
+      : request_(request), block_bytes_(block_bytes) {}
+
   // Several processes: half of the data budget for the workers, a quarter each for what a
   // process sends and receives in an exchange round.
-  const uint64_t share = request.processes > 1 ? 2 : 1;
-  const uint64_t budget = data_budget / share;
-  auto data_minimum_for = [&](int threads) {
-    return static_cast<uint64_t>(threads) * (3 * kMinSlabBytes + block_bytes) * share;
-  };
-  auto minimum_with = [&](uint64_t charged) {
-    const uint64_t floor = request.charge_held ? request.peak_floor : 0;
-    return std::max(floor, charged + data_minimum_for(1));
-  };
-  auto below_minimum = [&](uint64_t charged, uint64_t plan_bytes) {
-    const uint64_t minimum = minimum_with(charged);
+  uint64_t share() const { return request_.processes > 1 ? 2 : 1; }
+
+  // The bytes of the job's bookkeeping (the index held, and `plan_bytes` of plan) charged
+  // to the budget: what is beyond the free allowance, when the request charges them.
+  uint64_t ChargedFor(uint64_t plan_bytes) const {
+    if (!request_.charge_held) return 0;
+    const uint64_t held = request_.held_bytes + plan_bytes;
+    return held > request_.free_bytes ? held - request_.free_bytes : 0;
+  }
+
+  // The data budget `threads` workers need at the least.
+  uint64_t DataMinimumFor(int threads) const {
+    return static_cast<uint64_t>(threads) * (3 * kMinSlabBytes + block_bytes_) * share();
+  }
+
+  // The least budget of a plan whose bookkeeping charges `charged`.
+  uint64_t MinimumWith(uint64_t charged) const {
+    const uint64_t floor = request_.charge_held ? request_.peak_floor : 0;
+    return std::max(floor, charged + DataMinimumFor(1));
+  }
+
+  // kResourceExhausted: the budget is below MinimumWith(charged), and why.
+  Status BelowMinimum(uint64_t charged, uint64_t plan_bytes) const {
+    const uint64_t minimum = MinimumWith(charged);
     std::string why = "3 staging buffers of " + HumanBytes(kMinSlabBytes);
-    if (block_bytes > 0) why += " and a reshaped source block of " + HumanBytes(block_bytes);
-    if (share > 1) why += ", twice over: half of the budget is for the exchange between processes";
+    if (block_bytes_ > 0) why += " and a reshaped source block of " + HumanBytes(block_bytes_);
+    if (share() > 1) {
+      why += ", twice over: half of the budget is for the exchange between processes";
+    }
     if (charged > 0) {
       why += "; and the job's bookkeeping: " + HumanBytes(charged) +
              " (the checkpoint index and the plan, " + HumanBytes(plan_bytes) +
-             " of it the plan, beyond the first " + HumanBytes(request.free_bytes) + ")";
+             " of it the plan, beyond the first " + HumanBytes(request_.free_bytes) + ")";
     }
-    if (request.charge_held && request.peak_floor > charged + data_minimum_for(1)) {
+    if (request_.charge_held && request_.peak_floor > charged + DataMinimumFor(1)) {
       why += "; reading the checkpoint's metadata already took " +
-             HumanBytes(request.peak_floor) + " more than that allowance";
+             HumanBytes(request_.peak_floor) + " more than that allowance";
     }
-    return ResourceExhaustedError("--memory-budget " + std::to_string(request.memory_budget) +
+    return ResourceExhaustedError("--memory-budget " + std::to_string(request_.memory_budget) +
                                   " is below the " + std::to_string(minimum) + " bytes (" +
                                   HumanBytes(minimum) + ") this plan needs (" + why + ")");
-  };
-  int threads = request.threads;
-  while (threads > 1 && data_budget < data_minimum_for(threads)) --threads;
-  if (request.memory_budget < minimum_with(held)) return below_minimum(held, plan_estimate);
-  plan.threads = threads;
-  // Transposed and strided pieces are read whole when the block fits in half of a worker's
-  // share (or in the reservation reshapes already need); otherwise per region.
-  const uint64_t optional_limit =
-      std::max(block_bytes, budget / static_cast<uint64_t>(threads) / 2);
-  for (const auto& [t, k] : optional_blocks) {
-    const uint64_t b = ReshapeBlockBytes(plan.tensors[t].pieces[k], widest[t]);
-    if (b > optional_limit) continue;
-    block_bytes = std::max(block_bytes, b);
-    plan.whole_blocks.emplace_back(t, k);
   }
-  std::sort(plan.whole_blocks.begin(), plan.whole_blocks.end());
-  const uint64_t per_worker = budget / static_cast<uint64_t>(threads) - block_bytes;
-  const uint64_t slab_limit = std::min<uint64_t>(kMaxSlabBytes, per_worker / 3);
 
-  // Target files (shared out between processes below, once their source reads are known).
+ private:
+  const PlanRequest& request_;
+  const uint64_t& block_bytes_;
+};
+
+// Target files, moved from the request into the plan with their bytes counted (they are
+// shared out between processes once their source reads are known). Returns their bytes.
+std::vector<uint64_t> AddTargetFiles(Plan& plan, std::vector<PlanRequest::File>& files) {
   std::vector<uint64_t> file_bytes;
-  for (PlanRequest::File& f : request.files) {
+  for (PlanRequest::File& f : files) {
     PlanFile pf;
     pf.name = std::move(f.name);
     pf.slots = std::move(f.slots);
@@ -281,8 +266,13 @@ Result<Plan> BuildPlan(PlanRequest request) {
     file_bytes.push_back(pf.bytes);
     plan.files.push_back(std::move(pf));
   }
+  return file_bytes;
+}
 
-  // Write items: every slot cut into slabs contiguous in its stored order.
+// Write items: every slot cut into slabs contiguous in its stored order, of at most
+// `slab_limit` bytes of the widest element type involved (`widest`, per tensor). Returns the
+// largest item's bytes in that type.
+uint64_t CutWriteItems(Plan& plan, const std::vector<size_t>& widest, uint64_t slab_limit) {
   uint64_t largest_item = 0;
   for (size_t f = 0; f < plan.files.size(); ++f) {
     const PlanFile& file = plan.files[f];
@@ -333,30 +323,25 @@ Result<Plan> BuildPlan(PlanRequest request) {
       }
     }
   }
-  // Grouped by tensor, so that a reshaped source block serves all its target regions while
-  // it is held; within a tensor, in file and stored order (checksums stream in order).
-  // A stable counting sort: items are moved once, not compared.
-  {
-    std::vector<size_t> start(plan.tensors.size() + 1, 0);
-    for (const WriteItem& w : plan.writes) ++start[w.tensor + 1];
-    for (size_t t = 0; t < plan.tensors.size(); ++t) start[t + 1] += start[t];
-    std::vector<WriteItem> sorted(plan.writes.size());
-    for (WriteItem& w : plan.writes) sorted[start[w.tensor]++] = std::move(w);
-    plan.writes = std::move(sorted);
-  }
-  plan.memory.budget = request.memory_budget;
-  plan.memory.minimum = minimum_with(held);
-  plan.memory.held = held;
-  plan.memory.plan_bytes = plan_estimate;
-  plan.memory.slab_bytes = largest_item;
-  plan.memory.block_bytes = block_bytes;
-  const size_t busy = std::min<size_t>(static_cast<size_t>(threads),
-                                       std::max<size_t>(plan.writes.size(), 1));
-  plan.memory.peak = static_cast<uint64_t>(busy) * (3 * largest_item + block_bytes);
+  return largest_item;
+}
 
-  // Source bytes per target file: every item's pieces, through the interval index; a
-  // reshaping piece's whole block counted once per file. A process reads what its files need.
-  SourceIndexes indexes;
+// Grouped by tensor, so that a reshaped source block serves all its target regions while
+// it is held; within a tensor, in file and stored order (checksums stream in order).
+// A stable counting sort: items are moved once, not compared.
+void GroupWritesByTensor(Plan& plan) {
+  std::vector<size_t> start(plan.tensors.size() + 1, 0);
+  for (const WriteItem& w : plan.writes) ++start[w.tensor + 1];
+  for (size_t t = 0; t < plan.tensors.size(); ++t) start[t + 1] += start[t];
+  std::vector<WriteItem> sorted(plan.writes.size());
+  for (WriteItem& w : plan.writes) sorted[start[w.tensor]++] = std::move(w);
+  plan.writes = std::move(sorted);
+}
+
+// Source bytes per target file: every item's pieces, through the interval index; a
+// reshaping piece's whole block counted once per file. A process reads what its files need.
+std::vector<std::map<uint32_t, uint64_t>> SourceReadsPerFile(const Plan& plan,
+                                                             SourceIndexes& indexes) {
   std::vector<std::map<uint32_t, uint64_t>> file_reads(plan.files.size());
   std::set<std::tuple<uint32_t, uint32_t, size_t>> whole_blocks;  // (file, tensor, piece)
   for (const WriteItem& item : plan.writes) {
@@ -370,10 +355,13 @@ Result<Plan> BuildPlan(PlanRequest request) {
       });
     });
   }
-  // Files to processes: balanced by bytes; with visibility, each to a process that sees
-  // most of what it reads (AssignFiles).
-  const std::vector<std::vector<size_t>> assignment =
-      AssignFiles(file_bytes, file_reads, request.source_visibility, plan.processes);
+  return file_reads;
+}
+
+// Files to processes as `assignment` lists them, each process's write items (in the plan's
+// order) and its source reads: what its files need (`file_reads`, per target file).
+void AssignProcesses(Plan& plan, const std::vector<std::vector<size_t>>& assignment,
+                     const std::vector<std::map<uint32_t, uint64_t>>& file_reads) {
   plan.per_process.resize(static_cast<size_t>(plan.processes));
   for (size_t p = 0; p < assignment.size(); ++p) {
     for (size_t f : assignment[p]) {
@@ -400,6 +388,100 @@ Result<Plan> BuildPlan(PlanRequest request) {
     }
     plan.bytes_needed += pp.bytes_read;
   }
+}
+
+}  // namespace
+
+std::string_view PlanKindName(PlanKind kind) {
+  return kind == PlanKind::kExport ? "export" : "convert";
+}
+
+bool operator==(const PlanTensor& a, const PlanTensor& b) {
+  if (a.name != b.name || a.dtype != b.dtype || a.shape != b.shape ||
+      a.pieces.size() != b.pieces.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.pieces.size(); ++i) {
+    const SourcePiece& x = a.pieces[i];
+    const SourcePiece& y = b.pieces[i];
+    if (x.source != y.source || x.src_box != y.src_box || x.dst_box != y.dst_box ||
+        x.ops != y.ops || x.fill_value != y.fill_value) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<Box> SlotStoredBoxes(const PlanSlot& slot) {
+  return StoredBoxes(slot.box, slot.flat_range);
+}
+
+uint64_t SlotBytes(const PlanSlot& slot, DType dtype) {
+  const int64_t n = slot.flat_range ? slot.flat_range->size() : slot.box.num_elements();
+  return static_cast<uint64_t>(n) * DTypeSize(dtype);
+}
+
+Result<Plan> BuildPlan(PlanRequest request) {
+  FC_RETURN_IF_ERROR(ValidateRequest(request));
+  Plan plan;
+  plan.kind = request.kind;
+  plan.processes = request.processes;
+  plan.tensors = std::move(request.tensors);
+
+  // Memory: per worker a write buffer and two staging copies of a source block (read, then
+  // permuted or converted), plus the whole source blocks of reshaping pieces, which are kept
+  // while their target regions are written so that each is read once.
+  WholeBlocks blocks = ChooseWholeBlocks(plan);
+  const std::vector<size_t>& widest = blocks.widest;
+  uint64_t& block_bytes = blocks.block_bytes;
+  // The job's bookkeeping comes off the budget first: what the process holds besides the
+  // plan (the index), and the plan itself, estimated here from what the request holds (the
+  // write items are at least one per stored box) and counted exactly once cut (below).
+  const uint64_t plan_estimate = EstimatePlanBytes(request);
+  const BudgetRules rules(request, block_bytes);
+  const uint64_t held = rules.ChargedFor(plan_estimate);
+  const uint64_t data_budget = request.memory_budget > held ? request.memory_budget - held : 0;
+  const uint64_t budget = data_budget / rules.share();
+  int threads = request.threads;
+  while (threads > 1 && data_budget < rules.DataMinimumFor(threads)) --threads;
+  if (request.memory_budget < rules.MinimumWith(held)) {
+    return rules.BelowMinimum(held, plan_estimate);
+  }
+  plan.threads = threads;
+  // Transposed and strided pieces are read whole when the block fits in half of a worker's
+  // share (or in the reservation reshapes already need); otherwise per region.
+  const uint64_t optional_limit =
+      std::max(block_bytes, budget / static_cast<uint64_t>(threads) / 2);
+  for (const auto& [t, k] : blocks.optional_blocks) {
+    const uint64_t b = ReshapeBlockBytes(plan.tensors[t].pieces[k], widest[t]);
+    if (b > optional_limit) continue;
+    block_bytes = std::max(block_bytes, b);
+    plan.whole_blocks.emplace_back(t, k);
+  }
+  std::sort(plan.whole_blocks.begin(), plan.whole_blocks.end());
+  const uint64_t per_worker = budget / static_cast<uint64_t>(threads) - block_bytes;
+  const uint64_t slab_limit = std::min<uint64_t>(kMaxSlabBytes, per_worker / 3);
+
+  const std::vector<uint64_t> file_bytes = AddTargetFiles(plan, request.files);
+  const uint64_t largest_item = CutWriteItems(plan, widest, slab_limit);
+  GroupWritesByTensor(plan);
+  plan.memory.budget = request.memory_budget;
+  plan.memory.minimum = rules.MinimumWith(held);
+  plan.memory.held = held;
+  plan.memory.plan_bytes = plan_estimate;
+  plan.memory.slab_bytes = largest_item;
+  plan.memory.block_bytes = block_bytes;
+  const size_t busy = std::min<size_t>(static_cast<size_t>(threads),
+                                       std::max<size_t>(plan.writes.size(), 1));
+  plan.memory.peak = static_cast<uint64_t>(busy) * (3 * largest_item + block_bytes);
+
+  SourceIndexes indexes;
+  const std::vector<std::map<uint32_t, uint64_t>> file_reads = SourceReadsPerFile(plan, indexes);
+  // Files to processes: balanced by bytes; with visibility, each to a process that sees
+  // most of what it reads (AssignFiles).
+  const std::vector<std::vector<size_t>> assignment =
+      AssignFiles(file_bytes, file_reads, request.source_visibility, plan.processes);
+  AssignProcesses(plan, assignment, file_reads);
   if (plan.processes > 1) {
     FC_RETURN_IF_ERROR(PlanExchange(plan, request.source_visibility, data_budget / 4,
                                     request.verify_checksums, indexes));
@@ -410,11 +492,11 @@ Result<Plan> BuildPlan(PlanRequest request) {
   // more; the minimum says so, and a budget below it is refused.
   plan.memory.plan_bytes = PlanHeldBytes(plan);
   if (plan.memory.plan_bytes > plan_estimate) {
-    const uint64_t charged = charged_for(plan.memory.plan_bytes);
+    const uint64_t charged = rules.ChargedFor(plan.memory.plan_bytes);
     plan.memory.held = charged;
-    plan.memory.minimum = minimum_with(charged);
+    plan.memory.minimum = rules.MinimumWith(charged);
     if (request.memory_budget < plan.memory.minimum) {
-      return below_minimum(charged, plan.memory.plan_bytes);
+      return rules.BelowMinimum(charged, plan.memory.plan_bytes);
     }
   }
   return plan;

@@ -623,97 +623,97 @@ Status TorchDcpWriter::FinishFile(size_t f) {
   return fs.file->Close();
 }
 
-Result<std::string> TorchDcpWriter::MetadataPickle() const {
-  const bool v2 = options_.generation != TorchGeneration::k1_13;
-  const bool v2_4 = options_.generation == TorchGeneration::k2;
-  const Modules m = ModulesFor(options_.generation);
+// ---------------------------------------------------------------------------------------
+// .metadata, in steps: what it lists, then its three (with k2: four) entries.
 
-  // Chunk lists per tensor (file order, then order within the file), objects in file order.
-  struct ChunkRef {
-    size_t file, chunk;
-  };
-  struct ObjectRef {
-    size_t file, object;
-  };
-  std::unordered_map<std::string, size_t> tensor_index;
-  for (size_t i = 0; i < plan_.tensors.size(); ++i) tensor_index[plan_.tensors[i].key] = i;
-  std::vector<std::vector<ChunkRef>> chunks(plan_.tensors.size());
+namespace {
+
+struct ChunkRef {
+  size_t file, chunk;
+};
+struct ObjectRef {
+  size_t file, object;
+};
+
+// What .metadata lists: item i < plan.tensors.size() is tensor i (its written chunks in
+// `chunks[i]`, in file order, then order within the file), the others are `objects` in file
+// order. Refers to `plan`, which must outlive it.
+struct MetadataItems {
+  const FcDistcpPlan& plan;
+  std::vector<std::vector<ChunkRef>> chunks;
   std::vector<ObjectRef> objects;
-  for (size_t f = 0; f < plan_.files.size(); ++f) {
-    for (size_t c = 0; c < plan_.files[f].chunks.size(); ++c) {
-      if (!layouts_[f].chunks[c].written) continue;
-      chunks[tensor_index.at(plan_.files[f].chunks[c].key)].push_back({f, c});
-    }
-    for (size_t o = 0; o < plan_.files[f].objects.size(); ++o) objects.push_back({f, o});
-  }
-  auto fqn = [&](size_t i) -> const std::string& {
-    return i < plan_.tensors.size()
-               ? plan_.tensors[i].key
-               : plan_.files[objects[i - plan_.tensors.size()].file]
-                     .objects[objects[i - plan_.tensors.size()].object]
+
+  size_t size() const { return plan.tensors.size() + objects.size(); }
+  const std::string& fqn(size_t i) const {
+    return i < plan.tensors.size()
+               ? plan.tensors[i].key
+               : plan.files[objects[i - plan.tensors.size()].file]
+                     .objects[objects[i - plan.tensors.size()].object]
                      .key;
-  };
-  const size_t items = plan_.tensors.size() + objects.size();
+  }
+};
 
-  PickleWriter w(4);
-  w.Global(m.metadata, "Metadata").EmptyTuple().NewObj().Memoize();
-  w.EmptyDict().Memoize().Mark();
-
-  // state_dict_metadata
-  w.Str("state_dict_metadata").EmptyDict();
-  EmitDictItems(w, items, [&](size_t i) {
-    w.Str(fqn(i));
-    if (i >= plan_.tensors.size()) {
-      w.Global(m.metadata, "BytesStorageMetadata").EmptyTuple().NewObj();
-      return;
+MetadataItems ListMetadataItems(const FcDistcpPlan& plan,
+                                const std::vector<TorchDcpFileLayout>& layouts) {
+  MetadataItems items{plan, std::vector<std::vector<ChunkRef>>(plan.tensors.size()), {}};
+  std::unordered_map<std::string, size_t> tensor_index;
+  for (size_t i = 0; i < plan.tensors.size(); ++i) tensor_index[plan.tensors[i].key] = i;
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    for (size_t c = 0; c < plan.files[f].chunks.size(); ++c) {
+      if (!layouts[f].chunks[c].written) continue;
+      items.chunks[tensor_index.at(plan.files[f].chunks[c].key)].push_back({f, c});
     }
-    const FcDistcpTensorSpec& t = plan_.tensors[i];
-    w.Global(m.metadata, "TensorStorageMetadata").EmptyTuple().NewObj();
+    for (size_t o = 0; o < plan.files[f].objects.size(); ++o) items.objects.push_back({f, o});
+  }
+  return items;
+}
+
+// The value of tensor i in state_dict_metadata: TensorStorageMetadata(properties, size,
+// chunks). `v2`: any generation after 1.13.
+void EmitTensorStorageMetadata(PickleWriter& w, const Modules& m, bool v2,
+                               const MetadataItems& items, size_t i) {
+  const FcDistcpTensorSpec& t = items.plan.tensors[i];
+  w.Global(m.metadata, "TensorStorageMetadata").EmptyTuple().NewObj();
+  w.EmptyDict().Mark();
+  w.Str("properties");
+  w.Global(m.properties, "TensorProperties").EmptyTuple().NewObj();
+  // __getstate__: (dtype, layout, requires_grad, memory_format enum, pin_memory).
+  w.Mark();
+  w.Global("torch", DTypeName(t.dtype));
+  w.Global("torch.serialization", "_get_layout").Str("torch.strided").TupleOf(1).Reduce();
+  w.Bool(false);
+  if (v2) {
+    // By value, as CPython 3.8-3.10 and >= 3.11.7 pickle enum members.
+    w.Global(m.properties, m.mem_format).Int(0).TupleOf(1).Reduce();
+  } else {
+    // By name, as Debian 12's CPython 3.11.2 pickled the real 1.13 files.
+    w.Global("builtins", "getattr").Global(m.properties, m.mem_format);
+    w.Str("TORCH_CONTIGUOUS_FORMAT").TupleOf(2).Reduce();
+  }
+  w.Bool(false);
+  w.TupleOf(5).Build();
+  w.Str("size");
+  EmitTorchSize(w, t.global_shape);
+  w.Str("chunks").EmptyList();
+  const std::vector<ChunkRef>& chunks = items.chunks[i];
+  EmitListItems(w, chunks.size(), [&](size_t k) {
+    const Box& box = items.plan.files[chunks[k].file].chunks[chunks[k].chunk].box;
+    w.Global(m.metadata, "ChunkStorageMetadata").EmptyTuple().NewObj();
     w.EmptyDict().Mark();
-    w.Str("properties");
-    w.Global(m.properties, "TensorProperties").EmptyTuple().NewObj();
-    // __getstate__: (dtype, layout, requires_grad, memory_format enum, pin_memory).
-    w.Mark();
-    w.Global("torch", DTypeName(t.dtype));
-    w.Global("torch.serialization", "_get_layout").Str("torch.strided").TupleOf(1).Reduce();
-    w.Bool(false);
-    if (v2) {
-      // By value, as CPython 3.8-3.10 and >= 3.11.7 pickle enum members.
-      w.Global(m.properties, m.mem_format).Int(0).TupleOf(1).Reduce();
-    } else {
-      // By name, as Debian 12's CPython 3.11.2 pickled the real 1.13 files.
-      w.Global("builtins", "getattr").Global(m.properties, m.mem_format);
-      w.Str("TORCH_CONTIGUOUS_FORMAT").TupleOf(2).Reduce();
-    }
-    w.Bool(false);
-    w.TupleOf(5).Build();
-    w.Str("size");
-    EmitTorchSize(w, t.global_shape);
-    w.Str("chunks").EmptyList();
-    EmitListItems(w, chunks[i].size(), [&](size_t k) {
-      const Box& box = plan_.files[chunks[i][k].file].chunks[chunks[i][k].chunk].box;
-      w.Global(m.metadata, "ChunkStorageMetadata").EmptyTuple().NewObj();
-      w.EmptyDict().Mark();
-      w.Str("offsets");
-      EmitTorchSize(w, box.global_offset);
-      w.Str("sizes");
-      EmitTorchSize(w, box.local_shape);
-      w.SetItems().Build();
-    });
+    w.Str("offsets");
+    EmitTorchSize(w, box.global_offset);
+    w.Str("sizes");
+    EmitTorchSize(w, box.local_shape);
     w.SetItems().Build();
   });
+  w.SetItems().Build();
+}
 
-  // planner_data
-  w.Str("planner_data");
-  if (v2) {
-    // DefaultSavePlanner's flatten mapping for a flat state dict: fqn -> (fqn,).
-    w.EmptyDict();
-    EmitDictItems(w, items, [&](size_t i) { w.Str(fqn(i)).Str(fqn(i)).TupleOf(1); });
-  } else {
-    w.None();
-  }
-
-  // storage_data: MetadataIndex -> _StorageInfo.
+// storage_data: MetadataIndex -> _StorageInfo, the tensors' chunks first, then the objects.
+void EmitStorageData(PickleWriter& w, const Modules& m, const MetadataItems& items,
+                     const std::vector<TorchDcpFileLayout>& layouts) {
+  const FcDistcpPlan& plan = items.plan;
+  const std::vector<ObjectRef>& objects = items.objects;
   struct StorageEntry {
     size_t item;     // fqn index
     int64_t index;   // chunk position, or -1 for objects
@@ -722,17 +722,17 @@ Result<std::string> TorchDcpWriter::MetadataPickle() const {
     uint64_t offset, length;
   };
   std::vector<StorageEntry> storage;
-  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
-    for (size_t k = 0; k < chunks[i].size(); ++k) {
-      const auto [f, c] = chunks[i][k];
-      const TorchDcpItemPlacement& p = layouts_[f].chunks[c];
-      storage.push_back({i, static_cast<int64_t>(k), f, &plan_.files[f].chunks[c].box,
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    for (size_t k = 0; k < items.chunks[i].size(); ++k) {
+      const auto [f, c] = items.chunks[i][k];
+      const TorchDcpItemPlacement& p = layouts[f].chunks[c];
+      storage.push_back({i, static_cast<int64_t>(k), f, &plan.files[f].chunks[c].box,
                          p.item_offset, p.item_length});
     }
   }
   for (size_t o = 0; o < objects.size(); ++o) {
-    const TorchDcpItemPlacement& p = layouts_[objects[o].file].objects[objects[o].object];
-    storage.push_back({plan_.tensors.size() + o, -1, objects[o].file, nullptr, p.item_offset,
+    const TorchDcpItemPlacement& p = layouts[objects[o].file].objects[objects[o].object];
+    storage.push_back({plan.tensors.size() + o, -1, objects[o].file, nullptr, p.item_offset,
                        p.item_length});
   }
   w.Str("storage_data").EmptyDict();
@@ -741,7 +741,7 @@ Result<std::string> TorchDcpWriter::MetadataPickle() const {
     // MetadataIndex: __init__ sets fqn, index, then offset (only when not None).
     w.Global(m.metadata, "MetadataIndex").EmptyTuple().NewObj();
     w.EmptyDict().Mark();
-    w.Str("fqn").Str(fqn(e.item));
+    w.Str("fqn").Str(items.fqn(e.item));
     w.Str("index");
     if (e.box != nullptr) {
       w.Int(e.index);
@@ -753,36 +753,75 @@ Result<std::string> TorchDcpWriter::MetadataPickle() const {
     w.SetItems().Build();
     w.Global(m.filesystem, "_StorageInfo").EmptyTuple().NewObj();
     w.EmptyDict().Mark();
-    w.Str("relative_path").Str(plan_.files[e.file].name);
+    w.Str("relative_path").Str(plan.files[e.file].name);
     w.Str("offset").Int(static_cast<int64_t>(e.offset));
     w.Str("length").Int(static_cast<int64_t>(e.length));
     w.SetItems().Build();
   });
+}
 
-  if (v2_4) {
-    // FileSystemWriter.storage_meta(): StorageMeta(checkpoint_id=self.path, save_id=...);
-    // the dataclass's __dict__ order, no __getstate__. self.path is a pathlib.Path, pickled
-    // as pathlib.PosixPath(*parts) (CPython <= 3.12's reduce; 3.13 still loads it).
-    w.Str("storage_meta");
-    w.Global(m.metadata, "StorageMeta").EmptyTuple().NewObj();
-    w.EmptyDict().Mark();
-    w.Str("checkpoint_id");
-    const std::vector<std::string> parts = PosixPathParts(out_dir_);
-    w.Global("pathlib", "PosixPath");
-    if (parts.empty()) {
-      w.EmptyTuple();
-    } else {
-      if (parts.size() > 3) w.Mark();
-      for (const std::string& part : parts) w.Str(part);
-      w.TupleOf(parts.size());
-    }
-    w.Reduce();
-    w.Str("save_id").Str(RandomUuid4());
-    w.Str("load_id").None();
-    w.Str("modules").EmptyList();
-    w.SetItems().Build();
-    w.Str("version").Str("1.0.0");  // CURRENT_DCP_VERSION (~2.6+; older 2.4+ loads ignore it)
+// storage_meta and version (generation k2 only).
+void EmitStorageMeta(PickleWriter& w, const Modules& m, const std::string& out_dir) {
+  // FileSystemWriter.storage_meta(): StorageMeta(checkpoint_id=self.path, save_id=...);
+  // the dataclass's __dict__ order, no __getstate__. self.path is a pathlib.Path, pickled
+  // as pathlib.PosixPath(*parts) (CPython <= 3.12's reduce; 3.13 still loads it).
+  w.Str("storage_meta");
+  w.Global(m.metadata, "StorageMeta").EmptyTuple().NewObj();
+  w.EmptyDict().Mark();
+  w.Str("checkpoint_id");
+  const std::vector<std::string> parts = PosixPathParts(out_dir);
+  w.Global("pathlib", "PosixPath");
+  if (parts.empty()) {
+    w.EmptyTuple();
+  } else {
+    if (parts.size() > 3) w.Mark();
+    for (const std::string& part : parts) w.Str(part);
+    w.TupleOf(parts.size());
   }
+  w.Reduce();
+  w.Str("save_id").Str(RandomUuid4());
+  w.Str("load_id").None();
+  w.Str("modules").EmptyList();
+  w.SetItems().Build();
+  w.Str("version").Str("1.0.0");  // CURRENT_DCP_VERSION (~2.6+; older 2.4+ loads ignore it)
+}
+
+}  // namespace
+
+Result<std::string> TorchDcpWriter::MetadataPickle() const {
+  const bool v2 = options_.generation != TorchGeneration::k1_13;
+  const bool v2_4 = options_.generation == TorchGeneration::k2;
+  const Modules m = ModulesFor(options_.generation);
+  const MetadataItems items = ListMetadataItems(plan_, layouts_);
+
+  PickleWriter w(4);
+  w.Global(m.metadata, "Metadata").EmptyTuple().NewObj().Memoize();
+  w.EmptyDict().Memoize().Mark();
+
+  // state_dict_metadata
+  w.Str("state_dict_metadata").EmptyDict();
+  EmitDictItems(w, items.size(), [&](size_t i) {
+    w.Str(items.fqn(i));
+    if (i >= plan_.tensors.size()) {
+      w.Global(m.metadata, "BytesStorageMetadata").EmptyTuple().NewObj();
+      return;
+    }
+    EmitTensorStorageMetadata(w, m, v2, items, i);
+  });
+
+  // planner_data
+  w.Str("planner_data");
+  if (v2) {
+    // DefaultSavePlanner's flatten mapping for a flat state dict: fqn -> (fqn,).
+    w.EmptyDict();
+    EmitDictItems(w, items.size(),
+                  [&](size_t i) { w.Str(items.fqn(i)).Str(items.fqn(i)).TupleOf(1); });
+  } else {
+    w.None();
+  }
+
+  EmitStorageData(w, m, items, layouts_);
+  if (v2_4) EmitStorageMeta(w, m, out_dir_);
   w.SetItems().Build();
   return w.Finish();
 }
