@@ -407,6 +407,25 @@ class CompactPickleMachine {
     return Status::Ok();
   }
   Status Step(uint8_t op);
+  // Step's handlers, one an opcode or a family of them (see Step).
+  Status Proto();
+  Status Frame();
+  Status PopValueOrMark();
+  Status PopToMark();
+  Status Dup();
+  Status BinInt(size_t width);
+  Status Long1();
+  Status BinFloat();
+  Status LengthPrefixed(size_t width, bool bytes, bool signed_length);
+  Status TupleOfTop(size_t n);
+  Status TupleOfMarked();
+  Status ListOrDictOfMarked(bool dict);
+  Status TextGlobal();
+  Status StackGlobal();
+  Status CallOrObject(bool reduce);
+  Status Build();
+  Status MemoizeKey(size_t width);
+  Status MemoGetKey(size_t width);
   Status CheckGraph(uint64_t ref, size_t depth);
   uint64_t BytesUsed() const {
     return out_.memory_bytes() + memo_.memory_bytes() + stack_.capacity() * 8 +
@@ -433,39 +452,24 @@ class CompactPickleMachine {
   bool reused_mutable_ = false;
 };
 
+// Step reads the opcode's operand at pos_ and applies it. Opcodes of more than a line have
+// a handler each (below), called directly: no table, no allocation per opcode. The handlers
+// of the opcodes a big torch .metadata is made of (ints, strs, TUPLE1-3, REDUCE, NEWOBJ,
+// BUILD, the memo) are inline; the rest are not, which leaves the compiler room to inline
+// the stack's push_back into the hot ones.
 Status CompactPickleMachine::Step(uint8_t op) {
-  uint64_t x = 0;
   switch (op) {
-    case kProto:
-      if (!Read(1, &x)) return NotHere("truncated");
-      if (x > 5) return NotHere("protocol");
-      return Status::Ok();
-    case kFrame:
-      if (!Read(8, &x)) return NotHere("truncated");
-      if (x > remaining()) return NotHere("frame passes the end");
-      return Status::Ok();
+    case kProto: return Proto();
+    case kFrame: return Frame();
     case kStop:
       stopped_ = true;
       return Status::Ok();
     case kMark:
       marks_.push_back(stack_.size());
       return Status::Ok();
-    case kPop:
-      if (stack_.size() > floor()) {
-        stack_.pop_back();
-        return Status::Ok();
-      }
-      [[fallthrough]];
-    case kPopMark:
-      if (marks_.empty()) return NotHere("no MARK");
-      stack_.resize(marks_.back());
-      marks_.pop_back();
-      return Status::Ok();
-    case kDup:
-      if (stack_.size() <= floor()) return NotHere("stack underflow");
-      stack_.push_back(stack_.back());
-      NoteReuse(stack_.back());
-      return Status::Ok();
+    case kPop: return PopValueOrMark();
+    case kPopMark: return PopToMark();
+    case kDup: return Dup();
     case kNone:
       stack_.push_back(kNoneBits);
       return Status::Ok();
@@ -473,91 +477,29 @@ Status CompactPickleMachine::Step(uint8_t op) {
     case kNewFalse:
       stack_.push_back(uint64_t{op == kNewTrue} << 3 | kTagBool);
       return Status::Ok();
-    case kBinInt1:
-      if (!Read(1, &x)) return NotHere("truncated");
-      stack_.push_back(PushInt(static_cast<int64_t>(x)));
-      return Status::Ok();
-    case kBinInt2:
-      if (!Read(2, &x)) return NotHere("truncated");
-      stack_.push_back(PushInt(static_cast<int64_t>(x)));
-      return Status::Ok();
-    case kBinInt:
-      if (!Read(4, &x)) return NotHere("truncated");
-      stack_.push_back(PushInt(static_cast<int32_t>(static_cast<uint32_t>(x))));
-      return Status::Ok();
-    case kLong1: {
-      if (!Read(1, &x)) return NotHere("truncated");
-      const size_t n = static_cast<size_t>(x);
-      if (n > 8) return NotHere("long int");
-      uint64_t v = 0;
-      if (!Read(n, &v)) return NotHere("truncated");
-      if (n == 0) {
-        stack_.push_back(PushInt(0));
-        return Status::Ok();
-      }
-      if (n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t{0} << (8 * n);  // sign-extend
-      stack_.push_back(PushInt(static_cast<int64_t>(v)));
-      return Status::Ok();
-    }
-    case kBinFloat: {
-      if (remaining() < 8) return NotHere("truncated");
-      uint64_t bits = 0;
-      for (size_t i = 0; i < 8; ++i) bits = (bits << 8) | static_cast<uint8_t>(data_[pos_ + i]);
-      pos_ += 8;
-      const uint64_t r = NewNode(Kind::kFloat);
-      NodeOf(r).a = bits;
-      stack_.push_back(r);
-      return Status::Ok();
-    }
+    case kBinInt1: return BinInt(1);
+    case kBinInt2: return BinInt(2);
+    case kBinInt: return BinInt(4);
+    case kLong1: return Long1();
+    case kBinFloat: return BinFloat();
     case kShortBinUnicode:
     case kShortBinBytes:
-    case kShortBinString:
-      if (!Read(1, &x)) return NotHere("truncated");
-      return String(x, op == kShortBinBytes);
+    case kShortBinString: return LengthPrefixed(1, op == kShortBinBytes, false);
     case kBinUnicode:
     case kBinBytes:
-    case kBinString:
-      if (!Read(4, &x)) return NotHere("truncated");
-      if (op == kBinString && static_cast<int32_t>(static_cast<uint32_t>(x)) < 0) {
-        return NotHere("negative length");
-      }
-      return String(x, op == kBinBytes);
+    case kBinString: return LengthPrefixed(4, op == kBinBytes, op == kBinString);
     case kBinUnicode8:
     case kBinBytes8:
-    case kByteArray8:
-      if (!Read(8, &x)) return NotHere("truncated");
-      return String(x, op != kBinUnicode8);
+    case kByteArray8: return LengthPrefixed(8, op != kBinUnicode8, false);
     case kEmptyTuple:
       stack_.push_back(EmptyTuple());
       return Status::Ok();
     case kTuple1:
     case kTuple2:
-    case kTuple3: {
-      const size_t n = static_cast<size_t>(op - kTuple1) + 1;
-      if (stack_.size() < floor() + n) return NotHere("stack underflow");
-      const uint64_t t = MakeTuple(stack_.size() - n);
-      stack_.push_back(t);
-      return Status::Ok();
-    }
-    case kTuple: {
-      if (marks_.empty()) return NotHere("no MARK");
-      const size_t m = marks_.back();
-      marks_.pop_back();
-      const uint64_t t = MakeTuple(m);
-      stack_.push_back(t);
-      return Status::Ok();
-    }
+    case kTuple3: return TupleOfTop(static_cast<size_t>(op - kTuple1) + 1);
+    case kTuple: return TupleOfMarked();
     case kList:
-    case kDict: {
-      if (marks_.empty()) return NotHere("no MARK");
-      const size_t m = marks_.back();
-      marks_.pop_back();
-      if (op == kDict && (stack_.size() - m) % 2 != 0) return NotHere("odd key/value count");
-      const uint64_t c = NewNode(op == kList ? Kind::kList : Kind::kDict);
-      AppendLinks(c, m);  // moves stack_[m, end) into the container
-      stack_.push_back(c);
-      return Status::Ok();
-    }
+    case kDict: return ListOrDictOfMarked(op == kDict);
     case kEmptyList:
       stack_.push_back(NewNode(Kind::kList));
       return Status::Ok();
@@ -570,87 +512,218 @@ Status CompactPickleMachine::Step(uint8_t op) {
       if (stack_.size() < floor() + n + 1) return NotHere("stack underflow");
       return FillFrom(stack_.size() - n, op == kSetItem);
     }
-    case kAppends:
-      return Fill(false);
-    case kSetItems:
-      return Fill(true);
-    case kGlobal: {
-      size_t lines[2];
-      size_t start = pos_;
-      for (size_t& end : lines) {
-        size_t i = pos_;
-        while (i < data_.size() && data_[i] != std::byte{'\n'}) ++i;
-        if (i >= data_.size()) return NotHere("text operand without newline");
-        end = i;
-        pos_ = i + 1;
-      }
-      if (lines[0] - start > kMaxViewLength || lines[1] - lines[0] - 1 > kMaxViewLength) {
-        return NotHere("name too long");
-      }
-      const uint64_t g = NewNode(Kind::kGlobal);
-      NodeOf(g).a = uint64_t{start} << 32 | (lines[0] - start) << 3 | kTagStr;
-      NodeOf(g).b = uint64_t{lines[0] + 1} << 32 | (lines[1] - lines[0] - 1) << 3 | kTagStr;
-      stack_.push_back(g);
-      return Status::Ok();
-    }
-    case kStackGlobal: {
-      uint64_t name = 0, module = 0;
-      if (!Pop(&name) || !Pop(&module)) return NotHere("stack underflow");
-      if (Tag(name) != kTagStr || Tag(module) != kTagStr) return NotHere("global names");
-      const uint64_t g = NewNode(Kind::kGlobal);
-      NodeOf(g).a = module;
-      NodeOf(g).b = name;
-      stack_.push_back(g);
-      return Status::Ok();
-    }
+    case kAppends: return Fill(false);
+    case kSetItems: return Fill(true);
+    case kGlobal: return TextGlobal();
+    case kStackGlobal: return StackGlobal();
     case kReduce:
-    case kNewObj: {
-      uint64_t args = 0, callee = 0;
-      if (!Pop(&args) || !Pop(&callee)) return NotHere("stack underflow");
-      if (Tag(args) != kTagNode || KindOf(args) != Kind::kTuple) return NotHere("args");
-      if (op == kReduce) {
-        stack_.push_back(MakeCall(callee, args));
-        return Status::Ok();
-      }
-      const uint64_t c = NewNode(Kind::kObject);
-      NodeOf(c).a = callee;
-      NodeOf(c).b = args;
-      RaiseHeight(c, callee);
-      RaiseHeight(c, args);
-      stack_.push_back(c);
-      return Status::Ok();
-    }
-    case kBuild: {
-      uint64_t state = 0;
-      if (!Pop(&state)) return NotHere("stack underflow");
-      if (stack_.size() <= floor()) return NotHere("stack underflow");
-      const uint64_t target = stack_.back();
-      if (Tag(target) != kTagNode) return NotHere("BUILD of a scalar");
-      Node& t = NodeOf(target);
-      if (t.kind != Kind::kObject && t.kind != Kind::kCall) return NotHere("BUILD target");
-      if (t.flags & kFlagShared) return NotHere("BUILD of a value shared by content");
-      if (t.c != kAbsent) return NotHere("second BUILD");
-      t.c = state;
-      RaiseHeight(target, state);
-      return Status::Ok();
-    }
-    case kBinPut:
-      if (!Read(1, &x)) return NotHere("truncated");
-      return Memoize(x);
-    case kLongBinPut:
-      if (!Read(4, &x)) return NotHere("truncated");
-      return Memoize(x);
-    case kMemoize:
-      return Memoize(memo_count_);
-    case kBinGet:
-      if (!Read(1, &x)) return NotHere("truncated");
-      return MemoGet(x);
-    case kLongBinGet:
-      if (!Read(4, &x)) return NotHere("truncated");
-      return MemoGet(x);
-    default:
-      return NotHere("opcode outside the subset");
+    case kNewObj: return CallOrObject(op == kReduce);
+    case kBuild: return Build();
+    case kBinPut: return MemoizeKey(1);
+    case kLongBinPut: return MemoizeKey(4);
+    case kMemoize: return Memoize(memo_count_);
+    case kBinGet: return MemoGetKey(1);
+    case kLongBinGet: return MemoGetKey(4);
+    default: return NotHere("opcode outside the subset");
   }
+}
+
+Status CompactPickleMachine::Proto() {
+  uint64_t x = 0;
+  if (!Read(1, &x)) return NotHere("truncated");
+  if (x > 5) return NotHere("protocol");
+  return Status::Ok();
+}
+
+Status CompactPickleMachine::Frame() {
+  uint64_t x = 0;
+  if (!Read(8, &x)) return NotHere("truncated");
+  if (x > remaining()) return NotHere("frame passes the end");
+  return Status::Ok();
+}
+
+// POP drops the top value, or (with no value above the innermost mark) the mark and what
+// is above it, as Python does.
+Status CompactPickleMachine::PopValueOrMark() {
+  if (stack_.size() > floor()) {
+    stack_.pop_back();
+    return Status::Ok();
+  }
+  return PopToMark();
+}
+
+Status CompactPickleMachine::PopToMark() {
+  if (marks_.empty()) return NotHere("no MARK");
+  stack_.resize(marks_.back());
+  marks_.pop_back();
+  return Status::Ok();
+}
+
+Status CompactPickleMachine::Dup() {
+  if (stack_.size() <= floor()) return NotHere("stack underflow");
+  stack_.push_back(stack_.back());
+  NoteReuse(stack_.back());
+  return Status::Ok();
+}
+
+// BININT1 / BININT2 (unsigned) and BININT (signed 32-bit).
+inline Status CompactPickleMachine::BinInt(size_t width) {
+  uint64_t x = 0;
+  if (!Read(width, &x)) return NotHere("truncated");
+  if (width == 4) {
+    stack_.push_back(PushInt(static_cast<int32_t>(static_cast<uint32_t>(x))));
+  } else {
+    stack_.push_back(PushInt(static_cast<int64_t>(x)));
+  }
+  return Status::Ok();
+}
+
+// LONG1 of at most 8 bytes (longer ints are outside the subset).
+Status CompactPickleMachine::Long1() {
+  uint64_t x = 0;
+  if (!Read(1, &x)) return NotHere("truncated");
+  const size_t n = static_cast<size_t>(x);
+  if (n > 8) return NotHere("long int");
+  uint64_t v = 0;
+  if (!Read(n, &v)) return NotHere("truncated");
+  if (n == 0) {
+    stack_.push_back(PushInt(0));
+    return Status::Ok();
+  }
+  if (n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t{0} << (8 * n);  // sign-extend
+  stack_.push_back(PushInt(static_cast<int64_t>(v)));
+  return Status::Ok();
+}
+
+Status CompactPickleMachine::BinFloat() {
+  if (remaining() < 8) return NotHere("truncated");
+  uint64_t bits = 0;
+  for (size_t i = 0; i < 8; ++i) bits = (bits << 8) | static_cast<uint8_t>(data_[pos_ + i]);
+  pos_ += 8;
+  const uint64_t r = NewNode(Kind::kFloat);
+  NodeOf(r).a = bits;
+  stack_.push_back(r);
+  return Status::Ok();
+}
+
+// A str or bytes whose length precedes it in `width` bytes (BINSTRING's is signed).
+inline Status CompactPickleMachine::LengthPrefixed(size_t width, bool bytes,
+                                                   bool signed_length) {
+  uint64_t x = 0;
+  if (!Read(width, &x)) return NotHere("truncated");
+  if (signed_length && static_cast<int32_t>(static_cast<uint32_t>(x)) < 0) {
+    return NotHere("negative length");
+  }
+  return String(x, bytes);
+}
+
+// TUPLE1..3: the top n values.
+inline Status CompactPickleMachine::TupleOfTop(size_t n) {
+  if (stack_.size() < floor() + n) return NotHere("stack underflow");
+  const uint64_t t = MakeTuple(stack_.size() - n);
+  stack_.push_back(t);
+  return Status::Ok();
+}
+
+Status CompactPickleMachine::TupleOfMarked() {
+  if (marks_.empty()) return NotHere("no MARK");
+  const size_t m = marks_.back();
+  marks_.pop_back();
+  const uint64_t t = MakeTuple(m);
+  stack_.push_back(t);
+  return Status::Ok();
+}
+
+// LIST / DICT: a container of the values above the innermost mark.
+Status CompactPickleMachine::ListOrDictOfMarked(bool dict) {
+  if (marks_.empty()) return NotHere("no MARK");
+  const size_t m = marks_.back();
+  marks_.pop_back();
+  if (dict && (stack_.size() - m) % 2 != 0) return NotHere("odd key/value count");
+  const uint64_t c = NewNode(dict ? Kind::kDict : Kind::kList);
+  AppendLinks(c, m);  // moves stack_[m, end) into the container
+  stack_.push_back(c);
+  return Status::Ok();
+}
+
+// GLOBAL: module and name, two text lines, kept as views of the input.
+Status CompactPickleMachine::TextGlobal() {
+  size_t lines[2];
+  size_t start = pos_;
+  for (size_t& end : lines) {
+    size_t i = pos_;
+    while (i < data_.size() && data_[i] != std::byte{'\n'}) ++i;
+    if (i >= data_.size()) return NotHere("text operand without newline");
+    end = i;
+    pos_ = i + 1;
+  }
+  if (lines[0] - start > kMaxViewLength || lines[1] - lines[0] - 1 > kMaxViewLength) {
+    return NotHere("name too long");
+  }
+  const uint64_t g = NewNode(Kind::kGlobal);
+  NodeOf(g).a = uint64_t{start} << 32 | (lines[0] - start) << 3 | kTagStr;
+  NodeOf(g).b = uint64_t{lines[0] + 1} << 32 | (lines[1] - lines[0] - 1) << 3 | kTagStr;
+  stack_.push_back(g);
+  return Status::Ok();
+}
+
+Status CompactPickleMachine::StackGlobal() {
+  uint64_t name = 0, module = 0;
+  if (!Pop(&name) || !Pop(&module)) return NotHere("stack underflow");
+  if (Tag(name) != kTagStr || Tag(module) != kTagStr) return NotHere("global names");
+  const uint64_t g = NewNode(Kind::kGlobal);
+  NodeOf(g).a = module;
+  NodeOf(g).b = name;
+  stack_.push_back(g);
+  return Status::Ok();
+}
+
+// REDUCE (a call, shared by content where it can be) or NEWOBJ (an object) of the callee
+// and args tuple on top of the stack.
+inline Status CompactPickleMachine::CallOrObject(bool reduce) {
+  uint64_t args = 0, callee = 0;
+  if (!Pop(&args) || !Pop(&callee)) return NotHere("stack underflow");
+  if (Tag(args) != kTagNode || KindOf(args) != Kind::kTuple) return NotHere("args");
+  if (reduce) {
+    stack_.push_back(MakeCall(callee, args));
+    return Status::Ok();
+  }
+  const uint64_t c = NewNode(Kind::kObject);
+  NodeOf(c).a = callee;
+  NodeOf(c).b = args;
+  RaiseHeight(c, callee);
+  RaiseHeight(c, args);
+  stack_.push_back(c);
+  return Status::Ok();
+}
+
+// BUILD: the popped value becomes the state of the object below it (once).
+inline Status CompactPickleMachine::Build() {
+  uint64_t state = 0;
+  if (!Pop(&state)) return NotHere("stack underflow");
+  if (stack_.size() <= floor()) return NotHere("stack underflow");
+  const uint64_t target = stack_.back();
+  if (Tag(target) != kTagNode) return NotHere("BUILD of a scalar");
+  Node& t = NodeOf(target);
+  if (t.kind != Kind::kObject && t.kind != Kind::kCall) return NotHere("BUILD target");
+  if (t.flags & kFlagShared) return NotHere("BUILD of a value shared by content");
+  if (t.c != kAbsent) return NotHere("second BUILD");
+  t.c = state;
+  RaiseHeight(target, state);
+  return Status::Ok();
+}
+
+// BINPUT / LONG_BINPUT and BINGET / LONG_BINGET: a key of `width` bytes.
+inline Status CompactPickleMachine::MemoizeKey(size_t width) {
+  uint64_t x = 0;
+  if (!Read(width, &x)) return NotHere("truncated");
+  return Memoize(x);
+}
+
+inline Status CompactPickleMachine::MemoGetKey(size_t width) {
+  uint64_t x = 0;
+  if (!Read(width, &x)) return NotHere("truncated");
+  return MemoGet(x);
 }
 
 Status CompactPickleMachine::CheckGraph(uint64_t ref, size_t depth) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "fc/codec/pickle_walk.h"
 #include "src/codec/pickle_opcodes.h"
 
 namespace fc {
@@ -580,6 +581,18 @@ class Machine {
     return Status::Ok();
   }
   Status Step(uint8_t op);
+  Status StepControl(uint8_t op);
+  Status StepScalar(uint8_t op);
+  Status PushBinaryLong(uint8_t op);
+  Status PushTextInt(uint8_t op);
+  Status StepString(uint8_t op);
+  Status StepContainer(uint8_t op);
+  Status FillContainer(uint8_t op);
+  Status StepObject(uint8_t op);
+  Status NewObject(uint8_t op);
+  Status InstantiateMarked(uint8_t op);
+  Status Build();
+  Status StepMemo(uint8_t op);
   Status DecodeQuotedString(std::string_view line, std::string* out);
   Status DecodeRawUnicodeEscape(std::string_view line, std::string* out);
   Status CheckGraph(const PickleValue* v, size_t depth);
@@ -683,7 +696,94 @@ Status Machine::DecodeRawUnicodeEscape(std::string_view line, std::string* out) 
   return Status::Ok();
 }
 
+// Step reads the opcode's operand at pos_ and applies it; the opcodes are handled in groups
+// (stack control, numbers, strings, containers, objects, the memo), one function each.
 Status Machine::Step(uint8_t op) {
+  switch (op) {
+    case kProto:
+    case kFrame:
+    case kStop:
+    case kMark:
+    case kPop:
+    case kPopMark:
+    case kDup:
+      return StepControl(op);
+    case kNone:
+    case kNewTrue:
+    case kNewFalse:
+    case kBinInt1:
+    case kBinInt2:
+    case kBinInt:
+    case kLong1:
+    case kLong4:
+    case kInt:
+    case kLong:
+    case kBinFloat:
+    case kFloat:
+      return StepScalar(op);
+    case kShortBinUnicode:
+    case kShortBinBytes:
+    case kShortBinString:
+    case kBinUnicode:
+    case kBinBytes:
+    case kBinString:
+    case kBinUnicode8:
+    case kBinBytes8:
+    case kByteArray8:
+    case kString:
+    case kUnicode:
+      return StepString(op);
+    case kEmptyTuple:
+    case kEmptyList:
+    case kEmptyDict:
+    case kEmptySet:
+    case kTuple1:
+    case kTuple2:
+    case kTuple3:
+    case kTuple:
+    case kList:
+    case kFrozenSet:
+    case kDict:
+      return StepContainer(op);
+    case kAppend:
+    case kAppends:
+    case kAddItems:
+    case kSetItem:
+    case kSetItems:
+      return FillContainer(op);
+    case kGlobal:
+    case kStackGlobal:
+    case kReduce:
+    case kNewObj:
+    case kNewObjEx:
+    case kInst:
+    case kObj:
+    case kBuild:
+    case kPersId:
+    case kBinPersId:
+      return StepObject(op);
+    case kBinPut:
+    case kLongBinPut:
+    case kPut:
+    case kMemoize:
+    case kBinGet:
+    case kLongBinGet:
+    case kGet:
+      return StepMemo(op);
+    case kExt1:
+    case kExt2:
+    case kExt4:
+      return Unsupported("the copyreg extension registry is not supported");
+    case kNextBuffer:
+    case kReadonlyBuffer:
+      return Unsupported("out-of-band buffers are not supported");
+    default:
+      return Error("unknown opcode");
+  }
+}
+
+// PROTO, FRAME, STOP and the opcodes that only move stack entries.
+Status Machine::StepControl(uint8_t op) {
   switch (op) {
     case kProto: {
       FC_ASSIGN_OR_RETURN(uint8_t proto, ReadLe<uint8_t>());
@@ -718,6 +818,14 @@ Status Machine::Step(uint8_t op) {
       Push(std::move(top));
       return Status::Ok();
     }
+    default:
+      return Error("unknown opcode");
+  }
+}
+
+// None, booleans, ints and floats.
+Status Machine::StepScalar(uint8_t op) {
+  switch (op) {
     case kNone:
       Push(Shared(Kind::kNone, 0));
       return Status::Ok();
@@ -741,40 +849,11 @@ Status Machine::Step(uint8_t op) {
       return Status::Ok();
     }
     case kLong1:
-    case kLong4: {
-      uint64_t n = 0;
-      if (op == kLong1) {
-        FC_ASSIGN_OR_RETURN(uint8_t x, ReadLe<uint8_t>());
-        n = x;
-      } else {
-        FC_ASSIGN_OR_RETURN(uint32_t x, ReadLe<uint32_t>());
-        if (static_cast<int32_t>(x) < 0) return Error("negative LONG4 length");
-        n = x;
-      }
-      FC_ASSIGN_OR_RETURN(auto bytes, Take(n));
-      MutPtr v = New(Kind::kInt);
-      DecodeLong(bytes, v.get());
-      Push(std::move(v));
-      return Status::Ok();
-    }
+    case kLong4:
+      return PushBinaryLong(op);
     case kInt:
-    case kLong: {
-      FC_ASSIGN_OR_RETURN(std::string_view line, ReadLine());
-      MutPtr v = New(Kind::kInt);
-      if (op == kInt && (line == "00" || line == "01")) {
-        v->kind = Kind::kBool;
-        v->bool_value = line == "01";
-      } else {
-        if (op == kLong && !line.empty() && line.back() == 'L') line.remove_suffix(1);
-        // Decimal conversion is quadratic; CPython refuses more digits than this too.
-        if (line.size() > 4300) return Unsupported("integer literal of more than 4300 digits");
-        if (!DecodeDecimal(line, v.get())) {
-          return Error("bad integer literal '" + std::string(line.substr(0, 32)) + "'");
-        }
-      }
-      Push(std::move(v));
-      return Status::Ok();
-    }
+    case kLong:
+      return PushTextInt(op);
     case kBinFloat: {
       if (remaining() < 8) return Truncated();
       uint64_t bits = 0;
@@ -795,6 +874,51 @@ Status Machine::Step(uint8_t op) {
       Push(std::move(v));
       return Status::Ok();
     }
+    default:
+      return Error("unknown opcode");
+  }
+}
+
+// LONG1 / LONG4: a length, then that many bytes of two's-complement little-endian int.
+Status Machine::PushBinaryLong(uint8_t op) {
+  uint64_t n = 0;
+  if (op == kLong1) {
+    FC_ASSIGN_OR_RETURN(uint8_t x, ReadLe<uint8_t>());
+    n = x;
+  } else {
+    FC_ASSIGN_OR_RETURN(uint32_t x, ReadLe<uint32_t>());
+    if (static_cast<int32_t>(x) < 0) return Error("negative LONG4 length");
+    n = x;
+  }
+  FC_ASSIGN_OR_RETURN(auto bytes, Take(n));
+  MutPtr v = New(Kind::kInt);
+  DecodeLong(bytes, v.get());
+  Push(std::move(v));
+  return Status::Ok();
+}
+
+// INT / LONG: a decimal text line (protocol 0; INT "00"/"01" are False/True).
+Status Machine::PushTextInt(uint8_t op) {
+  FC_ASSIGN_OR_RETURN(std::string_view line, ReadLine());
+  MutPtr v = New(Kind::kInt);
+  if (op == kInt && (line == "00" || line == "01")) {
+    v->kind = Kind::kBool;
+    v->bool_value = line == "01";
+  } else {
+    if (op == kLong && !line.empty() && line.back() == 'L') line.remove_suffix(1);
+    // Decimal conversion is quadratic; CPython refuses more digits than this too.
+    if (line.size() > 4300) return Unsupported("integer literal of more than 4300 digits");
+    if (!DecodeDecimal(line, v.get())) {
+      return Error("bad integer literal '" + std::string(line.substr(0, 32)) + "'");
+    }
+  }
+  Push(std::move(v));
+  return Status::Ok();
+}
+
+// strs and bytes: binary (length-prefixed) and protocol 0 text forms.
+Status Machine::StepString(uint8_t op) {
+  switch (op) {
     case kShortBinUnicode:
     case kShortBinBytes:
     case kShortBinString: {
@@ -828,6 +952,14 @@ Status Machine::Step(uint8_t op) {
       Push(std::move(v));
       return Status::Ok();
     }
+    default:
+      return Error("unknown opcode");
+  }
+}
+
+// Tuples, lists, dicts and sets: building them and filling them.
+Status Machine::StepContainer(uint8_t op) {
+  switch (op) {
     case kEmptyTuple:
       Push(Shared(Kind::kTuple, 0));
       return Status::Ok();
@@ -868,6 +1000,14 @@ Status Machine::Step(uint8_t op) {
       Push(std::move(d));
       return Status::Ok();
     }
+    default:
+      return Error("unknown opcode");
+  }
+}
+
+// APPEND(S), ADDITEMS, SETITEM(S): values added to the container below them.
+Status Machine::FillContainer(uint8_t op) {
+  switch (op) {
     case kAppend: {
       FC_ASSIGN_OR_RETURN(MutPtr v, Pop());
       FC_ASSIGN_OR_RETURN(MutPtr target, TopMutable());
@@ -903,6 +1043,14 @@ Status Machine::Step(uint8_t op) {
       FC_ASSIGN_OR_RETURN(MutPtr target, TopMutable());
       return AddEntries(target, std::move(items));
     }
+    default:
+      return Error("unknown opcode");
+  }
+}
+
+// Globals, calls and objects (nothing is called: see the header), persistent ids.
+Status Machine::StepObject(uint8_t op) {
+  switch (op) {
     case kGlobal: {
       FC_ASSIGN_OR_RETURN(std::string_view module, ReadLine());
       FC_ASSIGN_OR_RETURN(std::string_view name, ReadLine());
@@ -924,76 +1072,13 @@ Status Machine::Step(uint8_t op) {
       return Status::Ok();
     }
     case kNewObj:
-    case kNewObjEx: {
-      MutPtr kwargs;
-      if (op == kNewObjEx) {
-        FC_ASSIGN_OR_RETURN(kwargs, Pop());
-        if (kwargs->kind != Kind::kDict) return Error("NEWOBJ_EX kwargs are not a dict");
-      }
-      FC_ASSIGN_OR_RETURN(MutPtr args, Pop());
-      FC_ASSIGN_OR_RETURN(MutPtr cls, Pop());
-      if (args->kind != Kind::kTuple) return Error("NEWOBJ arguments are not a tuple");
-      MutPtr o = New(Kind::kObject);
-      o->callee = std::move(cls);
-      o->args = std::move(args);
-      o->kwargs = std::move(kwargs);
-      Push(std::move(o));
-      return Status::Ok();
-    }
-    case kInst: {
-      FC_ASSIGN_OR_RETURN(std::string_view module, ReadLine());
-      FC_ASSIGN_OR_RETURN(std::string_view name, ReadLine());
-      FC_ASSIGN_OR_RETURN(auto items, PopMark());
-      MutPtr cls = New(Kind::kGlobal);
-      cls->str = std::string(module);
-      cls->name = std::string(name);
-      MutPtr args = New(Kind::kTuple);
-      args->items = Freeze(std::move(items));
-      MutPtr o = New(Kind::kObject);
-      o->callee = std::move(cls);
-      o->args = std::move(args);
-      Push(std::move(o));
-      return Status::Ok();
-    }
-    case kObj: {
-      FC_ASSIGN_OR_RETURN(auto items, PopMark());
-      if (items.empty()) return Error("OBJ without a class");
-      MutPtr o = New(Kind::kObject);
-      o->callee = std::move(items.front());
-      items.erase(items.begin());
-      MutPtr args = New(Kind::kTuple);
-      args->items = Freeze(std::move(items));
-      o->args = std::move(args);
-      Push(std::move(o));
-      return Status::Ok();
-    }
-    case kBuild: {
-      FC_ASSIGN_OR_RETURN(MutPtr state, Pop());
-      FC_ASSIGN_OR_RETURN(MutPtr target, TopMutable());
-      if (target->kind != Kind::kObject && target->kind != Kind::kCall) {
-        return Error(std::string("cannot BUILD a ") + std::string(PickleKindName(target->kind)));
-      }
-      if (target->state && target->state->kind == Kind::kDict && state->kind == Kind::kDict) {
-        // A second BUILD with a dict updates __dict__ further. Merge into a dict private to
-        // this object (the first state may be shared through the memo), once, then append:
-        // copying on every BUILD would make a chain of BUILDs quadratic.
-        auto owned = owned_states_.find(target.get());
-        if (owned == owned_states_.end()) {
-          MutPtr merged = New(Kind::kDict);
-          Charge(32 * target->state->entries.size());
-          merged->entries = target->state->entries;
-          target->state = merged;
-          owned = owned_states_.emplace(target.get(), std::move(merged)).first;
-        }
-        Charge(32 * state->entries.size());
-        owned->second->entries.insert(owned->second->entries.end(), state->entries.begin(),
-                                      state->entries.end());
-      } else {
-        target->state = std::move(state);
-        owned_states_.erase(target.get());
-      }
-      return Status::Ok();
-    }
+    case kNewObjEx:
+      return NewObject(op);
+    case kInst:
+    case kObj:
+      return InstantiateMarked(op);
+    case kBuild:
+      return Build();
     case kPersId: {
       FC_ASSIGN_OR_RETURN(std::string_view line, ReadLine());
       MutPtr pid = New(Kind::kStr);
@@ -1010,6 +1095,91 @@ Status Machine::Step(uint8_t op) {
       Push(std::move(p));
       return Status::Ok();
     }
+    default:
+      return Error("unknown opcode");
+  }
+}
+
+// NEWOBJ (class, args) and NEWOBJ_EX (class, args, kwargs).
+Status Machine::NewObject(uint8_t op) {
+  MutPtr kwargs;
+  if (op == kNewObjEx) {
+    FC_ASSIGN_OR_RETURN(kwargs, Pop());
+    if (kwargs->kind != Kind::kDict) return Error("NEWOBJ_EX kwargs are not a dict");
+  }
+  FC_ASSIGN_OR_RETURN(MutPtr args, Pop());
+  FC_ASSIGN_OR_RETURN(MutPtr cls, Pop());
+  if (args->kind != Kind::kTuple) return Error("NEWOBJ arguments are not a tuple");
+  MutPtr o = New(Kind::kObject);
+  o->callee = std::move(cls);
+  o->args = std::move(args);
+  o->kwargs = std::move(kwargs);
+  Push(std::move(o));
+  return Status::Ok();
+}
+
+// INST (class named by two text lines) and OBJ (class first after the mark): an object of
+// the values above the mark.
+Status Machine::InstantiateMarked(uint8_t op) {
+  if (op == kInst) {
+    FC_ASSIGN_OR_RETURN(std::string_view module, ReadLine());
+    FC_ASSIGN_OR_RETURN(std::string_view name, ReadLine());
+    FC_ASSIGN_OR_RETURN(auto items, PopMark());
+    MutPtr cls = New(Kind::kGlobal);
+    cls->str = std::string(module);
+    cls->name = std::string(name);
+    MutPtr args = New(Kind::kTuple);
+    args->items = Freeze(std::move(items));
+    MutPtr o = New(Kind::kObject);
+    o->callee = std::move(cls);
+    o->args = std::move(args);
+    Push(std::move(o));
+    return Status::Ok();
+  }
+  FC_ASSIGN_OR_RETURN(auto items, PopMark());
+  if (items.empty()) return Error("OBJ without a class");
+  MutPtr o = New(Kind::kObject);
+  o->callee = std::move(items.front());
+  items.erase(items.begin());
+  MutPtr args = New(Kind::kTuple);
+  args->items = Freeze(std::move(items));
+  o->args = std::move(args);
+  Push(std::move(o));
+  return Status::Ok();
+}
+
+// BUILD: the popped value becomes the state of the object below it.
+Status Machine::Build() {
+  FC_ASSIGN_OR_RETURN(MutPtr state, Pop());
+  FC_ASSIGN_OR_RETURN(MutPtr target, TopMutable());
+  if (target->kind != Kind::kObject && target->kind != Kind::kCall) {
+    return Error(std::string("cannot BUILD a ") + std::string(PickleKindName(target->kind)));
+  }
+  if (target->state && target->state->kind == Kind::kDict && state->kind == Kind::kDict) {
+    // A second BUILD with a dict updates __dict__ further. Merge into a dict private to
+    // this object (the first state may be shared through the memo), once, then append:
+    // copying on every BUILD would make a chain of BUILDs quadratic.
+    auto owned = owned_states_.find(target.get());
+    if (owned == owned_states_.end()) {
+      MutPtr merged = New(Kind::kDict);
+      Charge(32 * target->state->entries.size());
+      merged->entries = target->state->entries;
+      target->state = merged;
+      owned = owned_states_.emplace(target.get(), std::move(merged)).first;
+    }
+    Charge(32 * state->entries.size());
+    owned->second->entries.insert(owned->second->entries.end(), state->entries.begin(),
+                                  state->entries.end());
+  } else {
+    target->state = std::move(state);
+    owned_states_.erase(target.get());
+  }
+  return Status::Ok();
+}
+
+// PUT / GET and their binary forms, MEMOIZE.
+Status Machine::StepMemo(uint8_t op) {
+  switch (op) {
     case kBinPut: {
       FC_ASSIGN_OR_RETURN(uint8_t key, ReadLe<uint8_t>());
       return Memoize(key);
@@ -1040,13 +1210,6 @@ Status Machine::Step(uint8_t op) {
       FC_RETURN_IF_ERROR(ParseDecimalKey(line, &key));
       return MemoGet(key);
     }
-    case kExt1:
-    case kExt2:
-    case kExt4:
-      return Unsupported("the copyreg extension registry is not supported");
-    case kNextBuffer:
-    case kReadonlyBuffer:
-      return Unsupported("out-of-band buffers are not supported");
     default:
       return Error("unknown opcode");
   }
@@ -1062,14 +1225,11 @@ Status Machine::CheckGraph(const PickleValue* v, size_t depth) {
   if (v->graph_mark == 2) return Status::Ok();
   if (v->graph_mark == 1) return UnimplementedError("pickle: the value contains a reference cycle");
   v->graph_mark = 1;
-  for (const auto& c : v->items) FC_RETURN_IF_ERROR(CheckGraph(c.get(), depth + 1));
-  for (const auto& [k, val] : v->entries) {
-    FC_RETURN_IF_ERROR(CheckGraph(k.get(), depth + 1));
-    FC_RETURN_IF_ERROR(CheckGraph(val.get(), depth + 1));
-  }
-  for (const PickleValue* c : {v->callee.get(), v->args.get(), v->kwargs.get(), v->state.get()}) {
-    FC_RETURN_IF_ERROR(CheckGraph(c, depth + 1));
-  }
+  Status st = Status::Ok();
+  ForEachChild(*v, [&](const PickleValue* c) {
+    if (st.ok()) st = CheckGraph(c, depth + 1);
+  });
+  FC_RETURN_IF_ERROR(st);
   v->graph_mark = 2;
   return Status::Ok();
 }

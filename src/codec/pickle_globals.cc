@@ -3,6 +3,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "fc/codec/pickle_walk.h"
+
 namespace fc {
 
 void CollectUnknownGlobals(const PickleValue& root,
@@ -17,14 +19,7 @@ void CollectUnknownGlobals(const PickleValue& root,
     if (v->kind == PickleValue::Kind::kGlobal && !allowed(v->str, v->name)) {
       out->insert(v->str + "." + v->name);
     }
-    for (const auto& i : v->items) stack.push_back(i.get());
-    for (const auto& [k, x] : v->entries) {
-      stack.push_back(k.get());
-      stack.push_back(x.get());
-    }
-    for (const PickleValue::Ptr* p : {&v->callee, &v->args, &v->kwargs, &v->state}) {
-      if (*p) stack.push_back(p->get());
-    }
+    ForEachChild(*v, [&](const PickleValue* child) { stack.push_back(child); });
   }
 }
 

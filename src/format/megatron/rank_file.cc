@@ -14,15 +14,7 @@ constexpr uint64_t kMaxPickleBytes = uint64_t{256} << 20;
 
 Result<Located> RankFile::Locate(const PV& v, const std::string& what) const {
   FC_ASSIGN_OR_RETURN(TorchSaveFileTensor t, TorchSaveFile::Locate(&v, what));
-  Located l;
-  l.dtype = t.dtype;
-  l.shape = std::move(t.shape);
-  l.strides = std::move(t.strides);
-  l.contiguous = t.contiguous;
-  l.first = t.first;
-  l.file = index;
-  l.where = rel + ": " + what;
-  return l;
+  return Located{std::move(t), index, rel + ": " + what};
 }
 
 

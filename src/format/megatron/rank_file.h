@@ -19,12 +19,8 @@
 
 namespace fc::megatron_internal {
 
-struct Located {
-  DType dtype = DType::kFloat32;
-  Shape shape;
-  Shape strides;  // always set, in elements
-  bool contiguous = true;
-  uint64_t first = 0;  // absolute file offset of element (0, ..., 0)
+// A located tensor (TorchSaveFile::Locate's result) with the rank file it lies in.
+struct Located : TorchSaveFileTensor {
   uint32_t file = 0;
   std::string where;  // "<file>: <name>" for messages
 };

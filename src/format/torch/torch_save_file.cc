@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fc/codec/pickle_access.h"
+#include "fc/codec/pickle_walk.h"
 #include "fc/core/checked_math.h"
 
 namespace fc {
@@ -66,14 +67,7 @@ Status ReadLegacyHead(std::span<const std::byte> head, TorchSaveFile* pt) {
         continue;
       }
     }
-    for (const auto& i : v->items) stack.push_back(i.get());
-    for (const auto& [k, x] : v->entries) {
-      stack.push_back(k.get());
-      stack.push_back(x.get());
-    }
-    for (const PickleValue::Ptr* p : {&v->callee, &v->args, &v->kwargs, &v->state}) {
-      if (*p) stack.push_back(p->get());
-    }
+    ForEachChild(*v, [&](const PickleValue* child) { stack.push_back(child); });
   }
   uint64_t off = pos;
   const uint64_t size = pt->file->size();
