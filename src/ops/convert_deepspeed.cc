@@ -86,18 +86,19 @@ Status CheckSource(const CheckpointIndex& index, const std::string& input) {
 }
 
 struct DsJob {
-  CheckpointIndex index;  // the reader's (checks only)
+  CheckpointIndex index;  // the reader's: checks, and the parsed files the layout plans from
   DsRepartition layout;
   std::vector<size_t> plan_archive;               // plan file -> archive
   std::vector<std::vector<size_t>> slot_record;   // plan file -> slot -> record
   Plan plan;
 };
 
-// `options` as PlannedWith gives them. Collective: every process lays out the files (reading
-// the source's pickles) and the files' visibility is shared.
+// `options` as PlannedWith gives them. Collective: every process lays out the files (from
+// the source's pickles its reader kept in job.index) and the files' visibility is shared.
 Status BuildJob(const ConvertOptions& options, SharedInput& input, Communicator& comm,
                 DsJob& job) {
-  Result<DsRepartition> layout = PlanDeepSpeedRepartition(options.input, options.degrees.dp);
+  Result<DsRepartition> layout =
+      PlanDeepSpeedRepartition(options.input, job.index, options.degrees.dp);
   FC_RETURN_IF_ERROR(comm.AllOk(layout.status()));
   job.layout = std::move(*layout);
   FC_ASSIGN_OR_RETURN(std::vector<std::vector<int>> visibility,

@@ -94,9 +94,15 @@ struct DsRepartition {
   std::vector<std::pair<std::string, std::string>> copies;
 };
 
-// Reads the source (save dir with `latest`, or a tag dir) and lays out its copy at `dp`.
-// Errors: kInvalidArgument for dp < 1; kUnimplemented for what is refused above; kNotFound /
-// kDataLoss for missing or inconsistent source files.
+// Lays out the copy at `dp` of the source `input` (save dir with `latest`, or a tag dir),
+// `opened` being the index the DeepSpeed reader returned for it (fc/format/deepspeed.h): the
+// .pt files it parsed are taken from there, not opened again; files it did not parse (or
+// all, for an index of another reader or built by hand) are read here. The tag dir is
+// listed either way. Errors: kInvalidArgument for dp < 1; kUnimplemented for what is
+// refused above; kNotFound / kDataLoss for missing or inconsistent source files.
+Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input,
+                                               const CheckpointIndex& opened, int64_t dp);
+// The same reading every source file here (no index opened).
 Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t dp);
 
 }  // namespace fc

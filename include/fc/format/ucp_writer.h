@@ -142,7 +142,10 @@ Result<UcpSource> SynthesizedUcpSource(const std::vector<std::pair<std::string, 
 
 // Reads the non-tensor part of a UCP from the DeepSpeed checkpoint `input` (save dir, tag
 // dir or UCP dir, resolved as ReadDeepSpeedCheckpoint does) for `params` (the trainable
-// params written). `index` is its index (fc/format/deepspeed.h attributes). Stage <= 2:
+// params written). `index` is its index (fc/format/deepspeed.h attributes); the .pt files
+// its reader parsed (the model states, rank 0's optimizer file, a UCP's param files) are
+// taken from it, not opened again; an index that kept none (built by hand) has them read
+// here. Stage <= 2:
 // dicts with cat_dim (1 for parameter_with_row_parallelism_patterns, else 0; absent for
 // tp_replicated_parameter_patterns), param_n_sub_params 2
 // (parameter_with_2_sub_params_cat_dim_0), sub_param_shape (parameter_with_sub_params: the

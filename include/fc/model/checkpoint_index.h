@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -41,6 +42,7 @@
 #include "fc/core/dtype.h"
 #include "fc/core/flat_range.h"
 #include "fc/model/key_lookup.h"
+#include "fc/model/reader_retained.h"
 
 namespace fc {
 
@@ -130,6 +132,9 @@ struct CheckpointIndex {
   std::vector<ObjectEntry> objects;
   // Format-specific facts worth showing (e.g. "torch_generation" -> "1.13" or "2").
   std::map<std::string, std::string> attributes;
+  // What the reader kept of the files it parsed (fc/model/reader_retained.h), for the same
+  // format's writers; null when it kept nothing. Not part of the value.
+  std::shared_ptr<const ReaderRetained> retained;
 
   // attributes[key], or empty when the format does not state it.
   std::string Attribute(const std::string& key) const {

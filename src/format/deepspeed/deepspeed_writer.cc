@@ -14,6 +14,11 @@
 // changes. A new partition is therefore a few ranges of old partitions plus zeros, which the
 // caller's plan reads in place.
 //
+// Why the planners take the opened index: the reader parsed every .pt file the planners
+// re-partition when the caller opened the checkpoint, and keeps them there
+// (parsed_files.h); parsing them again would read the input twice (issue 33). An index
+// without them (PlanDeepSpeedRepartition(input, dp)) has them read here.
+//
 // This file reads the tag dir's names and picks a planner (ds_planners.h: ds_plan_zero12,
 // ds_plan_zero3, ds_plan_moe); the pieces they share: ds_source_file, ds_archive_builder,
 // ds_tree_edit, ds_partition, ds_zero12_files.
@@ -30,6 +35,7 @@
 #include "src/format/deepspeed/ds_partition.h"
 #include "src/format/deepspeed/ds_planners.h"
 #include "src/format/deepspeed/names.h"
+#include "src/format/deepspeed/parsed_files.h"
 
 namespace fc {
 namespace {
@@ -39,6 +45,7 @@ using deepspeed_writer_internal::PlanMoeZero12;
 using deepspeed_writer_internal::PlanZero12;
 using deepspeed_writer_internal::PlanZero3;
 using deepspeed_writer_internal::Repartitioner;
+using deepspeed_writer_internal::SourceFiles;
 
 Result<std::string> ResolveTagDir(const std::string& input, std::string* save_dir) {
   const std::string in = StripTrailingSlashes(input);
@@ -114,6 +121,11 @@ void AddZeroToFp32(DsRepartition& job, const std::string& save_dir) {
 // Planning.
 
 Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t dp) {
+  return PlanDeepSpeedRepartition(input, CheckpointIndex{}, dp);
+}
+
+Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input,
+                                               const CheckpointIndex& opened, int64_t dp) {
   if (dp < 1 || dp > (int64_t{1} << 20)) {
     return InvalidArgumentError("--dp " + std::to_string(dp) + ": the new data-parallel size "
                                 "must be between 1 and 2^20");
@@ -128,6 +140,7 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
   if (!IsDirectory(job.tag_dir)) return NotFoundError(job.tag_dir + ": no tag directory");
   FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(job.tag_dir));
   std::sort(names.begin(), names.end());
+  const SourceFiles sources(job.tag_dir, deepspeed_internal::ParsedFilesOf(opened));
 
   std::map<int64_t, std::string> model_files;              // mp rank -> name
   std::map<int64_t, std::map<int64_t, std::string>> model3;  // ZeRO-3: mp -> dp -> name
@@ -187,7 +200,7 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
       return DataLossError(job.tag_dir + ": both ZeRO-3 per-rank model states and " +
                            model_files.begin()->second);
     }
-    FC_RETURN_IF_ERROR(PlanZero3(job, model3, optim, *model_prefixes.begin(),
+    FC_RETURN_IF_ERROR(PlanZero3(job, sources, model3, optim, *model_prefixes.begin(),
                                  prefixes.empty() ? std::string() : *prefixes.begin()));
     AddZeroToFp32(job, save_dir);
     return job;
@@ -225,14 +238,14 @@ Result<DsRepartition> PlanDeepSpeedRepartition(const std::string& input, int64_t
     for (const std::string& n : moe_files) {
       job.copies.emplace_back(JoinPath(job.tag_dir, n), JoinPath(job.tag, n));
     }
-    FC_RETURN_IF_ERROR(PlanMoeZero12(job, rp, model_files.begin()->second, optim.begin()->second,
+    FC_RETURN_IF_ERROR(PlanMoeZero12(job, sources, rp, model_files.begin()->second, optim.begin()->second,
                                      prefix));
     AddZeroToFp32(job, save_dir);
     return job;
   }
 
   for (const auto& [m, model_name] : model_files) {
-    FC_RETURN_IF_ERROR(PlanZero12(job, rp, m, model_name, optim.empty() ? nullptr : &optim.at(m),
+    FC_RETURN_IF_ERROR(PlanZero12(job, sources, rp, m, model_name, optim.empty() ? nullptr : &optim.at(m),
                                   prefix));
   }
   AddZeroToFp32(job, save_dir);

@@ -35,14 +35,14 @@ struct MoeGroup {
 };
 
 // DP rank r's optimizer file `name`: checked against the ranks before it, added to moe.files.
-Status AddMoeRankFile(DsRepartition& job, Repartitioner& rp, int64_t r, const std::string& name,
+Status AddMoeRankFile(DsRepartition& job, const SourceFiles& sources, Repartitioner& rp, int64_t r, const std::string& name,
                       MoeSource& moe) {
   std::vector<SourceFile>& files = moe.files;
   bool& bf16 = moe.bf16;
   std::optional<bool>& data_before_expert = moe.data_before_expert;
   std::vector<int64_t>& counts = moe.counts;
   PV::Ptr& fragment_cls = moe.fragment_cls;
-  FC_ASSIGN_OR_RETURN(SourceFile sf, OpenSource(job.tag_dir, name));
+  FC_ASSIGN_OR_RETURN(SourceFile sf, sources.Open(name));
   rp.AddFile(sf);
   FC_RETURN_IF_ERROR(CheckNoRoundRobin(sf));
   const PV* osd = sf.root.Find("optimizer_state_dict");
@@ -261,10 +261,10 @@ Status AddMoeNewRankFile(DsRepartition& job, int64_t r, const std::string& prefi
 
 }  // namespace
 
-Status PlanMoeZero12(DsRepartition& job, Repartitioner& rp, const std::string& model_name,
+Status PlanMoeZero12(DsRepartition& job, const SourceFiles& sources, Repartitioner& rp, const std::string& model_name,
                      const std::map<int64_t, std::string>& ranks, const std::string& prefix) {
   const int64_t dp = job.dp;
-  FC_ASSIGN_OR_RETURN(SourceFile model, OpenSource(job.tag_dir, model_name));
+  FC_ASSIGN_OR_RETURN(SourceFile model, sources.Open(model_name));
   rp.AddFile(model);
   if (!model.root.is_dict()) return DataLossError(model.path + ": not a dict");
   FC_RETURN_IF_ERROR(AddModelStates(job, model_name, model));
@@ -277,7 +277,7 @@ Status PlanMoeZero12(DsRepartition& job, Repartitioner& rp, const std::string& m
   job.source_dp = ws;
   MoeSource moe;
   for (const auto& [r, name] : ranks) {
-    FC_RETURN_IF_ERROR(AddMoeRankFile(job, rp, r, name, moe));
+    FC_RETURN_IF_ERROR(AddMoeRankFile(job, sources, rp, r, name, moe));
   }
   const std::vector<SourceFile>& files = moe.files;
   if (!moe.fragment_cls) moe.fragment_cls = PickleGlobal("deepspeed.utils.tensor_fragment", "fragment_address");

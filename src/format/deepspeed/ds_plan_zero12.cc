@@ -34,7 +34,7 @@ struct Zero12Source {
 
 // DP rank r's optimizer file `name` of model-parallel rank m: checked against the groups and
 // the source DP size, its partitions added to z12.groups as plan sources, the file to z12.files.
-Status AddZero12RankSources(DsRepartition& job, Repartitioner& rp, int64_t m,
+Status AddZero12RankSources(DsRepartition& job, const SourceFiles& sources, Repartitioner& rp, int64_t m,
                             const std::string& model_name, int64_t source_dp, int64_t r,
                             const std::string& name, Zero12Source& z12) {
   std::vector<GroupSource>& groups = z12.groups;
@@ -42,7 +42,7 @@ Status AddZero12RankSources(DsRepartition& job, Repartitioner& rp, int64_t m,
   PV::Ptr& fragment_cls = z12.fragment_cls;
   bool& bf16 = z12.bf16;
   bool& count_list = z12.count_list;
-  FC_ASSIGN_OR_RETURN(SourceFile sf, OpenSource(job.tag_dir, name));
+  FC_ASSIGN_OR_RETURN(SourceFile sf, sources.Open(name));
   rp.AddFile(sf);
   const PV* osd = sf.root.Find("optimizer_state_dict");
   if (osd == nullptr || !osd->is_dict()) {
@@ -180,12 +180,12 @@ Status AddZero12RankFile(DsRepartition& job, const Repartitioner& rp, int64_t m,
 
 }  // namespace
 
-Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
+Status PlanZero12(DsRepartition& job, const SourceFiles& sources, Repartitioner& rp, int64_t m,
                   const std::string& model_name,
                   const std::map<int64_t, std::string>* optim_ranks,
                   const std::string& prefix) {
   const int64_t dp = job.dp;
-  FC_ASSIGN_OR_RETURN(SourceFile model, OpenSource(job.tag_dir, model_name));
+  FC_ASSIGN_OR_RETURN(SourceFile model, sources.Open(model_name));
   rp.AddFile(model);
   if (!model.root.is_dict()) return DataLossError(model.path + ": not a dict");
   const PV* dpws = model.root.Find("dp_world_size");
@@ -231,7 +231,7 @@ Status PlanZero12(DsRepartition& job, Repartitioner& rp, int64_t m,
   }
   job.source_dp = source_dp;
   for (const auto& [r, name] : ranks) {
-    FC_RETURN_IF_ERROR(AddZero12RankSources(job, rp, m, model_name, source_dp, r, name, z12));
+    FC_RETURN_IF_ERROR(AddZero12RankSources(job, sources, rp, m, model_name, source_dp, r, name, z12));
   }
   job.variant = z12.bf16 ? "bf16_optimizer" : "zero";
   if (!z12.fragment_cls) z12.fragment_cls = PickleGlobal("deepspeed.utils.tensor_fragment", "fragment_address");

@@ -87,7 +87,7 @@ struct Zero3Source {
 };
 
 // Checks the DP rank files of model-parallel rank m and opens them into z3.mfiles / z3.ofiles.
-Status OpenZero3Files(DsRepartition& job, Repartitioner& rp, int64_t m,
+Status OpenZero3Files(DsRepartition& job, const SourceFiles& sources, Repartitioner& rp, int64_t m,
                       const std::map<int64_t, std::string>& models,
                       const std::map<int64_t, std::map<int64_t, std::string>>& optim,
                       Zero3Source& z3) {
@@ -112,13 +112,13 @@ Status OpenZero3Files(DsRepartition& job, Repartitioner& rp, int64_t m,
   std::vector<SourceFile>& mfiles = z3.mfiles;
   std::vector<SourceFile>& ofiles = z3.ofiles;
   for (const auto& [r, name] : models) {
-    FC_ASSIGN_OR_RETURN(SourceFile sf, OpenSource(job.tag_dir, name));
+    FC_ASSIGN_OR_RETURN(SourceFile sf, sources.Open(name));
     rp.AddFile(sf);
     if (!sf.root.is_dict()) return DataLossError(sf.path + ": not a dict");
     mfiles.push_back(std::move(sf));
   }
   for (const auto& [r, name] : oit->second) {
-    FC_ASSIGN_OR_RETURN(SourceFile sf, OpenSource(job.tag_dir, name));
+    FC_ASSIGN_OR_RETURN(SourceFile sf, sources.Open(name));
     rp.AddFile(sf);
     ofiles.push_back(std::move(sf));
   }
@@ -349,7 +349,7 @@ Status AddZero3RankFiles(DsRepartition& job, const Zero3Source& z3, int64_t m, i
 
 }  // namespace
 
-Status PlanZero3(DsRepartition& job,
+Status PlanZero3(DsRepartition& job, const SourceFiles& sources,
                  const std::map<int64_t, std::map<int64_t, std::string>>& model3,
                  const std::map<int64_t, std::map<int64_t, std::string>>& optim,
                  const std::string& model_prefix, const std::string& prefix) {
@@ -363,7 +363,7 @@ Status PlanZero3(DsRepartition& job,
   const int64_t dp = job.dp;
   for (const auto& [m, models] : model3) {
     Zero3Source z3;
-    FC_RETURN_IF_ERROR(OpenZero3Files(job, rp, m, models, optim, z3));
+    FC_RETURN_IF_ERROR(OpenZero3Files(job, sources, rp, m, models, optim, z3));
     const SourceFile& model0 = z3.mfiles.front();
     FC_RETURN_IF_ERROR(ReadZero3Shapes(model0, z3));
     FC_RETURN_IF_ERROR(CheckSubGroups(z3.groups, model0.root, z3.ofiles.front().root, z3.old_dp, dp,

@@ -22,6 +22,17 @@ Result<SourceFile> OpenSource(const std::string& dir, const std::string& name) {
   return sf;
 }
 
+Result<SourceFile> SourceFiles::Open(const std::string& name) const {
+  const deepspeed_internal::ParsedPt* pt = parsed_ ? parsed_->Find(dir_, name) : nullptr;
+  if (pt == nullptr) return OpenSource(dir_, name);
+  SourceFile sf;
+  sf.path = JoinPath(dir_, name);
+  sf.size = pt->size;
+  sf.root = pt->root;  // shares the tree's nodes (immutable)
+  sf.storages = pt->storages;
+  return sf;
+}
+
 Result<std::pair<uint64_t, uint64_t>> StorageRecord(const SourceFile& sf, const std::string& key) {
   auto it = sf.storages.find(key);
   if (it == sf.storages.end()) {

@@ -1,6 +1,8 @@
 // The DeepSpeed writer's view of one source .pt file (fc/format/deepspeed_writer.h): its
 // parsed tree and where each storage's bytes lie, so that the plan can read tensors in place
-// and copy untouched storages byte for byte. OpenSource reads the file; the rest is pure.
+// and copy untouched storages byte for byte. The planners take it from SourceFiles: what the
+// DeepSpeed reader kept of the file when the caller opened the checkpoint (parsed_files.h),
+// else OpenSource's read; the rest is pure.
 #ifndef FC_SRC_FORMAT_DEEPSPEED_DS_SOURCE_FILE_H_
 #define FC_SRC_FORMAT_DEEPSPEED_DS_SOURCE_FILE_H_
 
@@ -12,6 +14,7 @@
 #include "fc/codec/pickle.h"
 #include "fc/core/status.h"
 #include "fc/format/torch_save.h"
+#include "src/format/deepspeed/parsed_files.h"
 
 namespace fc::deepspeed_writer_internal {
 
@@ -26,6 +29,20 @@ struct SourceFile {
 
 // Reads and parses dir/name.
 Result<SourceFile> OpenSource(const std::string& dir, const std::string& name);
+
+// The source tag dir's files as the planners get them: each one the reader parsed when the
+// checkpoint was opened (`parsed`, may be null) from there, any other read by OpenSource.
+class SourceFiles {
+ public:
+  SourceFiles(std::string dir, const deepspeed_internal::ParsedFiles* parsed)
+      : dir_(std::move(dir)), parsed_(parsed) {}
+  // dir/name (path: JoinPath(dir, name), index 0). Errors: OpenSource's.
+  Result<SourceFile> Open(const std::string& name) const;
+
+ private:
+  std::string dir_;
+  const deepspeed_internal::ParsedFiles* parsed_;
+};
 
 // The data of storage `key`: [offset, + bytes).
 Result<std::pair<uint64_t, uint64_t>> StorageRecord(const SourceFile& sf, const std::string& key);

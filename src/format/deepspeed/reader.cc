@@ -30,6 +30,7 @@
 #include "fc/io/file.h"
 #include "src/codec/json_util.h"
 #include "src/format/deepspeed/names.h"
+#include "src/format/deepspeed/parsed_files.h"
 
 namespace fc {
 namespace deepspeed_internal {
@@ -358,6 +359,19 @@ void Reader::SetIndexAttributes(const std::string& tag, const Degrees& deg, bool
   if (!master_dtype_.empty()) index_.attributes["deepspeed.master_dtype"] = master_dtype_;
 }
 
+void Reader::RetainParsedFiles() {
+  auto parsed = std::make_shared<ParsedFiles>(dir_);
+  for (const std::unique_ptr<PtFile>& f : files_) {
+    ParsedPt pt;
+    pt.size = f->file->size();
+    pt.storages = f->StorageSpans();
+    pt.root = std::move(f->root);
+    parsed->Add(index_.files[f->index].path, std::move(pt));
+  }
+  files_.clear();
+  index_.retained = std::move(parsed);
+}
+
 Result<CheckpointIndex> Reader::Read(const std::string& path) {
   if (!IsDirectory(path)) return NotFoundError(path + ": not a directory");
   FC_ASSIGN_OR_RETURN(TagDir tag_dir, FindTagDir(path));
@@ -390,6 +404,7 @@ Result<CheckpointIndex> Reader::Read(const std::string& path) {
   if (universal_) FC_RETURN_IF_ERROR(AddUniversalParams(read.order, tp, &all));
   SetIndexAttributes(tag_dir.tag, deg, read.ucp_info, rules.has_value());
   FC_ASSIGN_OR_RETURN(index_.tensors, IndexTensors(std::move(all), dir));
+  RetainParsedFiles();
   return std::move(index_);
 }
 

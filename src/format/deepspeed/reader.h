@@ -71,6 +71,9 @@ class Reader {
   // UCP: the zero/<param>/ files into `all` (universal.cc).
   Status AddUniversalParams(const ParamList& order, int64_t tp, Families* all);
   void SetIndexAttributes(const std::string& tag, const Degrees& deg, bool ucp_info, bool rules);
+  // Last: every opened file's root and storage places moved into the index's `retained`
+  // (parsed_files.h), for the DeepSpeed writers.
+  void RetainParsedFiles();
 
   Status ReadRank(int64_t mp, RankFiles& rf);
   Status ReadZero12(const PtFile& model, const std::vector<const PtFile*>& optims,

@@ -30,6 +30,7 @@
 #include "fc/format/chunk_reader.h"
 #include "fc/format/deepspeed.h"
 #include "src/format/deepspeed/names.h"
+#include "src/format/deepspeed/parsed_files.h"
 #include "fc/io/file.h"
 #include "src/format/torch/torch_save_writer.h"
 
@@ -394,89 +395,62 @@ Result<std::string> Zero3OptimizerState(const PickleValue& out, size_t osd_at,
   return result;
 }
 
-}  // namespace
-
-Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex& index,
-                                const std::vector<std::string>& params) {
-  UcpSource src;
-  FC_ASSIGN_OR_RETURN(src.dir, ResolveDir(StripTrailingSlashes(input)));
-  auto attr = [&](const std::string& k) {
-    auto it = index.attributes.find(k);
-    return it == index.attributes.end() ? std::string() : it->second;
-  };
-  const std::string optimizer = attr("deepspeed.optimizer");
-  src.universal = optimizer == "universal";
-  const bool zero3 = optimizer == "zero3";
-  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(src.dir));
-  for (const std::string& n : names) {
-    if (IsDirectory(JoinPath(src.dir, n)) || !n.ends_with("model_states.pt")) continue;
-    // ds_to_universal copies mp* (stage <= 2) or every *model_states.pt (stage 3); the
-    // pipeline layer files are copied too: their module weights are in no other file.
-    if (n.find("_expert_") == std::string::npos) src.copy_files.push_back(n);
+// The parsed object of the source file dir/rel: the DeepSpeed reader's, kept in the index the
+// caller opened (`parsed`, may be null), else read here.
+Result<PickleValue> ParsedRoot(const deepspeed_internal::ParsedFiles* parsed,
+                               const std::string& dir, const std::string& rel) {
+  if (parsed != nullptr) {
+    if (const deepspeed_internal::ParsedPt* pt = parsed->Find(dir, rel)) return pt->root;
   }
-  static constexpr const char* kStates[] = {"fp32", "exp_avg", "exp_avg_sq"};
+  return ReadPickleOf(JoinPath(dir, rel));
+}
 
-  if (src.universal) {
-    const std::string osd = JoinPath(src.dir, "zero/optimizer_state.pt");
-    if (PathExists(osd)) src.optimizer_state_copy = osd;
-    for (const std::string& p : params) {
-      for (const char* state : kStates) {
-        const std::string path = JoinPath(src.dir, "zero/" + p + "/" + state + ".pt");
-        FC_ASSIGN_OR_RETURN(PickleValue root, ReadPickleOf(path));
-        UcpFileMeta meta;
-        if (root.is_dict()) {
-          bool seen = false;
-          for (const auto& [k, v] : root.entries) {
-            if (!k->is_str()) continue;
-            if (k->str == "param") {
-              seen = true;
-            } else {
-              (seen ? meta.after : meta.before).emplace_back(k->str, v);
-            }
+constexpr const char* kUcpStates[] = {"fp32", "exp_avg", "exp_avg_sq"};
+
+// A UCP source: its optimizer_state.pt (copied) and each param file's non-tensor keys.
+Status ReadUniversalMeta(const deepspeed_internal::ParsedFiles* parsed,
+                         const std::vector<std::string>& params, UcpSource& src) {
+  const std::string osd = JoinPath(src.dir, "zero/optimizer_state.pt");
+  if (PathExists(osd)) src.optimizer_state_copy = osd;
+  for (const std::string& p : params) {
+    for (const char* state : kUcpStates) {
+      FC_ASSIGN_OR_RETURN(PickleValue root,
+                          ParsedRoot(parsed, src.dir, "zero/" + p + "/" + state + ".pt"));
+      UcpFileMeta meta;
+      if (root.is_dict()) {
+        bool seen = false;
+        for (const auto& [k, v] : root.entries) {
+          if (!k->is_str()) continue;
+          if (k->str == "param") {
+            seen = true;
+          } else {
+            (seen ? meta.after : meta.before).emplace_back(k->str, v);
           }
-        } else {
-          meta.form = UcpFileForm::kRawTensor;
         }
-        src.meta[p + "/" + state] = std::move(meta);
+      } else {
+        meta.form = UcpFileForm::kRawTensor;
       }
+      src.meta[p + "/" + state] = std::move(meta);
     }
-    return src;
   }
+  return Status::Ok();
+}
 
-  // A DeepSpeed tag dir: universal_checkpoint_info from the first model states, the
-  // optimizer state of DP rank 0 of model-parallel rank 0.
-  std::string model_file, optim_file;
-  for (const std::string& n : names) {
-    if (model_file.empty() && n.ends_with("model_states.pt") &&
-        (n.starts_with("mp_rank_00") || n.find("zero_pp_rank_0_mp_rank_00") != std::string::npos)) {
-      model_file = n;
-    }
-    for (const char* prefix : {"", "bf16_", "fp16_"}) {
-      if (n == std::string(prefix) + "zero_pp_rank_0_mp_rank_00_optim_states.pt") optim_file = n;
-    }
-  }
-  if (model_file.empty() || optim_file.empty()) {
-    return NotFoundError(src.dir + ": no " + (model_file.empty()
-                                                  ? std::string("mp_rank_00 model states")
-                                                  : std::string("zero_pp_rank_0_mp_rank_00 optimizer states")) +
-                         " file to take the UCP's optimizer state and merge rules from");
-  }
-  FC_ASSIGN_OR_RETURN(PickleValue model, ReadPickleOf(JoinPath(src.dir, model_file)));
-  FC_ASSIGN_OR_RETURN(PickleValue optim, ReadPickleOf(JoinPath(src.dir, optim_file)));
-  const PickleValue* info = model.Find("universal_checkpoint_info");
-  if (info != nullptr && info->is_none()) info = nullptr;
-
-  // zero/optimizer_state.pt (5.3): rank 0's optimizer state dict without the flat
-  // partitions, plus param_groups. Entries holding tensors (stage 3's fp32_flat_groups and
-  // nested optimizer_state_dict) are left out: fc writes no tensor there.
+// zero/optimizer_state.pt (5.3) from rank 0's optimizer file `optim` (at `optim_path`, for
+// messages): its optimizer state dict without the flat partitions, plus param_groups.
+// Entries holding tensors (stage 3's fp32_flat_groups and nested optimizer_state_dict) are
+// left out: fc writes no tensor there.
+Result<std::string> OptimizerStateArchive(const PickleValue& optim, const std::string& optim_path,
+                                          bool zero3, const CheckpointIndex& index,
+                                          const std::vector<std::string>& params) {
   const PickleValue* osd = optim.Find("optimizer_state_dict");
   if (osd == nullptr || !osd->is_dict()) {
-    return DataLossError(JoinPath(src.dir, optim_file) + ": no optimizer_state_dict dict");
+    return DataLossError(optim_path + ": no optimizer_state_dict dict");
   }
   const PickleValue* base = osd->Find(zero3 ? "optimizer_state_dict" : "base_optimizer_state");
   const PickleValue* groups = base ? base->Find("param_groups") : nullptr;
   if (groups == nullptr) {
-    return DataLossError(JoinPath(src.dir, optim_file) + ": no param_groups in " +
+    return DataLossError(optim_path + ": no param_groups in " +
                          (zero3 ? "optimizer_state_dict" : "base_optimizer_state"));
   }
   PickleValue out;
@@ -505,17 +479,17 @@ Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex&
   key->kind = PickleValue::Kind::kStr;
   key->str = "param_groups";
   out.entries.emplace_back(key, std::make_shared<PickleValue>(*groups));
-  if (zero3_osd_at == SIZE_MAX) {
-    FC_ASSIGN_OR_RETURN(src.optimizer_state_archive,
-                        PlainValueArchive(out).With(JoinPath(src.dir, optim_file)));
-  } else {
-    FC_ASSIGN_OR_RETURN(src.optimizer_state_archive,
-                        Zero3OptimizerState(out, zero3_osd_at, *base, index, params)
-                            .With(JoinPath(src.dir, optim_file)));
-  }
+  if (zero3_osd_at == SIZE_MAX) return PlainValueArchive(out).With(optim_path);
+  return Zero3OptimizerState(out, zero3_osd_at, *base, index, params).With(optim_path);
+}
 
+// The merge keys of each param's files (5.5) from universal_checkpoint_info `info` of the
+// model states at `model_path` (for messages) into src.meta.
+Status AddMergeKeys(const PickleValue* info, const std::string& model_path,
+                    const CheckpointIndex& index, const std::vector<std::string>& params,
+                    bool zero3, UcpSource& src) {
   int64_t tp = 1;
-  if (const std::string t = attr("deepspeed.tp_degree"); !t.empty()) tp = std::stoll(t);
+  if (const std::string t = index.Attribute("deepspeed.tp_degree"); !t.empty()) tp = std::stoll(t);
   // DeepSpeed 0.19's AutoTP publishes, beside the category patterns, an `affine_map`: per
   // param pattern, where each TP rank's block lies in the full tensor. ds_to_universal then
   // rebuilds such a param from the map and saves none of the category keys (cat_dim,
@@ -548,7 +522,7 @@ Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex&
       PickleValue::Ptr sub;
       if (!AnyMatch(info, "parameter_with_2_sub_params_cat_dim_0", p)) {
         FC_ASSIGN_OR_RETURN(sub, SubParamShapeFor(info, p, merged ? merged->global_shape : Shape{})
-                                     .With(JoinPath(src.dir, model_file)));
+                                     .With(model_path));
       }
       if (AnyMatch(info, "parameter_with_2_sub_params_cat_dim_0", p)) {
         meta.before.emplace_back("cat_dim", PickleInt(0));
@@ -563,8 +537,59 @@ Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex&
     if (meta.form == UcpFileForm::kDict && AnyMatch(info, "vocabulary_parameter_patterns", p)) {
       meta.before.emplace_back("vocab_tensor", PickleBool(true));
     }
-    for (const char* state : kStates) src.meta[p + "/" + state] = meta;
+    for (const char* state : kUcpStates) src.meta[p + "/" + state] = meta;
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<UcpSource> ReadUcpSource(const std::string& input, const CheckpointIndex& index,
+                                const std::vector<std::string>& params) {
+  UcpSource src;
+  FC_ASSIGN_OR_RETURN(src.dir, ResolveDir(StripTrailingSlashes(input)));
+  const deepspeed_internal::ParsedFiles* parsed = deepspeed_internal::ParsedFilesOf(index);
+  const std::string optimizer = index.Attribute("deepspeed.optimizer");
+  src.universal = optimizer == "universal";
+  const bool zero3 = optimizer == "zero3";
+  FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(src.dir));
+  for (const std::string& n : names) {
+    if (IsDirectory(JoinPath(src.dir, n)) || !n.ends_with("model_states.pt")) continue;
+    // ds_to_universal copies mp* (stage <= 2) or every *model_states.pt (stage 3); the
+    // pipeline layer files are copied too: their module weights are in no other file.
+    if (n.find("_expert_") == std::string::npos) src.copy_files.push_back(n);
+  }
+  if (src.universal) {
+    FC_RETURN_IF_ERROR(ReadUniversalMeta(parsed, params, src));
+    return src;
+  }
+
+  // A DeepSpeed tag dir: universal_checkpoint_info from the first model states, the
+  // optimizer state of DP rank 0 of model-parallel rank 0.
+  std::string model_file, optim_file;
+  for (const std::string& n : names) {
+    if (model_file.empty() && n.ends_with("model_states.pt") &&
+        (n.starts_with("mp_rank_00") || n.find("zero_pp_rank_0_mp_rank_00") != std::string::npos)) {
+      model_file = n;
+    }
+    for (const char* prefix : {"", "bf16_", "fp16_"}) {
+      if (n == std::string(prefix) + "zero_pp_rank_0_mp_rank_00_optim_states.pt") optim_file = n;
+    }
+  }
+  if (model_file.empty() || optim_file.empty()) {
+    return NotFoundError(src.dir + ": no " + (model_file.empty()
+                                                  ? std::string("mp_rank_00 model states")
+                                                  : std::string("zero_pp_rank_0_mp_rank_00 optimizer states")) +
+                         " file to take the UCP's optimizer state and merge rules from");
+  }
+  FC_ASSIGN_OR_RETURN(PickleValue model, ParsedRoot(parsed, src.dir, model_file));
+  FC_ASSIGN_OR_RETURN(PickleValue optim, ParsedRoot(parsed, src.dir, optim_file));
+  const PickleValue* info = model.Find("universal_checkpoint_info");
+  if (info != nullptr && info->is_none()) info = nullptr;
+  FC_ASSIGN_OR_RETURN(src.optimizer_state_archive,
+                      OptimizerStateArchive(optim, JoinPath(src.dir, optim_file), zero3, index,
+                                            params));
+  FC_RETURN_IF_ERROR(AddMergeKeys(info, JoinPath(src.dir, model_file), index, params, zero3, src));
   return src;
 }
 
