@@ -8,6 +8,14 @@ using K = PickleValue::Kind;
 
 Status EmitPickleValue(PickleWriter& w, const PV& v, const std::string& where,
                        const PickleEmitHook& hook) {
+  // Shared sub-values are written once per reference, so a small hostile pickle (n nested
+  // pairs [x, x]) would expand to 2^n values: the output is bounded instead.
+  if (w.bytes() > kMaxReemitBytes) {
+    return ResourceExhaustedError(where + ": re-pickled value passes " +
+                                  std::to_string(kMaxReemitBytes >> 20) +
+                                  " MiB (values shared through the memo are written once "
+                                  "per reference)");
+  }
   if (hook) {
     if (std::optional<Status> done = hook(w, v)) return *done;
   }

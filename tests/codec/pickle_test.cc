@@ -1,6 +1,9 @@
 // Pickle VM: hand-written opcode streams, and streams produced by CPython's pickler
 // (protocols 0-5 of one object) that must all decode to the same tree.
 #include "fc/codec/pickle.h"
+#include "fc/codec/pickle_reemit.h"
+#include "fc/codec/pickle_writer.h"
+#include "fc/format/ucp_writer.h"
 
 #include <catch2/catch.hpp>
 
@@ -571,6 +574,28 @@ TEST_CASE("pickle: MEMOIZE numbers keys by the memo's size; sparse keys work",
   testing::PickleWriter bad;
   bad.Proto(2).BinGet(3).Stop();
   CHECK(ParsePickle(bad.bytes()).status().code() == StatusCode::kDataLoss);
+}
+
+// A small pickle whose value shares one sub-value many times over: 80 nested pairs [x, x]
+// through the memo, 2^80 values when walked or written once per reference. The walks over
+// it (HoldsTensor) visit each node once; re-pickling it (EmitPickleValue) stops at its
+// output bound instead of running for ever.
+TEST_CASE("pickle: a shared value nested 80 times is walked once and re-pickled within a bound",
+          "[pickle][hostile]") {
+  std::vector<std::byte> b;
+  auto put = [&](std::initializer_list<int> bytes) {
+    for (int x : bytes) b.push_back(static_cast<std::byte>(x));
+  };
+  put({0x80, 2, ']', 'q', 0});  // PROTO 2, EMPTY_LIST, BINPUT 0
+  for (int i = 1; i <= 80; ++i) put({'(', 'h', i - 1, 'h', i - 1, 'l', 'q', i});
+  put({'.'});
+  Result<PickleValue> v = Parse(b);
+  REQUIRE(v.ok());
+  CHECK_FALSE(HoldsTensor(*v));
+  internal_torch::PickleWriter w(2);
+  Status emitted = EmitPickleValue(w, *v, "nested");
+  CHECK(emitted.code() == StatusCode::kResourceExhausted);
+  CHECK(emitted.message().find("nested: re-pickled value passes 256 MiB") != std::string::npos);
 }
 
 }  // namespace

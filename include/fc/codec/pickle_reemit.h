@@ -9,12 +9,15 @@
 // CPython memoizes (strings, tuples, lists, dicts, reduce results), so the output is an
 // ordinary protocol-2 pickle; shared sub-values are written once per reference.
 // Errors: kUnimplemented naming `where` and the value for what it cannot write (persistent
-// ids, big ints, bytes whose payload is not inline) unless the hook writes them.
+// ids, big ints, bytes whose payload is not inline) unless the hook writes them;
+// kResourceExhausted once the writer holds more than kMaxReemitBytes (a value shared many
+// times over expands: n nested pairs [x, x] are 2^n values written out).
 //
 // Thread-safety: none (as the writer).
 #ifndef FC_CODEC_PICKLE_REEMIT_H_
 #define FC_CODEC_PICKLE_REEMIT_H_
 
+#include <cstddef>
 #include <functional>
 #include <optional>
 #include <string>
@@ -27,6 +30,8 @@ namespace fc {
 
 // Asked first for every node: returns a status when it wrote the node itself (e.g. a tensor
 // as a persistent id), nullopt for the default handling.
+inline constexpr size_t kMaxReemitBytes = size_t{256} << 20;
+
 using PickleEmitHook = std::function<std::optional<Status>(internal_torch::PickleWriter&,
                                                            const PickleValue&)>;
 

@@ -61,6 +61,8 @@ class PickleWriter {
 
   // Emits STOP, closes the last frame, and returns the pickle. The writer is spent.
   std::string Finish();
+  // Bytes written so far.
+  size_t bytes() const { return out_.size(); }
 
   // CPython's batch size for APPENDS / SETITEMS.
   static constexpr size_t kBatchSize = 1000;

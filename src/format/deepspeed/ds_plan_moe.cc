@@ -35,8 +35,8 @@ struct MoeGroup {
 };
 
 // DP rank r's optimizer file `name`: checked against the ranks before it, added to moe.files.
-Status AddMoeRankFile(DsRepartition& job, const SourceFiles& sources, Repartitioner& rp, int64_t r, const std::string& name,
-                      MoeSource& moe) {
+Status AddMoeRankFile(const SourceFiles& sources, Repartitioner& rp, int64_t r,
+                      const std::string& name, MoeSource& moe) {
   std::vector<SourceFile>& files = moe.files;
   bool& bf16 = moe.bf16;
   std::optional<bool>& data_before_expert = moe.data_before_expert;
@@ -277,7 +277,7 @@ Status PlanMoeZero12(DsRepartition& job, const SourceFiles& sources, Repartition
   job.source_dp = ws;
   MoeSource moe;
   for (const auto& [r, name] : ranks) {
-    FC_RETURN_IF_ERROR(AddMoeRankFile(job, sources, rp, r, name, moe));
+    FC_RETURN_IF_ERROR(AddMoeRankFile(sources, rp, r, name, moe));
   }
   const std::vector<SourceFile>& files = moe.files;
   if (!moe.fragment_cls) moe.fragment_cls = PickleGlobal("deepspeed.utils.tensor_fragment", "fragment_address");

@@ -34,7 +34,7 @@ struct Zero12Source {
 
 // DP rank r's optimizer file `name` of model-parallel rank m: checked against the groups and
 // the source DP size, its partitions added to z12.groups as plan sources, the file to z12.files.
-Status AddZero12RankSources(DsRepartition& job, const SourceFiles& sources, Repartitioner& rp, int64_t m,
+Status AddZero12RankSources(const SourceFiles& sources, Repartitioner& rp, int64_t m,
                             const std::string& model_name, int64_t source_dp, int64_t r,
                             const std::string& name, Zero12Source& z12) {
   std::vector<GroupSource>& groups = z12.groups;
@@ -231,7 +231,7 @@ Status PlanZero12(DsRepartition& job, const SourceFiles& sources, Repartitioner&
   }
   job.source_dp = source_dp;
   for (const auto& [r, name] : ranks) {
-    FC_RETURN_IF_ERROR(AddZero12RankSources(job, sources, rp, m, model_name, source_dp, r, name, z12));
+    FC_RETURN_IF_ERROR(AddZero12RankSources(sources, rp, m, model_name, source_dp, r, name, z12));
   }
   job.variant = z12.bf16 ? "bf16_optimizer" : "zero";
   if (!z12.fragment_cls) z12.fragment_cls = PickleGlobal("deepspeed.utils.tensor_fragment", "fragment_address");

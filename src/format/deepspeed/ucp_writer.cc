@@ -19,6 +19,8 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <unordered_set>
+#include <vector>
 
 #include <re2/re2.h>
 
@@ -27,6 +29,7 @@
 #include "fc/codec/pickle_writer.h"
 #include "fc/codec/zip_writer.h"
 #include "fc/core/checked_math.h"
+#include "fc/codec/pickle_walk.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/deepspeed.h"
 #include "src/format/deepspeed/names.h"
@@ -97,15 +100,17 @@ std::string ArchiveBytes(std::string pickle) {
 // Plain values.
 
 bool HoldsTensor(const PickleValue& v) {
-  if (v.kind == PickleValue::Kind::kPersId) return true;
-  for (const PickleValue::Ptr& p : {v.callee, v.args, v.kwargs, v.state}) {
-    if (p && HoldsTensor(*p)) return true;
-  }
-  for (const PickleValue::Ptr& p : v.items) {
-    if (HoldsTensor(*p)) return true;
-  }
-  for (const auto& [k, value] : v.entries) {
-    if (HoldsTensor(*k) || HoldsTensor(*value)) return true;
+  // Iterative, each node once: the tree is a DAG (values shared through the memo), and a
+  // hostile pickle of n nested pairs [x, x] would take 2^n steps walked per reference.
+  std::unordered_set<const PickleValue*> seen = {&v};
+  std::vector<const PickleValue*> stack = {&v};
+  while (!stack.empty()) {
+    const PickleValue* node = stack.back();
+    stack.pop_back();
+    if (node->kind == PickleValue::Kind::kPersId) return true;
+    ForEachChild(*node, [&](const PickleValue* child) {
+      if (seen.insert(child).second) stack.push_back(child);
+    });
   }
   return false;
 }
