@@ -2,6 +2,7 @@
 #include "src/format/deepspeed/ds_source_file.h"
 
 #include <optional>
+#include <unordered_set>
 
 #include "fc/core/checked_math.h"
 #include "fc/format/deepspeed.h"
@@ -86,7 +87,13 @@ Result<Located> LocateTensor(const SourceFile& sf, const PV* v, const std::strin
   return l;
 }
 
-Result<PV::Ptr> StorageClassOf(const PV& v, const std::string& where) {
+namespace {
+
+// StorageClassOf over the nodes not yet in `seen`: each node is looked into once, as the
+// tree is a DAG (a hostile pickle sharing one value n levels deep would take 2^n steps).
+Result<PV::Ptr> StorageClassOfUnseen(const PV& v, const std::string& where,
+                                     std::unordered_set<const PV*>& seen) {
+  if (!seen.insert(&v).second) return NotFoundError(where + ": no storage");
   if (v.kind == K::kPersId) {
     const PV* pid = v.callee.get();
     if (pid && pid->is_tuple() && pid->items.size() >= 5 && pid->items[1]->kind == K::kGlobal &&
@@ -98,15 +105,22 @@ Result<PV::Ptr> StorageClassOf(const PV& v, const std::string& where) {
   }
   for (const PV::Ptr& p : {v.callee, v.args}) {
     if (p) {
-      auto r = StorageClassOf(*p, where);
+      auto r = StorageClassOfUnseen(*p, where, seen);
       if (r.ok() || r.status().code() != StatusCode::kNotFound) return r;
     }
   }
   for (const PV::Ptr& p : v.items) {
-    auto r = StorageClassOf(*p, where);
+    auto r = StorageClassOfUnseen(*p, where, seen);
     if (r.ok() || r.status().code() != StatusCode::kNotFound) return r;
   }
   return NotFoundError(where + ": no storage");
+}
+
+}  // namespace
+
+Result<PV::Ptr> StorageClassOf(const PV& v, const std::string& where) {
+  std::unordered_set<const PV*> seen;
+  return StorageClassOfUnseen(v, where, seen);
 }
 
 }  // namespace fc::deepspeed_writer_internal

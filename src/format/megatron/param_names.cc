@@ -85,10 +85,26 @@ std::optional<ExpertPos> ExpertOf(const std::vector<std::string_view>& parts) {
   return ExpertPos{parts.size() - 1, stem, v};
 }
 
-Status FlattenStateDict(const RankFile& f, const PV& dict, const std::string& prefix, int depth,
-                        std::vector<Piece>* out, int64_t* skipped) {
+namespace {
+
+// Most dicts and entries one flattening visits. A real state dict has one entry per tensor
+// and a few per module (thousands); dicts shared through the memo are visited once per
+// reference, so a hostile pickle of n levels of k references to one dict would take k^n.
+constexpr int64_t kMaxStateDictVisits = int64_t{1} << 22;
+
+Status FlattenStateDictWithin(const RankFile& f, const PV& dict, const std::string& prefix,
+                              int depth, std::vector<Piece>* out, int64_t* skipped,
+                              int64_t* visits_left) {
   if (depth > 16) return DataLossError(f.rel + ": state dict nested deeper than 16 levels");
-  for (const auto& [k, v] : *PickleDictEntries(&dict)) {
+  const auto& entries = *PickleDictEntries(&dict);
+  *visits_left -= 1 + static_cast<int64_t>(entries.size());
+  if (*visits_left < 0) {
+    return ResourceExhaustedError(f.rel + ": state dict has more than " +
+                                  std::to_string(kMaxStateDictVisits) +
+                                  " dicts and entries when walked (a dict shared through the "
+                                  "pickle memo counts once per reference)");
+  }
+  for (const auto& [k, v] : entries) {
     if (!k || !k->is_str() || !v) {
       ++*skipped;
       continue;
@@ -101,12 +117,21 @@ Status FlattenStateDict(const RankFile& f, const PV& dict, const std::string& pr
     if (LooksLikeTensor(*v)) {
       out->push_back(Piece{name, v.get()});
     } else if (PickleDictEntries(v.get()) != nullptr) {
-      FC_RETURN_IF_ERROR(FlattenStateDict(f, *v, name, depth + 1, out, skipped));
+      FC_RETURN_IF_ERROR(
+          FlattenStateDictWithin(f, *v, name, depth + 1, out, skipped, visits_left));
     } else {
       ++*skipped;
     }
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status FlattenStateDict(const RankFile& f, const PV& dict, const std::string& prefix, int depth,
+                        std::vector<Piece>* out, int64_t* skipped) {
+  int64_t visits_left = kMaxStateDictVisits;
+  return FlattenStateDictWithin(f, dict, prefix, depth, out, skipped, &visits_left);
 }
 
 bool IsExpertPiece(const Piece& pc) { return ExpertOf(Split(pc.name, '.')).has_value(); }

@@ -53,7 +53,9 @@ struct Piece {
   const PV* value = nullptr;
 };
 
-// Flattens a (possibly nested) state dict into tensors; counts what is skipped.
+// Flattens a (possibly nested) state dict into tensors; counts what is skipped. Errors:
+// kDataLoss past 16 levels, kResourceExhausted past 4M dicts and entries walked (a dict
+// shared through the pickle memo is walked once per reference).
 Status FlattenStateDict(const RankFile& f, const PV& dict, const std::string& prefix, int depth,
                         std::vector<Piece>* out, int64_t* skipped);
 

@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 
+#include "src/format/deepspeed/ds_source_file.h"
 #include "tests/format/deepspeed/ds_fixture_edit.h"
 #include "tests/format/megatron/pickle_edit.h"
 #include "tests/format/torch/torch_test_support.h"
@@ -793,6 +794,17 @@ TEST_CASE("ucp writer refusals: parameter_with_sub_params", "[deepspeed][writer]
     Refused(r.status(), StatusCode::kDataLoss,
             {model, "'attn.qkv.weight': 3 sub-params do not divide its merged dim 0"});
   }
+}
+
+// A value shared through the memo at every level (80 nested pairs [x, x], 2^80 values when
+// walked per reference): the storage-class lookup looks into each node once.
+TEST_CASE("deepspeed writer: a storage class is looked for once per shared node",
+          "[deepspeed_writer][hostile]") {
+  PickleValue::Ptr shared = PickleList({});
+  for (int i = 0; i < 80; ++i) shared = PickleList({shared, shared});
+  auto cls = deepspeed_writer_internal::StorageClassOf(*shared, "x.pt: state");
+  CHECK(cls.status().code() == StatusCode::kNotFound);
+  CHECK(cls.status().message() == "x.pt: state: no storage");
 }
 
 }  // namespace

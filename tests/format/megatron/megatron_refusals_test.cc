@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "src/format/megatron/distrib_optim_layout.h"
+#include "src/format/megatron/param_names.h"
 #include "tests/format/megatron/pickle_edit.h"
 #include "tests/format/torch/torch_test_support.h"
 #include "tests/support/testdata.h"
@@ -242,6 +243,21 @@ TEST_CASE("megatron refusals: args and the model state dicts", "[megatron][refus
     Refused(ReadMegatronLegacyCheckpoint(dir), StatusCode::kDataLoss,
             {"mp_rank_00/model_optim_rng.pt: state dict nested deeper than 16 levels"});
   }
+  SECTION("a dict shared through the memo at every level (4^15 entries when walked)") {
+    // Walked directly: a file holding it would be re-pickled expanded by the test's writer.
+    megatron_internal::RankFile f;
+    f.rel = "mp_rank_00/model_optim_rng.pt";
+    PV::Ptr shared = PickleDict({{"x", PickleInt(1)}});
+    for (int i = 0; i < 15; ++i) {
+      shared = PickleDict({{"a", shared}, {"b", shared}, {"c", shared}, {"d", shared}});
+    }
+    std::vector<megatron_internal::Piece> pieces;
+    int64_t skipped = 0;
+    const Status st = megatron_internal::FlattenStateDict(f, *shared, "", 0, &pieces, &skipped);
+    CHECK(st.code() == StatusCode::kResourceExhausted);
+    CHECK_THAT(st.message(), Catch::Contains("mp_rank_00/model_optim_rng.pt: state dict has "
+                                             "more than 4194304 dicts and entries"));
+  }
   SECTION("expert_tensor_parallel_size other than the TP degree with experts") {
     const std::string dir = CopySave(tmp, "moe_tp2_ep2");
     Edit(dir + "/iter_0000005/mp_rank_00_000/model_optim_rng.pt", [](PV& root) {
@@ -462,7 +478,7 @@ TEST_CASE("megatron refusals: Float16 optimizer states", "[megatron][refusals]")
              "mp_rank_00_001/model_optim_rng.pt: no 'optimizer'"});
   }
   SECTION("not a Float16 optimizer's state") {
-    Edit(f1, [&](PV& root) { Set(opt(root), "fp32_from_fp16_params", PickleInt(0)); });
+    Edit(f1, [&](PV& root) { Set(opt(root), "fp32_from_fp16_params", PickleInt(int64_t{0})); });
     NotRead(read(), attr,
             {"mp_rank_00_001/model_optim_rng.pt: optimizer is not a Float16 optimizer's state "
              "({optimizer: {state, param_groups}, fp32_from_fp16_params}) nor an FP32Optimizer's"});
@@ -798,7 +814,7 @@ TEST_CASE("megatron refusals: args.ddp_num_buckets", "[megatron][refusals]") {
   testing::TempDir tmp;
   const std::string dir = CopySave(tmp, "gpt_num_buckets");
   Edit(dir + "/iter_0000023/mp_rank_00/model_optim_rng.pt",
-       [](PV& root) { Set(Args(root), "ddp_num_buckets", PickleInt(0)); });
+       [](PV& root) { Set(Args(root), "ddp_num_buckets", PickleInt(int64_t{0})); });
   NotRead(ReadMegatronLegacyCheckpoint(dir), "megatron.distrib_optim",
           {"mp_rank_00/model_optim_rng.pt: args.ddp_num_buckets 0 is not a count of buckets"});
 }
