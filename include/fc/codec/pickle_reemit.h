@@ -28,10 +28,11 @@
 
 namespace fc {
 
-// Asked first for every node: returns a status when it wrote the node itself (e.g. a tensor
-// as a persistent id), nullopt for the default handling.
+// Most bytes EmitPickleValue writes into one writer (see Errors above).
 inline constexpr size_t kMaxReemitBytes = size_t{256} << 20;
 
+// Asked first for every node: returns a status when it wrote the node itself (e.g. a tensor
+// as a persistent id), nullopt for the default handling.
 using PickleEmitHook = std::function<std::optional<Status>(internal_torch::PickleWriter&,
                                                            const PickleValue&)>;
 

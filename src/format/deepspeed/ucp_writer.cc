@@ -26,10 +26,10 @@
 
 #include "fc/codec/pickle_build.h"
 #include "fc/codec/pickle_reemit.h"
+#include "fc/codec/pickle_walk.h"
 #include "fc/codec/pickle_writer.h"
 #include "fc/codec/zip_writer.h"
 #include "fc/core/checked_math.h"
-#include "fc/codec/pickle_walk.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/deepspeed.h"
 #include "src/format/deepspeed/names.h"
