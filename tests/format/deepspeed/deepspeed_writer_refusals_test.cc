@@ -797,11 +797,13 @@ TEST_CASE("ucp writer refusals: parameter_with_sub_params", "[deepspeed][writer]
 }
 
 // A value shared through the memo at every level (80 nested pairs [x, x], 2^80 values when
-// walked per reference): the storage-class lookup looks into each node once.
+// walked per reference): the storage-class lookup and the UCP writer's tensor check look
+// into each node once.
 TEST_CASE("deepspeed writer: a storage class is looked for once per shared node",
           "[deepspeed_writer][hostile]") {
   PickleValue::Ptr shared = PickleList({});
   for (int i = 0; i < 80; ++i) shared = PickleList({shared, shared});
+  CHECK_FALSE(HoldsTensor(*shared));
   auto cls = deepspeed_writer_internal::StorageClassOf(*shared, "x.pt: state");
   CHECK(cls.status().code() == StatusCode::kNotFound);
   CHECK(cls.status().message() == "x.pt: state: no storage");
