@@ -16,21 +16,16 @@ using K = PickleValue::Kind;
 Result<SourceFile> OpenSource(const std::string& dir, const std::string& name) {
   SourceFile sf;
   sf.path = JoinPath(dir, name);
-  FC_ASSIGN_OR_RETURN(DeepSpeedPtFile pt, ReadDeepSpeedPtFile(sf.path));
-  sf.size = pt.size;
-  sf.root = std::move(pt.root);
-  sf.storages = std::move(pt.storages);
+  FC_ASSIGN_OR_RETURN(static_cast<DeepSpeedPtFile&>(sf), ReadDeepSpeedPtFile(sf.path));
   return sf;
 }
 
 Result<SourceFile> SourceFiles::Open(const std::string& name) const {
-  const deepspeed_internal::ParsedPt* pt = parsed_ ? parsed_->Find(dir_, name) : nullptr;
+  const DeepSpeedPtFile* pt = parsed_ ? parsed_->Find(dir_, name) : nullptr;
   if (pt == nullptr) return OpenSource(dir_, name);
   SourceFile sf;
+  static_cast<DeepSpeedPtFile&>(sf) = *pt;  // the root shares the tree's (immutable) nodes
   sf.path = JoinPath(dir_, name);
-  sf.size = pt->size;
-  sf.root = pt->root;  // shares the tree's nodes (immutable)
-  sf.storages = pt->storages;
   return sf;
 }
 

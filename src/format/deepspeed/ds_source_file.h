@@ -13,18 +13,16 @@
 
 #include "fc/codec/pickle.h"
 #include "fc/core/status.h"
+#include "fc/format/deepspeed.h"
 #include "fc/format/torch_save.h"
 #include "src/format/deepspeed/parsed_files.h"
 
 namespace fc::deepspeed_writer_internal {
 
-struct SourceFile {
+// The file's root, size and storage places (fc/format/deepspeed.h), with its path and place.
+struct SourceFile : DeepSpeedPtFile {
   std::string path;  // absolute
   uint32_t index = 0;  // in DsRepartition::source.files
-  uint64_t size = 0;
-  PickleValue root;
-  // Storage key -> [offset, + bytes) in the file (zip record or legacy raw storage).
-  std::map<std::string, std::pair<uint64_t, uint64_t>> storages;
 };
 
 // Reads and parses dir/name.

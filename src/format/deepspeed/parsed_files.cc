@@ -19,7 +19,7 @@ std::string NormalDir(const std::string& dir) {
 
 }  // namespace
 
-const ParsedPt* ParsedFiles::Find(const std::string& dir, const std::string& rel) const {
+const DeepSpeedPtFile* ParsedFiles::Find(const std::string& dir, const std::string& rel) const {
   if (dir != dir_ && NormalDir(dir) != NormalDir(dir_)) return nullptr;
   auto it = files_.find(rel);
   return it == files_.end() ? nullptr : &it->second;

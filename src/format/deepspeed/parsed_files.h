@@ -7,24 +7,15 @@
 #ifndef FC_SRC_FORMAT_DEEPSPEED_PARSED_FILES_H_
 #define FC_SRC_FORMAT_DEEPSPEED_PARSED_FILES_H_
 
-#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
 
-#include "fc/codec/pickle.h"
+#include "fc/format/deepspeed.h"
 #include "fc/model/checkpoint_index.h"
 #include "fc/model/reader_retained.h"
 
 namespace fc::deepspeed_internal {
-
-// One parsed .pt file.
-struct ParsedPt {
-  uint64_t size = 0;  // bytes, when opened
-  PickleValue root;   // the saved object (tensors as unresolved persistent ids)
-  // Storage key -> [offset, + bytes) in the file (TorchSaveFile::StorageSpans).
-  std::map<std::string, std::pair<uint64_t, uint64_t>> storages;
-};
 
 class ParsedFiles : public ReaderRetained {
  public:
@@ -32,16 +23,18 @@ class ParsedFiles : public ReaderRetained {
 
   // The tag dir the reader read, as it named it.
   const std::string& dir() const { return dir_; }
-  void Add(std::string rel, ParsedPt pt) { files_.insert_or_assign(std::move(rel), std::move(pt)); }
+  void Add(std::string rel, DeepSpeedPtFile pt) {
+    files_.insert_or_assign(std::move(rel), std::move(pt));
+  }
 
   // The file `rel` (relative to `dir`, e.g. "zero/<param>/fp32.pt") when `dir` names the
   // directory the reader read (compared lexically, trailing and repeated slashes aside) and
   // it parsed that file; else nullptr.
-  const ParsedPt* Find(const std::string& dir, const std::string& rel) const;
+  const DeepSpeedPtFile* Find(const std::string& dir, const std::string& rel) const;
 
  private:
   std::string dir_;
-  std::map<std::string, ParsedPt> files_;
+  std::map<std::string, DeepSpeedPtFile> files_;
 };
 
 // The DeepSpeed reader's files kept in `index`, or nullptr (another reader's index, or one

@@ -362,7 +362,8 @@ void Reader::SetIndexAttributes(const std::string& tag, const Degrees& deg, bool
 void Reader::RetainParsedFiles() {
   auto parsed = std::make_shared<ParsedFiles>(dir_);
   for (const std::unique_ptr<PtFile>& f : files_) {
-    ParsedPt pt;
+    DeepSpeedPtFile pt;
+    pt.legacy = f->legacy;
     pt.size = f->file->size();
     pt.storages = f->StorageSpans();
     pt.root = std::move(f->root);

@@ -405,7 +405,7 @@ Result<std::string> Zero3OptimizerState(const PickleValue& out, size_t osd_at,
 Result<PickleValue> ParsedRoot(const deepspeed_internal::ParsedFiles* parsed,
                                const std::string& dir, const std::string& rel) {
   if (parsed != nullptr) {
-    if (const deepspeed_internal::ParsedPt* pt = parsed->Find(dir, rel)) return pt->root;
+    if (const DeepSpeedPtFile* pt = parsed->Find(dir, rel)) return pt->root;
   }
   return ReadPickleOf(JoinPath(dir, rel));
 }
