@@ -56,7 +56,8 @@
 # only warm runs are made.
 # In the first warm round every peer's output is compared with fc's, tensor by tensor, bit for
 # bit (bench/peers/compare.py); a difference is printed as MISMATCH and the script exits 1.
-# Results: a table on stdout and $BENCH_DIR/peers-SIZEg.json (every run's figures).
+# Results: a table on stdout and $BENCH_DIR/peers-SIZEg.json (every run's figures;
+# peers-SIZEg-PAIR+PAIR.json for a subset of PAIRS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-1}; runs=${2:-3}; pairs=${3:-}

@@ -14,6 +14,7 @@ the peer's interpreter importing its libraries, about 1.2 GB of torch + DeepSpee
 so that cold measures the input coming off the disk, not the loading of the tools. Each run goes through measure.py; its output is deleted (and synced) after it,
 except in the first warm round, where every peer's output is compared with fc's by
 compare.py (interop env's python) before it is deleted. Results: BENCH_DIR/peers-SIZEg.json
+(peers-SIZEg-PAIR+PAIR.json for a subset)
 and a table on stdout.
 """
 import argparse
@@ -241,7 +242,8 @@ def main():
                                   flush=True)
                     for out in outs.values():
                         rm(os.path.dirname(out))
-    with open(os.path.join(a.dir, f"peers-{a.size}g.json"), "w") as f:
+    subset = "" if not a.pairs else "-" + "+".join(chosen)  # a subset does not overwrite all
+    with open(os.path.join(a.dir, f"peers-{a.size}g{subset}.json"), "w") as f:
         json.dump(results, f, indent=1)
     report(results)
     if failed:
