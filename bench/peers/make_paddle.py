@@ -5,7 +5,8 @@ usage: ~/.cache/fc-interop/paddle/bin/python bench/peers/make_paddle.py OUT SIZE
 
 `python -m paddle.distributed.launch --nproc_per_node 2` (CPU, gloo), then
 `paddle.distributed.save_state_dict` of fp32 [H, H] tensors (H = 2048) as
-`dist.shard_tensor(..., Shard(0))` on a 2-rank mesh, named as a Paddle Linear stack with
+`Shard(0)` dist tensors on a 2-rank mesh (each rank's rows made by that rank:
+`dtensor_from_local`), named as a Paddle Linear stack with
 AdamW moments: `linear_I.w_0`, `linear_I.w_0.moment1_0`, `linear_I.w_0.moment2_0`, enough
 layers for SIZE_GB (12 bytes per weight element; random values, no training: the merge
 reads bytes, not meaning). Files: `0.metadata`, `0_0.distcp`, `1_0.distcp` (paddle.save
@@ -27,16 +28,20 @@ def worker(out, size_gb):
     import numpy as np
     import paddle
     import paddle.distributed as dist
+    from paddle.distributed.auto_parallel.api import dtensor_from_local
     dist.init_parallel_env()
     mesh = dist.ProcessMesh([0, 1], dim_names=["x"])
     layers = max(1, round(size_gb * 1e9 / 12 / (H * H)))
-    rng = np.random.default_rng(7)
+    # Each rank makes only its own rows (dtensor_from_local): a whole tensor on each rank
+    # first, sharded after, ran this 23 GB VM out of memory at 10 GB.
+    rank = dist.get_rank()
+    rng = np.random.default_rng(7 + rank)
     state = {}
     for i in range(layers):
         for suffix, scale in (("", 0.02), (".moment1_0", 1e-3), (".moment2_0", 1e-6)):
-            a = (rng.standard_normal((H, H), dtype=np.float32) * scale).astype(np.float32)
-            state[f"linear_{i}.w_0{suffix}"] = dist.shard_tensor(paddle.to_tensor(a), mesh,
-                                                                 [dist.Shard(0)])
+            a = (rng.standard_normal((H // 2, H), dtype=np.float32) * scale).astype(np.float32)
+            state[f"linear_{i}.w_0{suffix}"] = dtensor_from_local(paddle.to_tensor(a), mesh,
+                                                                  [dist.Shard(0)])
     dist.save_state_dict(state, out)
     dist.barrier()
     if dist.get_rank() == 0:

@@ -167,7 +167,9 @@ class PosixWritable : public EnvWritableFile {
       if (n == 0) return IoError("writing " + path_ + ": no progress (disk full?)");
       done += static_cast<size_t>(n);
     }
-    StartWriteBack(data.size());
+    if (unstarted_bytes_.fetch_add(data.size()) + data.size() >= kWriteBackStride) {
+      StartWriteBack();
+    }
     return Status::Ok();
   }
   Status Sync() override {
@@ -183,20 +185,18 @@ class PosixWritable : public EnvWritableFile {
     return Status::Ok();
   }
 
- private:
   // Best effort: a write-back failure shows again, with its errno, at the fdatasync in Sync();
   // dropping pages is advice.
-  void StartWriteBack(size_t written) {
+  void StartWriteBack() override {
 #ifdef __linux__
-    if (unstarted_bytes_.fetch_add(written) + written < kWriteBackStride) return;
-    if (unstarted_bytes_.exchange(0) < kWriteBackStride) return;  // another writer started it
+    // Nothing written since the last start (or another writer just started it).
+    if (fd_ < 0 || unstarted_bytes_.exchange(0) == 0) return;
     (void)::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
     (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
-#else
-    (void)written;
 #endif
   }
 
+ private:
   std::string path_;
   int fd_;
   std::atomic<uint64_t> unstarted_bytes_{0};  // written since write-back was last started
@@ -688,6 +688,7 @@ class FaultWritable : public EnvWritableFile {
     return base_->Sync();
   }
   Status Close() override { return base_->Close(); }
+  void StartWriteBack() override { base_->StartWriteBack(); }
 
  private:
   FaultInjectingEnv* env_;

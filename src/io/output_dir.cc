@@ -16,6 +16,8 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -164,11 +166,50 @@ Result<std::string> CreateStagingDirNextTo(const std::string& out) {
   return IoError("creating a staging directory next to " + out + ": all names taken");
 }
 
+// Every directory of the staging tree, children before their parent: the writers sync their
+// files, but a file's name lives in its directory, and an output with subdirectories (a
+// Universal Checkpoint's zero/<param>/, a DeepSpeed save's global_step<N>/) would
+// otherwise depend on the file system's journal to keep, after a power loss, the names of
+// files whose data it synced. Symlinks are not followed (fc writes none); the walk stops
+// at kMaxStagingDepth levels.
+constexpr int kMaxStagingDepth = 32;
+
+Status SyncStagingTree(const std::string& staging) {
+  struct Pending {
+    std::string dir;
+    int depth;
+    bool children_done;
+  };
+  std::vector<Pending> stack = {{staging, 0, false}};
+  while (!stack.empty()) {
+    Pending& top = stack.back();
+    if (top.children_done) {
+      FC_RETURN_IF_ERROR(SyncDirectory(top.dir));
+      stack.pop_back();
+      continue;
+    }
+    top.children_done = true;
+    const std::string dir = top.dir;
+    const int depth = top.depth;
+    FC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
+    for (const std::string& name : names) {
+      const std::string path = JoinPath(dir, name);
+      if (DefaultEnv()->Type(path, /*follow=*/false) != EnvFileType::kDirectory) continue;
+      if (depth + 1 > kMaxStagingDepth) {
+        return InternalError(path + ": staging directories nested deeper than " +
+                             std::to_string(kMaxStagingDepth) + " levels");
+      }
+      stack.push_back({path, depth + 1, false});  // `top` may move: not used below
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status CommitStagingDir(const std::string& staging, const std::string& out_dir) {
   const std::string out = StripTrailingSlashes(out_dir);
-  FC_RETURN_IF_ERROR(SyncDirectory(staging));
+  FC_RETURN_IF_ERROR(SyncStagingTree(staging));
   if (IsReplaceable(out) && IsNonEmptyDirectory(out)) return ReplaceOutput(staging, out);
   // Re-check just before the rename: rename(2) silently replaces an empty directory but
   // fails with a bare ENOTEMPTY on a full one; say why.

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "fc/io/env.h"
@@ -337,6 +338,60 @@ TEST_CASE("output dir: a replacing commit that fails keeps the old OUT", "[io][o
       CHECK(*names == std::vector<std::string>{"out"});
     }
   }
+}
+
+// A file's name lives in its directory: the commit syncs every directory of the staging
+// tree, each after its subdirectories, then the parent of OUT after the rename.
+TEST_CASE("output dir: the commit syncs every staging directory, children first",
+          "[io][output]") {
+  InMemoryEnv mem;
+  FaultInjectingEnv faults(&mem);
+  ScopedEnvOverride scoped(&faults);
+  REQUIRE(CreateDirectories("/w").ok());
+  std::vector<std::string> synced;  // in order, from the fault each sync in turn is made to be
+  for (uint64_t nth = 1;; ++nth) {
+    REQUIRE(nth < 10);
+    REQUIRE(RemoveAll("/w/out").ok());
+    auto o = OutputDir::Open("/w/out", "");
+    REQUIRE(o.ok());
+    const std::string staging = (*o)->staging();
+    REQUIRE(CreateDirectories(staging + "/zero/p.a").ok());
+    REQUIRE(CreateDirectories(staging + "/zero/p.b/deeper").ok());
+    REQUIRE(CreateDirectories(staging + "/global_step1").ok());
+    PutFile(staging + "/zero/p.a", "fp32.pt", "1");
+    PutFile(staging, "latest", "2");
+    faults.ResetCounts();
+    faults.FailNth(FaultOp::kSync, nth);
+    Status committed = (*o)->Commit();
+    faults.FailNth(FaultOp::kSync, 0);
+    if (!faults.Fired()) {
+      REQUIRE(committed.ok());
+      break;
+    }
+    REQUIRE_FALSE(committed.ok());
+    const std::string message(committed.message());
+    const size_t on = message.find(" on /w");
+    REQUIRE(on != std::string::npos);
+    std::string path = message.substr(on + 4);
+    path = path.substr(0, path.find_first_of(" :"));
+    if (path.starts_with(staging)) path = "STAGING" + path.substr(staging.size());
+    synced.push_back(path);
+    CHECK_FALSE(PathExists("/w/out/latest"));  // a failed sync before the rename: no OUT
+  }
+  const std::vector<std::string> dirs = {"STAGING/zero/p.a", "STAGING/zero/p.b/deeper",
+                                         "STAGING/zero/p.b", "STAGING/zero",
+                                         "STAGING/global_step1", "STAGING"};
+  REQUIRE(synced.size() == dirs.size() + 1);  // and /w, after the rename
+  CHECK(synced.back() == "/w");
+  auto at = [&](const std::string& d) {
+    return std::find(synced.begin(), synced.end(), d) - synced.begin();
+  };
+  for (const std::string& d : dirs) {
+    INFO(d);
+    CHECK(at(d) < static_cast<ptrdiff_t>(dirs.size()));  // synced, before the rename
+    if (d != "STAGING") CHECK(at(d) < at(d.substr(0, d.rfind('/'))));  // before its parent
+  }
+  CHECK(GetFile("/w/out/zero/p.a/fp32.pt") == "1");
 }
 
 TEST_CASE("output dir: kReplace refuses a file or a symlink as OUT", "[io][output]") {

@@ -80,6 +80,7 @@ class UcpWriter {
  private:
   struct FileState;
   UcpWriter() = default;
+  static Status WriteTail(FileState& fs);
   std::string dir_;
   std::vector<std::unique_ptr<FileState>> files_;
 };

@@ -83,6 +83,12 @@ class EnvWritableFile {
   virtual Status WriteAt(uint64_t offset, std::span<const std::byte> data) = 0;
   virtual Status Sync() = 0;
   virtual Status Close() = 0;
+  // Advice, for a writer done with a file well before its Sync: start writing what was
+  // written so far to the device without waiting for it, and let the cache drop those pages
+  // once they are on disk. The POSIX file does this by itself every 16 MiB written; a file
+  // smaller than that would otherwise stay dirty until the Sync at the end. Errors surface
+  // at Sync. Default: nothing (in-memory files).
+  virtual void StartWriteBack() {}
 };
 
 // A held advisory lock; destroying it removes the lock file and releases the lock.

@@ -92,6 +92,10 @@ class WritableFile {
   Status WriteAt(uint64_t offset, std::span<const std::byte> data);
   Status Sync();
   Status Close();
+  // Advice for a file complete long before its Sync (EnvWritableFile::StartWriteBack).
+  void StartWriteBack() {
+    if (file_) file_->StartWriteBack();
+  }
 
  private:
   WritableFile(std::string path, std::unique_ptr<EnvWritableFile> file)

@@ -11,7 +11,8 @@
 //   <parent>/<name>.fc-tmp-<pid>-XXXXXX    staging: <pid> the creating process, XXXXXX six
 //                                          random [A-Za-z0-9]; mode 0777 & ~umask
 //
-// Commit: fsync every file (the writers do), fsync the staging directory, check OUT is
+// Commit: fsync every file (the writers do), fsync every directory of the staging tree
+// (its subdirectories first, then the staging directory itself), check OUT is
 // still absent or empty, rename(2) staging onto OUT, fsync <parent>. So OUT holds nothing
 // or a complete result at every instant, whatever kills the process. A run that fails or
 // is interrupted (SIGINT/SIGTERM: see RequestCancel in fc/io/env.h) removes its staging;
@@ -50,7 +51,8 @@ namespace fc {
 // parent is missing or not writable.
 Result<std::string> CreateStagingDir(const std::string& out);
 
-// Commits a fully written staging directory: fsync it, re-check that `out` is absent or
+// Commits a fully written staging directory: fsync its directories (subdirectories, then
+// it), re-check that `out` is absent or
 // an empty directory (kFailedPrecondition otherwise), rename it onto `out`, fsync the
 // parent (when that fails, the directory is renamed back). On error the staging directory
 // is left for the caller to remove. While an OutputDir of this process claims `out` with

@@ -16,6 +16,7 @@
 #include "fc/format/ucp_writer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -130,7 +131,30 @@ struct UcpWriter::FileState {
   std::unique_ptr<WritableFile> file;
   std::mutex mu;
   internal_torch::CrcParts ranges;  // the tensor bytes written, merged when touching
+  std::atomic<uint64_t> bytes_on_file{0};  // tensor bytes whose WriteAt returned
+  bool tail_written = false;               // under mu
 };
+
+// The archive's tail (its records' CRC known once every tensor byte is in). Called once all
+// of them were written, by the writer of the last bytes, or by Finish.
+Status UcpWriter::WriteTail(FileState& fs) {
+  const uint64_t length = fs.archive.data_bytes();
+  uint32_t crc = 0;
+  {
+    std::lock_guard<std::mutex> lock(fs.mu);
+    if (fs.tail_written) return Status::Ok();
+    if (length > 0) {
+      if (fs.ranges.size() != 1 || fs.ranges.begin()->first != 0 ||
+          fs.ranges.begin()->second.end != length) {
+        return InternalError(fs.spec.path + ": not every tensor byte was written");
+      }
+      crc = fs.ranges.begin()->second.crc;
+    }
+    fs.tail_written = true;
+  }
+  return fs.file->WriteAt(fs.archive.data_offset() + length,
+                          AsBytes(internal_torch::TensorArchiveTail(fs.archive, crc)));
+}
 
 UcpWriter::~UcpWriter() = default;
 
@@ -202,24 +226,22 @@ Status UcpWriter::Write(size_t file, uint64_t offset, std::span<const std::byte>
                                   " written twice");
     }
   }
-  return fs.file->WriteAt(fs.archive.data_offset() + offset, bytes);
+  FC_RETURN_IF_ERROR(fs.file->WriteAt(fs.archive.data_offset() + offset, bytes));
+  // A UCP file is one tensor, a few MB, below the size at which the file starts its own
+  // write-back: the writer of its last bytes finishes it and starts it toward the disk now,
+  // so that the disk works while the copy goes on and Finish's fdatasync finds it written
+  // (left to Finish, 8.6 GB of 1,360 files were still dirty at the end of the copy).
+  if (fs.bytes_on_file.fetch_add(bytes.size()) + bytes.size() == length) {
+    FC_RETURN_IF_ERROR(WriteTail(fs));
+    fs.file->StartWriteBack();
+  }
+  return Status::Ok();
 }
 
 Status UcpWriter::Finish() {
   for (const std::unique_ptr<FileState>& f : files_) {
     FileState& fs = *f;
-    const uint64_t length = fs.archive.data_bytes();
-    uint32_t crc = 0;
-    if (length > 0) {
-      if (fs.ranges.size() != 1 || fs.ranges.begin()->first != 0 ||
-          fs.ranges.begin()->second.end != length) {
-        return InternalError(fs.spec.path + ": not every tensor byte was written");
-      }
-      crc = fs.ranges.begin()->second.crc;
-    }
-    FC_RETURN_IF_ERROR(
-        fs.file->WriteAt(fs.archive.data_offset() + length,
-                         AsBytes(internal_torch::TensorArchiveTail(fs.archive, crc))));
+    FC_RETURN_IF_ERROR(WriteTail(fs));  // a file of no tensor bytes; or one not complete
     FC_RETURN_IF_ERROR(fs.file->Sync());
     FC_RETURN_IF_ERROR(fs.file->Close());
   }
