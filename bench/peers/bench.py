@@ -13,7 +13,10 @@ each run, then the tool's own code read back into the cache (untimed: `fc-export
 the peer's interpreter importing its libraries, about 1.2 GB of torch + DeepSpeed files),
 so that cold measures the input coming off the disk, not the loading of the tools. Each run goes through measure.py; its output is deleted (and synced) after it,
 except in the first warm round, where every peer's output is compared with fc's by
-compare.py (interop env's python) before it is deleted. Results: BENCH_DIR/peers-SIZEg.json
+compare.py (interop env's python) before it is deleted. Beside the tools, in the same
+rotation, two disk rows: `dd if=/dev/zero bs=4M conv=fsync` of fc's output byte count (the
+durable write limit) and, cold only, `cat` of the input files (the sequential read limit);
+the slower is the floor, and peer time / floor the largest ratio any converter could show. Results: BENCH_DIR/peers-SIZEg.json
 (peers-SIZEg-PAIR+PAIR.json for a subset)
 and a table on stdout.
 """
@@ -90,6 +93,22 @@ def src_files(src):
         root = os.path.dirname(src)
     return [p for p in glob.glob(os.path.join(root, "**"), recursive=True)
             + glob.glob(os.path.join(root, "**", ".*"), recursive=True) if os.path.isfile(p)]
+
+
+# The disk's limits, measured in the same rounds as the tools (rotating with them): the
+# durable write of fc's output byte count, and (cold only) the sequential read of the input.
+# The slower of the two is the floor no converter can beat; peer time / floor is the
+# largest peer/fc ratio this disk allows.
+DD, CAT = "disk: dd write", "disk: cat read"
+DISK = [(DD, None), (CAT, None)]
+
+
+def disk_argv(label, src, out, out_bytes):
+    if label == DD:
+        count = max(1, -(-out_bytes // (4 << 20)))
+        return ["dd", "if=/dev/zero", f"of={out}.dd", "bs=4M", f"count={count}",
+                "conv=fsync", "status=none"]
+    return ["bash", "-c", 'cat "$@" > /dev/null', "cat"] + sorted(src_files(src))
 
 
 def src_bytes(src):
@@ -172,7 +191,7 @@ def main():
             print(f"{name}: SKIPPED, no source {src}", flush=True)
             results["pairs"][name] = {"skipped": f"no source {src}"}
             continue
-        ready[name] = [("fc", None)] + peers
+        ready[name] = [("fc", None)] + peers + DISK
         results["pairs"][name] = {"source": src, "source_bytes": src_bytes(src), "tools": {}}
     for state in states:
         if state == "warm":  # the interpreters' libraries into the page cache, untimed
@@ -190,12 +209,23 @@ def main():
                 order = tools[rnd % len(tools):] + tools[:rnd % len(tools)]
                 outs = {}
                 for label, argv in order:
+                    if label == CAT and state == "warm":
+                        continue  # a read from the page cache is no limit
                     out = os.path.join(work, label.split()[0].replace("/", "_") + "-"
                                        + str(tools.index((label, argv))), "out")
                     rm(os.path.dirname(out))
                     os.makedirs(os.path.dirname(out))
                     stats = os.path.join(work, "stats.json")
-                    cmd = fc_argv(src, out, stats) if label == "fc" else argv(src, out)
+                    if label in (DD, CAT):
+                        fc_out = [r["out_bytes"] for rs in pr["tools"]["fc"].values()
+                                  for r in rs if r["exit"] == 0]
+                        if not fc_out:
+                            continue  # fc has not written yet: nothing to size dd by
+                        cmd = disk_argv(label, src, out, fc_out[0])
+                    elif label == "fc":
+                        cmd = fc_argv(src, out, stats)
+                    else:
+                        cmd = argv(src, out)
                     if state == "warm":
                         warm(src)
                     else:  # the input cold; the tool's own code read back in, untimed
@@ -211,6 +241,8 @@ def main():
                         r["fc_stats"] = s
                     r["out_bytes"] = sum(os.path.getsize(p) for p in glob.glob(
                         os.path.join(out, "**"), recursive=True) if os.path.isfile(p))
+                    if label == DD and os.path.exists(out + ".dd"):
+                        r["out_bytes"] = os.path.getsize(out + ".dd")
                     pr["tools"].setdefault(label, {}).setdefault(state, []).append(r)
                     print(f"  {state} round {rnd + 1} {label}: {r['wall_sync_s']:.2f} s "
                           f"(exit {r['exit']}), tree RSS {r['tree_rss_kib'] / 1024:.0f} MiB, "
@@ -219,7 +251,7 @@ def main():
                     if r["exit"] != 0:
                         print("    FAILED:\n" + r["error"], flush=True)
                         failed.append(f"{name}: {label}: exit {r['exit']}")
-                    if state == "warm" and rnd == 0 and r["exit"] == 0:
+                    if state == "warm" and rnd == 0 and r["exit"] == 0 and label not in (DD, CAT):
                         outs[label] = out
                     else:
                         rm(os.path.dirname(out))
@@ -267,6 +299,8 @@ def report(res):
             fc_rss = median([r["tree_rss_kib"] for r in fc])
             for label, runs in pr["tools"].items():
                 rs = [r for r in runs.get(state, []) if r["exit"] == 0]
+                if not runs.get(state):
+                    continue  # not run in this state (the cat read, warm)
                 if not rs:
                     print(f"| {name} | {label} | {state} | failed | | | | | | |")
                     continue
@@ -278,11 +312,24 @@ def report(res):
                 rb = median([r["read_bytes"] for r in rs]) / 1e9
                 st = (f"{median([r['fc_bytes_read'] for r in rs]) / 1e9:.3f}"
                       if label == "fc" else "")
-                ratio = "" if label == "fc" else f"{t / fc_t:.1f}x"
-                rss_ratio = "" if label == "fc" else f"{mt * 1024 / fc_rss:.1f}x"
+                disk = label in (DD, CAT)
+                ratio = ("" if label == "fc" else
+                         f"fc at {t / fc_t:.2f} of it" if disk else f"{t / fc_t:.1f}x")
+                rss_ratio = "" if label == "fc" or disk else f"{mt * 1024 / fc_rss:.1f}x"
                 print(f"| {name} | {label} | {state} | {t:.2f} ({t0:.2f}) | {m1:.0f} / {mt:.0f}"
                       f" | {rc:.3f} | {rb:.3f} | {st} | {ratio} | {rss_ratio} | "
                       f"{median([r['load1_before'] for r in rs]):.1f} |")
+            limits = [median([r["wall_sync_s"] for r in pr["tools"].get(d, {}).get(state, [])
+                              if r["exit"] == 0]) for d in (DD, CAT)]
+            limits = [x for x in limits if x == x]  # drop NaN (not measured)
+            if limits:
+                floor = max(limits)
+                best = ", ".join(
+                    f"{label} {median([r['wall_sync_s'] for r in runs[state] if r['exit'] == 0]) / floor:.1f}x"
+                    for label, runs in pr["tools"].items()
+                    if label not in ("fc", DD, CAT) and runs.get(state))
+                print(f"|   | disk floor {state} | {floor:.2f} s: fc at {floor / fc_t:.2f} of it;"
+                      f" the most any tool could reach, peer/floor: {best} |")
         for label, v in pr.get("compare", {}).items():
             print(f"|   | check: {label} vs fc | {v.splitlines()[-1] if v else ''} |")
 
