@@ -16,7 +16,8 @@ except in the first warm round, where every peer's output is compared with fc's 
 compare.py (interop env's python) before it is deleted. Beside the tools, in the same
 rotation, two disk rows: `dd if=/dev/zero bs=4M conv=fsync` of fc's output byte count (the
 durable write limit) and, cold only, `cat` of the input files (the sequential read limit);
-the slower is the floor, and peer time / floor the largest ratio any converter could show. Results: BENCH_DIR/peers-SIZEg.json
+the slower is the floor, and peer time / floor the largest ratio any converter could show
+(their sum, what reading everything and then writing it takes, is printed beside it). Results: BENCH_DIR/peers-SIZEg.json
 (peers-SIZEg-PAIR+PAIR.json for a subset)
 and a table on stdout.
 """
@@ -323,13 +324,20 @@ def report(res):
                               if r["exit"] == 0]) for d in (DD, CAT)]
             limits = [x for x in limits if x == x]  # drop NaN (not measured)
             if limits:
+                # The slower of the two bounds every converter from below (a disk that reads
+                # and writes at once at full speed); their sum is what reading everything,
+                # then writing it, takes (where reads and writes share one channel, close to
+                # the real floor).
                 floor = max(limits)
                 best = ", ".join(
                     f"{label} {median([r['wall_sync_s'] for r in runs[state] if r['exit'] == 0]) / floor:.1f}x"
                     for label, runs in pr["tools"].items()
                     if label not in ("fc", DD, CAT) and runs.get(state))
-                print(f"|   | disk floor {state} | {floor:.2f} s: fc at {floor / fc_t:.2f} of it;"
-                      f" the most any tool could reach, peer/floor: {best} |")
+                both = (f"; cat + dd {sum(limits):.2f} s, fc at {sum(limits) / fc_t:.2f} of it"
+                        if len(limits) > 1 else "")
+                print(f"|   | disk floor {state} | slower {floor:.2f} s, fc at "
+                      f"{floor / fc_t:.2f} of it{both}; peer/slower, the most any tool could "
+                      f"show: {best} |")
         for label, v in pr.get("compare", {}).items():
             print(f"|   | check: {label} vs fc | {v.splitlines()[-1] if v else ''} |")
 

@@ -22,6 +22,16 @@
 // The output is therefore not in the page cache after a run. fc reads its own output back
 // only where the fc distcp writer re-hashes a chunk whose slabs came too far out of order
 // (FcDistcpWriterOptions::reorder_limit); those bytes then come from the disk.
+//
+// Why PosixReadable drops the input pages it read off the disk: a convert reads each byte
+// once, so an input left in the page cache only grows it, and the kernel must find free
+// pages for every later read and write, reclaiming others once memory is full. On the
+// 2-core development VM, whose hypervisor backs guest memory lazily, pages not used for a
+// while are also slow to touch (0.35-0.9 GB/s beyond the first ~11 GB, /tmp/touch-style
+// test in bench/README.md): a cold 10 GB ZeRO-2 -> UCP convert ran 12.6-19.3 s keeping what
+// it read and 12.5-13.2 s dropping it (4 runs each, 2026-12-07). The decision is per open
+// file, at its first read, by mincore(2): fewer than half of its pages cached means fc
+// brought them in; otherwise they are the user's (a warm input) and stay.
 #include "fc/io/env.h"
 
 #include <dirent.h>
@@ -41,7 +51,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <optional>
 #include <system_error>
+#include <vector>
+
+#include "fc/io/read_ahead.h"
 
 namespace fc {
 namespace {
@@ -93,16 +108,24 @@ Status CheckSymlink(const std::string& path) {
                               dir + "; refused (--follow-symlinks allows it)");
 }
 
+// How far ahead of each sequential stream of reads the kernel is asked to read (four of
+// the executor's 2 MiB slabs, and more than the 8 MiB device read-ahead of the VM measured).
+constexpr uint64_t kReadAheadBytes = uint64_t{32} << 20;
+
 class PosixReadable : public EnvReadableFile {
  public:
   PosixReadable(std::string path, int fd, uint64_t size)
-      : path_(std::move(path)), fd_(fd), size_(size) {}
+      : path_(std::move(path)), fd_(fd), size_(size), streams_(size, kReadAheadBytes) {}
   ~PosixReadable() override { ::close(fd_); }
   uint64_t size() const override { return size_; }
   Result<size_t> Read(uint64_t offset, std::span<std::byte> dst) const override {
+    const bool drop = BeforeRead(offset, dst.size());
     for (;;) {
       const ssize_t n = ::pread(fd_, dst.data(), dst.size(), static_cast<off_t>(offset));
-      if (n >= 0) return static_cast<size_t>(n);
+      if (n >= 0) {
+        AfterRead(drop, offset, static_cast<size_t>(n));
+        return static_cast<size_t>(n);
+      }
       if (errno == EINTR) continue;
       return ErrnoError("reading " + path_ + " at " + std::to_string(offset), errno);
     }
@@ -111,13 +134,19 @@ class PosixReadable : public EnvReadableFile {
                                std::span<const std::span<std::byte>> buffers) const override {
     struct iovec iov[64];
     int count = 0;
+    uint64_t total = 0;
     for (const auto& b : buffers) {
       if (count == 64 || count == IOV_MAX) break;
       iov[count++] = {b.data(), b.size()};
+      total += b.size();
     }
+    const bool drop = BeforeRead(offset, total);
     for (;;) {
       const ssize_t n = ::preadv(fd_, iov, count, static_cast<off_t>(offset));
-      if (n >= 0) return static_cast<size_t>(n);
+      if (n >= 0) {
+        AfterRead(drop, offset, static_cast<size_t>(n));
+        return static_cast<size_t>(n);
+      }
       if (errno == EINTR) continue;
       return ErrnoError("reading " + path_ + " at " + std::to_string(offset), errno);
     }
@@ -141,9 +170,66 @@ class PosixReadable : public EnvReadableFile {
   }
 
  private:
+  // Page-cache advice around each read (the header comment says why): start reading what
+  // the read's stream needs next, and say whether the read's pages go once read. Advice
+  // only: a failure costs speed, not correctness.
+  bool BeforeRead(uint64_t offset, uint64_t length) const {
+    std::optional<ReadAheadStreams::Range> will_need;
+    bool drop = false;
+    {
+      std::lock_guard<std::mutex> lock(streams_mu_);
+      if (!cache_checked_) {
+        drop_read_pages_ = MostlyUncached();
+        cache_checked_ = true;
+      }
+      drop = drop_read_pages_;
+      will_need = streams_.OnRead(offset, length);
+    }
+    if (will_need) {
+      (void)::posix_fadvise(fd_, static_cast<off_t>(will_need->offset),
+                            static_cast<off_t>(will_need->length), POSIX_FADV_WILLNEED);
+    }
+    return drop;
+  }
+  void AfterRead(bool drop, uint64_t offset, size_t bytes) const {
+    if (drop && bytes > 0) {
+      (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes),
+                            POSIX_FADV_DONTNEED);
+    }
+  }
+  // Whether fewer than half of the file's pages are in the page cache: mincore(2) on a
+  // mapping made for this and unmapped at once, never touched (it faults nothing in).
+  // Where that cannot be told, no: nothing is dropped.
+  bool MostlyUncached() const {
+    if (size_ == 0 || size_ > SIZE_MAX) return false;
+    const size_t bytes = static_cast<size_t>(size_);
+    void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) return false;
+    static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    // In windows of 16384 pages: a fixed 16 KiB vector, whatever the file's size.
+    std::vector<unsigned char> resident(16384);
+    const size_t window = resident.size() * page;
+    size_t cached = 0;
+    bool known = true;
+    for (size_t at = 0; at < bytes && known; at += window) {
+      const size_t len = std::min(window, bytes - at);
+      known = ::mincore(static_cast<char*>(p) + at, len, resident.data()) == 0;
+      const size_t pages = (len + page - 1) / page;
+      cached += static_cast<size_t>(std::count_if(resident.begin(),
+                                                  resident.begin() + static_cast<std::ptrdiff_t>(pages),
+                                                  [](unsigned char r) { return (r & 1) != 0; }));
+    }
+    ::munmap(p, bytes);
+    return known && cached * 2 < (bytes + page - 1) / page;
+  }
+
   std::string path_;
   int fd_;
   uint64_t size_;
+  mutable std::mutex streams_mu_;
+  mutable ReadAheadStreams streams_;
+  mutable bool cache_checked_ = false;    // MostlyUncached() asked, at the first read
+  mutable bool drop_read_pages_ = false;  // its answer
 };
 
 constexpr uint64_t kWriteBackStride = uint64_t{16} << 20;

@@ -2,10 +2,13 @@
 // symlinks out of the directory); OutputDir's lock, nesting checks, sweep and commit.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <thread>
 
 #include "fc/io/env.h"
@@ -173,6 +176,71 @@ TEST_CASE("posix writes: disjoint ranges from two threads, across write-back sta
     REQUIRE(*n == kPiece);
     REQUIRE(got == fill(piece));
   }
+}
+
+namespace {
+// How many of the file's pages are in the page cache (mincore on an untouched mapping).
+size_t ResidentPages(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct stat st;
+  ::fstat(fd, &st);
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return 0;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((bytes + page - 1) / page);
+  ::mincore(p, bytes, resident.data());
+  ::munmap(p, bytes);
+  return static_cast<size_t>(
+      std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }));
+}
+
+// Writes `bytes` to `path`, on disk and out of the page cache where the filesystem allows.
+void WriteUncached(const std::string& path, size_t bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  REQUIRE(fd >= 0);
+  std::vector<char> data(bytes, 'x');
+  REQUIRE(::write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size()));
+  REQUIRE(::fdatasync(fd) == 0);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+}  // namespace
+
+TEST_CASE("posix reads: pages read off the disk are dropped, cached pages stay",
+          "[io][env][page_cache]") {
+  testing::TempDir s;
+  const std::string cold = JoinPath(s.path(), "cold"), warm = JoinPath(s.path(), "warm");
+  constexpr size_t kBytes = size_t{8} << 20, kSlab = size_t{1} << 20;
+  WriteUncached(cold, kBytes);
+  WriteUncached(warm, kBytes);
+  if (ResidentPages(cold) != 0) {
+    WARN("this filesystem keeps written pages cached (tmpfs?): nothing to check");
+    return;
+  }
+  {  // The user's cat: the warm file is cached before fc reads it.
+    std::ifstream in(warm, std::ios::binary);
+    std::vector<char> sink(kBytes);
+    in.read(sink.data(), static_cast<std::streamsize>(sink.size()));
+  }
+  const size_t warm_pages = ResidentPages(warm);
+  REQUIRE(warm_pages > 0);
+  for (const std::string& path : {cold, warm}) {
+    auto file = PosixEnv()->OpenForRead(path);
+    REQUIRE(file.ok());
+    std::vector<std::byte> got(kSlab);
+    for (size_t at = 0; at < kBytes; at += kSlab) {
+      auto n = (*file)->Read(at, got);
+      REQUIRE(n.ok());
+      REQUIRE(*n == kSlab);
+      REQUIRE(got[0] == std::byte{'x'});
+    }
+  }
+  // The read-ahead advice may leave a stream's last window cached; what was read is gone.
+  CHECK(ResidentPages(cold) == 0);
+  CHECK(ResidentPages(warm) == warm_pages);
 }
 
 TEST_CASE("cancel: every later operation fails", "[io][cancel]") {

@@ -134,7 +134,10 @@ class Env {
                                                         std::string* holder) = 0;
 };
 
-// The real file system.
+// The real file system. Its readable files advise the kernel: each sequential stream of
+// reads is read ahead (fc/io/read_ahead.h), and a file that was mostly out of the page cache
+// when first read has the pages of every read dropped once read (a cached input stays
+// cached). Advice only: what Read returns is the same either way.
 Env* PosixEnv();
 
 // The Env that fc/io/file.h uses now: PosixEnv() unless overridden.
