@@ -27,8 +27,8 @@
 // once, so an input left in the page cache only grows it, and the kernel must find free
 // pages for every later read and write, reclaiming others once memory is full. On the
 // 2-core development VM, whose hypervisor backs guest memory lazily, pages not used for a
-// while are also slow to touch (0.35-0.9 GB/s beyond the first ~11 GB, /tmp/touch-style
-// test in bench/README.md): a cold 10 GB ZeRO-2 -> UCP convert ran 12.6-19.3 s keeping what
+// while are also slow to touch (0.35-0.9 GiB/s beyond the first ~11 GiB, bench/touch_memory,
+// bench/README.md): a cold 10 GB ZeRO-2 -> UCP convert ran 12.6-19.3 s keeping what
 // it read and 12.5-13.2 s dropping it (4 runs each, 2026-12-07). The decision is per open
 // file, at its first read, by mincore(2): fewer than half of its pages cached means fc
 // brought them in; otherwise they are the user's (a warm input) and stay.
@@ -119,13 +119,10 @@ class PosixReadable : public EnvReadableFile {
   ~PosixReadable() override { ::close(fd_); }
   uint64_t size() const override { return size_; }
   Result<size_t> Read(uint64_t offset, std::span<std::byte> dst) const override {
-    const bool drop = BeforeRead(offset, dst.size());
+    BeforeRead(offset, dst.size());
     for (;;) {
       const ssize_t n = ::pread(fd_, dst.data(), dst.size(), static_cast<off_t>(offset));
-      if (n >= 0) {
-        AfterRead(drop, offset, static_cast<size_t>(n));
-        return static_cast<size_t>(n);
-      }
+      if (n >= 0) return static_cast<size_t>(n);
       if (errno == EINTR) continue;
       return ErrnoError("reading " + path_ + " at " + std::to_string(offset), errno);
     }
@@ -140,13 +137,10 @@ class PosixReadable : public EnvReadableFile {
       iov[count++] = {b.data(), b.size()};
       total += b.size();
     }
-    const bool drop = BeforeRead(offset, total);
+    BeforeRead(offset, total);
     for (;;) {
       const ssize_t n = ::preadv(fd_, iov, count, static_cast<off_t>(offset));
-      if (n >= 0) {
-        AfterRead(drop, offset, static_cast<size_t>(n));
-        return static_cast<size_t>(n);
-      }
+      if (n >= 0) return static_cast<size_t>(n);
       if (errno == EINTR) continue;
       return ErrnoError("reading " + path_ + " at " + std::to_string(offset), errno);
     }
@@ -170,11 +164,11 @@ class PosixReadable : public EnvReadableFile {
   }
 
  private:
-  // Page-cache advice around each read (the header comment says why): start reading what
-  // the read's stream needs next, and say whether the read's pages go once read. Advice
-  // only: a failure costs speed, not correctness.
-  bool BeforeRead(uint64_t offset, uint64_t length) const {
-    std::optional<ReadAheadStreams::Range> will_need;
+  // Page-cache advice before each read (the header comment says why): start reading what
+  // the read's stream needs next and, in a file fc brought in from the disk, drop what the
+  // stream has read. Advice only: a failure costs speed, not correctness.
+  void BeforeRead(uint64_t offset, uint64_t length) const {
+    ReadAheadStreams::Advice advice;
     bool drop = false;
     {
       std::lock_guard<std::mutex> lock(streams_mu_);
@@ -183,18 +177,17 @@ class PosixReadable : public EnvReadableFile {
         cache_checked_ = true;
       }
       drop = drop_read_pages_;
-      will_need = streams_.OnRead(offset, length);
+      advice = streams_.OnRead(offset, length);
     }
-    if (will_need) {
-      (void)::posix_fadvise(fd_, static_cast<off_t>(will_need->offset),
-                            static_cast<off_t>(will_need->length), POSIX_FADV_WILLNEED);
+    if (advice.will_need) {
+      (void)::posix_fadvise(fd_, static_cast<off_t>(advice.will_need->offset),
+                            static_cast<off_t>(advice.will_need->length), POSIX_FADV_WILLNEED);
     }
-    return drop;
-  }
-  void AfterRead(bool drop, uint64_t offset, size_t bytes) const {
-    if (drop && bytes > 0) {
-      (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes),
-                            POSIX_FADV_DONTNEED);
+    // In steps of ahead / 2 per stream, not per read: each DONTNEED drains the page LRU
+    // lists, which per 2 MiB slab cost a cold 2.9 GB export 0.3-0.5 s.
+    if (drop && advice.done) {
+      (void)::posix_fadvise(fd_, static_cast<off_t>(advice.done->offset),
+                            static_cast<off_t>(advice.done->length), POSIX_FADV_DONTNEED);
     }
   }
   // Whether fewer than half of the file's pages are in the page cache: mincore(2) on a

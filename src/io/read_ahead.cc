@@ -13,8 +13,7 @@ namespace fc {
 ReadAheadStreams::ReadAheadStreams(uint64_t file_size, uint64_t ahead)
     : file_size_(file_size), ahead_(std::max<uint64_t>(ahead, 2)) {}
 
-std::optional<ReadAheadStreams::Range> ReadAheadStreams::OnRead(uint64_t offset,
-                                                                uint64_t length) {
+ReadAheadStreams::Advice ReadAheadStreams::OnRead(uint64_t offset, uint64_t length) {
   ++clock_;
   const uint64_t end =
       offset >= file_size_ ? file_size_ : offset + std::min(length, file_size_ - offset);
@@ -26,21 +25,33 @@ std::optional<ReadAheadStreams::Range> ReadAheadStreams::OnRead(uint64_t offset,
       if (stream == nullptr || s.last_use > stream->last_use) stream = &s;
     }
   }
+  Advice advice;
   if (stream == nullptr) {
     Stream* oldest = &streams_[0];
     for (Stream& s : streams_) {
       if (s.last_use < oldest->last_use) oldest = &s;
     }
-    *oldest = Stream{end, end, clock_};
-    return std::nullopt;
+    *oldest = Stream{end, end, std::min(offset, end), clock_};
+    return advice;
   }
   stream->last_use = clock_;
   stream->end = std::max(stream->end, end);
   const uint64_t want = std::min(file_size_, stream->end + ahead_);
   const uint64_t from = std::max(stream->advised, stream->end);
-  if (want <= from || (want - from < ahead_ / 2 && want < file_size_)) return std::nullopt;
-  stream->advised = want;
-  return Range{from, want - from};
+  if (want > from && (want - from >= ahead_ / 2 || want == file_size_)) {
+    stream->advised = want;
+    advice.will_need = Range{from, want - from};
+  }
+  // Never the read about to be issued (the advice comes before it); at the end of the file
+  // the stream is over, and all it read before this read may go.
+  const bool over = stream->end == file_size_;
+  const uint64_t settled =
+      std::min(offset, over ? stream->end : stream->end - std::min(stream->end, ahead_ / 4));
+  if (settled > stream->done && (settled - stream->done >= ahead_ / 2 || over)) {
+    advice.done = Range{stream->done, settled - stream->done};
+    stream->done = settled;
+  }
+  return advice;
 }
 
 }  // namespace fc

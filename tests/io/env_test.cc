@@ -209,11 +209,12 @@ void WriteUncached(const std::string& path, size_t bytes) {
 }
 }  // namespace
 
-TEST_CASE("posix reads: pages read off the disk are dropped, cached pages stay",
+TEST_CASE("posix reads: pages read off the disk are dropped behind the reader, cached ones stay",
           "[io][env][page_cache]") {
   testing::TempDir s;
   const std::string cold = JoinPath(s.path(), "cold"), warm = JoinPath(s.path(), "warm");
-  constexpr size_t kBytes = size_t{8} << 20, kSlab = size_t{1} << 20;
+  // Two slab streams' worth of the 32 MiB read-ahead: drops come in steps behind the end.
+  constexpr size_t kBytes = size_t{64} << 20, kSlab = size_t{2} << 20;
   WriteUncached(cold, kBytes);
   WriteUncached(warm, kBytes);
   if (ResidentPages(cold) != 0) {
@@ -238,8 +239,11 @@ TEST_CASE("posix reads: pages read off the disk are dropped, cached pages stay",
       REQUIRE(got[0] == std::byte{'x'});
     }
   }
-  // The read-ahead advice may leave a stream's last window cached; what was read is gone.
-  CHECK(ResidentPages(cold) == 0);
+  // Drops trail the stream and catch up at the end of the file: of what was read only the
+  // last slab stays (the advice comes before each read). Kept, the read-ahead would have
+  // left all 64 MiB cached.
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  CHECK(ResidentPages(cold) * page <= kSlab);
   CHECK(ResidentPages(warm) == warm_pages);
 }
 
