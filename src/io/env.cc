@@ -27,11 +27,12 @@
 // once, so an input left in the page cache only grows it, and the kernel must find free
 // pages for every later read and write, reclaiming others once memory is full. On the
 // 2-core development VM, whose hypervisor backs guest memory lazily, pages not used for a
-// while are also slow to touch (0.35-0.9 GiB/s beyond the first ~11 GiB, bench/touch_memory,
-// bench/README.md): a cold 10 GB ZeRO-2 -> UCP convert ran 12.6-19.3 s keeping what
-// it read and 12.5-13.2 s dropping it (4 runs each, 2026-12-07). The decision is per open
-// file, at its first read, by mincore(2): fewer than half of its pages cached means fc
-// brought them in; otherwise they are the user's (a warm input) and stay.
+// while are also slow to touch (0.3-1.1 GiB/s past the memory used lately, bench/touch_memory):
+// a cold 10 GB ZeRO-2 -> UCP convert ran 22.2 and 22.9 s keeping what it read, 14.0 and
+// 16.6 s dropping it behind each stream, with fc/io/read_ahead.h (interleaved runs,
+// 2026-12-07; bench/README.md, "At 10 GB"). The decision is per open file, at its first
+// read, by mincore(2): fewer than half of its pages cached means fc brought them in;
+// otherwise they are the user's (a warm input) and stay.
 #include "fc/io/env.h"
 
 #include <dirent.h>
@@ -183,8 +184,10 @@ class PosixReadable : public EnvReadableFile {
       (void)::posix_fadvise(fd_, static_cast<off_t>(advice.will_need->offset),
                             static_cast<off_t>(advice.will_need->length), POSIX_FADV_WILLNEED);
     }
-    // In steps of ahead / 2 per stream, not per read: each DONTNEED drains the page LRU
-    // lists, which per 2 MiB slab cost a cold 2.9 GB export 0.3-0.5 s.
+    // In steps of ahead / 2 per stream rather than per read: each DONTNEED also drains the
+    // page LRU lists. Measured cost (bench/README.md, "At 10 GB"): a cold export of 2.85 GB
+    // of fp32 weights out of 9.99 GB of ZeRO files ran 0.3-0.5 s slower with the advice,
+    // per read or in steps alike; the cold 10 GB UCP convert 6-8 s faster.
     if (drop && advice.done) {
       (void)::posix_fadvise(fd_, static_cast<off_t>(advice.done->offset),
                             static_cast<off_t>(advice.done->length), POSIX_FADV_DONTNEED);
@@ -208,9 +211,9 @@ class PosixReadable : public EnvReadableFile {
       const size_t len = std::min(window, bytes - at);
       known = ::mincore(static_cast<char*>(p) + at, len, resident.data()) == 0;
       const size_t pages = (len + page - 1) / page;
-      cached += static_cast<size_t>(std::count_if(resident.begin(),
-                                                  resident.begin() + static_cast<std::ptrdiff_t>(pages),
-                                                  [](unsigned char r) { return (r & 1) != 0; }));
+      const auto last = resident.begin() + static_cast<std::ptrdiff_t>(pages);
+      cached += static_cast<size_t>(
+          std::count_if(resident.begin(), last, [](unsigned char r) { return (r & 1) != 0; }));
     }
     ::munmap(p, bytes);
     return known && cached * 2 < (bytes + page - 1) / page;
