@@ -157,14 +157,21 @@ extern "C" void OnStopSignal(int sig) {
 
 }  // namespace
 
-void SetUpIo(bool follow_symlinks) {
-  SetIoPolicy(IoPolicy{follow_symlinks});
+void SetUpIo(bool follow_symlinks, bool direct_io) {
+  SetIoPolicy(IoPolicy{follow_symlinks, direct_io});
   struct sigaction sa = {};
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+}
+
+void AddNoDirectIoFlag(CLI::App& app, bool* no_direct_io) {
+  app.add_flag("--no-direct-io", *no_direct_io,
+               "read and write through the page cache only (default: writes of 1 MiB or more, "
+               "and reads of 1 MiB or more from an input file mostly out of the page cache, "
+               "use O_DIRECT where the file system allows it)");
 }
 
 int ExitCode(const Status& status) {

@@ -27,6 +27,7 @@ struct ConvertCli {
   std::string transport_name = "mpi";
   int64_t ucp_step = -1;
   bool quiet = false, verbose = false, print_layout = false, follow_symlinks = false;
+  bool no_direct_io = false;
   bool no_verify_checksums = false;
   CLI::Option_group* target = nullptr;
 };
@@ -197,11 +198,12 @@ void AddRunOptions(CLI::App& app, ConvertCli& cli) {
       ->check(fc::cli::SizeCheck());
   app.add_option("--threads", options.threads,
                  "worker threads (default: the cores this process may use, shared with the "
-                 "job's other unbound processes on this node; at most 8)")
+                 "job's other unbound processes on this node; at least 4 per node, as workers also wait on the disk; at most 8)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--follow-symlinks", cli.follow_symlinks,
                "read checkpoint files that are symlinks pointing outside the checkpoint "
                "directory (refused by default)");
+  fc::cli::AddNoDirectIoFlag(app, &cli.no_direct_io);
   fc::cli::AddTransportOption(app, &cli.transport_name);
   app.add_flag("-q,--quiet", cli.quiet, "no progress, notes or warnings; errors only");
   app.add_flag("-v,--verbose", cli.verbose, "debug logging");
@@ -353,7 +355,7 @@ int ApplyFlags(ConvertCli& cli) {
   }
   fc::cli::SetUpLogging(tool, cli.quiet, cli.verbose);
   fc::SetDefaultVerifyChecksums(!cli.no_verify_checksums);
-  fc::cli::SetUpIo(cli.follow_symlinks);
+  fc::cli::SetUpIo(cli.follow_symlinks, !cli.no_direct_io);
   if (!cli.dtype.empty()) options.dtype = *fc::ParseDType(cli.dtype);
   if (!format.empty()) {
     auto parsed = fc::ParseCheckpointFormat(format);

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
       ->check(fc::cli::SizeCheck());
   app.add_option("--threads", options.threads,
                  "worker threads (default: the cores this process may use, shared with the "
-                 "job's other unbound processes on this node; at most 8)")
+                 "job's other unbound processes on this node; at least 4 per node, as workers also wait on the disk; at most 8)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--json", json, "print the report as one JSON object on stdout");
   app.add_flag("-q,--quiet", quiet, "no progress and no text report; only the exit status "

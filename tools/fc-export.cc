@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
       ->check(fc::cli::SizeCheck());
   app.add_option("--threads", options.threads,
                  "worker threads (default: the cores this process may use, shared with the "
-                 "job's other unbound processes on this node; at most 8)")
+                 "job's other unbound processes on this node; at least 4 per node, as workers also wait on the disk; at most 8)")
       ->check(CLI::PositiveNumber);
   app.add_option("--objects", options.objects_dir,
                  "write non-tensor objects (iteration, RNG state, ...) as files into this "
@@ -90,6 +90,8 @@ int main(int argc, char** argv) {
   app.add_flag("--follow-symlinks", follow_symlinks,
                "read checkpoint files that are symlinks pointing outside the checkpoint "
                "directory (refused by default)");
+  bool no_direct_io = false;
+  fc::cli::AddNoDirectIoFlag(app, &no_direct_io);
   std::string transport_name = "mpi";
   fc::cli::AddTransportOption(app, &transport_name);
   app.add_flag("-q,--quiet", quiet, "no progress, notes or warnings; errors only");
@@ -111,7 +113,7 @@ int main(int argc, char** argv) {
   if (options.json && !options.dry_run) return fc::cli::UsageError(tool, "--json needs --dry-run");
   fc::cli::SetUpLogging(tool, quiet, verbose);
   fc::SetDefaultVerifyChecksums(!no_verify_checksums);
-  fc::cli::SetUpIo(follow_symlinks);
+  fc::cli::SetUpIo(follow_symlinks, !no_direct_io);
   if (!format.empty()) {
     auto parsed = fc::ParseCheckpointFormat(format);
     if (!parsed.ok()) return fc::cli::Finish(tool, parsed.status());

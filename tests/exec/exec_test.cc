@@ -75,13 +75,19 @@ TEST_CASE("ParallelFor runs every task once and reports the first failure", "[ex
 
 TEST_CASE("DefaultWorkerThreads: the CPUs this process may use, shared on its node", "[exec]") {
   CHECK(DefaultWorkerThreads(4, 16, nullptr) == 4);   // taskset / cpuset of 4
-  CHECK(DefaultWorkerThreads(1, 2, "2") == 1);        // mpirun -np 2: bound to a core each
-  CHECK(DefaultWorkerThreads(2, 2, "3") == 1);        // -np 3 unbound on 2 CPUs
+  CHECK(DefaultWorkerThreads(6, 16, nullptr) == 6);
+  CHECK(DefaultWorkerThreads(1, 2, "4") == 1);        // mpirun -np 4: bound to a core each
   CHECK(DefaultWorkerThreads(16, 16, "4") == 4);      // 4 unbound processes share 16
   CHECK(DefaultWorkerThreads(8, 16, "4") == 8);       // bound to 8 (a socket): as bound
   CHECK(DefaultWorkerThreads(64, 64, nullptr) == 8);  // capped
   CHECK(DefaultWorkerThreads(0, 6, "x") == 6);        // unknown mask; junk in the variable
-  CHECK(DefaultWorkerThreads(0, 0, "") == 1);
+  // At least kMinNodeIoWorkers (4) on the node, shared by its processes: workers wait on
+  // the disk too.
+  CHECK(DefaultWorkerThreads(2, 2, nullptr) == 4);    // a 2-core machine
+  CHECK(DefaultWorkerThreads(1, 2, "2") == 2);        // mpirun -np 2 on it: bound, 2 each
+  CHECK(DefaultWorkerThreads(2, 2, "3") == 2);        // -np 3 unbound on 2 CPUs: 2 each
+  CHECK(DefaultWorkerThreads(1, 64, "8") == 1);       // 8 on the node already
+  CHECK(DefaultWorkerThreads(0, 0, "") == 4);
   CHECK(WorkerThreads(3) == 3);
   CHECK(WorkerThreads(0) >= 1);
 }

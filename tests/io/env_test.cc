@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <fstream>
 #include <thread>
 
@@ -211,6 +213,13 @@ void WriteUncached(const std::string& path, size_t bytes) {
 
 TEST_CASE("posix reads: pages read off the disk are dropped behind the reader, cached ones stay",
           "[io][env][page_cache]") {
+  // The page-cache path: with direct IO the cold file's reads would not enter the cache.
+  const IoPolicy saved = GetIoPolicy();
+  SetIoPolicy(IoPolicy{saved.follow_symlinks, /*direct_io=*/false});
+  struct Restore {
+    IoPolicy policy;
+    ~Restore() { SetIoPolicy(policy); }
+  } restore{saved};
   testing::TempDir s;
   const std::string cold = JoinPath(s.path(), "cold"), warm = JoinPath(s.path(), "warm");
   // Two slab streams' worth of the 32 MiB read-ahead: drops come in steps behind the end.
@@ -245,6 +254,146 @@ TEST_CASE("posix reads: pages read off the disk are dropped behind the reader, c
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   CHECK(ResidentPages(cold) * page <= kSlab);
   CHECK(ResidentPages(warm) == warm_pages);
+}
+
+namespace {
+// The byte at `offset` of the direct IO test's file: no period a misplaced block would hide in.
+std::byte PatternByte(uint64_t offset) {
+  return std::byte(static_cast<uint8_t>(offset * 7 + offset / 4099 + (offset >> 16)));
+}
+std::vector<std::byte> Pattern(uint64_t offset, size_t length) {
+  std::vector<std::byte> b(length);
+  for (size_t i = 0; i < length; ++i) b[i] = PatternByte(offset + i);
+  return b;
+}
+bool DirectIoAllowedIn(const std::string& dir) {
+  const std::string probe = JoinPath(dir, "direct-probe");
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return true;
+}
+}  // namespace
+
+TEST_CASE("posix direct IO: large writes and cold reads bypass the page cache, same bytes",
+          "[io][env][direct]") {
+  testing::TempDir s;
+  if (!DirectIoAllowedIn(s.path())) {
+    WARN("this filesystem refuses O_DIRECT: nothing to check");
+    return;
+  }
+  const IoPolicy saved = GetIoPolicy();
+  struct Restore {
+    IoPolicy policy;
+    ~Restore() { SetIoPolicy(policy); }
+  } restore{saved};
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  // Pieces that start and end mid-block, from two threads, the second from the end; one of
+  // 5 MiB + 3 (more than a bounce buffer); one aligned in file and memory (no bounce copy);
+  // small ones (page cache). 12 MiB + 2500 bytes in all: under the 16 MiB write-back stride,
+  // so pages written through the page cache are still cached before the Sync.
+  struct Piece {
+    uint64_t offset;
+    size_t length;
+  };
+  std::vector<Piece> pieces;
+  uint64_t at = 0;
+  for (size_t length : {size_t{1000}, (size_t{1} << 20) + 1000, (size_t{1} << 20) + 77,
+                        (size_t{5} << 20) + 3, size_t{500}}) {
+    pieces.push_back({at, length});
+    at += length;
+  }
+  const uint64_t aligned_at = (at + 4095) / 4096 * 4096;
+  pieces.push_back({at, static_cast<size_t>(aligned_at - at)});  // small, up to the boundary
+  pieces.push_back({aligned_at, size_t{2} << 20});                 // aligned in file
+  at = aligned_at + (size_t{2} << 20);
+  pieces.push_back({at, (size_t{2} << 20) + 920});
+  const uint64_t file_size = at + (size_t{2} << 20) + 920;
+
+  for (const bool direct : {true, false}) {
+    DYNAMIC_SECTION((direct ? "direct" : "page cache")) {
+      SetIoPolicy(IoPolicy{saved.follow_symlinks, direct});
+      const std::string path = JoinPath(s.path(), direct ? "direct" : "cached");
+      auto file = PosixEnv()->CreateForWrite(path);
+      REQUIRE(file.ok());
+      std::vector<Status> status(2, Status::Ok());
+      auto writer = [&](int parity) {
+        for (size_t k = 0; k < pieces.size(); ++k) {
+          const size_t index = parity == 0 ? k : pieces.size() - 1 - k;
+          if (index % 2 != static_cast<size_t>(parity)) continue;
+          const Piece& p = pieces[index];
+          Status st;
+          if (p.offset % 4096 == 0) {  // from memory aligned to the block
+            std::unique_ptr<std::byte, decltype(&std::free)> mem(
+                static_cast<std::byte*>(std::aligned_alloc(4096, p.length)), &std::free);
+            const std::vector<std::byte> b = Pattern(p.offset, p.length);
+            std::copy(b.begin(), b.end(), mem.get());
+            st = (*file)->WriteAt(p.offset, std::span<const std::byte>(mem.get(), p.length));
+          } else {
+            st = (*file)->WriteAt(p.offset, Pattern(p.offset, p.length));
+          }
+          if (!st.ok()) status[static_cast<size_t>(parity)] = st;
+        }
+      };
+      std::thread other(writer, 1);
+      writer(0);
+      other.join();
+      REQUIRE(status[0].ok());
+      REQUIRE(status[1].ok());
+      // Direct: only the part-blocks at the pieces' ends (and the small pieces) were cached.
+      const size_t cached_pages = ResidentPages(path);
+      if (direct) {
+        CHECK(cached_pages <= 2 * pieces.size() + 2);
+      } else {
+        CHECK(cached_pages * page >= file_size - 2 * page);
+      }
+      REQUIRE((*file)->Sync().ok());
+      REQUIRE((*file)->Close().ok());
+      {  // Out of the cache, so reading it is a cold read.
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        REQUIRE(fd >= 0);
+        ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        ::close(fd);
+      }
+      REQUIRE(ResidentPages(path) == 0);
+      auto read = PosixEnv()->OpenForRead(path);
+      REQUIRE(read.ok());
+      REQUIRE((*read)->size() == file_size);
+      // The first 6 MiB, at odd offsets, in reads of 1 MiB + 9 (direct when allowed).
+      const size_t kRead = (size_t{1} << 20) + 9;
+      std::vector<std::byte> got(kRead);
+      for (uint64_t from = 5; from + kRead <= (uint64_t{6} << 20); from += kRead) {
+        auto n = (*read)->Read(from, got);
+        REQUIRE(n.ok());
+        REQUIRE(*n == kRead);
+        REQUIRE(got == Pattern(from, kRead));
+      }
+      if (direct) {
+        // A direct read brings nothing into the cache (page-cache reads would have read
+        // 32 MiB ahead, here the rest of the file).
+        CHECK(ResidentPages(path) == 0);
+      }
+      // Scattered into three buffers, 3 MiB + 1 across the aligned piece.
+      std::vector<std::byte> a(3), b((size_t{3} << 20) - 5), c(3);
+      const std::span<std::byte> parts[] = {a, b, c};
+      const uint64_t scattered_at = aligned_at - 4097;
+      auto n = (*read)->ReadScattered(scattered_at, parts);
+      REQUIRE(n.ok());
+      REQUIRE(*n == a.size() + b.size() + c.size());
+      CHECK(a == Pattern(scattered_at, a.size()));
+      CHECK(b == Pattern(scattered_at + a.size(), b.size()));
+      CHECK(c == Pattern(scattered_at + a.size() + b.size(), c.size()));
+      // Across the end of the file: a short read, the bytes up to the end.
+      std::vector<std::byte> tail(size_t{3} << 20);
+      const uint64_t tail_at = file_size - (size_t{2} << 20) - 11;
+      auto t = (*read)->Read(tail_at, tail);
+      REQUIRE(t.ok());
+      REQUIRE(*t == file_size - tail_at);
+      tail.resize(*t);
+      CHECK(tail == Pattern(tail_at, tail.size()));
+    }
+  }
 }
 
 TEST_CASE("cancel: every later operation fails", "[io][cancel]") {

@@ -30,7 +30,9 @@ int WorkerThreads(int requested);
 // The default, pure: the CPUs in the process's affinity mask (<= 0: unknown, use the online
 // count), divided among the job's processes on this node (`local_processes`, a decimal
 // string or null) when the mask spans every online CPU (processes not bound to their own
-// cores); capped to 1..8.
+// cores); raised to the process's share of kMinNodeIoWorkers (workers wait on the disk as
+// well as on the CPU); capped to 1..8.
+inline constexpr int kMinNodeIoWorkers = 4;
 int DefaultWorkerThreads(int affinity_cpus, int online_cpus, const char* local_processes);
 
 // Bytes of physical memory (8 GiB when unknown).

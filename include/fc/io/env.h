@@ -134,10 +134,13 @@ class Env {
                                                         std::string* holder) = 0;
 };
 
-// The real file system. Its readable files advise the kernel: each sequential stream of
-// reads is read ahead (fc/io/read_ahead.h), and a file that was mostly out of the page cache
-// when first read has the pages of every read dropped once read (a cached input stays
-// cached). Advice only: what Read returns is the same either way.
+// The real file system. A file that was mostly out of the page cache when first read is read
+// with O_DIRECT in reads of at least 1 MiB, and has the pages of its smaller reads dropped
+// once read; a cached input is read through the page cache and stays cached; each sequential
+// stream of page-cache reads is read ahead (fc/io/read_ahead.h). Writes of at least 1 MiB
+// write their whole 4 KiB blocks with O_DIRECT. Where the file system refuses O_DIRECT, or
+// IoPolicy::direct_io is off, everything goes through the page cache. What Read returns and
+// what a file holds after Sync are the same either way.
 Env* PosixEnv();
 
 // The Env that fc/io/file.h uses now: PosixEnv() unless overridden.
@@ -160,6 +163,10 @@ struct IoPolicy {
   // Allow a file that is a symlink resolving outside the directory that holds it (e.g. a
   // HuggingFace cache snapshot whose files point into ../../blobs). Default: refused.
   bool follow_symlinks = false;
+  // Read and write large ranges with O_DIRECT where the file system allows it: reads of an
+  // input that was mostly out of the page cache, and writes of output (see PosixEnv()).
+  // Default: on.
+  bool direct_io = true;
 };
 void SetIoPolicy(const IoPolicy& policy);
 IoPolicy GetIoPolicy();
