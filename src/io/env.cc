@@ -31,9 +31,13 @@
 // zeros written took 8.9-9.1 s through the page cache with a final fsync and 2.7-3.3 s with
 // O_DIRECT (dd bs=4M); a cold 4.28 GB file read in 4.4-9.2 s by cat and 3.5-3.6 s by
 // dd iflag=direct bs=16M; the cold 10 GB ZeRO-2 -> UCP convert ran 16.4-17.8 s through the
-// page cache (12.7-18.2 s of system CPU) and 12.3-12.6 s direct with 4-8 workers (2.5 s).
-// Only whole aligned blocks of reads and writes of at least kDirectMinBytes go direct, copied
-// through a per-thread bounce buffer unless already aligned in memory; everything else, and a
+// page cache (12.7-18.2 s of system CPU) and 12.3-12.6 s direct with 4-8 workers (2.5 s);
+// in interleaved runs later that day (4 workers, small reads kept from read-ahead as below),
+// direct reads and writes 8.4-9.3 s, direct writes alone 14.2-14.7 s, direct reads alone
+// 17.7-18.0 s, neither 18.4-18.5 s; warm 7.0-7.7 s against 16.3 s; the cold export of the
+// fp32 weights 2.3-2.5 s against 2.9-3.2 s. Only whole aligned blocks of writes of at least
+// kDirectMinBytes, and of reads of at least kDirectReadMinBytes, go direct, copied through a
+// per-thread bounce buffer unless already aligned in memory (writes); everything else, and a
 // warm input (whose cached pages a direct read would bypass), takes the page cache paths
 // below. A direct write waits for the device, hence the IO floor on the worker count
 // (fc/exec/parallel.h DefaultWorkerThreads).
@@ -134,9 +138,13 @@ constexpr uint64_t kReadAheadBytes = uint64_t{32} << 20;
 // (512 and 4096); a file system that wants more, or has no O_DIRECT, answers EINVAL and the
 // file goes back to the page cache for good.
 constexpr uint64_t kDirectAlign = 4096;
-// Reads and writes smaller than this go through the page cache: headers, metadata, small
-// tensors, where a bounce copy of whole blocks would cost more than the page cache saves.
+// Writes smaller than this go through the page cache: headers, metadata, small tensors, where
+// waiting for the device would cost more than the page cache's write-back.
 constexpr uint64_t kDirectMinBytes = uint64_t{1} << 20;
+// Reads of a file read direct that are smaller than this go through the page cache, without
+// read-ahead (which would fetch from the disk bytes that the direct reads then fetch again:
+// with it, the cold 10 GB ZeRO-2 -> UCP convert read 14.24 GB off the disk for 10.0 GB).
+constexpr uint64_t kDirectReadMinBytes = uint64_t{64} << 10;
 // Per thread; a multiple of kDirectAlign.
 constexpr size_t kBounceBytes = size_t{4} << 20;
 
@@ -247,8 +255,9 @@ class PosixReadable : public EnvReadableFile {
         drop_read_pages_ = MostlyUncached();
         cache_checked_ = true;
         if (drop_read_pages_) direct_fd_ = OpenDirect(fd_, O_RDONLY);
+        if (direct_fd_ >= 0) (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
       }
-      if (direct_fd_ >= 0 && length >= kDirectMinBytes && direct_ok_.load()) return true;
+      if (direct_fd_ >= 0 && direct_ok_.load()) return length >= kDirectReadMinBytes;
       drop = drop_read_pages_;
       advice = streams_.OnRead(offset, length);
     }
@@ -293,7 +302,7 @@ class PosixReadable : public EnvReadableFile {
       if (n < 0) {
         const int e = errno;
         if (e == EINVAL && at == offset) {
-          direct_ok_.store(false);
+          if (direct_ok_.exchange(false)) (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_NORMAL);
           return std::optional<size_t>();
         }
         if (at > offset) break;  // what was read stands; the next read reports the error

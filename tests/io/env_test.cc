@@ -373,6 +373,17 @@ TEST_CASE("posix direct IO: large writes and cold reads bypass the page cache, s
         // A direct read brings nothing into the cache (page-cache reads would have read
         // 32 MiB ahead, here the rest of the file).
         CHECK(ResidentPages(path) == 0);
+        // Small reads go through the page cache without read-ahead: their own pages only
+        // (read-ahead would fetch from the disk bytes that direct reads then fetch again).
+        std::vector<std::byte> small(size_t{16} << 10);
+        for (int i = 0; i < 8; ++i) {
+          const uint64_t small_at = (uint64_t{6} << 20) + 100 + i * small.size();
+          auto k = (*read)->Read(small_at, small);
+          REQUIRE(k.ok());
+          REQUIRE(*k == small.size());
+          CHECK(small == Pattern(small_at, small.size()));
+        }
+        CHECK(ResidentPages(path) * page <= 8 * small.size() + page);
       }
       // Scattered into three buffers, 3 MiB + 1 across the aligned piece.
       std::vector<std::byte> a(3), b((size_t{3} << 20) - 5), c(3);

@@ -135,9 +135,10 @@ class Env {
 };
 
 // The real file system. A file that was mostly out of the page cache when first read is read
-// with O_DIRECT in reads of at least 1 MiB, and has the pages of its smaller reads dropped
-// once read; a cached input is read through the page cache and stays cached; each sequential
-// stream of page-cache reads is read ahead (fc/io/read_ahead.h). Writes of at least 1 MiB
+// with O_DIRECT in reads of at least 64 KiB (smaller ones through the page cache, without
+// read-ahead); a cached input is read through the page cache and stays cached, each
+// sequential stream of its reads read ahead (fc/io/read_ahead.h); where O_DIRECT is not
+// available, a file fc brings in from the disk has its pages dropped behind the reads. Writes of at least 1 MiB
 // write their whole 4 KiB blocks with O_DIRECT. Where the file system refuses O_DIRECT, or
 // IoPolicy::direct_io is off, everything goes through the page cache. What Read returns and
 // what a file holds after Sync are the same either way.
@@ -164,7 +165,8 @@ struct IoPolicy {
   // HuggingFace cache snapshot whose files point into ../../blobs). Default: refused.
   bool follow_symlinks = false;
   // Read and write large ranges with O_DIRECT where the file system allows it: reads of an
-  // input that was mostly out of the page cache, and writes of output (see PosixEnv()).
+  // input that was mostly out of the page cache (64 KiB or more), and writes of output
+  // (1 MiB or more; see PosixEnv()).
   // Default: on.
   bool direct_io = true;
 };
