@@ -50,10 +50,9 @@
 #             RSS / fc RSS (target >= 10)
 #   load      the 1-minute load average before the runs (median): other work on the machine
 #   disk rows "disk: dd write (direct)" (dd if=/dev/zero bs=4M oflag=direct conv=fsync of
-#             fc's output bytes) and, cold, "disk: dd read (direct)" (each input file read once,
-#             dd iflag=direct bs=16M; in tables before the direct IO change of 2026-12-07 the
-#             rows were a buffered dd conv=fsync and cat, slower on this VM): run in the
-#             same rotation as the tools; the slower is the disk floor, printed with fc's fraction of it and
+#             fc's output bytes; "disk: dd write" in tables before 2026-12-07 17:00 UTC, a
+#             buffered dd conv=fsync, slower on this VM) and, cold, "disk: cat read" (the input
+#             files read once): run in the same rotation as the tools; the slower is the disk floor, printed with fc's fraction of it and
 #             peer time / floor, the largest speed ratio this disk lets any converter show
 # Warm: the source is read once before each run. Cold: sync; echo 3 > /proc/sys/vm/drop_caches
 # before each run, then the tool's code read back in untimed (`fc-export --help`; the peer's

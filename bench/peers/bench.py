@@ -15,10 +15,11 @@ so that cold measures the input coming off the disk, not the loading of the tool
 except in the first warm round, where every peer's output is compared with fc's by
 compare.py (interop env's python) before it is deleted. Beside the tools, in the same
 rotation, two disk rows: `dd if=/dev/zero bs=4M oflag=direct conv=fsync` of fc's output byte
-count (the durable write limit) and, cold only, `dd iflag=direct bs=16M` of each input file
-(the sequential read limit); both bypass the page cache, as fc's large reads and writes do
-(fc/io/env.h), and on this kind of VM are the faster of the two ways (buffered dd + fsync of
-4 GiB: 8.9-9.1 s, direct 2.7-3.3 s; cat of 4.28 GB cold 4.4-9.2 s, direct 3.5-3.6 s);
+count (the durable write limit; direct as fc's large writes are, fc/io/env.h, and on this kind
+of VM faster than a buffered dd with one final fsync: 4 GiB in 2.7-3.3 s against 8.9-9.1 s)
+and, cold only, `cat` of the input files (the sequential read limit; for the 10 GB ZeRO-2
+input one `dd iflag=direct bs=16M` stream took 5.9-8.2 s at 17:00 UTC on 2026-12-07, cat
+4.2-6.3 s earlier that day);
 the slower (the read's time scaled to the share of the source fc reads) is the floor, and peer
 time / floor the largest ratio any converter could show (their sum, what reading and then
 writing takes, is printed beside it). Results: BENCH_DIR/peers-SIZEg.json
@@ -104,7 +105,7 @@ def src_files(src):
 # durable write of fc's output byte count, and (cold only) the sequential read of the input.
 # The slower of the two is the floor no converter can beat; peer time / floor is the
 # largest peer/fc ratio this disk allows.
-DD, CAT = "disk: dd write (direct)", "disk: dd read (direct)"
+DD, CAT = "disk: dd write (direct)", "disk: cat read"
 DISK = [(DD, None), (CAT, None)]
 
 
@@ -113,8 +114,7 @@ def disk_argv(label, src, out, out_bytes):
         count = max(1, -(-out_bytes // (4 << 20)))
         return ["dd", "if=/dev/zero", f"of={out}.dd", "bs=4M", f"count={count}",
                 "oflag=direct", "conv=fsync", "status=none"]
-    return (["bash", "-c", 'for f; do dd if="$f" of=/dev/null bs=16M iflag=direct status=none '
-             '|| exit 1; done', "read"] + sorted(src_files(src)))
+    return ["bash", "-c", 'cat "$@" > /dev/null', "cat"] + sorted(src_files(src))
 
 
 def src_bytes(src):
