@@ -326,7 +326,9 @@ TEST_CASE("posix direct IO: large writes and cold reads bypass the page cache, s
           Status st;
           if (p.offset % 4096 == 0) {  // from memory aligned to the block
             std::unique_ptr<std::byte, decltype(&std::free)> mem(
-                static_cast<std::byte*>(std::aligned_alloc(4096, p.length)), &std::free);
+                // aligned_alloc wants a multiple of the alignment
+                static_cast<std::byte*>(std::aligned_alloc(4096, (p.length + 4095) / 4096 * 4096)),
+                &std::free);
             const std::vector<std::byte> b = Pattern(p.offset, p.length);
             std::copy(b.begin(), b.end(), mem.get());
             st = (*file)->WriteAt(p.offset, std::span<const std::byte>(mem.get(), p.length));
