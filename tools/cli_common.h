@@ -53,9 +53,10 @@ CLI::Validator SizeCheck();
 CLI::Validator FormatCheck();  // a checkpoint format name (fc/model/checkpoint_index.h)
 
 // Process-wide IO setup, before any file is opened: the IO policy (--follow-symlinks,
-// --no-direct-io; fc/io/env.h IoPolicy) and SIGINT/SIGTERM handlers. The first signal asks the run to stop
-// (RequestCancel: every later file operation fails, the run unwinds and removes its
-// staging directory, and the tool exits 128 + signal); a second one terminates at once.
+// --no-direct-io; fc/io/env.h IoPolicy) and SIGINT/SIGTERM handlers. The first signal asks
+// the run to stop (RequestCancel: every later file operation fails, the run unwinds and
+// removes its staging directory, and the tool exits 128 + signal); a second one terminates
+// at once.
 void SetUpIo(bool follow_symlinks, bool direct_io = true);
 
 // --no-direct-io (fc-export, fc-convert): large reads and writes through the page cache.

@@ -137,11 +137,11 @@ class Env {
 // The real file system. A file that was mostly out of the page cache when first read is read
 // with O_DIRECT in reads of at least 64 KiB (smaller ones through the page cache, without
 // read-ahead); a cached input is read through the page cache and stays cached, each
-// sequential stream of its reads read ahead (fc/io/read_ahead.h); where O_DIRECT is not
-// available, a file fc brings in from the disk has its pages dropped behind the reads. Writes of at least 1 MiB
+// sequential stream of its reads read ahead (fc/io/read_ahead.h). Writes of at least 1 MiB
 // write their whole 4 KiB blocks with O_DIRECT. Where the file system refuses O_DIRECT, or
-// IoPolicy::direct_io is off, everything goes through the page cache. What Read returns and
-// what a file holds after Sync are the same either way.
+// IoPolicy::direct_io is off, everything goes through the page cache, and a file fc brings
+// in from the disk has its pages dropped behind the reads. What Read returns and what a file
+// holds after Sync are the same either way.
 Env* PosixEnv();
 
 // The Env that fc/io/file.h uses now: PosixEnv() unless overridden.
