@@ -198,7 +198,8 @@ void AddRunOptions(CLI::App& app, ConvertCli& cli) {
       ->check(fc::cli::SizeCheck());
   app.add_option("--threads", options.threads,
                  "worker threads (default: the cores this process may use, shared with the "
-                 "job's other unbound processes on this node; at least 4 per node, as workers also wait on the disk; at most 8)")
+                 "job's other unbound processes on this node; at least 4 per node, as workers "
+                 "also wait on the disk; at most 8)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--follow-symlinks", cli.follow_symlinks,
                "read checkpoint files that are symlinks pointing outside the checkpoint "

@@ -12,6 +12,7 @@
 
 #include "cli_common.h"
 #include "fc/format/chunk_reader.h"
+#include "fc/io/env.h"
 #include "fc/ops/diff.h"
 #include "fc_config.h"
 
@@ -75,12 +76,15 @@ int main(int argc, char** argv) {
       ->check(fc::cli::SizeCheck());
   app.add_option("--threads", options.threads,
                  "worker threads (default: the cores this process may use, shared with the "
-                 "job's other unbound processes on this node; at least 4 per node, as workers also wait on the disk; at most 8)")
+                 "job's other unbound processes on this node; at least 4 per node, as workers "
+                 "also wait on the disk; at most 8)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--json", json, "print the report as one JSON object on stdout");
   app.add_flag("-q,--quiet", quiet, "no progress and no text report; only the exit status "
                                     "(--json is still printed)");
   app.add_flag("-v,--verbose", verbose, "debug logging");
+  bool no_direct_io = false;
+  fc::cli::AddNoDirectIoFlag(app, &no_direct_io);
   bool no_verify_checksums = false;
   app.add_flag("--no-verify-checksums", no_verify_checksums,
                "fc distcp input: read chunks without checking their xxh3-64 checksums "
@@ -97,6 +101,7 @@ int main(int argc, char** argv) {
   const std::string tool = "fc-diff";
   if (int code = fc::cli::ParseCommandLine(app, tool, argc, argv); code >= 0) return code;
   fc::cli::SetUpLogging(tool, quiet, verbose);
+  fc::SetIoPolicy(fc::IoPolicy{fc::GetIoPolicy().follow_symlinks, !no_direct_io});
   fc::SetDefaultVerifyChecksums(!no_verify_checksums);
   for (auto [text, target] : {std::pair{&format_a, &options.format_a},
                               std::pair{&format_b, &options.format_b}}) {

@@ -60,7 +60,8 @@ int main(int argc, char** argv) {
       ->check(fc::cli::SizeCheck());
   app.add_option("--threads", options.threads,
                  "worker threads (default: the cores this process may use, shared with the "
-                 "job's other unbound processes on this node; at least 4 per node, as workers also wait on the disk; at most 8)")
+                 "job's other unbound processes on this node; at least 4 per node, as workers "
+                 "also wait on the disk; at most 8)")
       ->check(CLI::PositiveNumber);
   app.add_option("--objects", options.objects_dir,
                  "write non-tensor objects (iteration, RNG state, ...) as files into this "

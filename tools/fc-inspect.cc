@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
   app.add_flag("--follow-symlinks", follow_symlinks,
                "read checkpoint files that are symlinks pointing outside the checkpoint "
                "directory (refused by default)");
+  bool no_direct_io = false;
+  fc::cli::AddNoDirectIoFlag(app, &no_direct_io);
   app.add_flag("--json", options.json, "machine-readable JSON on stdout");
   app.add_flag("--verify", options.verify,
                "check every element is stored exactly once (replicas aside), chunks lie "
@@ -93,7 +95,7 @@ int main(int argc, char** argv) {
                                          "lists the program's outputs only)");
   }
   fc::cli::SetUpLogging("fc-inspect", false, false);
-  fc::cli::SetUpIo(follow_symlinks);
+  fc::cli::SetUpIo(follow_symlinks, !no_direct_io);
   if (!format.empty()) {
     auto parsed = fc::ParseCheckpointFormat(format);
     if (!parsed.ok()) return fc::cli::Finish("fc-inspect", parsed.status());

@@ -9,7 +9,7 @@
 // Why PosixWritable starts write-back early and drops written pages: fc's output is durable,
 // so every file ends with fdatasync. Left alone, the kernel holds the written pages dirty
 // until memory pressure or its timers, and the final fdatasync then writes the whole file
-// while fc waits. Every kWriteBackStride bytes written to a file,
+// while fc waits. Every kWriteBackStride bytes written to a file through the page cache,
 // sync_file_range(SYNC_FILE_RANGE_WRITE) asks the kernel to start writing the file's dirty
 // pages without waiting for them: the disk works while fc reads and assembles, and the
 // fdatasync at the end finds little left to do. When the device's queue is full the call
