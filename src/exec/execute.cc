@@ -13,6 +13,7 @@
 #include "fc/core/flat_range.h"
 #include "fc/exec/assemble.h"
 #include "fc/exec/parallel.h"
+#include "fc/io/env.h"
 
 namespace fc {
 namespace {
@@ -131,9 +132,10 @@ using TransferIterator = std::vector<Transfer>::const_iterator;
 // hands what it received to `sources`, which points into `receive_buffers` (to be kept while
 // the round's items are written). Failures are agreed on by all processes
 // (Communicator::AllOk). Adds the bytes moved to `stats`; `exchange_peak` becomes at least
-// the bytes of the round's buffers.
+// the bytes of the round's buffers. `direct_io`: whether the workers may read with direct IO
+// (PlanMemory::io_buffers).
 Status ExchangeRound(TransferIterator first, TransferIterator last, int me, int threads,
-                     ChunkReader& reader, Communicator& comm, ExchangedSourceReader& sources,
+                     bool direct_io, ChunkReader& reader, Communicator& comm, ExchangedSourceReader& sources,
                      std::map<int, std::vector<std::byte>>& receive_buffers, ExecuteStats& stats,
                      uint64_t& exchange_peak) {
   // What this process sends: one message per receiver, transfers in plan order.
@@ -157,6 +159,7 @@ Status ExchangeRound(TransferIterator first, TransferIterator last, int me, int 
   }
   for (const auto& [peer, bytes] : send_bytes) send_buffers[peer].resize(bytes);
   Status read = ParallelFor(outgoing.size(), threads, [&](size_t i) -> Status {
+    const ScopedThreadDirectIo direct(direct_io);
     const Transfer& t = *outgoing[i];
     std::byte* into = send_buffers[t.writer].data() + offsets[i];
     return reader.CopyChunkRegion(*t.source, t.source->chunks[t.chunk], t.box, into, t.box);
@@ -213,6 +216,8 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
   PieceBlockCache blocks(plan.memory.block_bytes * static_cast<uint64_t>(threads));
   for (const auto& [t, k] : plan.whole_blocks) blocks.Allow(&plan.tensors[t].pieces[k]);
   std::vector<std::vector<std::byte>> buffers(static_cast<size_t>(threads));
+  // The workers use direct IO only where the plan counted their bounce buffers.
+  const bool direct_io = plan.memory.io_buffers > 0;
   JobProgress progress(plan, options);
   ExchangedSourceReader sources(reader);
   // Parts of checksummed chunks read ahead of the bytes before them wait for their hash
@@ -223,6 +228,7 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
   auto write_items = [&](size_t first, size_t last) {
     return progress.Reporting([&] {
       return ParallelFor(last - first, threads, [&](size_t i, int worker) -> Status {
+      const ScopedThreadDirectIo direct(direct_io);
       const WriteItem& item = plan.writes[mine.writes[first + i]];
       const PlanTensor& tensor = plan.tensors[item.tensor];
       std::vector<std::byte>& buffer = buffers[static_cast<size_t>(worker)];
@@ -249,7 +255,7 @@ Result<ExecuteStats> Execute(const Plan& plan, ChunkReader& reader, PlanSink& si
       auto round_end = std::find_if(transfer, plan.transfers.end(),
                                     [&](const Transfer& t) { return t.round != round; });
       std::map<int, std::vector<std::byte>> receive_buffers;
-      status = ExchangeRound(transfer, round_end, me, threads, reader, *comm, sources,
+      status = ExchangeRound(transfer, round_end, me, threads, direct_io, reader, *comm, sources,
                              receive_buffers, stats, exchange_peak);
       if (!status.ok()) break;
       size_t last_item = next_item;

@@ -71,11 +71,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <system_error>
 #include <vector>
 
+#include "fc/core/human_bytes.h"
 #include "fc/io/read_ahead.h"
 
 namespace fc {
@@ -84,6 +86,8 @@ namespace {
 std::atomic<Env*> g_default_env{nullptr};
 std::atomic<bool> g_follow_symlinks{false};
 std::atomic<bool> g_direct_io{true};
+// ScopedThreadDirectIo: false while the calling thread must not use direct IO.
+thread_local bool t_direct_io_allowed = true;
 volatile sig_atomic_t g_cancel_signal = 0;
 
 std::string ParentOf(const std::string& path) {
@@ -257,7 +261,9 @@ class PosixReadable : public EnvReadableFile {
         if (drop_read_pages_) direct_fd_ = OpenDirect(fd_, O_RDONLY);
         if (direct_fd_ >= 0) (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
       }
-      if (direct_fd_ >= 0 && direct_ok_.load()) return length >= kDirectReadMinBytes;
+      if (direct_fd_ >= 0 && direct_ok_.load() && t_direct_io_allowed) {
+        return length >= kDirectReadMinBytes;
+      }
       drop = drop_read_pages_;
       advice = streams_.OnRead(offset, length);
     }
@@ -383,7 +389,8 @@ class PosixWritable : public EnvWritableFile {
   // the kernel keeps a direct write and the page cache coherent for the same block.
   Status WriteAt(uint64_t offset, std::span<const std::byte> data) override {
     if (fd_ < 0) return InternalError(path_ + ": write after close");
-    if (direct_fd_ >= 0 && data.size() >= kDirectMinBytes && direct_ok_.load()) {
+    if (direct_fd_ >= 0 && data.size() >= kDirectMinBytes && direct_ok_.load() &&
+        t_direct_io_allowed) {
       const uint64_t direct_start = AlignUp(offset);
       const uint64_t direct_end = AlignDown(offset + data.size());
       if (direct_start < direct_end) {
@@ -401,6 +408,27 @@ class PosixWritable : public EnvWritableFile {
     if (fd_ < 0) return InternalError(path_ + ": sync after close");
     if (::fdatasync(fd_) != 0) return ErrnoError("syncing " + path_, errno);
     return Status::Ok();
+  }
+  Status Reserve(uint64_t bytes) override {
+    if (fd_ < 0) return InternalError(path_ + ": reserve after close");
+    if (bytes == 0) return Status::Ok();
+#ifdef __linux__
+    if (bytes > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+      return InvalidArgumentError(path_ + ": cannot reserve " + std::to_string(bytes) + " bytes");
+    }
+    int rc;
+    do {
+      rc = ::fallocate(fd_, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes));
+    } while (rc != 0 && errno == EINTR);
+    if (rc == 0) return Status::Ok();
+    const int e = errno;
+    if (e == EOPNOTSUPP || e == ENOSYS) return Status::Ok();
+    return ErrnoError("reserving " + std::to_string(bytes) + " bytes (" + HumanBytes(bytes) +
+                          ") for " + path_,
+                      e);
+#else
+    return Status::Ok();
+#endif
   }
   Status Close() override {
     if (fd_ < 0) return Status::Ok();
@@ -656,6 +684,12 @@ void SetIoPolicy(const IoPolicy& policy) {
   g_direct_io.store(policy.direct_io);
 }
 IoPolicy GetIoPolicy() { return IoPolicy{g_follow_symlinks.load(), g_direct_io.load()}; }
+uint64_t DirectIoBufferBytes() { return g_direct_io.load() ? kBounceBytes : 0; }
+
+ScopedThreadDirectIo::ScopedThreadDirectIo(bool allowed) : previous_(t_direct_io_allowed) {
+  t_direct_io_allowed = previous_ && allowed;
+}
+ScopedThreadDirectIo::~ScopedThreadDirectIo() { t_direct_io_allowed = previous_; }
 
 void RequestCancel(int signal_number) { g_cancel_signal = signal_number; }
 int CancelSignal() { return g_cancel_signal; }
@@ -685,6 +719,11 @@ class MemWritable : public EnvWritableFile {
   Status Sync() override { return Status::Ok(); }
   Status Close() override {
     closed_ = true;
+    return Status::Ok();
+  }
+  Status Reserve(uint64_t) override {
+    std::lock_guard<std::mutex> lock(*mu_);
+    if (closed_) return InternalError("reserve after close");
     return Status::Ok();
   }
 
@@ -904,6 +943,7 @@ std::string_view FaultOpName(FaultOp op) {
     case FaultOp::kList: return "list";
     case FaultOp::kMkdir: return "mkdir";
     case FaultOp::kRemove: return "remove";
+    case FaultOp::kReserve: return "reserve";
   }
   return "?";
 }
@@ -977,6 +1017,10 @@ class FaultWritable : public EnvWritableFile {
   }
   Status Close() override { return base_->Close(); }
   void StartWriteBack() override { base_->StartWriteBack(); }
+  Status Reserve(uint64_t bytes) override {
+    FC_RETURN_IF_ERROR(env_->Tick(FaultOp::kReserve, path_));
+    return base_->Reserve(bytes);
+  }
 
  private:
   FaultInjectingEnv* env_;

@@ -158,6 +158,12 @@ Status WritableFile::WriteAt(uint64_t offset, std::span<const std::byte> data) {
   return Status::Ok();
 }
 
+Status WritableFile::Reserve(uint64_t bytes) {
+  if (!file_) return InternalError(path_ + ": reserve after close");
+  FC_RETURN_IF_ERROR(CheckCancel("reserving space for " + path_));
+  return file_->Reserve(bytes);
+}
+
 Status WritableFile::Sync() {
   if (!file_) return InternalError(path_ + ": sync after close");
   FC_RETURN_IF_ERROR(CheckCancel("syncing " + path_));

@@ -562,10 +562,8 @@ Status BuildConvertPlan(const ConvertOptions& options, int processes, bool write
     p.ranks.push_back(layout.ranks[f].rank);
   }
   request.processes = processes;
-  request.threads = WorkerThreads(options.threads);
+  SetWorkerResources(options, request);
   request.verify_checksums = DefaultVerifyChecksums();
-  request.memory_budget =
-      options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
   p.visibility = visibility;
   request.source_visibility = std::move(visibility);
   FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, p.index));

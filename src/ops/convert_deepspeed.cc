@@ -140,9 +140,7 @@ Status BuildJob(const ConvertOptions& options, SharedInput& input, Communicator&
     job.slot_record.push_back(std::move(records));
   }
   request.processes = comm.size();
-  request.threads = WorkerThreads(options.threads);
-  request.memory_budget =
-      options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
+  SetWorkerResources(options, request);
   request.source_visibility = std::move(visibility);
   return comm.AllOk([&]() -> Status {
     FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, job.layout.source));

@@ -757,9 +757,7 @@ Status BuildJob(const ConvertOptions& options, int processes,
     FC_RETURN_IF_ERROR(AddModuleOnlyFiles(options.input, index, job.params, add_pieces));
   }
   request.processes = processes;
-  request.threads = WorkerThreads(options.threads);
-  request.memory_budget =
-      options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
+  SetWorkerResources(options, request);
   request.source_visibility = std::move(visibility);
   FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, index));
   FC_ASSIGN_OR_RETURN(job.plan, BuildPlan(std::move(request)));

@@ -21,6 +21,7 @@
 #include "fc/exec/parallel.h"
 #include "fc/format/chunk_reader.h"
 #include "fc/format/open.h"
+#include "fc/io/env.h"
 #include "fc/io/file.h"
 #include "fc/ops/report_format.h"
 #include "fc/ops/targets.h"
@@ -380,9 +381,14 @@ Result<DiffReport> RunDiff(const DiffOptions& options) {
   const int threads = WorkerThreads(options.threads);
   const uint64_t budget =
       options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
-  // Per worker: one slab of each side plus up to two staging copies of a source block
-  // inside AssembleRegion (which runs for one side at a time).
-  const uint64_t per_worker = budget / static_cast<uint64_t>(threads) / 4;
+  // The workers' direct IO buffers (fc/io/env.h) when the budget affords them (an eighth of
+  // it at most, as fc/plan/plan.h has it); else the workers read through the page cache.
+  // Per worker, of the rest: one slab of each side plus up to two staging copies of a source
+  // block inside AssembleRegion (which runs for one side at a time).
+  const uint64_t io_buffers = static_cast<uint64_t>(threads) * DirectIoBufferBytes();
+  const bool direct_io = io_buffers > 0 && io_buffers <= budget / 8;
+  const uint64_t per_worker =
+      (budget - (direct_io ? io_buffers : 0)) / static_cast<uint64_t>(threads) / 4;
   if (per_worker < 64) {
     return ResourceExhaustedError("--memory-budget " + std::to_string(budget) +
                                   " bytes is too small for " + std::to_string(threads) +
@@ -415,6 +421,7 @@ Result<DiffReport> RunDiff(const DiffOptions& options) {
   };
   std::vector<Buffers> buffers(static_cast<size_t>(threads));
   Status status = ParallelFor(tasks.size(), threads, [&](size_t i, int worker) -> Status {
+    const ScopedThreadDirectIo direct(direct_io);
     Buffers& buf = buffers[static_cast<size_t>(worker)];
     const SlabTask& task = tasks[i];
     Pair& p = *task.pair;

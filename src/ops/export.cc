@@ -238,10 +238,8 @@ Status BuildExportPlan(const ExportOptions& options, int processes,
     request.files.push_back(std::move(file));
   }
   request.processes = processes;
-  request.threads = WorkerThreads(options.threads);
+  SetWorkerResources(options, request);
   request.verify_checksums = DefaultVerifyChecksums();
-  request.memory_budget =
-      options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
   p.visibility = visibility;
   request.source_visibility = std::move(visibility);
   FC_RETURN_IF_ERROR(CheckNeededFilesVisible(request, p.index));

@@ -26,6 +26,7 @@
 #include "fc/comm/communicator.h"
 #include "fc/format/open.h"
 #include "fc/core/status.h"
+#include "fc/exec/parallel.h"
 #include "fc/io/env.h"
 #include "fc/io/input_view_env.h"
 #include "fc/model/checkpoint_index.h"
@@ -89,6 +90,17 @@ Options PlannedWith(const Options& options, Communicator& comm) {
   planned.threads = r.threads;
   planned.memory_budget = r.memory_budget;
   return planned;
+}
+
+// Sets what `request` plans the workers with from `options` (ConvertOptions,
+// ExportOptions): the worker threads, the memory budget (by default a quarter of the
+// physical memory) and each worker's direct IO buffer under the current IoPolicy.
+template <typename Options>
+void SetWorkerResources(const Options& options, PlanRequest& request) {
+  request.threads = WorkerThreads(options.threads);
+  request.memory_budget =
+      options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
+  request.io_buffer_bytes = DirectIoBufferBytes();
 }
 
 // kNotFound naming the first file a piece of `request` reads from that no process sees.

@@ -220,6 +220,16 @@ class BudgetRules {
     return static_cast<uint64_t>(threads) * (3 * kMinSlabBytes + block_bytes_) * share();
   }
 
+  // The direct IO buffers of `threads` workers (PlanRequest::io_buffer_bytes each) when
+  // `unheld` bytes of budget (what the bookkeeping leaves) afford them easily: they take at
+  // most an eighth of it and leave the workers' minimum. Else 0, and the workers read and
+  // write through the page cache (a budget that small is for tests and tiny machines).
+  uint64_t IoBuffersFor(int threads, uint64_t unheld) const {
+    const uint64_t io = static_cast<uint64_t>(threads) * request_.io_buffer_bytes;
+    if (io == 0 || io > unheld / 8 || unheld - io < DataMinimumFor(threads)) return 0;
+    return io;
+  }
+
   // The least budget of a plan whose bookkeeping charges `charged`.
   uint64_t MinimumWith(uint64_t charged) const {
     const uint64_t floor = request_.charge_held ? request_.peak_floor : 0;
@@ -440,14 +450,18 @@ Result<Plan> BuildPlan(PlanRequest request) {
   const uint64_t plan_estimate = EstimatePlanBytes(request);
   const BudgetRules rules(request, block_bytes);
   const uint64_t held = rules.ChargedFor(plan_estimate);
-  const uint64_t data_budget = request.memory_budget > held ? request.memory_budget - held : 0;
-  const uint64_t budget = data_budget / rules.share();
+  const uint64_t unheld = request.memory_budget > held ? request.memory_budget - held : 0;
   int threads = request.threads;
-  while (threads > 1 && data_budget < rules.DataMinimumFor(threads)) --threads;
+  while (threads > 1 && unheld < rules.DataMinimumFor(threads)) --threads;
   if (request.memory_budget < rules.MinimumWith(held)) {
     return rules.BelowMinimum(held, plan_estimate);
   }
   plan.threads = threads;
+  // The workers' direct IO buffers come off next, when the budget affords them; the rest is
+  // for the tensor buffers (and, with several processes, the exchange).
+  const uint64_t io_buffers = rules.IoBuffersFor(threads, unheld);
+  const uint64_t data_budget = unheld - io_buffers;
+  const uint64_t budget = data_budget / rules.share();
   // Transposed and strided pieces are read whole when the block fits in half of a worker's
   // share (or in the reservation reshapes already need); otherwise per region.
   const uint64_t optional_limit =
@@ -473,7 +487,9 @@ Result<Plan> BuildPlan(PlanRequest request) {
   plan.memory.block_bytes = block_bytes;
   const size_t busy = std::min<size_t>(static_cast<size_t>(threads),
                                        std::max<size_t>(plan.writes.size(), 1));
-  plan.memory.peak = static_cast<uint64_t>(busy) * (3 * largest_item + block_bytes);
+  plan.memory.io_buffers = io_buffers > 0 ? static_cast<uint64_t>(busy) * request.io_buffer_bytes : 0;
+  plan.memory.peak =
+      static_cast<uint64_t>(busy) * (3 * largest_item + block_bytes) + plan.memory.io_buffers;
 
   SourceIndexes indexes;
   const std::vector<std::map<uint32_t, uint64_t>> file_reads = SourceReadsPerFile(plan, indexes);
@@ -542,7 +558,8 @@ std::string PlanJson(const Plan& plan, const CheckpointIndex& index, bool detail
   j.Key("peak").Uint(plan.memory.peak).Key("slab_bytes").Uint(plan.memory.slab_bytes);
   j.Key("block_bytes").Uint(plan.memory.block_bytes);
   j.Key("held").Uint(plan.memory.held).Key("plan_bytes").Uint(plan.memory.plan_bytes);
-  j.Key("round_bytes").Uint(plan.memory.round_bytes).EndObject();
+  j.Key("round_bytes").Uint(plan.memory.round_bytes);
+  j.Key("io_buffers").Uint(plan.memory.io_buffers).EndObject();
   j.Key("bytes_needed").Uint(plan.bytes_needed).Key("bytes_written").Uint(plan.bytes_written);
   j.Key("write_items").Uint(plan.writes.size());
   j.Key("exchange").BeginObject(true);

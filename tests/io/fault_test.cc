@@ -57,7 +57,7 @@ std::vector<std::string> Leftovers(const std::string& parent, const std::string&
 
 constexpr FaultOp kOps[] = {FaultOp::kOpenRead, FaultOp::kRead,   FaultOp::kCreate,
                             FaultOp::kWrite,    FaultOp::kSync,   FaultOp::kRename,
-                            FaultOp::kList,     FaultOp::kMkdir};
+                            FaultOp::kList,     FaultOp::kMkdir,  FaultOp::kReserve};
 
 // Runs `run(out)` once clean, then once per failure point; checks the contract above.
 void EveryFailurePoint(const std::string& base, const std::function<Status(const std::string&)>& run) {
@@ -76,6 +76,7 @@ void EveryFailurePoint(const std::string& base, const std::function<Status(const
   CHECK(env.Count(FaultOp::kWrite) > 0);
   CHECK(env.Count(FaultOp::kRename) > 0);
   CHECK(env.Count(FaultOp::kSync) > 0);
+  CHECK(env.Count(FaultOp::kReserve) > 0);
 
   int points = 0;
   for (FaultOp op : kOps) {

@@ -209,6 +209,35 @@ TEST_CASE("plan: a reshaping piece is read whole once per file and sets the mini
     CHECK(plan->whole_blocks == std::vector<std::pair<uint32_t, uint32_t>>{{0, 0}});
     CHECK(plan->memory.peak <= r.memory_budget);
   }
+  SECTION("the workers' direct IO buffers are taken where the budget affords them") {
+    r.io_buffer_bytes = 4096;
+    // At the minimum there is no room for them: none, and the minimum is as without.
+    r.memory_budget = block + 3 * 64;
+    auto small = BuildPlan(r);
+    REQUIRE(small.ok());
+    CHECK(small->memory.minimum == block + 3 * 64);
+    CHECK(small->memory.io_buffers == 0);
+    // 4 workers' 16 KiB are within an eighth of 1 MiB: counted in the peak (for the workers
+    // that have items), and the workers' buffers sized from what is left.
+    r.memory_budget = 1 << 20;
+    auto with = BuildPlan(r);
+    REQUIRE(with.ok());
+    REQUIRE(with->threads == 4);
+    const uint64_t busy = std::min<uint64_t>(4, with->writes.size());
+    CHECK(with->memory.io_buffers == busy * 4096);
+    CHECK(with->memory.minimum == block + 3 * 64);
+    CHECK(with->memory.peak <= r.memory_budget);
+    CHECK(with->memory.peak == with->memory.io_buffers +
+                                   busy * (3 * with->memory.slab_bytes + with->memory.block_bytes));
+    CHECK_THAT(PlanJson(*with, index, false),
+               Catch::Contains("\"io_buffers\":" + std::to_string(busy * 4096)));
+    // More than an eighth: none.
+    r.io_buffer_bytes = (uint64_t{1} << 20) / 8 / 4 + 4096;
+    auto without = BuildPlan(r);
+    REQUIRE(without.ok());
+    CHECK(without->memory.io_buffers == 0);
+    CHECK(without->threads == 4);
+  }
   SECTION("plans are deterministic and print as JSON") {
     r.memory_budget = 1 << 20;
     auto a = BuildPlan(r);

@@ -89,6 +89,17 @@ class EnvWritableFile {
   // smaller than that would otherwise stay dirty until the Sync at the end. Errors surface
   // at Sync. Default: nothing (in-memory files).
   virtual void StartWriteBack() {}
+  // Allocates disk space for the file's first `bytes`, for a writer that will write all of
+  // them, so that a disk without room for the file says so before any of it is written (a
+  // 10 GB export to a full disk fails in its first second, not after writing what fits),
+  // and the file is laid out in few extents. The file's size does not change: it still
+  // grows as bytes are written, so a file's size still tells whether its last bytes were
+  // written (torch DCP's commit checks the data files' sizes).
+  // Errors: kIoError naming the path and the bytes (ENOSPC: "No space left on device").
+  // POSIX: fallocate(2) with FALLOC_FL_KEEP_SIZE (never glibc's posix_fallocate emulation,
+  // which writes zeros); a file system that cannot (EOPNOTSUPP) allocates as it writes.
+  // In memory: nothing.
+  virtual Status Reserve(uint64_t bytes) = 0;
 };
 
 // A held advisory lock; destroying it removes the lock file and releases the lock.
@@ -173,6 +184,28 @@ struct IoPolicy {
 void SetIoPolicy(const IoPolicy& policy);
 IoPolicy GetIoPolicy();
 
+// Bytes each thread that reads or writes through PosixEnv() may hold for direct IO under
+// the current policy: its bounce buffer (allocated at the thread's first direct read or
+// unaligned direct write, kept until the thread ends), or 0 with IoPolicy::direct_io off.
+// Planners charge it per worker thread to the memory budget (PlanRequest::io_buffer_bytes).
+uint64_t DirectIoBufferBytes();
+
+// While one lives with `allowed` false, the calling thread reads and writes through the page
+// cache only (no bounce buffer is allocated for it): the executor's workers under a budget
+// that leaves no room for their bounce buffers (fc/plan/plan.h, PlanMemory::io_buffers).
+// `allowed` true changes nothing (it cannot turn on what the policy or an outer one turned
+// off). Restores the thread's previous setting when destroyed.
+class ScopedThreadDirectIo {
+ public:
+  explicit ScopedThreadDirectIo(bool allowed);
+  ~ScopedThreadDirectIo();
+  ScopedThreadDirectIo(const ScopedThreadDirectIo&) = delete;
+  ScopedThreadDirectIo& operator=(const ScopedThreadDirectIo&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Cancellation: once RequestCancel() was called (e.g. from a SIGINT/SIGTERM handler; it
 // is async-signal-safe), every later Env operation through DefaultEnv() fails with
 // kIoError "interrupted (signal N)", so a run unwinds through its normal error paths and
@@ -216,8 +249,10 @@ class InMemoryEnv : public Env {
 };
 
 // The operations FaultInjectingEnv counts, each kind on its own counter.
-enum class FaultOp { kOpenRead, kRead, kCreate, kWrite, kSync, kRename, kList, kMkdir, kRemove };
-inline constexpr int kFaultOpCount = 9;
+enum class FaultOp {
+  kOpenRead, kRead, kCreate, kWrite, kSync, kRename, kList, kMkdir, kRemove, kReserve
+};
+inline constexpr int kFaultOpCount = 10;
 std::string_view FaultOpName(FaultOp op);
 
 // Wraps `base`: counts operations of each kind (1-based, across all files and threads) and

@@ -96,6 +96,10 @@ class WritableFile {
   void StartWriteBack() {
     if (file_) file_->StartWriteBack();
   }
+  // Allocates the disk space of the file's first `bytes` (its size unchanged), for a writer
+  // that knows the file's final size and will write all of it (EnvWritableFile::Reserve):
+  // call it right after Create. A disk without room fails here, before any data is written.
+  Status Reserve(uint64_t bytes);
 
  private:
   WritableFile(std::string path, std::unique_ptr<EnvWritableFile> file)

@@ -138,6 +138,9 @@ struct PlanMemory {
   uint64_t slab_bytes = 0;  // largest write item, in bytes of its widest element type
   uint64_t block_bytes = 0;  // largest whole source block kept for reshaping pieces
   uint64_t round_bytes = 0;  // most bytes a process sends, or receives, in one round
+  // The workers' direct IO buffers (PlanRequest::io_buffer_bytes each), part of the peak;
+  // 0: the workers read and write through the page cache.
+  uint64_t io_buffers = 0;
 
   friend bool operator==(const PlanMemory&, const PlanMemory&) = default;
 };
@@ -198,6 +201,13 @@ struct PlanRequest {
   uint64_t free_bytes = 0;
   // The least budget the job's peak so far fits in (0: none); part of the minimum.
   uint64_t peak_floor = 0;
+  // Bytes each worker thread holds to read and write with direct IO besides the plan's
+  // buffers (its bounce buffer: DirectIoBufferBytes() in fc/io/env.h). Taken from the budget
+  // per thread before the tensor buffers are sized when the budget affords them (an eighth
+  // of it at most, the workers' minimum left): then PlanMemory::io_buffers is non-zero and
+  // the workers may use direct IO; otherwise it is 0 and they must not (the executor turns
+  // it off on their threads). Never part of the minimum.
+  uint64_t io_buffer_bytes = 0;
 };
 
 // Builds the plan. Errors: kInvalidArgument for a slot naming a tensor out of range, a box

@@ -63,6 +63,7 @@ Result<std::unique_ptr<DsArchiveWriter>> DsArchiveWriter::Create(
     const std::string parent = Dirname(path);
     if (made.insert(parent).second) FC_RETURN_IF_ERROR(CreateDirectories(parent));
     FC_ASSIGN_OR_RETURN(st->file, WritableFile::Create(path));
+    FC_RETURN_IF_ERROR(st->file->Reserve(st->zip.archive_size));
     const size_t n = st->zip.records.size();
     for (size_t i = 0; i < n; ++i) {
       FC_RETURN_IF_ERROR(st->file->WriteAt(st->zip.placements[i].header_offset,

@@ -196,6 +196,7 @@ Result<std::unique_ptr<UcpWriter>> UcpWriter::Create(const std::string& dir,
     const std::string parent = Dirname(path);
     if (made.insert(parent).second) FC_RETURN_IF_ERROR(CreateDirectories(parent));
     FC_ASSIGN_OR_RETURN(state->file, WritableFile::Create(path));
+    FC_RETURN_IF_ERROR(state->file->Reserve(state->archive.size()));
     FC_RETURN_IF_ERROR(
         state->file->WriteAt(0, AsBytes(internal_torch::TensorArchiveHead(state->archive))));
     state->spec = std::move(spec);

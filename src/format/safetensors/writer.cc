@@ -219,6 +219,7 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   w->bytes_done_.assign(w->tensors_.size(), 0);
   FC_ASSIGN_OR_RETURN(w->file_, WritableFile::Create(w->write_path_));
   // From here on the destructor removes the file if anything fails.
+  FC_RETURN_IF_ERROR(w->file_->Reserve(w->layout_.file_size));
   FC_RETURN_IF_ERROR(w->file_->Append(w->layout_.header));
   std::vector<std::byte> zeros;
   std::vector<bool> is_tensor(w->layout_.entries.size(), false);

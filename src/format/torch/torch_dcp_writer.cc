@@ -499,6 +499,7 @@ Result<std::unique_ptr<TorchDcpWriter>> TorchDcpWriter::Create(const std::string
     auto state = std::make_unique<FileState>();
     FC_ASSIGN_OR_RETURN(state->file,
                         WritableFile::Create(JoinPath(w->staging_dir_, w->plan_.files[f].name)));
+    FC_RETURN_IF_ERROR(state->file->Reserve(w->layouts_[f].file_size));
     state->chunks.resize(w->plan_.files[f].chunks.size());
     state->objects.resize(w->plan_.files[f].objects.size());
     w->files_[f] = std::move(state);
