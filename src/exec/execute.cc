@@ -135,7 +135,8 @@ using TransferIterator = std::vector<Transfer>::const_iterator;
 // the bytes of the round's buffers. `direct_io`: whether the workers may read with direct IO
 // (PlanMemory::io_buffers).
 Status ExchangeRound(TransferIterator first, TransferIterator last, int me, int threads,
-                     bool direct_io, ChunkReader& reader, Communicator& comm, ExchangedSourceReader& sources,
+                     bool direct_io, ChunkReader& reader, Communicator& comm,
+                     ExchangedSourceReader& sources,
                      std::map<int, std::vector<std::byte>>& receive_buffers, ExecuteStats& stats,
                      uint64_t& exchange_peak) {
   // What this process sends: one message per receiver, transfers in plan order.

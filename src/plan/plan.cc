@@ -487,7 +487,8 @@ Result<Plan> BuildPlan(PlanRequest request) {
   plan.memory.block_bytes = block_bytes;
   const size_t busy = std::min<size_t>(static_cast<size_t>(threads),
                                        std::max<size_t>(plan.writes.size(), 1));
-  plan.memory.io_buffers = io_buffers > 0 ? static_cast<uint64_t>(busy) * request.io_buffer_bytes : 0;
+  plan.memory.io_buffers =
+      io_buffers > 0 ? static_cast<uint64_t>(busy) * request.io_buffer_bytes : 0;
   plan.memory.peak =
       static_cast<uint64_t>(busy) * (3 * largest_item + block_bytes) + plan.memory.io_buffers;
 
