@@ -381,12 +381,15 @@ Result<DiffReport> RunDiff(const DiffOptions& options) {
   const int threads = WorkerThreads(options.threads);
   const uint64_t budget =
       options.memory_budget ? options.memory_budget : PhysicalMemoryBytes() / 4;
-  // The workers' direct IO buffers (fc/io/env.h) when the budget affords them (an eighth of
-  // it at most, as fc/plan/plan.h has it); else the workers read through the page cache.
-  // Per worker, of the rest: one slab of each side plus up to two staging copies of a source
-  // block inside AssembleRegion (which runs for one side at a time).
+  // The workers' direct IO buffers (fc/io/env.h) when the budget affords them without
+  // shrinking the workers' slabs below kMaxSlabBytes (as fc/plan/plan.h has it); else the
+  // workers read through the page cache. Per worker, of the rest: one slab of each side plus
+  // up to two staging copies of a source block inside AssembleRegion (which runs for one
+  // side at a time).
   const uint64_t io_buffers = static_cast<uint64_t>(threads) * DirectIoBufferBytes();
-  const bool direct_io = io_buffers > 0 && io_buffers <= budget / 8;
+  const bool direct_io =
+      io_buffers > 0 &&
+      budget >= io_buffers + static_cast<uint64_t>(threads) * 4 * kMaxSlabBytes;
   const uint64_t per_worker =
       (budget - (direct_io ? io_buffers : 0)) / static_cast<uint64_t>(threads) / 4;
   if (per_worker < 64) {

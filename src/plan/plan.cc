@@ -221,12 +221,15 @@ class BudgetRules {
   }
 
   // The direct IO buffers of `threads` workers (PlanRequest::io_buffer_bytes each) when
-  // `unheld` bytes of budget (what the bookkeeping leaves) afford them easily: they take at
-  // most an eighth of it and leave the workers' minimum. Else 0, and the workers read and
-  // write through the page cache (a budget that small is for tests and tiny machines).
+  // `unheld` bytes of budget (what the bookkeeping leaves) afford them without shrinking the
+  // workers' buffers: what is left still holds full-size slabs (kMaxSlabBytes) and the
+  // blocks for every worker. Else 0, and the workers read and write through the page cache
+  // (with 4 workers, under about 40 MiB of budget).
   uint64_t IoBuffersFor(int threads, uint64_t unheld) const {
     const uint64_t io = static_cast<uint64_t>(threads) * request_.io_buffer_bytes;
-    if (io == 0 || io > unheld / 8 || unheld - io < DataMinimumFor(threads)) return 0;
+    const uint64_t full =
+        static_cast<uint64_t>(threads) * (3 * kMaxSlabBytes + block_bytes_) * share();
+    if (io == 0 || unheld < io || unheld - io < full) return 0;
     return io;
   }
 

@@ -217,9 +217,10 @@ TEST_CASE("plan: a reshaping piece is read whole once per file and sets the mini
     REQUIRE(small.ok());
     CHECK(small->memory.minimum == block + 3 * 64);
     CHECK(small->memory.io_buffers == 0);
-    // 4 workers' 16 KiB are within an eighth of 1 MiB: counted in the peak (for the workers
-    // that have items), and the workers' buffers sized from what is left.
-    r.memory_budget = 1 << 20;
+    // Room for 4 workers' full-size items and blocks and their 16 KiB: counted in the peak
+    // (for the workers that have items).
+    const uint64_t full = 4 * (3 * kMaxSlabBytes + block);
+    r.memory_budget = full + 4 * 4096;
     auto with = BuildPlan(r);
     REQUIRE(with.ok());
     REQUIRE(with->threads == 4);
@@ -231,8 +232,8 @@ TEST_CASE("plan: a reshaping piece is read whole once per file and sets the mini
                                    busy * (3 * with->memory.slab_bytes + with->memory.block_bytes));
     CHECK_THAT(PlanJson(*with, index, false),
                Catch::Contains("\"io_buffers\":" + std::to_string(busy * 4096)));
-    // More than an eighth: none.
-    r.io_buffer_bytes = (uint64_t{1} << 20) / 8 / 4 + 4096;
+    // A byte less, and they would shrink the workers' items: none.
+    r.memory_budget = full + 4 * 4096 - 1;
     auto without = BuildPlan(r);
     REQUIRE(without.ok());
     CHECK(without->memory.io_buffers == 0);

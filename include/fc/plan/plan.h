@@ -203,8 +203,8 @@ struct PlanRequest {
   uint64_t peak_floor = 0;
   // Bytes each worker thread holds to read and write with direct IO besides the plan's
   // buffers (its bounce buffer: DirectIoBufferBytes() in fc/io/env.h). Taken from the budget
-  // per thread before the tensor buffers are sized when the budget affords them (an eighth
-  // of it at most, the workers' minimum left): then PlanMemory::io_buffers is non-zero and
+  // per thread before the tensor buffers are sized when the budget affords them (what is
+  // left still gives every worker full-size slabs): then PlanMemory::io_buffers is non-zero and
   // the workers may use direct IO; otherwise it is 0 and they must not (the executor turns
   // it off on their threads). Never part of the minimum.
   uint64_t io_buffer_bytes = 0;
