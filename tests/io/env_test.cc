@@ -393,17 +393,23 @@ TEST_CASE("posix direct IO: large writes and cold reads bypass the page cache, s
   pieces.push_back({at, (size_t{2} << 20) + 920});
   const uint64_t file_size = at + (size_t{2} << 20) + 920;
 
-  // Direct IO on; on in the policy but off on the threads that read and write
-  // (ScopedThreadDirectIo, as the executor's workers under a small budget); off.
-  const char* const kModes[] = {"direct", "direct policy, off on the threads", "page cache"};
-  for (int mode = 0; mode < 3; ++mode) {
+  // Direct IO on (the file reserved a byte under the size written through the page cache);
+  // on in the policy but off on the threads that read and write (ScopedThreadDirectIo, as
+  // the executor's workers under a small budget); off; on, with the file reserved at
+  // IoPolicy::page_cache_write_min_file_bytes (written through the page cache, read direct).
+  const char* const kModes[] = {"direct", "direct policy, off on the threads", "page cache",
+                                "direct, the file reserved as large"};
+  for (int mode = 0; mode < 4; ++mode) {
     DYNAMIC_SECTION(kModes[mode]) {
-      const bool direct = mode == 0;
+      const bool direct = mode == 0 || mode == 3;  // reads
+      const bool direct_writes = mode == 0;
       const bool thread_allows = mode != 1;
-      SetIoPolicy(IoPolicy{saved.follow_symlinks, mode != 2});
+      SetIoPolicy(IoPolicy{saved.follow_symlinks, mode != 2,
+                           mode == 3 ? file_size : file_size + 1});
       const std::string path = JoinPath(s.path(), "f" + std::to_string(mode));
       auto file = PosixEnv()->CreateForWrite(path);
       REQUIRE(file.ok());
+      if (mode == 0 || mode == 3) REQUIRE((*file)->Reserve(file_size).ok());
       std::vector<Status> status(2, Status::Ok());
       auto writer = [&](int parity) {
         const ScopedThreadDirectIo scope(thread_allows);
@@ -433,7 +439,7 @@ TEST_CASE("posix direct IO: large writes and cold reads bypass the page cache, s
       REQUIRE(status[1].ok());
       // Direct: only the part-blocks at the pieces' ends (and the small pieces) were cached.
       const size_t cached_pages = ResidentPages(path);
-      if (direct) {
+      if (direct_writes) {
         CHECK(cached_pages <= 2 * pieces.size() + 2);
       } else {
         CHECK(cached_pages * page >= file_size - 2 * page);

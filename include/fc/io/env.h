@@ -98,7 +98,8 @@ class EnvWritableFile {
   // Errors: kIoError naming the path and the bytes (ENOSPC: "No space left on device").
   // POSIX: fallocate(2) with FALLOC_FL_KEEP_SIZE (never glibc's posix_fallocate emulation,
   // which writes zeros); a file system that cannot (EOPNOTSUPP) allocates as it writes.
-  // In memory: nothing.
+  // POSIX, direct IO on: a file reserved at IoPolicy::page_cache_write_min_file_bytes or
+  // more is written through the page cache from then on. In memory: nothing.
   virtual Status Reserve(uint64_t bytes) = 0;
 };
 
@@ -149,7 +150,9 @@ class Env {
 // with O_DIRECT in reads of at least 64 KiB (smaller ones through the page cache, without
 // read-ahead); a cached input is read through the page cache and stays cached, each
 // sequential stream of its reads read ahead (fc/io/read_ahead.h). Writes of at least 1 MiB
-// write their whole 4 KiB blocks with O_DIRECT. Where the file system refuses O_DIRECT, or
+// write their whole 4 KiB blocks with O_DIRECT, except to a file reserved at
+// IoPolicy::page_cache_write_min_file_bytes or more (1 GiB: an export's shards, a resharded
+// DCP file), which the page cache writes faster. Where the file system refuses O_DIRECT, or
 // IoPolicy::direct_io is off, everything goes through the page cache, and a file fc brings
 // in from the disk has its pages dropped behind the reads. What Read returns and what a file
 // holds after Sync are the same either way.
@@ -177,9 +180,12 @@ struct IoPolicy {
   bool follow_symlinks = false;
   // Read and write large ranges with O_DIRECT where the file system allows it: reads of an
   // input that was mostly out of the page cache (64 KiB or more), and writes of output
-  // (1 MiB or more; see PosixEnv()).
+  // (1 MiB or more) to a file not reserved as large (below; see PosixEnv()).
   // Default: on.
   bool direct_io = true;
+  // With direct_io: a file whose EnvWritableFile::Reserve asked for at least this many bytes
+  // is written through the page cache all the same (PosixEnv() says why). Default: 1 GiB.
+  uint64_t page_cache_write_min_file_bytes = uint64_t{1} << 30;
 };
 void SetIoPolicy(const IoPolicy& policy);
 IoPolicy GetIoPolicy();
