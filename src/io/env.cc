@@ -52,11 +52,17 @@
 // interleaved rounds): one file 1.77-2.42 s through the page cache against 2.38-3.00 s
 // direct, four files of 1 GiB 1.62-2.63 s against 2.44-3.32 s, sixteen of 256 MiB even
 // (2.53-2.84 against 2.41-2.67 s), 64 of 64 MiB 3.57-4.42 s against 2.42-3.27 s, 256 of
-// 16 MiB 2.1-8.8 s against 2.1-2.6 s. In fc, interleaved with the build before: a warm 10 GB torch DCP
-// reshard to one file 4.22-5.37 s against 6.71-7.90 s, a warm 10 GB export 4.97-7.67 s
-// against 5.42-8.30 s, cold exports no different (2.85 GB of fp32 weights 2.73-3.49 s
-// against 2.66-3.96 s; the 10 GB one 13.4-16.2 s against 12.4-16.4 s), and the ZeRO-2 ->
-// UCP convert, whose 1362 files stay direct, unchanged.
+// 16 MiB 2.1-8.8 s against 2.1-2.6 s. In fc, interleaved with the build before: a warm
+// 10 GB torch DCP reshard to one file 4.22-5.37 s against 6.71-7.90 s, a warm 10 GB export
+// 4.97-7.67 s against 5.42-8.30 s, cold exports no different (2.85 GB of fp32 weights
+// 2.73-3.49 s against 2.66-3.96 s; the 10 GB one 13.4-16.2 s against 12.4-16.4 s), and the
+// ZeRO-2 -> UCP convert, whose 1362 files stay direct, unchanged (bench/README.md, "Large
+// output files through the page cache"). But from a cold input the page cache path was the
+// slower: the cold reshard took 14.61-15.18 s against 12.69-13.39 s direct, the cold DCP
+// export 12.25-13.70 s against 11.86-12.84 s (3 interleaved rounds each); so once a process
+// has read kColdInputBytes from cold files (ReadColdInput()), its large files are written
+// direct as well (then the cold reshard 12.67-12.84 s against 12.31-14.09 s for the direct
+// build, in 3 rounds; two runs right after a build took 44.2 and 16.1 s, unexplained).
 //
 // Why PosixReadable drops the input pages it read off the disk: a convert reads each byte
 // once, so an input left in the page cache only grows it, and the kernel must find free
@@ -103,6 +109,19 @@ std::atomic<Env*> g_default_env{nullptr};
 std::atomic<bool> g_follow_symlinks{false};
 std::atomic<bool> g_direct_io{true};
 std::atomic<uint64_t> g_page_cache_write_min_file_bytes{IoPolicy{}.page_cache_write_min_file_bytes};
+// ReadColdInput(): set once kColdInputBytes have been read from files that were mostly out
+// of the page cache at their first read. A threshold rather than the first such read: a
+// small file the user's warm-up missed (torch DCP's .metadata, a config) says nothing of
+// where the tensor bytes come from.
+constexpr uint64_t kColdInputBytes = uint64_t{64} << 20;
+std::atomic<uint64_t> g_cold_input_bytes{0};
+std::atomic<bool> g_read_cold_input{false};
+void CountColdRead(uint64_t length) {
+  if (g_read_cold_input.load(std::memory_order_relaxed)) return;
+  if (g_cold_input_bytes.fetch_add(length) + length >= kColdInputBytes) {
+    g_read_cold_input.store(true);
+  }
+}
 // ScopedThreadDirectIo: false while the calling thread must not use direct IO.
 thread_local bool t_direct_io_allowed = true;
 volatile sig_atomic_t g_cancel_signal = 0;
@@ -278,6 +297,7 @@ class PosixReadable : public EnvReadableFile {
         if (drop_read_pages_) direct_fd_ = OpenDirect(fd_, O_RDONLY);
         if (direct_fd_ >= 0) (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
       }
+      if (drop_read_pages_) CountColdRead(length);
       if (direct_fd_ >= 0 && direct_ok_.load() && t_direct_io_allowed) {
         return length >= kDirectReadMinBytes;
       }
@@ -407,7 +427,8 @@ class PosixWritable : public EnvWritableFile {
   Status WriteAt(uint64_t offset, std::span<const std::byte> data) override {
     if (fd_ < 0) return InternalError(path_ + ": write after close");
     if (direct_fd_ >= 0 && data.size() >= kDirectMinBytes && direct_ok_.load() &&
-        t_direct_io_allowed && !large_file_.load(std::memory_order_relaxed)) {
+        t_direct_io_allowed &&
+        !(large_file_.load(std::memory_order_relaxed) && !g_read_cold_input.load())) {
       const uint64_t direct_start = AlignUp(offset);
       const uint64_t direct_end = AlignDown(offset + data.size());
       if (direct_start < direct_end) {
@@ -532,7 +553,7 @@ class PosixWritable : public EnvWritableFile {
   int direct_fd_;  // O_DIRECT descriptor of the same file, or -1
   std::atomic<bool> direct_ok_{true};
   // Reserved at IoPolicy::page_cache_write_min_file_bytes or more: written through the page
-  // cache.
+  // cache while the process has read no cold input (ReadColdInput()).
   std::atomic<bool> large_file_{false};
   std::atomic<uint64_t> unstarted_bytes_{0};  // written since write-back was last started
 };
@@ -709,6 +730,11 @@ void SetIoPolicy(const IoPolicy& policy) {
 IoPolicy GetIoPolicy() {
   return IoPolicy{g_follow_symlinks.load(), g_direct_io.load(),
                   g_page_cache_write_min_file_bytes.load()};
+}
+bool ReadColdInput() { return g_read_cold_input.load(); }
+void ForgetColdInput() {
+  g_cold_input_bytes.store(0);
+  g_read_cold_input.store(false);
 }
 uint64_t DirectIoBufferBytes() { return g_direct_io.load() ? kBounceBytes : 0; }
 

@@ -406,6 +406,7 @@ TEST_CASE("posix direct IO: large writes and cold reads bypass the page cache, s
       const bool thread_allows = mode != 1;
       SetIoPolicy(IoPolicy{saved.follow_symlinks, mode != 2,
                            mode == 3 ? file_size : file_size + 1});
+      ForgetColdInput();  // the cold reads of the modes before
       const std::string path = JoinPath(s.path(), "f" + std::to_string(mode));
       auto file = PosixEnv()->CreateForWrite(path);
       REQUIRE(file.ok());
@@ -500,6 +501,45 @@ TEST_CASE("posix direct IO: large writes and cold reads bypass the page cache, s
       REQUIRE(*t == file_size - tail_at);
       tail.resize(*t);
       CHECK(tail == Pattern(tail_at, tail.size()));
+      if (mode == 3) {
+        // Under 64 MiB read cold so far (the small file and the reads above): a large file
+        // is still written through the page cache. Once 64 MiB have been read from a cold
+        // input, large files are written direct too.
+        CHECK_FALSE(ReadColdInput());
+        const std::string input = JoinPath(s.path(), "cold-input");
+        const size_t kInput = size_t{64} << 20;
+        {
+          const int fd = ::open(input.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+          REQUIRE(fd >= 0);
+          const std::vector<std::byte> zeros(size_t{1} << 20);
+          for (size_t done = 0; done < kInput; done += zeros.size()) {
+            REQUIRE(::write(fd, zeros.data(), zeros.size()) ==
+                    static_cast<ssize_t>(zeros.size()));
+          }
+          REQUIRE(::fdatasync(fd) == 0);
+          ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+          ::close(fd);
+        }
+        auto in = PosixEnv()->OpenForRead(input);
+        REQUIRE(in.ok());
+        std::vector<std::byte> buffer(size_t{1} << 20);
+        for (uint64_t from = 0; from < kInput; from += buffer.size()) {
+          auto n = (*in)->Read(from, buffer);
+          REQUIRE(n.ok());
+          REQUIRE(*n == buffer.size());
+        }
+        CHECK(ReadColdInput());
+        const std::string large = JoinPath(s.path(), "large-after-cold-input");
+        auto out = PosixEnv()->CreateForWrite(large);
+        REQUIRE(out.ok());
+        REQUIRE((*out)->Reserve(file_size).ok());
+        REQUIRE((*out)->WriteAt(5, Pattern(5, size_t{3} << 20)).ok());
+        CHECK(ResidentPages(large) <= 2);  // the part-blocks at either end
+        REQUIRE((*out)->Sync().ok());
+        REQUIRE((*out)->Close().ok());
+        ForgetColdInput();
+        CHECK_FALSE(ReadColdInput());
+      }
     }
   }
 }

@@ -99,7 +99,8 @@ class EnvWritableFile {
   // POSIX: fallocate(2) with FALLOC_FL_KEEP_SIZE (never glibc's posix_fallocate emulation,
   // which writes zeros); a file system that cannot (EOPNOTSUPP) allocates as it writes.
   // POSIX, direct IO on: a file reserved at IoPolicy::page_cache_write_min_file_bytes or
-  // more is written through the page cache from then on. In memory: nothing.
+  // more is written through the page cache from then on, while the process reads no cold
+  // input (ReadColdInput()). In memory: nothing.
   virtual Status Reserve(uint64_t bytes) = 0;
 };
 
@@ -152,7 +153,8 @@ class Env {
 // sequential stream of its reads read ahead (fc/io/read_ahead.h). Writes of at least 1 MiB
 // write their whole 4 KiB blocks with O_DIRECT, except to a file reserved at
 // IoPolicy::page_cache_write_min_file_bytes or more (1 GiB: an export's shards, a resharded
-// DCP file), which the page cache writes faster. Where the file system refuses O_DIRECT, or
+// DCP file) while the process has read only cached input (ReadColdInput()): the page cache
+// writes those faster when the input is warm. Where the file system refuses O_DIRECT, or
 // IoPolicy::direct_io is off, everything goes through the page cache, and a file fc brings
 // in from the disk has its pages dropped behind the reads. What Read returns and what a file
 // holds after Sync are the same either way.
@@ -184,7 +186,8 @@ struct IoPolicy {
   // Default: on.
   bool direct_io = true;
   // With direct_io: a file whose EnvWritableFile::Reserve asked for at least this many bytes
-  // is written through the page cache all the same (PosixEnv() says why). Default: 1 GiB.
+  // is written through the page cache all the same while the process has read no cold input
+  // (ReadColdInput(); PosixEnv() says why). Default: 1 GiB.
   uint64_t page_cache_write_min_file_bytes = uint64_t{1} << 30;
 };
 void SetIoPolicy(const IoPolicy& policy);
@@ -195,6 +198,13 @@ IoPolicy GetIoPolicy();
 // unaligned direct write, kept until the thread ends), or 0 with IoPolicy::direct_io off.
 // Planners charge it per worker thread to the memory budget (PlanRequest::io_buffer_bytes).
 uint64_t DirectIoBufferBytes();
+
+// Whether this process has read, through PosixEnv(), 64 MiB or more from files that were
+// mostly out of the page cache at their first read (a cold input, which direct IO reads with
+// O_DIRECT), since it started or since the last ForgetColdInput() (tests). From then on its large output files
+// are written with O_DIRECT too (IoPolicy::page_cache_write_min_file_bytes).
+bool ReadColdInput();
+void ForgetColdInput();
 
 // While one lives with `allowed` false, the calling thread reads and writes through the page
 // cache only (no bounce buffer is allocated for it): the executor's workers under a budget
