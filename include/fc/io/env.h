@@ -201,8 +201,8 @@ uint64_t DirectIoBufferBytes();
 
 // Whether this process has read, through PosixEnv(), 64 MiB or more from files that were
 // mostly out of the page cache at their first read (a cold input, which direct IO reads with
-// O_DIRECT), since it started or since the last ForgetColdInput() (tests). From then on its large output files
-// are written with O_DIRECT too (IoPolicy::page_cache_write_min_file_bytes).
+// O_DIRECT), since it started or since the last ForgetColdInput() (tests). From then on its
+// large output files are written with O_DIRECT too (IoPolicy::page_cache_write_min_file_bytes).
 bool ReadColdInput();
 void ForgetColdInput();
 
