@@ -169,9 +169,10 @@ void SetUpIo(bool follow_symlinks, bool direct_io) {
 
 void AddNoDirectIoFlag(CLI::App& app, bool* no_direct_io) {
   app.add_flag("--no-direct-io", *no_direct_io,
-               "read and write through the page cache only (default: writes of 1 MiB or more, "
-               "and reads of 64 KiB or more from an input file mostly out of the page cache, "
-               "use O_DIRECT where the file system allows it)");
+               "read and write through the page cache only (default: writes of 1 MiB or more "
+               "to an output file under 1 GiB, or of any size once 64 MiB of input came off "
+               "the disk, and reads of 64 KiB or more from an input file mostly out of the "
+               "page cache, use O_DIRECT where the file system allows it)");
 }
 
 int ExitCode(const Status& status) {

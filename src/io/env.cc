@@ -109,18 +109,17 @@ std::atomic<Env*> g_default_env{nullptr};
 std::atomic<bool> g_follow_symlinks{false};
 std::atomic<bool> g_direct_io{true};
 std::atomic<uint64_t> g_page_cache_write_min_file_bytes{IoPolicy{}.page_cache_write_min_file_bytes};
-// ReadColdInput(): set once kColdInputBytes have been read from files that were mostly out
+// ReadColdInput(): true once kColdInputBytes have been read from files that were mostly out
 // of the page cache at their first read. A threshold rather than the first such read: a
 // small file the user's warm-up missed (torch DCP's .metadata, a config) says nothing of
-// where the tensor bytes come from.
+// where the tensor bytes come from. Counting stops there (no atomic add per read after).
 constexpr uint64_t kColdInputBytes = uint64_t{64} << 20;
 std::atomic<uint64_t> g_cold_input_bytes{0};
-std::atomic<bool> g_read_cold_input{false};
+bool ColdInputRead() {
+  return g_cold_input_bytes.load(std::memory_order_relaxed) >= kColdInputBytes;
+}
 void CountColdRead(uint64_t length) {
-  if (g_read_cold_input.load(std::memory_order_relaxed)) return;
-  if (g_cold_input_bytes.fetch_add(length) + length >= kColdInputBytes) {
-    g_read_cold_input.store(true);
-  }
+  if (!ColdInputRead()) g_cold_input_bytes.fetch_add(length);
 }
 // ScopedThreadDirectIo: false while the calling thread must not use direct IO.
 thread_local bool t_direct_io_allowed = true;
@@ -428,7 +427,7 @@ class PosixWritable : public EnvWritableFile {
     if (fd_ < 0) return InternalError(path_ + ": write after close");
     if (direct_fd_ >= 0 && data.size() >= kDirectMinBytes && direct_ok_.load() &&
         t_direct_io_allowed &&
-        !(large_file_.load(std::memory_order_relaxed) && !g_read_cold_input.load())) {
+        !(large_file_.load(std::memory_order_relaxed) && !ColdInputRead())) {
       const uint64_t direct_start = AlignUp(offset);
       const uint64_t direct_end = AlignDown(offset + data.size());
       if (direct_start < direct_end) {
@@ -731,11 +730,8 @@ IoPolicy GetIoPolicy() {
   return IoPolicy{g_follow_symlinks.load(), g_direct_io.load(),
                   g_page_cache_write_min_file_bytes.load()};
 }
-bool ReadColdInput() { return g_read_cold_input.load(); }
-void ForgetColdInput() {
-  g_cold_input_bytes.store(0);
-  g_read_cold_input.store(false);
-}
+bool ReadColdInput() { return ColdInputRead(); }
+void ForgetColdInput() { g_cold_input_bytes.store(0); }
 uint64_t DirectIoBufferBytes() { return g_direct_io.load() ? kBounceBytes : 0; }
 
 ScopedThreadDirectIo::ScopedThreadDirectIo(bool allowed) : previous_(t_direct_io_allowed) {
